@@ -1,0 +1,37 @@
+# Tally — every target creates .venv and installs on first use.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+CONFIG ?= deploy/examples/tally.yaml
+PYTEST_ARGS ?=
+
+.PHONY: up test lint format bench clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (Tally needs Python 3.11)"; exit 2; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+up: $(STAMP)
+	$(BIN)/tally up --config $(CONFIG)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: $(STAMP)
+	$(BIN)/python -m tests.benchmarks
+
+clean:
+	rm -rf $(VENV) .tally .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,43 @@
+"""Account names and kinds.
+
+An account name is `<kind>:<path>`; the path is `/`-separated and its meaning depends on the kind:
+
+- `consumer:<team>/<project>`   who used GPU time (users and jobs are dimensions on postings)
+- `capacity:<pool>/<model>`     the physical GPUs of a pool and model; credited for every GPU-ms
+- `unallocated:<pool>/<model>`  GPU time nobody held (idle capacity)
+
+Invariant: for every interval, debits to consumer and unallocated accounts equal the credit to
+the capacity account, so the capacity balance is minus the physical GPU time of the fleet.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+UNKNOWN_PROJECT = "-"
+
+
+class AccountKind(StrEnum):
+    CONSUMER = "consumer"
+    CAPACITY = "capacity"
+    UNALLOCATED = "unallocated"
+
+
+def consumer_account(team: str, project: str | None) -> str:
+    return f"{AccountKind.CONSUMER}:{team}/{project or UNKNOWN_PROJECT}"
+
+
+def capacity_account(pool: str, model: str) -> str:
+    return f"{AccountKind.CAPACITY}:{pool}/{model}"
+
+
+def unallocated_account(pool: str, model: str) -> str:
+    return f"{AccountKind.UNALLOCATED}:{pool}/{model}"
+
+
+def account_kind(account: str) -> AccountKind:
+    """The kind of an account name; raises ValueError for a name of no known kind."""
+    kind, sep, path = account.partition(":")
+    if not sep or not path:
+        raise ValueError(f"{account!r} is not an account name")
+    return AccountKind(kind)

@@ -1,0 +1,132 @@
+"""Attribution: turn one GPU sample into one balanced usage transaction.
+
+The physical time of the sample is `interval × slices / total_slices` GPU-milliseconds (a whole
+GPU has one slice of one). Owners are found in this order: the sample's own owner (a pod, the
+simulated workload), else the owners of its processes, else nobody (unallocated capacity).
+
+When several owners' processes share a GPU without MIG, the time is split by per-process SM
+utilisation; if no process reports any, by used memory; if that is zero too, equally. Processes
+with no known owner count towards the unallocated share. Every split uses largest-remainder
+rounding, so the integer parts sum exactly to the whole; money is rounded once for the whole
+sample (`pricing.cost_of`) and split the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ledger.accounts import capacity_account, consumer_account, unallocated_account
+from ledger.events import Envelope, GpuSample, Owner
+from ledger.postings import Posting, Transaction, TransactionKind
+from ledger.pricing import PriceBook, cost_of
+from ledger.units import US_PER_MS, Unit, divide_round_half_even
+
+
+def largest_remainder(total: int, weights: Sequence[int]) -> list[int]:
+    """Split `total` into integer parts proportional to `weights` that sum exactly to `total`.
+
+    Ties in the remainders go to the earlier weight, so the split is deterministic.
+    """
+    if not weights:
+        raise ValueError("nothing to split among")
+    weight_sum = sum(weights)
+    if weight_sum <= 0:
+        weights = [1] * len(weights)
+        weight_sum = len(weights)
+    parts = [total * w // weight_sum for w in weights]
+    short = total - sum(parts)
+    order = sorted(range(len(weights)), key=lambda i: (-(total * weights[i] % weight_sum), i))
+    for i in order[:short]:
+        parts[i] += 1
+    return parts
+
+
+def physical_gpu_ms(sample: GpuSample) -> int:
+    """GPU-milliseconds the sample's GPU or MIG slice physically existed for."""
+    if sample.mig is None:
+        return divide_round_half_even(sample.interval_us, US_PER_MS)
+    return divide_round_half_even(
+        sample.interval_us * sample.mig.slices, US_PER_MS * sample.mig.total_slices
+    )
+
+
+def owner_shares(sample: GpuSample) -> list[tuple[Owner | None, int]]:
+    """Who held the sample's GPU, with integer weights; `None` stands for unallocated."""
+    if sample.owner is not None and sample.owner.team is not None:
+        return [(sample.owner, 1)]
+    owned = [p for p in sample.processes if p.owner is not None and p.owner.team is not None]
+    if not owned:
+        return [(None, 1)]
+    by_sm: dict[Owner | None, int] = {}
+    by_memory: dict[Owner | None, int] = {}
+    for process in sample.processes:
+        owner = process.owner if process.owner is not None and process.owner.team else None
+        by_sm[owner] = by_sm.get(owner, 0) + (process.sm_util_pct or 0)
+        by_memory[owner] = by_memory.get(owner, 0) + process.used_memory_bytes
+    weights = by_sm if sum(by_sm.values()) > 0 else by_memory
+    if sum(weights.values()) == 0:
+        weights = {owner: 1 for owner in by_sm}
+    # Deterministic order: owned in first-seen order, unallocated last.
+    return sorted(weights.items(), key=lambda item: item[0] is None)
+
+
+def attribute_sample(
+    envelope: Envelope, prices: PriceBook, cost_centres: Mapping[str, str]
+) -> Transaction:
+    """The usage transaction of one sample event. Raises PricingError for an unpriced model."""
+    sample = envelope.data
+    total_ms = physical_gpu_ms(sample)
+    rate = prices.rate_at(sample.model, sample.pool, sample.start_us)
+    total_cost = cost_of(total_ms, rate)
+    shares = owner_shares(sample)
+    weights = [w for _, w in shares]
+    ms_parts = largest_remainder(total_ms, weights) if len(shares) > 1 else [total_ms]
+    cost_parts = largest_remainder(total_cost, ms_parts) if len(shares) > 1 else [total_cost]
+    postings: list[Posting] = []
+    for (owner, _), ms, cost in zip(shares, ms_parts, cost_parts, strict=True):
+        if owner is None or owner.team is None:
+            account = unallocated_account(sample.pool, sample.model)
+            postings.append(Posting(account, Unit.GPU_MS, ms))
+            postings.append(Posting(account, Unit.MONEY, cost))
+            continue
+        account = consumer_account(owner.team, owner.project)
+        centre = cost_centres.get(owner.team)
+        postings.append(
+            Posting(
+                account,
+                Unit.GPU_MS,
+                ms,
+                owner.team,
+                owner.project,
+                owner.user,
+                owner.job_id,
+                centre,
+            )
+        )
+        postings.append(
+            Posting(
+                account,
+                Unit.MONEY,
+                cost,
+                owner.team,
+                owner.project,
+                owner.user,
+                owner.job_id,
+                centre,
+            )
+        )
+    capacity = capacity_account(sample.pool, sample.model)
+    postings.append(Posting(capacity, Unit.GPU_MS, -total_ms))
+    postings.append(Posting(capacity, Unit.MONEY, -total_cost))
+    return Transaction(
+        txn_id=envelope.id,
+        kind=TransactionKind.USAGE,
+        start_us=sample.start_us,
+        end_us=sample.sample_time_us,
+        gpu_uuid=sample.gpu_uuid,
+        model=sample.model,
+        pool=sample.pool,
+        node=sample.node,
+        postings=tuple(postings),
+        cause=(envelope.id,),
+    )

@@ -1,0 +1,464 @@
+"""Event types, the CloudEvents-style envelope, content-derived ids, the JSON codec and upcasters.
+
+The wire format of one Kafka message is either one envelope (a JSON object) or a CloudEvents
+JSON batch (an array of envelopes) whose events share the message key. Decoding never raises
+for bad input: each undecodable message or element becomes a `DeadLetter` value with a reason.
+
+Invariants:
+- `event_id(source, subject, time_us)` depends on content only, so a resend is the same event;
+- every dataclass here is frozen, slotted and holds tuples, never lists;
+- integers are integers: a float, bool or string where an integer belongs is a decode error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+from ledger.errors import EventError, UnknownSchemaError
+
+SPEC_VERSION = "1.0"
+MAX_INTERVAL_US = 3_600_000_000  # one sample never covers more than an hour
+MAX_TIME_US = 7_258_118_400_000_000  # 2200-01-01: anything later is a broken clock
+
+
+class EventType(StrEnum):
+    """The `type` attribute of every event Tally writes."""
+
+    GPU_SAMPLE = "tally.gpu.sample"
+
+
+class SampleSource(StrEnum):
+    """Which collector read a sample."""
+
+    NVML = "nvml"
+    DCGM = "dcgm"
+    SIMULATED = "sim"
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who a GPU or a process belongs to, as far as the collector knows."""
+
+    team: str | None = None
+    project: str | None = None
+    user: str | None = None
+    job_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """A MIG slice: its GPU/compute instance ids, profile, and share of the parent GPU in slices."""
+
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str
+    slices: int
+    total_slices: int = 7
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessUsage:
+    """One process on a GPU during a sample interval."""
+
+    pid: int
+    used_memory_bytes: int
+    sm_util_pct: int | None = None
+    owner: Owner | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """Schema v1 of a GPU sample: what one GPU (or MIG slice) did over `interval_us`.
+
+    The interval ends at `sample_time_us`. `owner` is the GPU-level owner when the source knows
+    one (a pod on dcgm-exporter, the simulated fleet); processes may carry their own owners.
+    """
+
+    node: str
+    gpu_uuid: str
+    gpu_index: int
+    model: str
+    pool: str
+    util_gpu_pct: int
+    memory_used_bytes: int
+    memory_total_bytes: int
+    source: SampleSource
+    sample_time_us: int
+    interval_us: int
+    util_mem_pct: int | None = None
+    power_mw: int | None = None
+    energy_mj: int | None = None
+    mig: MigInstance | None = None
+    processes: tuple[ProcessUsage, ...] = ()
+    owner: Owner | None = None
+
+    @property
+    def subject(self) -> str:
+        """The envelope subject: the GPU, or the GPU and its MIG instance."""
+        if self.mig is None:
+            return self.gpu_uuid
+        return f"{self.gpu_uuid}/gi{self.mig.gpu_instance_id}"
+
+    @property
+    def start_us(self) -> int:
+        return self.sample_time_us - self.interval_us
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A CloudEvents-style envelope around one event."""
+
+    id: str
+    type: EventType
+    source: str
+    subject: str
+    time_us: int
+    schema: int
+    data: GpuSample
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """An input that could not be turned into an event, with why and where it came from."""
+
+    reason: str
+    payload: str
+    event_id: str | None = None
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+
+
+def event_id(source: str, subject: str, time_us: int) -> str:
+    """Content-derived id: the same source, subject and time always give the same id."""
+    digest = hashlib.blake2b(
+        f"{source}\x1f{subject}\x1f{time_us}".encode(), digest_size=16
+    ).hexdigest()
+    return digest
+
+
+def envelope_for(sample: GpuSample, source: str) -> Envelope:
+    """Wrap a sample in its envelope with its content-derived id."""
+    subject = sample.subject
+    return Envelope(
+        id=event_id(source, subject, sample.sample_time_us),
+        type=EventType.GPU_SAMPLE,
+        source=source,
+        subject=subject,
+        time_us=sample.sample_time_us,
+        schema=CURRENT_SCHEMA[EventType.GPU_SAMPLE],
+        data=sample,
+    )
+
+
+# ---------------------------------------------------------------------------- encoding
+
+
+def _owner_dict(owner: Owner | None) -> dict[str, Any] | None:
+    if owner is None:
+        return None
+    return {"team": owner.team, "project": owner.project, "user": owner.user, "job": owner.job_id}
+
+
+def sample_to_dict(sample: GpuSample) -> dict[str, Any]:
+    """The v1 JSON object of a sample."""
+    mig = sample.mig
+    return {
+        "node": sample.node,
+        "gpu_uuid": sample.gpu_uuid,
+        "gpu_index": sample.gpu_index,
+        "model": sample.model,
+        "pool": sample.pool,
+        "util_gpu_pct": sample.util_gpu_pct,
+        "util_mem_pct": sample.util_mem_pct,
+        "memory_used_bytes": sample.memory_used_bytes,
+        "memory_total_bytes": sample.memory_total_bytes,
+        "power_mw": sample.power_mw,
+        "energy_mj": sample.energy_mj,
+        "mig": None
+        if mig is None
+        else {
+            "gi": mig.gpu_instance_id,
+            "ci": mig.compute_instance_id,
+            "profile": mig.profile,
+            "slices": mig.slices,
+            "total_slices": mig.total_slices,
+        },
+        "processes": [
+            {
+                "pid": p.pid,
+                "used_memory_bytes": p.used_memory_bytes,
+                "sm_util_pct": p.sm_util_pct,
+                "owner": _owner_dict(p.owner),
+            }
+            for p in sample.processes
+        ],
+        "owner": _owner_dict(sample.owner),
+        "source": sample.source.value,
+        "sample_time_us": sample.sample_time_us,
+        "interval_us": sample.interval_us,
+    }
+
+
+def envelope_to_dict(envelope: Envelope) -> dict[str, Any]:
+    return {
+        "specversion": SPEC_VERSION,
+        "id": envelope.id,
+        "type": envelope.type.value,
+        "source": envelope.source,
+        "subject": envelope.subject,
+        "time": envelope.time_us,
+        "schema": envelope.schema,
+        "data": sample_to_dict(envelope.data),
+    }
+
+
+def encode_batch(envelopes: Iterable[Envelope]) -> bytes:
+    """One Kafka message value: a CloudEvents JSON batch."""
+    return orjson.dumps([envelope_to_dict(e) for e in envelopes])
+
+
+def encode_envelope(envelope: Envelope) -> bytes:
+    return orjson.dumps(envelope_to_dict(envelope))
+
+
+# ---------------------------------------------------------------------------- decoding
+
+
+def _int(data: Mapping[str, Any], key: str, lo: int = 0, hi: int | None = None) -> int:
+    value = data.get(key)
+    if type(value) is not int:
+        raise EventError(f"{key}: expected an integer, got {type(value).__name__}")
+    if value < lo or (hi is not None and value > hi):
+        raise EventError(f"{key}: {value} is out of range [{lo}, {hi if hi is not None else '∞'}]")
+    return value
+
+
+def _opt_int(data: Mapping[str, Any], key: str, lo: int = 0, hi: int | None = None) -> int | None:
+    if data.get(key) is None:
+        return None
+    return _int(data, key, lo, hi)
+
+
+def _str(data: Mapping[str, Any], key: str) -> str:
+    value = data.get(key)
+    if type(value) is not str or not value:
+        raise EventError(f"{key}: expected a non-empty string")
+    if len(value) > 256:
+        raise EventError(f"{key}: longer than 256 characters")
+    return value
+
+
+def _opt_str(data: Mapping[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    if value is None or value == "":
+        return None
+    if type(value) is not str or len(value) > 256:
+        raise EventError(f"{key}: expected a string of at most 256 characters")
+    return value
+
+
+def _owner(data: Any) -> Owner | None:
+    if data is None:
+        return None
+    if type(data) is not dict:
+        raise EventError("owner: expected an object")
+    owner = Owner(
+        team=_opt_str(data, "team"),
+        project=_opt_str(data, "project"),
+        user=_opt_str(data, "user"),
+        job_id=_opt_str(data, "job"),
+    )
+    if owner == _NO_OWNER:
+        return None
+    return owner
+
+
+_NO_OWNER = Owner()
+
+
+def _mig(data: Any) -> MigInstance | None:
+    if data is None:
+        return None
+    if type(data) is not dict:
+        raise EventError("mig: expected an object")
+    total = _int(data, "total_slices", 1, 64)
+    return MigInstance(
+        gpu_instance_id=_int(data, "gi"),
+        compute_instance_id=_int(data, "ci"),
+        profile=_str(data, "profile"),
+        slices=_int(data, "slices", 1, total),
+        total_slices=total,
+    )
+
+
+def _process(data: Any) -> ProcessUsage:
+    if type(data) is not dict:
+        raise EventError("processes: each process must be an object")
+    return ProcessUsage(
+        pid=_int(data, "pid"),
+        used_memory_bytes=_int(data, "used_memory_bytes"),
+        sm_util_pct=_opt_int(data, "sm_util_pct", 0, 100),
+        owner=_owner(data.get("owner")),
+    )
+
+
+def sample_from_dict(data: Any) -> GpuSample:
+    """Decode and validate the v1 JSON object of a sample; raises EventError."""
+    if type(data) is not dict:
+        raise EventError("data: expected an object")
+    try:
+        source = SampleSource(str(data.get("source")))
+    except ValueError as exc:
+        raise EventError(f"source: unknown sample source {data.get('source')!r}") from exc
+    processes = data.get("processes") or ()
+    if type(processes) not in (list, tuple):
+        raise EventError("processes: expected an array")
+    if len(processes) > 1024:
+        raise EventError("processes: more than 1024 processes on one GPU")
+    used = _int(data, "memory_used_bytes")
+    total = _int(data, "memory_total_bytes")
+    return GpuSample(
+        node=_str(data, "node"),
+        gpu_uuid=_str(data, "gpu_uuid"),
+        gpu_index=_int(data, "gpu_index", 0, 1023),
+        model=_str(data, "model"),
+        pool=_str(data, "pool"),
+        util_gpu_pct=_int(data, "util_gpu_pct", 0, 100),
+        util_mem_pct=_opt_int(data, "util_mem_pct", 0, 100),
+        memory_used_bytes=used,
+        memory_total_bytes=total,
+        power_mw=_opt_int(data, "power_mw"),
+        energy_mj=_opt_int(data, "energy_mj"),
+        mig=_mig(data.get("mig")),
+        processes=tuple(_process(p) for p in processes),
+        owner=_owner(data.get("owner")),
+        source=source,
+        sample_time_us=_int(data, "sample_time_us", 1, MAX_TIME_US),
+        interval_us=_int(data, "interval_us", 1, MAX_INTERVAL_US),
+    )
+
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(slots=True)
+class SchemaRegistry:
+    """Current schema version per event type, and upcasters from each older version to the next.
+
+    `upcast` applies `upcasters[(type, v)]` for v = old … current-1, in order, so a reader only
+    ever sees the current shape.
+    """
+
+    current: dict[str, int]
+    upcasters: dict[tuple[str, int], Upcaster] = field(default_factory=dict)
+
+    def register(self, event_type: str, from_version: int, upcaster: Upcaster) -> None:
+        self.upcasters[(event_type, from_version)] = upcaster
+
+    def upcast(self, event_type: str, version: int, data: dict[str, Any]) -> dict[str, Any]:
+        target = self.current.get(event_type)
+        if target is None:
+            raise UnknownSchemaError(f"unknown event type {event_type!r}")
+        if version > target:
+            raise UnknownSchemaError(
+                f"{event_type} schema {version} is newer than this build reads ({target})"
+            )
+        while version < target:
+            step = self.upcasters.get((event_type, version))
+            if step is None:
+                raise UnknownSchemaError(f"no upcaster from {event_type} schema {version}")
+            data = step(data)
+            version += 1
+        return data
+
+
+CURRENT_SCHEMA: dict[str, int] = {EventType.GPU_SAMPLE: 1}
+DEFAULT_REGISTRY = SchemaRegistry(current=dict(CURRENT_SCHEMA))
+
+
+def envelope_from_dict(obj: Any, registry: SchemaRegistry = DEFAULT_REGISTRY) -> Envelope:
+    """Decode one envelope, upcasting its data to the current schema; raises EventError."""
+    if type(obj) is not dict:
+        raise EventError("event: expected a JSON object")
+    event_type = obj.get("type")
+    if event_type != EventType.GPU_SAMPLE:
+        raise UnknownSchemaError(f"type: unknown event type {event_type!r}")
+    schema = obj.get("schema")
+    if type(schema) is not int:
+        raise EventError("schema: expected an integer version")
+    data = obj.get("data")
+    if type(data) is not dict:
+        raise EventError("data: expected an object")
+    sample = sample_from_dict(registry.upcast(event_type, schema, data))
+    source = _str(obj, "source")
+    subject = sample.subject
+    expected_id = event_id(source, subject, sample.sample_time_us)
+    if obj.get("id") != expected_id:
+        raise EventError("id: does not match the event's source, subject and time")
+    return Envelope(
+        id=expected_id,
+        type=EventType.GPU_SAMPLE,
+        source=source,
+        subject=subject,
+        time_us=sample.sample_time_us,
+        schema=registry.current[event_type],
+        data=sample,
+    )
+
+
+def _excerpt(raw: Any) -> str:
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes | bytearray) else repr(raw)
+    return text if len(text) <= 2048 else text[:2048] + "…"
+
+
+def _excerpt_item(item: Any) -> str:
+    try:
+        return _excerpt(orjson.dumps(item))
+    except TypeError:  # integers beyond 64 bits cannot be re-encoded
+        return _excerpt(repr(item).encode())
+
+
+def decode_message(
+    value: bytes | None, registry: SchemaRegistry = DEFAULT_REGISTRY
+) -> tuple[list[Envelope], list[DeadLetter]]:
+    """Decode one Kafka message value into events and dead letters. Never raises on bad input."""
+    if not value:
+        return [], [DeadLetter(reason="empty message", payload="")]
+    try:
+        parsed = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        return [], [DeadLetter(reason=f"not JSON: {exc}", payload=_excerpt(value))]
+    items = parsed if type(parsed) is list else [parsed]
+    envelopes: list[Envelope] = []
+    dead: list[DeadLetter] = []
+    for item in items:
+        try:
+            envelopes.append(envelope_from_dict(item, registry))
+        except EventError as exc:
+            eid = item.get("id") if type(item) is dict and type(item.get("id")) is str else None
+            dead.append(DeadLetter(reason=str(exc), payload=_excerpt_item(item), event_id=eid))
+    if not items:
+        dead.append(DeadLetter(reason="empty batch", payload=_excerpt(value)))
+    return envelopes, dead
+
+
+def encode_dead_letter(letter: DeadLetter, incarnation: str | None = None) -> bytes:
+    """The JSON record published on the dead-letter topic."""
+    return orjson.dumps(
+        {
+            "reason": letter.reason,
+            "event_id": letter.event_id,
+            "topic": letter.topic,
+            "partition": letter.partition,
+            "offset": letter.offset,
+            "incarnation": incarnation,
+            "payload": letter.payload,
+        }
+    )

@@ -1,0 +1,175 @@
+"""Read-only queries over the sealed segments, with a DuckDB connection of their own.
+
+Readers (dashboard, reports, exports) never open the writer's database: they read the Parquet
+files the segment manifest lists, so they see exactly the sealed ledger and nothing half-done.
+Periods select postings by the start of their interval (`start_us`), half-open `[start, end)`.
+"""
+
+from __future__ import annotations
+
+import calendar
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from ledger.errors import LedgerError
+from ledger.segments import Manifest, SegmentInfo
+from ledger.store import POSTINGS_SCHEMA, SEGMENTS_DIR
+
+DIMENSIONS = (
+    "cost_centre",
+    "team",
+    "project",
+    "user",
+    "job_id",
+    "model",
+    "pool",
+    "gpu_uuid",
+    "node",
+)
+_RETRIES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Period:
+    """A half-open time range `[start_us, end_us)`; `label` is how a person wrote it."""
+
+    label: str
+    start_us: int
+    end_us: int
+
+    @classmethod
+    def month(cls, text: str) -> Period:
+        """`2026-11` → November 2026 in UTC; raises ValueError for anything else."""
+        try:
+            year, month = (int(part) for part in text.split("-"))
+            start = datetime(year, month, 1, tzinfo=UTC)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{text!r} is not a month such as 2026-11") from exc
+        days = calendar.monthrange(year, month)[1]
+        end_ts = int(start.timestamp()) + days * 86_400
+        return cls(text, int(start.timestamp()) * 1_000_000, end_ts * 1_000_000)
+
+
+@dataclass(frozen=True, slots=True)
+class CostRow:
+    keys: tuple[str | None, ...]
+    gpu_ms: int
+    money_micros: int
+
+
+class LedgerQueries:
+    """Queries over the sealed ledger in `data_dir`."""
+
+    def __init__(self, data_dir: Path | str) -> None:
+        self.root = Path(data_dir) / SEGMENTS_DIR
+        self.manifest = Manifest(self.root)
+        self._con = duckdb.connect(":memory:")
+        empty = ", ".join(
+            f'CAST(NULL AS {_duck_type(str(f.type))}) AS "{f.name}"' for f in POSTINGS_SCHEMA
+        )
+        self._empty = f"(SELECT {empty} WHERE FALSE)"
+
+    def segments(self) -> list[SegmentInfo]:
+        return self.manifest.load()
+
+    def _source(self) -> str:
+        files = [self.root / s.path for s in self.manifest.load()]
+        if not files:
+            return self._empty
+        listed = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+        return f"read_parquet([{listed}])"
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run `sql` with `{postings}` bound to the sealed postings.
+
+        Retried when a listed file vanished: compaction replaced it between manifest read and scan.
+        """
+        last: Exception | None = None
+        for _ in range(_RETRIES):
+            try:
+                return self._con.execute(
+                    sql.format(postings=self._source()), list(params)
+                ).fetchall()
+            except duckdb.IOException as exc:  # a listed file was compacted away meanwhile
+                last = exc
+        raise LedgerError(f"the sealed ledger could not be read: {last}")
+
+    def totals_by_unit(self) -> dict[str, int]:
+        rows = self._query(
+            "SELECT unit, sum(amount) FROM {postings} WHERE amount > 0 GROUP BY unit"
+        )
+        return {unit: int(total) for unit, total in rows}
+
+    def transaction_count(self) -> int:
+        rows = self._query("SELECT count(DISTINCT txn_id) FROM {postings}")
+        return int(rows[0][0])
+
+    def balances(self) -> dict[tuple[str, str], int]:
+        """Balance per (account, unit) over the whole sealed ledger."""
+        rows = self._query("SELECT account, unit, sum(amount) FROM {postings} GROUP BY ALL")
+        return {(account, unit): int(total) for account, unit, total in rows}
+
+    def cost_by(
+        self, dims: Sequence[str], period: Period | None = None, include_unallocated: bool = False
+    ) -> list[CostRow]:
+        """GPU time and money per combination of `dims`, largest cost first."""
+        bad = [d for d in dims if d not in DIMENSIONS]
+        if bad or not dims:
+            raise ValueError(f"unknown dimension(s) {bad}; choose from {', '.join(DIMENSIONS)}")
+        columns = ", ".join(f'"{d}"' for d in dims)
+        where, params = self._where(period, include_unallocated)
+        rows = self._query(
+            f"SELECT {columns}, "
+            "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
+            "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) "
+            f"FROM {{postings}} WHERE {where} GROUP BY ALL "
+            f"ORDER BY {len(dims) + 2} DESC, {columns}",
+            params,
+        )
+        n = len(dims)
+        return [CostRow(tuple(r[:n]), int(r[n]), int(r[n + 1])) for r in rows]
+
+    def cost_by_team_over_time(
+        self, bucket_us: int = 3_600_000_000, period: Period | None = None
+    ) -> list[tuple[int, str, int, int]]:
+        """(bucket start µs, team, GPU-ms, money µ) per time bucket and team, oldest first."""
+        where, params = self._where(period, False)
+        rows = self._query(
+            f"SELECT start_us - start_us % {int(bucket_us)} AS bucket, team, "
+            "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
+            "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) "
+            f"FROM {{postings}} WHERE {where} GROUP BY ALL ORDER BY bucket, team",
+            params,
+        )
+        return [(int(b), t, int(ms), int(m)) for b, t, ms, m in rows]
+
+    def newest_sealed_us(self) -> int | None:
+        ends = [s.max_end_us for s in self.manifest.load() if s.max_end_us is not None]
+        return max(ends) if ends else None
+
+    @staticmethod
+    def _where(period: Period | None, include_unallocated: bool) -> tuple[str, list[Any]]:
+        clauses = ["account LIKE 'unallocated:%'" if include_unallocated else "FALSE"]
+        clauses = [f"(account LIKE 'consumer:%' OR {clauses[0]})"]
+        params: list[Any] = []
+        if period is not None:
+            clauses.append("start_us >= ? AND start_us < ?")
+            params += [period.start_us, period.end_us]
+        return " AND ".join(clauses), params
+
+    def close(self) -> None:
+        self._con.close()
+
+
+def _duck_type(arrow_type: str) -> str:
+    return {
+        "string": "VARCHAR",
+        "int16": "SMALLINT",
+        "int32": "INTEGER",
+        "int64": "BIGINT",
+    }[arrow_type]

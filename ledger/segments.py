@@ -1,0 +1,114 @@
+"""Sealed Parquet segments and the manifest that lists them.
+
+A segment holds the postings of one source partition's offset range and is named from it:
+
+    segments/<topic>/<incarnation>/p<partition>/<first offset>-<last offset>.parquet
+
+so sealing the same range twice (after a crash) writes the same file. The manifest
+(`segments/manifest.json`) is the list readers trust: a file is visible only once the manifest,
+written atomically, names it, and a compacted segment replaces its parts in one manifest write.
+Files the manifest does not name are leftovers of an interrupted seal or compaction and are
+removed by the writer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ledger.errors import SegmentError
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """One sealed segment as the manifest records it. `path` is relative to the segments root."""
+
+    path: str
+    incarnation: str
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+    rows: int
+    sha256: str
+    min_start_us: int | None
+    max_end_us: int | None
+
+
+def safe_name(text: str) -> str:
+    """A path component made from `text`: unsafe characters become `_`."""
+    cleaned = _SAFE.sub("_", text)
+    return cleaned or "_"
+
+
+def segment_path(incarnation: str, topic: str, partition: int, first: int, last: int) -> str:
+    return (
+        f"{safe_name(topic)}/{safe_name(incarnation)}/p{partition:04d}/"
+        f"{first:020d}-{last:020d}.parquet"
+    )
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so a reader sees the old file or the new one, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+    fsync_dir(path.parent)
+
+
+class Manifest:
+    """The manifest file of a segments root."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.path = root / MANIFEST_NAME
+
+    def load(self) -> list[SegmentInfo]:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        try:
+            doc = json.loads(raw)
+            return [SegmentInfo(**entry) for entry in doc["segments"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SegmentError(f"{self.path}: unreadable manifest: {exc}") from exc
+
+    def save(self, segments: Iterable[SegmentInfo]) -> None:
+        ordered = sorted(
+            segments, key=lambda s: (s.topic, s.incarnation, s.partition, s.first_offset)
+        )
+        doc = {"version": MANIFEST_VERSION, "segments": [asdict(s) for s in ordered]}
+        atomic_write_bytes(self.path, json.dumps(doc, indent=1).encode())
+
+    def files(self) -> list[Path]:
+        return [self.root / s.path for s in self.load()]

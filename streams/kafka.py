@@ -1,0 +1,82 @@
+"""Kafka plumbing shared by the worker and the stack: reachability, cluster id, topic creation.
+
+Library errors (aiokafka's) are translated here into `BrokerError`, the one exception this
+module raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+
+from aiokafka import AIOKafkaClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.protocol.metadata import MetadataRequest
+
+
+class BrokerError(Exception):
+    """The broker cannot be reached or refused what was asked."""
+
+
+async def fetch_cluster_id(bootstrap: str, timeout_s: float = 10.0) -> str:
+    """The broker's cluster id, from a metadata request: Tally's broker incarnation."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await asyncio.wait_for(client.bootstrap(), timeout_s)
+        node = client.get_random_node()
+        response = await asyncio.wait_for(client.send(node, MetadataRequest(topics=[])), timeout_s)
+        cluster_id = getattr(response, "cluster_id", None)
+        if not cluster_id:
+            raise BrokerError(f"broker at {bootstrap} reported no cluster id")
+        return str(cluster_id)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        raise BrokerError(
+            f"broker at {bootstrap} did not answer a metadata request: {exc}"
+        ) from exc
+    finally:
+        await client.close()
+
+
+async def wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> str:
+    """Wait until the broker answers a metadata request; return its cluster id."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            return await fetch_cluster_id(bootstrap, timeout_s=min(5.0, timeout_s))
+        except BrokerError as exc:
+            last = exc
+            await asyncio.sleep(0.1)
+    raise BrokerError(f"broker at {bootstrap} not ready after {timeout_s:.0f}s: {last}")
+
+
+async def ensure_topics(
+    bootstrap: str,
+    names: Sequence[str],
+    partitions: int,
+    compacted: Sequence[str] = (),
+    configs: Mapping[str, str] | None = None,
+) -> None:
+    """Create the topics that do not exist yet (existing ones are left as they are)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    try:
+        await admin.start()
+        existing = set(await admin.list_topics())
+        wanted = []
+        for name in names:
+            if name in existing:
+                continue
+            topic_configs = dict(configs or {})
+            if name in compacted:
+                topic_configs["cleanup.policy"] = "compact"
+            wanted.append(NewTopic(name, partitions, 1, topic_configs=topic_configs))
+        if wanted:
+            with contextlib.suppress(TopicAlreadyExistsError):  # a concurrent creator won
+                await admin.create_topics(wanted)
+    except KafkaError as exc:
+        raise BrokerError(f"could not create topics on {bootstrap}: {exc}") from exc
+    finally:
+        await admin.close()

@@ -1,0 +1,199 @@
+"""The ledger worker: a Faust app whose agent folds sample batches into the ledger store.
+
+Exactly-once effect (see DESIGN.md):
+- the agent takes messages in batches (`take_events`) and hands each batch to
+  `ledger.ingest.Ingestor`, which commits postings, event ids and source offsets in one DuckDB
+  transaction;
+- Faust acks a batch's events only after that commit returns, so Kafka offsets are committed
+  after the ledger transaction, never before;
+- offsets the store already holds for the broker incarnation are skipped, so a restarted worker
+  that is handed messages again applies them once;
+- the incarnation is the broker's cluster id, looked up again on every partition assignment, so
+  a restarted embedded broker (offsets from 0 again) is recognised as new data.
+
+Sealing runs in the same process (one writer per data directory) on a timer and after batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import faust
+
+from ledger.events import encode_dead_letter
+from ledger.ingest import ConsumedMessage, Ingestor
+from ledger.pricing import PriceBook
+from ledger.store import LedgerStore
+from streams.kafka import fetch_cluster_id
+
+log = logging.getLogger("tally.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    bootstrap: tuple[str, ...]
+    group_id: str
+    samples_topic: str
+    deadletter_topic: str
+    data_dir: Path
+    prices: PriceBook
+    cost_centres: Mapping[str, str]
+    batch_max_messages: int = 2000
+    batch_within_s: float = 0.25
+    seal_interval_s: float = 5.0
+    compact_below_rows: int = 500_000
+    compact_min_segments: int = 8
+    dedupe_window_us: int = 7 * 86_400_000_000
+    session_timeout_s: float = 6.0
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    batches: int = 0
+    messages: int = 0
+    samples: int = 0
+    duplicates: int = 0
+    dead_letters: int = 0
+    segments_sealed: int = 0
+    last_commit_ms: float = 0.0
+
+
+class LedgerWorker:
+    """Owns the Faust app, the store and the ingestor of one ledger data directory."""
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.stats = WorkerStats()
+        self.store = LedgerStore(settings.data_dir)
+        self._lock = asyncio.Lock()
+        self._ingestor: Ingestor | None = None
+        self._last_seal = time.monotonic()
+        self.app = self._build_app()
+
+    def _build_app(self) -> faust.App:
+        s = self.settings
+        app = faust.App(
+            s.group_id,
+            broker=[f"kafka://{server}" for server in s.bootstrap],
+            store="memory://",
+            datadir=str(s.data_dir / "faust"),
+            autodiscover=False,
+            web_enabled=False,
+            topic_allow_declare=False,
+            topic_disable_leader=True,
+            consumer_auto_offset_reset="earliest",
+            # tansu delays a group's first join by half the session timeout: keep it short.
+            broker_session_timeout=s.session_timeout_s,
+            broker_heartbeat_interval=1.0,
+            broker_rebalance_timeout=s.session_timeout_s,
+            broker_commit_interval=1.0,
+            broker_max_poll_records=max(500, s.batch_max_messages),
+            stream_buffer_maxsize=max(4096, 2 * s.batch_max_messages),
+            producer_acks=-1,
+        )
+        samples = app.topic(
+            s.samples_topic,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+        deadletter = app.topic(s.deadletter_topic, key_serializer="raw", value_serializer="raw")
+
+        async def _on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
+            await self._refresh_incarnation()
+
+        app.on_partitions_assigned.connect(_on_assigned)  # type: ignore[arg-type]
+
+        @app.agent(samples, name="ledger-ingest")
+        async def ingest(stream: Any) -> None:
+            async for events in stream.take_events(s.batch_max_messages, within=s.batch_within_s):
+                messages = [
+                    ConsumedMessage(e.message.topic, e.message.partition, e.message.offset, e.value)
+                    for e in events
+                ]
+                letters = await self._apply(messages)
+                for payload in letters:
+                    await deadletter.send(value=payload)
+                if time.monotonic() - self._last_seal >= s.seal_interval_s:
+                    await self.seal()
+
+        @app.timer(interval=s.seal_interval_s)  # type: ignore[untyped-decorator]
+        async def seal_timer() -> None:
+            if time.monotonic() - self._last_seal >= s.seal_interval_s:
+                await self.seal()
+
+        return app
+
+    async def _refresh_incarnation(self) -> None:
+        incarnation = await fetch_cluster_id(self.settings.bootstrap[0])
+        async with self._lock:
+            if self._ingestor is None or self._ingestor.incarnation != incarnation:
+                if self._ingestor is not None:
+                    log.warning(
+                        "broker incarnation changed to %s: offsets start afresh", incarnation
+                    )
+                self._ingestor = await asyncio.to_thread(
+                    Ingestor,
+                    self.store,
+                    incarnation,
+                    self.settings.prices,
+                    self.settings.cost_centres,
+                )
+
+    async def _apply(self, messages: list[ConsumedMessage]) -> list[bytes]:
+        if self._ingestor is None:
+            await self._refresh_incarnation()
+        async with self._lock:
+            ingestor = self._ingestor
+            assert ingestor is not None
+            started = time.perf_counter()
+            result = await asyncio.to_thread(ingestor.apply, messages)
+            self.stats.last_commit_ms = (time.perf_counter() - started) * 1000
+        st = self.stats
+        st.batches += 1
+        st.messages += result.messages
+        st.samples += result.samples
+        st.duplicates += result.commit.duplicates
+        st.dead_letters += len(result.dead_letters)
+        log.info(
+            "batch committed: %d messages (%d skipped), %d samples, %d postings, %d duplicates, "
+            "%d dead letters in %.1f ms",
+            result.messages,
+            result.skipped_messages,
+            result.samples,
+            result.commit.postings,
+            result.commit.duplicates,
+            len(result.dead_letters),
+            st.last_commit_ms,
+        )
+        return [encode_dead_letter(d, ingestor.incarnation) for d in result.dead_letters]
+
+    async def seal(self) -> None:
+        s = self.settings
+        async with self._lock:
+            result = await asyncio.to_thread(
+                self.store.seal, s.compact_below_rows, s.compact_min_segments
+            )
+            await asyncio.to_thread(self.store.prune_seen_events, s.dedupe_window_us)
+            self._last_seal = time.monotonic()
+        self.stats.segments_sealed += len(result.sealed)
+        if result.sealed or result.compacted:
+            log.info(
+                "sealed %d segments, compacted into %d", len(result.sealed), len(result.compacted)
+            )
+
+    def run(self, loglevel: str = "warn") -> None:
+        """Recover (seal what a previous run committed), then run until stopped."""
+        self.store.seal(self.settings.compact_below_rows, self.settings.compact_min_segments)
+        worker = faust.Worker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+        try:
+            worker.execute_from_commandline()
+        finally:
+            self.store.close()

@@ -1,0 +1,1 @@
+"""The composition root: configuration, the `tally` CLI, and the embedded stack supervisor."""

@@ -1,0 +1,67 @@
+"""Builds the project's components from a validated `TallyConfig` (the wiring of the stack)."""
+
+from __future__ import annotations
+
+import os
+
+from collectors.simulated import PoolSpec, SimulatedFleet, TeamSpec, WorkloadKind
+from streams.worker import WorkerSettings
+from tally.config import TallyConfig
+
+BOOTSTRAP_ENV = "TALLY_BOOTSTRAP"
+
+
+class NoBrokerError(Exception):
+    """No broker address is known for a command that needs one."""
+
+
+def bootstrap_servers(config: TallyConfig, override: str | None = None) -> tuple[str, ...]:
+    """Where Kafka is: `--bootstrap`, then $TALLY_BOOTSTRAP (set by `tally up`), then config."""
+    chosen = override or os.environ.get(BOOTSTRAP_ENV)
+    if chosen:
+        return tuple(s.strip() for s in chosen.split(",") if s.strip())
+    if config.broker.mode == "external":
+        return config.broker.bootstrap_servers
+    raise NoBrokerError(
+        "the configured broker is embedded, and it runs only under `tally up`; "
+        "pass --bootstrap HOST:PORT to reach a running one"
+    )
+
+
+def simulated_fleet(config: TallyConfig) -> SimulatedFleet:
+    fleet = config.fleet
+    mix = fleet.workloads
+    return SimulatedFleet(
+        seed=fleet.seed,
+        pools=[
+            PoolSpec(p.name, p.model, p.nodes, p.gpus_per_node, p.memory_gib) for p in fleet.pools
+        ],
+        teams=[
+            TeamSpec(t.name, tuple(t.projects), tuple(t.users)) for t in config.organisation.teams()
+        ],
+        mix=[
+            (WorkloadKind.TRAINING, mix.training),
+            (WorkloadKind.INFERENCE, mix.inference),
+            (WorkloadKind.NOTEBOOK, mix.notebook),
+            (WorkloadKind.UNALLOCATED, mix.unallocated),
+        ],
+        interval_us=int(config.sampling.interval_s * 1_000_000),
+    )
+
+
+def worker_settings(config: TallyConfig, bootstrap: tuple[str, ...]) -> WorkerSettings:
+    return WorkerSettings(
+        bootstrap=bootstrap,
+        group_id=config.worker.group_id,
+        samples_topic=config.topics.samples,
+        deadletter_topic=config.topics.deadletter,
+        data_dir=config.ledger.data_dir,
+        prices=config.price_book(),
+        cost_centres=config.organisation.cost_centre_of(),
+        batch_max_messages=config.worker.batch_max_messages,
+        batch_within_s=config.worker.batch_within_s,
+        seal_interval_s=config.ledger.seal_interval_s,
+        compact_below_rows=config.ledger.compact_below_rows,
+        compact_min_segments=config.ledger.compact_min_segments,
+        dedupe_window_us=config.ledger.dedupe_window_days * 86_400_000_000,
+    )

@@ -1,0 +1,298 @@
+"""Configuration: one YAML file, validated by pydantic models, loaded in one place.
+
+`load_config(path)` returns a `TallyConfig` or raises `ConfigError` whose message names the file,
+the field and what is wrong, e.g.
+
+    deploy/examples/tally.yaml: prices[0].per_gpu_hour: floats are not accepted …
+
+Amounts of money are decimal text ("2.50") and become integer micro-units here (see
+`ledger.units.parse_micros`); a YAML float is accepted only if its text has at most six places.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from ledger.pricing import ANY_MODEL, Price, PriceBook
+from ledger.units import parse_micros
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class ConfigError(Exception):
+    """A configuration file that cannot be read or is invalid; the message says where and why."""
+
+
+def _money(value: Any) -> int:
+    if isinstance(value, float):
+        value = Decimal(repr(value))  # YAML `2.5`: its shortest repr is the text that was written
+    if isinstance(value, int | str | Decimal) and not isinstance(value, bool):
+        return parse_micros(value)
+    raise ValueError('expected a decimal amount such as "2.50"')
+
+
+Micros = Annotated[int, BeforeValidator(_money)]
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not NAME.match(value):
+        raise ValueError(
+            "names use letters, digits, '.', '_' and '-', start with a letter or digit, "
+            "and are at most 64 characters"
+        )
+    return value
+
+
+Name = Annotated[str, BeforeValidator(_name)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BrokerConfig(Strict):
+    """Where Kafka is: `embedded` starts tansu on a free loopback port; `external` uses yours."""
+
+    mode: Literal["embedded", "external"] = "embedded"
+    bootstrap_servers: tuple[str, ...] = ()
+    client_id: str = "tally"
+
+    @model_validator(mode="after")
+    def _external_needs_servers(self) -> BrokerConfig:
+        if self.mode == "external" and not self.bootstrap_servers:
+            raise ValueError("an external broker needs bootstrap_servers (host:port, …)")
+        for server in self.bootstrap_servers:
+            host, sep, port = server.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"bootstrap server {server!r} is not host:port")
+        return self
+
+
+class TopicsConfig(Strict):
+    samples: Name = "tally.samples"
+    jobs: Name = "tally.jobs"
+    admin: Name = "tally.admin"
+    balances: Name = "tally.balances"
+    alerts: Name = "tally.alerts"
+    deadletter: Name = "tally.deadletter"
+    partitions: int = Field(8, ge=1, le=256)
+
+    def all(self) -> dict[str, str]:
+        return {
+            "samples": self.samples,
+            "jobs": self.jobs,
+            "admin": self.admin,
+            "balances": self.balances,
+            "alerts": self.alerts,
+            "deadletter": self.deadletter,
+        }
+
+
+class LedgerConfig(Strict):
+    data_dir: Path = Path(".tally/data")
+    currency: str = Field("USD", pattern=r"^[A-Z]{3}$")
+    seal_interval_s: float = Field(5.0, gt=0, le=3600)
+    compact_below_rows: int = Field(500_000, ge=1)
+    compact_min_segments: int = Field(8, ge=2)
+    dedupe_window_days: int = Field(7, ge=1)
+
+
+class TeamConfig(Strict):
+    name: Name
+    projects: tuple[Name, ...] = Field(min_length=1)
+    users: tuple[Name, ...] = ()
+
+
+class CostCentreConfig(Strict):
+    name: Name
+    teams: tuple[TeamConfig, ...] = Field(min_length=1)
+
+
+class OrganisationConfig(Strict):
+    cost_centres: tuple[CostCentreConfig, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_teams(self) -> OrganisationConfig:
+        seen: set[str] = set()
+        for centre in self.cost_centres:
+            for team in centre.teams:
+                if team.name in seen:
+                    raise ValueError(f"team {team.name!r} appears twice")
+                seen.add(team.name)
+        return self
+
+    def teams(self) -> list[TeamConfig]:
+        return [team for centre in self.cost_centres for team in centre.teams]
+
+    def cost_centre_of(self) -> dict[str, str]:
+        return {team.name: c.name for c in self.cost_centres for team in c.teams}
+
+
+class WorkloadMix(Strict):
+    """Relative weights of the simulated workload shapes."""
+
+    training: int = Field(40, ge=0)
+    inference: int = Field(20, ge=0)
+    notebook: int = Field(15, ge=0)
+    unallocated: int = Field(25, ge=0)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> WorkloadMix:
+        if self.training + self.inference + self.notebook + self.unallocated == 0:
+            raise ValueError("at least one workload weight must be positive")
+        return self
+
+
+class PoolConfig(Strict):
+    name: Name
+    model: str = Field(min_length=1, max_length=64)
+    nodes: int = Field(ge=1, le=1000)
+    gpus_per_node: int = Field(8, ge=1, le=16)
+    memory_gib: int = Field(80, ge=1, le=1024)
+
+
+class FleetConfig(Strict):
+    """The simulated GPU fleet used when no real GPU source is configured."""
+
+    seed: int = 42
+    pools: tuple[PoolConfig, ...] = Field(min_length=1)
+    workloads: WorkloadMix = WorkloadMix()
+    speed: float = Field(1.0, gt=0, le=1_000_000)
+    pack_rounds: int = Field(1, ge=1, le=1000)
+    backfill_hours: float = Field(0.0, ge=0, le=24 * 366)
+
+    @field_validator("pools")
+    @classmethod
+    def _unique_pools(cls, pools: tuple[PoolConfig, ...]) -> tuple[PoolConfig, ...]:
+        names = [p.name for p in pools]
+        if len(set(names)) != len(names):
+            raise ValueError("pool names must be unique")
+        return pools
+
+
+class PriceConfig(Strict):
+    model: str = Field(min_length=1, max_length=64)
+    per_gpu_hour: Micros
+    pool: Name | None = None
+    effective_from: Annotated[int, Field(ge=0)] = 0
+
+    @field_validator("per_gpu_hour")
+    @classmethod
+    def _non_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("a price cannot be negative")
+        return value
+
+
+class SamplingConfig(Strict):
+    interval_s: float = Field(10.0, ge=1.0, le=3600.0)
+
+
+class WorkerConfig(Strict):
+    group_id: Name = "tally-ledger"
+    batch_max_messages: int = Field(2000, ge=1, le=100_000)
+    batch_within_s: float = Field(0.25, gt=0, le=60)
+
+
+class DashboardConfig(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8501, ge=1, le=65535)
+
+
+class TallyConfig(Strict):
+    broker: BrokerConfig = BrokerConfig()
+    topics: TopicsConfig = TopicsConfig()
+    ledger: LedgerConfig = LedgerConfig()
+    organisation: OrganisationConfig
+    fleet: FleetConfig
+    prices: tuple[PriceConfig, ...] = Field(min_length=1)
+    sampling: SamplingConfig = SamplingConfig()
+    worker: WorkerConfig = WorkerConfig()
+    dashboard: DashboardConfig = DashboardConfig()
+
+    @model_validator(mode="after")
+    def _fleet_is_priced(self) -> TallyConfig:
+        priced = {p.model for p in self.prices}
+        if ANY_MODEL in priced:
+            return self
+        for pool in self.fleet.pools:
+            if pool.model not in priced:
+                raise ValueError(
+                    f"fleet pool {pool.name!r} uses model {pool.model!r}, which has no price"
+                )
+        return self
+
+    def price_book(self) -> PriceBook:
+        return PriceBook(
+            tuple(
+                Price(p.model, p.per_gpu_hour, p.effective_from * 1_000_000, p.pool)
+                for p in self.prices
+            )
+        )
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.startswith("function-") or part.startswith("function_"):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def format_validation_error(source: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        message = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{source}: {_location(tuple(err['loc']))}: {message}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = None) -> TallyConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the file must hold a mapping of sections (broker, ledger, …)")
+    try:
+        config = TallyConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(source, exc)) from None
+    if base_dir is not None and not config.ledger.data_dir.is_absolute():
+        ledger = config.ledger.model_copy(update={"data_dir": base_dir / config.ledger.data_dir})
+        config = config.model_copy(update={"ledger": ledger})
+    return config
+
+
+def load_config(path: Path | str, relative_to: Path | None = None) -> TallyConfig:
+    """Read and validate a config file. Relative `data_dir`s resolve against `relative_to`
+    (default: the current directory)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}: {where}not valid YAML: {problem}") from None
+    return parse_config(data, str(path), (relative_to or Path.cwd()).resolve())

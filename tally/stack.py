@@ -1,0 +1,206 @@
+"""`tally up`: the embedded stack supervisor.
+
+Starts the broker (embedded tansu unless an external Kafka is configured), creates the topics,
+then runs the collector, the ledger worker and the dashboard as child processes, each in its own
+process group. A child that dies is restarted with backoff (at most 5 times a minute); Ctrl-C or
+SIGTERM stops every process the stack started. The ledger data directory outlives the stack; the
+embedded broker does not (each start is a new broker incarnation, which the worker recognises).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from streams.kafka import ensure_topics
+from tally.broker import EmbeddedBroker
+from tally.components import BOOTSTRAP_ENV
+from tally.config import TallyConfig
+
+MAX_RESTARTS_PER_MINUTE = 5
+
+
+@dataclass(slots=True)
+class Child:
+    name: str
+    argv: list[str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: list[float] = field(default_factory=list)
+
+
+class Stack:
+    def __init__(self, config: TallyConfig, config_path: Path, dashboard: bool = True) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.dashboard = dashboard
+        self.run_dir = config.ledger.data_dir.parent / "run"
+        self.broker: EmbeddedBroker | None = None
+        self.children: list[Child] = []
+        self._stopping = False
+
+    def _children(self) -> list[Child]:
+        py = sys.executable
+        cfg = str(self.config_path)
+        logs = self.run_dir
+        children = [
+            Child("worker", [py, "-m", "tally", "worker", "--config", cfg], logs / "worker.log"),
+            Child(
+                "collector", [py, "-m", "tally", "collect", "--config", cfg], logs / "collector.log"
+            ),
+        ]
+        if self.dashboard:
+            import dashboard
+
+            app = Path(dashboard.__file__).parent / "app.py"
+            d = self.config.dashboard
+            children.append(
+                Child(
+                    "dashboard",
+                    [
+                        py,
+                        "-m",
+                        "streamlit",
+                        "run",
+                        str(app),
+                        "--server.address",
+                        d.host,
+                        "--server.port",
+                        str(d.port),
+                        "--server.headless",
+                        "true",
+                        "--browser.gatherUsageStats",
+                        "false",
+                    ],
+                    logs / "dashboard.log",
+                )
+            )
+        return children
+
+    def run(self) -> int:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.config.ledger.data_dir.mkdir(parents=True, exist_ok=True)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            servers = self._start_broker()
+            env = dict(
+                os.environ,
+                **{
+                    BOOTSTRAP_ENV: ",".join(servers),
+                    "TALLY_CONFIG": str(self.config_path),
+                    "TALLY_DATA_DIR": str(self.config.ledger.data_dir.resolve()),
+                    "TALLY_CURRENCY": self.config.ledger.currency,
+                },
+            )
+            self.children = self._children()
+            for child in self.children:
+                self._spawn(child, env)
+            self._banner(servers)
+            return self._supervise(env)
+        finally:
+            self._stop_all()
+
+    def _start_broker(self) -> tuple[str, ...]:
+        topics = self.config.topics
+        if self.config.broker.mode == "external":
+            servers = self.config.broker.bootstrap_servers
+        else:
+            click.echo("starting the embedded broker (tansu) …")
+            self.broker = EmbeddedBroker(log_path=self.run_dir / "broker.log").start()
+            servers = (self.broker.bootstrap,)
+        asyncio.run(
+            ensure_topics(
+                servers[0],
+                list(topics.all().values()),
+                topics.partitions,
+                compacted=[topics.balances],
+            )
+        )
+        return servers
+
+    def _spawn(self, child: Child, env: dict[str, str]) -> None:
+        with child.log.open("ab") as log:
+            child.proc = subprocess.Popen(
+                child.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+
+    def _banner(self, servers: tuple[str, ...]) -> None:
+        d = self.config.dashboard
+        click.echo("")
+        click.secho("Tally is up.", bold=True)
+        if self.dashboard:
+            click.echo(f"  dashboard   http://{d.host}:{d.port}")
+        click.echo(
+            f"  broker      {','.join(servers)} ({'embedded tansu' if self.broker else 'external'})"
+        )
+        click.echo(f"  ledger      {self.config.ledger.data_dir}")
+        click.echo(f"  logs        {self.run_dir}/*.log")
+        click.echo(f"  try         tally report cost --by team --config {self.config_path}")
+        click.echo("Press Ctrl-C to stop.")
+
+    def _supervise(self, env: dict[str, str]) -> int:
+        while not self._stopping:
+            if self.broker is not None and not self.broker.alive():
+                click.secho("the embedded broker exited; stopping the stack", fg="red", err=True)
+                return 1
+            for child in self.children:
+                if child.proc is None or child.proc.poll() is None:
+                    continue
+                now = time.monotonic()
+                child.restarts = [t for t in child.restarts if now - t < 60] + [now]
+                if len(child.restarts) > MAX_RESTARTS_PER_MINUTE:
+                    click.secho(
+                        f"{child.name} keeps exiting (see {child.log}); stopping the stack",
+                        fg="red",
+                        err=True,
+                    )
+                    return 1
+                click.secho(
+                    f"{child.name} exited with {child.proc.returncode}; restarting",
+                    fg="yellow",
+                    err=True,
+                )
+                time.sleep(min(2 ** len(child.restarts), 10))
+                self._spawn(child, env)
+            time.sleep(0.5)
+        return 0
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if not self._stopping:
+            click.echo("\nstopping …", err=True)
+        self._stopping = True
+
+    def _stop_all(self) -> None:
+        running = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
+        for proc in running:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for proc in running:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait()
+        if self.broker is not None:
+            self.broker.stop()
+        click.echo("stopped every process the stack started", err=True)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
