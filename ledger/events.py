@@ -31,6 +31,15 @@ class EventType(StrEnum):
     """The `type` attribute of every event Tally writes."""
 
     GPU_SAMPLE = "tally.gpu.sample"
+    GPU_HEALTH = "tally.gpu.health"
+
+
+class HealthKind(StrEnum):
+    """What a health event reports about a GPU."""
+
+    GPU_LOST = "gpu_lost"
+    XID_ERROR = "xid_error"
+    RECOVERED = "recovered"
 
 
 class SampleSource(StrEnum):
@@ -97,6 +106,9 @@ class GpuSample:
     mig: MigInstance | None = None
     processes: tuple[ProcessUsage, ...] = ()
     owner: Owner | None = None
+    temperature_c: int | None = None
+    sm_clock_mhz: int | None = None
+    xid_errors: int | None = None
 
     @property
     def subject(self) -> str:
@@ -108,6 +120,20 @@ class GpuSample:
     @property
     def start_us(self) -> int:
         return self.sample_time_us - self.interval_us
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    """Something happened to a GPU's health (lost from the bus, an XID error, recovered)."""
+
+    node: str
+    gpu_uuid: str
+    gpu_index: int
+    kind: HealthKind
+    detail: str
+    time_us: int
+    source: SampleSource
+    xid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +229,9 @@ def sample_to_dict(sample: GpuSample) -> dict[str, Any]:
         "source": sample.source.value,
         "sample_time_us": sample.sample_time_us,
         "interval_us": sample.interval_us,
+        "temperature_c": sample.temperature_c,
+        "sm_clock_mhz": sample.sm_clock_mhz,
+        "xid_errors": sample.xid_errors,
     }
 
 
@@ -342,6 +371,9 @@ def sample_from_dict(data: Any) -> GpuSample:
         source=source,
         sample_time_us=_int(data, "sample_time_us", 1, MAX_TIME_US),
         interval_us=_int(data, "interval_us", 1, MAX_INTERVAL_US),
+        temperature_c=_opt_int(data, "temperature_c", 0, 200),
+        sm_clock_mhz=_opt_int(data, "sm_clock_mhz", 0, 10_000),
+        xid_errors=_opt_int(data, "xid_errors"),
     )
 
 
@@ -460,5 +492,30 @@ def encode_dead_letter(letter: DeadLetter, incarnation: str | None = None) -> by
             "offset": letter.offset,
             "incarnation": incarnation,
             "payload": letter.payload,
+        }
+    )
+
+
+def encode_health(health: GpuHealth, source: str) -> bytes:
+    """A health event in its envelope (published on the alerts topic, keyed by GPU UUID)."""
+    return orjson.dumps(
+        {
+            "specversion": SPEC_VERSION,
+            "id": event_id(source, f"{health.gpu_uuid}/{health.kind.value}", health.time_us),
+            "type": EventType.GPU_HEALTH.value,
+            "source": source,
+            "subject": health.gpu_uuid,
+            "time": health.time_us,
+            "schema": 1,
+            "data": {
+                "node": health.node,
+                "gpu_uuid": health.gpu_uuid,
+                "gpu_index": health.gpu_index,
+                "kind": health.kind.value,
+                "detail": health.detail,
+                "xid": health.xid,
+                "source": health.source.value,
+                "time_us": health.time_us,
+            },
         }
     )

@@ -1,0 +1,49 @@
+"""Shared fixtures: a real tansu broker on a free port, temporary ledger directories."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from streams.kafka import ensure_topics
+from tally.broker import EmbeddedBroker
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """A fresh tansu broker (memory storage) for one test; stopped afterwards."""
+    log = tmp_path_factory.mktemp("broker") / "broker.log"
+    instance = EmbeddedBroker(log_path=log).start()
+    try:
+        yield instance
+    finally:
+        instance.stop()
+
+
+def create_topics(bootstrap: str, names: list[str], partitions: int = 4) -> None:
+    asyncio.run(ensure_topics(bootstrap, names, partitions))
+
+
+def write_config(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def tally_command(*args: str) -> list[str]:
+    """argv that runs the `tally` CLI of this checkout in a child process."""
+    return [sys.executable, "-m", "tally", *args]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
