@@ -1,0 +1,201 @@
+"""Helpers for end-to-end tests: a worker child process, producing simulated samples, and the
+expected ledger computed independently from the produced samples."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from collectors.producer import SampleProducer
+from collectors.runner import source_name
+from collectors.simulated import PoolSpec, SimulatedFleet, TeamSpec, WorkloadKind
+from ledger.attribution import attribute_sample
+from ledger.events import Envelope, envelope_for
+from ledger.pricing import PriceBook
+from ledger.queries import LedgerQueries
+from tally.config import TallyConfig, parse_config
+from tests.builders import T0_US
+from tests.conftest import child_env, tally_command, write_config
+
+MIX = (
+    (WorkloadKind.TRAINING, 40),
+    (WorkloadKind.INFERENCE, 20),
+    (WorkloadKind.NOTEBOOK, 15),
+    (WorkloadKind.UNALLOCATED, 25),
+)
+
+
+def pipeline_config(tmp: Path, nodes: int = 2, partitions: int = 4, **ledger: Any) -> dict:
+    return {
+        "broker": {"mode": "external", "bootstrap_servers": ["127.0.0.1:1"]},
+        "topics": {"partitions": partitions},
+        "ledger": {"data_dir": str(tmp / "ledger"), "seal_interval_s": 0.5, **ledger},
+        "organisation": {
+            "cost_centres": [
+                {
+                    "name": "research",
+                    "teams": [
+                        {"name": "vision", "projects": ["detection", "segmentation"]},
+                        {"name": "language", "projects": ["pretraining"]},
+                    ],
+                },
+                {"name": "product", "teams": [{"name": "search", "projects": ["ranking"]}]},
+            ]
+        },
+        "fleet": {
+            "seed": 11,
+            "pools": [
+                {"name": "a100", "model": "A100", "nodes": nodes, "gpus_per_node": 8},
+                {"name": "h100", "model": "H100", "nodes": nodes, "gpus_per_node": 8},
+            ],
+        },
+        "prices": [
+            {"model": "A100", "per_gpu_hour": "1.80"},
+            {"model": "H100", "per_gpu_hour": "3.20"},
+        ],
+        "worker": {"batch_max_messages": 500, "batch_within_s": 0.1},
+    }
+
+
+def fleet_of(config: TallyConfig) -> SimulatedFleet:
+    return SimulatedFleet(
+        config.fleet.seed,
+        [
+            PoolSpec(p.name, p.model, p.nodes, p.gpus_per_node, p.memory_gib)
+            for p in config.fleet.pools
+        ],
+        [TeamSpec(t.name, t.projects) for t in config.organisation.teams()],
+        MIX,
+        10_000_000,
+    )
+
+
+def rounds(fleet: SimulatedFleet, first: int, count: int) -> list[list[Envelope]]:
+    return [
+        [
+            envelope_for(s, source_name(s.node))
+            for s in fleet.sample_round(T0_US + (first + i) * fleet.interval_us)
+        ]
+        for i in range(count)
+    ]
+
+
+async def produce(
+    bootstrap: str,
+    topic: str,
+    batches: Iterable[list[Envelope]],
+    pack: int = 1,
+    pause_s: float = 0.0,
+) -> int:
+    producer = SampleProducer(bootstrap, topic)
+    await producer.start()
+    sent = 0
+    try:
+        for i, envelopes in enumerate(batches, 1):
+            producer.add(envelopes)
+            if i % pack == 0:
+                sent += await producer.flush()
+                if pause_s:
+                    await asyncio.sleep(pause_s)
+        sent += await producer.flush()
+    finally:
+        await producer.stop()
+    return sent
+
+
+def expected_balances(config: TallyConfig, envelopes: Iterable[Envelope]) -> dict:
+    """What the ledger must hold: each distinct event attributed once, folded per account."""
+    prices: PriceBook = config.price_book()
+    centres = config.organisation.cost_centre_of()
+    seen: set[str] = set()
+    balances: Counter = Counter()
+    for envelope in envelopes:
+        if envelope.id in seen:
+            continue
+        seen.add(envelope.id)
+        for p in attribute_sample(envelope, prices, centres).postings:
+            balances[(p.account, p.unit.value)] += p.amount
+    return dict(balances)
+
+
+class WorkerProcess:
+    """`tally worker` in a child process, with its log in a file."""
+
+    def __init__(self, config_path: Path, bootstrap: str, log: Path) -> None:
+        self.config_path = config_path
+        self.bootstrap = bootstrap
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                tally_command(
+                    "worker", "--config", str(self.config_path), "--bootstrap", self.bootstrap
+                ),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=child_env(),
+                start_new_session=True,
+            )
+        return self
+
+    def commits(self) -> int:
+        return self.log.read_text(errors="replace").count("batch committed")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self, timeout_s: float = 30) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def assert_alive(self) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"worker exited with {self.proc.returncode}:\n"
+                + self.log.read_text(errors="replace")[-4000:]
+            )
+
+
+def wait_until(
+    predicate,
+    timeout_s: float,
+    what: str,
+    worker: WorkerProcess | None = None,
+    interval_s: float = 0.2,
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if worker is not None:
+            worker.assert_alive()
+        if predicate():
+            return
+        time.sleep(interval_s)
+    tail = worker.log.read_text(errors="replace")[-3000:] if worker else ""
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}\n{tail}")
+
+
+def sealed_transactions(data_dir: Path) -> int:
+    return LedgerQueries(data_dir).transaction_count()
+
+
+def load(tmp: Path, data: dict) -> tuple[TallyConfig, Path]:
+    path = write_config(tmp / "tally.yaml", data)
+    return parse_config(data, str(path)), path

@@ -1,0 +1,140 @@
+"""Configuration validation: a bad file fails with the file, the field and the problem."""
+
+import pytest
+
+from tally.config import ConfigError, load_config, parse_config
+from tests.builders import a_config_dict
+from tests.conftest import REPO, write_config
+
+
+def test_the_documented_example_is_valid():
+    config = load_config(REPO / "deploy/examples/tally.yaml")
+    assert config.broker.mode == "embedded"
+    assert config.price_book().rate_at("NVIDIA H100 80GB HBM3", "h100", 0) == 3_200_000
+    assert config.organisation.cost_centre_of()["vision"] == "research"
+
+
+def test_defaults_fill_what_is_left_out():
+    config = parse_config(a_config_dict())
+    assert config.topics.samples == "tally.samples"
+    assert config.sampling.interval_s == 10
+    assert config.ledger.currency == "USD"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        pytest.param(
+            {"prices": [{"model": "NVIDIA H100 80GB HBM3", "per_gpu_hour": "abc"}]},
+            "prices[0].per_gpu_hour: 'abc' is not a decimal amount",
+            id="price-not-number",
+        ),
+        pytest.param(
+            {"prices": [{"model": "NVIDIA H100 80GB HBM3", "per_gpu_hour": "1.0000001"}]},
+            "prices[0].per_gpu_hour: '1.0000001' has more than six decimal places",
+            id="price-too-precise",
+        ),
+        pytest.param(
+            {"prices": [{"model": "NVIDIA H100 80GB HBM3", "per_gpu_hour": "-1"}]},
+            "prices[0].per_gpu_hour: a price cannot be negative",
+            id="negative-price",
+        ),
+        pytest.param(
+            {"prices": [{"model": "Other", "per_gpu_hour": "1"}]},
+            "uses model 'NVIDIA H100 80GB HBM3', which has no price",
+            id="unpriced-fleet",
+        ),
+        pytest.param(
+            {"broker": {"mode": "external"}},
+            "broker: an external broker needs",
+            id="external-without-servers",
+        ),
+        pytest.param(
+            {"broker": {"mode": "external", "bootstrap_servers": ["nohost"]}},
+            "'nohost' is not host:port",
+            id="bad-bootstrap",
+        ),
+        pytest.param(
+            {"broker": {"mode": "cloud"}},
+            "broker.mode: Input should be 'embedded' or",
+            id="unknown-broker-mode",
+        ),
+        pytest.param(
+            {"sampling": {"interval_s": 0.5}},
+            "sampling.interval_s: Input should be greater than or equal to 1",
+            id="sampling-too-fast",
+        ),
+        pytest.param(
+            {"ledger": {"currency": "dollars"}},
+            "ledger.currency: String should match",
+            id="bad-currency",
+        ),
+        pytest.param(
+            {"topics": {"samples": "bad topic!"}},
+            "topics.samples: names use letters",
+            id="bad-topic-name",
+        ),
+        pytest.param(
+            {"surprise": 1}, "surprise: Extra inputs are not permitted", id="unknown-section"
+        ),
+        pytest.param(
+            {"fleet": {"pools": []}},
+            "fleet.pools: Tuple should have at least 1 item",
+            id="empty-fleet",
+        ),
+        pytest.param(
+            {
+                "organisation": {
+                    "cost_centres": [
+                        {"name": "a", "teams": [{"name": "t", "projects": ["p"]}]},
+                        {"name": "b", "teams": [{"name": "t", "projects": ["q"]}]},
+                    ]
+                }
+            },
+            "team 't' appears twice",
+            id="duplicate-team",
+        ),
+    ],
+)
+def test_invalid_config_names_file_field_and_problem(tmp_path, change, message):
+    path = write_config(tmp_path / "bad.yaml", a_config_dict(**change))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    text = str(caught.value)
+    assert text.startswith(f"{path}: ")
+    assert message in text
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        pytest.param(
+            "broker: [unclosed",
+            "line 1, column 18: not valid YAML: expected ',' or ']'",
+            id="yaml-syntax",
+        ),
+        pytest.param("- just\n- a list\n", "must hold a mapping", id="not-a-mapping"),
+        pytest.param("", "must hold a mapping", id="empty-file"),
+    ],
+)
+def test_unreadable_config(tmp_path, content, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_yaml_float_price_is_read_from_its_text(tmp_path):
+    config = parse_config(a_config_dict(prices=[{"model": "*", "per_gpu_hour": 2.35}]))
+    assert config.prices[0].per_gpu_hour == 2_350_000
+
+
+def test_relative_data_dir_resolves_against_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = write_config(tmp_path / "c.yaml", a_config_dict(ledger={"data_dir": "led"}))
+    assert load_config(path).ledger.data_dir == tmp_path.resolve() / "led"
