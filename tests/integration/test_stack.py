@@ -1,0 +1,95 @@
+"""`tally up`: the whole stack from one command, and Ctrl-C stops everything it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from ledger.queries import LedgerQueries
+from tally.broker import free_port
+from tests.conftest import child_env, tally_command, write_config
+from tests.integration.support import pipeline_config, wait_until
+
+pytestmark = pytest.mark.broker
+
+
+def _descendants(pid: int) -> set[int]:
+    children: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            children.add(int(entry))
+    return children | {d for c in children for d in _descendants(c)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def test_up_runs_the_stack_and_ctrl_c_stops_every_process(tmp_path):
+    port = free_port()
+    data = pipeline_config(tmp_path, nodes=1)
+    data["broker"] = {"mode": "embedded"}
+    data["fleet"].update({"backfill_hours": 1, "pack_rounds": 30})
+    data["dashboard"] = {"port": port}
+    path = write_config(tmp_path / "tally.yaml", data)
+    log = (tmp_path / "up.log").open("wb")
+    proc = subprocess.Popen(
+        tally_command("up", "--config", str(path)),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=child_env(),
+        cwd=tmp_path,
+    )
+    started = set()
+    try:
+        ledger = tmp_path / "ledger"
+        wait_until(
+            lambda: (tmp_path / "up.log").read_text().count("Tally is up") == 1, 60, "the banner"
+        )
+        started = _descendants(proc.pid)
+        assert len(started) >= 4  # broker, worker, collector, dashboard (and their children)
+
+        def teams_have_cost() -> bool:
+            rows = LedgerQueries(ledger).cost_by(["team"])
+            return len(rows) >= 2 and all(r.money_micros > 0 for r in rows)
+
+        wait_until(teams_have_cost, 60, "cost by team within a minute")
+        wait_until(
+            lambda: _http_ok(f"http://127.0.0.1:{port}/_stcore/health"),
+            60,
+            "the dashboard to answer",
+        )
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(60)
+        log.close()
+    output = (tmp_path / "up.log").read_text()
+    assert code == 0, output
+    assert "stopped every process the stack started" in output
+    time.sleep(0.5)
+    still_running = {pid for pid in started if _alive(pid)}
+    assert not still_running, output
