@@ -54,6 +54,10 @@ def owner_shares(sample: GpuSample) -> list[tuple[Owner | None, int]]:
     """Who held the sample's GPU, with integer weights; `None` stands for unallocated."""
     if sample.owner is not None and sample.owner.team is not None:
         return [(sample.owner, 1)]
+    processes = sample.processes
+    if len(processes) == 1:  # the common case: one process, one owner or none
+        owner = processes[0].owner
+        return [(owner if owner is not None and owner.team is not None else None, 1)]
     owned = [p for p in sample.processes if p.owner is not None and p.owner.team is not None]
     if not owned:
         return [(None, 1)]

@@ -7,7 +7,7 @@ the model `*` is the fallback for models with no entry of their own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ledger.errors import PricingError
 from ledger.units import MS_PER_HOUR, divide_round_half_even
@@ -26,25 +26,33 @@ class Price:
 @dataclass(frozen=True, slots=True)
 class PriceBook:
     prices: tuple[Price, ...]
+    _cache: dict[tuple[str, str], tuple[Price, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def _candidates(self, model: str, pool: str) -> tuple[Price, ...]:
+        """Prices that may apply to `model` in `pool`, best first for any given time."""
+        key = (model, pool)
+        found = self._cache.get(key)
+        if found is None:
+            usable = [
+                p
+                for p in self.prices
+                if p.model in (model, ANY_MODEL) and (p.pool is None or p.pool == pool)
+            ]
+            usable.sort(
+                key=lambda p: ((p.model == model) * 2 + (p.pool is not None), p.effective_us),
+                reverse=True,
+            )
+            found = self._cache[key] = tuple(usable)
+        return found
 
     def rate_at(self, model: str, pool: str, time_us: int) -> int:
         """Micro-units per GPU-hour for `model` in `pool` at `time_us`."""
-        best: Price | None = None
-        best_rank = (-1, -1)
-        for price in self.prices:
-            if price.effective_us > time_us:
-                continue
-            if price.model not in (model, ANY_MODEL):
-                continue
-            if price.pool is not None and price.pool != pool:
-                continue
-            specificity = (price.model == model) * 2 + (price.pool is not None)
-            rank = (specificity, price.effective_us)
-            if rank > best_rank:
-                best, best_rank = price, rank
-        if best is None:
-            raise PricingError(f"no price for GPU model {model!r} in pool {pool!r}")
-        return best.micros_per_gpu_hour
+        for price in self._candidates(model, pool):
+            if price.effective_us <= time_us:
+                return price.micros_per_gpu_hour
+        raise PricingError(f"no price for GPU model {model!r} in pool {pool!r}")
 
 
 def cost_of(gpu_ms: int, micros_per_gpu_hour: int) -> int:

@@ -130,41 +130,67 @@ def _now_us() -> int:
     return time.time_ns() // 1_000
 
 
+_TXN_COLUMNS = (
+    "txn_id",
+    "kind",
+    "gpu_uuid",
+    "model",
+    "pool",
+    "node",
+    "start_us",
+    "end_us",
+    "cause",
+    "src_topic",
+    "src_partition",
+    "src_offset",
+)
+
+
 def transactions_to_arrow(items: Sequence[SourcedTransaction], incarnation: str) -> pa.Table:
-    """Column-wise postings of `items`, in the hot table's and the segments' schema."""
-    cols: dict[str, list[object]] = {name: [] for name in POSTINGS_SCHEMA.names}
-    txn_id, leg, kind, account, unit, amount = (
-        cols["txn_id"],
-        cols["leg"],
-        cols["kind"],
-        cols["account"],
-        cols["unit"],
-        cols["amount"],
-    )
-    team, project, user, job, centre = (
-        cols["team"],
-        cols["project"],
-        cols["user"],
-        cols["job_id"],
-        cols["cost_centre"],
-    )
-    gpu, model, pool, node, start, end, cause = (
-        cols["gpu_uuid"],
-        cols["model"],
-        cols["pool"],
-        cols["node"],
-        cols["start_us"],
-        cols["end_us"],
-        cols["cause"],
-    )
-    topic_col, part_col, off_col = cols["src_topic"], cols["src_partition"], cols["src_offset"]
-    for item in items:
+    """Column-wise postings of `items`, in the hot table's and the segments' schema.
+
+    Transaction-level columns are built once per transaction and repeated per posting by Arrow
+    (`take`), so Python touches each posting only for its own fields.
+    """
+    txn_id: list[str] = []
+    kind: list[str] = []
+    gpu: list[str] = []
+    model: list[str] = []
+    pool: list[str] = []
+    node: list[str] = []
+    start: list[int] = []
+    end: list[int] = []
+    cause: list[str] = []
+    topic: list[str] = []
+    partition: list[int] = []
+    offset: list[int] = []
+    owner_index: list[int] = []
+    leg: list[int] = []
+    account: list[str] = []
+    unit: list[str] = []
+    amount: list[int] = []
+    team: list[str | None] = []
+    project: list[str | None] = []
+    user: list[str | None] = []
+    job: list[str | None] = []
+    centre: list[str | None] = []
+    for index, item in enumerate(items):
         txn = item.txn
-        cause_text = " ".join(txn.cause)
-        for index, p in enumerate(txn.postings):
-            txn_id.append(txn.txn_id)
-            leg.append(index)
-            kind.append(txn.kind.value)
+        txn_id.append(txn.txn_id)
+        kind.append(txn.kind.value)
+        gpu.append(txn.gpu_uuid)
+        model.append(txn.model)
+        pool.append(txn.pool)
+        node.append(txn.node)
+        start.append(txn.start_us)
+        end.append(txn.end_us)
+        cause.append(" ".join(txn.cause))
+        topic.append(item.topic)
+        partition.append(item.partition)
+        offset.append(item.offset)
+        for number, p in enumerate(txn.postings):
+            owner_index.append(index)
+            leg.append(number)
             account.append(p.account)
             unit.append(p.unit.value)
             amount.append(p.amount)
@@ -173,19 +199,25 @@ def transactions_to_arrow(items: Sequence[SourcedTransaction], incarnation: str)
             user.append(p.user)
             job.append(p.job_id)
             centre.append(p.cost_centre)
-            gpu.append(txn.gpu_uuid)
-            model.append(txn.model)
-            pool.append(txn.pool)
-            node.append(txn.node)
-            start.append(txn.start_us)
-            end.append(txn.end_us)
-            cause.append(cause_text)
-            topic_col.append(item.topic)
-            part_col.append(item.partition)
-            off_col.append(item.offset)
-    rows = len(txn_id)
-    cols["incarnation"] = [incarnation] * rows
-    return pa.table(cols, schema=POSTINGS_SCHEMA)
+    per_txn = pa.table(
+        [txn_id, kind, gpu, model, pool, node, start, end, cause, topic, partition, offset],
+        schema=pa.schema([POSTINGS_SCHEMA.field(name) for name in _TXN_COLUMNS]),
+    ).take(pa.array(owner_index, pa.int32()))
+    rows = len(leg)
+    columns = {
+        **{name: per_txn.column(name) for name in _TXN_COLUMNS},
+        "leg": pa.array(leg, pa.int16()),
+        "account": pa.array(account, pa.string()),
+        "unit": pa.array(unit, pa.string()),
+        "amount": pa.array(amount, pa.int64()),
+        "team": pa.array(team, pa.string()),
+        "project": pa.array(project, pa.string()),
+        "user": pa.array(user, pa.string()),
+        "job_id": pa.array(job, pa.string()),
+        "cost_centre": pa.array(centre, pa.string()),
+        "incarnation": pa.array([incarnation] * rows, pa.string()),
+    }
+    return pa.table([columns[name] for name in POSTINGS_SCHEMA.names], schema=POSTINGS_SCHEMA)
 
 
 class LedgerStore:
