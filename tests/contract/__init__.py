@@ -1,0 +1,1 @@
+"""Contract tests: one suite run against each implementation of a port (fake and real)."""
