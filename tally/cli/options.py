@@ -1,0 +1,76 @@
+"""What every `tally` command shares: exit codes, failing with a message, config loading,
+and the common options."""
+
+from __future__ import annotations
+
+import sys
+from enum import IntEnum
+from pathlib import Path
+from typing import NoReturn
+
+import click
+
+from tally.config import ConfigError, TallyConfig, load_config
+from tally.output import OutputFormat
+
+DEFAULT_CONFIG = "deploy/examples/tally.yaml"
+
+
+class Exit(IntEnum):
+    OK = 0
+    CHECK_FAILED = 1
+    USAGE = 2
+    BROKER = 3
+    LEDGER = 4
+    INTERRUPTED = 130
+
+
+def fail(message: str, code: Exit) -> NoReturn:
+    click.secho(f"error: {message}", fg="red", err=True)
+    sys.exit(int(code))
+
+
+def load_or_exit(path: str) -> TallyConfig:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        fail(str(exc), Exit.USAGE)
+
+
+def resolve_data_dir(config_path: str | None, data_dir: str | None) -> Path:
+    if data_dir:
+        return Path(data_dir)
+    return load_or_exit(config_path or DEFAULT_CONFIG).ledger.data_dir
+
+
+config_option = click.option(
+    "--config",
+    "-c",
+    "config_path",
+    envvar="TALLY_CONFIG",
+    default=DEFAULT_CONFIG,
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="Tally configuration file.",
+)
+bootstrap_option = click.option(
+    "--bootstrap",
+    envvar="TALLY_BOOTSTRAP",
+    default=None,
+    metavar="HOST:PORT[,…]",
+    help="Kafka bootstrap servers (default: from the config; set by `tally up`).",
+)
+data_dir_option = click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Ledger data directory (default: the config's ledger.data_dir).",
+)
+output_option = click.option(
+    "--output",
+    "-o",
+    type=click.Choice([f.value for f in OutputFormat]),
+    default="table",
+    show_default=True,
+    help="Output format.",
+)
