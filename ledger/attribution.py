@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from ledger.accounts import capacity_account, consumer_account, unallocated_account
 from ledger.events import Envelope, GpuSample, Owner
+from ledger.periods import period_label
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.pricing import PriceBook, cost_of
 from ledger.units import US_PER_MS, Unit, divide_round_half_even
@@ -133,4 +134,6 @@ def attribute_sample(
         node=sample.node,
         postings=tuple(postings),
         cause=(envelope.id,),
+        period=period_label(sample.start_us),
+        util_pct=sample.util_gpu_pct,
     )

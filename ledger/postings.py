@@ -45,6 +45,9 @@ class Transaction:
     node: str
     postings: tuple[Posting, ...]
     cause: tuple[str, ...]
+    period: str = ""
+    util_pct: int | None = None
+    idle: bool = False
 
 
 def validate(txn: Transaction) -> tuple[str, ...]:

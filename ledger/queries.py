@@ -7,16 +7,15 @@ Periods select postings by the start of their interval (`start_us`), half-open `
 
 from __future__ import annotations
 
-import calendar
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
 from ledger.errors import LedgerError
+from ledger.periods import Period
 from ledger.segments import Manifest, SegmentInfo
 from ledger.store import POSTINGS_SCHEMA, SEGMENTS_DIR
 
@@ -32,27 +31,6 @@ DIMENSIONS = (
     "node",
 )
 _RETRIES = 3
-
-
-@dataclass(frozen=True, slots=True)
-class Period:
-    """A half-open time range `[start_us, end_us)`; `label` is how a person wrote it."""
-
-    label: str
-    start_us: int
-    end_us: int
-
-    @classmethod
-    def month(cls, text: str) -> Period:
-        """`2026-11` → November 2026 in UTC; raises ValueError for anything else."""
-        try:
-            year, month = (int(part) for part in text.split("-"))
-            start = datetime(year, month, 1, tzinfo=UTC)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"{text!r} is not a month such as 2026-11") from exc
-        days = calendar.monthrange(year, month)[1]
-        end_ts = int(start.timestamp()) + days * 86_400
-        return cls(text, int(start.timestamp()) * 1_000_000, end_ts * 1_000_000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +60,7 @@ class LedgerQueries:
         if not files:
             return self._empty
         listed = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
-        return f"read_parquet([{listed}])"
+        return f"read_parquet([{listed}], union_by_name = true)"
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run `sql` with `{postings}` bound to the sealed postings.
@@ -172,4 +150,5 @@ def _duck_type(arrow_type: str) -> str:
         "int16": "SMALLINT",
         "int32": "INTEGER",
         "int64": "BIGINT",
+        "bool": "BOOLEAN",
     }[arrow_type]

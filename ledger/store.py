@@ -63,6 +63,9 @@ POSTINGS_SCHEMA = pa.schema(
         ("src_topic", pa.string()),
         ("src_partition", pa.int32()),
         ("src_offset", pa.int64()),
+        ("period", pa.string()),
+        ("util_pct", pa.int16()),
+        ("idle", pa.bool_()),
     ]
 )
 
@@ -74,7 +77,8 @@ CREATE TABLE IF NOT EXISTS postings (
     gpu_uuid VARCHAR, model VARCHAR, pool VARCHAR, node VARCHAR,
     start_us BIGINT NOT NULL, end_us BIGINT NOT NULL, cause VARCHAR NOT NULL,
     incarnation VARCHAR NOT NULL, src_topic VARCHAR NOT NULL,
-    src_partition INTEGER NOT NULL, src_offset BIGINT NOT NULL
+    src_partition INTEGER NOT NULL, src_offset BIGINT NOT NULL,
+    period VARCHAR NOT NULL, util_pct SMALLINT, idle BOOLEAN NOT NULL
 );
 CREATE TABLE IF NOT EXISTS seen_events (event_id VARCHAR PRIMARY KEY, time_us BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS source_ranges (
@@ -143,6 +147,9 @@ _TXN_COLUMNS = (
     "src_topic",
     "src_partition",
     "src_offset",
+    "period",
+    "util_pct",
+    "idle",
 )
 
 
@@ -164,6 +171,9 @@ def transactions_to_arrow(items: Sequence[SourcedTransaction], incarnation: str)
     topic: list[str] = []
     partition: list[int] = []
     offset: list[int] = []
+    period: list[str] = []
+    util: list[int | None] = []
+    idle: list[bool] = []
     owner_index: list[int] = []
     leg: list[int] = []
     account: list[str] = []
@@ -188,6 +198,9 @@ def transactions_to_arrow(items: Sequence[SourcedTransaction], incarnation: str)
         topic.append(item.topic)
         partition.append(item.partition)
         offset.append(item.offset)
+        period.append(txn.period)
+        util.append(txn.util_pct)
+        idle.append(txn.idle)
         for number, p in enumerate(txn.postings):
             owner_index.append(index)
             leg.append(number)
@@ -200,7 +213,23 @@ def transactions_to_arrow(items: Sequence[SourcedTransaction], incarnation: str)
             job.append(p.job_id)
             centre.append(p.cost_centre)
     per_txn = pa.table(
-        [txn_id, kind, gpu, model, pool, node, start, end, cause, topic, partition, offset],
+        [
+            txn_id,
+            kind,
+            gpu,
+            model,
+            pool,
+            node,
+            start,
+            end,
+            cause,
+            topic,
+            partition,
+            offset,
+            period,
+            util,
+            idle,
+        ],
         schema=pa.schema([POSTINGS_SCHEMA.field(name) for name in _TXN_COLUMNS]),
     ).take(pa.array(owner_index, pa.int32()))
     rows = len(leg)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from ledger.errors import LedgerError
-from ledger.queries import DIMENSIONS, LedgerQueries, Period
+from ledger.periods import Period
+from ledger.queries import DIMENSIONS, LedgerQueries
 from ledger.units import format_micros
 from tally.cli.options import (
     Exit,
