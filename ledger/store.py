@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from ledger.errors import StoreError
 from ledger.events import DeadLetter
+from ledger.idle import GpuIdleState, state_from_row, state_to_row
 from ledger.postings import Transaction
 from ledger.segments import (
     Manifest,
@@ -86,6 +87,16 @@ CREATE TABLE IF NOT EXISTS source_ranges (
     first_offset BIGINT NOT NULL, last_offset BIGINT NOT NULL,
     committed_at_us BIGINT NOT NULL, sealed BOOLEAN NOT NULL DEFAULT FALSE
 );
+CREATE TABLE IF NOT EXISTS idle_state (
+    subject VARCHAR PRIMARY KEY, last_time_us BIGINT NOT NULL,
+    team VARCHAR, project VARCHAR, "user" VARCHAR, job_id VARCHAR,
+    below_since_us BIGINT, busy_since_us BIGINT, alert_since_us BIGINT,
+    waste_gpu_ms BIGINT NOT NULL, waste_micros BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS outbox (
+    id VARCHAR PRIMARY KEY, topic VARCHAR NOT NULL, "key" BLOB, "value" BLOB NOT NULL,
+    created_at_us BIGINT NOT NULL, sent BOOLEAN NOT NULL DEFAULT FALSE
+);
 CREATE TABLE IF NOT EXISTS dead_letters (
     incarnation VARCHAR, topic VARCHAR, "partition" INTEGER, "offset" BIGINT,
     event_id VARCHAR, reason VARCHAR NOT NULL, payload VARCHAR NOT NULL,
@@ -114,6 +125,20 @@ class SourcedTransaction:
     topic: str
     partition: int
     offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    """A message to publish once its batch is committed (alerts, dead letters).
+
+    Written in the batch's transaction and sent after it, until the broker acknowledges it: at
+    least once, and consumers dedupe by the content-derived `id`.
+    """
+
+    id: str
+    topic: str
+    key: bytes | None
+    value: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,8 +307,14 @@ class LedgerStore:
         ranges: Sequence[OffsetRange],
         transactions: Sequence[SourcedTransaction],
         dead_letters: Sequence[DeadLetter] = (),
+        idle_states: Sequence[GpuIdleState] = (),
+        outbox: Sequence[OutboxMessage] = (),
     ) -> CommitResult:
-        """Apply one batch atomically; transactions whose id was already applied are dropped."""
+        """Apply one batch atomically; transactions whose id was already applied are dropped.
+
+        Idle-detector states replace the stored ones, and outbox messages are queued, in the same
+        transaction as the postings they follow from.
+        """
         con = self._con
         now = _now_us()
         con.execute("BEGIN TRANSACTION")
@@ -308,6 +339,19 @@ class LedgerStore:
                 con.executemany(
                     "INSERT INTO source_ranges VALUES (?, ?, ?, ?, ?, ?, FALSE)",
                     [(incarnation, r.topic, r.partition, r.first, r.last, now) for r in ranges],
+                )
+            if idle_states:
+                con.executemany(
+                    "DELETE FROM idle_state WHERE subject = ?", [(s.subject,) for s in idle_states]
+                )
+                con.executemany(
+                    "INSERT INTO idle_state VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [state_to_row(s) for s in idle_states],
+                )
+            if outbox:
+                con.executemany(
+                    "INSERT INTO outbox VALUES (?, ?, ?, ?, ?, FALSE) ON CONFLICT DO NOTHING",
+                    [(m.id, m.topic, m.key, m.value, now) for m in outbox],
                 )
             if dead_letters:
                 con.executemany(
@@ -337,19 +381,46 @@ class LedgerStore:
             dead_letters=len(dead_letters),
         )
 
-    def _drop_seen(self, transactions: Sequence[SourcedTransaction]) -> list[SourcedTransaction]:
-        """`transactions` less those already applied, and less repeats within the batch."""
-        if not transactions:
-            return []
-        ids = pa.table({"event_id": [t.txn.txn_id for t in transactions]})
-        self._con.register("batch_ids", ids)
-        seen = {
-            row[0]
-            for row in self._con.execute(
+    def seen_ids(self, ids: Sequence[str]) -> set[str]:
+        """Which of `ids` have been applied already."""
+        if not ids:
+            return set()
+        self._con.register("batch_ids", pa.table({"event_id": list(ids)}))
+        try:
+            rows = self._con.execute(
                 "SELECT s.event_id FROM seen_events s SEMI JOIN batch_ids b USING (event_id)"
             ).fetchall()
-        }
-        self._con.unregister("batch_ids")
+        finally:
+            self._con.unregister("batch_ids")
+        return {row[0] for row in rows}
+
+    def idle_states(self, subjects: Sequence[str]) -> dict[str, GpuIdleState]:
+        if not subjects:
+            return {}
+        self._con.register("batch_subjects", pa.table({"subject": list(subjects)}))
+        try:
+            rows = self._con.execute(
+                "SELECT i.* FROM idle_state i SEMI JOIN batch_subjects b USING (subject)"
+            ).fetchall()
+        finally:
+            self._con.unregister("batch_subjects")
+        return {str(row[0]): state_from_row(row) for row in rows}
+
+    def pending_outbox(self, limit: int = 1000) -> list[OutboxMessage]:
+        rows = self._con.execute(
+            'SELECT id, topic, "key", "value" FROM outbox WHERE NOT sent '
+            "ORDER BY created_at_us, rowid LIMIT ?",
+            [limit],
+        ).fetchall()
+        return [OutboxMessage(str(i), str(t), k, v) for i, t, k, v in rows]
+
+    def mark_sent(self, ids: Sequence[str]) -> None:
+        if ids:
+            self._con.executemany("UPDATE outbox SET sent = TRUE WHERE id = ?", [(i,) for i in ids])
+
+    def _drop_seen(self, transactions: Sequence[SourcedTransaction]) -> list[SourcedTransaction]:
+        """`transactions` less those already applied, and less repeats within the batch."""
+        seen = self.seen_ids([t.txn.txn_id for t in transactions])
         fresh: list[SourcedTransaction] = []
         for item in transactions:
             if item.txn.txn_id in seen:

@@ -26,13 +26,14 @@ from typing import Any
 
 import faust
 
-from ledger.events import encode_dead_letter
-from ledger.ingest import ConsumedMessage, Ingestor
+from ledger.idle import IdlePolicy
+from ledger.ingest import ConsumedMessage, Ingestor, OutputTopics
 from ledger.pricing import PriceBook
 from ledger.store import LedgerStore
 from streams.kafka import fetch_cluster_id
 
 log = logging.getLogger("tally.worker")
+DEFAULT_IDLE_POLICY = IdlePolicy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,7 @@ class WorkerSettings:
     group_id: str
     samples_topic: str
     deadletter_topic: str
+    alerts_topic: str
     data_dir: Path
     prices: PriceBook
     cost_centres: Mapping[str, str]
@@ -51,6 +53,7 @@ class WorkerSettings:
     compact_min_segments: int = 8
     dedupe_window_us: int = 7 * 86_400_000_000
     session_timeout_s: float = 6.0
+    idle_policy: IdlePolicy = DEFAULT_IDLE_POLICY
 
 
 @dataclass(slots=True)
@@ -60,6 +63,7 @@ class WorkerStats:
     samples: int = 0
     duplicates: int = 0
     dead_letters: int = 0
+    alerts: int = 0
     segments_sealed: int = 0
     last_commit_ms: float = 0.0
 
@@ -72,6 +76,7 @@ class LedgerWorker:
         self.stats = WorkerStats()
         self.store = LedgerStore(settings.data_dir)
         self._lock = asyncio.Lock()
+        self._publishing = asyncio.Lock()
         self._ingestor: Ingestor | None = None
         self._last_seal = time.monotonic()
         self.app = self._build_app()
@@ -104,7 +109,10 @@ class LedgerWorker:
             key_serializer="raw",
             value_serializer="raw",
         )
-        deadletter = app.topic(s.deadletter_topic, key_serializer="raw", value_serializer="raw")
+        self._outputs = {
+            name: app.topic(name, key_serializer="raw", value_serializer="raw")
+            for name in (s.deadletter_topic, s.alerts_topic)
+        }
 
         async def _on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
             await self._refresh_incarnation()
@@ -118,14 +126,14 @@ class LedgerWorker:
                     ConsumedMessage(e.message.topic, e.message.partition, e.message.offset, e.value)
                     for e in events
                 ]
-                letters = await self._apply(messages)
-                for payload in letters:
-                    await deadletter.send(value=payload)
+                await self._apply(messages)
+                await self.publish_outbox()
                 if time.monotonic() - self._last_seal >= s.seal_interval_s:
                     await self.seal()
 
         @app.timer(interval=s.seal_interval_s)  # type: ignore[untyped-decorator]
         async def seal_timer() -> None:
+            await self.publish_outbox()
             if time.monotonic() - self._last_seal >= s.seal_interval_s:
                 await self.seal()
 
@@ -139,15 +147,18 @@ class LedgerWorker:
                     log.warning(
                         "broker incarnation changed to %s: offsets start afresh", incarnation
                     )
+                s = self.settings
                 self._ingestor = await asyncio.to_thread(
                     Ingestor,
                     self.store,
                     incarnation,
-                    self.settings.prices,
-                    self.settings.cost_centres,
+                    s.prices,
+                    s.cost_centres,
+                    s.idle_policy,
+                    OutputTopics(alerts=s.alerts_topic, deadletter=s.deadletter_topic),
                 )
 
-    async def _apply(self, messages: list[ConsumedMessage]) -> list[bytes]:
+    async def _apply(self, messages: list[ConsumedMessage]) -> None:
         if self._ingestor is None:
             await self._refresh_incarnation()
         async with self._lock:
@@ -173,7 +184,23 @@ class LedgerWorker:
             len(result.dead_letters),
             st.last_commit_ms,
         )
-        return [encode_dead_letter(d, ingestor.incarnation) for d in result.dead_letters]
+        st.alerts += len(result.alerts)
+
+    async def publish_outbox(self) -> None:
+        """Send what committed batches queued (alerts, dead letters); mark it sent once acked."""
+        async with self._publishing:  # one publisher at a time, or a message could go out twice
+            async with self._lock:
+                pending = await asyncio.to_thread(self.store.pending_outbox)
+            if not pending:
+                return
+            acks = [
+                await self._outputs[m.topic].send(key=m.key, value=m.value)
+                for m in pending
+                if m.topic in self._outputs
+            ]
+            await asyncio.gather(*acks)
+            async with self._lock:
+                await asyncio.to_thread(self.store.mark_sent, [m.id for m in pending])
 
     async def seal(self) -> None:
         s = self.settings

@@ -55,6 +55,8 @@ def worker_settings(config: TallyConfig, bootstrap: tuple[str, ...]) -> WorkerSe
         group_id=config.worker.group_id,
         samples_topic=config.topics.samples,
         deadletter_topic=config.topics.deadletter,
+        alerts_topic=config.topics.alerts,
+        idle_policy=config.idle.policy(),
         data_dir=config.ledger.data_dir,
         prices=config.price_book(),
         cost_centres=config.organisation.cost_centre_of(),

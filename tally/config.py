@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from ledger.idle import IdlePolicy
 from ledger.pricing import ANY_MODEL, Price, PriceBook
 from ledger.units import parse_micros
 
@@ -202,6 +203,29 @@ class SamplingConfig(Strict):
     interval_s: float = Field(10.0, ge=1.0, le=3600.0)
 
 
+class IdleConfig(Strict):
+    """Allocated-but-idle detection (see `ledger.idle`)."""
+
+    threshold_pct: int = Field(5, ge=1, le=100)
+    min_duration_min: float = Field(30, gt=0, le=7 * 24 * 60)
+    resolve_pct: int = Field(10, ge=1, le=100)
+    resolve_duration_min: float = Field(5, gt=0, le=24 * 60)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> IdleConfig:
+        if self.resolve_pct < self.threshold_pct:
+            raise ValueError("resolve_pct must be at least threshold_pct (hysteresis)")
+        return self
+
+    def policy(self) -> IdlePolicy:
+        return IdlePolicy(
+            threshold_pct=self.threshold_pct,
+            min_duration_us=int(self.min_duration_min * 60_000_000),
+            resolve_pct=self.resolve_pct,
+            resolve_duration_us=int(self.resolve_duration_min * 60_000_000),
+        )
+
+
 class WorkerConfig(Strict):
     group_id: Name = "tally-ledger"
     batch_max_messages: int = Field(2000, ge=1, le=100_000)
@@ -221,6 +245,7 @@ class TallyConfig(Strict):
     fleet: FleetConfig
     prices: tuple[PriceConfig, ...] = Field(min_length=1)
     sampling: SamplingConfig = SamplingConfig()
+    idle: IdleConfig = IdleConfig()
     worker: WorkerConfig = WorkerConfig()
     dashboard: DashboardConfig = DashboardConfig()
 

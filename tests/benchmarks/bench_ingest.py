@@ -47,6 +47,7 @@ def _settings(bootstrap: str, topic: str, data_dir: Path, group: str) -> Any:
         group_id=group,
         samples_topic=topic,
         deadletter_topic="bench.deadletter",
+        alerts_topic="bench.alerts",
         data_dir=data_dir,
         prices=PriceBook((Price("*", 2_500_000),)),
         cost_centres={},

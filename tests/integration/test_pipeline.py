@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 
+import orjson
 import pytest
 
 from ledger.queries import LedgerQueries
@@ -148,3 +150,69 @@ def test_a_restarted_embedded_broker_is_a_new_incarnation(tmp_path):
     incarnations = {s.incarnation for s in LedgerQueries(data_dir).segments()}
     assert len(incarnations) == 2
     assert _verify(path).returncode == 0
+
+
+def test_an_idle_notebook_raises_exactly_one_alert_and_its_resolve(broker, tmp_path):
+    from aiokafka import AIOKafkaConsumer
+
+    from collectors.producer import SampleProducer
+    from ledger.events import envelope_for
+    from tests.builders import T0_US, a_process, a_sample, an_owner
+
+    data = pipeline_config(tmp_path, nodes=1)
+    data["idle"] = {"min_duration_min": 30, "resolve_duration_min": 5}
+    config, path = load(tmp_path, data)
+    create_topics(broker.bootstrap, list(config.topics.all().values()), 2)
+    notebook = an_owner("vision", "detection", "ada", "nb-7")
+    minute = 60_000_000
+    utils = [0] * 40 + [85] * 10  # idle 40 minutes, then busy
+    samples = [
+        a_sample(
+            model="H100",
+            pool="h100",
+            sample_time_us=T0_US + (m + 1) * minute,
+            interval_us=minute,
+            util_gpu_pct=u,
+            processes=(a_process(sm=u, owner=notebook),),
+        )
+        for m, u in enumerate(utils)
+    ]
+
+    async def send() -> None:
+        producer = SampleProducer(broker.bootstrap, config.topics.samples)
+        await producer.start()
+        try:
+            for sample in samples:  # one message per sample, the real-time shape
+                producer.add([envelope_for(sample, "nvml://node-01")])
+                await producer.flush()
+        finally:
+            await producer.stop()
+
+    async def alerts() -> list[dict]:
+        consumer = AIOKafkaConsumer(
+            config.topics.alerts, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        try:
+            batch = await consumer.getmany(timeout_ms=5000)
+            return [orjson.loads(m.value) for msgs in batch.values() for m in msgs]
+        finally:
+            await consumer.stop()
+
+    asyncio.run(send())
+    worker = WorkerProcess(path, broker.bootstrap, tmp_path / "worker.log").start()
+    try:
+        wait_until(
+            lambda: sealed_transactions(config.ledger.data_dir) == len(samples),
+            90,
+            "the notebook's samples to be sealed",
+            worker,
+        )
+        wait_until(lambda: len(asyncio.run(alerts())) >= 2, 30, "two alerts", worker)
+        time.sleep(1)
+        received = asyncio.run(alerts())
+    finally:
+        assert worker.stop() == 0
+    assert [a["type"] for a in received] == ["tally.idle.detected", "tally.idle.resolved"]
+    assert {a["data"]["owner"]["job"] for a in received} == {"nb-7"}
+    assert received[0]["data"]["since_us"] == T0_US
