@@ -8,7 +8,8 @@ When several owners' processes share a GPU without MIG, the time is split by per
 utilisation; if no process reports any, by used memory; if that is zero too, equally. Processes
 with no known owner count towards the unallocated share. Every split uses largest-remainder
 rounding, so the integer parts sum exactly to the whole; money is rounded once for the whole
-sample (`pricing.cost_of`) and split the same way.
+sample (`pricing.cost_of`; per price piece when a price changes inside the interval, see
+`usage_cost`) and split the same way.
 """
 
 from __future__ import annotations
@@ -75,14 +76,26 @@ def owner_shares(sample: GpuSample) -> list[tuple[Owner | None, int]]:
     return sorted(weights.items(), key=lambda item: item[0] is None)
 
 
+def usage_cost(prices: PriceBook, sample: GpuSample, gpu_ms: int) -> int:
+    """Money for `gpu_ms` of the sample's interval at the prices in force over it.
+
+    When a price changes inside the interval, the GPU time is split by duration (largest
+    remainder) and each part is priced at its own rate; each part is rounded once.
+    """
+    pieces = prices.rates_between(sample.model, sample.pool, sample.start_us, sample.sample_time_us)
+    if len(pieces) == 1:
+        return cost_of(gpu_ms, pieces[0][2])
+    parts = largest_remainder(gpu_ms, [hi - lo for lo, hi, _ in pieces])
+    return sum(cost_of(ms, rate) for ms, (_, _, rate) in zip(parts, pieces, strict=True))
+
+
 def attribute_sample(
     envelope: Envelope, prices: PriceBook, cost_centres: Mapping[str, str]
 ) -> Transaction:
     """The usage transaction of one sample event. Raises PricingError for an unpriced model."""
     sample = envelope.data
     total_ms = physical_gpu_ms(sample)
-    rate = prices.rate_at(sample.model, sample.pool, sample.start_us)
-    total_cost = cost_of(total_ms, rate)
+    total_cost = usage_cost(prices, sample, total_ms)
     shares = owner_shares(sample)
     weights = [w for _, w in shares]
     ms_parts = largest_remainder(total_ms, weights) if len(shares) > 1 else [total_ms]

@@ -1,13 +1,15 @@
 """The price book: what one GPU-hour of a model (optionally in a pool) costs, effective-dated.
 
 A price applies from its effective time on, never before: `rate_at` picks the latest entry whose
-`effective_us` is not after the time asked. A pool-specific entry beats the model-wide one, and
+`effective_us` is not after the time asked, and `rates_between` cuts an interval at every price
+change inside it. A pool-specific entry beats the model-wide one, and
 the model `*` is the fallback for models with no entry of their own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from ledger.errors import PricingError
 from ledger.units import MS_PER_HOUR, divide_round_half_even
@@ -53,6 +55,29 @@ class PriceBook:
             if price.effective_us <= time_us:
                 return price.micros_per_gpu_hour
         raise PricingError(f"no price for GPU model {model!r} in pool {pool!r}")
+
+    def rates_between(
+        self, model: str, pool: str, start_us: int, end_us: int
+    ) -> list[tuple[int, int, int]]:
+        """`(from_us, to_us, rate)` pieces covering `[start_us, end_us)`, one per price in force.
+
+        A price that takes effect inside the interval applies to the part after it only.
+        """
+        changes = sorted(
+            {
+                p.effective_us
+                for p in self._candidates(model, pool)
+                if start_us < p.effective_us < end_us
+            }
+        )
+        pieces: list[tuple[int, int, int]] = []
+        for lo, hi in pairwise([start_us, *changes, end_us]):
+            rate = self.rate_at(model, pool, lo)
+            if pieces and pieces[-1][2] == rate:
+                pieces[-1] = (pieces[-1][0], hi, rate)
+            else:
+                pieces.append((lo, hi, rate))
+        return pieces
 
 
 def cost_of(gpu_ms: int, micros_per_gpu_hour: int) -> int:

@@ -194,3 +194,28 @@ def test_owner_shares_put_unallocated_last():
         a_sample(processes=(a_process(owner=None, sm=10), a_process(owner=VISION, sm=10)))
     )
     assert shares == [(VISION, 10), (None, 10)]
+
+
+@pytest.mark.parametrize(
+    ("effective_after_start_us", "expected_cost"),
+    [
+        pytest.param(10_000_000, 10_000, id="change-after-the-interval-ends"),
+        pytest.param(0, 20_000, id="change-at-the-interval-start"),
+        pytest.param(4_000_000, 4_000 + 12_000, id="change-forty-percent-in"),
+        pytest.param(-5_000_000, 20_000, id="change-before-the-interval"),
+    ],
+)
+def test_price_change_mid_interval_applies_from_its_effective_time(
+    effective_after_start_us, expected_cost
+):
+    sample = a_sample()
+    prices = PriceBook(
+        (
+            Price(H100, 3_600_000),  # 1 micro per GPU-ms
+            Price(H100, 7_200_000, effective_us=sample.start_us + effective_after_start_us),
+        )
+    )
+    out = _by_account(sample, prices)
+    assert out[("consumer:vision/detection", "money_micros")] == expected_cost
+    assert out[("capacity:h100/" + H100, "money_micros")] == -expected_cost
+    assert out[("consumer:vision/detection", "gpu_ms")] == 10_000

@@ -115,3 +115,20 @@ def test_balanced_transaction_passes():
     )
     assert validate(txn) == ()
     assert check(txn) is txn
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "pieces"),
+    [
+        pytest.param(0, 999, [(0, 999, 3_000_000)], id="before-the-change"),
+        pytest.param(
+            500,
+            1_500,
+            [(500, 1_000, 3_000_000), (1_000, 1_500, 2_000_000)],
+            id="straddles-the-change",
+        ),
+        pytest.param(1_000, 2_000, [(1_000, 2_000, 2_000_000)], id="from-the-change"),
+    ],
+)
+def test_rates_between(start, end, pieces):
+    assert BOOK.rates_between(H100, "std", start, end) == pieces
