@@ -71,6 +71,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from ledger.attribution import unconfigured_slices
 from ledger.events import (
     MAX_INTERVAL_US,
     DeadLetter,
@@ -638,6 +639,10 @@ def _assemble(
         for gpu in slices or [parent]:
             samples.append(_sample(gpu, device, pool, time_us, interval_us))
             activity.append(_activity(gpu))
+        rest = unconfigured_slices([gpu.mig for gpu in slices if gpu.mig is not None])
+        if rest is not None:  # slices no instance occupies: unallocated capacity
+            spare = _Gpu(uuid, parent.index, parent.model, parent.node, rest)
+            samples.append(_sample(spare, {}, pool, time_us, interval_us))
         if Field.ENERGY in device:
             energy.append(EnergyReading(gpu_uuid=uuid, counter_mj=device[Field.ENERGY]))
         xid = device.get(Field.XID, 0)

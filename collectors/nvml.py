@@ -59,6 +59,7 @@ from typing import Any, Protocol
 
 import pynvml
 
+from ledger.attribution import unconfigured_slices
 from ledger.events import (
     GpuHealth,
     GpuSample,
@@ -617,6 +618,9 @@ class NvmlCollector:
                     else None,
                 )
             )
+        rest = unconfigured_slices([slot.mig for slot in gpu.slots.values()])
+        if rest is not None:  # slices no instance occupies: unallocated capacity
+            ctx.samples.append(make(0, None, 0, 0, None, None, rest, [], None))
 
     def _mig_call(self, gpu: _Gpu, slot: _MigSlot, what: str, fn: Callable[..., Any]) -> Any:
         """`fn(slot.handle)`; an instance that stops answering makes the layout stale."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ledger.accounts import capacity_account, consumer_account, unallocated_account
-from ledger.events import Envelope, GpuSample, Owner
+from ledger.events import Envelope, GpuSample, MigInstance, Owner
 from ledger.periods import period_label
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.pricing import PriceBook, cost_of
@@ -41,6 +41,25 @@ def largest_remainder(total: int, weights: Sequence[int]) -> list[int]:
     for i in order[:short]:
         parts[i] += 1
     return parts
+
+
+UNCONFIGURED_GPU_INSTANCE = 0xFFFF
+UNCONFIGURED_PROFILE = "unconfigured"
+
+
+def unconfigured_slices(instances: Sequence[MigInstance]) -> MigInstance | None:
+    """The slices of a MIG-enabled GPU that no instance occupies, as one pseudo-instance.
+
+    Collectors emit a sample for it (no processes, no owner), so a partly carved GPU's idle
+    slices land on the unallocated account and the GPU's time is fully accounted for.
+    """
+    if not instances:
+        return None
+    total = instances[0].total_slices
+    used = sum(m.slices for m in instances)
+    if used >= total:
+        return None
+    return MigInstance(UNCONFIGURED_GPU_INSTANCE, 0, UNCONFIGURED_PROFILE, total - used, total)
 
 
 def physical_gpu_ms(sample: GpuSample) -> int:

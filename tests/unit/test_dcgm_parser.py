@@ -242,6 +242,17 @@ CASES = [
                     "xid": 31,
                     "mig": ("1g.18gb", 1, 7),
                 },
+                # slices no instance occupies are sampled as unallocated capacity
+                "GPU-e1f2a3b4-c5d6-4e7f-8a9b-0c1d2e3f4a02/gi65535": {
+                    "util": 0,
+                    "used_mib": 0,
+                    "owner": None,
+                    "mig": ("unconfigured", 5, 7),
+                },
+                "GPU-e1f2a3b4-c5d6-4e7f-8a9b-0c1d2e3f4a03/gi65535": {
+                    "util": 0,
+                    "mig": ("unconfigured", 3, 7),
+                },
             },
             xids=(("GPU-e1f2a3b4-c5d6-4e7f-8a9b-0c1d2e3f4a03", 31),),  # once, not once per slice
         ),

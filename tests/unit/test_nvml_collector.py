@@ -143,7 +143,8 @@ def test_mixed_node_round() -> None:
     fake = mixed_node()
     c = collector(fake)
     first, second = rounds(c, fake, 2)
-    assert len(first.samples) == 6  # 2 plain + 3 MIG instances + 1 old GPU
+    # 2 plain + 3 MIG instances + their GPU's unconfigured slice + 1 old GPU
+    assert len(first.samples) == 7
     for sample in first.samples:
         assert_integers_only(sample)
         assert sample.source is SampleSource.NVML
@@ -253,7 +254,7 @@ def test_mig_compute_instances_of_one_gpu_instance_are_merged() -> None:
     gpu.processes = [FakeProcess(1, GIB, 1, gi=2, ci=0), FakeProcess(2, GIB, 1, gi=2, ci=1)]
     fake = FakeNvml([gpu])
     result = collector(fake).collect_round()
-    assert [s.subject for s in result.samples] == [f"{gpu_uuid(0)}/gi2"]
+    assert [s.subject for s in result.samples] == [f"{gpu_uuid(0)}/gi2", f"{gpu_uuid(0)}/gi65535"]
     sample = result.samples[0]
     assert sample.mig is not None and sample.mig.compute_instance_id == 0
     assert [p.pid for p in sample.processes] == [1, 2]
@@ -280,8 +281,9 @@ def test_mig_gpu_with_no_instances_is_sampled_whole() -> None:
 
 def test_a30_has_four_slices() -> None:
     gpu = mig_gpu(gpu_uuid(0), [(1, "2g.12gb", 2)], name="NVIDIA A30", total_slices=4)
-    (sample,) = collector(FakeNvml([gpu])).collect_round().samples
+    sample, spare = collector(FakeNvml([gpu])).collect_round().samples
     assert sample.mig is not None and (sample.mig.slices, sample.mig.total_slices) == (2, 4)
+    assert spare.mig is not None and (spare.mig.slices, spare.mig.total_slices) == (2, 4)
 
 
 # ---------------------------------------------------------------------------- processes
@@ -334,7 +336,7 @@ def test_a_failing_owner_resolver_does_not_stop_sampling() -> None:
         raise RuntimeError("registry down")
 
     result = collector(fake, owner_resolver=broken).collect_round()
-    assert len(result.samples) == 6
+    assert len(result.samples) == 7
     assert all(p.owner is None for s in result.samples for p in s.processes)
     assert sum("owner lookup failed" in p for p in result.problems) == 1
 
@@ -463,7 +465,7 @@ def test_gpu_lost_mid_run_then_recovered() -> None:
     assert "GPU is lost" in lost.detail
     for r in (r2, r3):
         assert gpu_uuid(1) not in by_subject(r)
-        assert len(r.samples) == 5  # the others are still sampled
+        assert len(r.samples) == 6  # the others (and the spare MIG slice) are still sampled
     assert r3.health == ()
     (back,) = r4.health
     assert (back.kind, back.gpu_uuid) == (HealthKind.RECOVERED, gpu_uuid(1))
@@ -613,3 +615,17 @@ def test_old_bindings_returning_bytes_are_decoded() -> None:
     fake.nvmlDeviceGetName = lambda h: name(h).encode()  # type: ignore[method-assign, assignment, return-value]
     (sample,) = collector(fake).collect_round().samples
     assert (sample.gpu_uuid, sample.model) == (gpu_uuid(0), "NVIDIA A100-SXM4-80GB")
+
+
+def test_a_partly_carved_mig_gpu_is_fully_accounted_for() -> None:
+    """3g + 2g + 1g of 7 slices: the spare slice is sampled as unallocated capacity."""
+    from ledger.attribution import UNCONFIGURED_PROFILE, physical_gpu_ms
+
+    result = collector(mixed_node()).collect_round()
+    parent = [s for s in result.samples if s.gpu_uuid == gpu_uuid(2)]
+    assert sum(s.mig.slices for s in parent if s.mig) == 7
+    spare = next(s for s in parent if s.mig and s.mig.profile == UNCONFIGURED_PROFILE)
+    assert spare.processes == () and spare.owner is None and spare.util_gpu_pct == 0
+    assert sum(physical_gpu_ms(s) for s in parent) in range(
+        STEP_US // 1000 - 3, STEP_US // 1000 + 4
+    )
