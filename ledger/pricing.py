@@ -8,6 +8,7 @@ the model `*` is the fallback for models with no entry of their own.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -31,6 +32,9 @@ class PriceBook:
     _cache: dict[tuple[str, str], tuple[Price, ...]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    _points: dict[tuple[str, str], tuple[int, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def _candidates(self, model: str, pool: str) -> tuple[Price, ...]:
         """Prices that may apply to `model` in `pool`, best first for any given time."""
@@ -49,6 +53,15 @@ class PriceBook:
             found = self._cache[key] = tuple(usable)
         return found
 
+    def _change_points(self, model: str, pool: str) -> tuple[int, ...]:
+        key = (model, pool)
+        found = self._points.get(key)
+        if found is None:
+            found = self._points[key] = tuple(
+                sorted({p.effective_us for p in self._candidates(model, pool)})
+            )
+        return found
+
     def rate_at(self, model: str, pool: str, time_us: int) -> int:
         """Micro-units per GPU-hour for `model` in `pool` at `time_us`."""
         for price in self._candidates(model, pool):
@@ -63,13 +76,11 @@ class PriceBook:
 
         A price that takes effect inside the interval applies to the part after it only.
         """
-        changes = sorted(
-            {
-                p.effective_us
-                for p in self._candidates(model, pool)
-                if start_us < p.effective_us < end_us
-            }
-        )
+        points = self._change_points(model, pool)
+        first = bisect_right(points, start_us)
+        if first == len(points) or points[first] >= end_us:  # no change inside: one piece
+            return [(start_us, end_us, self.rate_at(model, pool, start_us))]
+        changes = [p for p in points[first:] if p < end_us]
         pieces: list[tuple[int, int, int]] = []
         for lo, hi in pairwise([start_us, *changes, end_us]):
             rate = self.rate_at(model, pool, lo)
