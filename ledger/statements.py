@@ -1,0 +1,357 @@
+"""A team's statement for one accounting period: what it cost, where, what was wasted, and its
+budget.
+
+The statement reads the postings *booked into* the period (see `ledger.reports`): the team's
+consumer postings by project and by user, its allocated-but-idle waste, corrections (other kinds
+than usage, and usage booked late from an earlier period), and — when idle sharing is asked
+for — its share of unallocated capacity, exactly as `report cost --by team` would show it.
+
+Budget: grants are `budget_grant` postings on `budget:<team>` booked into the period, one
+budget per unit (GPU-ms or money). A grant credits the budget account, so its amount is
+negative by the ledger's sign convention; the statement reports the magnitude of the net grant.
+Used is the team's consumer postings in the same unit for the period (all kinds, so credits
+lower it); remaining = granted − used, and may be negative (overspent). Open holds are not part
+of a statement. With no grant the statement says there is no budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ledger.periods import Period
+from ledger.reports import (
+    CONSUMER_SQL,
+    CostLine,
+    IdleSharing,
+    ReportQueries,
+    cost_report,
+    gpu_hours,
+    period_of,
+)
+from ledger.units import Unit, format_micros
+
+BUDGET_ACCOUNT_PREFIX = "budget:"
+BUDGET_GRANT_KIND = "budget_grant"
+
+
+def budget_account(team: str) -> str:
+    return f"{BUDGET_ACCOUNT_PREFIX}{team}"
+
+
+@dataclass(frozen=True, slots=True)
+class StatementLine:
+    """One project or user of the team (`name` None: postings without that dimension)."""
+
+    name: str | None
+    gpu_ms: int
+    money_micros: int
+    idle_gpu_ms: int
+    idle_waste_micros: int
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    unit: Unit
+    granted: int
+    used: int
+
+    @property
+    def remaining(self) -> int:
+        return self.granted - self.used
+
+
+@dataclass(frozen=True, slots=True)
+class TeamStatement:
+    team: str
+    period: str
+    currency: str
+    cost_centres: tuple[str, ...]
+    gpu_ms: int
+    money_micros: int
+    idle_gpu_ms: int
+    idle_waste_micros: int
+    corrections_micros: int  # postings of any kind other than usage
+    prior_period_micros: int  # usage and corrections whose interval began before the period
+    sharing: IdleSharing
+    shared_idle_micros: int
+    by_project: tuple[StatementLine, ...]
+    by_user: tuple[StatementLine, ...]
+    budgets: tuple[Budget, ...]
+
+    @property
+    def total_micros(self) -> int:
+        """The team's own cost plus its share of unallocated capacity."""
+        return self.money_micros + self.shared_idle_micros
+
+    def to_dict(self) -> dict[str, Any]:
+        """The statement for JSON: integers exact, decimals as text beside them."""
+
+        def money(micros: int) -> dict[str, Any]:
+            return {"micros": micros, "amount": format_micros(micros, 6)}
+
+        def line(item: StatementLine) -> dict[str, Any]:
+            return {
+                "name": item.name,
+                "gpu_ms": item.gpu_ms,
+                "gpu_hours": str(gpu_hours(item.gpu_ms, 6)),
+                "cost": money(item.money_micros),
+                "idle_gpu_ms": item.idle_gpu_ms,
+                "idle_waste": money(item.idle_waste_micros),
+            }
+
+        return {
+            "team": self.team,
+            "period": self.period,
+            "currency": self.currency,
+            "cost_centres": list(self.cost_centres),
+            "gpu_ms": self.gpu_ms,
+            "gpu_hours": str(gpu_hours(self.gpu_ms, 6)),
+            "cost": money(self.money_micros),
+            "idle_gpu_ms": self.idle_gpu_ms,
+            "idle_waste": money(self.idle_waste_micros),
+            "corrections": money(self.corrections_micros),
+            "prior_period": money(self.prior_period_micros),
+            "idle_sharing": str(self.sharing),
+            "shared_unallocated": money(self.shared_idle_micros),
+            "total": money(self.total_micros),
+            "by_project": [line(p) for p in self.by_project],
+            "by_user": [line(u) for u in self.by_user],
+            "budget": [
+                {
+                    "unit": str(b.unit),
+                    "granted": b.granted,
+                    "used": b.used,
+                    "remaining": b.remaining,
+                }
+                for b in self.budgets
+            ]
+            or None,
+        }
+
+    def rows(self) -> tuple[list[str], list[list[Any]]]:
+        """The statement flattened to one table for CSV: a total, projects, users, corrections,
+        shared idle (when sharing), and budget lines (granted, used, remaining)."""
+        headers = ["section", "name", "gpu_hours", "cost", "idle_gpu_hours", "idle_waste"]
+
+        def figures(name: str | None, ms: int, money: int, idle_ms: int, waste: int) -> list[Any]:
+            return [
+                name,
+                str(gpu_hours(ms, 6)),
+                format_micros(money, 6),
+                str(gpu_hours(idle_ms, 6)),
+                format_micros(waste, 6),
+            ]
+
+        rows: list[list[Any]] = [
+            [
+                "total",
+                *figures(
+                    self.team,
+                    self.gpu_ms,
+                    self.money_micros,
+                    self.idle_gpu_ms,
+                    self.idle_waste_micros,
+                ),
+            ]
+        ]
+        for section, lines in (("project", self.by_project), ("user", self.by_user)):
+            rows += [
+                [
+                    section,
+                    *figures(i.name, i.gpu_ms, i.money_micros, i.idle_gpu_ms, i.idle_waste_micros),
+                ]
+                for i in lines
+            ]
+        rows.append(["corrections", None, None, format_micros(self.corrections_micros, 6)])
+        rows.append(["prior_period", None, None, format_micros(self.prior_period_micros, 6)])
+        if self.sharing is not IdleSharing.NONE:
+            rows.append(
+                [
+                    "shared_unallocated",
+                    str(self.sharing),
+                    None,
+                    _amount(Unit.MONEY, self.shared_idle_micros, 6),
+                ]
+            )
+        for b in self.budgets:
+            for name, amount in (
+                ("granted", b.granted),
+                ("used", b.used),
+                ("remaining", b.remaining),
+            ):
+                value = _amount(b.unit, amount, 6)
+                rows.append(
+                    [
+                        f"budget_{name}",
+                        str(b.unit),
+                        *((value, None) if b.unit is Unit.GPU_MS else (None, value)),
+                    ]
+                )
+        return headers, [row + [None] * (len(headers) - len(row)) for row in rows]
+
+    def render_text(self) -> str:
+        """The statement as a person reads it in a terminal."""
+        cur = self.currency
+        out = [f"Statement for team {self.team}, {self.period} ({cur})"]
+        if self.cost_centres:
+            out.append(f"Cost centre: {', '.join(self.cost_centres)}")
+        out.append("")
+        out.append(
+            f"Cost:          {format_micros(self.money_micros)} {cur} for "
+            f"{gpu_hours(self.gpu_ms)} GPU-hours"
+        )
+        out.append(
+            f"Idle waste:    {format_micros(self.idle_waste_micros)} {cur} for "
+            f"{gpu_hours(self.idle_gpu_ms)} GPU-hours allocated but idle"
+        )
+        if self.corrections_micros or self.prior_period_micros:
+            out.append(
+                f"Corrections:   {format_micros(self.corrections_micros)} {cur}; prior-period "
+                f"postings {format_micros(self.prior_period_micros)} {cur} (included above)"
+            )
+        if self.sharing is not IdleSharing.NONE:
+            out.append(
+                f"Shared idle:   {format_micros(self.shared_idle_micros)} {cur} of unallocated "
+                f"capacity ({self.sharing})"
+            )
+            out.append(f"Total:         {format_micros(self.total_micros)} {cur}")
+        for title, lines in (("project", self.by_project), ("user", self.by_user)):
+            out += ["", f"By {title}", _table(title, lines)]
+        out.append("")
+        if not self.budgets:
+            out.append(f"Budget: no budget granted to {self.team} for {self.period}")
+        else:
+            out.append("Budget")
+            out.append(
+                _simple_table(
+                    ["unit", "granted", "used", "remaining"],
+                    [
+                        [
+                            _unit_label(b.unit, cur),
+                            _amount(b.unit, b.granted),
+                            _amount(b.unit, b.used),
+                            _amount(b.unit, b.remaining),
+                        ]
+                        for b in self.budgets
+                    ],
+                )
+            )
+        return "\n".join(out)
+
+
+def _unit_label(unit: Unit, currency: str) -> str:
+    return {Unit.GPU_MS: "GPU-hours", Unit.MONEY: currency}.get(unit, str(unit))
+
+
+def _amount(unit: Unit, amount: int, places: int = 2) -> str:
+    if unit is Unit.MONEY:
+        return format_micros(amount, places)
+    if unit is Unit.GPU_MS:
+        return str(gpu_hours(amount, max(places, 3)))
+    return str(amount)
+
+
+def _table(title: str, lines: tuple[StatementLine, ...]) -> str:
+    if not lines:
+        return "  (no usage)"
+    return _simple_table(
+        [title, "gpu_hours", "cost", "idle_gpu_hours", "idle_waste"],
+        [
+            [
+                item.name or "-",
+                str(gpu_hours(item.gpu_ms)),
+                format_micros(item.money_micros),
+                str(gpu_hours(item.idle_gpu_ms)),
+                format_micros(item.idle_waste_micros),
+            ]
+            for item in lines
+        ],
+    )
+
+
+def _simple_table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    head = [headers[0].upper().ljust(widths[0])]
+    head += [h.upper().rjust(w) for h, w in zip(headers[1:], widths[1:], strict=True)]
+    out = ["  ".join(head).rstrip()]
+    for row in rows:
+        cells = [row[0].ljust(widths[0])]
+        cells += [v.rjust(w) for v, w in zip(row[1:], widths[1:], strict=True)]
+        out.append("  ".join(cells).rstrip())
+    return "\n".join(out)
+
+
+def team_statement(
+    queries: ReportQueries,
+    team: str,
+    period: Period | str,
+    currency: str,
+    sharing: IdleSharing = IdleSharing.NONE,
+) -> TeamStatement:
+    """The statement of `team` for `period` (a `YYYY-MM` label or a `Period`)."""
+    chosen = period_of(period)
+    assert chosen is not None
+    where = {"team": team}
+    by_project = cost_report(queries, ("project",), chosen, where=where)
+    by_user = cost_report(queries, ("user",), chosen, where=where)
+    figures = queries.rows(
+        "SELECT "
+        "coalesce(sum(amount) FILTER (unit = 'money_micros' AND kind <> 'usage'), 0), "
+        "coalesce(sum(amount) FILTER (unit = 'money_micros' AND NOT "
+        "(start_us >= ? AND start_us < ?)), 0), "
+        "coalesce(string_agg(DISTINCT cost_centre, ',' ORDER BY cost_centre), '') "
+        f"FROM {{postings}} WHERE {CONSUMER_SQL} AND team = ? AND period = ?",
+        [chosen.start_us, chosen.end_us, team, chosen.label],
+    )
+    corrections, prior, centres = figures[0]
+    grants = queries.rows(
+        "SELECT unit, sum(amount) FROM {postings} "
+        "WHERE account = ? AND kind = ? AND period = ? GROUP BY unit ORDER BY unit",
+        [budget_account(team), BUDGET_GRANT_KIND, chosen.label],
+    )
+    used = queries.rows(
+        "SELECT unit, sum(amount) FROM {postings} "
+        f"WHERE {CONSUMER_SQL} AND team = ? AND period = ? GROUP BY unit",
+        [team, chosen.label],
+    )
+    used_by_unit = {unit: int(total) for unit, total in used}
+    budgets = tuple(
+        Budget(Unit(unit), abs(int(total)), used_by_unit.get(unit, 0))
+        for unit, total in grants
+        if unit in {u.value for u in Unit}
+    )
+    shared = 0
+    if sharing is not IdleSharing.NONE:
+        by_team = cost_report(queries, ("team",), chosen, sharing)
+        shared = sum(line.shared_idle_micros for line in by_team.lines if line.keys == (team,))
+
+    def lines(report_lines: tuple[CostLine, ...]) -> tuple[StatementLine, ...]:
+        return tuple(
+            StatementLine(
+                line.keys[0],
+                line.gpu_ms,
+                line.money_micros,
+                line.idle_gpu_ms,
+                line.idle_waste_micros,
+            )
+            for line in report_lines
+        )
+
+    return TeamStatement(
+        team=team,
+        period=chosen.label,
+        currency=currency,
+        cost_centres=tuple(c for c in str(centres).split(",") if c),
+        gpu_ms=sum(line.gpu_ms for line in by_project.lines),
+        money_micros=by_project.consumer_micros,
+        idle_gpu_ms=sum(line.idle_gpu_ms for line in by_project.lines),
+        idle_waste_micros=sum(line.idle_waste_micros for line in by_project.lines),
+        corrections_micros=int(corrections),
+        prior_period_micros=int(prior),
+        sharing=sharing,
+        shared_idle_micros=shared,
+        by_project=lines(by_project.lines),
+        by_user=lines(by_user.lines),
+        budgets=budgets,
+    )

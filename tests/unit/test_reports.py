@@ -1,0 +1,507 @@
+"""Cost and idle reports over a real sealed ledger, with exact integers.
+
+`LedgerBuilder` and `fleet_ledger` are shared with the FOCUS, statement and CLI report tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger.accounts import capacity_account, consumer_account, unallocated_account
+from ledger.periods import period_label
+from ledger.postings import Posting, Transaction
+from ledger.reports import (
+    CostLine,
+    IdleSharing,
+    PoolIdle,
+    ReportQueries,
+    TeamIdle,
+    cost_report,
+    idle_report,
+    ledger_money_total,
+    share_idle,
+)
+from ledger.store import LedgerStore, OffsetRange, SourcedTransaction
+from ledger.units import Unit
+from tests.builders import T0_US
+
+HOUR_US = 3_600_000_000
+NOV = "2026-11"
+OCT = "2026-10"
+
+
+class Kind(StrEnum):
+    """Transaction kinds as the ledger writes them (the core enum may not list them all yet)."""
+
+    USAGE = "usage"
+    ADJUSTMENT = "adjustment"
+    BUDGET_GRANT = "budget_grant"
+
+
+@dataclass(frozen=True, slots=True)
+class Who:
+    team: str
+    project: str
+    user: str | None = None
+    job: str | None = None
+    centre: str | None = None
+
+
+@dataclass
+class LedgerBuilder:
+    """Writes hand-made transactions through the real store and seals them."""
+
+    data_dir: Path
+    txns: list[Transaction] = field(default_factory=list)
+
+    def _add(
+        self,
+        kind: Kind,
+        postings: list[Posting],
+        *,
+        at_us: int = T0_US,
+        length_us: int = 10_000_000,
+        gpu: str = "GPU-1",
+        model: str = "H100",
+        pool: str = "h100",
+        period: str | None = None,
+        idle: bool = False,
+    ) -> None:
+        self.txns.append(
+            Transaction(
+                txn_id=f"t{len(self.txns):04d}",
+                kind=kind,
+                start_us=at_us,
+                end_us=at_us + length_us,
+                gpu_uuid=gpu,
+                model=model,
+                pool=pool,
+                node="node-01",
+                postings=tuple(postings),
+                cause=(f"cause-{len(self.txns)}",),
+                period=period or period_label(at_us),
+                util_pct=3 if idle else 90,
+                idle=idle,
+            )
+        )
+
+    def usage(
+        self,
+        who: Who | None,
+        gpu_ms: int,
+        micros: int,
+        *,
+        pool: str = "h100",
+        model: str = "H100",
+        **txn: Any,
+    ) -> LedgerBuilder:
+        """One sample's transaction: `who` (None: unallocated) debited, capacity credited."""
+        if who is None:
+            account = unallocated_account(pool, model)
+            legs = [Posting(account, Unit.GPU_MS, gpu_ms), Posting(account, Unit.MONEY, micros)]
+        else:
+            account = consumer_account(who.team, who.project)
+            dims = (who.team, who.project, who.user, who.job, who.centre)
+            legs = [
+                Posting(account, Unit.GPU_MS, gpu_ms, *dims),
+                Posting(account, Unit.MONEY, micros, *dims),
+            ]
+        capacity = capacity_account(pool, model)
+        legs += [Posting(capacity, Unit.GPU_MS, -gpu_ms), Posting(capacity, Unit.MONEY, -micros)]
+        self._add(Kind.USAGE, legs, pool=pool, model=model, **txn)
+        return self
+
+    def adjustment(
+        self,
+        who: Who,
+        micros: int,
+        gpu_ms: int = 0,
+        *,
+        pool: str = "h100",
+        model: str = "H100",
+        **txn: Any,
+    ) -> LedgerBuilder:
+        """A correction of `who`'s charges, balanced against the capacity account."""
+        account = consumer_account(who.team, who.project)
+        dims = (who.team, who.project, who.user, who.job, who.centre)
+        capacity = capacity_account(pool, model)
+        legs = [Posting(account, Unit.MONEY, micros, *dims), Posting(capacity, Unit.MONEY, -micros)]
+        if gpu_ms:
+            legs += [
+                Posting(account, Unit.GPU_MS, gpu_ms, *dims),
+                Posting(capacity, Unit.GPU_MS, -gpu_ms),
+            ]
+        self._add(Kind.ADJUSTMENT, legs, pool=pool, model=model, **txn)
+        return self
+
+    def grant(self, team: str, amount: int, unit: Unit = Unit.MONEY, **txn: Any) -> LedgerBuilder:
+        """A budget grant: `budget:<team>` credited (negative), the funding account debited."""
+        legs = [Posting(f"budget:{team}", unit, -amount), Posting(f"funding:{team}", unit, amount)]
+        self._add(Kind.BUDGET_GRANT, legs, gpu="", model="", pool="", **txn)
+        return self
+
+    def seal(self) -> Path:
+        with LedgerStore(self.data_dir) as store:
+            items = [SourcedTransaction(t, "tx", 0, i) for i, t in enumerate(self.txns)]
+            if items:
+                store.commit("inc", [OffsetRange("tx", 0, 0, len(items) - 1)], items)
+            store.seal()
+        return self.data_dir
+
+
+ADA = Who("vision", "detection", "ada", "j1", "research")
+BOB = Who("vision", "segmentation", "bob", "j2", "research")
+DEE = Who("vision", "segmentation", "dee", "j4", "research")
+CY = Who("language", "pretraining", "cy", "j3", "nlp")
+
+
+def build_fleet(data_dir: Path) -> LedgerBuilder:
+    """November 2026 (and a little October) on three pools; totals worked out by hand:
+
+    consumer  vision   136,000 ms  130,000 µ  (18,000 ms / 18,000 µ allocated but idle;
+                                              a −6,000 µ credit)
+              language  66,000 ms  134,000 µ  (6,000 ms / 12,000 µ late from October;
+                                              a +2,000 µ adjustment)
+    unalloc.  h100      54,000 ms   54,001 µ  (its transaction flagged idle: still not waste)
+              a100      30,000 ms   60,000 µ
+              l4     3,600,000 ms  500,000 µ  (nobody used l4)
+    November money total 878,001 µ.
+    """
+    b = LedgerBuilder(data_dir)
+    b.usage(ADA, 18_000, 18_000, gpu="GPU-1", at_us=T0_US)
+    b.usage(ADA, 18_000, 18_000, gpu="GPU-1", at_us=T0_US + 20_000_000)  # same hour: one row
+    b.usage(ADA, 18_000, 18_000, gpu="GPU-1", at_us=T0_US + 40_000_000, idle=True)
+    b.usage(BOB, 72_000, 72_000, gpu="GPU-2", at_us=T0_US + HOUR_US)
+    b.usage(DEE, 10_000, 10_000, gpu="GPU-2", at_us=T0_US + 2 * HOUR_US)
+    b.usage(CY, 60_000, 120_000, pool="a100", model="A100", gpu="GPU-3", at_us=T0_US)
+    b.usage(None, 54_000, 54_001, gpu="GPU-2", at_us=T0_US + 3 * HOUR_US, idle=True)
+    b.usage(None, 30_000, 60_000, pool="a100", model="A100", gpu="GPU-3", at_us=T0_US + HOUR_US)
+    b.usage(None, 3_600_000, 500_000, pool="l4", model="L4", gpu="GPU-4", at_us=T0_US)
+    # late usage: incurred in October, booked into November
+    b.usage(
+        CY, 6_000, 12_000, pool="a100", model="A100", gpu="GPU-3", at_us=T0_US - HOUR_US, period=NOV
+    )
+    # October's own usage
+    b.usage(ADA, 36_000, 36_000, gpu="GPU-1", at_us=T0_US - 48 * HOUR_US)
+    b.adjustment(ADA, -6_000, at_us=T0_US + 5 * HOUR_US, length_us=HOUR_US)
+    b.adjustment(CY, 2_000, pool="a100", model="A100", gpu="GPU-3", at_us=T0_US + 6 * HOUR_US)
+    return b
+
+
+NOV_TOTAL = 878_001
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    return build_fleet(tmp_path / "ledger").seal()
+
+
+@pytest.fixture
+def queries(fleet):
+    q = ReportQueries(fleet)
+    yield q
+    q.close()
+
+
+def test_the_fleet_totals_are_what_the_builder_says(queries):
+    assert ledger_money_total(queries, NOV) == NOV_TOTAL
+    assert ledger_money_total(queries, OCT) == 36_000
+
+
+@pytest.mark.parametrize(
+    ("dims", "expected"),
+    [
+        pytest.param(
+            ("team",),
+            [
+                (("language",), 66_000, 134_000, 0, 0),
+                (("vision",), 136_000, 130_000, 18_000, 18_000),
+            ],
+            id="team",
+        ),
+        pytest.param(
+            ("team", "project"),
+            [
+                (("language", "pretraining"), 66_000, 134_000, 0, 0),
+                (("vision", "segmentation"), 82_000, 82_000, 0, 0),
+                (("vision", "detection"), 54_000, 48_000, 18_000, 18_000),
+            ],
+            id="team-project",
+        ),
+        pytest.param(
+            ("user",),
+            [
+                (("cy",), 66_000, 134_000, 0, 0),
+                (("bob",), 72_000, 72_000, 0, 0),
+                (("ada",), 54_000, 48_000, 18_000, 18_000),
+                (("dee",), 10_000, 10_000, 0, 0),
+            ],
+            id="user",
+        ),
+        pytest.param(
+            ("job_id",),
+            [
+                (("j3",), 66_000, 134_000, 0, 0),
+                (("j2",), 72_000, 72_000, 0, 0),
+                (("j1",), 54_000, 48_000, 18_000, 18_000),
+                (("j4",), 10_000, 10_000, 0, 0),
+            ],
+            id="job",
+        ),
+        pytest.param(
+            ("cost_centre",),
+            [(("nlp",), 66_000, 134_000, 0, 0), (("research",), 136_000, 130_000, 18_000, 18_000)],
+            id="cost-centre",
+        ),
+        pytest.param(
+            ("model",),
+            [(("A100",), 66_000, 134_000, 0, 0), (("H100",), 136_000, 130_000, 18_000, 18_000)],
+            id="model",
+        ),
+        pytest.param(
+            ("pool", "team"),
+            [
+                (("a100", "language"), 66_000, 134_000, 0, 0),
+                (("h100", "vision"), 136_000, 130_000, 18_000, 18_000),
+            ],
+            id="pool-team",
+        ),
+    ],
+)
+def test_cost_by_dimensions(queries, dims, expected):
+    report = cost_report(queries, dims, NOV)
+    got = [
+        (ln.keys, ln.gpu_ms, ln.money_micros, ln.idle_gpu_ms, ln.idle_waste_micros)
+        for ln in report.lines
+    ]
+    assert got == expected
+    assert report.consumer_micros == 264_000
+    assert (report.unallocated_gpu_ms, report.unallocated_micros) == (3_684_000, 614_001)
+    assert report.unshared_micros == 614_001
+    assert report.total_micros == NOV_TOTAL
+
+
+@pytest.mark.parametrize(
+    ("period", "expected"),
+    [
+        pytest.param(OCT, [(("vision",), 36_000, 36_000)], id="october-has-only-its-own-usage"),
+        pytest.param(
+            None,
+            [(("vision",), 172_000, 166_000), (("language",), 66_000, 134_000)],
+            id="all-time",
+        ),
+    ],
+)
+def test_a_period_selects_what_was_booked_into_it(queries, period, expected):
+    report = cost_report(queries, ("team",), period)
+    assert [(ln.keys, ln.gpu_ms, ln.money_micros) for ln in report.lines] == expected
+
+
+@pytest.mark.parametrize(
+    ("dims", "sharing", "expected_shares", "unshared"),
+    [
+        pytest.param(("user",), IdleSharing.NONE, {}, 614_001, id="none"),
+        pytest.param(
+            ("user",),
+            IdleSharing.WEIGHTED,
+            # h100's 54,001 by GPU-ms ada 54,000 : bob 72,000 : dee 10,000 (largest remainder:
+            # bob and dee take the two spare micro-units); a100's 60,000 all to cy
+            {("ada",): 21_441, ("bob",): 28_589, ("dee",): 3_971, ("cy",): 60_000},
+            500_000,
+            id="weighted-by-user",
+        ),
+        pytest.param(
+            ("user",),
+            IdleSharing.EVEN,
+            # 54,001 / 3: the spare micro-unit goes to the first row in key order
+            {("ada",): 18_001, ("bob",): 18_000, ("dee",): 18_000, ("cy",): 60_000},
+            500_000,
+            id="even-by-user",
+        ),
+        pytest.param(
+            ("team", "project"),
+            IdleSharing.WEIGHTED,
+            {
+                ("vision", "detection"): 21_442,
+                ("vision", "segmentation"): 32_559,
+                ("language", "pretraining"): 60_000,
+            },
+            500_000,
+            id="weighted-by-team-project",
+        ),
+        pytest.param(
+            ("team",),
+            IdleSharing.EVEN,
+            {("vision",): 54_001, ("language",): 60_000},
+            500_000,
+            id="even-by-team-shares-only-pools-each-used",
+        ),
+    ],
+)
+def test_idle_sharing_modes_sum_exactly(queries, dims, sharing, expected_shares, unshared):
+    report = cost_report(queries, dims, NOV, sharing)
+    shares = {ln.keys: ln.shared_idle_micros for ln in report.lines if ln.shared_idle_micros}
+    assert shares == expected_shares
+    assert report.unshared_micros == unshared
+    own = sum(ln.money_micros for ln in report.lines)
+    assert own + sum(shares.values()) + report.unshared_micros == NOV_TOTAL
+    for line in report.lines:
+        assert line.total_micros == line.money_micros + line.shared_idle_micros
+
+
+@pytest.mark.parametrize("sharing", list(IdleSharing), ids=str)
+@pytest.mark.parametrize(
+    "dims",
+    [
+        ("team",),
+        ("project",),
+        ("user",),
+        ("job_id",),
+        ("pool",),
+        ("model",),
+        ("gpu_uuid",),
+        ("team", "user", "job_id"),
+    ],
+    ids=",".join,
+)
+def test_sharing_never_changes_the_total(queries, sharing, dims):
+    report = cost_report(queries, dims, NOV, sharing, include_unallocated=True)
+    assert sum(ln.total_micros for ln in report.lines) == NOV_TOTAL
+    assert sum(ln.gpu_ms for ln in report.lines if not ln.unallocated) == 202_000
+
+
+def test_unshared_idle_appears_as_unallocated_rows_when_asked(queries):
+    report = cost_report(queries, ("pool",), NOV, include_unallocated=True)
+    got = [(ln.keys, ln.unallocated, ln.gpu_ms, ln.money_micros) for ln in report.lines]
+    assert got == [
+        (("l4",), True, 3_600_000, 500_000),
+        (("a100",), False, 66_000, 134_000),
+        (("h100",), False, 136_000, 130_000),
+        (("a100",), True, 30_000, 60_000),
+        (("h100",), True, 54_000, 54_001),
+    ]
+    weighted = cost_report(queries, ("team",), NOV, IdleSharing.WEIGHTED, include_unallocated=True)
+    assert [ln for ln in weighted.lines if ln.unallocated] == [
+        CostLine((None,), 3_600_000, 500_000, 0, 0, 0, True)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        pytest.param({"dims": ("colour",)}, "unknown dimension", id="unknown-dimension"),
+        pytest.param({"dims": ()}, "unknown dimension", id="no-dimension"),
+        pytest.param({"dims": ("team", "team")}, "repeated", id="repeated-dimension"),
+        pytest.param(
+            {"dims": ("user",), "where": {"team": "vision"}, "sharing": IdleSharing.EVEN},
+            "cannot be filtered",
+            id="filtered-sharing",
+        ),
+        pytest.param({"dims": ("team",), "period": "Nov"}, "not a month", id="bad-period"),
+    ],
+)
+def test_bad_report_requests_are_refused(queries, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        cost_report(queries, **kwargs)
+
+
+def test_where_narrows_to_a_team(queries):
+    report = cost_report(queries, ("user",), NOV, where={"team": "vision"})
+    assert [(ln.keys, ln.money_micros) for ln in report.lines] == [
+        (("bob",), 72_000),
+        (("ada",), 48_000),
+        (("dee",), 10_000),
+    ]
+
+
+def test_idle_report_keeps_the_two_kinds_apart(queries):
+    report = idle_report(queries, NOV)
+    assert report.pools == (
+        PoolIdle("l4", "L4", 0, 0, 0, 3_600_000, 500_000),
+        PoolIdle("a100", "A100", 66_000, 0, 0, 30_000, 60_000),
+        # the unallocated h100 transaction is flagged idle: still unallocated, never waste
+        PoolIdle("h100", "H100", 136_000, 18_000, 18_000, 54_000, 54_001),
+    )
+    assert report.teams == (
+        TeamIdle("vision", 136_000, 18_000, 18_000),
+        TeamIdle("language", 66_000, 0, 0),
+    )
+    assert (report.unallocated_micros, report.idle_waste_micros) == (614_001, 18_000)
+    assert report.pools[2].physical_gpu_ms == 190_000
+
+
+def test_idle_report_with_sharing_gives_each_team_its_share(queries):
+    report = idle_report(queries, NOV, IdleSharing.WEIGHTED)
+    assert {t.team: t.shared_unallocated_micros for t in report.teams} == {
+        "vision": 54_001,
+        "language": 60_000,
+    }
+
+
+def test_an_empty_ledger_reports_nothing(tmp_path):
+    q = ReportQueries(tmp_path / "none")
+    report = cost_report(q, ("team",), NOV, IdleSharing.WEIGHTED)
+    assert (report.lines, report.total_micros, report.unshared_micros) == ((), 0, 0)
+    assert idle_report(q, NOV).pools == ()
+
+
+@pytest.mark.parametrize(
+    ("total", "weights", "sharing", "expected"),
+    [
+        pytest.param(
+            10,
+            {("a",): 1, ("b",): 1, ("c",): 1},
+            IdleSharing.EVEN,
+            {("a",): 4, ("b",): 3, ("c",): 3},
+            id="even-spare-to-first",
+        ),
+        pytest.param(
+            10,
+            {("b",): 1, ("a",): 3},
+            IdleSharing.WEIGHTED,
+            {("a",): 8, ("b",): 2},
+            id="weighted-tie-to-first-in-key-order",
+        ),
+        pytest.param(
+            7,
+            {("a",): 0, ("b",): 0},
+            IdleSharing.WEIGHTED,
+            {("a",): 4, ("b",): 3},
+            id="zero-weights-share-evenly",
+        ),
+        pytest.param(
+            9,
+            {("a",): -5, ("b",): 5},
+            IdleSharing.WEIGHTED,
+            {("a",): 0, ("b",): 9},
+            id="net-credit-rows-weigh-nothing",
+        ),
+        pytest.param(
+            -5,
+            {("a",): 1, ("b",): 1},
+            IdleSharing.EVEN,
+            {("a",): -2, ("b",): -3},
+            id="negative-idle-cost",
+        ),
+        pytest.param(5, {("a",): 1}, IdleSharing.NONE, {}, id="none-shares-nothing"),
+        pytest.param(5, {}, IdleSharing.EVEN, {}, id="nobody-to-share-with"),
+        pytest.param(0, {("a",): 1}, IdleSharing.EVEN, {}, id="nothing-to-share"),
+        pytest.param(
+            5,
+            {(None,): 1, ("a",): 1},
+            IdleSharing.EVEN,
+            {("a",): 3, (None,): 2},
+            id="none-keys-sort-last",
+        ),
+    ],
+)
+def test_share_idle(total, weights, sharing, expected):
+    shares = share_idle(total, weights, sharing)
+    assert shares == expected
+    if expected:
+        assert sum(shares.values()) == total
