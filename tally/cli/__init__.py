@@ -16,7 +16,7 @@ import time
 
 import click
 
-from tally.cli import collect, config, ledger, report, stack
+from tally.cli import collect, config, export, ledger, report, stack
 from tally.cli.options import Exit
 
 
@@ -32,6 +32,7 @@ cli.add_command(collect.collect)
 cli.add_command(ledger.ledger)
 cli.add_command(report.report)
 cli.add_command(config.config)
+cli.add_command(export.export)
 
 
 def main() -> None:
