@@ -1,24 +1,205 @@
-"""The sample producer: carries sample envelopes to the samples topic, keyed by GPU UUID.
+"""The sample producer: carries sample envelopes to the samples topic, keyed by GPU UUID, and
+loses nothing while the broker is away.
 
 Samples are buffered per GPU between `flush()` calls and each GPU's buffer goes out as one
 message (a CloudEvents JSON batch), so a collector that packs several rounds per flush sends
-few large messages instead of many small ones. `flush()` returns only after the broker has
-acknowledged every message (`acks=all`).
+few large messages instead of many small ones. Other messages (GPU health events for the alerts
+topic) are buffered with `topic_sender(topic)` and travel the same way.
+
+Delivery:
+- aiokafka with `acks=all`, idempotence, batching (`linger_ms`) and compression (gzip by
+  default: always available; lz4, zstd and snappy need `cramjam`).
+- Without a spool, `flush()` returns once the broker acknowledged every message, or raises
+  `ProducerError` and keeps the messages for the next flush.
+- With a spool (`collectors.spool.Spool`), `flush()` never fails for the broker's sake: a
+  message the broker did not acknowledge within `send_timeout_s` is written to the spool, the
+  connection is dropped and re-made in the background (backoff up to `max_backoff_s`). While
+  the spool holds anything, new messages are appended behind it, and every flush on a live
+  connection replays the spool oldest first (for at most `replay_budget_s`); a record leaves
+  the spool only after the broker acknowledged it. Anything resent (a crash mid-replay, an
+  acknowledgement lost with the connection) is the same event again: ids are content-derived
+  and the ledger drops duplicate ids, so at-least-once delivery is enough.
+
+Idempotence and tansu: aiokafka 0.14 asks for a producer id with InitProducerId v0, which has
+no producer id / epoch fields; tansu (0.6) reads those fields as absent and answers
+UnknownError (its log says `producer=None epoch=None`). Version 3 of the request carries
+`producer_id=-1, producer_epoch=-1` ("a new producer"), which tansu and Apache Kafka both
+accept, so this module sends v3 when the broker supports it (tansu and Kafka ≥ 2.5 do). A
+broker that still refuses gets ONE warning, `tally_collector_producer_idempotent 0`, and a
+producer without idempotence for the rest of the process: resends are harmless (see above).
+The aiokafka internals this touches (`Sender._do_init_pid`, `MessageAccumulator.fail_all`) sit
+in the adapter section below, with aiokafka pinned to 0.14.0.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka import AIOKafkaProducer, codec
+from aiokafka.errors import (
+    IncompatibleBrokerVersion,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    NodeNotReadyError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    RequestTimedOutError,
+)
+from aiokafka.producer.sender import InitPIDHandler
+from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.transaction import InitProducerIdRequest_v0
+from aiokafka.protocol.types import CompactString, Int16, Int32, Int64, Schema, TaggedFields
 
+from collectors.metrics import CollectorMetrics, ErrorKind
+from collectors.spool import DropReason, Spool, SpoolError, SpoolRecord
 from ledger.events import Envelope, encode_batch
+
+log = logging.getLogger("tally.collector.producer")
+
+_CODECS: dict[str, Callable[[], bool]] = {
+    "gzip": codec.has_gzip,
+    "lz4": codec.has_lz4,
+    "zstd": codec.has_zstd,
+    "snappy": codec.has_snappy,
+}
+_REPLAY_BATCH = 512
+# The broker refuses these for the message itself: resending can never succeed.
+_REJECTED = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
+# These say nothing about idempotence: the broker did not answer at all.
+_UNREACHABLE = (KafkaConnectionError, NodeNotReadyError, RequestTimedOutError, KafkaTimeoutError)
 
 
 class ProducerError(Exception):
-    """The broker did not take what the producer sent."""
+    """The broker did not take what the producer sent (and there is no spool to keep it)."""
+
+
+class Loss(StrEnum):
+    """Why the producer itself dropped samples (the spool's reasons are `DropReason`)."""
+
+    REJECTED = "rejected"  # the broker refuses the message itself (too large)
+    UNSPOOLABLE = "spool_error"  # the spool could not be written
+
+
+class _Outcome(StrEnum):
+    ACKED = "acked"
+    REJECTED = "rejected"
+    UNSENT = "unsent"
+
+
+# ---------------------------------------------------------------------------- aiokafka adapter
+
+
+class _InitProducerIdResponseV3(Response):  # type: ignore[misc]
+    API_KEY = 22
+    API_VERSION = 3
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        ("error_code", Int16),
+        ("producer_id", Int64),
+        ("producer_epoch", Int16),
+        ("tags", TaggedFields),
+    )
+
+
+class _InitProducerIdRequestV3(RequestStruct):  # type: ignore[misc]
+    API_KEY = 22
+    API_VERSION = 3
+    FLEXIBLE_VERSION = True
+    RESPONSE_TYPE = _InitProducerIdResponseV3
+    SCHEMA = Schema(
+        ("transactional_id", CompactString("utf-8")),
+        ("transaction_timeout_ms", Int32),
+        ("producer_id", Int64),
+        ("producer_epoch", Int16),
+        ("tags", TaggedFields),
+    )
+
+
+class _InitProducerId(Request[InitProducerIdRequest_v0 | _InitProducerIdRequestV3]):  # type: ignore[misc]
+    """InitProducerId, v3 where the broker has it (a new producer: id and epoch -1), else v0."""
+
+    API_KEY = 22
+
+    def __init__(self, transactional_id: str | None, transaction_timeout_ms: int) -> None:
+        self._transactional_id = transactional_id
+        self._timeout_ms = transaction_timeout_ms
+
+    def build(
+        self, request_struct_class: type[InitProducerIdRequest_v0 | _InitProducerIdRequestV3]
+    ) -> InitProducerIdRequest_v0 | _InitProducerIdRequestV3:
+        if request_struct_class is _InitProducerIdRequestV3:
+            return _InitProducerIdRequestV3(self._transactional_id, self._timeout_ms, -1, -1, {})
+        return InitProducerIdRequest_v0(self._transactional_id, self._timeout_ms)
+
+
+class _InitPidHandler(InitPIDHandler):  # type: ignore[misc]
+    def create_request(self) -> _InitProducerId:
+        txn = self._sender._txn_manager
+        return _InitProducerId(txn.transactional_id, txn.transaction_timeout_ms)
+
+
+def _new_kafka_producer(
+    bootstrap: str, client_id: str, linger_ms: int, compression: str | None, idempotent: bool
+) -> AIOKafkaProducer:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        acks="all",
+        enable_idempotence=idempotent,
+        compression_type=compression,
+        linger_ms=linger_ms,
+        max_batch_size=1 << 20,
+        max_request_size=1 << 21,
+    )
+    if idempotent:
+        sender = producer._sender
+
+        async def init_pid(node_id: int) -> bool:
+            return bool(await _InitPidHandler(sender).do(node_id))
+
+        sender._do_init_pid = init_pid
+    return producer
+
+
+async def _abandon(producer: AIOKafkaProducer) -> None:
+    """Close a producer whose broker is gone without waiting for the broker.
+
+    An idempotent aiokafka producer retries a batch forever and `stop()` waits for every batch,
+    so `stop()` is not used: the sender task is cancelled and the connections closed. What the
+    abandoned batches carry is in the spool already; their futures never complete.
+    """
+    task = producer._sender.sender_task
+    if task is not None and not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=5.0)
+    with contextlib.suppress(KafkaError, OSError):
+        await producer.client.close()
+    producer._closed = True
+
+
+def _refuses_idempotence(exc: BaseException) -> bool:
+    """The broker answered the producer-id request, with an error (not a connection failure)."""
+    if isinstance(exc, IncompatibleBrokerVersion):
+        return True
+    return isinstance(exc, KafkaError) and not isinstance(exc, _UNREACHABLE)
+
+
+# ---------------------------------------------------------------------------- producer
+
+
+@dataclass(frozen=True, slots=True)
+class _Session:
+    kafka: AIOKafkaProducer
+    idempotent: bool
 
 
 class SampleProducer:
@@ -31,62 +212,394 @@ class SampleProducer:
         client_id: str = "tally-collector",
         linger_ms: int = 5,
         max_message_bytes: int = 900_000,
+        *,
+        spool: Spool | None = None,
+        metrics: CollectorMetrics | None = None,
+        compression: str | None = "gzip",
+        idempotence: bool = True,
+        send_timeout_s: float = 10.0,
+        connect_timeout_s: float = 10.0,
+        min_backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        replay_budget_s: float = 2.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        if compression is not None and compression not in _CODECS:
+            raise ProducerError(f"unknown compression {compression!r}: use one of {[*_CODECS]}")
+        if compression is not None and not _CODECS[compression]():
+            raise ProducerError(
+                f"compression {compression!r} needs the cramjam package; gzip needs nothing"
+            )
+        self.bootstrap = bootstrap
         self.topic = topic
+        self.client_id = client_id
+        self.linger_ms = linger_ms
         self.max_message_bytes = max_message_bytes
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
-            client_id=client_id,
-            acks="all",
-            linger_ms=linger_ms,
-            max_batch_size=1 << 20,
-            max_request_size=1 << 21,
-        )
+        self.compression = compression
+        self.spool = spool
+        self.metrics = metrics or CollectorMetrics()
+        self.send_timeout_s = send_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.min_backoff_s = min_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.replay_budget_s = replay_budget_s
+        self._monotonic = monotonic
+        self._idempotence = idempotence
+        self._idempotence_refused = False
         self._buffers: dict[str, list[Envelope]] = {}
+        self._others: list[SpoolRecord] = []
+        self._retry: list[SpoolRecord] = []  # unsent messages of a failed flush (no spool)
+        self._session: _Session | None = None
+        self._connecting: asyncio.Task[_Session] | None = None
+        self._backoff_s = min_backoff_s
+        self._next_attempt = 0.0
+        self._outage_logged = False
         self.sent_messages = 0
-        self.sent_samples = 0
+        self.sent_samples = 0  # acknowledged by the broker, first send and replay together
+        self.spooled_samples = 0
+        self.replayed_samples = 0
+        self.dropped_samples = 0
+        self.metrics.producer_idempotent.set(1 if idempotence else 0)
+        if spool is not None:
+            spool.on_drop = self._spool_dropped
+            if spool.recovery.truncated_bytes:
+                self.metrics.error(ErrorKind.SPOOL_RECOVERY)
+            self._update_gauges()
+
+    # -------------------------------------------------------------------------- lifecycle
+
+    @property
+    def connected(self) -> bool:
+        return self._session is not None
+
+    @property
+    def idempotent(self) -> bool:
+        return self._idempotence and not self._idempotence_refused
 
     async def start(self) -> None:
+        """Connect. Without a spool a broker that cannot be reached raises `ProducerError`;
+        with one, the producer starts spooling and keeps trying in the background."""
         try:
-            await self._producer.start()
-        except KafkaError as exc:
-            await self._producer.stop()
-            raise ProducerError(f"cannot connect the producer: {exc}") from exc
+            session = await self._connect()
+        except (KafkaError, OSError, TimeoutError) as exc:
+            if self.spool is None:
+                raise ProducerError(f"cannot connect the producer: {exc}") from exc
+            self.metrics.error(ErrorKind.CONNECT)
+            self._lost(f"cannot reach the broker at {self.bootstrap}: {exc}")
+            return
+        self._up(session)
 
     async def stop(self) -> None:
-        await self._producer.stop()
+        """Close the connection; buffered messages not flushed stay unsent."""
+        task, self._connecting = self._connecting, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task})
+            if not task.cancelled() and task.exception() is None:
+                with contextlib.suppress(KafkaError, OSError):
+                    await task.result().kafka.stop()
+        session, self._session = self._session, None
+        self.metrics.broker_up.set(0)
+        if session is not None:
+            try:
+                await asyncio.wait_for(session.kafka.stop(), self.send_timeout_s)
+            except (KafkaError, OSError, TimeoutError):
+                await _abandon(session.kafka)
+
+    async def _connect(self) -> _Session:
+        idempotent = self.idempotent
+        kafka = _new_kafka_producer(
+            self.bootstrap, self.client_id, self.linger_ms, self.compression, idempotent
+        )
+        try:
+            await asyncio.wait_for(kafka.start(), self.connect_timeout_s)
+        except BaseException as exc:
+            with contextlib.suppress(KafkaError, OSError, TimeoutError):
+                await asyncio.wait_for(kafka.stop(), 5.0)
+            if idempotent and _refuses_idempotence(exc):
+                self._refuse_idempotence(exc)
+                return await self._connect()
+            raise
+        return _Session(kafka, idempotent)
+
+    def _refuse_idempotence(self, exc: BaseException) -> None:
+        self._idempotence_refused = True
+        self.metrics.producer_idempotent.set(0)
+        log.warning(
+            "the broker at %s refused an idempotent producer (%s: %s); producing without "
+            "idempotence. Nothing is lost or double-counted: a resent sample has the same "
+            "content-derived event id and the ledger drops duplicate ids",
+            self.bootstrap,
+            type(exc).__name__,
+            exc,
+        )
+
+    def _up(self, session: _Session) -> None:
+        self._session = session
+        self._backoff_s = self.min_backoff_s
+        self.metrics.broker_up.set(1)
+        waiting = self.spool.records if self.spool is not None else 0
+        if self._outage_logged or waiting:
+            log.info(
+                "connected to the broker at %s; %d spooled records to replay",
+                self.bootstrap,
+                waiting,
+            )
+        self._outage_logged = False
+
+    def _lost(self, why: str) -> None:
+        self._session = None
+        self.metrics.broker_up.set(0)
+        self._next_attempt = self._monotonic() + self._backoff_s
+        self._backoff_s = min(self.max_backoff_s, self._backoff_s * 2)
+        if not self._outage_logged:
+            self._outage_logged = True
+            where = f"spooling to {self.spool.directory}" if self.spool is not None else "no spool"
+            log.warning("%s; %s until it is back", why, where)
+
+    async def _poll_connection(self) -> None:
+        """Take the result of a background connect; start one when it is due."""
+        if self._session is not None:
+            return
+        task = self._connecting
+        if task is not None and task.done():
+            self._connecting = None
+            try:
+                self._up(task.result())
+                return
+            except Exception as exc:  # the boundary of a background task: keep collecting
+                self.metrics.error(ErrorKind.CONNECT)
+                log.debug("reconnecting to %s failed: %s", self.bootstrap, exc)
+                self._lost(f"cannot reach the broker at {self.bootstrap}: {exc}")
+        if self._connecting is None and self._monotonic() >= self._next_attempt:
+            self._connecting = asyncio.create_task(self._connect())
+
+    # -------------------------------------------------------------------------- buffering
 
     def add(self, envelopes: Iterable[Envelope]) -> None:
         for envelope in envelopes:
             self._buffers.setdefault(envelope.data.gpu_uuid, []).append(envelope)
 
+    def topic_sender(self, topic: str) -> Callable[[bytes, bytes], None]:
+        """A function that buffers one message (key, value) for `topic` until the next flush."""
+
+        def send(key: bytes, value: bytes) -> None:
+            self._others.append(SpoolRecord(topic, key, value, 0))
+
+        return send
+
     def pending(self) -> int:
-        return sum(len(b) for b in self._buffers.values())
+        """Samples buffered and not yet flushed."""
+        return sum(len(b) for b in self._buffers.values()) + sum(m.samples for m in self._retry)
 
-    async def flush(self) -> int:
-        """Send every buffered sample; wait for the broker's acknowledgement of all of them."""
+    def _take(self) -> list[SpoolRecord]:
         buffers, self._buffers = self._buffers, {}
-        futures = []
-        samples = 0
-        try:
-            for key, envelopes in buffers.items():
-                for chunk in self._chunks(envelopes):
-                    futures.append(
-                        await self._producer.send(self.topic, key=key.encode(), value=chunk)
-                    )
-                samples += len(envelopes)
-            await asyncio.gather(*futures)
-        except KafkaError as exc:
-            raise ProducerError(f"the broker did not take the samples: {exc}") from exc
-        self.sent_messages += len(futures)
-        self.sent_samples += samples
-        return samples
+        messages, self._retry = self._retry, []
+        for key, envelopes in buffers.items():
+            messages.extend(
+                SpoolRecord(self.topic, key.encode(), value, samples)
+                for value, samples in self._chunks(envelopes)
+            )
+        messages.extend(self._others)
+        self._others = []
+        return messages
 
-    def _chunks(self, envelopes: list[Envelope]) -> Iterable[bytes]:
+    def _chunks(self, envelopes: list[Envelope]) -> Iterable[tuple[bytes, int]]:
         value = encode_batch(envelopes)
         if len(value) <= self.max_message_bytes or len(envelopes) == 1:
-            yield value
+            yield value, len(envelopes)
             return
         half = len(envelopes) // 2
         yield from self._chunks(envelopes[:half])
         yield from self._chunks(envelopes[half:])
+
+    # -------------------------------------------------------------------------- flushing
+
+    async def flush(self) -> int:
+        """Send what is buffered; returns the samples the broker acknowledged in this call.
+
+        Without a spool it waits for the acknowledgement of every message or raises
+        `ProducerError`. With a spool, what is not acknowledged is spooled and replayed later.
+        """
+        messages = self._take()
+        if self.spool is None:
+            return await self._flush_direct(messages)
+        spool = self.spool
+        await self._poll_connection()
+        acked = 0
+        if self._session is not None and not spool.records:
+            outcomes = await self._deliver(messages)
+            acked = self._settle(messages, outcomes, replay=False)
+            self._to_spool(
+                [m for m, o in zip(messages, outcomes, strict=True) if o is _Outcome.UNSENT]
+            )
+        else:
+            self._to_spool(messages)
+            if self._session is not None:
+                acked = await self._replay(spool)
+        self._update_gauges()
+        return acked
+
+    async def _flush_direct(self, messages: list[SpoolRecord]) -> int:
+        if self._session is None:
+            try:
+                self._up(await self._connect())
+            except (KafkaError, OSError, TimeoutError) as exc:
+                self._retry = messages + self._retry
+                self.metrics.error(ErrorKind.CONNECT)
+                raise ProducerError(f"cannot connect the producer: {exc}") from exc
+        outcomes = await self._deliver(messages)
+        acked = self._settle(messages, outcomes, replay=False)
+        unsent = [m for m, o in zip(messages, outcomes, strict=True) if o is _Outcome.UNSENT]
+        if unsent:
+            self._retry = unsent + self._retry
+            raise ProducerError(
+                f"the broker did not take {sum(m.samples for m in unsent)} samples "
+                f"within {self.send_timeout_s:g}s"
+            )
+        return acked
+
+    async def _replay(self, spool: Spool) -> int:
+        deadline = self._monotonic() + self.replay_budget_s
+        acked = 0
+        while spool.records and self._session is not None:
+            batch = self._read_spool(spool)
+            if not batch:
+                break
+            outcomes = await self._deliver(batch)
+            # Only a prefix leaves the spool, so what stays is still in order.
+            done = next((i for i, o in enumerate(outcomes) if o is _Outcome.UNSENT), len(batch))
+            acked += self._settle(batch[:done], outcomes[:done], replay=True)
+            try:
+                spool.remove(done)
+            except SpoolError as exc:
+                self.metrics.error(ErrorKind.SPOOL)
+                log.error("%s", exc)
+                break
+            if done < len(batch) or self._monotonic() >= deadline:
+                break
+        if not spool.records and self._session is not None:
+            log.info("spool replayed: the collector is live again")
+        return acked
+
+    def _read_spool(self, spool: Spool) -> list[SpoolRecord]:
+        try:
+            return spool.peek(_REPLAY_BATCH)
+        except SpoolError as exc:
+            self.metrics.error(ErrorKind.SPOOL)
+            log.error("%s", exc)
+            return []
+
+    async def _deliver(self, messages: Sequence[SpoolRecord]) -> list[_Outcome]:
+        """Send `messages`; on any unsent one the connection is dropped (`_lost`)."""
+        session = self._session
+        if not messages or session is None:
+            return [_Outcome.UNSENT] * len(messages)
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = []
+        failure: BaseException | None = None
+        try:
+            async with asyncio.timeout(self.send_timeout_s):
+                for m in messages:
+                    try:
+                        futures.append(await session.kafka.send(m.topic, m.value, key=m.key))
+                    except _REJECTED as exc:
+                        refused: asyncio.Future[Any] = loop.create_future()
+                        refused.set_exception(exc)
+                        futures.append(refused)
+                await asyncio.wait(futures)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            failure = exc
+        outcomes = [
+            self._outcome(futures[i] if i < len(futures) else None) for i in range(len(messages))
+        ]
+        if _Outcome.UNSENT in outcomes:
+            self.metrics.error(ErrorKind.SEND)
+            if failure is None:
+                failure = next(
+                    (f.exception() for f in futures if f.done() and f.exception() is not None),
+                    None,
+                )
+            kind = type(failure).__name__ if failure is not None else "error"
+            self._lost(f"the broker at {self.bootstrap} did not acknowledge a flush ({kind})")
+            await _abandon(session.kafka)
+        return outcomes
+
+    @staticmethod
+    def _outcome(future: asyncio.Future[Any] | None) -> _Outcome:
+        if future is None or not future.done() or future.cancelled():
+            return _Outcome.UNSENT
+        exc = future.exception()
+        if exc is None:
+            return _Outcome.ACKED
+        if isinstance(exc, _REJECTED):
+            return _Outcome.REJECTED
+        return _Outcome.UNSENT
+
+    def _settle(
+        self, messages: Sequence[SpoolRecord], outcomes: Sequence[_Outcome], *, replay: bool
+    ) -> int:
+        """Count acknowledged and refused messages; returns the samples acknowledged."""
+        acked = 0
+        for message, outcome in zip(messages, outcomes, strict=True):
+            if outcome is _Outcome.ACKED:
+                self.sent_messages += 1
+                acked += message.samples
+                if message.topic != self.topic:
+                    self.metrics.health_events.inc()
+            elif outcome is _Outcome.REJECTED:
+                log.error(
+                    "the broker refused a %d-byte message for %s (%d samples) as too large: "
+                    "dropped",
+                    len(message.value),
+                    message.topic,
+                    message.samples,
+                )
+                self._count_drop(Loss.REJECTED, message.samples)
+        self.sent_samples += acked
+        if replay:
+            self.replayed_samples += acked
+            self.metrics.samples_replayed.inc(acked)
+        else:
+            self.metrics.samples_sent.inc(acked)
+        return acked
+
+    def _to_spool(self, messages: list[SpoolRecord]) -> None:
+        if not messages or self.spool is None:
+            return
+        samples = sum(m.samples for m in messages)
+        try:
+            self.spool.append(messages)
+        except SpoolError as exc:
+            self.metrics.error(ErrorKind.SPOOL)
+            log.error("%s: %d samples lost", exc, samples)
+            self._count_drop(Loss.UNSPOOLABLE, samples)
+            return
+        self.spooled_samples += samples
+        self.metrics.samples_spooled.inc(samples)
+
+    def _spool_dropped(self, reason: DropReason, records: int, samples: int) -> None:
+        why = {
+            DropReason.FULL: "the spool is full: the oldest records make room",
+            DropReason.TOO_LARGE: "a record is larger than the whole spool",
+            DropReason.CORRUPT: "a record fails its CRC check",
+        }[reason]
+        log.warning(
+            "spool %s dropped %d records (%d samples): %s",
+            self.spool.directory if self.spool is not None else "",
+            records,
+            samples,
+            why,
+        )
+        self._count_drop(reason, samples)
+
+    def _count_drop(self, reason: str, samples: int) -> None:
+        self.dropped_samples += samples
+        self.metrics.samples_dropped.labels(reason=reason).inc(samples)
+
+    def _update_gauges(self) -> None:
+        if self.spool is None:
+            return
+        self.metrics.spool_bytes.set(self.spool.live_bytes)
+        self.metrics.spool_records.set(self.spool.records)
+        self.metrics.spool_samples.set(self.spool.samples)

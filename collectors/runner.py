@@ -1,22 +1,36 @@
-"""The collection loop for the simulated fleet: rounds on the sampling grid, packed and sent.
+"""The collection loops: rounds on the sampling grid, wrapped in envelopes, packed and sent.
 
-Time is passed in (`clock`) so the loop runs in real time, faster than real time, or
-instantly in tests. A run first backfills `backfill_us` of history as fast as the broker takes
-it, then keeps up with the clock at `speed` (1 = real time).
+- `run_simulated` drives the simulated fleet. A run first backfills `backfill_us` of history as
+  fast as the broker takes it, then keeps up with the clock at `speed` (1 = real time).
+- `run_rounds` drives a real-time reader (NVML, dcgm-exporter, or anything whose `read_round()`
+  returns samples and health events): one round per `interval_s` on the sampling grid, its
+  samples added to the producer and flushed, its health events sent to the alerts topic keyed
+  by GPU UUID. A read that raises is counted and logged and the loop goes on; a round that is
+  due while the previous one is still being handled is skipped, never run in a burst.
+
+Time is passed in (`clock`) so the loops run in real time, faster than real time, or
+instantly in tests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from collectors.producer import SampleProducer
+from collectors.metrics import CollectorMetrics, ErrorKind
+from collectors.producer import ProducerError, SampleProducer
 from collectors.simulated import SimulatedFleet, align
-from ledger.events import envelope_for
+from ledger.events import Envelope, GpuHealth, GpuSample, encode_health, envelope_for
+
+log = logging.getLogger("tally.collector")
 
 Clock = Callable[[], int]
+HealthSender = Callable[[bytes, bytes], object]
 
 
 def wall_clock_us() -> int:
@@ -81,3 +95,121 @@ async def _flush(producer: SampleProducer, on_flush: Callable[[int], None] | Non
     sent = await producer.flush()
     if on_flush is not None:
         on_flush(sent)
+
+
+# ---------------------------------------------------------------------------- real-time rounds
+
+
+class Round(Protocol):
+    """What one read gives. `collectors.nvml.RoundResult` fits; a dcgm `ScrapeResult` fits as
+    `RoundResult(tuple(e.data for e in r.envelopes), r.health, ())` (the same sources)."""
+
+    @property
+    def samples(self) -> Sequence[GpuSample]: ...
+
+    @property
+    def health(self) -> Sequence[GpuHealth]: ...
+
+
+class SampleSink(Protocol):
+    """Where a round's envelopes go: `SampleProducer`, or a fake in tests."""
+
+    metrics: CollectorMetrics
+
+    def add(self, envelopes: Iterable[Envelope]) -> None: ...
+
+    async def flush(self) -> int: ...
+
+
+def sample_source(sample: GpuSample) -> str:
+    """The envelope source of a sample: `nvml://node`, `dcgm://node`, `sim://node`."""
+    return f"{sample.source.value}://{sample.node}"
+
+
+def _health_source(health: GpuHealth) -> str:
+    return f"{health.source.value}://{health.node}"
+
+
+async def run_rounds(
+    read_round: Callable[[], Round],
+    producer: SampleSink,
+    interval_s: float,
+    stop: asyncio.Event,
+    clock: Clock = wall_clock_us,
+    *,
+    health_topic_sender: HealthSender | None = None,
+    metrics: CollectorMetrics | None = None,
+    once: bool = False,
+    source_of: Callable[[GpuSample], str] = sample_source,
+    sleep: Callable[[float], Awaitable[object]] | None = None,
+) -> int:
+    """Read, wrap and send a round every `interval_s` until `stop` is set.
+
+    Returns the rounds read (a read that raised is not one).
+
+    `read_round` runs in a worker thread (NVML and HTTP reads block). `once` reads one round
+    now, sends it and returns. `metrics` defaults to the producer's, so one `/metrics` shows
+    both. Health events go to `health_topic_sender(key, value)` (e.g.
+    `producer.topic_sender(alerts_topic)`) when given, else they are only logged. `sleep(s)`
+    waits up to s seconds of `clock` time (default: real time, cut short by `stop`).
+    """
+    if interval_s <= 0:
+        raise ValueError(f"interval_s must be positive, got {interval_s}")
+    metrics = metrics or producer.metrics
+    interval_us = int(interval_s * 1_000_000)
+    rounds = 0
+    due = clock() if once else align(clock(), interval_us) + interval_us
+    if sleep is None:
+
+        async def sleep(seconds: float) -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+    while not stop.is_set():
+        wait_s = (due - clock()) / 1e6
+        if wait_s > 0:
+            await sleep(wait_s)
+            continue
+        if await _one_round(read_round, producer, health_topic_sender, metrics, source_of):
+            rounds += 1
+        if once:
+            break
+        due += interval_us
+        now = clock()
+        if due < now:  # behind: resume at the next grid point, the missed ones are skipped
+            late = -(-now // interval_us) * interval_us
+            log.debug("the collector fell behind: skipping %d rounds", (late - due) // interval_us)
+            due = late
+    return rounds
+
+
+async def _one_round(
+    read_round: Callable[[], Round],
+    producer: SampleSink,
+    health_topic_sender: HealthSender | None,
+    metrics: CollectorMetrics,
+    source_of: Callable[[GpuSample], str],
+) -> bool:
+    """Read one round and hand it to the producer; False when the read failed."""
+    try:
+        result = await asyncio.to_thread(read_round)
+    except Exception as exc:  # a failed read must not end collection
+        metrics.error(ErrorKind.READ)
+        log.warning("reading a round failed: %s: %s", type(exc).__name__, exc)
+        return False
+    metrics.rounds.inc()
+    metrics.samples_read.inc(len(result.samples))
+    metrics.last_round_time.set_to_current_time()
+    for problem in getattr(result, "problems", ()):
+        log.warning("%s", problem)
+    producer.add(envelope_for(s, source_of(s)) for s in result.samples)
+    for health in result.health:
+        if health_topic_sender is None:
+            log.warning("GPU %s: %s (%s)", health.gpu_uuid, health.kind.value, health.detail)
+            continue
+        health_topic_sender(health.gpu_uuid.encode(), encode_health(health, _health_source(health)))
+    try:
+        await producer.flush()
+    except ProducerError as exc:  # no spool: the producer keeps the messages for next time
+        log.warning("%s", exc)
+    return True
