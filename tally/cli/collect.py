@@ -1,8 +1,15 @@
-"""`tally collect`: run a collector and send its samples to the samples topic."""
+"""`tally collect`: run a collector (NVML, dcgm-exporter or the simulated fleet) and send its
+samples to the samples topic, with a disk spool for broker outages and a `/metrics` endpoint."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import click
 import orjson
@@ -15,6 +22,9 @@ from tally.cli.options import (
     load_or_exit,
 )
 from tally.components import NoBrokerError, bootstrap_servers, simulated_fleet
+from tally.config import TallyConfig
+
+SOURCES = ("auto", "nvml", "dcgm", "sim")
 
 
 @click.command()
@@ -22,10 +32,21 @@ from tally.components import NoBrokerError, bootstrap_servers, simulated_fleet
 @bootstrap_option
 @click.option(
     "--source",
-    type=click.Choice(["sim"]),
-    default="sim",
+    type=click.Choice(SOURCES),
+    default="auto",
     show_default=True,
-    help="Where samples come from.",
+    help="Where samples come from; auto = NVML when a GPU driver answers, else the simulated "
+    "fleet.",
+)
+@click.option("--url", default=None, help="dcgm-exporter /metrics URL (with --source dcgm).")
+@click.option("--pool", default="default", show_default=True, help="Pool of these GPUs.")
+@click.option("--node", default=None, help="Node name (default: this host's name).")
+@click.option(
+    "--interval",
+    "interval_s",
+    type=click.FloatRange(min=1.0),
+    default=None,
+    help="Seconds between rounds (default: sampling.interval_s of the config).",
 )
 @click.option("--once", is_flag=True, help="Print one round of events as JSON and exit.")
 @click.option("--rounds", type=click.IntRange(min=1), default=None, help="Stop after N rounds.")
@@ -33,37 +54,301 @@ from tally.components import NoBrokerError, bootstrap_servers, simulated_fleet
     "--backfill-hours",
     type=click.FloatRange(min=0),
     default=None,
-    help="First produce this much history as fast as the broker takes it (default: config).",
+    help="sim: first produce this much history as fast as the broker takes it (default: config).",
 )
 @click.option(
     "--speed",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="Simulated seconds per wall second after the backfill (default: config).",
+    help="sim: simulated seconds per wall second after the backfill (default: config).",
 )
 @click.option(
     "--pack-rounds",
     type=click.IntRange(min=1),
     default=None,
-    help="Rounds packed into one message per GPU while backfilling (default: config).",
+    help="sim: rounds packed into one message per GPU while backfilling (default: config).",
 )
+@click.option(
+    "--spool-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where samples wait while the broker is unreachable (default: <data_dir>/../spool).",
+)
+@click.option(
+    "--spool-max-mib",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Spool size bound; when full, the oldest samples are dropped and counted.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help="Serve the collector's /metrics on 127.0.0.1:PORT (0 picks a free port).",
+)
+@click.option("--basic-auth-user", default=None, help="dcgm: basic-auth user.")
+@click.option(
+    "--basic-auth-password-env",
+    default="TALLY_DCGM_PASSWORD",
+    show_default=True,
+    help="dcgm: environment variable holding the basic-auth password.",
+)
+@click.option(
+    "--ca-bundle",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="dcgm: CA bundle to verify the exporter's TLS certificate.",
+)
+@click.option("--insecure", is_flag=True, help="dcgm: do not verify TLS certificates.")
 def collect(
     config_path: str,
     bootstrap: str | None,
     source: str,
+    url: str | None,
+    pool: str,
+    node: str | None,
+    interval_s: float | None,
     once: bool,
     rounds: int | None,
     backfill_hours: float | None,
     speed: float | None,
     pack_rounds: int | None,
+    spool_dir: str | None,
+    spool_max_mib: int,
+    metrics_port: int | None,
+    basic_auth_user: str | None,
+    basic_auth_password_env: str,
+    ca_bundle: str | None,
+    insecure: bool,
 ) -> None:
-    """Run a collector and send its samples to the samples topic."""
+    """Run a collector and send its samples to the samples topic.
+
+    NVML and dcgm-exporter sample in real time; the simulated fleet can backfill history first.
+    While the broker is unreachable, samples go to a disk spool and are replayed in order.
+    """
+    config = load_or_exit(config_path)
+    interval = interval_s or config.sampling.interval_s
+    node = node or socket.gethostname()
+    if source == "auto":
+        source = "nvml" if _nvml_available() else "sim"
+        click.echo(f"collecting from {source}", err=True)
+    if source == "dcgm" and not url:
+        fail("--source dcgm needs --url http(s)://host:9400/metrics", Exit.USAGE)
+    if source == "sim":
+        _collect_simulated(
+            config,
+            bootstrap,
+            once,
+            rounds,
+            backfill_hours,
+            speed,
+            pack_rounds,
+            spool_dir,
+            spool_max_mib,
+            metrics_port,
+        )
+        return
+    read_round = _real_source(
+        source,
+        config,
+        url,
+        pool,
+        node,
+        interval,
+        basic_auth_user,
+        basic_auth_password_env,
+        ca_bundle,
+        insecure,
+    )
+    if once:
+        from collectors.runner import sample_source
+        from ledger.events import envelope_for, envelope_to_dict
+
+        result = read_round()
+        events = [envelope_to_dict(envelope_for(s, sample_source(s))) for s in result.samples]
+        click.echo(orjson.dumps(events, option=orjson.OPT_INDENT_2).decode())
+        return
+    servers = _servers(config, bootstrap)
+
+    async def run(producer: Any, stop: asyncio.Event) -> int:
+        from collectors.runner import run_rounds
+
+        loop = asyncio.get_running_loop()
+        done = 0
+
+        def read_limited() -> Any:  # runs in run_rounds' worker thread
+            nonlocal done
+            result = read_round()
+            done += 1
+            if rounds is not None and done >= rounds:
+                loop.call_soon_threadsafe(stop.set)
+            return result
+
+        return await run_rounds(
+            read_limited,
+            producer,
+            interval,
+            stop,
+            health_topic_sender=producer.topic_sender(config.topics.alerts),
+        )
+
+    produced = _with_producer(config, servers, spool_dir, spool_max_mib, metrics_port, run)
+    click.echo(f"collected {produced} rounds from {source}", err=True)
+
+
+def _nvml_available() -> bool:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+def _servers(config: TallyConfig, bootstrap: str | None) -> tuple[str, ...]:
+    try:
+        return bootstrap_servers(config, bootstrap)
+    except NoBrokerError as exc:
+        fail(str(exc), Exit.USAGE)
+
+
+def _real_source(
+    source: str,
+    config: TallyConfig,
+    url: str | None,
+    pool: str,
+    node: str,
+    interval: float,
+    basic_auth_user: str | None,
+    password_env: str,
+    ca_bundle: str | None,
+    insecure: bool,
+) -> Callable[[], Any]:
+    """A function that reads one round from NVML or dcgm-exporter."""
+    if source == "nvml":
+        import pynvml
+
+        from collectors.nvml import NvmlCollector, NvmlUnavailableError
+        from collectors.ownership import OwnerResolver
+
+        collector = NvmlCollector(
+            pynvml, node, pool, owner_resolver=OwnerResolver(), interval_s=interval
+        )
+        try:
+            collector.start()
+        except NvmlUnavailableError as exc:
+            fail(str(exc), Exit.USAGE)
+        return collector.collect_round
+
+    from collectors.dcgm import DcgmCollector, DcgmConfig, DcgmScrapeError
+    from collectors.nvml import RoundResult
+
+    auth = None
+    if basic_auth_user:
+        password = os.environ.get(password_env)
+        if password is None:
+            fail(f"--basic-auth-user needs the password in ${password_env}", Exit.USAGE)
+        auth = (basic_auth_user, password)
+    assert url is not None
+    try:
+        dcgm = DcgmCollector(
+            DcgmConfig(
+                url=url,
+                pool=pool,
+                node=node,
+                scrape_interval_us=int(interval * 1_000_000),
+                basic_auth=auth,
+                verify=False if insecure else (ca_bundle or True),
+            )
+        )
+    except ValueError as exc:
+        fail(f"--url: {exc}", Exit.USAGE)
+
+    def read() -> RoundResult:
+        try:
+            result = dcgm.scrape()
+        except DcgmScrapeError as exc:
+            raise RuntimeError(str(exc)) from exc
+        problems = tuple(letter.reason for letter in result.dead_letters)
+        return RoundResult(tuple(e.data for e in result.envelopes), result.health, problems)
+
+    return read
+
+
+def _with_producer(
+    config: TallyConfig,
+    servers: tuple[str, ...],
+    spool_dir: str | None,
+    spool_max_mib: int,
+    metrics_port: int | None,
+    body: Callable[[Any, asyncio.Event], Any],
+) -> int:
+    """Run `body(producer, stop)` with a spooling producer, signal handling and /metrics."""
+    from collectors.metrics import CollectorMetrics, MetricsError, MetricsServer
     from collectors.producer import ProducerError, SampleProducer
+    from collectors.spool import Spool, SpoolError
+
+    metrics = CollectorMetrics()
+    directory = Path(spool_dir) if spool_dir else config.ledger.data_dir.parent / "spool"
+    try:
+        spool = Spool(directory, max_bytes=spool_max_mib << 20)
+    except (SpoolError, OSError) as exc:
+        fail(f"cannot open the spool in {directory}: {exc}", Exit.USAGE)
+    server = None
+    if metrics_port is not None:
+        try:
+            server = MetricsServer(metrics, metrics_port).start()
+        except MetricsError as exc:
+            fail(str(exc), Exit.USAGE)
+        click.echo(f"collector metrics on {server.url}", err=True)
+
+    async def main() -> int:
+        producer = SampleProducer(
+            ",".join(servers),
+            config.topics.samples,
+            client_id=config.broker.client_id,
+            spool=spool,
+            metrics=metrics,
+        )
+        await producer.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            return int(await body(producer, stop))
+        finally:
+            await producer.stop()
+
+    try:
+        return asyncio.run(main())
+    except ProducerError as exc:
+        fail(str(exc), Exit.BROKER)
+    finally:
+        spool.close()
+        if server is not None:
+            server.stop()
+
+
+def _collect_simulated(
+    config: TallyConfig,
+    bootstrap: str | None,
+    once: bool,
+    rounds: int | None,
+    backfill_hours: float | None,
+    speed: float | None,
+    pack_rounds: int | None,
+    spool_dir: str | None,
+    spool_max_mib: int,
+    metrics_port: int | None,
+) -> None:
     from collectors.runner import RunPlan, run_simulated, source_name, wall_clock_us
     from collectors.simulated import align
     from ledger.events import envelope_for, envelope_to_dict
 
-    config = load_or_exit(config_path)
     fleet = simulated_fleet(config)
     if once:
         now = align(wall_clock_us(), fleet.interval_us)
@@ -72,10 +357,7 @@ def collect(
         ]
         click.echo(orjson.dumps(events, option=orjson.OPT_INDENT_2).decode())
         return
-    try:
-        servers = bootstrap_servers(config, bootstrap)
-    except NoBrokerError as exc:
-        fail(str(exc), Exit.USAGE)
+    servers = _servers(config, bootstrap)
     plan = RunPlan(
         start_us=wall_clock_us(),
         backfill_us=int(
@@ -87,27 +369,8 @@ def collect(
         max_rounds=rounds,
     )
 
-    async def main() -> int:
-        producer = SampleProducer(
-            ",".join(servers), config.topics.samples, client_id=config.broker.client_id
-        )
-        await producer.start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        import signal
+    async def run(producer: Any, stop: asyncio.Event) -> int:
+        return await run_simulated(fleet, producer, plan, stop)
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            return await run_simulated(fleet, producer, plan, stop)
-        finally:
-            await producer.stop()
-
-    try:
-        produced = asyncio.run(main())
-    except ProducerError as exc:
-        fail(str(exc), Exit.BROKER)
+    produced = _with_producer(config, servers, spool_dir, spool_max_mib, metrics_port, run)
     click.echo(f"produced {produced} rounds of {len(fleet.gpus)} GPUs", err=True)
-
-
-# ---------------------------------------------------------------------------------- ledger
