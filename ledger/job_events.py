@@ -1,0 +1,507 @@
+"""Job and GPU-assignment events: the vocabulary of the `jobs` topic, and its strict JSON codec.
+
+The scheduler writes these; the ledger reads `GpuAssigned`/`GpuReleased` to know who holds each
+GPU, and `explain` reads the job events to say why a job waits or was preempted.
+
+Invariants:
+- every dataclass here is frozen, slotted and holds tuples, never lists;
+- `JobEnvelope.id` is derived from content (source, subject, type, a per-type discriminator and
+  time), so a resend is the same event and duplicates are harmless;
+- job events are keyed (subject) by job id, GPU events by GPU UUID;
+- decoding is strict: an unknown field, a missing field, a float/bool/string where an integer
+  belongs, an unknown enum value or a negative count raises `EventError`.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from enum import StrEnum
+from typing import Any, ClassVar
+
+import orjson
+
+from ledger.errors import EventError, UnknownSchemaError
+from ledger.events import MAX_TIME_US, SPEC_VERSION, SchemaRegistry, event_id
+
+MAX_TEXT = 256
+MAX_DETAIL = 2048
+MAX_GPUS_PER_JOB = 65_536
+
+
+class JobEventType(StrEnum):
+    """The `type` attribute of every event on the `jobs` topic."""
+
+    SUBMITTED = "tally.job.submitted"
+    ADMITTED = "tally.job.admitted"
+    WAITING = "tally.job.waiting"
+    STARTED = "tally.job.started"
+    PREEMPTED = "tally.job.preempted"
+    RECLAIMED = "tally.job.reclaimed"
+    FINISHED = "tally.job.finished"
+    FAILED = "tally.job.failed"
+    GPU_ASSIGNED = "tally.gpu.assigned"
+    GPU_RELEASED = "tally.gpu.released"
+
+
+class WaitReason(StrEnum):
+    """Why a pending job was not admitted in a scheduling cycle."""
+
+    NO_CAPACITY = "no_capacity"  # not enough free GPUs of a matching model right now
+    NO_MATCHING_GPUS = "no_matching_gpus"  # the fleet can never fit it (model, pool or size)
+    QUOTA_EXHAUSTED = "quota_exhausted"  # nominal in use; borrowing not allowed or at its limit
+    COHORT_EXHAUSTED = "cohort_exhausted"  # no unused lendable quota left in the cohort
+    QUOTA_LENT = "quota_lent"  # within nominal, but that quota is lent out until reclaimed
+    BUDGET_EXHAUSTED = "budget_exhausted"  # balance − open holds < hold, beyond the overdraft
+    NO_PRICE = "no_price"  # a money budget applies but no price is known for the GPU model
+    BEHIND_HEAD = "behind_head"  # strict FIFO: an earlier job waits
+    UNKNOWN_QUEUE = "unknown_queue"  # the job names a queue or team that is not configured
+    PREEMPTED = "preempted"  # requeued after preemption
+    RETRYING = "retrying"  # requeued after a failure, within the retry limit
+
+
+class PreemptReason(StrEnum):
+    """Why a running job was stopped to make room for another."""
+
+    RECLAIM_LENT_QUOTA = "reclaim_lent_quota"  # a team takes back nominal quota it lent
+    HIGHER_PRIORITY = "higher_priority"  # a higher-priority job needs the GPUs
+    OVER_BUDGET = "over_budget"  # the job ran over budget, preemptible by anyone
+
+
+class FailReason(StrEnum):
+    """Why a job ended without finishing."""
+
+    EXIT_NONZERO = "exit_nonzero"
+    MAX_RUNTIME = "max_runtime_exceeded"
+    EXECUTOR_LOST = "executor_lost"
+    CANCELLED = "cancelled"
+
+
+SIGNED: Mapping[str, Any] = {"min": None}  # field metadata: an integer that may be negative
+DETAIL: Mapping[str, Any] = {"max_len": MAX_DETAIL, "empty": True}  # free text, may be empty
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What a job asks for. Times are µs; `None` means "the queue's default" or "any".
+
+    Every job is admitted all-or-nothing (a gang): it gets all `gpus` GPUs in one decision or
+    none. `span_nodes` says whether those GPUs may lie on several nodes (a multi-node gang) or
+    must share one node (a single process).
+    """
+
+    job_id: str
+    team: str
+    project: str
+    user: str
+    queue: str
+    gpus: int = field(metadata={"min": 1, "max": MAX_GPUS_PER_JOB})
+    submit_us: int
+    estimated_runtime_us: int
+    max_runtime_us: int | None = None
+    model: str | None = None
+    pool: str | None = None
+    span_nodes: bool = True
+    priority: int | None = field(default=None, metadata=SIGNED)
+
+    def __post_init__(self) -> None:
+        if not (self.job_id and self.team and self.project and self.user and self.queue):
+            raise EventError("job: job_id, team, project, user and queue are required")
+        if not 1 <= self.gpus <= MAX_GPUS_PER_JOB:
+            raise EventError(f"job {self.job_id}: gpus must be in [1, {MAX_GPUS_PER_JOB}]")
+        if self.estimated_runtime_us < 0 or self.submit_us < 0:
+            raise EventError(f"job {self.job_id}: times must not be negative")
+        if self.max_runtime_us is not None and self.max_runtime_us <= 0:
+            raise EventError(f"job {self.job_id}: max_runtime_us must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class JobSubmitted:
+    KIND: ClassVar[JobEventType] = JobEventType.SUBMITTED
+    spec: JobSpec
+    time_us: int
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+
+@dataclass(frozen=True, slots=True)
+class JobAdmitted:
+    """The scheduler gave a job its GPUs (all of them: admission is all-or-nothing).
+
+    `borrowed_gpus` of them count against cohort members' unused quota; `preemptible` is true
+    when the queue allows preemption or the job runs as an over-budget borrower; the hold is
+    the expected usage reserved against the team's budget until the job ends.
+    """
+
+    KIND: ClassVar[JobEventType] = JobEventType.ADMITTED
+    job_id: str
+    team: str
+    queue: str
+    pool: str
+    model: str
+    gpu_uuids: tuple[str, ...]
+    nodes: tuple[str, ...]
+    priority: int = field(metadata=SIGNED)
+    borrowed_gpus: int
+    preemptible: bool
+    hold_micros: int
+    hold_gpu_ms: int
+    attempt: int
+    time_us: int
+    over_budget: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class JobWaiting:
+    KIND: ClassVar[JobEventType] = JobEventType.WAITING
+    job_id: str
+    reason: WaitReason
+    time_us: int
+    detail: str = field(default="", metadata=DETAIL)
+
+
+@dataclass(frozen=True, slots=True)
+class JobStarted:
+    """The executor started the job's processes on its GPUs."""
+
+    KIND: ClassVar[JobEventType] = JobEventType.STARTED
+    job_id: str
+    time_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobPreempted:
+    """A running job was stopped for job `by`; it goes back to its queue."""
+
+    KIND: ClassVar[JobEventType] = JobEventType.PREEMPTED
+    job_id: str
+    by: str
+    reason: PreemptReason
+    time_us: int
+    detail: str = field(default="", metadata=DETAIL)
+
+
+@dataclass(frozen=True, slots=True)
+class JobReclaimed:
+    """A job's GPUs were taken back because they sat allocated but idle; it does not requeue."""
+
+    KIND: ClassVar[JobEventType] = JobEventType.RECLAIMED
+    job_id: str
+    gpu_uuids: tuple[str, ...]
+    idle_since_us: int
+    time_us: int
+    detail: str = field(default="", metadata=DETAIL)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFinished:
+    KIND: ClassVar[JobEventType] = JobEventType.FINISHED
+    job_id: str
+    time_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobFailed:
+    """A job ended without finishing; `retry` says whether it goes back to its queue."""
+
+    KIND: ClassVar[JobEventType] = JobEventType.FAILED
+    job_id: str
+    reason: FailReason
+    attempt: int
+    retry: bool
+    time_us: int
+    exit_code: int | None = field(default=None, metadata=SIGNED)
+    detail: str = field(default="", metadata=DETAIL)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuAssigned:
+    """From `time_us` on, GPU `gpu_uuid` is held by `job_id` (keyed by GPU UUID)."""
+
+    KIND: ClassVar[JobEventType] = JobEventType.GPU_ASSIGNED
+    gpu_uuid: str
+    node: str
+    pool: str
+    model: str
+    job_id: str
+    team: str
+    project: str
+    user: str
+    time_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReleased:
+    """From `time_us` on, `job_id` no longer holds GPU `gpu_uuid` (keyed by GPU UUID)."""
+
+    KIND: ClassVar[JobEventType] = JobEventType.GPU_RELEASED
+    gpu_uuid: str
+    node: str
+    pool: str
+    model: str
+    job_id: str
+    team: str
+    project: str
+    user: str
+    time_us: int
+
+
+JobEvent = (
+    JobSubmitted
+    | JobAdmitted
+    | JobWaiting
+    | JobStarted
+    | JobPreempted
+    | JobReclaimed
+    | JobFinished
+    | JobFailed
+    | GpuAssigned
+    | GpuReleased
+)
+
+EVENT_CLASSES: Mapping[JobEventType, type[JobEvent]] = {
+    cls.KIND: cls
+    for cls in (
+        JobSubmitted,
+        JobAdmitted,
+        JobWaiting,
+        JobStarted,
+        JobPreempted,
+        JobReclaimed,
+        JobFinished,
+        JobFailed,
+        GpuAssigned,
+        GpuReleased,
+    )
+}
+
+CURRENT_JOB_SCHEMA: Mapping[str, int] = {kind: 1 for kind in JobEventType}
+JOB_REGISTRY = SchemaRegistry(current=dict(CURRENT_JOB_SCHEMA))
+
+
+@dataclass(frozen=True, slots=True)
+class JobEnvelope:
+    """A CloudEvents-style envelope around one job or GPU-assignment event."""
+
+    id: str
+    type: JobEventType
+    source: str
+    subject: str
+    time_us: int
+    schema: int
+    data: JobEvent
+
+
+def subject_of(event: JobEvent) -> str:
+    """The Kafka key: the GPU UUID for GPU events, the job id otherwise."""
+    if isinstance(event, GpuAssigned | GpuReleased):
+        return event.gpu_uuid
+    return event.job_id
+
+
+def _discriminator(event: JobEvent) -> str:
+    """What tells apart two events of one type, subject and time."""
+    if isinstance(event, JobWaiting):
+        return event.reason.value
+    if isinstance(event, JobAdmitted | JobFailed):
+        return str(event.attempt)
+    if isinstance(event, JobPreempted):
+        return event.by
+    if isinstance(event, GpuAssigned | GpuReleased):
+        return event.job_id
+    return ""
+
+
+def job_event_id(event: JobEvent, source: str) -> str:
+    subject = subject_of(event)
+    return event_id(source, f"{subject}/{event.KIND.value}/{_discriminator(event)}", event.time_us)
+
+
+def job_envelope(event: JobEvent, source: str) -> JobEnvelope:
+    """Wrap an event in its envelope with its content-derived id."""
+    return JobEnvelope(
+        id=job_event_id(event, source),
+        type=event.KIND,
+        source=source,
+        subject=subject_of(event),
+        time_us=event.time_us,
+        schema=CURRENT_JOB_SCHEMA[event.KIND],
+        data=event,
+    )
+
+
+# ---------------------------------------------------------------------------- encoding
+
+
+def job_envelope_to_dict(envelope: JobEnvelope) -> dict[str, Any]:
+    return {
+        "specversion": SPEC_VERSION,
+        "id": envelope.id,
+        "type": envelope.type.value,
+        "source": envelope.source,
+        "subject": envelope.subject,
+        "time": envelope.time_us,
+        "schema": envelope.schema,
+        "data": envelope.data,
+    }
+
+
+def encode_job_event(event: JobEvent, source: str) -> bytes:
+    """One `jobs` message value: the event in its envelope (orjson encodes the dataclasses)."""
+    return orjson.dumps(job_envelope_to_dict(job_envelope(event, source)))
+
+
+# ---------------------------------------------------------------------------- decoding
+
+Decoder = Callable[[str, Any], Any]
+
+
+def _text(max_len: int, empty: bool) -> Decoder:
+    def decode(name: str, value: Any) -> str:
+        if type(value) is not str or (not value and not empty):
+            raise EventError(f"{name}: expected a non-empty string")
+        if len(value) > max_len:
+            raise EventError(f"{name}: longer than {max_len} characters")
+        return value
+
+    return decode
+
+
+def _integer(lo: int | None, hi: int | None) -> Decoder:
+    def decode(name: str, value: Any) -> int:
+        if type(value) is not int:
+            raise EventError(f"{name}: expected an integer, got {type(value).__name__}")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise EventError(f"{name}: {value} is out of range [{lo}, {hi}]")
+        return value
+
+    return decode
+
+
+def _boolean(name: str, value: Any) -> bool:
+    if type(value) is not bool:
+        raise EventError(f"{name}: expected true or false")
+    return value
+
+
+def _enum(cls: type[StrEnum]) -> Decoder:
+    def decode(name: str, value: Any) -> StrEnum:
+        if type(value) is not str:
+            raise EventError(f"{name}: expected a string")
+        try:
+            return cls(value)
+        except ValueError as exc:
+            raise EventError(f"{name}: unknown value {value!r}") from exc
+
+    return decode
+
+
+def _optional(inner: Decoder) -> Decoder:
+    def decode(name: str, value: Any) -> Any:
+        return None if value is None else inner(name, value)
+
+    return decode
+
+
+def _text_tuple(item: Decoder) -> Decoder:
+    def decode(name: str, value: Any) -> tuple[str, ...]:
+        if type(value) is not list:
+            raise EventError(f"{name}: expected an array")
+        if len(value) > MAX_GPUS_PER_JOB:
+            raise EventError(f"{name}: more than {MAX_GPUS_PER_JOB} items")
+        return tuple(item(name, v) for v in value)
+
+    return decode
+
+
+def _decoder_for(hint: Any, meta: Mapping[str, Any], name: str) -> Decoder:
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) and type(None) in args:
+        (inner,) = (a for a in args if a is not type(None))
+        return _optional(_decoder_for(inner, meta, name))
+    if hint is str:
+        return _text(meta.get("max_len", MAX_TEXT), meta.get("empty", False))
+    if hint is bool:
+        return _boolean
+    if hint is int:
+        hi = meta.get("max", MAX_TIME_US if name.endswith("_us") else None)
+        return _integer(meta.get("min", 0), hi)
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        return _enum(hint)
+    if typing.get_origin(hint) is tuple and args == (str, Ellipsis):
+        return _text_tuple(_text(MAX_TEXT, False))
+    if hint is JobSpec:
+        return _object(JobSpec)
+    raise TypeError(f"no decoder for {name}: {hint!r}")  # a programming error, at import
+
+
+def _object(cls: type[Any]) -> Decoder:
+    hints = typing.get_type_hints(cls)
+    plan: list[tuple[str, Decoder, bool]] = []
+    for f in fields(cls):
+        required = f.default is MISSING and f.default_factory is MISSING
+        plan.append((f.name, _decoder_for(hints[f.name], f.metadata, f.name), required))
+    known = frozenset(name for name, _, _ in plan)
+
+    def decode(where: str, value: Any) -> Any:
+        if type(value) is not dict:
+            raise EventError(f"{where}: expected an object")
+        unknown = value.keys() - known
+        if unknown:
+            raise EventError(f"{where}: unknown fields {sorted(unknown)}")
+        kwargs: dict[str, Any] = {}
+        for name, decoder, required in plan:
+            if name in value:
+                kwargs[name] = decoder(f"{where}.{name}", value[name])
+            elif required:
+                raise EventError(f"{where}.{name}: missing")
+        return cls(**kwargs)
+
+    return decode
+
+
+_KINDS = frozenset(kind.value for kind in JobEventType)
+_DECODERS: Mapping[JobEventType, Decoder] = {
+    kind: _object(cls) for kind, cls in EVENT_CLASSES.items()
+}
+
+
+def job_envelope_from_dict(obj: Any, registry: SchemaRegistry = JOB_REGISTRY) -> JobEnvelope:
+    """Decode and validate one envelope, upcasting its data; raises EventError."""
+    if type(obj) is not dict:
+        raise EventError("event: expected a JSON object")
+    raw_type = obj.get("type")
+    if raw_type not in _KINDS:
+        raise UnknownSchemaError(f"type: unknown job event type {raw_type!r}")
+    kind = JobEventType(raw_type)
+    schema = obj.get("schema")
+    if type(schema) is not int:
+        raise EventError("schema: expected an integer version")
+    data = obj.get("data")
+    if type(data) is not dict:
+        raise EventError("data: expected an object")
+    event: JobEvent = _DECODERS[kind]("data", registry.upcast(kind, schema, data))
+    source = _text(MAX_TEXT, False)("source", obj.get("source"))
+    envelope = job_envelope(event, source)
+    if obj.get("id") != envelope.id:
+        raise EventError("id: does not match the event's content")
+    if obj.get("subject") != envelope.subject:
+        raise EventError("subject: does not match the event's job id or GPU UUID")
+    if obj.get("time") != envelope.time_us:
+        raise EventError("time: does not match the event's time_us")
+    return envelope
+
+
+def decode_job_event(value: bytes | str, registry: SchemaRegistry = JOB_REGISTRY) -> JobEnvelope:
+    """Decode one `jobs` message value; raises EventError for anything invalid."""
+    if not value:
+        raise EventError("empty message")
+    try:
+        parsed = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise EventError(f"not JSON: {exc}") from exc
+    return job_envelope_from_dict(parsed, registry)

@@ -1,0 +1,339 @@
+"""Phases 3 and 5 of a cycle: nominate the heads, and admit them one by one.
+
+Nominate (3): a head whose team or queue is unknown, or that no flavor could ever hold (model,
+pool, size, single-node size, or more than the team's quota plus all it may borrow), waits at
+once with that reason; every other
+head becomes a `Nomination` with its effective priority (the job's, else its queue's) and its
+candidate flavors — the team's quota flavors in quota order that match the model and pool
+constraint (every matching flavor of the fleet when quotas are not enforced).
+
+Admit (5): a nomination is admitted in the first candidate flavor where, in this order,
+1. quota allows it (`scheduler.quota`): within nominal, or borrowing within the team's
+   borrowing limit from unused lendable quota of its cohort — only for preemptible queues;
+2. enough GPUs of the flavor are free (all of them: gangs are all-or-nothing; on one node
+   when the job may not span nodes);
+3. the budget covers the hold (`scheduler.budget`); if not, the job waits with
+   `budget_exhausted`, or, where its queue says `run_preemptible`, runs with no hold as a
+   preemptible over-budget borrower.
+Admission takes the GPUs in the cycle's `Workspace`, so later jobs see them taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ledger.job_events import WaitReason
+from scheduler.budget import BudgetCheck, check_budget
+from scheduler.model import (
+    NO_HOLD,
+    Flavor,
+    GpuRef,
+    Holds,
+    OverBudget,
+    PendingJob,
+    Policy,
+    RunningJob,
+)
+from scheduler.ordering import Nomination
+from scheduler.placement import place
+from scheduler.quota import (
+    QuotaCheck,
+    QuotaOutcome,
+    UsageOf,
+    check_quota,
+    cohort_totals,
+    over,
+    spare,
+)
+from scheduler.snapshot import ClusterSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A head that waits, and why."""
+
+    job: PendingJob
+    reason: WaitReason
+    detail: str = ""
+
+
+class Workspace:
+    """One cycle's scratch: the snapshot plus the decisions made so far in this cycle.
+
+    It is created by a cycle, changed only by it, and never escapes it: the snapshot it reads
+    is never modified (free-GPU maps are copied the first time a flavor is touched).
+    """
+
+    __slots__ = ("_cohorts", "_free", "_holds", "_totals", "_usage", "removed", "snap")
+
+    def __init__(self, snap: ClusterSnapshot) -> None:
+        self.snap = snap
+        self._usage: dict[tuple[str, Flavor], int] = {}
+        self._free: dict[Flavor, dict[str, tuple[str, ...]]] = {}
+        self._totals: dict[Flavor, int] = {}
+        self._holds: dict[str, Holds] = {}
+        self._cohorts: dict[tuple[str, Flavor], list[int]] = {}  # [Σ over, Σ spare], kept current
+        self.removed: set[str] = set()
+
+    def used(self, team: str, flavor: Flavor) -> int:
+        key = (team, flavor)
+        found = self._usage.get(key)
+        return self.snap.usage.get(key, 0) if found is None else found
+
+    def cohort_totals(self, cohort: str, flavor: Flavor) -> tuple[int, int]:
+        key = (cohort, flavor)
+        found = self._cohorts.get(key)
+        if found is None:
+            found = self._cohorts[key] = list(
+                cohort_totals(self.snap.quotas, cohort, flavor, self.usage_in(flavor))
+            )
+        return found[0], found[1]
+
+    def _set_used(self, team: str, flavor: Flavor, gpus: int) -> None:
+        before = self.used(team, flavor)
+        self._usage[(team, flavor)] = gpus
+        book = self.snap.quotas
+        cohort = book.cohort_of(team)
+        totals = None if cohort is None else self._cohorts.get((cohort, flavor))
+        q = book.quota.get((team, flavor))
+        if totals is not None and q is not None:
+            totals[0] += over(q, gpus) - over(q, before)
+            totals[1] += spare(q, gpus) - spare(q, before)
+
+    def usage_in(self, flavor: Flavor) -> UsageOf:
+        """`used` for one flavor, as the quota checks take it."""
+        return lambda team: self.used(team, flavor)
+
+    def free_nodes(self, flavor: Flavor) -> Mapping[str, tuple[str, ...]]:
+        found = self._free.get(flavor)
+        return self.snap.free_in(flavor).by_node if found is None else found
+
+    def free_total(self, flavor: Flavor) -> int:
+        found = self._totals.get(flavor)
+        return self.snap.free_in(flavor).total if found is None else found
+
+    def holds(self, team: str) -> Holds:
+        found = self._holds.get(team)
+        return self.snap.holds.get(team, NO_HOLD) if found is None else found
+
+    def _writable_free(self, flavor: Flavor) -> dict[str, tuple[str, ...]]:
+        found = self._free.get(flavor)
+        if found is None:
+            found = self._free[flavor] = dict(self.snap.free_in(flavor).by_node)
+        return found
+
+    def take(self, team: str, flavor: Flavor, gpus: tuple[GpuRef, ...], hold: Holds) -> None:
+        free = self._writable_free(flavor)
+        for node in {g.node for g in gpus}:
+            taken = {g.uuid for g in gpus if g.node == node}
+            left = tuple(u for u in free[node] if u not in taken)
+            if left:
+                free[node] = left
+            else:
+                del free[node]
+        self._totals[flavor] = self.free_total(flavor) - len(gpus)
+        self._set_used(team, flavor, self.used(team, flavor) + len(gpus))
+        if hold != NO_HOLD:
+            self._holds[team] = self.holds(team) + hold
+
+    def release(self, job: RunningJob) -> None:
+        """Free a preempted job's GPUs. Its hold stays open for the rest of the cycle: the
+        usage it covers is not settled into the balance yet."""
+        free = self._writable_free(job.flavor)
+        for gpu in job.gpus:
+            free[gpu.node] = (*free.get(gpu.node, ()), gpu.uuid)
+        self._totals[job.flavor] = self.free_total(job.flavor) + len(job.gpus)
+        self._set_used(job.team, job.flavor, self.used(job.team, job.flavor) - len(job.gpus))
+        self.removed.add(job.job_id)
+
+    def running_of(self, team: str, flavor: Flavor) -> list[RunningJob]:
+        """The team's running jobs in a flavor, less those preempted in this cycle."""
+        jobs = self.snap.running.get((team, flavor), ())
+        return [j for j in jobs if j.job_id not in self.removed]
+
+
+# ---------------------------------------------------------------------------- nominate
+
+
+def _never_fits(snap: ClusterSnapshot, flavor: Flavor, gpus: int, span_nodes: bool) -> bool:
+    if gpus > snap.fleet.capacity.get(flavor, 0):
+        return True
+    return not span_nodes and gpus > snap.fleet.largest_node.get(flavor, 0)
+
+
+def nominate(
+    snap: ClusterSnapshot, heads: Iterable[PendingJob], policy: Policy
+) -> tuple[list[Nomination], list[Verdict]]:
+    """Phase 3: turn heads into nominations, or into immediate verdicts."""
+    nominations: list[Nomination] = []
+    verdicts: list[Verdict] = []
+    book = snap.quotas
+    for job in heads:
+        spec = job.spec
+        queue = snap.queues.get(spec.queue)
+        if queue is None:
+            verdicts.append(Verdict(job, WaitReason.UNKNOWN_QUEUE, f"no queue {spec.queue!r}"))
+            continue
+        if policy.enforce_quota:
+            if spec.team not in book.teams:
+                verdicts.append(Verdict(job, WaitReason.UNKNOWN_QUEUE, f"no team {spec.team!r}"))
+                continue
+            candidates = tuple(
+                f
+                for f in book.flavors_of(spec.team)
+                if (spec.model is None or f.model == spec.model)
+                and (spec.pool is None or f.pool == spec.pool)
+            )
+        else:
+            candidates = snap.fleet.matching(spec.model, spec.pool)
+        may_borrow = policy.borrowing and queue.may_borrow
+        flavors = tuple(
+            f
+            for f in candidates
+            if not _never_fits(snap, f, spec.gpus, spec.span_nodes)
+            and (not policy.enforce_quota or book.ceiling(spec.team, f, may_borrow) >= spec.gpus)
+        )
+        if not flavors:
+            verdicts.append(
+                Verdict(
+                    job,
+                    WaitReason.NO_MATCHING_GPUS,
+                    _no_match_detail(spec.gpus, spec.model, spec.pool, spec.span_nodes, candidates),
+                )
+            )
+            continue
+        priority = queue.priority if spec.priority is None else spec.priority
+        borrows = False
+        if policy.enforce_quota:
+            q = book.quota[(spec.team, flavors[0])]
+            borrows = snap.used(spec.team, flavors[0]) + spec.gpus > q.nominal
+        nominations.append(Nomination(job, queue, priority, flavors, borrows))
+    return nominations, verdicts
+
+
+def _no_match_detail(
+    gpus: int, model: str | None, pool: str | None, span: bool, candidates: tuple[Flavor, ...]
+) -> str:
+    wanted = f"{gpus} GPU(s) of model {model or 'any'} in pool {pool or 'any'}"
+    if not candidates:
+        return f"{wanted}: no such GPUs in the team's quota or the fleet"
+    where = ", ".join(str(f) for f in candidates)
+    return (
+        f"{wanted}{'' if span else ' on one node'}: more than the fleet, or the team's quota "
+        f"with all it may borrow, can ever hold ({where})"
+    )
+
+
+# ---------------------------------------------------------------------------- admit
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """Where and how a nomination is admitted."""
+
+    flavor: Flavor
+    gpus: tuple[GpuRef, ...]
+    borrowed: int
+    hold: Holds
+    over_budget: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """Why a nomination did not fit, and the flavors where preemption might make room
+    (the quota check there; the budget already covers the job)."""
+
+    reason: WaitReason
+    detail: str
+    preemptible_in: tuple[tuple[Flavor, QuotaCheck], ...] = ()
+
+
+_QUOTA_REASON = {
+    QuotaOutcome.NO_QUOTA: (WaitReason.QUOTA_EXHAUSTED, "the team has no quota for {f}"),
+    QuotaOutcome.NOT_ALLOWED: (
+        WaitReason.QUOTA_EXHAUSTED,
+        "nominal quota for {f} in use and this job may not borrow",
+    ),
+    QuotaOutcome.BORROWING_LIMIT: (
+        WaitReason.QUOTA_EXHAUSTED,
+        "nominal quota for {f} in use and the borrowing limit reached",
+    ),
+    QuotaOutcome.COHORT_EXHAUSTED: (
+        WaitReason.COHORT_EXHAUSTED,
+        "no unused lendable quota for {f} left in the cohort",
+    ),
+    QuotaOutcome.RECLAIM: (
+        WaitReason.QUOTA_LENT,
+        "the team's nominal quota for {f} is lent to the cohort and must be reclaimed",
+    ),
+}
+
+
+_PREEMPTION_HELPS = frozenset(
+    (
+        WaitReason.NO_CAPACITY,
+        WaitReason.QUOTA_EXHAUSTED,
+        WaitReason.COHORT_EXHAUSTED,
+        WaitReason.QUOTA_LENT,
+    )
+)
+
+
+def fits_capacity(free: Mapping[str, tuple[str, ...]], total: int, gpus: int, span: bool) -> bool:
+    if total < gpus:
+        return False
+    return span or any(len(u) >= gpus for u in free.values())
+
+
+def evaluate(n: Nomination, ws: Workspace, policy: Policy) -> Fit | Blocked:
+    """Phase 5 for one nomination: a `Fit` in the first flavor that admits it, else why not."""
+    snap = ws.snap
+    spec = n.spec
+    team = spec.team
+    may_borrow = policy.borrowing and n.queue.may_borrow
+    cohort = snap.quotas.cohort_of(team)
+    balance = snap.balances.get(team)
+    first: tuple[WaitReason, str] | None = None
+    options: list[tuple[Flavor, QuotaCheck]] = []
+    for flavor in n.flavors:
+        blocked: tuple[WaitReason, str] | None = None
+        quota = QuotaCheck(QuotaOutcome.FITS)
+        if policy.enforce_quota:
+            totals = None if cohort is None else ws.cohort_totals(cohort, flavor)
+            quota = check_quota(
+                snap.quotas, team, flavor, spec.gpus, ws.usage_in(flavor), may_borrow, totals
+            )
+            if not quota.fits:
+                reason, text = _QUOTA_REASON[quota.outcome]
+                blocked = (reason, text.format(f=flavor))
+        free = ws.free_nodes(flavor)
+        total = ws.free_total(flavor)
+        if blocked is None and not fits_capacity(free, total, spec.gpus, spec.span_nodes):
+            blocked = (
+                WaitReason.NO_CAPACITY,
+                f"{spec.gpus} GPU(s) of {flavor} wanted, {total} free"
+                + ("" if spec.span_nodes else " (on one node)"),
+            )
+        budget: BudgetCheck = check_budget(
+            spec, flavor, balance, ws.holds(team), snap.prices, snap.now_us
+        )
+        over_budget = False
+        if not budget.fits:
+            if not budget.priced:
+                blocked = blocked or (WaitReason.NO_PRICE, budget.detail)
+            elif n.queue.over_budget is OverBudget.RUN_PREEMPTIBLE:
+                over_budget = True
+            else:
+                blocked = (WaitReason.BUDGET_EXHAUSTED, budget.detail)
+        if blocked is None:
+            gpus = place(free, spec.gpus, spec.span_nodes)
+            if gpus is not None:
+                hold = NO_HOLD if over_budget else budget.hold
+                return Fit(flavor, gpus, quota.borrowed, hold, over_budget)
+            blocked = (WaitReason.NO_CAPACITY, f"no placement for {spec.gpus} GPU(s) of {flavor}")
+        if blocked[0] in _PREEMPTION_HELPS and budget.fits:
+            options.append((flavor, quota))
+        first = first or blocked
+    assert first is not None  # a nomination has at least one flavor
+    return Blocked(first[0], first[1], tuple(options) if policy.preemption else ())

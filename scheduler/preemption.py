@@ -1,0 +1,240 @@
+"""Phase 6 of a cycle, preempt: stop running jobs so that a blocked job fits.
+
+Who may be preempted, for a job J of team T in flavor F (only jobs running in F, and never a
+job admitted from a non-preemptible queue):
+- an over-budget borrower (it runs without a hold): by any job of its team or cohort that runs
+  within budget;
+- a job of a team in T's cohort that currently borrows in F (holds more than its nominal):
+  by J if J stays within T's nominal quota (reclaim of lent quota, any priority), or if J has
+  a higher priority. A team stops being a candidate the moment it no longer borrows, so a
+  reclaim never takes quota a lender holds within its own nominal;
+- a job of T itself with a lower priority than J;
+- with quotas not enforced, any job with a lower priority than J.
+
+Which of them: the FEWEST victims, then the lowest priority, then the most recently started
+(then the most recently submitted).
+`need` is a lower bound on the GPUs to free (the free-GPU shortfall, the quota deficit, the
+excess over nominal + borrowing limit). The plan first tries the minimum number of victims that
+could cover `need`, picking in preference order with a look-ahead that keeps the set
+completable; if that set does not make J fit (nodes, quota dynamics), it falls back to adding
+candidates in preference order until J fits and then drops every victim J fits without.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ledger.job_events import PreemptReason
+from scheduler.admission import Workspace
+from scheduler.model import Flavor, Policy, RunningJob
+from scheduler.ordering import Nomination
+from scheduler.quota import QuotaCheck, QuotaOutcome, check_quota
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    job: RunningJob
+    reason: PreemptReason
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    job: RunningJob
+    reason: PreemptReason
+    borrower: bool  # eligible only while its team still borrows
+
+
+def _candidates(n: Nomination, flavor: Flavor, ws: Workspace, policy: Policy) -> list[_Candidate]:
+    book = ws.snap.quotas
+    team = n.spec.team
+    cohort = book.cohort_of(team)
+    within_nominal = True
+    teams: tuple[str, ...] = (team,)
+    if not policy.enforce_quota:
+        teams = tuple({t for t, f in ws.snap.running if f == flavor})
+    else:
+        within_nominal = ws.used(team, flavor) + n.spec.gpus <= book.quota[(team, flavor)].nominal
+        if cohort is not None:
+            teams = book.members.get((cohort, flavor), teams)
+    found: list[_Candidate] = []
+    for other in teams:
+        borrowing = False
+        if policy.enforce_quota and other != team:
+            q = book.quota[(other, flavor)]
+            borrowing = ws.used(other, flavor) > q.nominal
+        for job in ws.running_of(other, flavor):
+            if not job.preemptible:
+                continue
+            lower = job.priority < n.priority
+            if job.over_budget:
+                found.append(_Candidate(job, PreemptReason.OVER_BUDGET, False))
+            elif not policy.enforce_quota or other == team:
+                if lower:
+                    found.append(_Candidate(job, PreemptReason.HIGHER_PRIORITY, False))
+            elif borrowing and within_nominal:
+                found.append(_Candidate(job, PreemptReason.RECLAIM_LENT_QUOTA, True))
+            elif borrowing and lower:
+                found.append(_Candidate(job, PreemptReason.HIGHER_PRIORITY, True))
+    # preference: over-budget first, then lowest priority, then most recently started
+    found.sort(
+        key=lambda c: (
+            not c.job.over_budget,
+            c.job.priority,
+            -c.job.since_us,
+            -c.job.spec.submit_us,
+            c.job.job_id,
+        )
+    )
+    return found
+
+
+def _need(n: Nomination, flavor: Flavor, quota: QuotaCheck, ws: Workspace, policy: Policy) -> int:
+    spec = n.spec
+    if spec.span_nodes:
+        phys = spec.gpus - ws.free_total(flavor)
+    else:
+        phys = spec.gpus - max((len(u) for u in ws.free_nodes(flavor).values()), default=0)
+    quota_need = 0
+    if policy.enforce_quota and not quota.fits:
+        q = ws.snap.quotas.quota[(spec.team, flavor)]
+        after = ws.used(spec.team, flavor) + spec.gpus
+        if quota.outcome is QuotaOutcome.NOT_ALLOWED:
+            quota_need = after - q.nominal
+        elif quota.outcome is QuotaOutcome.BORROWING_LIMIT:
+            quota_need = after - q.nominal - (q.borrowing_limit or 0)
+        else:
+            quota_need = quota.deficit
+    return max(phys, quota_need, 0)
+
+
+def _fits_after(
+    n: Nomination, flavor: Flavor, victims: Sequence[_Candidate], ws: Workspace, policy: Policy
+) -> bool:
+    """Would `n` fit in `flavor` (capacity and quota) once `victims` are gone?"""
+    spec = n.spec
+    removed: Counter[str] = Counter()
+    freed_on: Counter[str] = Counter()
+    for v in victims:
+        if v.borrower:  # a borrower is a victim only while its team still borrows
+            q = ws.snap.quotas.quota[(v.job.team, flavor)]
+            if ws.used(v.job.team, flavor) - removed[v.job.team] <= q.nominal:
+                return False
+        removed[v.job.team] += len(v.job.gpus)
+        for gpu in v.job.gpus:
+            freed_on[gpu.node] += 1
+    free = ws.free_nodes(flavor)
+    total = ws.free_total(flavor) + sum(freed_on.values())
+    if spec.span_nodes:
+        if total < spec.gpus:
+            return False
+    elif not any(
+        len(free.get(node, ())) + freed_on[node] >= spec.gpus for node in set(free) | set(freed_on)
+    ):
+        return False
+    if not policy.enforce_quota:
+        return True
+    check = check_quota(
+        ws.snap.quotas,
+        spec.team,
+        flavor,
+        spec.gpus,
+        lambda t: ws.used(t, flavor) - removed[t],
+        policy.borrowing and n.queue.may_borrow,
+    )
+    return check.fits
+
+
+def _top_sum(sizes: Counter[int], count: int) -> int:
+    total = 0
+    for size in sorted(sizes, reverse=True):
+        if count <= 0:
+            break
+        take = min(count, sizes[size])
+        total += take * size
+        count -= take
+    return total
+
+
+def _fewest(candidates: Sequence[_Candidate], need: int) -> list[_Candidate] | None:
+    """The minimum number of candidates whose GPUs cover `need`, chosen in preference order."""
+    sizes = sorted((len(c.job.gpus) for c in candidates), reverse=True)
+    covered, k = 0, 0
+    for size in sizes:
+        if covered >= need:
+            break
+        covered += size
+        k += 1
+    if covered < need:
+        return None
+    remaining = Counter(sizes)
+    picked: list[_Candidate] = []
+    total = 0
+    for c in candidates:
+        size = len(c.job.gpus)
+        remaining[size] -= 1
+        if total + size + _top_sum(remaining, k - len(picked) - 1) >= need:
+            picked.append(c)
+            total += size
+            if len(picked) == k:
+                break
+    return picked
+
+
+def worth_trying(n: Nomination, flavor: Flavor, ws: Workspace, policy: Policy) -> bool:
+    """False when no job in `flavor` can be a candidate (a cheap test on snapshot summaries)."""
+    snap = ws.snap
+    if snap.lowest_preemptible is None or snap.over_budget_running is None:
+        return True
+    if snap.over_budget_running.get(flavor, 0):
+        return True
+    lowest = snap.lowest_preemptible.get(flavor)
+    if lowest is None:
+        return False
+    if lowest < n.priority:
+        return True
+    if not policy.enforce_quota:
+        return False
+    team = n.spec.team
+    cohort = snap.quotas.cohort_of(team)
+    q = snap.quotas.quota.get((team, flavor))
+    if cohort is None or q is None or ws.used(team, flavor) + n.spec.gpus > q.nominal:
+        return False
+    return ws.cohort_totals(cohort, flavor)[0] > 0  # someone borrows: reclaim may help
+
+
+def plan_preemption(
+    n: Nomination, flavor: Flavor, quota: QuotaCheck, ws: Workspace, policy: Policy
+) -> tuple[Victim, ...] | None:
+    """Victims that make `n` fit in `flavor`, or None when no preemption can."""
+    if quota.outcome is QuotaOutcome.NO_QUOTA or not worth_trying(n, flavor, ws, policy):
+        return None
+    candidates = _candidates(n, flavor, ws, policy)
+    if not candidates:
+        return None
+    need = _need(n, flavor, quota, ws, policy)
+    fewest = _fewest(candidates, need)
+    if fewest is not None and _fits_after(n, flavor, fewest, ws, policy):
+        return tuple(Victim(c.job, c.reason) for c in fewest)
+    picked: list[_Candidate] = []
+    removed: Counter[str] = Counter()
+    book = ws.snap.quotas
+    for c in candidates:
+        team = c.job.team
+        if (
+            c.borrower
+            and ws.used(team, flavor) - removed[team] <= book.quota[(team, flavor)].nominal
+        ):
+            continue  # its team no longer borrows
+        picked.append(c)
+        removed[team] += len(c.job.gpus)
+        if _fits_after(n, flavor, picked, ws, policy):
+            break
+    else:
+        return None
+    for c in reversed(picked[:-1]):  # drop every victim the job fits without
+        trial = [p for p in picked if p is not c]
+        if _fits_after(n, flavor, trial, ws, policy):
+            picked = trial
+    return tuple(Victim(c.job, c.reason) for c in picked)

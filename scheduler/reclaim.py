@@ -1,0 +1,88 @@
+"""Idle reclaim: what to do about GPUs that are allocated but idle, by the queue's policy.
+
+Input is what the ledger's idle detection reports (`IdleGpu`: a GPU UUID and since when it has
+done no work). Rules, per running job:
+- idle time counts from the later of the GPU's idle-since and the job's start, so a job never
+  pays for idleness before it held the GPU;
+- when every GPU of the job has been idle for at least the queue's `after_us`:
+  `reclaim` stops the job (`JobReclaimed`, GPUs released, not requeued), `alert` raises an
+  `IdleAlert`, `never` does nothing;
+- when only some of its GPUs have been idle that long, `reclaim` and `alert` raise an
+  `IdleAlert` (partial idleness is a sizing problem, not abandonment); `never` does nothing;
+- GPUs nobody holds, and jobs of unknown queues, are left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ledger.job_events import JobEvent, JobReclaimed
+from scheduler.decisions import release_events
+from scheduler.model import IdleAction
+from scheduler.snapshot import ClusterSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class IdleGpu:
+    """An allocated GPU that has done no work since `since_us` (the ledger's idle detection)."""
+
+    gpu_uuid: str
+    since_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class IdleAlert:
+    """An allocated-but-idle job that policy says to report, not stop."""
+
+    job_id: str
+    team: str
+    queue: str
+    idle_gpus: tuple[str, ...]
+    gpus: int
+    idle_since_us: int
+    time_us: int
+
+
+def idle_decisions(
+    idle: Iterable[IdleGpu], snap: ClusterSnapshot
+) -> tuple[JobEvent | IdleAlert, ...]:
+    """Reclaims (as events) and alerts for the idle GPUs reported, at `snap.now_us`."""
+    since = {i.gpu_uuid: i.since_us for i in idle}
+    if not since:
+        return ()
+    decisions: list[JobEvent | IdleAlert] = []
+    for job in snap.running_jobs():
+        queue = snap.queues.get(job.spec.queue)
+        if queue is None or queue.idle.action is IdleAction.NEVER:
+            continue
+        idle_since = {g.uuid: max(since[g.uuid], job.since_us) for g in job.gpus if g.uuid in since}
+        due = {uuid: t for uuid, t in idle_since.items() if snap.now_us - t >= queue.idle.after_us}
+        if not due:
+            continue
+        uuids = tuple(sorted(due))
+        latest = max(due.values())
+        if len(due) == len(job.gpus) and queue.idle.action is IdleAction.RECLAIM:
+            reclaimed = JobReclaimed(
+                job_id=job.job_id,
+                gpu_uuids=uuids,
+                idle_since_us=latest,
+                time_us=snap.now_us,
+                detail=f"all {len(uuids)} GPU(s) idle for {snap.now_us - latest} µs; queue "
+                f"{queue.name} reclaims after {queue.idle.after_us} µs",
+            )
+            decisions.append(reclaimed)
+            decisions.extend(release_events(job, snap.now_us))
+        else:
+            decisions.append(
+                IdleAlert(
+                    job_id=job.job_id,
+                    team=job.team,
+                    queue=queue.name,
+                    idle_gpus=uuids,
+                    gpus=len(job.gpus),
+                    idle_since_us=latest,
+                    time_us=snap.now_us,
+                )
+            )
+    return tuple(decisions)

@@ -1,0 +1,279 @@
+"""A discrete-event simulation of the scheduler in simulated time: replay jobs (a trace or a
+random workload) through the real state and cycle, with jobs that run, fail and finish.
+
+It plays the parts the rest of the system plays in production: the executor (jobs end after
+their runtime, or fail), the ledger (metered usage for fair share every `meter_interval_us`;
+a run's usage settled into its team's budget when the run ends), and the clock. Between events
+nothing happens; at each event time the simulation applies what happened, then runs cycles
+until one admits and preempts nothing. Only the cycles (snapshot, decide, apply) are timed.
+
+Used by the scheduler benchmark and the randomised invariant tests; also a what-if tool.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from ledger.job_events import (
+    FailReason,
+    GpuReleased,
+    JobAdmitted,
+    JobEvent,
+    JobFailed,
+    JobFinished,
+    JobPreempted,
+    JobReclaimed,
+    JobSpec,
+    JobSubmitted,
+)
+from ledger.pricing import cost_of
+from ledger.units import US_PER_MS
+from scheduler.cycle import run_cycle
+from scheduler.lifecycle import fail, finish, overdue
+from scheduler.model import Policy
+from scheduler.state import SchedulerState
+
+Listener = Callable[[Sequence[JobEvent], SchedulerState], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SimJob:
+    """A job to replay: its spec, how long it really runs, and how many attempts fail first
+    (each failing attempt exits non-zero halfway through)."""
+
+    spec: JobSpec
+    runtime_us: int
+    failing_attempts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CycleSample:
+    pending: int  # jobs pending when the cycle started
+    decisions: int
+    admitted: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ShareSample:
+    """Per team at one instant: GPUs held, and GPUs wanted (held + pending requests)."""
+
+    time_us: int
+    held: dict[str, int]
+    wanted: dict[str, int]
+
+
+@dataclass
+class SimReport:
+    submitted_us: dict[str, int] = field(default_factory=dict)
+    first_admitted_us: dict[str, int] = field(default_factory=dict)
+    ended_us: dict[str, int] = field(default_factory=dict)
+    cycles: list[CycleSample] = field(default_factory=list)
+    shares: list[ShareSample] = field(default_factory=list)
+    gpu_us_held: int = 0  # ∫ GPUs held dt over the simulated span
+    gpu_us_preempted: int = 0  # GPU time of runs cut short by preemption (work lost)
+    preemptions: int = 0
+    start_us: int = 0
+    end_us: int = 0
+
+    def queueing_delays_us(self) -> list[int]:
+        return [t - self.submitted_us[j] for j, t in self.first_admitted_us.items()]
+
+
+_SUBMIT, _END = 0, 1
+_ENDS_A_RUN = (JobPreempted, JobFinished, JobReclaimed, JobFailed)
+
+
+class Simulation:
+    """Replays `SimJob`s through a `SchedulerState` under a `Policy`, in simulated time."""
+
+    def __init__(
+        self,
+        state: SchedulerState,
+        policy: Policy,
+        *,
+        meter_interval_us: int = 300_000_000,
+        share_interval_us: int = 0,
+        listener: Listener | None = None,
+        time_cycles: bool = False,
+        max_cycles_per_event: int = 1_000,
+    ) -> None:
+        self.state = state
+        self.policy = policy
+        self.meter_interval_us = meter_interval_us
+        self.share_interval_us = share_interval_us
+        self.listener = listener
+        self.time_cycles = time_cycles
+        self.max_cycles_per_event = max_cycles_per_event
+        self.report = SimReport()
+        self._jobs: dict[str, SimJob] = {}
+        self._queue: list[tuple[int, int, int, str, int]] = []  # (time, kind, seq, job, token)
+        self._seq = 0
+        self._admitted_at: dict[str, int] = {}
+        self._tokens: dict[str, int] = {}  # job → admission count; stale ends are ignored
+        self._wanted: dict[str, int] = {}
+        self._held: dict[str, int] = {}
+        self._metered_us: dict[str, int] = {}  # GPU-µs held per team since the last meter
+        self._last_us = 0
+        self._next_meter_us = 0
+        self._next_share_us = 0
+
+    # ------------------------------------------------------------------ driving
+
+    def _push(self, at_us: int, kind: int, job_id: str, token: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (at_us, kind, self._seq, job_id, token))
+
+    def _apply(self, events: Sequence[JobEvent]) -> None:
+        state = self.state
+        for event in events:
+            if isinstance(event, GpuReleased):
+                self._held[event.team] -= 1
+            elif isinstance(event, _ENDS_A_RUN):
+                self._settle(event.job_id, event.time_us)
+            state.apply(event)
+            if isinstance(event, JobAdmitted):
+                self._admitted(event)
+            elif isinstance(event, JobPreempted):
+                spec = self._jobs[event.job_id].spec
+                started = self._admitted_at.get(event.job_id, event.time_us)
+                self.report.gpu_us_preempted += (event.time_us - started) * spec.gpus
+            elif isinstance(event, JobFinished | JobReclaimed) or (
+                isinstance(event, JobFailed) and not event.retry
+            ):
+                spec = self._jobs[event.job_id].spec
+                self._wanted[spec.team] -= spec.gpus
+                self.report.ended_us[event.job_id] = event.time_us
+        if self.listener is not None:
+            self.listener(events, state)
+
+    def _admitted(self, event: JobAdmitted) -> None:
+        job_id = event.job_id
+        token = self._tokens.get(job_id, 0) + 1
+        self._tokens[job_id] = token
+        self.report.first_admitted_us.setdefault(job_id, event.time_us)
+        self._admitted_at[job_id] = event.time_us
+        gpus = len(event.gpu_uuids)
+        self._held[event.team] = self._held.get(event.team, 0) + gpus
+        job = self._jobs[job_id]
+        runtime = job.runtime_us
+        if event.attempt <= job.failing_attempts:
+            runtime = max(1, runtime // 2)
+        self._push(event.time_us + runtime, _END, job_id, token)
+
+    def _settle(self, job_id: str, now_us: int) -> None:
+        """Play the ledger: when a run ends, its usage is settled into its team's budget."""
+        job = self.state.running_job(job_id)
+        if job is None:
+            return
+        balance = self.state.balance(job.team)
+        if balance is None:
+            return
+        gpu_ms = len(job.gpus) * ((now_us - job.admitted_us) // US_PER_MS)
+        money = balance.money_micros
+        if money is not None and self.state.prices is not None:
+            rate = self.state.prices.rate_at(job.flavor.model, job.flavor.pool, now_us)
+            money -= cost_of(gpu_ms, rate)
+        left_ms = None if balance.gpu_ms is None else balance.gpu_ms - gpu_ms
+        self.state.set_balance(replace(balance, money_micros=money, gpu_ms=left_ms))
+
+    def _advance(self, now_us: int) -> None:
+        """Integrate GPUs held up to `now_us`; meter and sample shares on their intervals."""
+        elapsed = now_us - self._last_us
+        if elapsed > 0:
+            for team, held in self._held.items():
+                if held:
+                    self._metered_us[team] = self._metered_us.get(team, 0) + held * elapsed
+                    self.report.gpu_us_held += held * elapsed
+            self._last_us = now_us
+        if now_us >= self._next_meter_us:
+            for team, gpu_us in self._metered_us.items():
+                if gpu_us:
+                    self.state.meter(team, gpu_us // US_PER_MS, now_us)
+            self._metered_us.clear()
+            self._next_meter_us = now_us + self.meter_interval_us
+        if self.share_interval_us and now_us >= self._next_share_us:
+            self.report.shares.append(
+                ShareSample(
+                    now_us,
+                    {t: h for t, h in self._held.items() if h},
+                    {t: w for t, w in self._wanted.items() if w},
+                )
+            )
+            self._next_share_us = now_us + self.share_interval_us
+
+    def _end(self, job_id: str, now_us: int) -> None:
+        running = self.state.running_job(job_id)
+        if running is None:
+            return
+        job = self._jobs[job_id]
+        if running.attempt <= job.failing_attempts:
+            queue = self.state.queues.get(running.spec.queue)
+            events = fail(running, queue, FailReason.EXIT_NONZERO, now_us, exit_code=1)
+        else:
+            events = finish(running, now_us)
+        self._apply(events)
+
+    def _cycles(self, now_us: int) -> None:
+        state, policy = self.state, self.policy
+        for _ in range(self.max_cycles_per_event):
+            pending = state.pending_count
+            if not pending:
+                return
+            started = time.perf_counter() if self.time_cycles else 0.0
+            result = run_cycle(state.snapshot(now_us, policy.heads_per_queue), policy)
+            self._apply(result.events)
+            seconds = time.perf_counter() - started if self.time_cycles else 0.0
+            self.report.cycles.append(
+                CycleSample(pending, result.decisions, len(result.admitted), seconds)
+            )
+            self.report.preemptions += len(result.preempted)
+            if not result.admitted and not result.preempted:
+                return
+
+    def run(
+        self,
+        jobs: Iterable[SimJob],
+        until_us: int | None = None,
+        overdue_interval_us: int = 0,
+        stop: Callable[[SchedulerState], bool] | None = None,
+    ) -> SimReport:
+        """Replay `jobs` until every job ended, `until_us`, or `stop(state)` after an event
+        time; returns the report."""
+        for job in jobs:
+            self._jobs[job.spec.job_id] = job
+            self._push(job.spec.submit_us, _SUBMIT, job.spec.job_id)
+        if not self._queue:
+            return self.report
+        start = self._queue[0][0]
+        self.report.start_us = self._last_us = self._next_meter_us = start
+        self._next_share_us = start
+        next_overdue = start + overdue_interval_us
+        while self._queue:
+            now = self._queue[0][0]
+            if until_us is not None and now > until_us:
+                break
+            self._advance(now)
+            while self._queue and self._queue[0][0] == now:
+                _, kind, _, job_id, token = heapq.heappop(self._queue)
+                if kind == _SUBMIT:
+                    spec = self._jobs[job_id].spec
+                    self._wanted[spec.team] = self._wanted.get(spec.team, 0) + spec.gpus
+                    self.report.submitted_us[job_id] = spec.submit_us
+                    self._apply((JobSubmitted(spec=spec, time_us=now),))
+                elif self._tokens.get(job_id) == token:
+                    self._end(job_id, now)
+            if overdue_interval_us and now >= next_overdue:
+                self._stop_overdue(now)
+                next_overdue = now + overdue_interval_us
+            self._cycles(now)
+            if stop is not None and stop(self.state):
+                break
+        self.report.end_us = self._last_us
+        return self.report
+
+    def _stop_overdue(self, now_us: int) -> None:
+        self._apply(overdue(self.state.snapshot(now_us, 1)))

@@ -1,0 +1,359 @@
+"""The scheduler's state: a projection of the `jobs` topic, plus config, balances and metered
+usage. It is the one mutable thing in the scheduler; it applies events and hands out snapshots.
+
+It owns the backlogs (one per (team, queue), in order of priority then submit time; a job
+told it can never run — no matching GPUs, unknown queue or team — is parked outside its backlog
+so it cannot hide the jobs behind it from the heads phase, until `unpark`), the
+running jobs, who holds each GPU, the free GPUs indexed by flavor and node, the GPUs held per
+(team, flavor), the open holds per team, the latest balance per team, and the decayed metered
+usage per team. Replaying the same events gives the same state.
+
+Invariants (a violating event raises `StateError` and changes nothing):
+- a GPU is held by at most one job; only its holder releases it;
+- a job is pending, running, or done — never two of these; a duplicate `JobSubmitted` is
+  ignored, an admission of a job that is not pending is refused;
+- the GPUs held per (team, flavor) equal the GPUs assigned and not released.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from types import MappingProxyType
+
+from ledger.job_events import (
+    GpuAssigned,
+    GpuReleased,
+    JobAdmitted,
+    JobEvent,
+    JobFailed,
+    JobFinished,
+    JobPreempted,
+    JobReclaimed,
+    JobStarted,
+    JobSubmitted,
+    JobWaiting,
+    WaitReason,
+)
+from ledger.pricing import PriceBook
+from scheduler.errors import ConfigError, StateError
+from scheduler.fairshare import DEFAULT_HALF_LIFE_US, DecayedUsage, accrue, usage_now
+from scheduler.model import (
+    NO_HOLD,
+    Balance,
+    Flavor,
+    GpuRef,
+    Holds,
+    Node,
+    PendingJob,
+    Queue,
+    RunningJob,
+    Team,
+)
+from scheduler.quota import QuotaBook
+from scheduler.snapshot import ClusterSnapshot, Fleet, FreeGpus, heads
+
+BacklogKey = tuple[int, int, str]  # (−priority, submit time, job id)
+PARKED = frozenset((WaitReason.NO_MATCHING_GPUS, WaitReason.UNKNOWN_QUEUE))
+
+
+class SchedulerState:
+    """Pending and running jobs, GPU holders and usage counters, kept by applying events."""
+
+    def __init__(
+        self,
+        queues: Iterable[Queue],
+        teams: Iterable[Team],
+        nodes: Iterable[Node],
+        *,
+        prices: PriceBook | None = None,
+        half_life_us: int = DEFAULT_HALF_LIFE_US,
+    ) -> None:
+        by_name: dict[str, Queue] = {}
+        for queue in queues:
+            if queue.name in by_name:
+                raise ConfigError(f"queue {queue.name} is configured twice")
+            by_name[queue.name] = queue
+        self.queues: Mapping[str, Queue] = MappingProxyType(by_name)
+        if half_life_us <= 0:
+            raise ConfigError("fair share: the half-life must be positive")
+        self.quotas = QuotaBook.of(teams)
+        self.fleet = Fleet.of(nodes)
+        self.prices = prices
+        self.half_life_us = half_life_us
+        self._home: dict[str, tuple[str, Flavor]] = {}
+        self._free: dict[Flavor, dict[str, tuple[str, ...]]] = {}
+        self._free_total: dict[Flavor, int] = {}
+        for node in self.fleet.nodes.values():
+            self._free.setdefault(node.flavor, {})[node.name] = tuple(sorted(node.gpu_uuids))
+            self._free_total[node.flavor] = self._free_total.get(node.flavor, 0) + len(
+                node.gpu_uuids
+            )
+            for uuid in node.gpu_uuids:
+                self._home[uuid] = (node.name, node.flavor)
+        self._holder: dict[str, str] = {}
+        self._usage: dict[tuple[str, Flavor], int] = {}
+        self._backlogs: dict[tuple[str, str], list[BacklogKey]] = {}
+        self._pending: dict[str, PendingJob] = {}
+        self._running: dict[str, RunningJob] = {}
+        self._running_by: dict[tuple[str, Flavor], tuple[RunningJob, ...]] = {}
+        self._done: set[str] = set()
+        self._parked: set[str] = set()  # pending, but out of the backlogs: they can never run
+        self._holds: dict[str, Holds] = {}
+        self._balances: dict[str, Balance] = {}
+        self._metered: dict[str, DecayedUsage] = {}
+        self._preemptible: dict[Flavor, Counter[int]] = {}  # priorities of preemptible jobs
+        self._over_budget: dict[Flavor, int] = {}
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    @property
+    def running_count(self) -> int:
+        return len(self._running)
+
+    def pending_job(self, job_id: str) -> PendingJob | None:
+        return self._pending.get(job_id)
+
+    def running_job(self, job_id: str) -> RunningJob | None:
+        return self._running.get(job_id)
+
+    def running_jobs(self) -> tuple[RunningJob, ...]:
+        return tuple(self._running.values())
+
+    def holder(self, gpu_uuid: str) -> str | None:
+        return self._holder.get(gpu_uuid)
+
+    def used(self, team: str, flavor: Flavor) -> int:
+        return self._usage.get((team, flavor), 0)
+
+    def free_total(self, flavor: Flavor) -> int:
+        return self._free_total.get(flavor, 0)
+
+    def open_holds(self, team: str) -> Holds:
+        return self._holds.get(team, NO_HOLD)
+
+    def balance(self, team: str) -> Balance | None:
+        return self._balances.get(team)
+
+    def is_done(self, job_id: str) -> bool:
+        return job_id in self._done
+
+    # ------------------------------------------------------------------ inputs besides events
+
+    def set_balance(self, balance: Balance) -> None:
+        """The latest balance of a team, as the `balances` topic reports it."""
+        self._balances[balance.team] = balance
+
+    def meter(self, team: str, gpu_ms: int, at_us: int) -> None:
+        """Metered usage of a team (GPU-ms, from the ledger) for fair share."""
+        current = self._metered.get(team, DecayedUsage(0, at_us))
+        self._metered[team] = accrue(current, gpu_ms, at_us, self.half_life_us)
+
+    # ------------------------------------------------------------------ snapshot
+
+    def snapshot(self, now_us: int, heads_per_queue: int = 8) -> ClusterSnapshot:
+        """Phases 1 and 2: the heads of every backlog and an immutable picture of the rest."""
+        pending = self._pending
+        picked = heads(
+            (
+                [pending[key[2]] for key in backlog[:heads_per_queue]]
+                for backlog in self._backlogs.values()
+            ),
+            heads_per_queue,
+        )
+        return ClusterSnapshot(
+            now_us=now_us,
+            queues=self.queues,
+            quotas=self.quotas,
+            fleet=self.fleet,
+            free={f: FreeGpus(dict(nodes), self._free_total[f]) for f, nodes in self._free.items()},
+            usage=dict(self._usage),
+            running=dict(self._running_by),
+            heads=picked,
+            balances=dict(self._balances),
+            holds=dict(self._holds),
+            fair_share=usage_now(self._metered, now_us, self.half_life_us),
+            prices=self.prices,
+            pending=len(pending),
+            lowest_preemptible={f: min(c) for f, c in self._preemptible.items() if c},
+            over_budget_running={f: n for f, n in self._over_budget.items() if n},
+        )
+
+    # ------------------------------------------------------------------ events
+
+    def apply_all(self, events: Iterable[JobEvent]) -> None:
+        for event in events:
+            self.apply(event)
+
+    def apply(self, event: JobEvent) -> None:
+        if isinstance(event, GpuAssigned):
+            self._assign(event)
+        elif isinstance(event, GpuReleased):
+            self._release(event)
+        elif isinstance(event, JobSubmitted):
+            spec = event.spec
+            known = spec.job_id in self._pending or spec.job_id in self._running
+            if not known and spec.job_id not in self._done:
+                self._enqueue(PendingJob(spec))
+        elif isinstance(event, JobWaiting):
+            job = self._pending.get(event.job_id)
+            if job is not None:
+                self._pending[event.job_id] = replace(job, last_wait=event.reason)
+                if event.reason in PARKED and event.job_id not in self._parked:
+                    self._unlist(job)
+                    self._parked.add(event.job_id)
+        elif isinstance(event, JobAdmitted):
+            self._admit(event)
+        elif isinstance(event, JobStarted):
+            running = self._running.get(event.job_id)
+            if running is not None:
+                self._set_running(replace(running, started_us=event.time_us))
+        elif isinstance(event, JobPreempted):
+            running = self._end(event.job_id)
+            if running is not None:
+                self._enqueue(PendingJob(running.spec, running.attempt, WaitReason.PREEMPTED))
+        elif isinstance(event, JobReclaimed | JobFinished):
+            if self._end(event.job_id) is not None:
+                self._done.add(event.job_id)
+        elif isinstance(event, JobFailed):
+            self._fail(event)
+
+    def _enqueue(self, job: PendingJob) -> None:
+        spec = job.spec
+        self._pending[spec.job_id] = job
+        bisect.insort(self._backlogs.setdefault((spec.team, spec.queue), []), self._key(job))
+
+    def _key(self, job: PendingJob) -> BacklogKey:
+        spec = job.spec
+        priority = spec.priority
+        if priority is None:
+            queue = self.queues.get(spec.queue)
+            priority = 0 if queue is None else queue.priority
+        return (-priority, spec.submit_us, spec.job_id)
+
+    def _dequeue(self, job_id: str) -> PendingJob:
+        job = self._pending.pop(job_id)
+        if job_id in self._parked:
+            self._parked.discard(job_id)
+        else:
+            self._unlist(job)
+        return job
+
+    def _unlist(self, job: PendingJob) -> None:
+        backlog = self._backlogs[(job.spec.team, job.spec.queue)]
+        del backlog[bisect.bisect_left(backlog, self._key(job))]
+
+    def unpark(self) -> None:
+        """Give parked jobs another look (after the fleet, queues or quotas changed)."""
+        for job_id in sorted(self._parked):
+            job = self._pending[job_id] = replace(self._pending[job_id], last_wait=None)
+            bisect.insort(
+                self._backlogs.setdefault((job.spec.team, job.spec.queue), []), self._key(job)
+            )
+        self._parked.clear()
+
+    def _set_running(self, job: RunningJob) -> None:
+        self._running[job.job_id] = job
+        key = (job.team, job.flavor)
+        jobs = self._running_by.get(key, ())
+        self._running_by[key] = (*(j for j in jobs if j.job_id != job.job_id), job)
+
+    def _end(self, job_id: str) -> RunningJob | None:
+        job = self._running.pop(job_id, None)
+        if job is None:
+            return None
+        key = (job.team, job.flavor)
+        left = tuple(j for j in self._running_by.get(key, ()) if j.job_id != job_id)
+        if left:
+            self._running_by[key] = left
+        else:
+            self._running_by.pop(key, None)
+        if job.hold != NO_HOLD:
+            self._holds[job.team] = self._holds.get(job.team, NO_HOLD) - job.hold
+        self._count_preemptible(job, -1)
+        return job
+
+    def _count_preemptible(self, job: RunningJob, delta: int) -> None:
+        if job.over_budget:
+            self._over_budget[job.flavor] = self._over_budget.get(job.flavor, 0) + delta
+        elif job.preemptible:
+            priorities = self._preemptible.setdefault(job.flavor, Counter())
+            priorities[job.priority] += delta
+            if not priorities[job.priority]:
+                del priorities[job.priority]
+
+    def _admit(self, event: JobAdmitted) -> None:
+        if event.job_id not in self._pending:
+            raise StateError(f"job {event.job_id} admitted but it is not pending")
+        job = self._dequeue(event.job_id)
+        hold = Holds(event.hold_micros, event.hold_gpu_ms)
+        running = RunningJob(
+            spec=job.spec,
+            flavor=Flavor(event.pool, event.model),
+            gpus=tuple(GpuRef(u, n) for u, n in zip(event.gpu_uuids, event.nodes, strict=True)),
+            priority=event.priority,
+            preemptible=event.preemptible,
+            admitted_us=event.time_us,
+            attempt=event.attempt,
+            borrowed=event.borrowed_gpus,
+            hold=hold,
+            over_budget=event.over_budget,
+        )
+        self._set_running(running)
+        self._count_preemptible(running, +1)
+        if hold != NO_HOLD:
+            self._holds[job.spec.team] = self._holds.get(job.spec.team, NO_HOLD) + hold
+
+    def _fail(self, event: JobFailed) -> None:
+        running = self._end(event.job_id)
+        if running is not None:
+            job = PendingJob(running.spec, running.attempt)
+        elif event.job_id in self._pending:
+            job = self._dequeue(event.job_id)
+        else:
+            return
+        if event.retry:
+            self._enqueue(PendingJob(job.spec, job.attempt + 1, WaitReason.RETRYING))
+        else:
+            self._done.add(event.job_id)
+
+    def _assign(self, event: GpuAssigned) -> None:
+        home = self._home.get(event.gpu_uuid)
+        if home is None:
+            raise StateError(f"GPU {event.gpu_uuid} is not in the fleet")
+        holder = self._holder.get(event.gpu_uuid)
+        if holder is not None:
+            raise StateError(f"GPU {event.gpu_uuid} assigned to {event.job_id}, held by {holder}")
+        node, flavor = home
+        free = self._free[flavor]
+        free[node] = tuple(u for u in free[node] if u != event.gpu_uuid)
+        if not free[node]:
+            del free[node]
+        self._free_total[flavor] -= 1
+        self._holder[event.gpu_uuid] = event.job_id
+        key = (event.team, flavor)
+        self._usage[key] = self._usage.get(key, 0) + 1
+
+    def _release(self, event: GpuReleased) -> None:
+        holder = self._holder.get(event.gpu_uuid)
+        if holder != event.job_id:
+            raise StateError(
+                f"GPU {event.gpu_uuid} released by {event.job_id}, held by {holder or 'nobody'}"
+            )
+        node, flavor = self._home[event.gpu_uuid]
+        del self._holder[event.gpu_uuid]
+        free = self._free[flavor]
+        free[node] = tuple(sorted((*free.get(node, ()), event.gpu_uuid)))
+        self._free_total[flavor] += 1
+        key = (event.team, flavor)
+        left = self._usage[key] - 1
+        if left:
+            self._usage[key] = left
+        else:
+            del self._usage[key]
