@@ -19,6 +19,12 @@ from ledger.units import Unit
 
 class TransactionKind(StrEnum):
     USAGE = "usage"
+    BUDGET_GRANT = "budget_grant"
+    ADJUSTMENT = "adjustment"
+    REVERSAL = "reversal"
+    HOLD = "hold"
+    HOLD_SETTLE = "hold_settle"
+    HOLD_RELEASE = "hold_release"
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,9 @@ Problems are returned as values (a `VerifyReport`), one readable line each:
   rows of its own incarnation, topic, partition and offset range;
 - per incarnation, topic and partition, the sealed offset ranges neither overlap nor leave gaps;
 - no transaction appears in two segments (nothing counted twice);
-- every transaction sums to zero per unit.
+- every transaction sums to zero per unit;
+- every closed period (`segments/closed/<period>.json`) still holds exactly what it held when
+  it was closed: its rows and checksum, recomputed from the segments (`ledger.closing`), match.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import duckdb
 
+from ledger.closing import CHECKSUM_ALGORITHM, load_closed_periods, period_checksum
 from ledger.errors import SegmentError
 from ledger.segments import Manifest, SegmentInfo, file_sha256
 from ledger.store import SEGMENTS_DIR
@@ -30,6 +33,7 @@ class VerifyReport:
     rows: int
     transactions: int
     problems: tuple[str, ...]
+    closed_periods: int = 0
 
     @property
     def ok(self) -> bool:
@@ -78,8 +82,43 @@ def verify_ledger(data_dir: Path | str, progress: Progress | None = None) -> Ver
             transactions = int(row[0]) if row else 0
         except duckdb.Error as exc:
             problems.append(f"segments could not be read together: {exc}")
+    closed = _check_closed_periods(con, root, readable, problems)
     con.close()
-    return VerifyReport(len(segments), rows, transactions, tuple(problems))
+    return VerifyReport(len(segments), rows, transactions, tuple(problems), closed)
+
+
+def _check_closed_periods(
+    con: duckdb.DuckDBPyConnection, root: Path, files: list[Path], problems: list[str]
+) -> int:
+    try:
+        closed = load_closed_periods(root)
+    except SegmentError as exc:
+        problems.append(str(exc))
+        return 0
+    if not closed:
+        return 0
+    source = f"read_parquet({_sql_list(files)})" if files else None
+    for record in closed:
+        if record.algorithm != CHECKSUM_ALGORITHM:
+            problems.append(f"closed period {record.period}: unknown checksum {record.algorithm}")
+            continue
+        rows, digest = (0, _EMPTY_SHA256)
+        if source is not None:
+            try:
+                rows, digest = period_checksum(con, source, record.period)
+            except duckdb.Error as exc:
+                problems.append(f"closed period {record.period}: could not be read: {exc}")
+                continue
+        if (rows, digest) != (record.rows, record.sha256):
+            problems.append(
+                f"closed period {record.period} changed: it was closed with {record.rows} "
+                f"postings (sha256 {record.sha256[:12]}…), the segments hold {rows} "
+                f"(sha256 {digest[:12]}…)"
+            )
+    return len(closed)
+
+
+_EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 
 def _check_segment(con: duckdb.DuckDBPyConnection, root: Path, seg: SegmentInfo) -> list[str]:

@@ -1,9 +1,11 @@
-"""The ledger worker: a Faust app whose agent folds sample batches into the ledger store.
+"""The ledger worker: a Faust app whose agents fold batches of samples, admin events and holds
+into the ledger store, and publish what the commits queued (alerts, dead letters, balances).
 
 Exactly-once effect (see DESIGN.md):
-- the agent takes messages in batches (`take_events`) and hands each batch to
-  `ledger.ingest.Ingestor`, which commits postings, event ids and source offsets in one DuckDB
-  transaction;
+- each agent (samples; admin; jobs, for holds) takes messages in batches (`take_events`) and
+  hands each batch to `ledger.ingest.Ingestor`, which commits postings, event ids, source
+  offsets and the projections they change in one DuckDB transaction; the agents take turns on
+  the one store;
 - Faust acks a batch's events only after that commit returns, so Kafka offsets are committed
   after the ledger transaction, never before;
 - offsets the store already holds for the broker incarnation are skipped, so a restarted worker
@@ -11,7 +13,11 @@ Exactly-once effect (see DESIGN.md):
 - the incarnation is the broker's cluster id, looked up again on every partition assignment, so
   a restarted embedded broker (offsets from 0 again) is recognised as new data.
 
-Sealing runs in the same process (one writer per data directory) on a timer and after batches.
+- after each batch the outbox is published: changed balances go to the compacted `balances`
+  topic keyed by account, at least once, after the commit that changed them.
+
+Sealing runs in the same process (one writer per data directory) on a timer, after batches,
+and right after a batch that closed a period (which writes the period's checksum record).
 """
 
 from __future__ import annotations
@@ -27,13 +33,14 @@ from typing import Any
 import faust
 
 from ledger.idle import IdlePolicy
-from ledger.ingest import ConsumedMessage, Ingestor, OutputTopics
+from ledger.ingest import ConsumedMessage, Ingestor, IngestResult, InputTopics, OutputTopics
 from ledger.pricing import PriceBook
 from ledger.store import LedgerStore
 from streams.kafka import fetch_cluster_id
 
 log = logging.getLogger("tally.worker")
 DEFAULT_IDLE_POLICY = IdlePolicy()
+_NO_INPUTS = InputTopics()
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +61,9 @@ class WorkerSettings:
     dedupe_window_us: int = 7 * 86_400_000_000
     session_timeout_s: float = 6.0
     idle_policy: IdlePolicy = DEFAULT_IDLE_POLICY
+    admin_topic: str | None = None  # None: admin events and holds are not consumed,
+    jobs_topic: str | None = None
+    balances_topic: str | None = None  # and balances are not published
 
 
 @dataclass(slots=True)
@@ -64,6 +74,9 @@ class WorkerStats:
     duplicates: int = 0
     dead_letters: int = 0
     alerts: int = 0
+    admin_events: int = 0
+    hold_events: int = 0
+    balances_published: int = 0
     segments_sealed: int = 0
     last_commit_ms: float = 0.0
 
@@ -109,9 +122,11 @@ class LedgerWorker:
             key_serializer="raw",
             value_serializer="raw",
         )
+        outputs = [s.deadletter_topic, s.alerts_topic]
+        if s.balances_topic is not None:
+            outputs.append(s.balances_topic)
         self._outputs = {
-            name: app.topic(name, key_serializer="raw", value_serializer="raw")
-            for name in (s.deadletter_topic, s.alerts_topic)
+            name: app.topic(name, key_serializer="raw", value_serializer="raw") for name in outputs
         }
 
         async def _on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
@@ -130,6 +145,32 @@ class LedgerWorker:
                 await self.publish_outbox()
                 if time.monotonic() - self._last_seal >= s.seal_interval_s:
                     await self.seal()
+
+        def batches(topic_name: str, agent_name: str, max_messages: int) -> None:
+            source = app.topic(
+                topic_name,
+                key_type=bytes,
+                value_type=bytes,
+                key_serializer="raw",
+                value_serializer="raw",
+            )
+
+            @app.agent(source, name=agent_name)
+            async def fold(stream: Any) -> None:
+                async for events in stream.take_events(max_messages, within=s.batch_within_s):
+                    messages = [
+                        ConsumedMessage(
+                            e.message.topic, e.message.partition, e.message.offset, e.value
+                        )
+                        for e in events
+                    ]
+                    await self._apply(messages)
+                    await self.publish_outbox()
+
+        if s.admin_topic is not None:
+            batches(s.admin_topic, "ledger-admin", 100)
+        if s.jobs_topic is not None:
+            batches(s.jobs_topic, "ledger-jobs", s.batch_max_messages)
 
         @app.timer(interval=s.seal_interval_s)  # type: ignore[untyped-decorator]
         async def seal_timer() -> None:
@@ -155,7 +196,15 @@ class LedgerWorker:
                     s.prices,
                     s.cost_centres,
                     s.idle_policy,
-                    OutputTopics(alerts=s.alerts_topic, deadletter=s.deadletter_topic),
+                    OutputTopics(
+                        alerts=s.alerts_topic,
+                        deadletter=s.deadletter_topic,
+                        balances=s.balances_topic,
+                    ),
+                    InputTopics(
+                        admin=s.admin_topic or _NO_INPUTS.admin,
+                        jobs=s.jobs_topic or _NO_INPUTS.jobs,
+                    ),
                 )
 
     async def _apply(self, messages: list[ConsumedMessage]) -> None:
@@ -167,40 +216,54 @@ class LedgerWorker:
             started = time.perf_counter()
             result = await asyncio.to_thread(ingestor.apply, messages)
             self.stats.last_commit_ms = (time.perf_counter() - started) * 1000
+        self._count(result)
+        if result.commit.closed:
+            log.info("closed period(s) %s", ", ".join(result.commit.closed))
+            await self.seal()
+
+    def _count(self, result: IngestResult) -> None:
         st = self.stats
         st.batches += 1
         st.messages += result.messages
         st.samples += result.samples
         st.duplicates += result.commit.duplicates
         st.dead_letters += len(result.dead_letters)
+        st.alerts += len(result.alerts)
+        st.admin_events += result.admin_events
+        st.hold_events += result.hold_events
+        st.balances_published += result.commit.balances_published
         log.info(
-            "batch committed: %d messages (%d skipped), %d samples, %d postings, %d duplicates, "
-            "%d dead letters in %.1f ms",
+            "batch committed: %d messages (%d skipped), %d samples, %d admin events, "
+            "%d hold events, %d postings, %d duplicates, %d dead letters, %d balances in %.1f ms",
             result.messages,
             result.skipped_messages,
             result.samples,
+            result.admin_events,
+            result.hold_events,
             result.commit.postings,
             result.commit.duplicates,
             len(result.dead_letters),
+            result.commit.balances_published,
             st.last_commit_ms,
         )
-        st.alerts += len(result.alerts)
 
     async def publish_outbox(self) -> None:
-        """Send what committed batches queued (alerts, dead letters); mark it sent once acked."""
+        """Send what committed batches queued (alerts, dead letters, balances), in order; forget
+        each message once the broker acknowledged it."""
         async with self._publishing:  # one publisher at a time, or a message could go out twice
-            async with self._lock:
-                pending = await asyncio.to_thread(self.store.pending_outbox)
-            if not pending:
-                return
-            acks = [
-                await self._outputs[m.topic].send(key=m.key, value=m.value)
-                for m in pending
-                if m.topic in self._outputs
-            ]
-            await asyncio.gather(*acks)
-            async with self._lock:
-                await asyncio.to_thread(self.store.mark_sent, [m.id for m in pending])
+            while True:
+                async with self._lock:
+                    pending = await asyncio.to_thread(self.store.pending_outbox)
+                if not pending:
+                    return
+                acks = [
+                    await self._outputs[m.topic].send(key=m.key, value=m.value)
+                    for m in pending
+                    if m.topic in self._outputs
+                ]
+                await asyncio.gather(*acks)
+                async with self._lock:
+                    await asyncio.to_thread(self.store.mark_sent, [m.id for m in pending])
 
     async def seal(self) -> None:
         s = self.settings

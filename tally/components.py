@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 
 from collectors.simulated import PoolSpec, SimulatedFleet, TeamSpec, WorkloadKind
+from ledger import admin
+from ledger.units import Unit
 from streams.worker import WorkerSettings
 from tally.config import TallyConfig
 
@@ -54,6 +56,9 @@ def worker_settings(config: TallyConfig, bootstrap: tuple[str, ...]) -> WorkerSe
         bootstrap=bootstrap,
         group_id=config.worker.group_id,
         samples_topic=config.topics.samples,
+        admin_topic=config.topics.admin,
+        jobs_topic=config.topics.jobs,
+        balances_topic=config.topics.balances,
         deadletter_topic=config.topics.deadletter,
         alerts_topic=config.topics.alerts,
         idle_policy=config.idle.policy(),
@@ -66,4 +71,31 @@ def worker_settings(config: TallyConfig, bootstrap: tuple[str, ...]) -> WorkerSe
         compact_below_rows=config.ledger.compact_below_rows,
         compact_min_segments=config.ledger.compact_min_segments,
         dedupe_window_us=config.ledger.dedupe_window_days * 86_400_000_000,
+    )
+
+
+def desired_admin_state(config: TallyConfig) -> admin.DesiredState:
+    """What `tally admin apply` makes the ledger's admin state: the config's teams, prices,
+    quotas and budgets."""
+    budgets: list[admin.BudgetSpec] = []
+    for b in config.budgets:
+        if b.money is not None:
+            budgets.append(admin.BudgetSpec(b.team, b.period, Unit.MONEY, b.money))
+        if b.gpu_hours is not None:
+            budgets.append(admin.BudgetSpec(b.team, b.period, Unit.GPU_MS, b.gpu_hours))
+    return admin.DesiredState(
+        teams=tuple(
+            admin.TeamSpec(team.name, centre.name, team.projects, team.users)
+            for centre in config.organisation.cost_centres
+            for team in centre.teams
+        ),
+        prices=tuple(
+            admin.PriceSpec(p.model, p.pool, p.per_gpu_hour, p.effective_from * 1_000_000)
+            for p in config.prices
+        ),
+        quotas=tuple(
+            admin.QuotaSpec(q.team, q.pool, q.model, q.nominal, q.borrowing_limit, q.lending_limit)
+            for q in config.quotas
+        ),
+        budgets=tuple(budgets),
     )

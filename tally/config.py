@@ -28,8 +28,9 @@ from pydantic import (
 )
 
 from ledger.idle import IdlePolicy
+from ledger.periods import Period
 from ledger.pricing import ANY_MODEL, Price, PriceBook
-from ledger.units import parse_micros
+from ledger.units import MS_PER_HOUR, parse_micros
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -199,6 +200,60 @@ class PriceConfig(Strict):
         return value
 
 
+def _gpu_hours(value: Any) -> int:
+    """GPU-hours as decimal text (or a YAML number) → integer GPU-milliseconds, exactly."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+        raise ValueError('expected GPU-hours such as 500 or "12.5"')
+    if isinstance(value, float):
+        value = Decimal(repr(value))
+    try:
+        hours = Decimal(value)
+    except ArithmeticError:
+        raise ValueError(f"{value!r} is not a number of GPU-hours") from None
+    if not hours.is_finite() or hours < 0:
+        raise ValueError("GPU-hours must be a finite, non-negative number")
+    ms = hours * MS_PER_HOUR
+    if ms != ms.to_integral_value():
+        raise ValueError(f"{value} GPU-hours is not a whole number of GPU-milliseconds")
+    return int(ms)
+
+
+GpuMs = Annotated[int, BeforeValidator(_gpu_hours)]
+
+
+class BudgetConfig(Strict):
+    """A team's budget for one month: money, GPU-hours, or both (each a separate grant)."""
+
+    team: Name
+    period: str
+    money: Micros | None = None
+    gpu_hours: GpuMs | None = None
+
+    @field_validator("period")
+    @classmethod
+    def _month(cls, value: str) -> str:
+        return Period.month(value).label
+
+    @model_validator(mode="after")
+    def _some_amount(self) -> BudgetConfig:
+        if self.money is None and self.gpu_hours is None:
+            raise ValueError("a budget needs money, gpu_hours, or both")
+        if self.money is not None and self.money < 0:
+            raise ValueError("a budget cannot be negative")
+        return self
+
+
+class QuotaConfig(Strict):
+    """A team's GPU quota in a pool and model; a limit left out is unlimited."""
+
+    team: Name
+    pool: Name
+    model: str = Field(min_length=1, max_length=64)
+    nominal: int = Field(ge=0, le=1_000_000)
+    borrowing_limit: int | None = Field(None, ge=0, le=1_000_000)
+    lending_limit: int | None = Field(None, ge=0, le=1_000_000)
+
+
 class SamplingConfig(Strict):
     interval_s: float = Field(10.0, ge=1.0, le=3600.0)
 
@@ -248,6 +303,30 @@ class TallyConfig(Strict):
     idle: IdleConfig = IdleConfig()
     worker: WorkerConfig = WorkerConfig()
     dashboard: DashboardConfig = DashboardConfig()
+    budgets: tuple[BudgetConfig, ...] = ()
+    quotas: tuple[QuotaConfig, ...] = ()
+
+    @model_validator(mode="after")
+    def _budgets_and_quotas_name_teams(self) -> TallyConfig:
+        teams = {t.name for t in self.organisation.teams()}
+        seen_budgets: set[tuple[str, str]] = set()
+        for budget in self.budgets:
+            if budget.team not in teams:
+                raise ValueError(f"budget for unknown team {budget.team!r}")
+            if (budget.team, budget.period) in seen_budgets:
+                raise ValueError(f"two budgets for team {budget.team!r} in {budget.period}")
+            seen_budgets.add((budget.team, budget.period))
+        seen_quotas: set[tuple[str, str, str]] = set()
+        for quota in self.quotas:
+            if quota.team not in teams:
+                raise ValueError(f"quota for unknown team {quota.team!r}")
+            key = (quota.team, quota.pool, quota.model)
+            if key in seen_quotas:
+                raise ValueError(
+                    f"two quotas for team {quota.team!r} on {quota.pool}/{quota.model}"
+                )
+            seen_quotas.add(key)
+        return self
 
     @model_validator(mode="after")
     def _fleet_is_priced(self) -> TallyConfig:

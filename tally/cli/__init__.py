@@ -16,7 +16,7 @@ import time
 
 import click
 
-from tally.cli import collect, config, export, ledger, report, stack
+from tally.cli import admin, collect, config, export, ledger, report, stack
 from tally.cli.options import Exit
 
 
@@ -33,6 +33,7 @@ cli.add_command(ledger.ledger)
 cli.add_command(report.report)
 cli.add_command(config.config)
 cli.add_command(export.export)
+cli.add_command(admin.admin)
 
 
 def main() -> None:

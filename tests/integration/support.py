@@ -199,3 +199,47 @@ def sealed_transactions(data_dir: Path) -> int:
 def load(tmp: Path, data: dict) -> tuple[TallyConfig, Path]:
     path = write_config(tmp / "tally.yaml", data)
     return parse_config(data, str(path)), path
+
+
+def latest_balances(bootstrap: str, topic: str, timeout_ms: int = 2000) -> dict[str, Any]:
+    """The newest message (highest `seq`) per account on the `balances` topic, decoded."""
+    from aiokafka import AIOKafkaConsumer
+
+    from ledger.balances import decode_balance_update
+
+    async def read() -> dict[str, Any]:
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        latest: dict[str, Any] = {}
+        try:
+            while True:
+                batch = await consumer.getmany(timeout_ms=timeout_ms)
+                if not batch:
+                    return latest
+                for messages in batch.values():
+                    for message in messages:
+                        update = decode_balance_update(message.value)
+                        known = latest.get(update.account)
+                        if known is None or update.seq > known.seq:
+                            latest[update.account] = update
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(read())
+
+
+async def send_messages(
+    bootstrap: str, topic: str, messages: Iterable[tuple[bytes, bytes]]
+) -> None:
+    """Send (key, value) messages to `topic`, in order, each acknowledged."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for key, value in messages:
+            await producer.send_and_wait(topic, value, key=key)
+    finally:
+        await producer.stop()

@@ -1,0 +1,324 @@
+"""Balances: the running balance per (account, unit, period), budgets as a projection of them,
+and the messages of the compacted `balances` topic.
+
+- The writer keeps a `balances` table in its hot database, updated in the same commit as the
+  postings; it is a projection, always equal to the fold (sum) of every posting ever committed
+  per (account, unit, period), and can be recomputed from them (`LedgerStore.rebuild_balances`).
+- A team's budget for a period is never stored. Per budgeted unit (a unit the team was ever
+  granted in):
+      granted    = −balance(budget:<team>, unit, period)          grants credit the account
+      consumed   = Σ balance(consumer:<team>/*, unit, period)     usage and adjustments
+      open_holds = Σ balance(hold:<team>, unit, every period)     holds outlive periods
+      available  = granted − consumed
+      remaining  = granted − consumed − open_holds
+- The *current period* is the latest period usage was booked into (the capacity accounts'
+  latest period; before any usage, the latest period of anything). It follows event time, so a
+  replay computes the same budgets.
+- After each committed batch the writer queues, through its outbox, one message per changed
+  account, keyed by the account: its balances in every open period, its totals over all periods
+  and, for `budget:<team>`, the team's budget in the current period. A batch that changes a
+  team's usage, holds or grants, or moves the current period, also re-publishes the team's
+  `budget:` account. `seq` grows with every publishing commit, so a consumer can ignore a
+  message older than one it has seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import orjson
+
+from ledger.accounts import AccountKind
+from ledger.errors import EventError
+from ledger.events import SPEC_VERSION, event_id
+from ledger.segments import Manifest
+
+BALANCE_TYPE = "tally.balance"
+BALANCE_SOURCE = "tally://ledger/balances"
+
+
+@dataclass(frozen=True, slots=True)
+class BalanceRow:
+    account: str
+    unit: str
+    period: str
+    balance: int
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetLine:
+    unit: str
+    granted: int
+    consumed: int
+    open_holds: int
+
+    @property
+    def available(self) -> int:
+        return self.granted - self.consumed
+
+    @property
+    def remaining(self) -> int:
+        return self.granted - self.consumed - self.open_holds
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStatus:
+    team: str
+    period: str
+    lines: tuple[BudgetLine, ...]
+
+    def line(self, unit: str) -> BudgetLine | None:
+        return next((line for line in self.lines if line.unit == unit), None)
+
+
+@dataclass(frozen=True, slots=True)
+class BalanceUpdate:
+    """One message of the `balances` topic."""
+
+    account: str
+    seq: int
+    as_of_us: int
+    current_period: str | None
+    periods: tuple[BalanceRow, ...]
+    totals: tuple[tuple[str, int], ...]
+    budget: BudgetStatus | None = None
+
+
+def account_team(account: str) -> str | None:
+    """The team a consumer, budget or hold account belongs to."""
+    kind, _, path = account.partition(":")
+    if kind == AccountKind.CONSUMER:
+        return path.partition("/")[0] or None
+    if kind in (AccountKind.BUDGET, AccountKind.HOLD, AccountKind.HOLDS_OUTSTANDING):
+        return path or None
+    return None
+
+
+def current_period(rows: Iterable[BalanceRow]) -> str | None:
+    usage: str | None = None
+    anything: str | None = None
+    for row in rows:
+        if anything is None or row.period > anything:
+            anything = row.period
+        if row.account.startswith(f"{AccountKind.CAPACITY}:") and (
+            usage is None or row.period > usage
+        ):
+            usage = row.period
+    return usage or anything
+
+
+def budget_status(team: str, period: str, rows: Iterable[BalanceRow]) -> BudgetStatus | None:
+    """The team's budget in `period`, from balance rows; None if it never had a grant.
+
+    `rows` must hold the team's `budget:` and `hold:` rows of every period and its `consumer:`
+    rows of `period`.
+    """
+    budget = f"{AccountKind.BUDGET}:{team}"
+    hold = f"{AccountKind.HOLD}:{team}"
+    consumer = f"{AccountKind.CONSUMER}:{team}/"
+    units: set[str] = set()
+    granted: dict[str, int] = {}
+    consumed: dict[str, int] = {}
+    held: dict[str, int] = {}
+    for row in rows:
+        if row.account == budget:
+            units.add(row.unit)
+            if row.period == period:
+                granted[row.unit] = granted.get(row.unit, 0) - row.balance
+        elif row.account == hold:
+            held[row.unit] = held.get(row.unit, 0) + row.balance
+        elif row.account.startswith(consumer) and row.period == period:
+            consumed[row.unit] = consumed.get(row.unit, 0) + row.balance
+    if not units:
+        return None
+    return BudgetStatus(
+        team,
+        period,
+        tuple(
+            BudgetLine(u, granted.get(u, 0), consumed.get(u, 0), held.get(u, 0))
+            for u in sorted(units)
+        ),
+    )
+
+
+def budget_statuses(rows: Collection[BalanceRow], period: str | None = None) -> list[BudgetStatus]:
+    """Every budgeted team's budget in `period` (default: the current period)."""
+    chosen = period or current_period(rows)
+    if chosen is None:
+        return []
+    teams = sorted(
+        {
+            r.account.partition(":")[2]
+            for r in rows
+            if r.account.startswith(f"{AccountKind.BUDGET}:")
+        }
+    )
+    found = [budget_status(team, chosen, rows) for team in teams]
+    return [status for status in found if status is not None]
+
+
+# ---------------------------------------------------------------------------- messages
+
+
+def _budget_to_dict(status: BudgetStatus) -> dict[str, Any]:
+    return {
+        "team": status.team,
+        "period": status.period,
+        "lines": [
+            {
+                "unit": line.unit,
+                "granted": line.granted,
+                "consumed": line.consumed,
+                "open_holds": line.open_holds,
+                "available": line.available,
+                "remaining": line.remaining,
+            }
+            for line in status.lines
+        ],
+    }
+
+
+def balance_message_id(account: str, seq: int) -> str:
+    return event_id(BALANCE_SOURCE, account, seq)
+
+
+def encode_balance_update(update: BalanceUpdate) -> bytes:
+    """The message value; its key is the account."""
+    return orjson.dumps(
+        {
+            "specversion": SPEC_VERSION,
+            "id": balance_message_id(update.account, update.seq),
+            "type": BALANCE_TYPE,
+            "source": BALANCE_SOURCE,
+            "subject": update.account,
+            "time": update.as_of_us,
+            "schema": 1,
+            "data": {
+                "account": update.account,
+                "seq": update.seq,
+                "current_period": update.current_period,
+                "periods": [
+                    {"period": r.period, "unit": r.unit, "balance": r.balance}
+                    for r in update.periods
+                ],
+                "totals": [{"unit": u, "balance": b} for u, b in update.totals],
+                "budget": None if update.budget is None else _budget_to_dict(update.budget),
+            },
+        }
+    )
+
+
+def _int(obj: Any, key: str) -> int:
+    value = obj.get(key) if type(obj) is dict else None
+    if type(value) is not int:
+        raise EventError(f"{key}: expected an integer")
+    return value
+
+
+def _str(obj: Any, key: str) -> str:
+    value = obj.get(key) if type(obj) is dict else None
+    if type(value) is not str:
+        raise EventError(f"{key}: expected a string")
+    return value
+
+
+def decode_balance_update(value: bytes) -> BalanceUpdate:
+    """Read one `balances` message; raises EventError for anything else."""
+    try:
+        obj = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise EventError(f"not JSON: {exc}") from exc
+    if type(obj) is not dict or obj.get("type") != BALANCE_TYPE or obj.get("schema") != 1:
+        raise EventError("not a schema-1 balance message")
+    data = obj.get("data")
+    if type(data) is not dict:
+        raise EventError("data: expected an object")
+    account = _str(data, "account")
+    try:
+        budget_obj = data.get("budget")
+        budget = None
+        if budget_obj is not None:
+            budget = BudgetStatus(
+                _str(budget_obj, "team"),
+                _str(budget_obj, "period"),
+                tuple(
+                    BudgetLine(
+                        _str(line, "unit"),
+                        _int(line, "granted"),
+                        _int(line, "consumed"),
+                        _int(line, "open_holds"),
+                    )
+                    for line in budget_obj.get("lines", [])
+                ),
+            )
+        current = data.get("current_period")
+        return BalanceUpdate(
+            account=account,
+            seq=_int(data, "seq"),
+            as_of_us=_int(obj, "time"),
+            current_period=current if type(current) is str else None,
+            periods=tuple(
+                BalanceRow(account, _str(r, "unit"), _str(r, "period"), _int(r, "balance"))
+                for r in data.get("periods", [])
+            ),
+            totals=tuple((_str(t, "unit"), _int(t, "balance")) for t in data.get("totals", [])),
+            budget=budget,
+        )
+    except (AttributeError, TypeError) as exc:
+        raise EventError(f"malformed balance message: {exc}") from exc
+
+
+def balance_update(
+    account: str,
+    rows: Iterable[BalanceRow],
+    closed: Collection[str],
+    current: str | None,
+    seq: int,
+    as_of_us: int,
+    budget: BudgetStatus | None = None,
+) -> BalanceUpdate:
+    """The message for `account` from its balance rows (of every period)."""
+    mine = sorted((r for r in rows if r.account == account), key=lambda r: (r.period, r.unit))
+    totals: dict[str, int] = {}
+    for row in mine:
+        totals[row.unit] = totals.get(row.unit, 0) + row.balance
+    return BalanceUpdate(
+        account=account,
+        seq=seq,
+        as_of_us=as_of_us,
+        current_period=current,
+        periods=tuple(r for r in mine if r.period not in closed),
+        totals=tuple(sorted(totals.items())),
+        budget=budget,
+    )
+
+
+# ---------------------------------------------------------------------------- the sealed fold
+
+FOLD_SQL = "SELECT account, unit, period, sum(amount) FROM {source} GROUP BY ALL ORDER BY ALL"
+
+
+def fold_rows(rows: Iterable[tuple[Any, ...]]) -> list[BalanceRow]:
+    return [BalanceRow(str(a), str(u), str(p), int(b)) for a, u, p, b in rows]
+
+
+def sealed_balances(data_dir: Path | str) -> list[BalanceRow]:
+    """The fold of the sealed postings per (account, unit, period), read from the segments
+    with a connection of its own (what readers such as `tally report balances` see)."""
+    from ledger.store import SEGMENTS_DIR
+
+    root = Path(data_dir) / SEGMENTS_DIR
+    files = Manifest(root).files()
+    if not files:
+        return []
+    listed = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+    con = duckdb.connect(":memory:")
+    try:
+        rows = con.execute(FOLD_SQL.format(source=f"read_parquet([{listed}])")).fetchall()
+    finally:
+        con.close()
+    return fold_rows(rows)

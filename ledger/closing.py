@@ -1,0 +1,123 @@
+"""Period close: which period a posting is booked into, and the checksum of a closed period.
+
+Rules:
+- a closed period never takes another posting. Anything whose natural period (the month in
+  which its interval starts) is closed is booked into the next open period instead; such a
+  posting is a *prior-period adjustment*, recognisable because its `period` differs from
+  `period_label(start_us)`. Budget grants into a closed period are refused instead;
+- closing records a checksum of the period's postings, which `tally ledger verify` recomputes
+  from the sealed segments. Definition (`CHECKSUM_ALGORITHM`): the sha256 of the UTF-8 text made
+  of one line per posting booked into the period (`period = P`), ordered by (`txn_id`, `leg`),
+  each line the JSON object DuckDB's `to_json` renders of the columns `CHECKSUM_COLUMNS`, in that
+  order, followed by `\\n`. The source columns (incarnation, topic, partition, offset) are left
+  out, so the checksum depends on what was booked and not on which broker carried it, and
+  compaction (which rewrites segment files) does not change it;
+- a closed period's record is written once to `segments/closed/<period>.json` and never
+  rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Collection
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import duckdb
+
+from ledger.errors import SegmentError
+from ledger.periods import Period
+from ledger.segments import atomic_write_bytes
+
+CLOSED_DIR = "closed"
+CHECKSUM_ALGORITHM = "sha256/jsonl/txn_id,leg/v1"
+CHECKSUM_COLUMNS = (
+    "txn_id",
+    "leg",
+    "kind",
+    "account",
+    "unit",
+    "amount",
+    "team",
+    "project",
+    "user",
+    "job_id",
+    "cost_centre",
+    "gpu_uuid",
+    "model",
+    "pool",
+    "node",
+    "start_us",
+    "end_us",
+    "cause",
+    "period",
+    "util_pct",
+    "idle",
+)
+_BATCH_ROWS = 65_536
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedPeriod:
+    """A closed period: who closed it, by which event, and the checksum of what it holds."""
+
+    period: str
+    event_id: str
+    effective_us: int
+    actor: str
+    reason: str
+    rows: int
+    sha256: str
+    algorithm: str = CHECKSUM_ALGORITHM
+
+
+def booking_period(natural: str, closed: Collection[str]) -> str:
+    """The open period a posting whose natural period is `natural` is booked into."""
+    label = natural
+    while label in closed:
+        label = Period.month(label).next().label
+    return label
+
+
+def period_checksum(con: duckdb.DuckDBPyConnection, source: str, period: str) -> tuple[int, str]:
+    """(rows, sha256) of the postings in `source` (a SQL relation) booked into `period`."""
+    columns = ", ".join(f'"{c}" := "{c}"' for c in CHECKSUM_COLUMNS)
+    cursor = con.execute(
+        f"SELECT to_json(struct_pack({columns})) FROM {source} "
+        "WHERE period = ? ORDER BY txn_id, leg",
+        [period],
+    )
+    digest = hashlib.sha256()
+    rows = 0
+    while chunk := cursor.fetchmany(_BATCH_ROWS):
+        rows += len(chunk)
+        digest.update("".join(f"{line}\n" for (line,) in chunk).encode())
+    return rows, digest.hexdigest()
+
+
+def closed_period_path(segments_root: Path, period: str) -> Path:
+    return segments_root / CLOSED_DIR / f"{Period.month(period).label}.json"
+
+
+def write_closed_period(segments_root: Path, closed: ClosedPeriod) -> bool:
+    """Write the record of a closed period unless it exists; True when it was written."""
+    path = closed_period_path(segments_root, closed.period)
+    if path.exists():
+        return False
+    atomic_write_bytes(path, json.dumps(asdict(closed), indent=1).encode())
+    return True
+
+
+def load_closed_periods(segments_root: Path) -> list[ClosedPeriod]:
+    """Every closed-period record under `segments_root`, oldest period first."""
+    folder = segments_root / CLOSED_DIR
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            found.append(ClosedPeriod(**json.loads(path.read_bytes())))
+        except (ValueError, TypeError) as exc:
+            raise SegmentError(f"{path}: unreadable closed-period record: {exc}") from exc
+    return found

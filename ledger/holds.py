@@ -1,0 +1,469 @@
+"""Holds: usage reserved for an admitted job until it is metered, as events and as postings.
+
+The scheduler puts `HoldPlaced` and `HoldReleased` on the `jobs` topic, keyed by job id, beside
+its job events (which this module's decoder passes over). The ledger books them:
+
+- placing a hold debits `hold:<team>` and credits `holds-outstanding:<team>` (kind `hold`); a
+  second placement for the same job and unit adds to the open hold;
+- metered usage settles it: the consumer postings of usage transactions carrying the job's id
+  reduce the open hold by at most what is left (kind `hold_settle`, the opposite postings),
+  in the same commit as the usage;
+- `HoldReleased` (completion or cancel) releases what is left in every unit (kind
+  `hold_release`); so does the hold's expiry, once the ledger has folded an event at or after
+  `expires_us`.
+
+So a team's open holds are the balance of `hold:<team>` over all periods, never a stored number;
+`OpenHold` rows are the per-job projection the settlement needs, kept in the same commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any, ClassVar
+
+import orjson
+
+from ledger.accounts import AccountKind, hold_account, holds_outstanding_account
+from ledger.errors import EventError, UnknownSchemaError
+from ledger.events import MAX_TIME_US, SPEC_VERSION, DeadLetter, event_id
+from ledger.job_events import JobEventType
+from ledger.postings import Posting, Transaction, TransactionKind
+from ledger.units import Unit
+
+HOLD_SOURCE = "tally://scheduler"
+LEDGER_HOLDS_SOURCE = "tally://ledger/holds"
+MAX_HOLD = 1 << 62
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_JOB_TYPES = frozenset(kind.value for kind in JobEventType)
+
+HoldKey = tuple[str, Unit]  # (job id, unit)
+BookPeriod = Callable[[int], str]  # time → the open period a posting at that time is booked into
+
+
+class HoldKind(StrEnum):
+    PLACED = "tally.hold.placed"
+    RELEASED = "tally.hold.released"
+
+
+@dataclass(frozen=True, slots=True)
+class HoldPlaced:
+    """Reserve `amount` of `unit` of `team`'s budget for `job_id` from `time_us` on."""
+
+    KIND: ClassVar[HoldKind] = HoldKind.PLACED
+    job_id: str
+    team: str
+    project: str | None
+    unit: Unit
+    amount: int
+    expires_us: int
+    time_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class HoldReleased:
+    """`job_id` ended (`reason`: completed, cancelled, …): release what is left of its holds."""
+
+    KIND: ClassVar[HoldKind] = HoldKind.RELEASED
+    job_id: str
+    time_us: int
+    reason: str = ""
+
+
+HoldEvent = HoldPlaced | HoldReleased
+
+
+@dataclass(frozen=True, slots=True)
+class HoldEnvelope:
+    id: str
+    type: HoldKind
+    source: str
+    subject: str
+    time_us: int
+    schema: int
+    data: HoldEvent
+
+
+@dataclass(frozen=True, slots=True)
+class OpenHold:
+    """What is left of one job's hold in one unit; `placed_by` is its first placement."""
+
+    job_id: str
+    unit: Unit
+    team: str
+    project: str | None
+    amount: int
+    expires_us: int
+    placed_by: str
+
+    @property
+    def key(self) -> HoldKey:
+        return (self.job_id, self.unit)
+
+
+# ---------------------------------------------------------------------------- codec
+
+
+def hold_envelope(event: HoldEvent, source: str = HOLD_SOURCE) -> HoldEnvelope:
+    unit = event.unit.value if isinstance(event, HoldPlaced) else ""
+    return HoldEnvelope(
+        id=event_id(source, f"{event.job_id}/{event.KIND}/{unit}", event.time_us),
+        type=event.KIND,
+        source=source,
+        subject=event.job_id,
+        time_us=event.time_us,
+        schema=1,
+        data=event,
+    )
+
+
+def hold_to_dict(event: HoldEvent) -> dict[str, Any]:
+    if isinstance(event, HoldPlaced):
+        return {
+            "job_id": event.job_id,
+            "team": event.team,
+            "project": event.project,
+            "unit": event.unit.value,
+            "amount": event.amount,
+            "expires_us": event.expires_us,
+            "time_us": event.time_us,
+        }
+    return {"job_id": event.job_id, "time_us": event.time_us, "reason": event.reason}
+
+
+def encode_hold(envelope: HoldEnvelope) -> tuple[bytes, bytes]:
+    """(key, value) of the jobs-topic message: keyed by job id."""
+    value = {
+        "specversion": SPEC_VERSION,
+        "id": envelope.id,
+        "type": envelope.type.value,
+        "source": envelope.source,
+        "subject": envelope.subject,
+        "time": envelope.time_us,
+        "schema": envelope.schema,
+        "data": hold_to_dict(envelope.data),
+    }
+    return envelope.subject.encode(), orjson.dumps(value)
+
+
+def _text(name: str, value: Any, max_len: int = 256) -> str:
+    if type(value) is not str or not value:
+        raise EventError(f"{name}: expected a non-empty string")
+    if len(value) > max_len:
+        raise EventError(f"{name}: longer than {max_len} characters")
+    return value
+
+
+def _name(name: str, value: Any) -> str:
+    if type(value) is not str or not _NAME.match(value):
+        raise EventError(f"{name}: expected a name of letters, digits, '.', '_' and '-'")
+    return value
+
+
+def _int(name: str, value: Any, lo: int, hi: int) -> int:
+    if type(value) is not int:
+        raise EventError(f"{name}: expected an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise EventError(f"{name}: {value} is out of range [{lo}, {hi}]")
+    return value
+
+
+def _fields(data: Any, required: set[str], optional: set[str]) -> dict[str, Any]:
+    if type(data) is not dict:
+        raise EventError("data: expected an object")
+    unknown = data.keys() - required - optional
+    if unknown:
+        raise EventError(f"data: unknown fields {sorted(unknown)}")
+    missing = required - data.keys()
+    if missing:
+        raise EventError(f"data: missing {sorted(missing)}")
+    return data
+
+
+def hold_from_dict(kind: HoldKind, data: Any) -> HoldEvent:
+    """Decode the data of a hold event; raises EventError."""
+    if kind is HoldKind.PLACED:
+        d = _fields(
+            data, {"job_id", "team", "unit", "amount", "expires_us", "time_us"}, {"project"}
+        )
+        unit = d["unit"]
+        if type(unit) is not str or unit not in (Unit.MONEY, Unit.GPU_MS):
+            raise EventError(f"data.unit: a hold is in {Unit.MONEY} or {Unit.GPU_MS}")
+        time_us = _int("data.time_us", d["time_us"], 1, MAX_TIME_US)
+        return HoldPlaced(
+            job_id=_text("data.job_id", d["job_id"]),
+            team=_name("data.team", d["team"]),
+            project=None if d.get("project") is None else _name("data.project", d["project"]),
+            unit=Unit(unit),
+            amount=_int("data.amount", d["amount"], 1, MAX_HOLD),
+            expires_us=_int("data.expires_us", d["expires_us"], time_us, MAX_TIME_US),
+            time_us=time_us,
+        )
+    d = _fields(data, {"job_id", "time_us"}, {"reason"})
+    reason = d.get("reason") or ""
+    if type(reason) is not str or len(reason) > 2048:
+        raise EventError("data.reason: expected a string of at most 2048 characters")
+    return HoldReleased(
+        job_id=_text("data.job_id", d["job_id"]),
+        time_us=_int("data.time_us", d["time_us"], 1, MAX_TIME_US),
+        reason=reason,
+    )
+
+
+def hold_envelope_from_dict(obj: Any) -> HoldEnvelope:
+    if type(obj) is not dict:
+        raise EventError("event: expected a JSON object")
+    raw_type = obj.get("type")
+    if raw_type not in (HoldKind.PLACED, HoldKind.RELEASED):
+        raise UnknownSchemaError(f"type: unknown jobs-topic event type {raw_type!r}")
+    if obj.get("schema") != 1 or type(obj.get("schema")) is not int:
+        raise UnknownSchemaError(f"schema: {raw_type} schema {obj.get('schema')!r} is unknown")
+    event = hold_from_dict(HoldKind(raw_type), obj.get("data"))
+    envelope = hold_envelope(event, _text("source", obj.get("source")))
+    if obj.get("id") != envelope.id:
+        raise EventError("id: does not match the event's content")
+    if obj.get("subject") != envelope.subject:
+        raise EventError("subject: does not match the event's job id")
+    if obj.get("time") != envelope.time_us:
+        raise EventError("time: does not match the event's time_us")
+    return envelope
+
+
+@dataclass(frozen=True, slots=True)
+class JobsMessage:
+    """One jobs-topic message as the ledger reads it: its holds, its bad parts, and how many
+    job events it carried that are not the ledger's business."""
+
+    holds: tuple[HoldEnvelope, ...]
+    dead: tuple[DeadLetter, ...]
+    ignored: int = 0
+
+
+def decode_jobs_message(value: bytes | None) -> JobsMessage:
+    """Decode the holds in a jobs-topic message (an envelope or an array). Never raises."""
+    if not value:
+        return JobsMessage((), (DeadLetter(reason="empty message", payload=""),))
+    try:
+        parsed = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        text = value.decode("utf-8", "replace")[:2048]
+        return JobsMessage((), (DeadLetter(reason=f"not JSON: {exc}", payload=text),))
+    items = parsed if type(parsed) is list else [parsed]
+    holds: list[HoldEnvelope] = []
+    dead: list[DeadLetter] = []
+    ignored = 0
+    for item in items:
+        if type(item) is dict and item.get("type") in _JOB_TYPES:
+            ignored += 1
+            continue
+        try:
+            holds.append(hold_envelope_from_dict(item))
+        except (EventError, ValueError, TypeError) as exc:
+            eid = item.get("id") if type(item) is dict and type(item.get("id")) is str else None
+            try:
+                payload = orjson.dumps(item).decode()[:2048]
+            except TypeError:
+                payload = repr(item)[:2048]
+            dead.append(DeadLetter(reason=str(exc), payload=payload, event_id=eid))
+    if not items:
+        dead.append(DeadLetter(reason="empty batch", payload=value.decode("utf-8", "replace")))
+    return JobsMessage(tuple(holds), tuple(dead), ignored)
+
+
+# ---------------------------------------------------------------------------- the fold
+
+
+def _hold_postings(hold: OpenHold, amount: int) -> tuple[Posting, Posting]:
+    """`amount` moved onto the hold (negative: off it)."""
+    team = hold.team
+    return (
+        Posting(hold_account(team), hold.unit, amount, team, hold.project, None, hold.job_id),
+        Posting(
+            holds_outstanding_account(team),
+            hold.unit,
+            -amount,
+            team,
+            hold.project,
+            None,
+            hold.job_id,
+        ),
+    )
+
+
+def _txn(
+    txn_id: str,
+    kind: TransactionKind,
+    start_us: int,
+    end_us: int,
+    postings: Sequence[Posting],
+    cause: tuple[str, ...],
+    period: str,
+) -> Transaction:
+    return Transaction(
+        txn_id=txn_id,
+        kind=kind,
+        start_us=start_us,
+        end_us=max(end_us, start_us + 1),
+        gpu_uuid="",
+        model="",
+        pool="",
+        node="",
+        postings=tuple(postings),
+        cause=cause,
+        period=period,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """A settle transaction and the index of the last usage transaction it settles."""
+
+    txn: Transaction
+    last_usage: int
+
+
+class HoldBook:
+    """The open holds during one batch: applies hold events, settles usage, expires holds, and
+    remembers which holds changed (an amount of 0 means the hold is gone)."""
+
+    def __init__(self, open_holds: Mapping[HoldKey, OpenHold], book: BookPeriod) -> None:
+        self._open = dict(open_holds)
+        self._book = book
+        self._changed: dict[HoldKey, OpenHold] = {}
+
+    def _set(self, hold: OpenHold) -> None:
+        self._changed[hold.key] = hold
+        if hold.amount:
+            self._open[hold.key] = hold
+        else:
+            self._open.pop(hold.key, None)
+
+    def open_amount(self, team: str, unit: Unit) -> int:
+        return sum(h.amount for h in self._open.values() if h.team == team and h.unit == unit)
+
+    def changed(self) -> list[OpenHold]:
+        return list(self._changed.values())
+
+    def place(self, envelope: HoldEnvelope) -> Transaction | str:
+        """The hold transaction, or why the placement is refused."""
+        event = envelope.data
+        assert isinstance(event, HoldPlaced)
+        key = (event.job_id, event.unit)
+        before = self._open.get(key)
+        if before is not None and before.team != event.team:
+            return f"job {event.job_id} already holds {event.unit} of team {before.team}"
+        hold = OpenHold(
+            event.job_id,
+            event.unit,
+            event.team,
+            event.project,
+            (before.amount if before else 0) + event.amount,
+            max(event.expires_us, before.expires_us if before else 0),
+            before.placed_by if before else envelope.id,
+        )
+        self._set(hold)
+        return _txn(
+            envelope.id,
+            TransactionKind.HOLD,
+            event.time_us,
+            event.time_us + 1,
+            _hold_postings(hold, event.amount),
+            (envelope.id,),
+            self._book(event.time_us),
+        )
+
+    def release(self, envelope: HoldEnvelope) -> Transaction | None:
+        """Release what is left of every hold of the job; None when nothing is open."""
+        event = envelope.data
+        assert isinstance(event, HoldReleased)
+        postings: list[Posting] = []
+        for key, hold in sorted(self._open.items()):
+            if key[0] == event.job_id:
+                postings.extend(_hold_postings(hold, -hold.amount))
+                self._set(replace(hold, amount=0))
+        if not postings:
+            return None
+        return _txn(
+            envelope.id,
+            TransactionKind.HOLD_RELEASE,
+            event.time_us,
+            event.time_us + 1,
+            postings,
+            (envelope.id,),
+            self._book(event.time_us),
+        )
+
+    def expire(self, now_us: int) -> list[Transaction]:
+        """Release the holds whose expiry is not after `now_us` (the latest folded event)."""
+        out = []
+        for key, hold in sorted(self._open.items()):
+            if hold.expires_us > now_us:
+                continue
+            self._set(replace(hold, amount=0))
+            out.append(
+                _txn(
+                    event_id(
+                        LEDGER_HOLDS_SOURCE,
+                        f"{key[0]}/{key[1]}/{hold.placed_by}/expired",
+                        hold.expires_us,
+                    ),
+                    TransactionKind.HOLD_RELEASE,
+                    hold.expires_us,
+                    hold.expires_us + 1,
+                    _hold_postings(hold, -hold.amount),
+                    (hold.placed_by,),
+                    self._book(hold.expires_us),
+                )
+            )
+        return out
+
+    def settle(self, usage: Sequence[Transaction]) -> list[Settlement]:
+        """Settle open holds with the consumer usage of their jobs in `usage`, in order: one
+        transaction per (job, unit, booked period), never more than the hold has left."""
+        if not self._open:
+            return []
+        groups: dict[tuple[str, Unit, str], list[tuple[int, Transaction, int]]] = {}
+        for index, txn in enumerate(usage):
+            if txn.kind is not TransactionKind.USAGE:
+                continue
+            for p in txn.postings:
+                hold = self._open.get((p.job_id or "", p.unit))
+                if hold is None or p.amount <= 0 or txn.start_us >= hold.expires_us:
+                    continue  # usage after a hold expired does not settle it
+                if not p.account.startswith(f"{AccountKind.CONSUMER}:"):
+                    continue
+                groups.setdefault((hold.job_id, p.unit, txn.period), []).append(
+                    (index, txn, p.amount)
+                )
+        out = []
+        for (job, unit, period), items in groups.items():
+            hold = self._open.get((job, unit))
+            if hold is None:
+                continue
+            amount = min(hold.amount, sum(a for _, _, a in items))
+            self._set(replace(hold, amount=hold.amount - amount))
+            ids = tuple(dict.fromkeys(t.txn_id for _, t, _ in items))
+            digest = hashlib.blake2b(" ".join(ids).encode(), digest_size=8).hexdigest()
+            end = max(t.end_us for _, t, _ in items)
+            txn = _txn(
+                event_id(LEDGER_HOLDS_SOURCE, f"{job}/{unit}/settle/{digest}", end),
+                TransactionKind.HOLD_SETTLE,
+                min(t.start_us for _, t, _ in items),
+                end,
+                _hold_postings(hold, -amount),
+                ids,
+                period,
+            )
+            out.append(Settlement(txn, max(i for i, _, _ in items)))
+        return out
+
+
+def open_holds_by_team(holds: Iterable[OpenHold]) -> dict[tuple[str, Unit], int]:
+    """Open holds per (team, unit): the same numbers as the `hold:<team>` balances."""
+    out: dict[tuple[str, Unit], int] = {}
+    for hold in holds:
+        out[(hold.team, hold.unit)] = out.get((hold.team, hold.unit), 0) + hold.amount
+    return out

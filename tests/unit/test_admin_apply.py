@@ -1,0 +1,290 @@
+"""`tally admin apply`: the configuration's teams, prices, quotas and budgets become admin events,
+diffed against what the ledger applied, so applying the same file twice emits nothing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from ledger.admin import (
+    AdminView,
+    BudgetGranted,
+    PriceSet,
+    QuotaSet,
+    TeamDefined,
+    admin_envelope,
+    admin_envelope_to_dict,
+    describe,
+    load_admin_log,
+    plan_admin,
+)
+from ledger.ingest import ConsumedMessage, Ingestor, InputTopics
+from ledger.pricing import Price, PriceBook
+from ledger.store import LedgerStore
+from ledger.units import Unit
+from tally.cli import cli
+from tally.components import desired_admin_state
+from tally.config import ConfigError, parse_config
+from tests.builders import T0_US, a_config_dict
+from tests.conftest import write_config
+
+NOW = T0_US + 86_400_000_000
+H100 = "NVIDIA H100 80GB HBM3"
+SECTIONS = {
+    "budgets": [
+        {"team": "vision", "period": "2026-11", "money": "2500.00", "gpu_hours": 100},
+        {"team": "language", "period": "2026-11", "gpu_hours": "12.5"},
+    ],
+    "quotas": [
+        {"team": "vision", "pool": "h100", "model": H100, "nominal": 4, "borrowing_limit": 2}
+    ],
+}
+
+
+def config(**changes):
+    data = a_config_dict(**SECTIONS)
+    data.update(changes)
+    return parse_config(data)
+
+
+def plan(cfg, view):
+    return plan_admin(desired_admin_state(cfg), view, "alice", "apply", NOW)
+
+
+class Ledger:
+    """A store fed through the admin topic, and its readers' view of the applied admin log."""
+
+    def __init__(self, store):
+        self.store = store
+        self.offset = 0
+        self.ingestor = Ingestor(store, "c", PriceBook((Price("*", 1),)), {}, inputs=InputTopics())
+
+    def send(self, events):
+        value = orjson.dumps([admin_envelope_to_dict(admin_envelope(e)) for e in events])
+        result = self.ingestor.apply([ConsumedMessage("tally.admin", 0, self.offset, value)])
+        self.offset += 1
+        self.store.seal()
+        return result
+
+    def view(self):
+        return AdminView.from_log(load_admin_log(self.store.segments_root))
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    with LedgerStore(tmp_path / "ledger") as store:
+        yield Ledger(store)
+
+
+def test_config_budgets_and_quotas_are_exact_integers():
+    cfg = config()
+    assert [(b.team, b.money, b.gpu_hours) for b in cfg.budgets] == [
+        ("vision", 2_500_000_000, 360_000_000),
+        ("language", None, 45_000_000),
+    ]
+    assert cfg.quotas[0].lending_limit is None
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"budgets": [{"team": "nobody", "period": "2026-11", "money": 1}]}, "unknown team"),
+        ({"budgets": [{"team": "vision", "period": "2026-11"}]}, "money, gpu_hours, or both"),
+        ({"budgets": [{"team": "vision", "period": "11/2026", "money": 1}]}, "not a month"),
+        ({"budgets": [{"team": "vision", "period": "2026-11", "money": 0.1234567}]}, "six"),
+        (
+            {"budgets": [{"team": "vision", "period": "2026-11", "gpu_hours": "1e-9"}]},
+            "whole number of GPU-milliseconds",
+        ),
+        (
+            {"quotas": [{"team": "vision", "pool": "h100", "model": H100, "nominal": -1}]},
+            "greater than or equal to 0",
+        ),
+    ],
+    ids=["unknown-team", "no-amount", "bad-period", "money-places", "gpu-ms-fraction", "negative"],
+)
+def test_invalid_budgets_and_quotas_are_config_errors(sections, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(a_config_dict(**sections))
+
+
+def test_the_first_apply_emits_the_whole_configuration():
+    events = plan(config(), AdminView()).events
+    assert [describe(e) for e in events] == [
+        "team vision in research: projects detection, segmentation",
+        "team language in research: projects pretraining",
+        f"price of {H100}: 3200000 µ/GPU-hour",
+        f"quota vision h100/{H100}: 4 GPUs (borrow ≤ 2, lend ≤ ∞)",
+        "grant +2500000000 money_micros to vision for 2026-11",
+        "grant +360000000 gpu_ms to vision for 2026-11",
+        "grant +45000000 gpu_ms to language for 2026-11",
+    ]
+    price = events[2]
+    assert isinstance(price, PriceSet) and price.effective_us == 0  # the configured book as is
+    assert {e.expected_total for e in events if isinstance(e, BudgetGranted)} == {0}
+
+
+def test_applying_the_same_file_again_emits_nothing(ledger):
+    result = ledger.send(plan(config(), ledger.view()).events)
+    assert (result.admin_events, result.dead_letters) == (7, ())
+    assert plan(config(), ledger.view()).events == ()
+    assert ledger.store.budget_total("vision", "2026-11", Unit.GPU_MS) == 360_000_000
+
+
+def _changed_price():
+    return config(prices=[{"model": H100, "per_gpu_hour": "3.50"}])
+
+
+def _dated_price():
+    return config(
+        prices=[
+            {"model": H100, "per_gpu_hour": "3.20"},
+            {"model": H100, "per_gpu_hour": "2.90", "effective_from": 1_798_761_600},
+        ]
+    )
+
+
+def _budget_cut():
+    sections = {**SECTIONS, "budgets": [{"team": "vision", "period": "2026-11", "money": 2000}]}
+    return config(**sections)
+
+
+def _new_project():
+    data = a_config_dict(**SECTIONS)
+    data["organisation"]["cost_centres"][0]["teams"][1]["projects"].append("alignment")
+    return parse_config(data)
+
+
+def _quota_change():
+    quota = {**SECTIONS["quotas"][0], "nominal": 6}
+    return config(quotas=[quota])
+
+
+@pytest.mark.parametrize(
+    ("changed", "expected"),
+    [
+        pytest.param(
+            _changed_price, PriceSet(H100, None, 3_500_000, "alice", "apply", NOW), id="price"
+        ),
+        pytest.param(
+            _dated_price,
+            PriceSet(H100, None, 2_900_000, "alice", "apply", 1_798_761_600_000_000),
+            id="dated-price",
+        ),
+        pytest.param(
+            _budget_cut,
+            BudgetGranted(
+                "vision",
+                "2026-11",
+                Unit.MONEY,
+                -500_000_000,
+                "alice",
+                "apply",
+                NOW,
+                expected_total=2_500_000_000,
+            ),
+            id="budget-cut",
+        ),
+        pytest.param(
+            _new_project,
+            TeamDefined(
+                "language", "research", ("pretraining", "alignment"), (), "alice", "apply", NOW
+            ),
+            id="new-project",
+        ),
+        pytest.param(
+            _quota_change,
+            QuotaSet("vision", "h100", H100, 6, 2, None, "alice", "apply", NOW),
+            id="quota",
+        ),
+    ],
+)
+def test_a_change_emits_only_the_difference(ledger, changed, expected):
+    ledger.send(plan(config(), ledger.view()).events)
+    assert plan(changed(), ledger.view()).events == (expected,)
+    ledger.send([expected])
+    assert plan(changed(), ledger.view()).events == ()
+
+
+def test_a_plan_sent_twice_before_it_is_applied_grants_once(ledger):
+    events = plan(config(), ledger.view()).events
+    again = tuple(replace(e, effective_us=NOW + 1) for e in events)  # `apply` run twice
+    ledger.send(events)
+    result = ledger.send(again)
+    assert len(result.dead_letters) == 3
+    assert all(d.reason.startswith("stale grant") for d in result.dead_letters)
+    assert ledger.store.budget_total("vision", "2026-11", Unit.MONEY) == 2_500_000_000
+
+
+def test_a_budget_for_a_closed_period_is_not_planned():
+    view = AdminView(closed=frozenset({"2026-11"}))
+    result = plan(config(), view)
+    assert not any(isinstance(e, BudgetGranted) for e in result.events)
+    assert len(result.notes) == 3
+
+
+def test_admin_apply_cli_dry_run_then_nothing_to_change(tmp_path, ledger):
+    path = write_config(tmp_path / "tally.yaml", a_config_dict(**SECTIONS))
+    args = ["admin", "apply", str(path), "--data-dir", str(ledger.store.data_dir)]
+    first = CliRunner().invoke(cli, [*args, "--dry-run", "-o", "json"])
+    assert first.exit_code == 0, first.output
+    planned = orjson.loads(first.stdout)
+    assert [row["event"] for row in planned] == ["team_defined"] * 2 + [
+        "price_set",
+        "quota_set",
+    ] + ["budget_granted"] * 3
+    ledger.send(plan(config(), ledger.view()).events)
+    second = CliRunner().invoke(cli, args)
+    assert second.exit_code == 0, second.output
+    assert "nothing to change" in second.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--account", "consumer:vision/a", "--reason", "x"], "needs --amount, --unit, --period"),
+        (
+            ["--reverse", "t1", "--amount", "5", "--reason", "x"],
+            "--reverse takes no --amount",
+        ),
+        (["--reverse", "t1", "--reason", "x"], "no sealed transaction t1"),
+        (
+            [
+                *("--account", "budget:vision", "--amount", "5", "--unit", "money"),
+                *("--period", "2026-11", "--reason", "x"),
+            ],
+            "not adjusted by hand",
+        ),
+        (
+            [
+                *("--account", "consumer:vision/a", "--amount", "1.5", "--unit", "gpu_ms"),
+                *("--period", "2026-11", "--reason", "x"),
+            ],
+            "expected an integer",
+        ),
+    ],
+    ids=["missing", "reverse-and-amount", "reverse-unknown", "budget-account", "fraction"],
+)
+def test_ledger_adjust_cli_refuses_bad_requests(tmp_path, args, message):
+    result = CliRunner().invoke(cli, ["ledger", "adjust", *args, "--data-dir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_ledger_adjust_cli_dry_run(tmp_path):
+    result = CliRunner().invoke(
+        cli,
+        [
+            *("ledger", "adjust", "--account", "consumer:vision/detection"),
+            *("--amount", "-12.50", "--unit", "money", "--period", "2026-11"),
+            *("--reason", "credit", "--dry-run", "--data-dir", str(tmp_path)),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert (
+        "adjust consumer:vision/detection by -12500000 money_micros in 2026-11 "
+        "against adjustments:manual"
+    ) in result.output
