@@ -127,8 +127,11 @@ class Ingestor:
     ) -> None:
         self.store = store
         self.incarnation = incarnation
+        self._configured_prices = prices
+        self._configured_centres = dict(cost_centres)
         self.prices = prices
         self.cost_centres = dict(cost_centres)
+        self._load_admin_state()
         self.idle_policy = idle_policy or IdlePolicy()
         self.topics = topics or OutputTopics()
         self.inputs = inputs or InputTopics()
@@ -137,12 +140,26 @@ class Ingestor:
     def next_offset(self, topic: str, partition: int) -> int:
         return self._next.get((topic, partition), 0)
 
+    def _load_admin_state(self) -> None:
+        """Prices and cost centres as the configuration and the applied admin events say.
+
+        A `PriceSet` applies from its effective time (`PriceBook` never prices backwards), and a
+        `TeamDefined` moves the team's later usage to its cost centre.
+        """
+        self.prices = self.store.price_book(self._configured_prices)
+        teams = self.store.admin_view().teams
+        self.cost_centres = self._configured_centres | {
+            team: t.cost_centre for team, t in teams.items()
+        }
+
     def apply(self, messages: Sequence[ConsumedMessage]) -> IngestResult:
         fresh = [m for m in messages if m.offset >= self._next.get((m.topic, m.partition), 0)]
         admin = [m for m in fresh if m.topic == self.inputs.admin]
         jobs = [m for m in fresh if m.topic == self.inputs.jobs]
         samples = [m for m in fresh if m.topic not in (self.inputs.admin, self.inputs.jobs)]
         admin_part = self._apply_admin(admin) if admin else None
+        if admin_part is not None:
+            self._load_admin_state()
         jobs_part = self._apply_jobs(jobs) if jobs else None
         sample_part = self._apply_samples(samples) if samples else None
         parts = [p for p in (admin_part, jobs_part, sample_part) if p is not None]

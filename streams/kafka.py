@@ -80,3 +80,40 @@ async def ensure_topics(
         raise BrokerError(f"could not create topics on {bootstrap}: {exc}") from exc
     finally:
         await admin.close()
+
+
+class ClusterIdentity:
+    """Asks the broker for its cluster id over one long-lived connection.
+
+    `current()` answers None when the broker cannot be reached: the caller then keeps what it
+    knew (messages already fetched came from the broker it knew).
+    """
+
+    def __init__(self, bootstrap: str, timeout_s: float = 2.0) -> None:
+        self.bootstrap = bootstrap
+        self.timeout_s = timeout_s
+        self._client: AIOKafkaClient | None = None
+
+    async def current(self) -> str | None:
+        try:
+            if self._client is None:
+                self._client = AIOKafkaClient(
+                    bootstrap_servers=self.bootstrap,
+                    request_timeout_ms=int(self.timeout_s * 1000),
+                )
+                await asyncio.wait_for(self._client.bootstrap(), self.timeout_s)
+            node = self._client.get_random_node()
+            response = await asyncio.wait_for(
+                self._client.send(node, MetadataRequest(topics=[])), self.timeout_s
+            )
+        except (KafkaError, OSError, TimeoutError):
+            await self.close()
+            return None
+        cluster_id = getattr(response, "cluster_id", None)
+        return str(cluster_id) if cluster_id else None
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.close()

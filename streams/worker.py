@@ -11,7 +11,9 @@ Exactly-once effect (see DESIGN.md):
 - offsets the store already holds for the broker incarnation are skipped, so a restarted worker
   that is handed messages again applies them once;
 - the incarnation is the broker's cluster id, looked up again on every partition assignment, so
-  a restarted embedded broker (offsets from 0 again) is recognised as new data.
+  a restarted embedded broker (offsets from 0 again) is recognised as new data; before each
+  batch it is checked again, and a batch fetched from a broker other than the ingestor's makes
+  the worker exit (75) unapplied and unacked, to be restarted on the new broker from its start.
 
 - after each batch the outbox is published: changed balances go to the compacted `balances`
   topic keyed by account, at least once, after the commit that changed them.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,9 +39,10 @@ from ledger.idle import IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, IngestResult, InputTopics, OutputTopics
 from ledger.pricing import PriceBook
 from ledger.store import LedgerStore
-from streams.kafka import fetch_cluster_id
+from streams.kafka import ClusterIdentity, fetch_cluster_id
 
 log = logging.getLogger("tally.worker")
+INCARNATION_CHANGED_EXIT = 75  # EX_TEMPFAIL: run it again
 DEFAULT_IDLE_POLICY = IdlePolicy()
 _NO_INPUTS = InputTopics()
 
@@ -89,6 +93,7 @@ class LedgerWorker:
         self.stats = WorkerStats()
         self.store = LedgerStore(settings.data_dir)
         self._lock = asyncio.Lock()
+        self._identity = ClusterIdentity(settings.bootstrap[0])
         self._publishing = asyncio.Lock()
         self._ingestor: Ingestor | None = None
         self._last_seal = time.monotonic()
@@ -210,6 +215,7 @@ class LedgerWorker:
     async def _apply(self, messages: list[ConsumedMessage]) -> None:
         if self._ingestor is None:
             await self._refresh_incarnation()
+        await self._guard_incarnation()
         async with self._lock:
             ingestor = self._ingestor
             assert ingestor is not None
@@ -220,6 +226,27 @@ class LedgerWorker:
         if result.commit.closed:
             log.info("closed period(s) %s", ", ".join(result.commit.closed))
             await self.seal()
+
+    async def _guard_incarnation(self) -> None:
+        """Refuse a batch fetched from a broker other than the one the ingestor stands for.
+
+        After a broker restart the consumer can fetch from the new broker before the group
+        rebalances; applying those messages under the old incarnation would misfile them and
+        make the new broker's first offsets look applied. The worker exits instead (nothing of
+        the batch is applied or acked) and, restarted, starts the new incarnation at its
+        beginning.
+        """
+        assert self._ingestor is not None
+        current = await self._identity.current()
+        if current is not None and current != self._ingestor.incarnation:
+            log.error(
+                "the broker is now %s, not %s: exiting so a restart takes the new broker from "
+                "its first offset",
+                current,
+                self._ingestor.incarnation,
+            )
+            logging.shutdown()
+            os._exit(INCARNATION_CHANGED_EXIT)
 
     def _count(self, result: IngestResult) -> None:
         st = self.stats

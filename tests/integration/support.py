@@ -133,6 +133,7 @@ class WorkerProcess:
         self.bootstrap = bootstrap
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
 
     def start(self) -> WorkerProcess:
         with self.log.open("ab") as out:
@@ -164,6 +165,20 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.kill()
             raise
+
+    def supervise(self) -> bool:
+        """Restart the worker if it exited because the broker changed (as `tally up` would);
+        True while it runs. Any other exit fails the test."""
+        from streams.worker import INCARNATION_CHANGED_EXIT
+
+        assert self.proc is not None
+        code = self.proc.poll()
+        if code == INCARNATION_CHANGED_EXIT:
+            self.restarts += 1
+            self.start()
+            return True
+        self.assert_alive()
+        return True
 
     def assert_alive(self) -> None:
         assert self.proc is not None
