@@ -298,18 +298,23 @@ def _owner(data: Any) -> Owner | None:
         return None
     if type(data) is not dict:
         raise EventError("owner: expected an object")
-    owner = Owner(
-        team=_opt_str(data, "team"),
-        project=_opt_str(data, "project"),
-        user=_opt_str(data, "user"),
-        job_id=_opt_str(data, "job"),
+    key = (
+        _opt_str(data, "team"),
+        _opt_str(data, "project"),
+        _opt_str(data, "user"),
+        _opt_str(data, "job"),
     )
-    if owner == _NO_OWNER:
+    if key == (None, None, None, None):
         return None
+    owner = _OWNERS.get(key)
+    if owner is None:  # owners repeat sample after sample: share one frozen value each
+        if len(_OWNERS) >= 65_536:
+            _OWNERS.clear()
+        owner = _OWNERS[key] = Owner(*key)
     return owner
 
 
-_NO_OWNER = Owner()
+_OWNERS: dict[tuple[str | None, str | None, str | None, str | None], Owner] = {}
 
 
 def _mig(data: Any) -> MigInstance | None:
@@ -342,10 +347,9 @@ def sample_from_dict(data: Any) -> GpuSample:
     """Decode and validate the v1 JSON object of a sample; raises EventError."""
     if type(data) is not dict:
         raise EventError("data: expected an object")
-    try:
-        source = SampleSource(str(data.get("source")))
-    except ValueError as exc:
-        raise EventError(f"source: unknown sample source {data.get('source')!r}") from exc
+    source = _SOURCES.get(data.get("source"))  # a dict: calling the enum is slow
+    if source is None:
+        raise EventError(f"source: unknown sample source {data.get('source')!r}")
     processes = data.get("processes") or ()
     if type(processes) not in (list, tuple):
         raise EventError("processes: expected an array")
@@ -376,6 +380,8 @@ def sample_from_dict(data: Any) -> GpuSample:
         xid_errors=_opt_int(data, "xid_errors"),
     )
 
+
+_SOURCES: dict[Any, SampleSource] = {s.value: s for s in SampleSource}
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
