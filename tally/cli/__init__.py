@@ -16,7 +16,7 @@ import time
 
 import click
 
-from tally.cli import admin, collect, config, export, ledger, report, stack
+from tally.cli import admin, alerts, collect, config, export, ledger, report, stack
 from tally.cli.options import Exit
 
 
@@ -34,6 +34,7 @@ cli.add_command(report.report)
 cli.add_command(config.config)
 cli.add_command(export.export)
 cli.add_command(admin.admin)
+cli.add_command(alerts.alerts)
 
 
 def main() -> None:

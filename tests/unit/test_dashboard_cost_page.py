@@ -1,4 +1,5 @@
-"""The cost-by-team page (Streamlit AppTest) on a seeded ledger and on an empty one."""
+"""The cost-by-team view of the Finance page (Streamlit AppTest) on a seeded ledger and on an
+empty one."""
 
 from __future__ import annotations
 
@@ -55,9 +56,10 @@ def test_totals_shown_equal_the_ledger(monkeypatch, seeded):
 
 def test_bucket_choice_changes_the_series(monkeypatch, seeded):
     app = _run(monkeypatch, seeded)
-    app.radio(key="bucket").set_value("day").run()
+    assert app.subheader[0].value == "Cost by team per day"
+    app.radio(key="bucket").set_value("hour").run()
     assert not app.exception
-    assert app.subheader[0].value == "Cost per day"
+    assert app.subheader[0].value == "Cost by team per hour"
 
 
 def test_empty_ledger_shows_what_to_expect(monkeypatch, tmp_path):

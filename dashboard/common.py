@@ -1,0 +1,207 @@
+"""What every dashboard page shares: where the ledger is, cached queries, the sidebar filters
+and how amounts are written.
+
+Pages hold no business logic: every number comes from a `ledger` query called through `query`,
+which caches its result with `st.cache_data` keyed by the ledger's version (the manifest's
+bytes and the closed-period records), so a newly sealed segment invalidates the cache and an
+unchanged ledger renders from memory.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Callable
+from datetime import UTC, datetime
+from decimal import ROUND_HALF_EVEN, Decimal
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from ledger import rollups
+from ledger.focus import ExportFormat, FocusContext
+from ledger.reports import IdleSharing, ReportQueries, cost_report, idle_report
+from ledger.statements import team_statement
+from ledger.units import MICROS_PER_UNIT, MS_PER_HOUR
+
+ALL = "(all)"
+SHARING_HELP = {
+    IdleSharing.NONE: "none — unallocated GPUs stay a separate line nobody pays for",
+    IdleSharing.WEIGHTED: "weighted — each row pays a share in proportion to its GPU time "
+    "on that pool and model",
+    IdleSharing.EVEN: "even — each row that used the pool and model pays an equal share",
+}
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("TALLY_DATA_DIR", ".tally/data"))
+
+
+def currency() -> str:
+    return os.environ.get("TALLY_CURRENCY", "USD")
+
+
+def _focus(q: ReportQueries, period: str, fmt: str, cur: str) -> tuple[bytes, int]:
+    return rollups.focus_bytes(q, period, ExportFormat(fmt), FocusContext(currency=cur))
+
+
+def _statement(q: ReportQueries, team: str, period: str, cur: str, sharing: str) -> Any:
+    return team_statement(q, team, period, cur, IdleSharing(sharing))
+
+
+def _cost_report(q: ReportQueries, dims: tuple[str, ...], period: str | None, sharing: str) -> Any:
+    return cost_report(q, dims, period, IdleSharing(sharing))
+
+
+def _idle_report(q: ReportQueries, period: str | None, sharing: str) -> Any:
+    return idle_report(q, period, IdleSharing(sharing))
+
+
+# The queries a page may call, by name (the cache key names the query, never a closure).
+QUERIES: dict[str, Callable[..., Any]] = {
+    "extent": rollups.extent,
+    "cost_over_time": rollups.cost_over_time,
+    "cost_table": rollups.cost_table,
+    "top_jobs": rollups.top_jobs,
+    "idle_waste": rollups.idle_waste,
+    "budget_burn": rollups.budget_burn,
+    "fleet_now": rollups.fleet_now,
+    "utilisation_heatmap": rollups.utilisation_heatmap,
+    "utilisation_distribution": rollups.utilisation_distribution,
+    "utilisation_summary": rollups.utilisation_summary,
+    "occupancy": rollups.occupancy,
+    "nodes_last_seen": rollups.nodes_last_seen,
+    "daily_usage": rollups.daily_usage,
+    "usage_trend": rollups.usage_trend,
+    "model_trends": rollups.model_trends,
+    "demand": rollups.demand,
+    "focus": _focus,
+    "statement": _statement,
+    "cost_report": _cost_report,
+    "idle_report": _idle_report,
+}
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def _cached(name: str, directory: str, version: str, args: tuple[Any, ...]) -> Any:
+    del version  # part of the cache key only
+    queries = ReportQueries(directory)
+    try:
+        return QUERIES[name](queries, *args)
+    finally:
+        queries.close()
+
+
+def query(name: str, *args: Any) -> Any:
+    """The result of ledger query `name` over the sealed ledger, cached per ledger version."""
+    directory = data_dir()
+    return _cached(name, str(directory), rollups.ledger_version(directory), args)
+
+
+def closed_periods() -> tuple[str, ...]:
+    return rollups.closed_periods(data_dir())
+
+
+# ------------------------------------------------------------------------------ filters
+
+
+def sidebar_filters(extent: rollups.Extent) -> rollups.Filters:
+    """The period, team and pool selectors (in the sidebar); their values as `Filters`."""
+    closed = set(closed_periods())
+    periods = [ALL, *extent.periods]
+
+    def period_label(label: str) -> str:
+        if label == ALL:
+            return "All periods"
+        return f"{label} · closed" if label in closed else f"{label} · open"
+
+    with st.sidebar:
+        st.header("Filters")
+        period = st.selectbox(
+            "Accounting period",
+            periods,
+            index=1 if len(periods) > 1 else 0,
+            format_func=period_label,
+            key="period",
+            help="A month (UTC). Costs count in the month they were booked into; a closed "
+            "month never changes.",
+        )
+        team = st.selectbox(
+            "Team",
+            [ALL, *extent.teams],
+            format_func=lambda t: "All teams" if t == ALL else t,
+            key="team",
+        )
+        pool = st.selectbox(
+            "GPU pool",
+            [ALL, *extent.pools],
+            format_func=lambda p: "All pools" if p == ALL else p,
+            key="pool",
+        )
+    return rollups.Filters(
+        period=None if period in (ALL, None) else period,
+        team=None if team in (ALL, None) else team,
+        pool=None if pool in (ALL, None) else pool,
+    )
+
+
+def current_filters() -> rollups.Filters:
+    """The filters the sidebar holds (set by the navigation shell before a page runs)."""
+    value = st.session_state.get("filters")
+    return value if isinstance(value, rollups.Filters) else rollups.Filters()
+
+
+# ------------------------------------------------------------------------------ formatting
+
+
+def money(micros: int, places: int = 2) -> str:
+    """Integer micro-units as text with the currency, rounded half-even (display only)."""
+    value = (Decimal(micros) / MICROS_PER_UNIT).quantize(
+        Decimal(1).scaleb(-places), ROUND_HALF_EVEN
+    )
+    return f"{value:,.{places}f} {currency()}"
+
+
+def amount(micros: int) -> float:
+    """Micro-units as a float for tables and charts (display only; the ledger stays integer)."""
+    return micros / MICROS_PER_UNIT
+
+
+def hours(gpu_ms: int) -> float:
+    return gpu_ms / MS_PER_HOUR
+
+
+def csv_text(headers: list[str], rows: list[list[Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(headers)
+    writer.writerows(["" if v is None else v for v in row] for row in rows)
+    return out.getvalue()
+
+
+def when(time_us: int | None) -> str:
+    if time_us is None:
+        return "—"
+    return f"{datetime.fromtimestamp(time_us / 1e6, tz=UTC):%Y-%m-%d %H:%M} UTC"
+
+
+def timestamp(time_us: int) -> datetime:
+    return datetime.fromtimestamp(time_us / 1e6, tz=UTC)
+
+
+def no_data(what: str) -> None:
+    """The empty state of a page on a ledger with nothing sealed yet."""
+    st.info(
+        f"No sealed usage yet, so there is no {what} to show. Once the worker has consumed "
+        "samples and sealed its first segment (a few seconds after `make up` starts), it "
+        f"appears here. Ledger directory: `{data_dir()}`."
+    )
+
+
+def sealed_caption(extent: rollups.Extent) -> None:
+    st.caption(
+        f"Sealed ledger in `{data_dir()}` · sealed up to {when(extent.newest_us)} · "
+        f"amounts in {currency()}"
+    )

@@ -1,0 +1,428 @@
+"""Finance: what GPUs cost, who pays, against which budget, and the chargeback exports.
+
+Every figure comes from `ledger.rollups` / `ledger.reports` over the sealed ledger.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from dashboard import common
+from ledger import rollups
+from ledger.reports import IdleSharing
+
+DIMENSION_LABELS = {
+    "cost_centre": "Cost centre",
+    "team": "Team",
+    "project": "Project",
+    "user": "User",
+}
+BUCKETS = {"hour": rollups.HOUR_US, "day": rollups.DAY_US}
+
+cur = common.currency()
+st.title("Finance: GPU cost")
+extent: rollups.Extent = common.query("extent")
+if extent.empty:
+    common.no_data("cost")
+    st.stop()
+filters = common.current_filters()
+closed = common.closed_periods()
+common.sealed_caption(extent)
+
+if filters.period is None:
+    st.info(
+        "All accounting periods together. Choose a month in the sidebar for its budget, "
+        "its month-end forecast and its exports."
+    )
+elif filters.period in closed:
+    st.success(
+        f"**{filters.period} is closed**: these figures are final and will never change.",
+        icon=":material/lock:",
+    )
+else:
+    st.warning(
+        f"**{filters.period} is open**: late usage and corrections can still be booked "
+        "into it, so its figures may change until it is closed.",
+        icon=":material/lock_open:",
+    )
+scope = ", ".join(
+    part
+    for part in (
+        f"period {filters.period}" if filters.period else "all periods",
+        f"team {filters.team}" if filters.team else "",
+        f"pool {filters.pool}" if filters.pool else "",
+    )
+    if part
+)
+
+sharing = IdleSharing(
+    st.radio(
+        "Idle-cost sharing",
+        [s.value for s in IdleSharing],
+        format_func=lambda s: common.SHARING_HELP[IdleSharing(s)],
+        horizontal=False,
+        key="sharing",
+        help="How the cost of unallocated GPUs (capacity nobody held) is shown. Sharing only "
+        "changes this page and the exports' presentation; the ledger itself never changes.",
+    )
+)
+
+# ---------------------------------------------------------------------- headline figures
+by_team: rollups.CostTable = common.query("cost_table", "team", filters, sharing.value)
+waste: rollups.IdleWaste = common.query("idle_waste", filters)
+spent = by_team.money_micros
+gpu_ms = sum(r.gpu_ms for r in by_team.rows)
+cols = st.columns(4)
+cols[0].metric("GPU cost", common.money(spent), help=f"Consumer cost for {scope}.")
+cols[1].metric("GPU-hours used", f"{common.hours(gpu_ms):,.1f}")
+cols[2].metric(
+    "Idle waste",
+    common.money(waste.idle_waste_micros),
+    help="Cost of GPUs that were allocated to someone but sat idle (included in GPU cost).",
+)
+cols[3].metric(
+    "Unallocated capacity",
+    common.money(by_team.unallocated_micros),
+    help="Cost of GPUs nobody held (not included in GPU cost unless shared).",
+)
+
+# ---------------------------------------------------------------------- cost over time
+st.header("Cost over time")
+c1, c2 = st.columns(2)
+dim = c1.radio(
+    "Break down by",
+    list(DIMENSION_LABELS),
+    index=1,
+    format_func=DIMENSION_LABELS.__getitem__,
+    horizontal=True,
+    key="cost_dim",
+)
+granularity = c2.radio("Bucket", list(BUCKETS), index=1, horizontal=True, key="bucket")
+label = DIMENSION_LABELS[dim]
+series: tuple[rollups.TimeCost, ...] = common.query(
+    "cost_over_time", dim, BUCKETS[granularity], filters
+)
+st.subheader(f"Cost by {label.lower()} per {granularity}")
+if series:
+    frame = pd.DataFrame(
+        {
+            "time": [common.timestamp(s.bucket_us) for s in series],
+            label: [s.key or "(none)" for s in series],
+            f"Cost ({cur})": [common.amount(s.money_micros) for s in series],
+            "GPU-hours": [common.hours(s.gpu_ms) for s in series],
+        }
+    )
+    st.altair_chart(
+        alt.Chart(frame)
+        .mark_bar()
+        .encode(
+            x=alt.X("time:T", title=f"Time (UTC, per {granularity})"),
+            y=alt.Y(f"sum(Cost ({cur})):Q", title=f"Cost ({cur})"),
+            color=alt.Color(f"{label}:N"),
+            tooltip=["time:T", f"{label}:N", f"Cost ({cur}):Q", "GPU-hours:Q"],
+        ),
+        width="stretch",
+    )
+else:
+    st.info(f"No GPU usage by anyone in {scope}.")
+
+table: rollups.CostTable = (
+    by_team if dim == "team" else common.query("cost_table", dim, filters, sharing.value)
+)
+st.subheader(f"Total by {label.lower()}")
+st.caption(
+    f"{scope}. Cost is what the owners' usage was charged; idle waste is the part of it spent on "
+    "GPUs they held but did not use. "
+    + (
+        f"Shared idle is each row's share of unallocated capacity ({sharing.value})."
+        if sharing is not IdleSharing.NONE
+        else "Unallocated capacity is not shared (choose a sharing mode above to share it)."
+    )
+)
+if table.rows:
+    st.dataframe(
+        pd.DataFrame(
+            {
+                dim: [r.key or "(none)" for r in table.rows],
+                "gpu_hours": [common.hours(r.gpu_ms) for r in table.rows],
+                "cost": [common.amount(r.money_micros) for r in table.rows],
+                "idle_waste": [common.amount(r.idle_waste_micros) for r in table.rows],
+                "shared_idle": [common.amount(r.shared_idle_micros) for r in table.rows],
+                "total": [common.amount(r.total_micros) for r in table.rows],
+            }
+        ),
+        hide_index=True,
+        column_config={
+            dim: st.column_config.TextColumn(label),
+            "gpu_hours": st.column_config.NumberColumn("GPU-hours", format="%.2f"),
+            "cost": st.column_config.NumberColumn(f"Cost ({cur})", format="%.2f"),
+            "idle_waste": st.column_config.NumberColumn(f"Idle waste ({cur})", format="%.2f"),
+            "shared_idle": st.column_config.NumberColumn(f"Shared idle ({cur})", format="%.2f"),
+            "total": st.column_config.NumberColumn(f"Total ({cur})", format="%.2f"),
+        },
+    )
+    unshared = table.unallocated_micros - table.shared_micros
+    st.caption(
+        f"Unallocated capacity in the selected pool(s): {common.money(table.unallocated_micros)}"
+        f" for {common.hours(table.unallocated_gpu_ms):,.1f} GPU-hours"
+        + (
+            f"; {common.money(table.shared_micros)} of it is shared into the rows above"
+            f" and {common.money(unshared)} is not."
+            if sharing is not IdleSharing.NONE
+            else "."
+        )
+    )
+else:
+    st.info(f"No cost in {scope}.")
+
+# ---------------------------------------------------------------------- budget
+st.header("Budget")
+if filters.period is None:
+    st.info("Choose a month in the sidebar to see month-to-date spend against budget.")
+else:
+    burns: tuple[rollups.BudgetBurn, ...] = common.query(
+        "budget_burn", filters.period, extent.newest_us, filters.team
+    )
+    granted = [b for b in burns if b.granted_micros is not None]
+    st.caption(
+        f"Month-to-date as of {common.when(burns[0].as_of_us if burns else extent.newest_us)} "
+        f"(the newest sealed usage). {rollups.forecast_method(7)}"
+    )
+    if not granted:
+        who = f"team {filters.team}" if filters.team else "any team"
+        st.info(
+            f"No money budget was granted to {who} for {filters.period}. Budgets come from "
+            f"budget grants (`budget_grant` postings on `budget:<team>`); once one is granted, "
+            "its burn-down appears here. Spend and the month-end forecast are shown below."
+        )
+    st.dataframe(
+        pd.DataFrame(
+            {
+                "team": [b.team for b in burns],
+                "budget": [
+                    None if b.granted_micros is None else common.amount(b.granted_micros)
+                    for b in burns
+                ],
+                "spent": [common.amount(b.spent_micros) for b in burns],
+                "remaining": [
+                    None if b.remaining_micros is None else common.amount(b.remaining_micros)
+                    for b in burns
+                ],
+                "forecast": [common.amount(b.forecast_micros) for b in burns],
+                "status": [b.status.value for b in burns],
+            }
+        ),
+        hide_index=True,
+        column_config={
+            "team": st.column_config.TextColumn("Team"),
+            "budget": st.column_config.NumberColumn(f"Budget ({cur})", format="%.2f"),
+            "spent": st.column_config.NumberColumn(f"Spent to date ({cur})", format="%.2f"),
+            "remaining": st.column_config.NumberColumn(f"Remaining ({cur})", format="%.2f"),
+            "forecast": st.column_config.NumberColumn(f"Month-end forecast ({cur})", format="%.2f"),
+            "status": st.column_config.TextColumn("Status"),
+        },
+    )
+    if granted:
+        names = [b.team for b in granted]
+        chosen = st.selectbox("Burn-down of team", names, key="burn_team")
+        burn = next(b for b in granted if b.team == chosen)
+        assert burn.granted_micros is not None
+        period = rollups.period_of(filters.period)
+        assert period is not None
+        points = [(common.timestamp(period.start_us), 0.0, "spent")]
+        points += [
+            (common.timestamp(day + rollups.DAY_US), common.amount(total), "spent")
+            for day, total in burn.daily
+            if day + rollups.DAY_US <= period.end_us
+        ]
+        points += [
+            (common.timestamp(burn.as_of_us), common.amount(burn.spent_micros), "forecast"),
+            (common.timestamp(period.end_us), common.amount(burn.forecast_micros), "forecast"),
+        ]
+        line = pd.DataFrame(points, columns=["time", "amount", "series"])
+        budget_rule = pd.DataFrame({"budget": [common.amount(burn.granted_micros)]})
+        chart = (
+            alt.Chart(line)
+            .mark_line(point=True)
+            .encode(
+                x=alt.X("time:T", title="Day (UTC)"),
+                y=alt.Y("amount:Q", title=f"Cumulative spend ({cur})"),
+                color=alt.Color("series:N", title=""),
+                strokeDash=alt.StrokeDash("series:N", legend=None),
+            )
+        ) + alt.Chart(budget_rule).mark_rule(color="red").encode(y="budget:Q")
+        st.altair_chart(chart, width="stretch")
+        c = st.columns(3)
+        c[0].metric("Budget", common.money(burn.granted_micros))
+        c[1].metric(
+            "Spent to date",
+            common.money(burn.spent_micros),
+            help="All of the team's cost booked into the month, corrections included.",
+        )
+        over = burn.forecast_over_micros or 0
+        c[2].metric(
+            "Month-end forecast",
+            common.money(burn.forecast_micros),
+            delta=f"{'over' if over > 0 else 'under'} budget by {common.money(abs(over))}",
+            delta_color="inverse" if over > 0 else "normal",
+        )
+
+# ---------------------------------------------------------------------- top jobs
+st.header("Top jobs by cost")
+jobs: tuple[rollups.JobCost, ...] = common.query("top_jobs", filters, 20)
+if jobs:
+    st.dataframe(
+        pd.DataFrame(
+            {
+                "job": [j.job_id for j in jobs],
+                "team": [j.team for j in jobs],
+                "project": [j.project for j in jobs],
+                "user": [j.user for j in jobs],
+                "pools": [j.pools for j in jobs],
+                "gpu_hours": [common.hours(j.gpu_ms) for j in jobs],
+                "cost": [common.amount(j.money_micros) for j in jobs],
+                "idle_waste": [common.amount(j.idle_waste_micros) for j in jobs],
+                "first": [common.timestamp(j.first_us) for j in jobs],
+                "last": [common.timestamp(j.last_us) for j in jobs],
+            }
+        ),
+        hide_index=True,
+        column_config={
+            "job": "Job",
+            "team": "Team",
+            "project": "Project",
+            "user": "User",
+            "pools": "Pool(s)",
+            "gpu_hours": st.column_config.NumberColumn("GPU-hours", format="%.2f"),
+            "cost": st.column_config.NumberColumn(f"Cost ({cur})", format="%.2f"),
+            "idle_waste": st.column_config.NumberColumn(f"Idle waste ({cur})", format="%.2f"),
+            "first": st.column_config.DatetimeColumn(
+                "First usage (UTC)", format="YYYY-MM-DD HH:mm"
+            ),
+            "last": st.column_config.DatetimeColumn("Last usage (UTC)", format="YYYY-MM-DD HH:mm"),
+        },
+    )
+else:
+    st.info(f"No usage with a job id in {scope}.")
+
+# ---------------------------------------------------------------------- idle waste
+st.header("Idle waste")
+st.caption(
+    "Allocated but idle: GPUs held by a team below the idle threshold for longer than the grace "
+    "period; the owner is still charged, so this money is part of its cost. Unallocated "
+    "capacity: GPUs nobody held."
+)
+w1, w2 = st.columns(2)
+with w1:
+    st.subheader("Allocated but idle, by team")
+    ordered = waste.by_team()
+    if ordered:
+        st.dataframe(
+            pd.DataFrame(
+                {
+                    "team": [r.team or "(none)" for r in ordered],
+                    "idle_hours": [common.hours(r.idle_gpu_ms) for r in ordered],
+                    "idle_share": [
+                        r.idle_gpu_ms / r.allocated_gpu_ms if r.allocated_gpu_ms else 0.0
+                        for r in ordered
+                    ],
+                    "waste": [common.amount(r.idle_waste_micros) for r in ordered],
+                }
+            ),
+            hide_index=True,
+            column_config={
+                "team": "Team",
+                "idle_hours": st.column_config.NumberColumn("Idle GPU-hours", format="%.2f"),
+                "idle_share": st.column_config.NumberColumn(
+                    "Share of its GPU time", format="percent"
+                ),
+                "waste": st.column_config.NumberColumn(f"Idle waste ({cur})", format="%.2f"),
+            },
+        )
+    else:
+        st.info("No allocated usage in the selection.")
+with w2:
+    st.subheader("Unallocated capacity, by pool")
+    if waste.unallocated:
+        st.dataframe(
+            pd.DataFrame(
+                {
+                    "pool": [u.pool for u in waste.unallocated],
+                    "model": [u.model for u in waste.unallocated],
+                    "hours": [common.hours(u.gpu_ms) for u in waste.unallocated],
+                    "cost": [common.amount(u.money_micros) for u in waste.unallocated],
+                }
+            ),
+            hide_index=True,
+            column_config={
+                "pool": "Pool",
+                "model": "GPU model",
+                "hours": st.column_config.NumberColumn("GPU-hours", format="%.2f"),
+                "cost": st.column_config.NumberColumn(f"Cost ({cur})", format="%.2f"),
+            },
+        )
+    else:
+        st.info("No unallocated capacity in the selection.")
+
+# ---------------------------------------------------------------------- exports
+st.header("Exports")
+if filters.period is None:
+    st.info("Choose a month in the sidebar to download its FOCUS export and team statements.")
+else:
+    period_label = filters.period
+    state = "closed, final" if period_label in closed else "open, may still change"
+    st.caption(
+        f"FOCUS 1.2 cost and usage rows of {period_label} ({state}), exactly what "
+        f"`tally export focus --period {period_label}` writes: BilledCost sums to the ledger's "
+        "cost of the month, unallocated capacity included. Team and pool filters do not apply."
+    )
+    e1, e2 = st.columns(2)
+    e1.download_button(
+        "Download FOCUS export (CSV)",
+        data=lambda: common.query("focus", period_label, "csv", cur)[0],
+        file_name=f"tally-focus-{period_label}.csv",
+        mime="text/csv",
+        on_click="ignore",
+        key="focus_csv",
+    )
+    e2.download_button(
+        "Download FOCUS export (Parquet)",
+        data=lambda: common.query("focus", period_label, "parquet", cur)[0],
+        file_name=f"tally-focus-{period_label}.parquet",
+        mime="application/vnd.apache.parquet",
+        on_click="ignore",
+        key="focus_parquet",
+    )
+    st.subheader("Team statement")
+    team_names = list(extent.teams)
+    if not team_names:
+        st.info("No team has usage yet.")
+    else:
+        default = team_names.index(filters.team) if filters.team in team_names else 0
+        statement_team = st.selectbox(
+            "Statement for team", team_names, index=default, key="statement_team"
+        )
+        statement = common.query("statement", statement_team, period_label, cur, sharing.value)
+        text = statement.render_text()
+        headers, rows = statement.rows()
+        d1, d2 = st.columns(2)
+        d1.download_button(
+            f"Download statement of {statement_team} for {period_label} (text)",
+            data=text,
+            file_name=f"tally-statement-{statement_team}-{period_label}.txt",
+            mime="text/plain",
+            on_click="ignore",
+            key="statement_text",
+        )
+        d2.download_button(
+            f"Download statement of {statement_team} for {period_label} (CSV)",
+            data=common.csv_text(headers, rows),
+            file_name=f"tally-statement-{statement_team}-{period_label}.csv",
+            mime="text/csv",
+            on_click="ignore",
+            key="statement_csv",
+        )
+        with st.expander(f"Statement of {statement_team}, {period_label}", expanded=False):
+            st.code(text, language=None)

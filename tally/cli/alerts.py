@@ -1,0 +1,117 @@
+"""`tally alerts …`: deliver idle-GPU alerts to the configured webhooks, or test them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+import click
+
+from tally.alerting import (
+    AlertDispatcher,
+    AlertsConfig,
+    consume_alerts,
+    load_alerts_config,
+    send_test,
+)
+from tally.cli.options import Exit, bootstrap_option, config_option, fail
+from tally.config import ConfigError, TallyConfig
+
+
+def _load(config_path: str) -> tuple[TallyConfig, AlertsConfig]:
+    try:
+        return load_alerts_config(config_path)
+    except ConfigError as exc:
+        fail(str(exc), Exit.USAGE)
+
+
+@click.group()
+def alerts() -> None:
+    """Idle-GPU alerts to webhooks (Slack-compatible, Alertmanager)."""
+
+
+@alerts.command()
+@config_option
+def test(config_path: str) -> None:
+    """Send a test alert to every configured sink and report each one (exit 1 if any failed)."""
+    config, section = _load(config_path)
+    if not section.sinks:
+        fail(f"{config_path}: alerts.sinks: no alert sinks are configured", Exit.USAGE)
+    failed = 0
+    for sink in section.sinks:
+        result = send_test(sink, config.ledger.currency)
+        if result.ok:
+            click.echo(f"ok      {sink.name} ({sink.kind.value}): {result.detail}")
+        else:
+            failed += 1
+            tries = f" after {result.attempts} tries" if result.attempts > 1 else ""
+            click.secho(
+                f"FAILED  {sink.name} ({sink.kind.value}){tries}: {result.detail}",
+                fg="red",
+            )
+    if failed:
+        click.echo(f"{failed} of {len(section.sinks)} sinks failed", err=True)
+        sys.exit(int(Exit.CHECK_FAILED))
+
+
+@alerts.command()
+@config_option
+@bootstrap_option
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help="Serve Prometheus metrics on this port at /metrics (default: none).",
+)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True)
+def run(
+    config_path: str, bootstrap: str | None, metrics_port: int | None, metrics_host: str
+) -> None:
+    """Deliver alerts from the alerts topic to every sink until Ctrl-C.
+
+    Deliveries are deduplicated by alert id across restarts (the log is under the ledger data
+    directory); a sink that is down never holds up the others.
+    """
+    from streams.kafka import BrokerError, wait_for_broker
+    from tally.components import NoBrokerError, bootstrap_servers
+    from tally.metrics import TallyMetrics, serve_metrics
+
+    config, section = _load(config_path)
+    if not section.sinks:
+        fail(f"{config_path}: alerts.sinks: no alert sinks are configured", Exit.USAGE)
+    try:
+        servers = bootstrap_servers(config, bootstrap)
+    except NoBrokerError as exc:
+        fail(str(exc), Exit.USAGE)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s alerts %(levelname)s %(message)s"))
+    logger = logging.getLogger("tally.alerts")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    metrics = TallyMetrics(config.ledger.data_dir)
+    if metrics_port is not None:
+        server, _ = serve_metrics(metrics, metrics_host, metrics_port)
+        click.echo(f"metrics at http://{metrics_host}:{server.server_port}/metrics", err=True)
+    dispatcher = AlertDispatcher(
+        section.sinks, config.ledger.data_dir, config.ledger.currency, metrics
+    ).start()
+    names = ", ".join(f"{s.name} ({s.kind.value})" for s in section.sinks)
+    click.echo(f"delivering alerts from {config.topics.alerts} to {names}", err=True)
+
+    async def main() -> None:
+        await wait_for_broker(servers[0])
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await consume_alerts(servers, config.topics.alerts, dispatcher, section.group_id, stop=stop)
+
+    try:
+        asyncio.run(main())
+    except BrokerError as exc:
+        fail(str(exc), Exit.BROKER)
+    finally:
+        dispatcher.stop()

@@ -1,0 +1,224 @@
+"""Prometheus metrics of the Tally service: its own registry, the metric names, and `/metrics`.
+
+`TallyMetrics` holds a `CollectorRegistry` of its own (never the process-global default), the
+helpers the worker, the alert sinks and (later) the scheduler call, and — when given a ledger
+directory — gauges read from the newest sealed data at scrape time. `serve_metrics` exposes it
+over HTTP at `/metrics`.
+
+Metric names (the contract dashboards and alert rules rely on):
+
+- `tally_idle_gpus{kind}` (gauge; `kind` = `allocated_idle` | `unallocated`): GPUs idle in
+  their newest sealed sample (GPUs seen in the last hour of sealed data);
+- `tally_gpus_reporting` (gauge): GPUs with a sealed sample in that hour;
+- `tally_ledger_newest_sealed_timestamp_seconds` (gauge): end of the newest sealed sample;
+- `tally_ledger_lag_seconds` (gauge): now − the newest sealed sample (absent when empty);
+- `tally_ledger_segments` (gauge): segments the manifest lists;
+- `tally_alert_deliveries_total{sink,kind}` (counter): alerts a webhook accepted (2xx);
+- `tally_alert_delivery_failures_total{sink}` (counter): failed tries (each retry counts);
+- `tally_alert_drops_total{sink,reason}` (counter; `reason` = `queue_full` | `gave_up` |
+  `rejected`): alerts given up for a sink;
+- `tally_alert_queue_length{sink}` (gauge): alerts waiting for a sink;
+- `tally_alert_sink_up{sink}` (gauge): 1 if the sink's latest try succeeded, else 0;
+- `tally_worker_batch_messages`, `tally_worker_batch_postings` (histograms): per batch;
+- `tally_worker_commit_seconds` (histogram): time to commit one batch;
+- `tally_worker_errors_total{kind}` (counter): worker errors (`decode`, `commit`, `broker`, …);
+- `tally_worker_dead_letters_total` (counter): dead letters recorded;
+- `tally_scheduler_queue_length{queue}` (gauge), `tally_scheduler_admissions_total{queue}`,
+  `tally_scheduler_preemptions_total{queue}` (counters).
+
+The scheduler metrics are declared now and carry no samples until the scheduler reports.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ledger.reports import ReportQueries
+from ledger.rollups import FleetNow, GpuState, fleet_now, ledger_version
+
+BATCH_BUCKETS = (1, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10_000, 50_000)
+POSTING_BUCKETS = (4, 40, 400, 1000, 4000, 10_000, 40_000, 100_000, 400_000)
+COMMIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class LedgerCollector(Collector):
+    """Gauges read from the sealed ledger at scrape time; the idle scan is cached per ledger
+    version, so a scrape of an unchanged ledger reads only the manifest."""
+
+    def __init__(self, data_dir: Path | str, clock: Callable[[], float] = time.time) -> None:
+        self.data_dir = Path(data_dir)
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._cached: tuple[str, FleetNow, int] | None = None
+
+    def _fleet(self) -> tuple[FleetNow, int]:
+        version = ledger_version(self.data_dir)
+        with self._lock:
+            if self._cached is not None and self._cached[0] == version:
+                return self._cached[1], self._cached[2]
+            queries = ReportQueries(self.data_dir)
+            try:
+                now = fleet_now(queries)
+                segments = len(queries.segments())
+            finally:
+                queries.close()
+            self._cached = (version, now, segments)
+            return now, segments
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # collected lazily: registering must not read the ledger
+
+    def collect(self) -> Iterator[Metric]:
+        now, segments = self._fleet()
+        idle = GaugeMetricFamily(
+            "tally_idle_gpus",
+            "GPUs idle in their newest sealed sample, by kind.",
+            labels=["kind"],
+        )
+        for state in (GpuState.ALLOCATED_IDLE, GpuState.UNALLOCATED):
+            idle.add_metric([state.value], now.count(state))
+        yield idle
+        yield GaugeMetricFamily(
+            "tally_gpus_reporting",
+            "GPUs with a sealed sample in the last hour of sealed data.",
+            value=now.gpus,
+        )
+        yield GaugeMetricFamily(
+            "tally_ledger_segments", "Segments the manifest lists.", value=segments
+        )
+        if now.as_of_us is not None:
+            newest_s = now.as_of_us / 1_000_000
+            yield GaugeMetricFamily(
+                "tally_ledger_newest_sealed_timestamp_seconds",
+                "End of the newest sealed sample, Unix seconds.",
+                value=newest_s,
+            )
+            yield GaugeMetricFamily(
+                "tally_ledger_lag_seconds",
+                "Seconds between now and the newest sealed sample.",
+                value=max(0.0, self.clock() - newest_s),
+            )
+
+
+class TallyMetrics:
+    """The service's metrics in a registry of their own; also `tally.alerting.DeliveryMetrics`."""
+
+    def __init__(self, data_dir: Path | str | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.alert_deliveries = Counter(
+            "tally_alert_deliveries",
+            "Alerts a webhook accepted.",
+            ["sink", "kind"],
+            registry=r,
+        )
+        self.alert_failures = Counter(
+            "tally_alert_delivery_failures",
+            "Failed alert delivery tries (each retry counts).",
+            ["sink"],
+            registry=r,
+        )
+        self.alert_drops = Counter(
+            "tally_alert_drops", "Alerts given up for a sink.", ["sink", "reason"], registry=r
+        )
+        self.alert_queue_length = Gauge(
+            "tally_alert_queue_length", "Alerts waiting for a sink.", ["sink"], registry=r
+        )
+        self.alert_up = Gauge(
+            "tally_alert_sink_up", "1 if the sink's latest try succeeded.", ["sink"], registry=r
+        )
+        self.batch_messages = Histogram(
+            "tally_worker_batch_messages",
+            "Messages per ledger-worker batch.",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.batch_postings = Histogram(
+            "tally_worker_batch_postings",
+            "Postings committed per batch.",
+            buckets=POSTING_BUCKETS,
+            registry=r,
+        )
+        self.commit_seconds = Histogram(
+            "tally_worker_commit_seconds",
+            "Time to commit one batch.",
+            buckets=COMMIT_BUCKETS,
+            registry=r,
+        )
+        self.worker_errors = Counter(
+            "tally_worker_errors", "Worker errors by kind.", ["kind"], registry=r
+        )
+        self.dead_letters = Counter(
+            "tally_worker_dead_letters", "Dead letters recorded.", registry=r
+        )
+        self.scheduler_queue = Gauge(
+            "tally_scheduler_queue_length", "Jobs waiting per queue.", ["queue"], registry=r
+        )
+        self.scheduler_admissions = Counter(
+            "tally_scheduler_admissions", "Jobs admitted.", ["queue"], registry=r
+        )
+        self.scheduler_preemptions = Counter(
+            "tally_scheduler_preemptions", "Jobs preempted.", ["queue"], registry=r
+        )
+        self.ledger: LedgerCollector | None = None
+        if data_dir is not None:
+            self.ledger = LedgerCollector(data_dir)
+            r.register(self.ledger)
+
+    # ---------------------------------------------------------------- the worker
+
+    def observe_batch(self, messages: int, postings: int, commit_seconds: float) -> None:
+        """One committed batch of the ledger worker."""
+        self.batch_messages.observe(messages)
+        self.batch_postings.observe(postings)
+        self.commit_seconds.observe(commit_seconds)
+
+    def worker_error(self, kind: str) -> None:
+        self.worker_errors.labels(kind=kind).inc()
+
+    def dead_letter(self, count: int = 1) -> None:
+        self.dead_letters.inc(count)
+
+    # ---------------------------------------------------------------- the scheduler
+
+    def scheduler_queue_length(self, queue: str, length: int) -> None:
+        self.scheduler_queue.labels(queue=queue).set(length)
+
+    def admitted(self, queue: str, count: int = 1) -> None:
+        self.scheduler_admissions.labels(queue=queue).inc(count)
+
+    def preempted(self, queue: str, count: int = 1) -> None:
+        self.scheduler_preemptions.labels(queue=queue).inc(count)
+
+    # ---------------------------------------------------------------- alert sinks
+
+    def alert_delivered(self, sink: str, kind: str) -> None:
+        self.alert_deliveries.labels(sink=sink, kind=kind).inc()
+
+    def alert_failed(self, sink: str) -> None:
+        self.alert_failures.labels(sink=sink).inc()
+
+    def alert_dropped(self, sink: str, reason: str) -> None:
+        self.alert_drops.labels(sink=sink, reason=str(reason)).inc()
+
+    def alert_queue(self, sink: str, length: int) -> None:
+        self.alert_queue_length.labels(sink=sink).set(length)
+
+    def alert_sink_up(self, sink: str, up: bool) -> None:
+        self.alert_up.labels(sink=sink).set(1 if up else 0)
+
+
+def serve_metrics(
+    metrics: TallyMetrics, host: str = "127.0.0.1", port: int = 9464
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve `metrics` at `http://host:port/metrics` from a daemon thread; `server.shutdown()`
+    stops it. Port 0 picks a free port (`server.server_port`)."""
+    return start_http_server(port, host, registry=metrics.registry)

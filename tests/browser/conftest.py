@@ -1,0 +1,121 @@
+"""Fixtures for the dashboard in a real browser: a seeded ledger, `streamlit run` on a free
+port, and headless Chromium from Debian driven by Playwright.
+
+Registers the `browser` marker. The tests are skipped only when `/usr/bin/chromium` is missing
+(`apt-get install -y chromium`); Playwright's Python package must be installed
+(`pip install playwright` — never `playwright install`, which downloads a browser).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.conftest import REPO, child_env
+from tests.unit.test_dashboard_seed import seed_ledger
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+START_TIMEOUT_S = 60
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "browser: drives the dashboard in headless Chromium (needs /usr/bin/chromium)"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def seeded_ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return seed_ledger(tmp_path_factory.mktemp("browser") / "ledger")
+
+
+@pytest.fixture(scope="session")
+def dashboard_url(seeded_ledger: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`streamlit run dashboard/app.py` on a free loopback port over the seeded ledger."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("streamlit") / "streamlit.log"
+    env = child_env(TALLY_DATA_DIR=str(seeded_ledger), TALLY_CURRENCY="USD")
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "streamlit", "run", str(REPO / "dashboard" / "app.py"),
+                "--server.address", "127.0.0.1", "--server.port", str(port),
+                "--server.headless", "true", "--browser.gatherUsageStats", "false",
+                "--server.fileWatcherType", "none",
+            ],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"streamlit exited with {proc.returncode}:\n{log_path.read_text()}")
+            try:
+                if requests.get(f"{url}/_stcore/health", timeout=2).ok:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"streamlit did not start in {START_TIMEOUT_S}s:\n{log_path.read_text()}"
+                )
+            time.sleep(0.2)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def chromium(dashboard_url: str) -> Iterator[Any]:
+    """Headless Chromium (Debian's) under Playwright; the first page load is warmed."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail(
+            "Playwright's Python package is missing: pip install playwright "
+            "(do not run `playwright install`; the tests use /usr/bin/chromium)"
+        )
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(dashboard_url, wait_until="networkidle")  # the first load can be blank
+            page.wait_for_timeout(1000)
+            page.close()
+            yield browser
+        finally:
+            browser.close()

@@ -1,0 +1,119 @@
+"""Every dashboard page in headless Chromium against `streamlit run` over a seeded ledger:
+charts and tables render, no Streamlit exception box, and the FOCUS CSV downloaded from the
+Finance page is byte for byte the ledger's export and sums to the ledger's cost."""
+
+from __future__ import annotations
+
+import csv
+import io
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger import rollups
+from ledger.focus import ExportFormat, FocusContext
+from ledger.reports import ReportQueries, cost_report, ledger_money_total
+
+pytestmark = pytest.mark.browser
+
+RENDER_TIMEOUT_MS = 60_000
+PAGES = {
+    "": ("Finance: GPU cost", 5, 2),  # path: (title, tables at least, charts at least)
+    "platform": ("Platform: the GPU fleet", 4, 3),
+    "capacity": ("Capacity planning", 2, 1),
+}
+
+
+def _open(chromium: Any, url: str) -> Any:
+    page = chromium.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    page.set_default_timeout(RENDER_TIMEOUT_MS)
+    page.goto(url, wait_until="networkidle")
+    return page
+
+
+def _settle(page: Any, title: str, tables: int, charts: int) -> None:
+    page.get_by_role("heading", name=title).wait_for()
+    page.wait_for_function(
+        "([t, c]) => document.querySelectorAll('[data-testid=\"stDataFrame\"]').length >= t"
+        ' && document.querySelectorAll(\'[data-testid="stVegaLiteChart"] canvas,'
+        ' [data-testid="stVegaLiteChart"] svg\').length >= c',
+        arg=[tables, charts],
+    )
+    # the script has finished: Streamlit's status widget no longer says "Running"
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
+        " || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText"
+        ".includes('Running')"
+    )
+
+
+@pytest.mark.parametrize("path", list(PAGES), ids=["finance", "platform", "capacity"])
+def test_page_renders_without_an_exception(chromium, dashboard_url, path):
+    title, tables, charts = PAGES[path]
+    page = _open(chromium, f"{dashboard_url}/{path}")
+    try:
+        _settle(page, title, tables, charts)
+        assert page.locator('[data-testid="stException"]').count() == 0
+        assert page.locator('[data-testid="stMetric"]').count() >= 1
+    finally:
+        page.close()
+
+
+def test_finance_figures_in_the_browser_equal_the_ledger(chromium, dashboard_url, seeded_ledger):
+    page = _open(chromium, dashboard_url)
+    try:
+        _settle(page, *PAGES[""])
+        metric = page.locator('[data-testid="stMetric"]').filter(has_text="GPU cost")
+        shown = metric.locator('[data-testid="stMetricValue"]').inner_text()
+    finally:
+        page.close()
+    queries = ReportQueries(seeded_ledger)
+    report = cost_report(queries, ("team",), "2026-11")
+    queries.close()
+    expected = Decimal(report.consumer_micros) / 1_000_000
+    assert shown == f"{expected:,.2f} USD"
+
+
+def test_sidebar_filter_changes_the_page(chromium, dashboard_url, seeded_ledger):
+    page = _open(chromium, dashboard_url)
+    try:
+        _settle(page, *PAGES[""])
+        page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').first.click()
+        page.get_by_role("option", name="2026-10 · closed").click()
+        page.get_by_text("2026-10 is closed").wait_for()
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        page.close()
+
+
+def test_focus_csv_download_is_the_ledger_export(chromium, dashboard_url, seeded_ledger, tmp_path):
+    page = _open(chromium, dashboard_url)
+    try:
+        _settle(page, *PAGES[""])
+        button = page.get_by_role("button", name="Download FOCUS export (CSV)")
+        button.scroll_into_view_if_needed()
+        with page.expect_download(timeout=RENDER_TIMEOUT_MS) as info:
+            button.click()
+        download = info.value
+        target = Path(tmp_path) / "focus.csv"
+        download.save_as(target)
+        assert download.suggested_filename == "tally-focus-2026-11.csv"
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        page.close()
+    got = target.read_bytes()
+    queries = ReportQueries(seeded_ledger)
+    try:
+        expected, rows = rollups.focus_bytes(
+            queries, "2026-11", ExportFormat.CSV, FocusContext(currency="USD")
+        )
+        total = ledger_money_total(queries, "2026-11")
+    finally:
+        queries.close()
+    assert got == expected
+    records = list(csv.DictReader(io.StringIO(got.decode())))
+    assert len(records) == rows > 0
+    billed = sum(Decimal(r["BilledCost"]) for r in records)
+    assert billed == Decimal(total) / 1_000_000
