@@ -93,22 +93,28 @@ class ClusterIdentity:
         self.bootstrap = bootstrap
         self.timeout_s = timeout_s
         self._client: AIOKafkaClient | None = None
+        self._asking = asyncio.Lock()  # one question at a time over the one connection
 
     async def current(self) -> str | None:
-        try:
-            if self._client is None:
-                self._client = AIOKafkaClient(
-                    bootstrap_servers=self.bootstrap,
-                    request_timeout_ms=int(self.timeout_s * 1000),
+        async with self._asking:
+            try:
+                client = self._client
+                if client is None:
+                    client = AIOKafkaClient(
+                        bootstrap_servers=self.bootstrap,
+                        request_timeout_ms=int(self.timeout_s * 1000),
+                    )
+                    self._client = client
+                    await asyncio.wait_for(client.bootstrap(), self.timeout_s)
+                node = client.get_random_node()
+                if node is None:
+                    raise KafkaError("no broker in the metadata")
+                response = await asyncio.wait_for(
+                    client.send(node, MetadataRequest(topics=[])), self.timeout_s
                 )
-                await asyncio.wait_for(self._client.bootstrap(), self.timeout_s)
-            node = self._client.get_random_node()
-            response = await asyncio.wait_for(
-                self._client.send(node, MetadataRequest(topics=[])), self.timeout_s
-            )
-        except (KafkaError, OSError, TimeoutError):
-            await self.close()
-            return None
+            except (KafkaError, OSError, TimeoutError):
+                await self.close()
+                return None
         cluster_id = getattr(response, "cluster_id", None)
         return str(cluster_id) if cluster_id else None
 

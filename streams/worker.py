@@ -85,6 +85,17 @@ class WorkerStats:
     last_commit_ms: float = 0.0
 
 
+AGENT_FAILED_EXIT = 70  # EX_SOFTWARE
+
+
+async def _die(agent: Any, exc: BaseException) -> None:
+    """An agent that fails must not leave a worker running that consumes nothing: exit, and let
+    the supervisor start it again. Every batch commit is atomic, so nothing is half-applied."""
+    log.critical("agent %s failed: %r; exiting", getattr(agent, "name", agent), exc, exc_info=exc)
+    logging.shutdown()
+    os._exit(AGENT_FAILED_EXIT)
+
+
 class LedgerWorker:
     """Owns the Faust app, the store and the ingestor of one ledger data directory."""
 
@@ -139,7 +150,7 @@ class LedgerWorker:
 
         app.on_partitions_assigned.connect(_on_assigned)  # type: ignore[arg-type]
 
-        @app.agent(samples, name="ledger-ingest")
+        @app.agent(samples, name="ledger-ingest", on_error=_die)
         async def ingest(stream: Any) -> None:
             async for events in stream.take_events(s.batch_max_messages, within=s.batch_within_s):
                 messages = [
@@ -160,7 +171,7 @@ class LedgerWorker:
                 value_serializer="raw",
             )
 
-            @app.agent(source, name=agent_name)
+            @app.agent(source, name=agent_name, on_error=_die)
             async def fold(stream: Any) -> None:
                 async for events in stream.take_events(max_messages, within=s.batch_within_s):
                     messages = [
