@@ -99,7 +99,7 @@ def dashboard_url(seeded_ledger: Path, tmp_path_factory: pytest.TempPathFactory)
                 proc.wait(10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # sync Playwright runs a loop: end it with the module
 def chromium(dashboard_url: str) -> Iterator[Any]:
     """Headless Chromium (Debian's) under Playwright; the first page load is warmed."""
     try:
