@@ -149,8 +149,10 @@ class LedgerWorker:
             await self._refresh_incarnation()
 
         app.on_partitions_assigned.connect(_on_assigned)  # type: ignore[arg-type]
+        # Faust hands every agent its app's error hook: make a failing agent end the process.
+        app._on_agent_error = _die  # type: ignore[method-assign]
 
-        @app.agent(samples, name="ledger-ingest", on_error=_die)
+        @app.agent(samples, name="ledger-ingest")
         async def ingest(stream: Any) -> None:
             async for events in stream.take_events(s.batch_max_messages, within=s.batch_within_s):
                 messages = [
@@ -171,7 +173,7 @@ class LedgerWorker:
                 value_serializer="raw",
             )
 
-            @app.agent(source, name=agent_name, on_error=_die)
+            @app.agent(source, name=agent_name)
             async def fold(stream: Any) -> None:
                 async for events in stream.take_events(max_messages, within=s.batch_within_s):
                     messages = [
