@@ -4,18 +4,37 @@ Adapters come with the rest of the Scheduler issue — a Kafka event sink and ba
 local executor (process groups pinned with `CUDA_VISIBLE_DEVICES`) and the Slurm executor —
 each with an in-memory fake beside it and one contract test run against both.
 
-Contract of an executor: `start` after the job's `GpuAssigned` events are applied; `stop`
-must have ended every process of the job before its GPUs are handed to another job (a cycle
-that preempts emits the victims' `GpuReleased` before the preemptor's `GpuAssigned`); what it
-observes (started, finished, failed) comes back through `poll` as events.
+The executor port (adapters in `scheduler.executors`) owns its vocabulary here: `Work` (what a
+job runs), `StopReason` (why it is told to stop), `RunState` and `JobStatus` (what it reports).
+Its contract:
+- `start` after the job's `GpuAssigned` events are applied; it never raises for a job that
+  cannot launch (a missing command, a batch script Slurm refuses): that job is reported
+  `FAILED` by the next `poll`. It raises `ExecutorError` (`scheduler.executors.errors`) only
+  for what is wrong with the executor or the caller: the backend is unreachable, the job is
+  already started there;
+- `stop` returns only once every process of those jobs has ended, so their GPUs may be handed
+  to another job (a cycle that preempts emits the victims' `GpuReleased` before the
+  preemptor's `GpuAssigned`); it returns each job's last status — `STOPPED`, or how it ended
+  on its own if it ended first — and ignores jobs it does not run;
+- `poll` reports every change of state once, in order, as `JobStatus` values: `RUNNING` once
+  per run (before its end, even if the run was too short to be seen running), then one ended
+  state — or `FAILED` alone for a run that never launched; a job is forgotten after its ended
+  status (its log stays). A job stopped by `stop` is never reported by `poll`;
+- every decision stays in the pure core: `scheduler.executors.bridge` turns statuses into
+  `jobs` events (finish, fail, retry) and decisions into `start`/`stop` calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
 from typing import Protocol
 
 from ledger.job_events import JobEvent
+from scheduler.executors.errors import InvalidWork
 from scheduler.model import Balance, RunningJob
 
 
@@ -41,9 +60,107 @@ class UsageFeed(Protocol):
     def metered_since_last(self) -> Mapping[str, int]: ...
 
 
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_ENV = frozenset(("CUDA_VISIBLE_DEVICES", "TALLY_JOB_ID", "TALLY_ATTEMPT"))
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What a job runs: exactly one of `command` (an argv) or `script` (a batch script that
+    starts with `#!`), extra environment variables, and a working directory.
+
+    Every executor accepts both forms: the local executor runs a script from a file, Slurm
+    wraps a command in a two-line script. The executor sets `CUDA_VISIBLE_DEVICES`,
+    `TALLY_JOB_ID` and `TALLY_ATTEMPT`; `env` may not set them.
+    """
+
+    command: tuple[str, ...] = ()
+    script: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    cwd: str | None = None
+
+    def __post_init__(self) -> None:
+        if bool(self.command) == (self.script is not None):
+            raise InvalidWork("work: give exactly one of a command or a script")
+        if self.command and not self.command[0]:
+            raise InvalidWork("work: a command needs a program")
+        if self.script is not None and not self.script.startswith("#!"):
+            raise InvalidWork("work: a script must start with #! and its interpreter")
+        for name, value in self.env:
+            if not ENV_NAME.fullmatch(name) or name in RESERVED_ENV:
+                raise InvalidWork(f"work: {name!r} is not an environment variable a job may set")
+            if "\0" in value:
+                raise InvalidWork(f"work: the value of {name} contains a NUL byte")
+        if len({name for name, _ in self.env}) != len(self.env):
+            raise InvalidWork("work: an environment variable is set twice")
+
+
+class StopReason(StrEnum):
+    """Why an executor is told to stop a job. Only `PREEMPTED` jobs come back: Slurm requeues
+    and holds them, so a later `start` releases the same Slurm job."""
+
+    PREEMPTED = "preempted"
+    RECLAIMED = "reclaimed"
+    CANCELLED = "cancelled"
+    MAX_RUNTIME = "max_runtime"
+
+
+class RunState(StrEnum):
+    """What an executor last saw of a job."""
+
+    PENDING = "pending"  # accepted, not running yet (a Slurm queue); never reported by poll
+    RUNNING = "running"
+    FINISHED = "finished"  # its main process exited 0
+    FAILED = "failed"  # exited non-zero or by a signal no stop sent, or could not launch
+    TIMED_OUT = "timed_out"  # the backend's own runtime limit ended it (Slurm --time)
+    CANCELLED = "cancelled"  # someone outside Tally ended it (scancel by hand)
+    LOST = "lost"  # its node failed, it vanished, or the backend requeued or preempted it
+    STOPPED = "stopped"  # ended by `stop`
+
+    @property
+    def ended(self) -> bool:
+        return self not in (RunState.PENDING, RunState.RUNNING)
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """One observed change of a job's state.
+
+    `exit_code`: for an ended job, its exit status, 128 + N when signal N ended it, None when
+    it never launched or the backend does not say. `devices`: for `RUNNING`, the
+    `CUDA_VISIBLE_DEVICES` entries the job was given (what Slurm chose, for Slurm).
+    `native_id`: the process id or Slurm job id.
+    """
+
+    job_id: str
+    state: RunState
+    time_us: int
+    exit_code: int | None = None
+    devices: tuple[str, ...] = ()
+    native_id: str = ""
+    detail: str = ""
+
+
 class Executor(Protocol):
-    def start(self, job: RunningJob) -> None: ...
+    """Runs jobs on the GPUs the scheduler gave them; see the module's contract."""
 
-    def stop(self, job_id: str, reason: str) -> None: ...
+    def start(self, job: RunningJob, work: Work, *, time_limit_us: int | None = None) -> None:
+        """Launch `job` (one run of it). `time_limit_us` is the backend's own backstop, where
+        it has one (Slurm `--time`); the core stops overdue jobs itself."""
+        ...
 
-    def poll(self) -> Sequence[JobEvent]: ...
+    def stop(self, job_ids: Collection[str], reason: StopReason) -> tuple[JobStatus, ...]:
+        """End these jobs (all at once, one grace period) and return their last statuses."""
+        ...
+
+    def poll(self) -> tuple[JobStatus, ...]:
+        """Changes of state since the last poll, in order."""
+        ...
+
+    def active(self) -> tuple[str, ...]:
+        """The jobs started here that have not ended (and, for Slurm, are not parked)."""
+        ...
+
+    def log_path(self, job_id: str) -> Path | None:
+        """Where the job's stdout and stderr go (None: this executor keeps no log)."""
+        ...
