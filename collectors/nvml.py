@@ -539,6 +539,7 @@ class NvmlCollector:
             mig: MigInstance | None,
             processes: list[ProcessUsage],
             xid_errors: int | None,
+            energy_delta_mj: int | None = None,
         ) -> GpuSample:
             return GpuSample(
                 node=self.node,
@@ -560,6 +561,7 @@ class NvmlCollector:
                 temperature_c=_in_range(temperature, 200),
                 sm_clock_mhz=_in_range(sm_clock, 10_000),
                 xid_errors=xid_errors,
+                energy_delta_mj=energy_delta_mj,
             )
 
         if not enabled or not gpu.slots:
@@ -583,11 +585,13 @@ class NvmlCollector:
                     mig=None,
                     processes=processes,
                     xid_errors=len(xids) if gpu.xid_registered else None,
+                    energy_delta_mj=energy_delta or None,  # 0: no earlier reading to rise from
                 )
             )
             return
 
         total_slices = gpu.total_slices or _DEFAULT_TOTAL_SLICES
+        apportioned = 0  # energy given to instances this round; the rest is the spare slices'
         for gi, slot in gpu.slots.items():
             processes = by_gi.get(gi, [])
             memory = self._mig_call(gpu, slot, "MIG memory", nvml.nvmlDeviceGetMemoryInfo)
@@ -595,12 +599,17 @@ class NvmlCollector:
                 slot.memory_total = int(memory.total)
             slices = slot.mig.slices
             slot_energy = None
+            slot_delta: int | None = None
             if energy is not None:
                 if slot.energy_start is None:
                     slot.energy_start = energy * slices // total_slices
                 else:
+                    before = slot.energy_start + slot.energy_numerator // total_slices
                     slot.energy_numerator += energy_delta * slices
+                    slot_delta = slot.energy_start + slot.energy_numerator // total_slices - before
                 slot_energy = slot.energy_start + slot.energy_numerator // total_slices
+            if slot_delta:
+                apportioned += slot_delta
             ctx.samples.append(
                 make(
                     util=_occupancy_util(processes),
@@ -616,11 +625,15 @@ class NvmlCollector:
                     xid_errors=sum(1 for _, x_gi in xids if x_gi in (gi, NOT_AVAILABLE_U32))
                     if gpu.xid_registered
                     else None,
+                    energy_delta_mj=slot_delta or None,
                 )
             )
         rest = unconfigured_slices([slot.mig for slot in gpu.slots.values()])
-        if rest is not None:  # slices no instance occupies: unallocated capacity
-            ctx.samples.append(make(0, None, 0, 0, None, None, rest, [], None))
+        if rest is not None:  # slices no instance occupies: unallocated capacity, and its energy
+            spare_energy = energy_delta - apportioned if energy is not None else 0
+            ctx.samples.append(
+                make(0, None, 0, 0, None, None, rest, [], None, spare_energy or None)
+            )
 
     def _mig_call(self, gpu: _Gpu, slot: _MigSlot, what: str, fn: Callable[..., Any]) -> Any:
         """`fn(slot.handle)`; an instance that stops answering makes the layout stale."""

@@ -176,7 +176,8 @@ class SimulatedFleet:
             util = 0
             memory = 0
         power_mw = 70_000 + util * 6_300
-        self._energy_mj[gpu.ordinal] += power_mw * self.interval_us // 1_000_000  # mW·s = mJ
+        used_mj = power_mw * self.interval_us // 1_000_000  # mW·s = mJ
+        self._energy_mj[gpu.ordinal] += used_mj
         processes: tuple[ProcessUsage, ...] = ()
         if work.owner is not None:
             processes = (ProcessUsage(work.pid, memory, util, work.owner),)
@@ -192,6 +193,7 @@ class SimulatedFleet:
             memory_total_bytes=total,
             power_mw=power_mw,
             energy_mj=self._energy_mj[gpu.ordinal],
+            energy_delta_mj=used_mj,
             processes=processes,
             source=SampleSource.SIMULATED,
             sample_time_us=time_us,

@@ -9,7 +9,9 @@ utilisation; if no process reports any, by used memory; if that is zero too, equ
 with no known owner count towards the unallocated share. Every split uses largest-remainder
 rounding, so the integer parts sum exactly to the whole; money is rounded once for the whole
 sample (`pricing.cost_of`; per price piece when a price changes inside the interval, see
-`usage_cost`) and split the same way.
+`usage_cost`) and split the same way. When the sample reports the energy it used
+(`energy_delta_mj`), that energy is posted in millijoules, split the same way, and — when the
+price book prices energy — its cost (rounded once) is added to the sample's money.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ledger.accounts import capacity_account, consumer_account, unallocated_acco
 from ledger.events import Envelope, GpuSample, MigInstance, Owner
 from ledger.periods import period_label
 from ledger.postings import Posting, Transaction, TransactionKind
-from ledger.pricing import PriceBook, cost_of
+from ledger.pricing import PriceBook, cost_of, energy_cost
 from ledger.units import US_PER_MS, Unit, divide_round_half_even
 
 
@@ -115,16 +117,24 @@ def attribute_sample(
     sample = envelope.data
     total_ms = physical_gpu_ms(sample)
     total_cost = usage_cost(prices, sample, total_ms)
+    energy = sample.energy_delta_mj or 0
+    if energy:
+        rate = prices.energy_rate_at(sample.pool, sample.start_us)
+        if rate is not None:
+            total_cost += energy_cost(energy, rate)
     shares = owner_shares(sample)
     weights = [w for _, w in shares]
     ms_parts = largest_remainder(total_ms, weights) if len(shares) > 1 else [total_ms]
     cost_parts = largest_remainder(total_cost, ms_parts) if len(shares) > 1 else [total_cost]
+    energy_parts = largest_remainder(energy, ms_parts) if len(shares) > 1 else [energy]
     postings: list[Posting] = []
-    for (owner, _), ms, cost in zip(shares, ms_parts, cost_parts, strict=True):
+    for (owner, _), ms, cost, mj in zip(shares, ms_parts, cost_parts, energy_parts, strict=True):
         if owner is None or owner.team is None:
             account = unallocated_account(sample.pool, sample.model)
             postings.append(Posting(account, Unit.GPU_MS, ms))
             postings.append(Posting(account, Unit.MONEY, cost))
+            if energy:
+                postings.append(Posting(account, Unit.ENERGY_MJ, mj))
             continue
         account = consumer_account(owner.team, owner.project)
         centre = cost_centres.get(owner.team)
@@ -152,9 +162,24 @@ def attribute_sample(
                 centre,
             )
         )
+        if energy:
+            postings.append(
+                Posting(
+                    account,
+                    Unit.ENERGY_MJ,
+                    mj,
+                    owner.team,
+                    owner.project,
+                    owner.user,
+                    owner.job_id,
+                    centre,
+                )
+            )
     capacity = capacity_account(sample.pool, sample.model)
     postings.append(Posting(capacity, Unit.GPU_MS, -total_ms))
     postings.append(Posting(capacity, Unit.MONEY, -total_cost))
+    if energy:
+        postings.append(Posting(capacity, Unit.ENERGY_MJ, -energy))
     return Transaction(
         txn_id=envelope.id,
         kind=TransactionKind.USAGE,

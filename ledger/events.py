@@ -109,6 +109,7 @@ class GpuSample:
     temperature_c: int | None = None
     sm_clock_mhz: int | None = None
     xid_errors: int | None = None
+    energy_delta_mj: int | None = None  # energy used over this interval (the counter's rise)
 
     @property
     def subject(self) -> str:
@@ -232,6 +233,7 @@ def sample_to_dict(sample: GpuSample) -> dict[str, Any]:
         "temperature_c": sample.temperature_c,
         "sm_clock_mhz": sample.sm_clock_mhz,
         "xid_errors": sample.xid_errors,
+        "energy_delta_mj": sample.energy_delta_mj,
     }
 
 
@@ -378,6 +380,7 @@ def sample_from_dict(data: Any) -> GpuSample:
         temperature_c=_opt_int(data, "temperature_c", 0, 200),
         sm_clock_mhz=_opt_int(data, "sm_clock_mhz", 0, 10_000),
         xid_errors=_opt_int(data, "xid_errors"),
+        energy_delta_mj=_opt_int(data, "energy_delta_mj", 0, 10**12),
     )
 
 

@@ -3,7 +3,8 @@
 A price applies from its effective time on, never before: `rate_at` picks the latest entry whose
 `effective_us` is not after the time asked, and `rates_between` cuts an interval at every price
 change inside it. A pool-specific entry beats the model-wide one, and
-the model `*` is the fallback for models with no entry of their own.
+the model `*` is the fallback for models with no entry of their own. Energy, when priced, has
+its own effective-dated rates per kWh (`EnergyPrice`), optionally per pool.
 """
 
 from __future__ import annotations
@@ -27,8 +28,18 @@ class Price:
 
 
 @dataclass(frozen=True, slots=True)
+class EnergyPrice:
+    """Energy at this many micro-units per kWh from `effective_us` on (in `pool`, or any)."""
+
+    micros_per_kwh: int
+    effective_us: int = 0
+    pool: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PriceBook:
     prices: tuple[Price, ...]
+    energy: tuple[EnergyPrice, ...] = ()
     _cache: dict[tuple[str, str], tuple[Price, ...]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -69,6 +80,19 @@ class PriceBook:
                 return price.micros_per_gpu_hour
         raise PricingError(f"no price for GPU model {model!r} in pool {pool!r}")
 
+    def energy_rate_at(self, pool: str, time_us: int) -> int | None:
+        """Micro-units per kWh in `pool` at `time_us`, or None when energy is not priced."""
+        best: EnergyPrice | None = None
+        for price in self.energy:
+            if price.effective_us > time_us or price.pool not in (None, pool):
+                continue
+            if best is None or (price.pool is not None, price.effective_us) > (
+                best.pool is not None,
+                best.effective_us,
+            ):
+                best = price
+        return None if best is None else best.micros_per_kwh
+
     def rates_between(
         self, model: str, pool: str, start_us: int, end_us: int
     ) -> list[tuple[int, int, int]]:
@@ -89,6 +113,14 @@ class PriceBook:
             else:
                 pieces.append((lo, hi, rate))
         return pieces
+
+
+MJ_PER_KWH = 3_600_000_000
+
+
+def energy_cost(energy_mj: int, micros_per_kwh: int) -> int:
+    """Money for `energy_mj` at a rate per kWh, rounded half-even to a micro-unit."""
+    return divide_round_half_even(energy_mj * micros_per_kwh, MJ_PER_KWH)
 
 
 def cost_of(gpu_ms: int, micros_per_gpu_hour: int) -> int:

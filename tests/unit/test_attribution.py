@@ -6,7 +6,7 @@ from ledger.attribution import attribute_sample, largest_remainder, owner_shares
 from ledger.errors import PricingError
 from ledger.events import envelope_for
 from ledger.postings import validate
-from ledger.pricing import Price, PriceBook
+from ledger.pricing import EnergyPrice, Price, PriceBook
 from tests.builders import INTERVAL_US, a_mig, a_process, a_sample, an_owner
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -219,3 +219,29 @@ def test_price_change_mid_interval_applies_from_its_effective_time(
     assert out[("consumer:vision/detection", "money_micros")] == expected_cost
     assert out[("capacity:h100/" + H100, "money_micros")] == -expected_cost
     assert out[("consumer:vision/detection", "gpu_ms")] == 10_000
+
+
+@pytest.mark.parametrize(
+    ("energy_prices", "money"),
+    [
+        pytest.param((), 10_000, id="energy-unpriced"),
+        pytest.param((EnergyPrice(180_000),), 10_000 + 250, id="energy-at-0.18-per-kwh"),
+    ],
+)
+def test_energy_is_posted_and_priced_when_the_sample_reports_it(energy_prices, money):
+    # 5,000,000 mJ = 1/720 kWh; at 0.18 per kWh that is 250 micro-units
+    prices = PriceBook(PRICES.prices, energy_prices)
+    out = _by_account(a_sample(energy_delta_mj=5_000_000), prices)
+    assert out[("consumer:vision/detection", "energy_mj")] == 5_000_000
+    assert out[("capacity:h100/" + H100, "energy_mj")] == -5_000_000
+    assert out[("consumer:vision/detection", "money_micros")] == money
+
+
+def test_energy_of_a_shared_gpu_is_split_like_its_time():
+    sample = a_sample(
+        energy_delta_mj=1_000,
+        processes=(a_process(sm=60, owner=VISION), a_process(pid=2, sm=30, owner=SEARCH)),
+    )
+    out = _by_account(sample)
+    assert out[("consumer:vision/detection", "energy_mj")] == 667
+    assert out[("consumer:search/ranking", "energy_mj")] == 333

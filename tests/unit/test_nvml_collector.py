@@ -629,3 +629,15 @@ def test_a_partly_carved_mig_gpu_is_fully_accounted_for() -> None:
     assert sum(physical_gpu_ms(s) for s in parent) in range(
         STEP_US // 1000 - 3, STEP_US // 1000 + 4
     )
+
+
+def test_energy_used_per_interval_is_reported_and_a_mig_gpu_loses_none_of_it() -> None:
+    fake = mixed_node()
+    c = collector(fake)
+    first, second = rounds(c, fake, 2)
+    assert all(s.energy_delta_mj is None for s in first.samples)  # nothing to rise from yet
+    whole = by_subject(second)[gpu_uuid(0)]
+    assert whole.energy_delta_mj == 350_000 * 10  # 350 W for 10 s
+    parent = [s for s in second.samples if s.gpu_uuid == gpu_uuid(2)]
+    # instances and the spare slice together used exactly what the GPU's counter rose by
+    assert sum(s.energy_delta_mj or 0 for s in parent) == 210_000 * 10
