@@ -254,6 +254,116 @@ class QuotaConfig(Strict):
     lending_limit: int | None = Field(None, ge=0, le=1_000_000)
 
 
+QueueClassName = Literal["training", "inference", "dev"]
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def _env_name(value: Any) -> str:
+    if not isinstance(value, str) or not ENV_NAME.match(value):
+        raise ValueError("an environment variable name: letters, digits and '_'")
+    return value
+
+
+EnvName = Annotated[str, BeforeValidator(_env_name)]
+
+
+class IdleReclaimAfter(Strict):
+    """`{reclaim_after_min: N}` or `{alert_after_min: N}`: act once every GPU of a job has been
+    allocated but idle this long."""
+
+    reclaim_after_min: float | None = Field(None, ge=0, le=366 * 24 * 60)
+    alert_after_min: float | None = Field(None, ge=0, le=366 * 24 * 60)
+
+    @model_validator(mode="after")
+    def _one(self) -> IdleReclaimAfter:
+        if (self.reclaim_after_min is None) == (self.alert_after_min is None):
+            raise ValueError("give exactly one of reclaim_after_min or alert_after_min")
+        return self
+
+
+class QueueConfig(Strict):
+    """A scheduler queue. `idle_reclaim` left out takes the class's default (dev: reclaim after
+    60 min, training: alert after 60 min, inference: never)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    name: Name
+    queue_class: QueueClassName = Field(alias="class")
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000)
+    preemptible: bool = True
+    idle_reclaim: Literal["alert", "never"] | IdleReclaimAfter | None = None
+    max_runtime_hours: float | None = Field(None, gt=0, le=366 * 24)
+    retry_limit: int = Field(0, ge=0, le=100)
+    run_preemptible_when_over_budget: bool = False
+
+    @model_validator(mode="after")
+    def _over_budget_needs_preemptible(self) -> QueueConfig:
+        if self.run_preemptible_when_over_budget and not self.preemptible:
+            raise ValueError(
+                "run_preemptible_when_over_budget needs a preemptible queue "
+                "(over-budget jobs run preemptible)"
+            )
+        return self
+
+
+class SchedulerTeamConfig(Strict):
+    """Scheduler settings of one team: the cohort it lends to and borrows from, its fair-share
+    weight (default: its nominal GPUs) and how far below zero admission may take its budget."""
+
+    name: Name
+    cohort: Name | None = None
+    weight: int | None = Field(None, ge=1, le=1_000_000)
+    overdraft_money: Micros = 0
+    overdraft_gpu_hours: GpuMs = 0
+
+    @field_validator("overdraft_money")
+    @classmethod
+    def _non_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("an overdraft cannot be negative")
+        return value
+
+
+class TokensConfig(Strict):
+    """Where the API's bearer tokens come from — never the configuration file itself.
+
+    `file`: a YAML file `{admin: TOKEN, teams: {TEAM: TOKEN, …}}` (keep it mode 0600);
+    `admin_env` and `team_env` (team → variable name): environment variables, which win over
+    the file. A team without a token cannot use the API.
+    """
+
+    file: Path | None = None
+    admin_env: EnvName | None = "TALLY_ADMIN_TOKEN"
+    team_env: dict[Name, EnvName] = Field(default_factory=dict)
+
+
+class SchedulerConfig(Strict):
+    """The scheduler service (`tally scheduler run`, a child of `tally up`)."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(8600, ge=1, le=65535)
+    cycle_interval_s: float = Field(2.0, ge=0.05, le=3600)
+    fair_share_half_life_hours: float = Field(168.0, gt=0, le=366 * 24)
+    default_estimated_runtime_hours: float = Field(1.0, gt=0, le=366 * 24)
+    executor: Literal["local"] = "local"
+    work_dir: Path = Path(".tally/scheduler")
+    max_body_kib: int = Field(64, ge=1, le=16_384)
+    heads_per_queue: int = Field(8, ge=1, le=10_000)
+    tokens: TokensConfig = TokensConfig()
+    teams: tuple[SchedulerTeamConfig, ...] = ()
+
+    @field_validator("teams")
+    @classmethod
+    def _unique_teams(
+        cls, teams: tuple[SchedulerTeamConfig, ...]
+    ) -> tuple[SchedulerTeamConfig, ...]:
+        names = [t.name for t in teams]
+        if len(set(names)) != len(names):
+            raise ValueError("a team appears twice")
+        return teams
+
+
 class SamplingConfig(Strict):
     interval_s: float = Field(10.0, ge=1.0, le=3600.0)
 
@@ -305,6 +415,8 @@ class TallyConfig(Strict):
     dashboard: DashboardConfig = DashboardConfig()
     budgets: tuple[BudgetConfig, ...] = ()
     quotas: tuple[QuotaConfig, ...] = ()
+    queues: tuple[QueueConfig, ...] = ()
+    scheduler: SchedulerConfig = SchedulerConfig()
 
     @model_validator(mode="after")
     def _budgets_and_quotas_name_teams(self) -> TallyConfig:
@@ -326,6 +438,20 @@ class TallyConfig(Strict):
                     f"two quotas for team {quota.team!r} on {quota.pool}/{quota.model}"
                 )
             seen_quotas.add(key)
+        return self
+
+    @model_validator(mode="after")
+    def _scheduler_names(self) -> TallyConfig:
+        teams = {t.name for t in self.organisation.teams()}
+        queues = [q.name for q in self.queues]
+        if len(set(queues)) != len(queues):
+            raise ValueError("queue names must be unique")
+        for team in self.scheduler.teams:
+            if team.name not in teams:
+                raise ValueError(f"scheduler.teams: unknown team {team.name!r}")
+        for name in self.scheduler.tokens.team_env:
+            if name not in teams:
+                raise ValueError(f"scheduler.tokens.team_env: unknown team {name!r}")
         return self
 
     @model_validator(mode="after")
@@ -379,7 +505,19 @@ def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = No
     if base_dir is not None and not config.ledger.data_dir.is_absolute():
         ledger = config.ledger.model_copy(update={"data_dir": base_dir / config.ledger.data_dir})
         config = config.model_copy(update={"ledger": ledger})
+    if base_dir is not None:
+        config = config.model_copy(update={"scheduler": _resolve_paths(config.scheduler, base_dir)})
     return config
+
+
+def _resolve_paths(scheduler: SchedulerConfig, base_dir: Path) -> SchedulerConfig:
+    work_dir = scheduler.work_dir
+    if not work_dir.is_absolute():
+        work_dir = base_dir / work_dir
+    tokens = scheduler.tokens
+    if tokens.file is not None and not tokens.file.is_absolute():
+        tokens = tokens.model_copy(update={"file": base_dir / tokens.file})
+    return scheduler.model_copy(update={"work_dir": work_dir, "tokens": tokens})
 
 
 def load_config(path: Path | str, relative_to: Path | None = None) -> TallyConfig:

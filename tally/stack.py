@@ -1,9 +1,11 @@
 """`tally up`: the embedded stack supervisor.
 
 Starts the broker (embedded tansu unless an external Kafka is configured), creates the topics,
-then runs the collector, the ledger worker and the dashboard as child processes, each in its own
-process group. A child that dies is restarted with backoff (at most 5 times a minute); Ctrl-C or
-SIGTERM stops every process the stack started. The ledger data directory outlives the stack; the
+then runs the collector, the ledger worker, the scheduler (local executor against the simulated
+fleet's GPUs; its API tokens are created in `scheduler.tokens.file` on first start) and the
+dashboard as child processes, each in its own process group. A child that dies is restarted
+with backoff (at most 5 times a minute); Ctrl-C or SIGTERM stops every process the stack started
+(the scheduler stops the jobs it runs). The ledger data directory outlives the stack; the
 embedded broker does not (each start is a new broker incarnation, which the worker recognises).
 """
 
@@ -25,6 +27,7 @@ from streams.kafka import ensure_topics
 from tally.broker import EmbeddedBroker
 from tally.components import BOOTSTRAP_ENV
 from tally.config import TallyConfig
+from tally.scheduling import api_url, ensure_tokens_file
 
 MAX_RESTARTS_PER_MINUTE = 5
 
@@ -58,6 +61,14 @@ class Stack:
                 "collector", [py, "-m", "tally", "collect", "--config", cfg], logs / "collector.log"
             ),
         ]
+        if self.config.scheduler.enabled:
+            children.append(
+                Child(
+                    "scheduler",
+                    [py, "-m", "tally", "scheduler", "run", "--config", cfg],
+                    logs / "scheduler.log",
+                )
+            )
         if self.dashboard:
             import dashboard
 
@@ -102,6 +113,8 @@ class Stack:
                     "TALLY_CURRENCY": self.config.ledger.currency,
                 },
             )
+            if self.config.scheduler.enabled:
+                ensure_tokens_file(self.config)
             self.children = self._children()
             for child in self.children:
                 self._spawn(child, env)
@@ -148,9 +161,18 @@ class Stack:
         click.echo(
             f"  broker      {','.join(servers)} ({'embedded tansu' if self.broker else 'external'})"
         )
+        if self.config.scheduler.enabled:
+            tokens = self.config.scheduler.tokens.file
+            where = f" (tokens in {tokens})" if tokens is not None else ""
+            click.echo(f"  scheduler   {api_url(self.config)}{where}")
         click.echo(f"  ledger      {self.config.ledger.data_dir}")
         click.echo(f"  logs        {self.run_dir}/*.log")
         click.echo(f"  try         tally report cost --by team --config {self.config_path}")
+        if self.config.scheduler.enabled and self.config.queues:
+            click.echo(
+                f"              TALLY_TOKEN=… tally job submit -q {self.config.queues[0].name} "
+                f"-p <project> --config {self.config_path} -- nvidia-smi -L"
+            )
         click.echo("Press Ctrl-C to stop.")
 
     def _supervise(self, env: dict[str, str]) -> int:

@@ -16,7 +16,8 @@ import time
 
 import click
 
-from tally.cli import admin, alerts, collect, config, export, ledger, report, stack
+from tally.cli import admin, alerts, collect, config, export, job, ledger, report, stack
+from tally.cli import scheduler as scheduler_cli
 from tally.cli.options import Exit
 
 
@@ -35,6 +36,9 @@ cli.add_command(config.config)
 cli.add_command(export.export)
 cli.add_command(admin.admin)
 cli.add_command(alerts.alerts)
+cli.add_command(scheduler_cli.scheduler)
+cli.add_command(job.job)
+cli.add_command(job.queue)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ import time
 import urllib.request
 
 import pytest
+import yaml
 
 from ledger.queries import LedgerQueries
 from tally.broker import free_port
@@ -49,12 +50,29 @@ def _http_ok(url: str) -> bool:
         return False
 
 
+def _api_ok(url: str, token: str) -> bool:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def test_up_runs_the_stack_and_ctrl_c_stops_every_process(tmp_path):
     port = free_port()
+    scheduler_port = free_port()
+    tokens = tmp_path / "scheduler" / "tokens.yaml"
     data = pipeline_config(tmp_path, nodes=1)
     data["broker"] = {"mode": "embedded"}
     data["fleet"].update({"backfill_hours": 1, "pack_rounds": 30})
     data["dashboard"] = {"port": port}
+    data["queues"] = [{"name": "dev", "class": "dev"}]
+    data["scheduler"] = {
+        "port": scheduler_port,
+        "work_dir": str(tmp_path / "scheduler"),
+        "tokens": {"file": str(tokens)},
+    }
     path = write_config(tmp_path / "tally.yaml", data)
     log = (tmp_path / "up.log").open("wb")
     proc = subprocess.Popen(
@@ -71,7 +89,16 @@ def test_up_runs_the_stack_and_ctrl_c_stops_every_process(tmp_path):
             lambda: (tmp_path / "up.log").read_text().count("Tally is up") == 1, 60, "the banner"
         )
         started = _descendants(proc.pid)
-        assert len(started) >= 4  # broker, worker, collector, dashboard (and their children)
+        assert len(started) >= 5  # broker, worker, collector, scheduler, dashboard (+ children)
+        banner = (tmp_path / "up.log").read_text()
+        assert f"scheduler   http://127.0.0.1:{scheduler_port}" in banner
+        assert tokens.stat().st_mode & 0o777 == 0o600  # created with fresh tokens
+        admin = yaml.safe_load(tokens.read_text())["admin"]
+        wait_until(
+            lambda: _api_ok(f"http://127.0.0.1:{scheduler_port}/v1/queues", admin),
+            60,
+            "the scheduler API to answer",
+        )
 
         def teams_have_cost() -> bool:
             rows = LedgerQueries(ledger).cost_by(["team"])

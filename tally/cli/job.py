@@ -1,0 +1,343 @@
+"""`tally job submit|list|show|cancel|explain` and `tally queue list`: clients of the scheduler's
+HTTP API (`scheduler.api`).
+
+The API is `--api` / $TALLY_API, else the configured `scheduler.host:port`; the token is
+`--token` / $TALLY_TOKEN (a team's token, or the admin's). Exit codes: 0 ok; 1 the job is not
+there (404) or has ended (409, cancel); 2 the request was refused (bad input, unknown queue,
+missing or wrong token); 3 the scheduler could not be reached or failed (5xx).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+import click
+import orjson
+import requests
+
+from tally.cli.options import Exit, config_option, fail, load_or_exit, output_option
+from tally.output import OutputFormat, render
+
+TIMEOUT_S = 30.0
+DURATION = re.compile(
+    r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?"
+    r"(?:(\d+(?:\.\d+)?)s?)?$"
+)
+
+api_option = click.option(
+    "--api",
+    "api",
+    envvar="TALLY_API",
+    default=None,
+    metavar="URL",
+    help="Scheduler API (default: $TALLY_API, else the config's scheduler.host:port).",
+)
+token_option = click.option(
+    "--token",
+    envvar="TALLY_TOKEN",
+    default=None,
+    help="Bearer token (default: $TALLY_TOKEN).",
+)
+
+
+def parse_duration(text: str) -> float:
+    """`90`, `90s`, `30m`, `2h`, `1d`, `1h30m` → seconds."""
+    match = DURATION.match(text.strip())
+    if not text.strip() or match is None or not any(match.groups()):
+        raise click.BadParameter(f"{text!r} is not a duration such as 90s, 30m, 2h or 1h30m")
+    days, hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    return days * 86_400 + hours * 3_600 + minutes * 60 + seconds
+
+
+def _when(time_us: int | None) -> str | None:
+    if time_us is None:
+        return None
+    moment = datetime.fromtimestamp(time_us / 1_000_000, tz=UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+class Client:
+    def __init__(self, config_path: str, api: str | None, token: str | None) -> None:
+        if api is None:
+            from tally.scheduling import api_url
+
+            api = api_url(load_or_exit(config_path))
+        self.base = api.rstrip("/")
+        self.token = token
+
+    def _fail(self, response: requests.Response) -> NoReturn:
+        try:
+            error = response.json()["error"]
+            message = f"{error['message']} ({response.status_code} {error['code']})"
+        except (ValueError, KeyError, TypeError):
+            message = f"{response.status_code} {response.reason}"
+        if response.status_code in (404, 409):
+            fail(message, Exit.CHECK_FAILED)
+        if response.status_code < 500:
+            fail(message, Exit.USAGE)
+        fail(message, Exit.BROKER)
+
+    def call(self, method: str, path: str, body: Any = None, **params: str | None) -> Any:
+        if not self.token:
+            fail("a token is needed: pass --token or set TALLY_TOKEN", Exit.USAGE)
+        headers = {"Authorization": f"Bearer {self.token}"}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            data = orjson.dumps(body)
+        try:
+            response = requests.request(
+                method,
+                self.base + path,
+                headers=headers,
+                data=data,
+                params={k: v for k, v in params.items() if v is not None} or None,
+                timeout=TIMEOUT_S,
+            )
+        except requests.RequestException as exc:
+            fail(f"the scheduler at {self.base} could not be reached: {exc}", Exit.BROKER)
+        if response.status_code >= 400:
+            self._fail(response)
+        return response.json()
+
+
+JOB_COLUMNS = ("job_id", "team", "queue", "gpus", "state", "reason", "attempt", "submitted")
+
+
+def _job_row(job: dict[str, Any]) -> list[Any]:
+    return [
+        job["job_id"],
+        job["team"],
+        job["queue"],
+        job["gpus"],
+        job["state"],
+        job["reason"] or None,
+        job["attempt"],
+        _when(job["submitted_us"]),
+    ]
+
+
+def _echo_jobs(jobs: list[dict[str, Any]], fmt: OutputFormat) -> None:
+    if fmt is OutputFormat.JSON:
+        click.echo(orjson.dumps(jobs, option=orjson.OPT_INDENT_2).decode())
+        return
+    click.echo(render(JOB_COLUMNS, [_job_row(j) for j in jobs], fmt))
+
+
+@click.group()
+def job() -> None:
+    """Submit, list, cancel and explain jobs (through the scheduler's API)."""
+
+
+@job.command("submit", context_settings={"ignore_unknown_options": True})
+@config_option
+@api_option
+@token_option
+@click.option("--queue", "-q", required=True, help="Queue to submit to.")
+@click.option("--gpus", "-g", type=int, default=1, show_default=True, help="GPUs (a gang).")
+@click.option("--project", "-p", required=True, help="Project the usage is charged to.")
+@click.option("--team", default=None, help="Team (only with the admin token).")
+@click.option("--user", default=None, help="User (default: your login).")
+@click.option("--model", default=None, help="GPU model (default: any).")
+@click.option("--pool", default=None, help="Pool (default: any).")
+@click.option("--estimate", default=None, help="Expected runtime, e.g. 2h (sets the hold).")
+@click.option("--max-runtime", default=None, help="Stop the job after this long, e.g. 1d.")
+@click.option("--priority", type=int, default=None, help="Priority (default: the queue's).")
+@click.option("--one-node", is_flag=True, help="All GPUs on one node.")
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Extra environment.")
+@click.option("--cwd", default=None, help="Working directory of the job.")
+@click.option("--script", type=click.File("r"), default=None, help="Run this #! script.")
+@output_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def submit(
+    config_path: str,
+    api: str | None,
+    token: str | None,
+    queue: str,
+    gpus: int,
+    project: str,
+    team: str | None,
+    user: str | None,
+    model: str | None,
+    pool: str | None,
+    estimate: str | None,
+    max_runtime: str | None,
+    priority: int | None,
+    one_node: bool,
+    env: tuple[str, ...],
+    cwd: str | None,
+    script: Any,
+    output: str,
+    command: tuple[str, ...],
+) -> None:
+    """Submit COMMAND (after `--`) or --script to a queue; prints the job's id."""
+    if bool(command) == (script is not None):
+        fail("give a command after `--`, or --script FILE (not both)", Exit.USAGE)
+    variables: dict[str, str] = {}
+    for item in env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            fail(f"--env {item!r}: expected NAME=VALUE", Exit.USAGE)
+        variables[name] = value
+    body: dict[str, Any] = {
+        "queue": queue,
+        "gpus": gpus,
+        "project": project,
+        "user": user or os.environ.get("USER") or getpass.getuser(),
+        "span_nodes": not one_node,
+    }
+    if command:
+        body["command"] = list(command)
+    else:
+        body["script"] = script.read()
+    optional = {
+        "team": team,
+        "model": model,
+        "pool": pool,
+        "priority": priority,
+        "cwd": cwd,
+        "estimated_runtime_s": None if estimate is None else parse_duration(estimate),
+        "max_runtime_s": None if max_runtime is None else parse_duration(max_runtime),
+        "env": variables or None,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    answer = Client(config_path, api, token).call("POST", "/v1/jobs", body)
+    if "warning" in answer:
+        click.secho(f"warning: {answer['warning']}", fg="yellow", err=True)
+    fmt = OutputFormat(output)
+    if fmt is OutputFormat.TABLE:
+        click.echo(answer["job"]["job_id"])
+    else:
+        _echo_jobs([answer["job"]], fmt)
+
+
+@job.command("list")
+@config_option
+@api_option
+@token_option
+@click.option(
+    "--state",
+    type=click.Choice(["pending", "running", "finished", "failed", "cancelled", "reclaimed"]),
+    default=None,
+)
+@click.option("--team", default=None, help="Only this team (admin token).")
+@output_option
+def list_jobs(
+    config_path: str,
+    api: str | None,
+    token: str | None,
+    state: str | None,
+    team: str | None,
+    output: str,
+) -> None:
+    """The jobs the token may see (a team's own; the admin's: all)."""
+    answer = Client(config_path, api, token).call("GET", "/v1/jobs", state=state, team=team)
+    _echo_jobs(answer["jobs"], OutputFormat(output))
+
+
+@job.command("show")
+@config_option
+@api_option
+@token_option
+@click.argument("job_id")
+def show(config_path: str, api: str | None, token: str | None, job_id: str) -> None:
+    """One job, as JSON."""
+    answer = Client(config_path, api, token).call("GET", f"/v1/jobs/{_quote(job_id)}")
+    click.echo(orjson.dumps(answer["job"], option=orjson.OPT_INDENT_2).decode())
+
+
+@job.command("cancel")
+@config_option
+@api_option
+@token_option
+@click.argument("job_id")
+@output_option
+def cancel(config_path: str, api: str | None, token: str | None, job_id: str, output: str) -> None:
+    """Cancel a pending or running job (its processes are stopped; it is not retried)."""
+    answer = Client(config_path, api, token).call("POST", f"/v1/jobs/{_quote(job_id)}/cancel")
+    if "warning" in answer:
+        click.secho(f"warning: {answer['warning']}", fg="yellow", err=True)
+    _echo_jobs([answer["job"]], OutputFormat(output))
+
+
+@job.command("explain")
+@config_option
+@api_option
+@token_option
+@click.argument("job_id")
+@output_option
+def explain(config_path: str, api: str | None, token: str | None, job_id: str, output: str) -> None:
+    """Why JOB_ID waits, runs, was preempted or ended."""
+    answer = Client(config_path, api, token).call("GET", f"/v1/jobs/{_quote(job_id)}/explain")
+    if OutputFormat(output) is OutputFormat.JSON:
+        click.echo(orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode())
+    else:
+        click.echo(answer["explanation"])
+
+
+def _quote(job_id: str) -> str:
+    from urllib.parse import quote
+
+    return quote(job_id, safe="")
+
+
+@click.group()
+def queue() -> None:
+    """The scheduler's queues."""
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:g}h"
+
+
+QUEUE_COLUMNS = (
+    "name",
+    "class",
+    "priority",
+    "preemptible",
+    "idle_reclaim",
+    "max_runtime",
+    "retry_limit",
+    "over_budget",
+    "pending",
+    "running",
+)
+
+
+@queue.command("list")
+@config_option
+@api_option
+@token_option
+@output_option
+def list_queues(config_path: str, api: str | None, token: str | None, output: str) -> None:
+    """The queues, their policies and how many jobs wait and run in each."""
+    answer = Client(config_path, api, token).call("GET", "/v1/queues")
+    fmt = OutputFormat(output)
+    if fmt is OutputFormat.JSON:
+        click.echo(orjson.dumps(answer["queues"], option=orjson.OPT_INDENT_2).decode())
+        return
+    rows = []
+    for q in answer["queues"]:
+        idle = q["idle_reclaim"]
+        if q["idle_after_min"] and idle != "never":
+            idle = f"{idle} after {q['idle_after_min']:g} min"
+        runtime = q["max_runtime_s"]
+        rows.append(
+            [
+                q["name"],
+                q["class"],
+                q["priority"],
+                "yes" if q["preemptible"] else "no",
+                idle,
+                runtime if fmt is not OutputFormat.TABLE or runtime is None else _hours(runtime),
+                q["retry_limit"],
+                q["over_budget"],
+                q["pending"],
+                q["running"],
+            ]
+        )
+    click.echo(render(QUEUE_COLUMNS, rows, fmt))

@@ -1,0 +1,84 @@
+"""`tally scheduler run`: the scheduler service (consumes balances and alerts, runs the cycle,
+executes with the local executor, publishes decisions on the jobs topic, serves the API)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import click
+
+from streams.kafka import BrokerError, ensure_topics
+from tally.cli.options import Exit, bootstrap_option, config_option, fail, load_or_exit
+from tally.components import NoBrokerError, bootstrap_servers
+from tally.config import ConfigError
+
+
+@click.group()
+def scheduler() -> None:
+    """The scheduler service."""
+
+
+@scheduler.command("run")
+@config_option
+@bootstrap_option
+@click.option(
+    "--log-level",
+    type=click.Choice(["error", "warning", "info", "debug"]),
+    default="info",
+    show_default=True,
+)
+def run(config_path: str, bootstrap: str | None, log_level: str) -> None:
+    """Run the scheduler: rebuild from the jobs topic, then schedule and serve the API until
+    Ctrl-C or SIGTERM (which stop the local jobs it runs)."""
+    from scheduler.api import api_server
+    from scheduler.errors import SchedulerError
+    from scheduler.service import BrokerUnavailable, run_service
+    from tally.scheduling import api_url, build_dispatcher, load_tokens, service_settings
+
+    config = load_or_exit(config_path)
+    try:
+        servers = bootstrap_servers(config, bootstrap)
+    except NoBrokerError as exc:
+        fail(str(exc), Exit.USAGE)
+    try:
+        tokens = load_tokens(config)
+    except ConfigError as exc:
+        fail(str(exc), Exit.USAGE)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s scheduler %(levelname)s %(message)s"))
+    logger = logging.getLogger("tally.scheduler")
+    logger.addHandler(handler)
+    logger.setLevel(log_level.upper())
+    logger.propagate = False
+    if tokens.admin is None and not tokens.teams:
+        logger.warning("no API tokens are configured: every API call will be refused (401)")
+    topics = config.topics
+    try:
+        asyncio.run(
+            ensure_topics(
+                servers[0],
+                list(topics.all().values()),
+                topics.partitions,
+                compacted=[topics.balances],
+            )
+        )
+    except BrokerError as exc:
+        fail(str(exc), Exit.BROKER)
+    settings = service_settings(config, servers)
+    try:
+        dispatcher = build_dispatcher(config)
+    except SchedulerError as exc:
+        fail(f"scheduler configuration: {exc}", Exit.USAGE)
+    serve = api_server(tokens, settings.api_host, settings.api_port, settings.max_body_bytes)
+
+    def ready() -> None:
+        logger.info("scheduler ready; API on %s", api_url(config))
+
+    try:
+        asyncio.run(run_service(settings, dispatcher, serve, ready=ready))
+    except BrokerUnavailable as exc:
+        fail(str(exc), Exit.BROKER)
+    except OSError as exc:  # the API's address is taken or not ours
+        fail(f"cannot serve the API on {api_url(config)}: {exc}", Exit.USAGE)

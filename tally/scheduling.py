@@ -1,0 +1,274 @@
+"""The scheduler's wiring: `TallyConfig` → the scheduler's domain values, its inventory, its API
+tokens and the service settings (the one place config becomes `scheduler` objects; `scheduler`
+itself imports only `ledger`).
+
+- queues: `queues:`; an `idle_reclaim` left out takes the class default
+  (`scheduler.model.DEFAULT_IDLE_POLICY`);
+- teams: every team of the organisation, with its `quotas:` per (pool, model) and its
+  `scheduler.teams` entry (cohort, weight); a team with no quota cannot run jobs;
+- inventory: the simulated fleet's GPUs (node, UUID, index) — `CUDA_VISIBLE_DEVICES` gets the
+  GPU's index on its node;
+- tokens: from `scheduler.tokens` (environment variables win over the file); never from the
+  configuration file itself.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ledger.units import US_PER_SECOND
+from scheduler.api import Tokens
+from scheduler.model import (
+    DEFAULT_IDLE_POLICY,
+    US_PER_MINUTE,
+    IdleAction,
+    IdlePolicy,
+    Node,
+    OverBudget,
+    Policy,
+    Queue,
+    QueueClass,
+    Quota,
+    Team,
+)
+from scheduler.model import Flavor as CoreFlavor
+from scheduler.ports import Clock, Executor
+from scheduler.service import Dispatcher, ServiceSettings, TeamBudgetRules, WallClock
+from scheduler.state import SchedulerState
+from tally.components import simulated_fleet
+from tally.config import ConfigError, QueueConfig, TallyConfig
+
+US_PER_HOUR = 3_600 * US_PER_SECOND
+MIN_TOKEN_LENGTH = 16
+
+
+def _idle_policy(queue: QueueConfig, queue_class: QueueClass) -> IdlePolicy:
+    rule = queue.idle_reclaim
+    if rule is None:
+        return DEFAULT_IDLE_POLICY[queue_class]
+    if rule == "never":
+        return IdlePolicy(IdleAction.NEVER)
+    if rule == "alert":
+        return IdlePolicy(IdleAction.ALERT)
+    if isinstance(rule, str):  # the config model admits no other text
+        raise ConfigError(f"queues: {queue.name}: unknown idle_reclaim {rule!r}")
+    if rule.reclaim_after_min is not None:
+        return IdlePolicy(IdleAction.RECLAIM, int(rule.reclaim_after_min * US_PER_MINUTE))
+    return IdlePolicy(IdleAction.ALERT, int((rule.alert_after_min or 0) * US_PER_MINUTE))
+
+
+def queues_of(config: TallyConfig) -> tuple[Queue, ...]:
+    out = []
+    for q in config.queues:
+        queue_class = QueueClass(q.queue_class)
+        out.append(
+            Queue(
+                name=q.name,
+                queue_class=queue_class,
+                priority=q.priority,
+                preemptible=q.preemptible,
+                idle=_idle_policy(q, queue_class),
+                max_runtime_us=None
+                if q.max_runtime_hours is None
+                else int(q.max_runtime_hours * US_PER_HOUR),
+                over_budget=OverBudget.RUN_PREEMPTIBLE
+                if q.run_preemptible_when_over_budget
+                else OverBudget.WAIT,
+                max_retries=q.retry_limit,
+            )
+        )
+    return tuple(out)
+
+
+def teams_of(config: TallyConfig) -> tuple[Team, ...]:
+    extra = {t.name: t for t in config.scheduler.teams}
+    quotas: dict[str, list[Quota]] = {}
+    for q in config.quotas:
+        quotas.setdefault(q.team, []).append(
+            Quota(CoreFlavor(q.pool, q.model), q.nominal, q.borrowing_limit, q.lending_limit)
+        )
+    out = []
+    for team in config.organisation.teams():
+        more = extra.get(team.name)
+        out.append(
+            Team(
+                team.name,
+                tuple(quotas.get(team.name, ())),
+                cohort=None if more is None else more.cohort,
+                weight=None if more is None else more.weight,
+            )
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """The GPUs the scheduler hands out, and what `CUDA_VISIBLE_DEVICES` calls each."""
+
+    nodes: tuple[Node, ...]
+    device_ids: Mapping[str, str]
+
+
+def inventory_of(config: TallyConfig) -> Inventory:
+    """The simulated fleet's GPUs: one `Node` per simulated node, devices by index."""
+    by_node: dict[str, list[Any]] = {}
+    for gpu in simulated_fleet(config).gpus:
+        by_node.setdefault(gpu.node, []).append(gpu)
+    nodes = tuple(
+        Node(name, gpus[0].pool, gpus[0].model, tuple(g.uuid for g in gpus))
+        for name, gpus in by_node.items()
+    )
+    devices = {g.uuid: str(g.index) for gpus in by_node.values() for g in gpus}
+    return Inventory(nodes, devices)
+
+
+def budget_rules(config: TallyConfig) -> dict[str, TeamBudgetRules]:
+    return {
+        t.name: TeamBudgetRules(t.overdraft_money, t.overdraft_gpu_hours)
+        for t in config.scheduler.teams
+    }
+
+
+def projects_of(config: TallyConfig) -> dict[str, tuple[str, ...]]:
+    return {t.name: tuple(t.projects) for t in config.organisation.teams()}
+
+
+# ---------------------------------------------------------------------------- tokens
+
+
+def _read_tokens_file(path: Path) -> tuple[str | None, dict[str, str]]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such tokens file") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read the tokens file: {exc}") from None
+    if data is None:
+        return None, {}
+    if not isinstance(data, dict) or set(data) - {"admin", "teams"}:
+        raise ConfigError(f"{path}: expected a mapping with `admin` and `teams`")
+    admin = data.get("admin")
+    teams = data.get("teams") or {}
+    if admin is not None and not isinstance(admin, str):
+        raise ConfigError(f"{path}: admin: expected a string")
+    if not isinstance(teams, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in teams.items()
+    ):
+        raise ConfigError(f"{path}: teams: expected a mapping of team → token")
+    return admin, dict(teams)
+
+
+def load_tokens(config: TallyConfig, environ: Mapping[str, str] | None = None) -> Tokens:
+    """The API's tokens: the file's, overridden by the environment. Raises ConfigError for a
+    token shorter than 16 characters, one shared by two principals, or an unknown team."""
+    env = os.environ if environ is None else environ
+    spec = config.scheduler.tokens
+    admin: str | None = None
+    teams: dict[str, str] = {}
+    if spec.file is not None:
+        admin, teams = _read_tokens_file(spec.file)
+    if spec.admin_env and env.get(spec.admin_env):
+        admin = env[spec.admin_env]
+    for team, name in spec.team_env.items():
+        if env.get(name):
+            teams[team] = env[name]
+    known = {t.name for t in config.organisation.teams()}
+    unknown = sorted(set(teams) - known)
+    if unknown:
+        raise ConfigError(f"scheduler tokens: unknown team(s) {', '.join(unknown)}")
+    every = [admin, *teams.values()] if admin else list(teams.values())
+    if any(len(token) < MIN_TOKEN_LENGTH for token in every):
+        raise ConfigError(f"scheduler tokens: every token needs {MIN_TOKEN_LENGTH}+ characters")
+    if len(set(every)) != len(every):
+        raise ConfigError("scheduler tokens: two principals share a token")
+    return Tokens(admin=admin, teams=teams)
+
+
+def ensure_tokens_file(config: TallyConfig) -> Path | None:
+    """Create the configured tokens file with fresh random tokens if it does not exist (mode
+    0600): what `tally up` does so the embedded stack needs no setup. None: none configured."""
+    path = config.scheduler.tokens.file
+    if path is None or path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "admin": secrets.token_urlsafe(24),
+        "teams": {t.name: secrets.token_urlsafe(24) for t in config.organisation.teams()},
+    }
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write("# bearer tokens of the scheduler API (created by `tally up`)\n")
+        yaml.safe_dump(data, out, sort_keys=False)
+    return path
+
+
+# ---------------------------------------------------------------------------- the service
+
+
+def api_url(config: TallyConfig) -> str:
+    s = config.scheduler
+    host = f"[{s.host}]" if ":" in s.host else s.host
+    return f"http://{host}:{s.port}"
+
+
+def service_settings(config: TallyConfig, bootstrap: tuple[str, ...]) -> ServiceSettings:
+    s = config.scheduler
+    return ServiceSettings(
+        bootstrap=bootstrap,
+        client_id=config.broker.client_id,
+        jobs_topic=config.topics.jobs,
+        balances_topic=config.topics.balances,
+        alerts_topic=config.topics.alerts,
+        ledger_group=config.worker.group_id,
+        cycle_interval_s=s.cycle_interval_s,
+        policy=Policy(heads_per_queue=s.heads_per_queue),
+        half_life_us=int(s.fair_share_half_life_hours * US_PER_HOUR),
+        default_estimate_us=int(s.default_estimated_runtime_hours * US_PER_HOUR),
+        work_dir=s.work_dir,
+        api_host=s.host,
+        api_port=s.port,
+        max_body_bytes=s.max_body_kib * 1024,
+    )
+
+
+def scheduler_state(config: TallyConfig, inventory: Inventory | None = None) -> SchedulerState:
+    """The core's state from config: queues, teams and quotas, the fleet, prices, half-life."""
+    chosen = inventory or inventory_of(config)
+    return SchedulerState(
+        queues_of(config),
+        teams_of(config),
+        chosen.nodes,
+        prices=config.price_book(),
+        half_life_us=int(config.scheduler.fair_share_half_life_hours * US_PER_HOUR),
+    )
+
+
+def build_dispatcher(
+    config: TallyConfig,
+    executor: Executor | None = None,
+    clock: Clock | None = None,
+) -> Dispatcher:
+    """The service's dispatcher: the local executor (logs in `work_dir/logs`, devices by
+    index) unless another executor is given."""
+    from scheduler.executors.local import LocalExecutor
+
+    inventory = inventory_of(config)
+    s = config.scheduler
+    chosen = executor or LocalExecutor(s.work_dir / "logs", device_ids=inventory.device_ids)
+    return Dispatcher(
+        scheduler_state(config, inventory),
+        chosen,
+        clock or WallClock(),
+        s.work_dir,
+        policy=Policy(heads_per_queue=s.heads_per_queue),
+        projects=projects_of(config),
+        budget_rules=budget_rules(config),
+        default_estimate_us=int(s.default_estimated_runtime_hours * US_PER_HOUR),
+    )

@@ -1,0 +1,148 @@
+"""`tally job …` and `tally queue list` against a real API server (the service on the fake
+executor, in a background thread): output formats and exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import threading
+from collections.abc import Iterator
+
+import click
+import orjson
+import pytest
+from aiohttp import web
+from click.testing import CliRunner
+
+from scheduler.api import Tokens, build_app
+from scheduler.executors.fake import RUNS_FOREVER
+from tally.broker import free_port
+from tally.cli import cli
+from tally.cli.job import parse_duration
+from tests.unit.test_scheduler_service_support import Rig
+
+VISION = "vision-cli-token-0123456789"
+ADMIN = "admin-cli-token-0123456789"
+
+
+class Served:
+    """The API of a `Rig` on a free port, served from its own thread and event loop."""
+
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10)
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = build_app(self.rig.service, Tokens(ADMIN, {"vision": VISION}), 64 * 1024)
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", self.port)
+        self.loop.run_until_complete(site.start())
+        self._ready.set()
+        self.loop.run_forever()
+
+    def tick(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.rig.service.tick(), self.loop).result(10)
+        self.rig.clock.advance(1_000_000)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+@pytest.fixture
+def served(tmp_path) -> Iterator[Served]:
+    rig = Rig(tmp_path)
+    rig.executor.default = RUNS_FOREVER
+    instance = Served(rig)
+    try:
+        yield instance
+    finally:
+        instance.close()
+
+
+def tally(served: Served, *args: str, token: str | None = VISION) -> click.testing.Result:
+    argv = [args[0], args[1], "--api", served.url, *args[2:]]
+    env = {"TALLY_TOKEN": token} if token else {"TALLY_TOKEN": ""}
+    return CliRunner().invoke(cli, argv, env=env)
+
+
+def test_submit_list_explain_cancel_and_queues(served):
+    submitted = tally(
+        served, "job", "submit", "-q", "dev", "-p", "detection", "--gpus", "2",
+        "--estimate", "30m", "--env", "SEED=7", "--", "python", "train.py", "--lr", "0.1",
+    )  # fmt: skip
+    assert submitted.exit_code == 0, submitted.output
+    job = submitted.output.strip()
+    record = served.rig.dispatcher.records[job]
+    assert (record.spec.gpus, record.spec.estimated_runtime_us) == (2, 1_800_000_000)
+    assert served.rig.dispatcher.works.get(job).command == ("python", "train.py", "--lr", "0.1")
+    served.tick()
+
+    listed = tally(served, "job", "list", "-o", "csv")
+    assert listed.exit_code == 0, listed.output
+    (row,) = list(csv.DictReader(io.StringIO(listed.output)))
+    assert (row["job_id"], row["state"], row["gpus"]) == (job, "running", "2")
+
+    as_json = tally(served, "job", "list", "--state", "running", "-o", "json")
+    assert [j["job_id"] for j in orjson.loads(as_json.output)] == [job]
+
+    explained = tally(served, "job", "explain", job)
+    assert explained.exit_code == 0 and "now: running" in explained.output
+
+    queues = tally(served, "queue", "list")
+    assert queues.exit_code == 0
+    assert queues.output.splitlines()[0].split()[:3] == ["NAME", "CLASS", "PRIORITY"]
+    assert "reclaim after 10 min" in queues.output
+
+    cancelled = tally(served, "job", "cancel", job, "-o", "json")
+    assert cancelled.exit_code == 0 and orjson.loads(cancelled.output)[0]["state"] == "cancelled"
+    again = tally(served, "job", "cancel", job)
+    assert again.exit_code == 1 and "has already ended" in again.output
+
+
+@pytest.mark.parametrize(
+    ("args", "token", "code", "text"),
+    [
+        (("job", "list"), None, 2, "a token is needed"),
+        (("job", "list"), "wrong-token-0123456789", 2, "not valid"),
+        (("job", "explain", "job-nope"), VISION, 1, "no job job-nope"),
+        (("job", "submit", "-q", "nope", "-p", "detection", "--", "true"), VISION, 2,
+         "unknown queue"),
+        (("job", "submit", "-q", "dev", "-p", "detection"), VISION, 2, "give a command"),
+        (("job", "submit", "-q", "dev", "-p", "detection", "--team", "language", "--", "true"),
+         VISION, 2, "team vision only"),
+        (("job", "submit", "-q", "dev", "-p", "detection", "--estimate", "soon", "--", "true"),
+         VISION, 2, "not a duration"),
+    ],
+    ids=["no-token", "wrong-token", "unknown-job", "unknown-queue", "no-command",
+         "other-team", "bad-duration"],
+)  # fmt: skip
+def test_refusals_have_their_exit_codes(served, args, token, code, text):
+    result = tally(served, *args, token=token)
+    assert result.exit_code == code, result.output
+    assert text in result.output
+
+
+def test_an_unreachable_scheduler_exits_3():
+    argv = ["job", "list", "--api", f"http://127.0.0.1:{free_port()}", "--token", VISION]
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 3 and "could not be reached" in result.output
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90", 90), ("90s", 90), ("30m", 1800), ("2h", 7200), ("1d", 86400), ("1h30m", 5400),
+     ("0.5h", 1800)],
+)  # fmt: skip
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
