@@ -25,7 +25,11 @@ API, the CLI and the Kafka wiring plug in through the Protocols in `scheduler.po
     state        SchedulerState, the projection of the `jobs` topic
     simulation   discrete-event replay in simulated time (benchmark, invariant tests, what-if)
     ports        Clock, EventSink, BalanceFeed, UsageFeed, Executor
-    errors       SchedulerError ← ConfigError, StateError
+    executors    the Executor adapters: local (process groups), slurm, fake; one contract suite
+    service      the running scheduler: replays `jobs`, reads `balances` and `alerts`, runs the
+                 cycle, publishes decisions before the executor carries them out
+    api          the HTTP API with per-team bearer tokens
+    errors       SchedulerError ← ConfigError, StateError, ExecutorError, ServiceError, …
 
 Policy rules, each documented in full where it is implemented:
 - admission is all-or-nothing; a job gets GPUs of one flavor (pool, model) that matches its

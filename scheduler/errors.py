@@ -2,8 +2,14 @@
 
     SchedulerError
     ├── ConfigError      a queue, team, quota, node or policy that is not valid configuration
-    └── StateError       an event that contradicts the scheduler's state (a GPU assigned twice,
-                         released by a job that does not hold it, a job admitted twice)
+    ├── StateError       an event that contradicts the scheduler's state (a GPU assigned twice,
+    │                    released by a job that does not hold it, a job admitted twice)
+    ├── ExecutorError    an executor could not do what it was told (`scheduler.executors.errors`:
+    │                    InvalidWork, JobAlreadyStarted, ExecutorUnavailable, StopTimeout,
+    │                    SlurmError and its kinds)
+    ├── ServiceError     the running service (`scheduler.service`): BrokerUnavailable
+    ├── Rejected         a request the service refuses (unknown queue or team, a cancelled job)
+    └── ApiError         an HTTP request answered with a 4xx/5xx (`scheduler.api`)
 
 Decisions are values, not exceptions: a job that cannot be admitted gets a `JobWaiting` with its
 reason. These exceptions are for callers that built an invalid configuration or fed the state
