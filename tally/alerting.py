@@ -46,13 +46,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import orjson
 import requests
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
-    ValidationError,
     model_validator,
 )
 
@@ -147,42 +145,11 @@ class AlertsConfig(BaseModel):
 
 
 def load_alerts_config(path: Path | str) -> tuple[TallyConfig, AlertsConfig]:
-    """The Tally configuration and its `alerts:` section; ConfigError names file and field.
+    """The Tally configuration and its `alerts:` section; ConfigError names file and field."""
+    from tally.config import load_config
 
-    Until `TallyConfig` has an `alerts` field, the section is validated here and the rest of
-    the file by `tally.config`. (`tally.config` is imported here, not at the top, so that it
-    can import `AlertsConfig` from this module.)
-    """
-    from tally.config import (
-        ConfigError,
-        TallyConfig,
-        format_validation_error,
-        load_config,
-        parse_config,
-    )
-
-    if "alerts" in TallyConfig.model_fields:
-        config = load_config(path)
-        section = getattr(config, "alerts")  # noqa: B009 (a field TallyConfig may not have yet)
-        if isinstance(section, AlertsConfig):
-            return config, section
-        return config, AlertsConfig.model_validate(section, from_attributes=True)
-    source = str(path)
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{source}: no such file") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{source}: cannot read: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the file must hold a mapping of sections (broker, ledger, …)")
-    section = data.pop("alerts", None) or {}
-    try:
-        alerts = AlertsConfig.model_validate(section)
-    except ValidationError as exc:
-        message = format_validation_error(source, exc)
-        raise ConfigError(message.replace(f"{source}: ", f"{source}: alerts.")) from None
-    return parse_config(data, source, Path.cwd().resolve()), alerts
+    config = load_config(path)
+    return config, config.alerts
 
 
 # ------------------------------------------------------------------------------ alerts

@@ -29,8 +29,9 @@ from pydantic import (
 
 from ledger.idle import IdlePolicy
 from ledger.periods import Period
-from ledger.pricing import ANY_MODEL, Price, PriceBook
+from ledger.pricing import ANY_MODEL, EnergyPrice, Price, PriceBook
 from ledger.units import MS_PER_HOUR, parse_micros
+from tally.alerting import AlertsConfig
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -193,6 +194,21 @@ class PriceConfig(Strict):
     effective_from: Annotated[int, Field(ge=0)] = 0
 
     @field_validator("per_gpu_hour")
+    @classmethod
+    def _non_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("a price cannot be negative")
+        return value
+
+
+class EnergyPriceConfig(Strict):
+    """Energy at this price per kWh (decimal text), from `effective_from` (epoch seconds) on."""
+
+    per_kwh: Micros
+    pool: Name | None = None
+    effective_from: Annotated[int, Field(ge=0)] = 0
+
+    @field_validator("per_kwh")
     @classmethod
     def _non_negative(cls, value: int) -> int:
         if value < 0:
@@ -409,6 +425,7 @@ class TallyConfig(Strict):
     organisation: OrganisationConfig
     fleet: FleetConfig
     prices: tuple[PriceConfig, ...] = Field(min_length=1)
+    energy_prices: tuple[EnergyPriceConfig, ...] = ()
     sampling: SamplingConfig = SamplingConfig()
     idle: IdleConfig = IdleConfig()
     worker: WorkerConfig = WorkerConfig()
@@ -417,6 +434,7 @@ class TallyConfig(Strict):
     quotas: tuple[QuotaConfig, ...] = ()
     queues: tuple[QueueConfig, ...] = ()
     scheduler: SchedulerConfig = SchedulerConfig()
+    alerts: AlertsConfig = AlertsConfig()
 
     @model_validator(mode="after")
     def _budgets_and_quotas_name_teams(self) -> TallyConfig:
@@ -471,7 +489,11 @@ class TallyConfig(Strict):
             tuple(
                 Price(p.model, p.per_gpu_hour, p.effective_from * 1_000_000, p.pool)
                 for p in self.prices
-            )
+            ),
+            tuple(
+                EnergyPrice(e.per_kwh, e.effective_from * 1_000_000, e.pool)
+                for e in self.energy_prices
+            ),
         )
 
 

@@ -2,8 +2,8 @@
 
 Starts the broker (embedded tansu unless an external Kafka is configured), creates the topics,
 then runs the collector, the ledger worker, the scheduler (local executor against the simulated
-fleet's GPUs; its API tokens are created in `scheduler.tokens.file` on first start) and the
-dashboard as child processes, each in its own process group. A child that dies is restarted
+fleet's GPUs; its API tokens are created in `scheduler.tokens.file` on first start), the alert
+delivery to webhooks (when `alerts.sinks` are configured) and the dashboard as child processes, each in its own process group. A child that dies is restarted
 with backoff (at most 5 times a minute); Ctrl-C or SIGTERM stops every process the stack started
 (the scheduler stops the jobs it runs). The ledger data directory outlives the stack; the
 embedded broker does not (each start is a new broker incarnation, which the worker recognises).
@@ -67,6 +67,14 @@ class Stack:
                     "scheduler",
                     [py, "-m", "tally", "scheduler", "run", "--config", cfg],
                     logs / "scheduler.log",
+                )
+            )
+        if self.config.alerts.sinks:
+            children.append(
+                Child(
+                    "alerts",
+                    [py, "-m", "tally", "alerts", "run", "--config", cfg],
+                    logs / "alerts.log",
                 )
             )
         if self.dashboard:
