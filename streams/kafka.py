@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Mapping, Sequence
 
@@ -44,12 +45,18 @@ async def wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> str:
     """Wait until the broker answers a metadata request; return its cluster id."""
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            return await fetch_cluster_id(bootstrap, timeout_s=min(5.0, timeout_s))
-        except BrokerError as exc:
-            last = exc
-            await asyncio.sleep(0.1)
+    quiet = logging.getLogger("aiokafka")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # "connection refused" is expected until it listens
+    try:
+        while time.monotonic() < deadline:
+            try:
+                return await fetch_cluster_id(bootstrap, timeout_s=min(5.0, timeout_s))
+            except BrokerError as exc:
+                last = exc
+                await asyncio.sleep(0.1)
+    finally:
+        quiet.setLevel(level)
     raise BrokerError(f"broker at {bootstrap} not ready after {timeout_s:.0f}s: {last}")
 
 
