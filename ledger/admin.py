@@ -39,7 +39,7 @@ from ledger.accounts import (
     funding_account,
 )
 from ledger.errors import EventError, SegmentError, UnknownSchemaError
-from ledger.events import MAX_TIME_US, SPEC_VERSION, DeadLetter, event_id
+from ledger.events import MAX_TIME_US, DeadLetter, cloudevent, event_id
 from ledger.periods import Period
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.pricing import Price, PriceBook
@@ -264,16 +264,15 @@ def admin_envelope(event: AdminEvent, source: str = ADMIN_SOURCE) -> AdminEnvelo
 
 
 def admin_envelope_to_dict(envelope: AdminEnvelope) -> dict[str, Any]:
-    return {
-        "specversion": SPEC_VERSION,
-        "id": envelope.id,
-        "type": envelope.type.value,
-        "source": envelope.source,
-        "subject": envelope.subject,
-        "time": envelope.time_us,
-        "schema": envelope.schema,
-        "data": admin_event_to_dict(envelope.data),
-    }
+    return cloudevent(
+        envelope.id,
+        envelope.type.value,
+        envelope.source,
+        envelope.subject,
+        envelope.time_us,
+        envelope.schema,
+        admin_event_to_dict(envelope.data),
+    )
 
 
 def encode_admin(envelope: AdminEnvelope) -> tuple[bytes, bytes]:

@@ -34,7 +34,7 @@ import orjson
 
 from ledger.accounts import AccountKind
 from ledger.errors import EventError
-from ledger.events import SPEC_VERSION, event_id
+from ledger.events import cloudevent, event_id
 from ledger.segments import Manifest
 
 BALANCE_TYPE = "tally.balance"
@@ -189,15 +189,14 @@ def balance_message_id(account: str, seq: int) -> str:
 def encode_balance_update(update: BalanceUpdate) -> bytes:
     """The message value; its key is the account."""
     return orjson.dumps(
-        {
-            "specversion": SPEC_VERSION,
-            "id": balance_message_id(update.account, update.seq),
-            "type": BALANCE_TYPE,
-            "source": BALANCE_SOURCE,
-            "subject": update.account,
-            "time": update.as_of_us,
-            "schema": 1,
-            "data": {
+        cloudevent(
+            balance_message_id(update.account, update.seq),
+            BALANCE_TYPE,
+            BALANCE_SOURCE,
+            update.account,
+            update.as_of_us,
+            1,
+            {
                 "account": update.account,
                 "seq": update.seq,
                 "current_period": update.current_period,
@@ -208,7 +207,7 @@ def encode_balance_update(update: BalanceUpdate) -> bytes:
                 "totals": [{"unit": u, "balance": b} for u, b in update.totals],
                 "budget": None if update.budget is None else _budget_to_dict(update.budget),
             },
-        }
+        )
     )
 
 

@@ -237,17 +237,32 @@ def sample_to_dict(sample: GpuSample) -> dict[str, Any]:
     }
 
 
-def envelope_to_dict(envelope: Envelope) -> dict[str, Any]:
+def cloudevent(
+    id: str, type: str, source: str, subject: str, time_us: int, schema: int, data: Any
+) -> dict[str, Any]:
+    """The CloudEvents-style envelope every Tally event is written in."""
     return {
         "specversion": SPEC_VERSION,
-        "id": envelope.id,
-        "type": envelope.type.value,
-        "source": envelope.source,
-        "subject": envelope.subject,
-        "time": envelope.time_us,
-        "schema": envelope.schema,
-        "data": sample_to_dict(envelope.data),
+        "id": id,
+        "type": type,
+        "source": source,
+        "subject": subject,
+        "time": time_us,
+        "schema": schema,
+        "data": data,
     }
+
+
+def envelope_to_dict(envelope: Envelope) -> dict[str, Any]:
+    return cloudevent(
+        envelope.id,
+        envelope.type.value,
+        envelope.source,
+        envelope.subject,
+        envelope.time_us,
+        envelope.schema,
+        sample_to_dict(envelope.data),
+    )
 
 
 def encode_batch(envelopes: Iterable[Envelope]) -> bytes:
@@ -508,15 +523,14 @@ def encode_dead_letter(letter: DeadLetter, incarnation: str | None = None) -> by
 def encode_health(health: GpuHealth, source: str) -> bytes:
     """A health event in its envelope (published on the alerts topic, keyed by GPU UUID)."""
     return orjson.dumps(
-        {
-            "specversion": SPEC_VERSION,
-            "id": event_id(source, f"{health.gpu_uuid}/{health.kind.value}", health.time_us),
-            "type": EventType.GPU_HEALTH.value,
-            "source": source,
-            "subject": health.gpu_uuid,
-            "time": health.time_us,
-            "schema": 1,
-            "data": {
+        cloudevent(
+            event_id(source, f"{health.gpu_uuid}/{health.kind.value}", health.time_us),
+            EventType.GPU_HEALTH.value,
+            source,
+            health.gpu_uuid,
+            health.time_us,
+            1,
+            {
                 "node": health.node,
                 "gpu_uuid": health.gpu_uuid,
                 "gpu_index": health.gpu_index,
@@ -526,5 +540,5 @@ def encode_health(health: GpuHealth, source: str) -> bytes:
                 "source": health.source.value,
                 "time_us": health.time_us,
             },
-        }
+        )
     )

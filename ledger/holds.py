@@ -29,7 +29,7 @@ import orjson
 
 from ledger.accounts import AccountKind, hold_account, holds_outstanding_account
 from ledger.errors import EventError, UnknownSchemaError
-from ledger.events import MAX_TIME_US, SPEC_VERSION, DeadLetter, event_id
+from ledger.events import MAX_TIME_US, DeadLetter, cloudevent, event_id
 from ledger.job_events import JobEventType
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.units import Unit
@@ -136,16 +136,15 @@ def hold_to_dict(event: HoldEvent) -> dict[str, Any]:
 
 def encode_hold(envelope: HoldEnvelope) -> tuple[bytes, bytes]:
     """(key, value) of the jobs-topic message: keyed by job id."""
-    value = {
-        "specversion": SPEC_VERSION,
-        "id": envelope.id,
-        "type": envelope.type.value,
-        "source": envelope.source,
-        "subject": envelope.subject,
-        "time": envelope.time_us,
-        "schema": envelope.schema,
-        "data": hold_to_dict(envelope.data),
-    }
+    value = cloudevent(
+        envelope.id,
+        envelope.type.value,
+        envelope.source,
+        envelope.subject,
+        envelope.time_us,
+        envelope.schema,
+        hold_to_dict(envelope.data),
+    )
     return envelope.subject.encode(), orjson.dumps(value)
 
 

@@ -24,7 +24,7 @@ from enum import StrEnum
 
 import orjson
 
-from ledger.events import Owner, event_id
+from ledger.events import Owner, cloudevent, event_id
 
 MINUTE_US = 60_000_000
 
@@ -182,15 +182,14 @@ def encode_alert(alert: IdleAlert) -> bytes:
     """The alert in its envelope, as published on the alerts topic keyed by GPU UUID."""
     owner = alert.owner
     return orjson.dumps(
-        {
-            "specversion": "1.0",
-            "id": alert.id,
-            "type": alert.kind.value,
-            "source": "tally://ledger/idle",
-            "subject": alert.subject,
-            "time": alert.at_us,
-            "schema": 1,
-            "data": {
+        cloudevent(
+            alert.id,
+            alert.kind.value,
+            "tally://ledger/idle",
+            alert.subject,
+            alert.at_us,
+            1,
+            {
                 "gpu_uuid": alert.gpu_uuid,
                 "node": alert.node,
                 "pool": alert.pool,
@@ -207,7 +206,7 @@ def encode_alert(alert: IdleAlert) -> bytes:
                 "waste_micros": alert.waste_micros,
                 "reason": alert.reason.value if alert.reason else None,
             },
-        }
+        )
     )
 
 

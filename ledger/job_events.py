@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import orjson
 
 from ledger.errors import EventError, UnknownSchemaError
-from ledger.events import MAX_TIME_US, SPEC_VERSION, SchemaRegistry, event_id
+from ledger.events import MAX_TIME_US, SchemaRegistry, cloudevent, event_id
 
 MAX_TEXT = 256
 MAX_DETAIL = 2048
@@ -338,16 +338,15 @@ def job_envelope(event: JobEvent, source: str) -> JobEnvelope:
 
 
 def job_envelope_to_dict(envelope: JobEnvelope) -> dict[str, Any]:
-    return {
-        "specversion": SPEC_VERSION,
-        "id": envelope.id,
-        "type": envelope.type.value,
-        "source": envelope.source,
-        "subject": envelope.subject,
-        "time": envelope.time_us,
-        "schema": envelope.schema,
-        "data": envelope.data,
-    }
+    return cloudevent(
+        envelope.id,
+        envelope.type.value,
+        envelope.source,
+        envelope.subject,
+        envelope.time_us,
+        envelope.schema,
+        envelope.data,
+    )
 
 
 def encode_job_event(event: JobEvent, source: str) -> bytes:
