@@ -353,6 +353,15 @@ class TokensConfig(Strict):
     team_env: dict[Name, EnvName] = Field(default_factory=dict)
 
 
+class SlurmConfig(Strict):
+    """How the Slurm executor submits: partition, whether Tally's node choice is pinned
+    (`--nodelist`; node names must then match the fleet's), and extra `sbatch` arguments."""
+
+    partition: str | None = Field(None, min_length=1, max_length=64)
+    pin_nodes: bool = False
+    extra_args: tuple[str, ...] = ()
+
+
 class SchedulerConfig(Strict):
     """The scheduler service (`tally scheduler run`, a child of `tally up`)."""
 
@@ -362,7 +371,8 @@ class SchedulerConfig(Strict):
     cycle_interval_s: float = Field(2.0, ge=0.05, le=3600)
     fair_share_half_life_hours: float = Field(168.0, gt=0, le=366 * 24)
     default_estimated_runtime_hours: float = Field(1.0, gt=0, le=366 * 24)
-    executor: Literal["local"] = "local"
+    executor: Literal["local", "slurm"] = "local"
+    slurm: SlurmConfig = SlurmConfig()
     work_dir: Path = Path(".tally/scheduler")
     max_body_kib: int = Field(64, ge=1, le=16_384)
     heads_per_queue: int = Field(8, ge=1, le=10_000)

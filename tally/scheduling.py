@@ -250,18 +250,33 @@ def scheduler_state(config: TallyConfig, inventory: Inventory | None = None) -> 
     )
 
 
+def configured_executor(config: TallyConfig, inventory: Inventory) -> Executor:
+    """The executor `scheduler.executor` names."""
+    s = config.scheduler
+    if s.executor == "slurm":
+        from scheduler.executors.slurm import SlurmExecutor
+
+        return SlurmExecutor(
+            s.work_dir / "logs",
+            partition=s.slurm.partition,
+            pin_nodes=s.slurm.pin_nodes,
+            extra_args=s.slurm.extra_args,
+        )
+    from scheduler.executors.local import LocalExecutor
+
+    return LocalExecutor(s.work_dir / "logs", device_ids=inventory.device_ids)
+
+
 def build_dispatcher(
     config: TallyConfig,
     executor: Executor | None = None,
     clock: Clock | None = None,
 ) -> Dispatcher:
-    """The service's dispatcher: the local executor (logs in `work_dir/logs`, devices by
-    index) unless another executor is given."""
-    from scheduler.executors.local import LocalExecutor
-
+    """The service's dispatcher with the configured executor (logs in `work_dir/logs`): local
+    (devices by index) or Slurm (`sbatch --gres=gpu:N`), unless another executor is given."""
     inventory = inventory_of(config)
     s = config.scheduler
-    chosen = executor or LocalExecutor(s.work_dir / "logs", device_ids=inventory.device_ids)
+    chosen = executor or configured_executor(config, inventory)
     return Dispatcher(
         scheduler_state(config, inventory),
         chosen,

@@ -181,3 +181,23 @@ def test_up_creates_a_private_tokens_file_once(tmp_path):
     assert tokens.admin and set(tokens.teams) == {"vision", "language"}
     ensure_tokens_file(config)
     assert path.read_text() == first  # never overwritten
+
+
+@pytest.mark.parametrize(
+    ("executor", "kind"),
+    [
+        pytest.param("local", "LocalExecutor", id="local-by-default"),
+        pytest.param("slurm", "SlurmExecutor", id="slurm-when-configured"),
+    ],
+)
+def test_the_configured_executor_is_built(tmp_path, executor, kind):
+    from tally.config import parse_config
+    from tally.scheduling import configured_executor, inventory_of
+    from tests.builders import a_config_dict
+
+    data = a_config_dict(
+        scheduler={"executor": executor, "work_dir": str(tmp_path), "slurm": {"partition": "gpu"}}
+    )
+    config = parse_config(data)
+    built = configured_executor(config, inventory_of(config))
+    assert type(built).__name__ == kind
