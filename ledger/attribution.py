@@ -2,7 +2,9 @@
 
 The physical time of the sample is `interval × slices / total_slices` GPU-milliseconds (a whole
 GPU has one slice of one). Owners are found in this order: the sample's own owner (a pod, the
-simulated workload), else the owners of its processes, else nobody (unallocated capacity).
+simulated workload), else the owners of its processes, else the scheduler's assignment of the GPU
+over the interval (split by how long each job held it, so an owner change mid-interval is
+exact), else nobody (unallocated capacity).
 
 When several owners' processes share a GPU without MIG, the time is split by per-process SM
 utilisation; if no process reports any, by used memory; if that is zero too, equally. Processes
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ledger.accounts import capacity_account, consumer_account, unallocated_account
+from ledger.assignments import OwnedPiece
 from ledger.events import Envelope, GpuSample, MigInstance, Owner
 from ledger.periods import period_label
 from ledger.postings import Posting, Transaction, TransactionKind
@@ -111,9 +114,16 @@ def usage_cost(prices: PriceBook, sample: GpuSample, gpu_ms: int) -> int:
 
 
 def attribute_sample(
-    envelope: Envelope, prices: PriceBook, cost_centres: Mapping[str, str]
+    envelope: Envelope,
+    prices: PriceBook,
+    cost_centres: Mapping[str, str],
+    held: Sequence[OwnedPiece] = (),
 ) -> Transaction:
-    """The usage transaction of one sample event. Raises PricingError for an unpriced model."""
+    """The usage transaction of one sample event. Raises PricingError for an unpriced model.
+
+    `held` is who the scheduler says held the GPU over the sample's interval; it decides the
+    owners only when the sample names none, splitting the time by how long each held it.
+    """
     sample = envelope.data
     total_ms = physical_gpu_ms(sample)
     total_cost = usage_cost(prices, sample, total_ms)
@@ -123,6 +133,11 @@ def attribute_sample(
         if rate is not None:
             total_cost += energy_cost(energy, rate)
     shares = owner_shares(sample)
+    if held and shares == [(None, 1)]:
+        by_holder: dict[Owner | None, int] = {}
+        for piece in held:
+            by_holder[piece.owner] = by_holder.get(piece.owner, 0) + piece.end_us - piece.start_us
+        shares = sorted(by_holder.items(), key=lambda item: item[0] is None)
     weights = [w for _, w in shares]
     ms_parts = largest_remainder(total_ms, weights) if len(shares) > 1 else [total_ms]
     cost_parts = largest_remainder(total_cost, ms_parts) if len(shares) > 1 else [total_cost]

@@ -1,0 +1,84 @@
+"""GPU assignments: who the scheduler says holds each GPU, over time.
+
+The scheduler publishes `GpuAssigned` / `GpuReleased` (ledger.job_events) keyed by GPU UUID. The
+ledger keeps each GPU's timeline as `Holding`s — half-open `[from_us, to_us)`, `to_us` None while
+still held — and attribution asks it who held a GPU over a sample's interval when the sample
+itself names no owner (ownership precedence: the sample's owner, then the scheduler's assignment
+at that time, then unallocated).
+
+Invariants: a GPU's holdings never overlap (a new assignment ends the previous one); a release
+ends only the holding of the job it names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ledger.events import Owner
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    gpu_uuid: str
+    owner: Owner
+    from_us: int
+    to_us: int | None = None
+
+    def overlap(self, start_us: int, end_us: int) -> tuple[int, int] | None:
+        lo = max(start_us, self.from_us)
+        hi = end_us if self.to_us is None else min(end_us, self.to_us)
+        return (lo, hi) if lo < hi else None
+
+
+@dataclass(frozen=True, slots=True)
+class OwnedPiece:
+    """Part of an interval and who held the GPU over it (None: nobody)."""
+
+    start_us: int
+    end_us: int
+    owner: Owner | None
+
+
+def assign(timeline: Sequence[Holding], holding: Holding) -> tuple[Holding, ...]:
+    """`timeline` with `holding` added: an open holding that started before it ends there."""
+    kept: list[Holding] = []
+    for old in timeline:
+        h = (
+            replace(old, to_us=holding.from_us)
+            if old.to_us is None and (old.from_us <= holding.from_us)
+            else old
+        )
+        if h.to_us is not None and h.to_us <= h.from_us:
+            continue
+        kept.append(h)
+    kept.append(holding)
+    return tuple(sorted(kept, key=lambda h: h.from_us))
+
+
+def release(timeline: Sequence[Holding], job_id: str, at_us: int) -> tuple[Holding, ...]:
+    """`timeline` with the open holding of `job_id` ended at `at_us`."""
+    return tuple(
+        replace(h, to_us=at_us)
+        if h.to_us is None and h.owner.job_id == job_id and h.from_us <= at_us
+        else h
+        for h in timeline
+    )
+
+
+def owners_over(timeline: Sequence[Holding], start_us: int, end_us: int) -> list[OwnedPiece]:
+    """Who held the GPU over `[start_us, end_us)`, as consecutive pieces covering all of it."""
+    pieces: list[OwnedPiece] = []
+    cursor = start_us
+    for h in sorted(timeline, key=lambda h: h.from_us):
+        span = h.overlap(start_us, end_us)
+        if span is None:
+            continue
+        lo, hi = span
+        if lo > cursor:
+            pieces.append(OwnedPiece(cursor, lo, None))
+        pieces.append(OwnedPiece(max(lo, cursor), hi, h.owner))
+        cursor = max(cursor, hi)
+    if cursor < end_us:
+        pieces.append(OwnedPiece(cursor, end_us, None))
+    return [p for p in pieces if p.end_us > p.start_us]
