@@ -3,7 +3,8 @@
 Starts the broker (embedded tansu unless an external Kafka is configured), creates the topics,
 then runs the collector, the ledger worker, the scheduler (local executor against the simulated
 fleet's GPUs; its API tokens are created in `scheduler.tokens.file` on first start), the alert
-delivery to webhooks (when `alerts.sinks` are configured) and the dashboard as child processes, each in its own process group. A child that dies is restarted
+delivery to webhooks (when `alerts.sinks` are configured) and the dashboard as child processes,
+each in its own process group. A child that dies is restarted
 with backoff (at most 5 times a minute); Ctrl-C or SIGTERM stops every process the stack started
 (the scheduler stops the jobs it runs). The ledger data directory outlives the stack; the
 embedded broker does not (each start is a new broker incarnation, which the worker recognises).
