@@ -3,7 +3,8 @@
 Run with `streamlit run dashboard/app.py` (`tally up` does); the ledger directory comes from
 $TALLY_DATA_DIR (set by `tally up`) or `.tally/data`, the currency from $TALLY_CURRENCY.
 The pages are the `page_*.py` scripts beside it; they read the sealed ledger through
-`dashboard.common`.
+`dashboard.common`. The scheduler's job events are read from the ledger's raw-event archive, on
+the topic named by $TALLY_JOBS_TOPIC (default `tally.jobs`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ PAGES = [
         url_path="platform",
     ),
     st.Page(
+        HERE / "page_team.py",
+        title="Team",
+        icon=":material/group:",
+        url_path="team",
+    ),
+    st.Page(
         HERE / "page_capacity.py",
         title="Capacity planning",
         icon=":material/trending_up:",
@@ -41,7 +48,8 @@ PAGES = [
 
 page = st.navigation(PAGES)
 extent = common.query("extent")
-st.session_state["filters"] = common.sidebar_filters(extent)
+history = common.query("job_history", common.jobs_topic())
+st.session_state["filters"] = common.sidebar_filters(extent, history.teams)
 with st.sidebar:
     st.caption(f"Sealed up to {common.when(extent.newest_us)} · amounts in {common.currency()}")
 page.run()

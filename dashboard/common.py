@@ -1,5 +1,5 @@
-"""What every dashboard page shares: where the ledger is, cached queries, the sidebar filters
-and how amounts are written.
+"""What every dashboard page shares: where the ledger is, which topic carries the scheduler's
+job events, cached queries, the sidebar filters and how amounts are written.
 
 Pages hold no business logic: every number comes from a `ledger` query called through `query`,
 which caches its result with `st.cache_data` keyed by the ledger's version (the manifest's
@@ -20,7 +20,7 @@ from typing import Any
 
 import streamlit as st
 
-from ledger import rollups
+from ledger import job_history, rollups
 from ledger.focus import ExportFormat, FocusContext
 from ledger.reports import IdleSharing, ReportQueries, cost_report, idle_report
 from ledger.statements import team_statement
@@ -41,6 +41,22 @@ def data_dir() -> Path:
 
 def currency() -> str:
     return os.environ.get("TALLY_CURRENCY", "USD")
+
+
+def jobs_topic() -> str:
+    """The topic whose archived messages are the scheduler's job events ($TALLY_JOBS_TOPIC,
+    the configuration's `topics.jobs`; default `tally.jobs`)."""
+    return os.environ.get("TALLY_JOBS_TOPIC") or job_history.DEFAULT_JOBS_TOPIC
+
+
+def half_life_us() -> int:
+    """The fair-share half-life ($TALLY_FAIR_SHARE_HALF_LIFE_HOURS, the configuration's
+    `scheduler.fair_share_half_life_hours`; default 168 hours, the scheduler's default)."""
+    try:
+        hours = float(os.environ.get("TALLY_FAIR_SHARE_HALF_LIFE_HOURS", ""))
+    except ValueError:
+        return rollups.DEFAULT_HALF_LIFE_US
+    return int(hours * rollups.HOUR_US) if hours > 0 else rollups.DEFAULT_HALF_LIFE_US
 
 
 def _focus(q: ReportQueries, period: str, fmt: str, cur: str) -> tuple[bytes, int]:
@@ -77,6 +93,14 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "usage_trend": rollups.usage_trend,
     "model_trends": rollups.model_trends,
     "demand": rollups.demand,
+    "job_history": rollups.job_history_of,
+    "job_explanation": rollups.job_explanation,
+    "job_costs": rollups.job_costs,
+    "team_budget": rollups.team_budget,
+    "team_quotas": rollups.team_quotas,
+    "fair_share": rollups.fair_share,
+    "queue_wait_trends": rollups.queue_wait_trends,
+    "observed_queue_waits": rollups.observed_queue_waits,
     "focus": _focus,
     "statement": _statement,
     "cost_report": _cost_report,
@@ -107,9 +131,13 @@ def closed_periods() -> tuple[str, ...]:
 # ------------------------------------------------------------------------------ filters
 
 
-def sidebar_filters(extent: rollups.Extent) -> rollups.Filters:
-    """The period, team and pool selectors (in the sidebar); their values as `Filters`."""
+def sidebar_filters(extent: rollups.Extent, job_teams: tuple[str, ...] = ()) -> rollups.Filters:
+    """The period, team and pool selectors (in the sidebar); their values as `Filters`.
+
+    Teams are those with usage in the ledger and, from `job_teams`, those with scheduled jobs.
+    """
     closed = set(closed_periods())
+    teams = sorted(set(extent.teams) | set(job_teams))
     periods = [ALL, *extent.periods]
 
     def period_label(label: str) -> str:
@@ -130,7 +158,7 @@ def sidebar_filters(extent: rollups.Extent) -> rollups.Filters:
         )
         team = st.selectbox(
             "Team",
-            [ALL, *extent.teams],
+            [ALL, *teams],
             format_func=lambda t: "All teams" if t == ALL else t,
             key="team",
         )
@@ -198,6 +226,24 @@ def no_data(what: str) -> None:
         "samples and sealed its first segment (a few seconds after `make up` starts), it "
         f"appears here. Ledger directory: `{data_dir()}`."
     )
+
+
+def no_jobs(who: str = "") -> None:
+    """The empty state of the team page: no scheduler events yet (for `who`, or anyone)."""
+    st.info(
+        f"No jobs {('of ' + who + ' ') if who else ''}yet in the ledger's record of the "
+        "scheduler. Submit one with the `tally` CLI (a team's token in `TALLY_TOKEN`):\n\n"
+        "```sh\ntally job submit -q dev -p <project> --gpus 1 --estimate 2h -- python train.py"
+        "\ntally job list\n```\n\n"
+        "It appears here, with why it waits and what it costs, a few seconds after the scheduler "
+        f"publishes its events and the worker seals them (jobs topic `{jobs_topic()}`, ledger "
+        f"directory `{data_dir()}`)."
+    )
+
+
+def duration_hours(us: int) -> float:
+    """Microseconds as hours (display only)."""
+    return us / rollups.HOUR_US
 
 
 def sealed_caption(extent: rollups.Extent) -> None:

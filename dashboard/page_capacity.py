@@ -1,8 +1,9 @@
-"""Capacity planning: GPU usage trends per model and pool, a forecast, and how many GPUs keep
-queueing short.
+"""Capacity planning: GPU usage and queue-wait trends per model and pool, a forecast, and how
+many GPUs keep queueing short.
 
-Every figure comes from `ledger.rollups` over the sealed ledger; the forecast and the queueing
-estimate state their method on the page.
+Every figure comes from `ledger.rollups` over the sealed ledger (usage) and the scheduler's job
+events in its raw-event archive (queue waits); the forecast and the queueing estimate state their
+method on the page, and the estimate is shown beside the p95 wait actually observed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import common
-from ledger import rollups
+from ledger import job_history, rollups
 
 st.title("Capacity planning")
 extent: rollups.Extent = common.query("extent")
@@ -66,6 +67,75 @@ if trends:
     st.caption(
         f"Whole UTC days before {common.when(extent.newest_us - extent.newest_us % rollups.DAY_US)}"
         "; used = GPU time allocated to an owner."
+    )
+
+# ---------------------------------------------------------------------- queue waits
+st.header("Queue waits per GPU model and pool")
+topic = common.jobs_topic()
+waits: tuple[job_history.QueueWaitDay, ...] = common.query(
+    "queue_wait_trends", topic, None, None, filters.pool
+)
+if waits:
+    wait_frame = pd.DataFrame(
+        [
+            (common.timestamp(w.day_us), f"{w.pool} · {w.model}", label, value / 60_000_000)
+            for w in waits
+            for label, value in (("p50", w.p50_us), ("p95", w.p95_us))
+        ],
+        columns=["day", "pool · model", "quantile", "minutes"],
+    )
+    st.altair_chart(
+        alt.Chart(wait_frame)
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("day:T", title="Day of first start (UTC)"),
+            y=alt.Y("minutes:Q", title="Wait from submission to start (minutes)"),
+            color=alt.Color("pool · model:N", title="Pool · GPU model"),
+            strokeDash=alt.StrokeDash("quantile:N", title="Quantile"),
+            tooltip=[
+                "day:T",
+                "pool · model:N",
+                "quantile:N",
+                alt.Tooltip("minutes:Q", format=".1f"),
+            ],
+        ),
+        width="stretch",
+    )
+    newest_first = sorted(waits, key=lambda w: (-w.day_us, w.pool or "", w.model or ""))
+    st.dataframe(
+        pd.DataFrame(
+            {
+                "day": [common.timestamp(w.day_us) for w in newest_first],
+                "pool": [w.pool for w in newest_first],
+                "model": [w.model for w in newest_first],
+                "jobs": [w.jobs for w in newest_first],
+                "p50": [w.p50_us / 60_000_000 for w in newest_first],
+                "p95": [w.p95_us / 60_000_000 for w in newest_first],
+                "max": [w.max_us / 60_000_000 for w in newest_first],
+            }
+        ),
+        hide_index=True,
+        column_config={
+            "day": st.column_config.DatetimeColumn("Day (UTC)", format="YYYY-MM-DD"),
+            "pool": "Pool",
+            "model": "GPU model",
+            "jobs": st.column_config.NumberColumn("Jobs started", format="%d"),
+            "p50": st.column_config.NumberColumn("p50 wait (min)", format="%.1f"),
+            "p95": st.column_config.NumberColumn("p95 wait (min)", format="%.1f"),
+            "max": st.column_config.NumberColumn("Longest wait (min)", format="%.1f"),
+        },
+    )
+    st.caption(
+        "Wait: from a job's submission to its first start, from the scheduler's events; per UTC "
+        "day the jobs first started, pool and GPU model they ran on. p50 and p95 are the nearest "
+        "observed ranks. Jobs still waiting are not in these figures (see the sizing below), and "
+        "waits after a preemption are not counted."
+    )
+else:
+    st.info(
+        "No queue history yet: waits come from the scheduler's events on the jobs topic "
+        f"(`{topic}`), which the ledger archives. Jobs run outside Tally's scheduler have usage "
+        "but no queue history."
     )
 
 # ---------------------------------------------------------------------- forecast
@@ -138,7 +208,10 @@ until = extent.newest_us
 since = max(until - window_days * rollups.DAY_US, extent.first_us or until)
 found: rollups.Demand = common.query("demand", model, since, until, filters.pool)
 sizing = rollups.size_for_wait(found, target_min / 60, 0.95, int(growth))
-m = st.columns(4)
+observed: job_history.ObservedWaits = common.query(
+    "observed_queue_waits", topic, model, since, until, filters.pool
+)
+m = st.columns(5)
 m[0].metric("GPUs of this model now", f"{found.gpus:,}")
 m[1].metric("Average GPUs in use", f"{found.mean_busy_gpus * (1 + growth / 100):,.1f}")
 if sizing.gpus_needed is None:
@@ -185,6 +258,32 @@ else:
             "input": "Model input",
             "value": st.column_config.NumberColumn(format="%.3f"),
         },
+    )
+m[4].metric(
+    "Observed p95 wait",
+    f"{observed.p95_us / 60_000_000:,.0f} min" if observed.started else "—",
+    help=f"{observed.started:,} jobs of this model first started in the window (p50 "
+    f"{observed.p50_us / 60_000_000:,.0f} min, longest {observed.max_us / 60_000_000:,.0f} min); "
+    f"{observed.waiting:,} still waiting at its end.",
+)
+if observed.started:
+    st.caption(
+        f"Observed over the same window: p95 {job_history.duration_text(observed.p95_us)} and "
+        f"p50 {job_history.duration_text(observed.p50_us)} from submission to start, over "
+        f"{observed.started:,} jobs"
+        + (
+            f"; {observed.waiting:,} job(s) still waiting, the longest for "
+            f"{job_history.duration_text(observed.longest_waiting_us)}"
+            if observed.waiting
+            else ""
+        )
+        + ". The estimate assumes first-come first-served without quotas; where they differ, "
+        "quotas, priorities, budgets or preemption are shaping the real waits."
+    )
+else:
+    st.caption(
+        "No job of this model first started in the window, so there is no observed wait to "
+        "compare the estimate with (waits come from the scheduler's job events)."
     )
 st.markdown(
     f"**Method.** Observed from {common.when(since)} to {common.when(until)}: "

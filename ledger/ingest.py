@@ -8,13 +8,19 @@ carries GPU samples. For each route it
 2. decodes each message (bad input becomes a dead letter, never an exception),
 3. drops events whose id the store has applied before (and repeats within the batch),
 4. folds the events into transactions and state changes,
-5. commits transactions, offset ranges, state, dead letters and the outbox (alerts, dead letters
-   and changed balances to publish) in one store transaction.
+5. commits transactions, offset ranges, state, dead letters, the outbox (alerts, dead letters
+   and changed balances to publish) and the route's messages themselves (the raw-event archive)
+   in one store transaction: one batch of the archive per route and call.
+
+Everything a route's fold reads (open holds, idle states, seen ids, admin state, closed
+periods) is itself the fold of earlier batches, so replaying the archive batch by batch, each
+batch's messages in their archived order, reproduces the ledger (`ledger.rebuild`).
 
 Samples are attributed to usage transactions (unpriced models become dead letters), booked into
 the next open period when their own is closed, flagged by the idle detector (`ledger.idle`,
 stepped per GPU in sample-time order, raising alerts), and settle the open holds of their jobs;
-holds whose expiry the batch's newest sample has passed are released.
+holds whose expiry the batch's newest new event has passed are released (a duplicate moves no
+clock: applying an event twice has the effect of applying it once).
 
 Admin events take effect in offset order within a batch. A batch that closes a period seals the
 store first, so the close's checksum covers every posting booked into the period, including
@@ -47,7 +53,14 @@ from ledger.attribution import attribute_sample, owner_shares
 from ledger.closing import booking_period
 from ledger.errors import PricingError
 from ledger.events import DeadLetter, Envelope, decode_message, encode_dead_letter, event_id
-from ledger.holds import BookPeriod, HoldBook, HoldEnvelope, HoldPlaced, decode_jobs_message
+from ledger.holds import (
+    LEDGER_HOLDS_SOURCE,
+    BookPeriod,
+    HoldBook,
+    HoldEnvelope,
+    HoldPlaced,
+    decode_jobs_message,
+)
 from ledger.idle import GpuIdleState, IdleAlert, IdleObservation, IdlePolicy, encode_alert, step
 from ledger.periods import period_label
 from ledger.postings import Transaction
@@ -55,6 +68,7 @@ from ledger.pricing import PriceBook
 from ledger.store import (
     NO_COMMIT,
     CommitResult,
+    ConsumedMessage,
     LedgerStore,
     OutboxMessage,
     PartitionKey,
@@ -64,13 +78,7 @@ from ledger.store import (
 )
 from ledger.units import Unit
 
-
-@dataclass(frozen=True, slots=True)
-class ConsumedMessage:
-    topic: str
-    partition: int
-    offset: int
-    value: bytes | None
+__all__ = ["ConsumedMessage", "IngestResult", "Ingestor", "InputTopics", "OutputTopics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +218,7 @@ class Ingestor:
             outbox,
             changes,
             self.topics.balances,
+            raw=fresh,
         )
         for r in ranges:
             self._next[(r.topic, r.partition)] = r.last + 1
@@ -236,11 +245,13 @@ class Ingestor:
         transactions: list[SourcedTransaction] = []
         observed: list[tuple[Envelope, int]] = []
         duplicates = 0
+        newest: int | None = None  # of the events new to the ledger: a duplicate moves nothing
         for envelope, message in decoded:
             if envelope.id in seen:
                 duplicates += 1
                 continue
             seen.add(envelope.id)
+            newest = envelope.time_us if newest is None else max(newest, envelope.time_us)
             try:
                 txn = attribute_sample(envelope, self.prices, self.cost_centres)
             except PricingError as exc:
@@ -255,12 +266,13 @@ class Ingestor:
             )
         states, alerts = self._detect_idle(observed, transactions)
         holds = HoldBook(self.store.open_holds(), self._booker(closed))
+        derived = len(transactions)
         for settlement in holds.settle([t.txn for t in transactions]):
             source = transactions[settlement.last_usage]
             transactions.append(replace(source, txn=settlement.txn))
-        if decoded:
-            newest = max(e.time_us for e, _ in decoded)
+        if newest is not None:
             transactions.extend(_sourced(holds.expire(newest), fresh[-1]))
+        self._own_ids(transactions, derived)
         commit = self._commit(
             fresh, transactions, dead, StateChanges(holds=holds.changed()), states, alerts
         )
@@ -315,6 +327,32 @@ class Ingestor:
 
     # ------------------------------------------------------------------ holds
 
+    def _own_ids(self, transactions: list[SourcedTransaction], start: int) -> None:
+        """Give each transaction the ledger derived itself (settlements and expiries of holds,
+        from `start` on) an id the ledger has not applied yet.
+
+        A derived id repeats only when the event it derives from was applied again after the
+        dedupe window forgot it (a hold placed anew expires with its first life's id). The
+        store would drop the repeat while the hold change it carries is committed; a fresh id,
+        derived deterministically from the old one, keeps postings and holds in step.
+        """
+        if start == len(transactions):
+            return
+        taken = self.store.seen_ids([t.txn.txn_id for t in transactions[start:]])
+        if not taken:
+            return
+        for index in range(start, len(transactions)):
+            item = transactions[index]
+            txn_id, again = item.txn.txn_id, 0
+            while txn_id in taken:
+                again += 1
+                txn_id = event_id(LEDGER_HOLDS_SOURCE, f"{item.txn.txn_id}/again", again)
+                if txn_id not in taken:
+                    taken |= self.store.seen_ids([txn_id])
+            if txn_id != item.txn.txn_id:
+                taken.add(txn_id)
+                transactions[index] = replace(item, txn=replace(item.txn, txn_id=txn_id))
+
     def _apply_jobs(self, fresh: Sequence[ConsumedMessage]) -> _Part:
         dead: list[DeadLetter] = []
         decoded: list[tuple[HoldEnvelope, ConsumedMessage]] = []
@@ -327,11 +365,13 @@ class Ingestor:
         transactions: list[SourcedTransaction] = []
         without_postings: list[tuple[str, int]] = []
         duplicates = 0
+        newest: int | None = None  # of the events new to the ledger: a duplicate moves nothing
         for envelope, message in decoded:
             if envelope.id in seen:
                 duplicates += 1
                 continue
             seen.add(envelope.id)
+            newest = envelope.time_us if newest is None else max(newest, envelope.time_us)
             if isinstance(envelope.data, HoldPlaced):
                 placed = holds.place(envelope)
                 if isinstance(placed, str):
@@ -345,9 +385,10 @@ class Ingestor:
                 without_postings.append((envelope.id, envelope.time_us))
             else:
                 transactions.extend(_sourced([released], message))
-        if decoded:
-            newest = max(e.time_us for e, _ in decoded)
+        derived = len(transactions)
+        if newest is not None:
             transactions.extend(_sourced(holds.expire(newest), fresh[-1]))
+        self._own_ids(transactions, derived)
         changes = StateChanges(holds=holds.changed(), seen=without_postings)
         commit = self._commit(fresh, transactions, dead, changes)
         return _Part(

@@ -1,10 +1,12 @@
 """Rollups for the dashboard: the queries behind each page, as plain values.
 
-This module owns what the Finance, Platform and Capacity-planning pages *show*: every number on
-those pages comes from a function here (or from `ledger.reports`, `ledger.statements`,
-`ledger.focus`, which these build on). Each function reads the sealed postings through
-`ReportQueries.rows` (a DuckDB connection of its own over the segments the manifest lists) and
-returns frozen dataclasses; the pages only render them.
+This module owns what the Finance, Platform, Capacity-planning and Team pages *show*: every
+number on those pages comes from a function here (or from `ledger.reports`, `ledger.statements`,
+`ledger.focus`, `ledger.balances` and `ledger.job_history`, which these build on). Each function
+reads the sealed postings through `ReportQueries.rows` (a DuckDB connection of its own over the
+segments the manifest lists), the jobs topic's messages out of the sealed raw-event archive
+(`ledger.job_history.read_job_event_log`) or the readers' copy of the admin log, and returns
+frozen dataclasses; the pages only render them.
 
 Rules every rollup here keeps:
 - money and GPU time are integers (micro-units, GPU-ms) in everything computed; floats appear
@@ -34,7 +36,14 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from ledger import job_history
+from ledger.accounts import AccountKind
+from ledger.admin import ADMIN_LOG_NAME, AdminView, load_admin_log
+from ledger.balances import BudgetStatus as TeamBudgetStatus
+from ledger.balances import budget_status as balance_budget_status
+from ledger.balances import fold_rows
 from ledger.closing import load_closed_periods
+from ledger.errors import LedgerError
 from ledger.focus import ExportFormat, FocusContext, focus_table, write_focus
 from ledger.reports import (
     CONSUMER_SQL,
@@ -48,7 +57,7 @@ from ledger.reports import (
     period_of,
 )
 from ledger.segments import MANIFEST_NAME
-from ledger.store import SEGMENTS_DIR
+from ledger.store import ARCHIVE_DIR, SEGMENTS_DIR
 
 HOUR_US = 3_600_000_000
 DAY_US = 24 * HOUR_US
@@ -60,6 +69,9 @@ BUDGET_GRANT_KIND = "budget_grant"
 BUDGET_PREFIX = "budget:"
 # Dimensions the finance pages break cost down by, in the order a finance analyst reads them.
 COST_DIMENSIONS = ("cost_centre", "team", "project", "user")
+# The scheduler's default fair-share half-life (`scheduler.fair_share_half_life_hours`).
+DEFAULT_HALF_LIFE_US = 168 * HOUR_US
+STANDING_SCALE = 1_000_000  # standing = decayed GPU-ms × STANDING_SCALE // weight, as scheduled
 
 Keys = tuple[str | None, ...]
 
@@ -92,17 +104,24 @@ class Filters:
 
 
 def ledger_version(data_dir: Path | str) -> str:
-    """A key that changes whenever the sealed ledger or its closed periods change.
+    """A key that changes whenever the sealed ledger, its raw-event archive, its admin log or
+    its closed periods change.
 
-    The manifest is replaced atomically by every seal and compaction, and closed-period records
-    are written once, so their bytes identify what readers see.
+    The manifests are replaced atomically by every seal and compaction, the admin log by every
+    batch of admin events, and closed-period records are written once, so their bytes identify
+    what readers see.
     """
     root = Path(data_dir) / SEGMENTS_DIR
     digest = hashlib.sha256()
-    try:
-        digest.update((root / MANIFEST_NAME).read_bytes())
-    except FileNotFoundError:
-        digest.update(b"no manifest")
+    for path in (
+        root / MANIFEST_NAME,
+        Path(data_dir) / ARCHIVE_DIR / MANIFEST_NAME,
+        root / ADMIN_LOG_NAME,
+    ):
+        try:
+            digest.update(path.read_bytes())
+        except FileNotFoundError:
+            digest.update(b"none: " + path.name.encode())
     closed = root / "closed"
     if closed.is_dir():
         for path in sorted(closed.glob("*.json")):
@@ -1169,3 +1188,256 @@ def size_for_wait(
         wait_now,
         assumptions,
     )
+
+
+# ------------------------------------------------------------------------------ jobs and teams
+
+
+def _data_dir(q: ReportQueries) -> Path:
+    return q.root.parent
+
+
+@dataclass(frozen=True, slots=True)
+class JobHistory:
+    """Every job the scheduler's events describe (`ledger.job_history.fold_jobs`), read from
+    the jobs topic's messages in the sealed raw-event archive."""
+
+    rows: tuple[job_history.JobRow, ...]
+    messages: int
+    undecodable: int
+    newest_us: int | None
+
+    @property
+    def teams(self) -> tuple[str, ...]:
+        return tuple(sorted({r.team for r in self.rows if r.team is not None}))
+
+
+def _job_log(q: ReportQueries, topic: str) -> job_history.JobEventLog:
+    return job_history.read_job_event_log(_data_dir(q), topic)
+
+
+def job_history_of(q: ReportQueries, topic: str = job_history.DEFAULT_JOBS_TOPIC) -> JobHistory:
+    log = _job_log(q, topic)
+    return JobHistory(
+        job_history.fold_jobs(log.events), log.messages, log.undecodable, log.newest_us
+    )
+
+
+def job_explanation(
+    q: ReportQueries, topic: str, job_id: str, as_of_us: int
+) -> job_history.Explanation:
+    """`ledger.job_history.explain_job` for `job_id`, naming the preemptors' teams."""
+    log = _job_log(q, topic)
+    teams = job_history.job_teams(job_history.fold_jobs(log.events))
+    return job_history.explain_job(job_id, log.events, as_of_us, teams)
+
+
+def job_costs(q: ReportQueries, filters: Filters) -> tuple[JobCost, ...]:
+    """Consumer GPU time and cost per job id of the selection, most expensive first (every
+    job with usage: those the scheduler ran and those it did not)."""
+    where, params = filters.sql()
+    rows = q.rows(
+        'SELECT job_id, any_value(team), any_value(project), any_value("user"), '
+        "string_agg(DISTINCT pool, ', ' ORDER BY pool), "
+        "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
+        "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) AS money, "
+        f"coalesce(sum(amount) FILTER (unit = 'money_micros' AND {IDLE_LEG_SQL}), 0), "
+        "min(start_us), max(end_us) "
+        f"FROM {{postings}} WHERE {CONSUMER_SQL} AND job_id IS NOT NULL AND {where} "
+        "GROUP BY job_id ORDER BY money DESC, job_id",
+        params,
+    )
+    return tuple(
+        JobCost(r[0], r[1], r[2], r[3], r[4] or "", *(int(v) for v in r[5:])) for r in rows
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TeamBudget:
+    """A team's budget in one period, as the balances projection computes it
+    (`ledger.balances.budget_status`: granted − consumed − open holds per budgeted unit).
+
+    `period` is the filter's period, else the ledger's current period (None: nothing booked);
+    `status` is None when the team was never granted a budget.
+    """
+
+    team: str
+    period: str | None
+    current: bool
+    status: TeamBudgetStatus | None
+
+
+def team_budget(q: ReportQueries, team: str, period: str | None = None) -> TeamBudget:
+    latest = q.rows(f"SELECT max(period) FILTER ({CAPACITY_SQL}), max(period) FROM {{postings}}")[0]
+    current = latest[0] or latest[1]
+    chosen = period or current
+    if chosen is None:
+        return TeamBudget(team, None, True, None)
+    rows = q.rows(
+        "SELECT account, unit, period, sum(amount) FROM {postings} "
+        "WHERE account = ? OR account = ? OR starts_with(account, ?) GROUP BY ALL",
+        [
+            f"{AccountKind.BUDGET}:{team}",
+            f"{AccountKind.HOLD}:{team}",
+            f"{AccountKind.CONSUMER}:{team}/",
+        ],
+    )
+    status = balance_budget_status(team, chosen, fold_rows(rows))
+    return TeamBudget(team, chosen, chosen == current, status)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaLine:
+    """A team's quota of one pool and model (`quotas:` admin events), and its GPUs in use now
+    by its running jobs (`borrowed_gpus` of them count against other teams' unused quota)."""
+
+    pool: str
+    model: str
+    nominal_gpus: int
+    borrowing_limit: int | None  # None: unlimited
+    lending_limit: int | None
+    in_use_gpus: int
+    borrowed_gpus: int
+    set_by: str
+    effective_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class TeamQuotas:
+    """`problem` says why the admin log could not be read (then `lines` is empty)."""
+
+    team: str
+    lines: tuple[QuotaLine, ...]
+    problem: str | None = None
+
+
+def _admin_view(q: ReportQueries) -> tuple[AdminView, str | None]:
+    try:
+        return AdminView.from_log(load_admin_log(q.root)), None
+    except LedgerError as exc:
+        return AdminView(), str(exc)
+
+
+def team_quotas(
+    q: ReportQueries, team: str, topic: str = job_history.DEFAULT_JOBS_TOPIC
+) -> TeamQuotas:
+    view, problem = _admin_view(q)
+    in_use: dict[tuple[str | None, str | None], list[int]] = defaultdict(lambda: [0, 0])
+    for row in job_history.fold_jobs(_job_log(q, topic).events):
+        if row.team == team and row.state.active:
+            used = in_use[(row.pool, row.model)]
+            used[0] += len(row.gpu_uuids) or row.gpus
+            used[1] += row.borrowed_gpus
+    lines = tuple(
+        QuotaLine(
+            quota.pool,
+            quota.model,
+            quota.nominal_gpus,
+            quota.borrowing_limit,
+            quota.lending_limit,
+            in_use[(quota.pool, quota.model)][0],
+            in_use[(quota.pool, quota.model)][1],
+            quota.actor,
+            quota.effective_us,
+        )
+        for (owner, _, _), quota in sorted(view.quotas.items())
+        if owner == team
+    )
+    return TeamQuotas(team, lines, problem)
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareRow:
+    """A team's fair-share standing: decayed metered GPU time per unit of weight (its nominal
+    GPUs; 1 without a quota). Lower standing is served first; `rank` 1 is served first."""
+
+    team: str
+    decayed_gpu_ms: int
+    weight: int
+    standing: int
+    rank: int
+
+    @property
+    def hours_per_gpu(self) -> float:
+        """Decayed GPU-hours per nominal GPU (display only)."""
+        return self.decayed_gpu_ms / MS_PER_HOUR / self.weight
+
+
+@dataclass(frozen=True, slots=True)
+class FairShare:
+    as_of_us: int
+    half_life_us: int
+    rows: tuple[FairShareRow, ...]  # rank order
+    quotas_known: bool
+
+    def of(self, team: str) -> FairShareRow | None:
+        return next((r for r in self.rows if r.team == team), None)
+
+
+def fair_share(
+    q: ReportQueries, as_of_us: int, half_life_us: int = DEFAULT_HALF_LIFE_US
+) -> FairShare:
+    """Every team's standing as of `as_of_us`, the way the scheduler orders teams.
+
+    Metered usage is the consumer GPU time in the sealed ledger, summed per hour it ended in
+    and decayed from the end of that hour: a GPU-hour `half_life_us` old counts half. The
+    weight is the team's total nominal GPUs from the `quotas:` admin events (at least 1); a
+    `weight:` set in the scheduler's configuration is not in the ledger and not applied here.
+    """
+    rows = q.rows(
+        f"SELECT team, (end_us - 1) // {HOUR_US} AS hour, sum(amount) FROM {{postings}} "
+        f"WHERE {CONSUMER_SQL} AND unit = 'gpu_ms' AND team IS NOT NULL AND end_us <= ? "
+        "GROUP BY ALL ORDER BY team, hour",
+        [as_of_us],
+    )
+    decayed: dict[str, float] = defaultdict(float)
+    for team, hour, amount in rows:
+        age = max(0, as_of_us - min(as_of_us, (int(hour) + 1) * HOUR_US))
+        decayed[team] += int(amount) * 2.0 ** (-age / half_life_us)
+    view, problem = _admin_view(q)
+    weights: dict[str, int] = defaultdict(int)
+    for (team, _, _), quota in view.quotas.items():
+        weights[team] += quota.nominal_gpus
+    teams = sorted(set(decayed) | set(weights))
+    usage = {team: max(0, math.floor(decayed.get(team, 0.0))) for team in teams}
+    standing = {t: usage[t] * STANDING_SCALE // max(1, weights.get(t, 0)) for t in teams}
+    ordered = sorted(teams, key=lambda t: (standing[t], t))
+    return FairShare(
+        as_of_us,
+        half_life_us,
+        tuple(
+            FairShareRow(t, usage[t], max(1, weights.get(t, 0)), standing[t], rank)
+            for rank, t in enumerate(ordered, 1)
+        ),
+        problem is None and bool(weights),
+    )
+
+
+# ------------------------------------------------------------------------------ queue waits
+
+
+def queue_wait_trends(
+    q: ReportQueries,
+    topic: str,
+    since_us: int | None = None,
+    until_us: int | None = None,
+    pool: str | None = None,
+) -> tuple[job_history.QueueWaitDay, ...]:
+    """Queueing delay (submission → first start) per UTC day, pool and model, from the jobs
+    topic in the archive (`ledger.job_history.daily_queue_waits`; None: unbounded)."""
+    rows = job_history.fold_jobs(_job_log(q, topic).events)
+    return job_history.daily_queue_waits(rows, since_us, until_us, pool)
+
+
+def observed_queue_waits(
+    q: ReportQueries,
+    topic: str,
+    model: str,
+    since_us: int,
+    until_us: int,
+    pool: str | None = None,
+) -> job_history.ObservedWaits:
+    """The observed p50 / p95 queueing delay of `model` in a window, beside the jobs still
+    waiting for it (`ledger.job_history.observed_waits`)."""
+    rows = job_history.fold_jobs(_job_log(q, topic).events)
+    return job_history.observed_waits(rows, model, since_us, until_us, pool)

@@ -1,4 +1,4 @@
-"""Sealed Parquet segments and the manifest that lists them.
+"""Sealed Parquet segments, the raw-event archive, and the manifests that list them.
 
 A segment holds the postings of one source partition's offset range and is named from it:
 
@@ -9,6 +9,19 @@ so sealing the same range twice (after a crash) writes the same file. The manife
 written atomically, names it, and a compacted segment replaces its parts in one manifest write.
 Files the manifest does not name are leftovers of an interrupted seal or compaction and are
 removed by the writer.
+
+The raw-event archive keeps every consumed message (its source coordinates, key and value
+bytes, and the commit batch that applied it) beside the segments, sealed with them and named
+the same way under a root of its own:
+
+    archive/<topic>/<incarnation>/p<partition>/<first offset>-<last offset>.parquet
+
+listed by `archive/manifest.json` (the same format). It lives outside `segments/` so that no
+reader of postings can ever mistake a message file for postings. An archive segment covers the
+same offset range as the postings segment sealed with it, and when compaction merges postings
+segments the archive segments within the merged range are merged alike, so both are cut the
+same way and per partition the two manifests cover the same offsets; `ledger.verify` checks
+the coverage.
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ from pathlib import Path
 from ledger.errors import SegmentError
 
 MANIFEST_NAME = "manifest.json"
+ARCHIVE_DIR = "archive"
 MANIFEST_VERSION = 1
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -86,7 +100,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 class Manifest:
-    """The manifest file of a segments root."""
+    """The manifest file of a segments (or archive) root."""
 
     def __init__(self, root: Path) -> None:
         self.root = root

@@ -4,8 +4,12 @@ The writer owns `<data_dir>/hot.duckdb`; nothing else opens it. One `commit` is 
 transaction holding, together:
 - the postings of the batch's new transactions,
 - the ids of the events applied (`seen_events`, the dedupe set),
-- the source offset ranges consumed (`source_ranges`, per broker incarnation and partition),
+- the source offset ranges consumed (`source_ranges`, per broker incarnation and partition,
+  with the batch's sequence number),
 - the batch's dead letters,
+- the batch's consumed messages themselves, in the raw-event archive (`raw_events`: source
+  coordinates, key and value bytes, the batch's sequence number and each message's position in
+  it), so the ledger can be rebuilt from them at any time (`ledger.rebuild`),
 - the projections that follow from the batch: the running `balances` per (account, unit,
   period), the open holds per job, the applied admin events (`admin_log`), reversed
   transactions, closed periods with their checksums, and the outbox messages to publish
@@ -18,9 +22,17 @@ A closed period never takes another posting: `commit` refuses a transaction book
 checksum of its postings (`ledger.closing`), so a close must be committed with nothing left
 unsealed; `seal` then writes the period's record beside the segments for `verify`.
 
-`seal` moves committed postings out to immutable Parquet segments (see `ledger.segments`) and
-then drops them from the hot tables; `compact` merges runs of small segments. Both are safe to
-interrupt at any point and to run again.
+`seal` moves committed postings out to immutable Parquet segments, and the archived messages
+of the same offset ranges out to archive segments (see `ledger.segments`), then drops both from
+the hot tables; `compact` merges runs of small postings segments, and the archive segments
+within each merged range are merged alike, so archive and postings segments cover the same
+ranges. Both are safe to interrupt at any point and to run again.
+
+Replaying the archive in batch order reproduces the ledger exactly: a batch is applied as one
+unit, in its original message order, and everything a batch's fold reads is itself a fold of
+the earlier batches, except the dedupe window, which the worker prunes between batches. A prune
+that forgot ids is therefore recorded with the next archived batch (`pruned_before_us`), and a
+rebuild forgets the same ids at the same point.
 """
 
 from __future__ import annotations
@@ -73,6 +85,30 @@ from ledger.units import Unit
 
 HOT_DB_NAME = "hot.duckdb"
 SEGMENTS_DIR = "segments"
+ARCHIVE_DIR = "archive"
+
+RAW_SCHEMA = pa.schema(
+    [
+        ("batch_seq", pa.int64()),
+        ("batch_index", pa.int32()),
+        ("incarnation", pa.string()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("value_codec", pa.string()),
+        ("value_size", pa.int64()),
+        ("pruned_before_us", pa.int64()),
+    ]
+)
+# A value of at least this many bytes is kept zstd-compressed (`value_codec` 'zstd', the
+# original length in `value_size`): packed backfill messages shrink ~14×, so the hot database
+# and its WAL carry a fraction of the bytes; small real-time messages gain too little to pay
+# for the call. Parquet compresses the segments (zstd) either way.
+ARCHIVE_COMPRESS_FROM = 1024
+ARCHIVE_CODEC = "zstd"
+_ZSTD = pa.Codec(ARCHIVE_CODEC)
 
 POSTINGS_SCHEMA = pa.schema(
     [
@@ -119,8 +155,9 @@ CREATE TABLE IF NOT EXISTS seen_events (event_id VARCHAR PRIMARY KEY, time_us BI
 CREATE TABLE IF NOT EXISTS source_ranges (
     incarnation VARCHAR NOT NULL, topic VARCHAR NOT NULL, "partition" INTEGER NOT NULL,
     first_offset BIGINT NOT NULL, last_offset BIGINT NOT NULL,
-    committed_at_us BIGINT NOT NULL, sealed BOOLEAN NOT NULL DEFAULT FALSE
+    committed_at_us BIGINT NOT NULL, sealed BOOLEAN NOT NULL DEFAULT FALSE, batch_seq BIGINT
 );
+ALTER TABLE source_ranges ADD COLUMN IF NOT EXISTS batch_seq BIGINT;
 CREATE TABLE IF NOT EXISTS idle_state (
     subject VARCHAR PRIMARY KEY, last_time_us BIGINT NOT NULL,
     team VARCHAR, project VARCHAR, "user" VARCHAR, job_id VARCHAR,
@@ -154,6 +191,11 @@ CREATE TABLE IF NOT EXISTS closed_periods (
     actor VARCHAR NOT NULL, reason VARCHAR NOT NULL, "rows" BIGINT NOT NULL,
     sha256 VARCHAR NOT NULL, algorithm VARCHAR NOT NULL, closed_at_us BIGINT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS raw_events (
+    batch_seq BIGINT NOT NULL, batch_index INTEGER NOT NULL, incarnation VARCHAR NOT NULL,
+    topic VARCHAR NOT NULL, "partition" INTEGER NOT NULL, "offset" BIGINT NOT NULL,
+    "key" BLOB, "value" BLOB, value_codec VARCHAR, value_size BIGINT, pruned_before_us BIGINT
+);
 CREATE TABLE IF NOT EXISTS reversals (txn_id VARCHAR PRIMARY KEY, reversed_by VARCHAR NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
 CREATE SEQUENCE IF NOT EXISTS publish_seq;
@@ -165,6 +207,17 @@ _COLUMNS = ", ".join(f'"{name}"' for name in POSTINGS_SCHEMA.names)
 _ADMIN_KINDS = (TransactionKind.BUDGET_GRANT, TransactionKind.ADJUSTMENT)
 
 PartitionKey = tuple[str, int]  # (topic, partition)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumedMessage:
+    """One message as consumed from the broker: what the ingest folds and the archive keeps."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+    key: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +297,8 @@ class StateChanges:
 class SealResult:
     sealed: list[SegmentInfo] = field(default_factory=list)
     compacted: list[SegmentInfo] = field(default_factory=list)
+    archived: list[SegmentInfo] = field(default_factory=list)
+    archive_compacted: list[SegmentInfo] = field(default_factory=list)
 
 
 def _now_us() -> int:
@@ -365,6 +420,64 @@ def transactions_to_arrow(items: Sequence[SourcedTransaction], incarnation: str)
     return pa.table([columns[name] for name in POSTINGS_SCHEMA.names], schema=POSTINGS_SCHEMA)
 
 
+def archive_to_arrow(
+    messages: Sequence[ConsumedMessage], incarnation: str, batch_seq: int, pruned: int | None
+) -> pa.Table:
+    """The archive rows of one batch, in the hot table's and the archive segments' schema."""
+    n = len(messages)
+    values: list[bytes | None] = []
+    codecs: list[str | None] = []
+    sizes: list[int | None] = []
+    for m in messages:
+        value = m.value
+        if value is not None and len(value) >= ARCHIVE_COMPRESS_FROM:
+            values.append(_ZSTD.compress(value, asbytes=True))
+            codecs.append(ARCHIVE_CODEC)
+            sizes.append(len(value))
+        else:
+            values.append(value)
+            codecs.append(None)
+            sizes.append(None)
+    return pa.table(
+        [
+            pa.array([batch_seq] * n, pa.int64()),
+            pa.array(range(n), pa.int32()),
+            pa.array([incarnation] * n, pa.string()),
+            pa.array([m.topic for m in messages], pa.string()),
+            pa.array([m.partition for m in messages], pa.int32()),
+            pa.array([m.offset for m in messages], pa.int64()),
+            pa.array([m.key for m in messages], pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array(codecs, pa.string()),
+            pa.array(sizes, pa.int64()),
+            pa.array([pruned] * n, pa.int64()),
+        ],
+        schema=RAW_SCHEMA,
+    )
+
+
+def archived_value(value: bytes | None, codec: str | None, size: int | None) -> bytes | None:
+    """A message value as consumed, from its archived form."""
+    if codec is None or value is None:
+        return value
+    if codec != ARCHIVE_CODEC or size is None:
+        raise StoreError(f"an archived value in unknown form: codec {codec!r}, size {size!r}")
+    raw: bytes = _ZSTD.decompress(value, decompressed_size=size, asbytes=True)
+    return raw
+
+
+@dataclass(frozen=True, slots=True)
+class _SealKind:
+    """Where one kind of hot row (postings, archived messages) is sealed, and how."""
+
+    table: str
+    root: Path
+    manifest: Manifest
+    in_range: str  # the rows of one source range ($inc, $topic, $part, $first, $last)
+    order: str  # the order of rows in a segment file
+    stats: str  # rows, and the interval extent (or NULLs), of a written file
+
+
 class LedgerStore:
     """The single writer of one ledger data directory."""
 
@@ -374,6 +487,27 @@ class LedgerStore:
         self.segments_root = self.data_dir / SEGMENTS_DIR
         self.segments_root.mkdir(exist_ok=True)
         self.manifest = Manifest(self.segments_root)
+        self.archive_root = self.data_dir / ARCHIVE_DIR
+        self.archive_root.mkdir(exist_ok=True)
+        self.archive_manifest = Manifest(self.archive_root)
+        self._postings_kind = _SealKind(
+            "postings",
+            self.segments_root,
+            self.manifest,
+            "incarnation = $inc AND src_topic = $topic AND src_partition = $part "
+            "AND src_offset BETWEEN $first AND $last",
+            "src_offset, txn_id, leg",
+            "count(*), min(start_us), max(end_us)",
+        )
+        self._archive_kind = _SealKind(
+            "raw_events",
+            self.archive_root,
+            self.archive_manifest,
+            'incarnation = $inc AND topic = $topic AND "partition" = $part '
+            'AND "offset" BETWEEN $first AND $last',
+            '"offset"',
+            "count(*), NULL, NULL",
+        )
         db = self.data_dir / HOT_DB_NAME
         try:
             self._con = duckdb.connect(str(db))
@@ -381,11 +515,28 @@ class LedgerStore:
             raise StoreError(f"cannot open the ledger store {db}: {exc}") from exc
         self._con.execute(_DDL)
         self._admin_log_exported = False
+        self._admin_cache: tuple[AppliedAdmin, ...] | None = None  # the admin log, as read
+        self._closed_cache: frozenset[str] | None = None
         version = _first(
             self._con.execute("SELECT value FROM ledger_meta WHERE key = 'balances_version'")
         )
         if version is None or version[0] != _BALANCES_VERSION:
             self.rebuild_balances()  # a store from before the balances table: fold once
+        row = _first(self._con.execute("SELECT max(batch_seq) FROM source_ranges"))
+        self._batch_seq = int(row[0]) if row and row[0] is not None else 0
+        pruned = self._meta("pruned_before_us")
+        self._pruned_before: int | None = None if pruned is None else int(pruned)
+
+    def _meta(self, key: str) -> str | None:
+        row = _first(self._con.execute("SELECT value FROM ledger_meta WHERE key = ?", [key]))
+        return None if row is None else str(row[0])
+
+    def _set_meta(self, key: str, value: object) -> None:
+        self._con.execute(
+            "INSERT INTO ledger_meta VALUES (?, ?) "
+            "ON CONFLICT DO UPDATE SET value = excluded.value",
+            [key, str(value)],
+        )
 
     # ------------------------------------------------------------------ exactly-once bookkeeping
 
@@ -408,18 +559,26 @@ class LedgerStore:
         outbox: Sequence[OutboxMessage] = (),
         changes: StateChanges | None = None,
         balances_topic: str | None = None,
+        raw: Sequence[ConsumedMessage] = (),
     ) -> CommitResult:
         """Apply one batch atomically; transactions whose id was already applied are dropped.
 
         Idle-detector states replace the stored ones, `changes` are applied, the balances move
-        by the new postings, and outbox messages are queued (with, when `balances_topic` is
-        set, one message per changed account), all in the same transaction as the postings
-        they follow from. Raises StoreError for a transaction booked into a closed period, or a
-        close committed while committed rows are still unsealed.
+        by the new postings, outbox messages are queued (with, when `balances_topic` is set,
+        one message per changed account) and `raw`, the batch's messages in the order they
+        were folded, goes to the archive under the next batch sequence number, all in the same
+        transaction as the postings they follow from. `raw` must span exactly `ranges`.
+        Raises StoreError for a transaction booked into a closed period, or a close committed
+        while committed rows are still unsealed.
         """
         con = self._con
         now = _now_us()
         changes = changes or StateChanges()
+        if raw and ranges_from_offsets((m.topic, m.partition, m.offset) for m in raw) != list(
+            ranges
+        ):
+            raise StoreError("the archived messages of a batch must span its offset ranges")
+        seq = self._batch_seq + 1 if raw else self._batch_seq
         closing = [
             e
             for e in changes.admin
@@ -440,26 +599,35 @@ class LedgerStore:
                 )
                 con.unregister("batch_postings")
             self._insert_seen(fresh, changes.seen)
-            if ranges:
-                con.executemany(
-                    "INSERT INTO source_ranges VALUES (?, ?, ?, ?, ?, ?, FALSE)",
-                    [(incarnation, r.topic, r.partition, r.first, r.last, now) for r in ranges],
+            batch = seq if raw else None  # a range committed without its messages has none
+            self._insert_rows(
+                "source_ranges",
+                [
+                    (incarnation, r.topic, r.partition, r.first, r.last, now, False, batch)
+                    for r in ranges
+                ],
+            )
+            if raw:
+                con.register(
+                    "batch_raw", archive_to_arrow(raw, incarnation, seq, self._pruned_before)
                 )
+                con.execute("INSERT INTO raw_events SELECT * FROM batch_raw")
+                con.unregister("batch_raw")
+                if self._pruned_before is not None:
+                    con.execute("DELETE FROM ledger_meta WHERE key = 'pruned_before_us'")
             if idle_states:
-                con.executemany(
-                    "DELETE FROM idle_state WHERE subject = ?", [(s.subject,) for s in idle_states]
+                con.execute(
+                    "DELETE FROM idle_state WHERE list_contains(?, subject)",
+                    [[s.subject for s in idle_states]],
                 )
-                con.executemany(
-                    "INSERT INTO idle_state VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [state_to_row(s) for s in idle_states],
-                )
+                self._insert_rows("idle_state", [state_to_row(s) for s in idle_states])
             self._apply_changes(changes, now)
             closed = tuple(self._close(entry, now) for entry in closing)
-            if outbox:
-                con.executemany(
-                    "INSERT INTO outbox VALUES (?, ?, ?, ?, ?, FALSE) ON CONFLICT DO NOTHING",
-                    [(m.id, m.topic, m.key, m.value, now) for m in outbox],
-                )
+            self._insert_rows(
+                "outbox",
+                [(m.id, m.topic, m.key, m.value, now, False) for m in outbox],
+                new_ids_only=True,
+            )
             published = 0
             if balances_topic is not None and (table.num_rows or closed):
                 accounts = set(table.column("account").to_pylist())
@@ -474,28 +642,32 @@ class LedgerStore:
                     }
                     con.unregister("closed_now")
                 published = self._queue_balances(accounts, balances_topic, now)
-            if dead_letters:
-                con.executemany(
-                    "INSERT INTO dead_letters VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (
-                            incarnation,
-                            d.topic,
-                            d.partition,
-                            d.offset,
-                            d.event_id,
-                            d.reason,
-                            d.payload,
-                            now,
-                        )
-                        for d in dead_letters
-                    ],
-                )
+            self._insert_rows(
+                "dead_letters",
+                [
+                    (
+                        incarnation,
+                        d.topic,
+                        d.partition,
+                        d.offset,
+                        d.event_id,
+                        d.reason,
+                        d.payload,
+                        now,
+                    )
+                    for d in dead_letters
+                ],
+            )
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
+            self._admin_cache = self._closed_cache = None  # may hold what was rolled back
             raise
+        if raw:
+            self._batch_seq = seq
+            self._pruned_before = None
         if changes.admin:
+            self._admin_cache = self._closed_cache = None
             self.export_admin_log()
         return CommitResult(
             transactions=len(fresh),
@@ -520,6 +692,28 @@ class LedgerStore:
             if row and row[0]:
                 raise StoreError("seal the store before committing a period close")
 
+    def _insert_rows(
+        self, table: str, rows: Sequence[tuple[object, ...]], new_ids_only: bool = False
+    ) -> None:
+        """Insert whole rows (every column, in the table's order), in their order, in one
+        statement (DuckDB's `executemany` runs one per row); with `new_ids_only`, rows whose
+        `id` (their first column) the table holds already are left out."""
+        if not rows:
+            return
+        con = self._con
+        if len(rows) == 1 and not new_ids_only:
+            marks = ", ".join("?" * len(rows[0]))
+            con.execute(f"INSERT INTO {table} VALUES ({marks})", list(rows[0]))
+            return
+        name = f"batch_rows_{table}"
+        columns = list(zip(*rows, strict=True))
+        con.register(name, pa.table({f"c{i}": pa.array(c) for i, c in enumerate(columns)}))
+        try:  # not ON CONFLICT: it does not keep the rows' order
+            where = f" WHERE c0 NOT IN (SELECT id FROM {table})" if new_ids_only else ""
+            con.execute(f"INSERT INTO {table} SELECT * FROM {name}{where}")
+        finally:
+            con.unregister(name)
+
     def _insert_seen(
         self, fresh: Sequence[SourcedTransaction], extra: Sequence[tuple[str, int]]
     ) -> None:
@@ -543,32 +737,24 @@ class LedgerStore:
     def _apply_changes(self, changes: StateChanges, now: int) -> None:
         con = self._con
         if changes.holds:
-            con.executemany(
-                "DELETE FROM open_holds WHERE job_id = ? AND unit = ?",
-                [(h.job_id, h.unit.value) for h in changes.holds],
+            con.execute(
+                "DELETE FROM open_holds WHERE list_contains(?, job_id || '/' || unit)",
+                # injective: a unit has no '/'
+                [[f"{h.job_id}/{h.unit.value}" for h in changes.holds]],
             )
-            kept = [h for h in changes.holds if h.amount]
-            if kept:
-                con.executemany(
-                    "INSERT INTO open_holds VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (
-                            h.job_id,
-                            h.unit.value,
-                            h.team,
-                            h.project,
-                            h.amount,
-                            h.expires_us,
-                            h.placed_by,
-                        )
-                        for h in kept
-                    ],
-                )
+            self._insert_rows(
+                "open_holds",
+                [
+                    (h.job_id, h.unit.value, h.team, h.project, h.amount, h.expires_us, h.placed_by)
+                    for h in changes.holds
+                    if h.amount
+                ],
+            )
         if changes.admin:
             row = _first(con.execute("SELECT coalesce(max(seq), 0) FROM admin_log"))
             seq = int(row[0]) if row else 0
-            con.executemany(
-                "INSERT INTO admin_log VALUES (?, ?, ?, ?, ?, ?)",
+            self._insert_rows(
+                "admin_log",
                 [
                     (
                         seq + i + 1,
@@ -581,8 +767,7 @@ class LedgerStore:
                     for i, e in enumerate(changes.admin)
                 ],
             )
-        if changes.reversals:
-            con.executemany("INSERT INTO reversals VALUES (?, ?)", list(changes.reversals))
+        self._insert_rows("reversals", list(changes.reversals))
 
     def _close(self, entry: AppliedAdmin, now: int) -> str:
         """Record a close with the checksum of everything booked into the period so far."""
@@ -612,6 +797,7 @@ class LedgerStore:
                 now,
             ],
         )
+        self._closed_cache = None
         return closed.period
 
     def _queue_balances(self, accounts: set[str], topic: str, now: int) -> int:
@@ -639,6 +825,8 @@ class LedgerStore:
         }
         teams = budgeted if moved else budgeted & {t for t in touched if t}
         publish = sorted(accounts | {budget_account(t) for t in teams})
+        if not publish:  # e.g. a period closed on a ledger with no postings yet
+            return 0
         con.register("publish_accounts", pa.table({"account": publish}))
         rows = fold_rows(
             con.execute(
@@ -676,11 +864,11 @@ class LedgerStore:
                     now,
                 )
             )
-        con.executemany(
-            'DELETE FROM outbox WHERE NOT sent AND topic = ? AND "key" = ?',
-            [(topic, m[2]) for m in messages],
+        con.execute(
+            'DELETE FROM outbox WHERE NOT sent AND topic = ? AND list_contains(?, "key")',
+            [topic, [m[2] for m in messages]],
         )
-        con.executemany("INSERT INTO outbox VALUES (?, ?, ?, ?, ?, FALSE)", messages)
+        self._insert_rows("outbox", [(*m, False) for m in messages])
         if moved:
             con.execute(
                 "INSERT INTO ledger_meta VALUES ('current_period', ?) "
@@ -725,7 +913,7 @@ class LedgerStore:
     def mark_sent(self, ids: Sequence[str]) -> None:
         """Forget messages the broker acknowledged (the outbox holds only what is owed)."""
         if ids:
-            self._con.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
+            self._con.execute("DELETE FROM outbox WHERE list_contains(?, id)", [list(ids)])
 
     def _drop_seen(self, transactions: Sequence[SourcedTransaction]) -> list[SourcedTransaction]:
         """`transactions` less those already applied, and less repeats within the batch."""
@@ -817,8 +1005,10 @@ class LedgerStore:
         return {h.key: h for h in holds}
 
     def closed_period_labels(self) -> frozenset[str]:
-        rows = self._con.execute("SELECT period FROM closed_periods").fetchall()
-        return frozenset(str(r[0]) for r in rows)
+        if self._closed_cache is None:  # read once per close: only this writer closes
+            rows = self._con.execute("SELECT period FROM closed_periods").fetchall()
+            self._closed_cache = frozenset(str(r[0]) for r in rows)
+        return self._closed_cache
 
     def closed_periods(self) -> list[ClosedPeriod]:
         rows = self._con.execute(
@@ -831,9 +1021,12 @@ class LedgerStore:
         ]
 
     def admin_entries(self) -> list[AppliedAdmin]:
-        """Every applied admin event, in the order applied."""
-        rows = self._con.execute("SELECT entry FROM admin_log ORDER BY seq").fetchall()
-        return [applied_from_dict(orjson.loads(r[0])) for r in rows]
+        """Every applied admin event, in the order applied (read once per change: only this
+        writer appends to the log)."""
+        if self._admin_cache is None:
+            rows = self._con.execute("SELECT entry FROM admin_log ORDER BY seq").fetchall()
+            self._admin_cache = tuple(applied_from_dict(orjson.loads(r[0])) for r in rows)
+        return list(self._admin_cache)
 
     def admin_ids(self, ids: Sequence[str]) -> set[str]:
         """Which of `ids` are applied admin events (kept for good, unlike `seen_events`)."""
@@ -881,7 +1074,13 @@ class LedgerStore:
     # ------------------------------------------------------------------ sealing
 
     def seal(self, compact_below_rows: int = 500_000, compact_min_segments: int = 8) -> SealResult:
-        """Seal every committed, unsealed range into segments; then compact small segments."""
+        """Seal every committed, unsealed range into segments and archive segments; then compact
+        small ones of each.
+
+        The archive manifest is written before the postings manifest, so the archive never lags
+        the postings a reader sees; an interrupted seal leaves its ranges unsealed, and the next
+        one writes the same files again.
+        """
         result = SealResult()
         con = self._con
         groups = con.execute(
@@ -890,10 +1089,18 @@ class LedgerStore:
         ).fetchall()
         if groups:
             entries = {s.path: s for s in self.manifest.load()}
+            archive = {s.path: s for s in self.archive_manifest.load()}
             for incarnation, topic, partition, first, last in groups:
                 info = self._write_segment(incarnation, topic, partition, first, last)
                 entries[info.path] = info
                 result.sealed.append(info)
+                kept = self._seal_range(
+                    self._archive_kind, incarnation, topic, partition, first, last
+                )
+                if kept is not None:  # a range committed without its messages has none
+                    archive[kept.path] = kept
+                    result.archived.append(kept)
+            self.archive_manifest.save(archive.values())
             self.manifest.save(entries.values())
             con.execute("BEGIN TRANSACTION")
             try:
@@ -902,6 +1109,11 @@ class LedgerStore:
                     con.execute(
                         "DELETE FROM postings WHERE incarnation = ? AND src_topic = ? "
                         "AND src_partition = ? AND src_offset BETWEEN ? AND ?",
+                        params,
+                    )
+                    con.execute(
+                        "DELETE FROM raw_events WHERE incarnation = ? AND topic = ? "
+                        'AND "partition" = ? AND "offset" BETWEEN ? AND ?',
                         params,
                     )
                     con.execute(
@@ -915,6 +1127,7 @@ class LedgerStore:
                 con.execute("ROLLBACK")
                 raise
         result.compacted = self.compact(compact_below_rows, compact_min_segments)
+        result.archive_compacted = self._align_archive()
         self.remove_unlisted_files()
         self.export_closed_periods()  # after sealing: a closed period's rows are all sealed now
         if not self._admin_log_exported:
@@ -924,12 +1137,16 @@ class LedgerStore:
     def _write_segment(
         self, incarnation: str, topic: str, partition: int, first: int, last: int
     ) -> SegmentInfo:
+        info = self._seal_range(self._postings_kind, incarnation, topic, partition, first, last)
+        assert info is not None
+        return info
+
+    def _seal_range(
+        self, kind: _SealKind, incarnation: str, topic: str, partition: int, first: int, last: int
+    ) -> SegmentInfo | None:
+        """Write the hot rows of one source range to their segment; None when there are none."""
         rel = segment_path(incarnation, topic, partition, first, last)
-        query = (
-            "SELECT * FROM postings WHERE incarnation = $inc AND src_topic = $topic "
-            "AND src_partition = $part AND src_offset BETWEEN $first AND $last "
-            "ORDER BY src_offset, txn_id, leg"
-        )
+        query = f"SELECT * FROM {kind.table} WHERE {kind.in_range} ORDER BY {kind.order}"
         params = {
             "inc": incarnation,
             "topic": topic,
@@ -937,10 +1154,21 @@ class LedgerStore:
             "first": first,
             "last": last,
         }
-        return self._copy_to_segment(rel, query, params, incarnation, topic, partition, first, last)
+        if kind is self._archive_kind:
+            row = _first(
+                self._con.execute(
+                    f"SELECT count(*) FROM {kind.table} WHERE {kind.in_range}", params
+                )
+            )
+            if not row or not row[0]:
+                return None
+        return self._copy_to_segment(
+            kind, rel, query, params, incarnation, topic, partition, first, last
+        )
 
     def _copy_to_segment(
         self,
+        kind: _SealKind,
         rel: str,
         query: str,
         params: dict[str, object],
@@ -950,7 +1178,7 @@ class LedgerStore:
         first: int,
         last: int,
     ) -> SegmentInfo:
-        target = self.segments_root / rel
+        target = kind.root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         con = self._con
@@ -959,11 +1187,7 @@ class LedgerStore:
             "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)",
             params,
         )
-        stats = _first(
-            con.execute(
-                f"SELECT count(*), min(start_us), max(end_us) FROM read_parquet('{_sql_path(tmp)}')"
-            )
-        )
+        stats = _first(con.execute(f"SELECT {kind.stats} FROM read_parquet('{_sql_path(tmp)}')"))
         assert stats is not None
         with tmp.open("rb") as handle:
             os.fsync(handle.fileno())
@@ -984,7 +1208,10 @@ class LedgerStore:
 
     def compact(self, below_rows: int, min_segments: int) -> list[SegmentInfo]:
         """Merge runs of ≥ `min_segments` adjacent small segments of a partition into one."""
-        segments = self.manifest.load()
+        return self._compact(self._postings_kind, below_rows, min_segments)
+
+    def _compact(self, kind: _SealKind, below_rows: int, min_segments: int) -> list[SegmentInfo]:
+        segments = kind.manifest.load()
         by_partition: dict[tuple[str, str, int], list[SegmentInfo]] = {}
         for seg in segments:
             by_partition.setdefault((seg.incarnation, seg.topic, seg.partition), []).append(seg)
@@ -1010,12 +1237,13 @@ class LedgerStore:
         merged: list[SegmentInfo] = []
         for run in runs:
             head, tail = run[0], run[-1]
-            files = ", ".join(f"'{_sql_path(self.segments_root / s.path)}'" for s in run)
-            query = f"SELECT * FROM read_parquet([{files}]) ORDER BY src_offset, txn_id, leg"
+            files = ", ".join(f"'{_sql_path(kind.root / s.path)}'" for s in run)
+            query = f"SELECT * FROM read_parquet([{files}]) ORDER BY {kind.order}"
             rel = segment_path(
                 head.incarnation, head.topic, head.partition, head.first_offset, tail.last_offset
             )
             info = self._copy_to_segment(
+                kind,
                 rel,
                 query,
                 {},
@@ -1031,19 +1259,66 @@ class LedgerStore:
                 keep.pop(seg.path, None)
             keep[info.path] = info
             merged.append(info)
-        self.manifest.save(keep.values())
+        kind.manifest.save(keep.values())
+        return merged
+
+    def _align_archive(self) -> list[SegmentInfo]:
+        """Merge the archive segments that lie within one postings segment into one of the same
+        range and name, so the archive is cut as the postings are (compaction merges postings
+        segments by their rows; archived messages are far fewer and larger than postings).
+        Run on every seal, it also finishes an alignment a crash interrupted."""
+        archive = self.archive_manifest.load()
+        runs: list[tuple[SegmentInfo, list[SegmentInfo]]] = []
+        for seg in self.manifest.load():
+            parts = [
+                a
+                for a in archive
+                if (a.incarnation, a.topic, a.partition)
+                == (seg.incarnation, seg.topic, seg.partition)
+                and seg.first_offset <= a.first_offset
+                and a.last_offset <= seg.last_offset
+            ]
+            if len(parts) > 1:
+                runs.append((seg, sorted(parts, key=lambda a: a.first_offset)))
+        if not runs:
+            return []
+        kind = self._archive_kind
+        keep = {a.path: a for a in archive}
+        merged: list[SegmentInfo] = []
+        for seg, parts in runs:
+            files = ", ".join(f"'{_sql_path(kind.root / a.path)}'" for a in parts)
+            info = self._copy_to_segment(
+                kind,
+                seg.path,
+                f"SELECT * FROM read_parquet([{files}]) ORDER BY {kind.order}",
+                {},
+                seg.incarnation,
+                seg.topic,
+                seg.partition,
+                seg.first_offset,
+                seg.last_offset,
+            )
+            if info.rows != sum(a.rows for a in parts):
+                raise StoreError(f"aligning the archive of {seg.path} lost messages")
+            for part in parts:
+                keep.pop(part.path, None)
+            keep[info.path] = info
+            merged.append(info)
+        kind.manifest.save(keep.values())
         return merged
 
     def remove_unlisted_files(self) -> int:
-        """Delete segment files the manifest does not name (leftovers of interrupted work)."""
-        listed = {self.segments_root / s.path for s in self.manifest.load()}
+        """Delete segment and archive files their manifest does not name (leftovers of
+        interrupted work)."""
         removed = 0
-        for path in self.segments_root.rglob("*.parquet"):
-            if path not in listed:
+        for kind in (self._postings_kind, self._archive_kind):
+            listed = {kind.root / s.path for s in kind.manifest.load()}
+            for path in kind.root.rglob("*.parquet"):
+                if path not in listed:
+                    path.unlink(missing_ok=True)
+                    removed += 1
+            for path in kind.root.rglob(".*.tmp-*"):
                 path.unlink(missing_ok=True)
-                removed += 1
-        for path in self.segments_root.rglob(".*.tmp-*"):
-            path.unlink(missing_ok=True)
         return removed
 
     # ------------------------------------------------------------------ inspection
@@ -1051,6 +1326,16 @@ class LedgerStore:
     def hot_rows(self) -> int:
         row = _first(self._con.execute("SELECT count(*) FROM postings"))
         return int(row[0]) if row else 0
+
+    def hot_archived(self) -> int:
+        """Archived messages not sealed yet."""
+        row = _first(self._con.execute("SELECT count(*) FROM raw_events"))
+        return int(row[0]) if row else 0
+
+    @property
+    def batch_seq(self) -> int:
+        """The sequence number of the last archived batch (0: none yet)."""
+        return self._batch_seq
 
     def dead_letters(self) -> list[tuple[object, ...]]:
         return self._con.execute(
@@ -1064,11 +1349,33 @@ class LedgerStore:
         The dedupe window is measured in sample time, so replaying old data dedupes the same way
         as live data.
         """
-        rows = self._con.execute(
-            "DELETE FROM seen_events WHERE time_us < "
-            "(SELECT max(time_us) FROM seen_events) - ? RETURNING 1",
-            [window_us],
-        ).fetchall()
+        row = _first(self._con.execute("SELECT max(time_us) FROM seen_events"))
+        if row is None or row[0] is None:
+            return 0
+        return self.prune_seen_before(int(row[0]) - window_us)
+
+    def prune_seen_before(self, cutoff_us: int) -> int:
+        """Forget applied event ids whose event time is before `cutoff_us`; returns how many.
+
+        A prune that forgot anything is recorded with the next archived batch (the greatest
+        cutoff since the previous batch: with no batch between them, prunes compose to it), so
+        a rebuild forgets the same ids before applying that batch.
+        """
+        con = self._con
+        pruned = max(cutoff_us, self._pruned_before or cutoff_us)
+        con.execute("BEGIN TRANSACTION")
+        try:
+            rows = con.execute(
+                "DELETE FROM seen_events WHERE time_us < ? RETURNING 1", [cutoff_us]
+            ).fetchall()
+            if rows:
+                self._set_meta("pruned_before_us", pruned)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        if rows:
+            self._pruned_before = pruned
         return len(rows)
 
     def close(self) -> None:

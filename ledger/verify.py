@@ -7,12 +7,18 @@ Problems are returned as values (a `VerifyReport`), one readable line each:
 - no transaction appears in two segments (nothing counted twice);
 - every transaction sums to zero per unit;
 - every closed period (`segments/closed/<period>.json`) still holds exactly what it held when
-  it was closed: its rows and checksum, recomputed from the segments (`ledger.closing`), match.
+  it was closed: its rows and checksum, recomputed from the segments (`ledger.closing`), match;
+- the raw-event archive (`archive/`): every archive segment exists, matches its checksum and row
+  count and holds only messages of its own range, once each; per partition its ranges neither
+  overlap nor leave gaps, and they cover exactly the offsets the postings segments cover (a
+  rebuild can replay everything sealed, and nothing more); the message of every sealed posting
+  is archived; every batch is whole (positions 0..n-1, one incarnation) and, per partition,
+  batch numbers never go down as offsets go up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -22,7 +28,7 @@ import duckdb
 from ledger.closing import CHECKSUM_ALGORITHM, load_closed_periods, period_checksum
 from ledger.errors import SegmentError
 from ledger.segments import Manifest, SegmentInfo, file_sha256
-from ledger.store import SEGMENTS_DIR
+from ledger.store import ARCHIVE_DIR, SEGMENTS_DIR
 
 Progress = Callable[[int, int], None]
 
@@ -34,6 +40,8 @@ class VerifyReport:
     transactions: int
     problems: tuple[str, ...]
     closed_periods: int = 0
+    archive_segments: int = 0
+    archived_messages: int = 0
 
     @property
     def ok(self) -> bool:
@@ -83,8 +91,186 @@ def verify_ledger(data_dir: Path | str, progress: Progress | None = None) -> Ver
         except duckdb.Error as exc:
             problems.append(f"segments could not be read together: {exc}")
     closed = _check_closed_periods(con, root, readable, problems)
+    archive_segments, archived = _check_archive(
+        con, Path(data_dir) / ARCHIVE_DIR, segments, readable, problems
+    )
     con.close()
-    return VerifyReport(len(segments), rows, transactions, tuple(problems), closed)
+    return VerifyReport(
+        len(segments), rows, transactions, tuple(problems), closed, archive_segments, archived
+    )
+
+
+# ---------------------------------------------------------------------------- the archive
+
+
+@dataclass(frozen=True, slots=True)
+class CoverageGap:
+    """Offsets `first..last` of one partition that one of postings and archive covers and the
+    other does not."""
+
+    incarnation: str
+    topic: str
+    partition: int
+    first: int
+    last: int
+    archived: bool  # True: archived, no postings sealed; False: sealed, not archived
+
+    def describe(self) -> str:
+        where = f"{self.topic}[{self.partition}] of broker {self.incarnation}"
+        if self.archived:
+            return f"offsets {self.first}-{self.last} of {where} are archived but not sealed"
+        return f"offsets {self.first}-{self.last} of {where} are sealed but not archived"
+
+
+Interval = tuple[int, int]
+
+
+def _covered(segments: Sequence[SegmentInfo]) -> dict[tuple[str, str, int], list[Interval]]:
+    """Per partition, the offsets the segments cover, as sorted disjoint intervals."""
+    spans: dict[tuple[str, str, int], list[Interval]] = {}
+    for seg in segments:
+        spans.setdefault((seg.incarnation, seg.topic, seg.partition), []).append(
+            (seg.first_offset, seg.last_offset)
+        )
+    merged: dict[tuple[str, str, int], list[Interval]] = {}
+    for key, found in spans.items():
+        out: list[Interval] = []
+        for first, last in sorted(found):
+            if out and first <= out[-1][1] + 1:
+                out[-1] = (out[-1][0], max(out[-1][1], last))
+            else:
+                out.append((first, last))
+        merged[key] = out
+    return merged
+
+
+def _subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """The offsets of `a` not in `b` (both sorted and disjoint)."""
+    out: list[Interval] = []
+    for first, last in a:
+        lo = first
+        for b_first, b_last in b:
+            if b_last < lo or b_first > last:
+                continue
+            if b_first > lo:
+                out.append((lo, b_first - 1))
+            lo = max(lo, b_last + 1)
+            if lo > last:
+                break
+        if lo <= last:
+            out.append((lo, last))
+    return out
+
+
+def archive_coverage(
+    postings: Sequence[SegmentInfo], archive: Sequence[SegmentInfo]
+) -> tuple[CoverageGap, ...]:
+    """Where the postings segments and the archive segments cover different offsets."""
+    sealed, archived = _covered(postings), _covered(archive)
+    gaps: list[CoverageGap] = []
+    for key in sorted(sealed.keys() | archived.keys()):
+        mine, theirs = sealed.get(key, []), archived.get(key, [])
+        gaps += [CoverageGap(*key, f, la, archived=False) for f, la in _subtract(mine, theirs)]
+        gaps += [CoverageGap(*key, f, la, archived=True) for f, la in _subtract(theirs, mine)]
+    return tuple(gaps)
+
+
+def _check_archive(
+    con: duckdb.DuckDBPyConnection,
+    root: Path,
+    postings: list[SegmentInfo],
+    postings_files: list[Path],
+    problems: list[str],
+) -> tuple[int, int]:
+    """Check the archive against itself and the postings segments; (segments, messages)."""
+    try:
+        segments = Manifest(root).load()
+    except SegmentError as exc:
+        problems.append(f"archive: {exc}")
+        return 0, 0
+    readable: list[Path] = []
+    messages = 0
+    for seg in segments:
+        found = _check_archive_segment(con, root, seg)
+        problems.extend(f"archive: {p}" for p in found)
+        if (root / seg.path).exists():
+            readable.append(root / seg.path)
+            messages += seg.rows
+    problems.extend(f"archive: {p}" for p in _check_ranges(segments))
+    problems.extend(f"archive: {gap.describe()}" for gap in archive_coverage(postings, segments))
+    if not readable:
+        return len(segments), messages
+    source = f"read_parquet({_sql_list(readable)})"
+    try:
+        for inc, topic, partition, offset, copies in con.execute(
+            f'SELECT incarnation, topic, "partition", "offset", count(*) FROM {source} '
+            "GROUP BY ALL HAVING count(*) > 1 ORDER BY ALL LIMIT 20"
+        ).fetchall():
+            problems.append(
+                f"archive: offset {offset} of {topic}[{partition}] of broker {inc} "
+                f"is archived {copies} times"
+            )
+        for (seq,) in con.execute(
+            f"SELECT batch_seq FROM {source} GROUP BY batch_seq "
+            "HAVING count(DISTINCT incarnation) > 1 OR count(DISTINCT batch_index) <> count(*) "
+            "OR min(batch_index) <> 0 OR max(batch_index) <> count(*) - 1 "
+            "ORDER BY batch_seq LIMIT 20"
+        ).fetchall():
+            problems.append(f"archive: batch {seq} is not whole (positions or broker differ)")
+        for inc, topic, partition, offset, seq, before in con.execute(
+            f'SELECT incarnation, topic, "partition", "offset", batch_seq, prev FROM ('
+            "SELECT *, lag(batch_seq) OVER "
+            '(PARTITION BY incarnation, topic, "partition" ORDER BY "offset") AS prev '
+            f"FROM {source}) WHERE batch_seq < prev ORDER BY ALL LIMIT 20"
+        ).fetchall():
+            problems.append(
+                f"archive: offset {offset} of {topic}[{partition}] of broker {inc} is in batch "
+                f"{seq}, before the batch {before} of an earlier offset"
+            )
+        if postings_files:
+            for inc, topic, partition, offset in con.execute(
+                "SELECT DISTINCT p.incarnation, p.src_topic, p.src_partition, p.src_offset "
+                f"FROM read_parquet({_sql_list(postings_files)}) p ANTI JOIN {source} a "
+                "ON a.incarnation = p.incarnation AND a.topic = p.src_topic "
+                'AND a."partition" = p.src_partition AND a."offset" = p.src_offset '
+                "ORDER BY ALL LIMIT 20"
+            ).fetchall():
+                problems.append(
+                    f"archive: offset {offset} of {topic}[{partition}] of broker {inc} has "
+                    "sealed postings but its message is not archived"
+                )
+    except duckdb.Error as exc:
+        problems.append(f"archive: segments could not be read together: {exc}")
+    return len(segments), messages
+
+
+def _check_archive_segment(
+    con: duckdb.DuckDBPyConnection, root: Path, seg: SegmentInfo
+) -> list[str]:
+    path = root / seg.path
+    if not path.exists():
+        return [f"{seg.path}: listed in the manifest but missing"]
+    if file_sha256(path) != seg.sha256:
+        return [f"{seg.path}: checksum does not match the manifest (file changed or corrupt)"]
+    sql_path = str(path).replace("'", "''")
+    try:
+        row = con.execute(
+            "SELECT count(*), "
+            'count(*) FILTER ("offset" < ? OR "offset" > ? OR "partition" <> ? '
+            "OR topic <> ? OR incarnation <> ?) "
+            f"FROM read_parquet('{sql_path}')",
+            [seg.first_offset, seg.last_offset, seg.partition, seg.topic, seg.incarnation],
+        ).fetchone()
+    except duckdb.Error as exc:
+        return [f"{seg.path}: unreadable: {exc}"]
+    assert row is not None
+    count, strays = row
+    problems = []
+    if count != seg.rows:
+        problems.append(f"{seg.path}: holds {count} messages, the manifest says {seg.rows}")
+    if strays:
+        problems.append(f"{seg.path}: {strays} messages lie outside the segment's source range")
+    return problems
 
 
 def _check_closed_periods(

@@ -164,3 +164,21 @@ class Executor(Protocol):
     def log_path(self, job_id: str) -> Path | None:
         """Where the job's stdout and stderr go (None: this executor keeps no log)."""
         ...
+
+
+class SchedulerObserver(Protocol):
+    """What the service reports for monitoring (`tally.metrics` implements it); never part of a
+    decision. Counts are per decision applied (not per publication), so a decision that waits
+    for the broker is counted once, when it is made; a replay counts nothing."""
+
+    def scheduler_queue_length(self, queue: str, length: int) -> None:
+        """Jobs pending in `queue` now (every configured queue is reported, empty ones as 0)."""
+        ...
+
+    def admitted(self, queue: str, count: int) -> None:
+        """`count` more jobs of `queue` were admitted."""
+        ...
+
+    def preempted(self, queue: str, count: int) -> None:
+        """`count` more running jobs of `queue` were preempted (reclaims are not preemptions)."""
+        ...

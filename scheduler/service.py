@@ -12,6 +12,9 @@ It owns three layers, each testable without the next:
   topic; submit and cancel answer once their events are published;
 - `run_service`: the Kafka adapters (aiokafka) and the API server around it.
 
+Monitoring goes through the `SchedulerObserver` port (`scheduler.ports`): admissions and
+preemptions per queue as decided, and pending jobs per queue.
+
 Consumes
     jobs      (at start) the whole topic, to rebuild the state: the service is a projection of
               it. Messages are applied in publication order (the `tally-seq` header), since job
@@ -61,6 +64,7 @@ import os
 import secrets
 import signal
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -110,7 +114,7 @@ from scheduler.executors.errors import ExecutorError, JobAlreadyStarted, StopTim
 from scheduler.explain import explain
 from scheduler.lifecycle import cancel, fail, overdue, runtime_limit
 from scheduler.model import NO_HOLD, Balance, Holds, PendingJob, Policy, RunningJob
-from scheduler.ports import Clock, Executor, JobStatus, StopReason, Work
+from scheduler.ports import Clock, Executor, JobStatus, SchedulerObserver, StopReason, Work
 from scheduler.reclaim import IdleAlert, IdleGpu, idle_decisions
 from scheduler.state import SchedulerState
 
@@ -597,6 +601,7 @@ class Dispatcher:
         self._consumer_totals: dict[str, int] = {}
         self._idle: dict[str, tuple[int, str | None]] = {}  # GPU → (idle since, owning job)
         self._alerted: set[tuple[str, int]] = set()
+        self._waiting: Counter[str] = Counter()  # queue → its records in state PENDING
 
     # ------------------------------------------------------------------ publication
 
@@ -678,10 +683,15 @@ class Dispatcher:
         job_id = event.job_id
         if isinstance(event, JobSubmitted) and job_id not in self.records:
             self.records[job_id] = JobRecord(event.spec)
+            self._waiting[event.spec.queue] += 1
         record = self.records.get(job_id)
         if record is None:
             return
-        self.records[job_id] = advance(record, event)
+        after = advance(record, event)
+        was, now = record.state is JobState.PENDING, after.state is JobState.PENDING
+        if was != now:
+            self._waiting[record.spec.queue] += 1 if now else -1
+        self.records[job_id] = after
         self.history.setdefault(job_id, []).append(event)
 
     def apply(self, events: Iterable[JobEvent], *, publish: bool = True) -> list[JobEvent]:
@@ -1058,6 +1068,17 @@ class Dispatcher:
     def jobs(self, team: str | None) -> list[JobRecord]:
         return [r for r in self.records.values() if team is None or r.team == team]
 
+    def queue_lengths(self) -> dict[str, int]:
+        """Pending jobs per queue: every configured queue (0 when empty), and any other queue
+        a replayed job still waits in."""
+        lengths = dict.fromkeys(self.state.queues, 0)
+        lengths.update(self._waiting)  # a queue once seen stays reported, at 0 when drained
+        return lengths
+
+    def queue_of(self, job_id: str) -> str | None:
+        record = self.records.get(job_id)
+        return None if record is None else record.spec.queue
+
     def explain(self, job_id: str) -> str:
         return explain(job_id, self.history.get(job_id, ()))
 
@@ -1126,6 +1147,10 @@ class SchedulerService:
     Invariant: a decision is enacted only after the broker acknowledged its events. Decisions
     whose publication did not finish wait in the dispatcher's outbox, and their enactment in
     `_unenacted`, for the next attempt (each tick tries again); nothing is lost or reordered.
+
+    The `observer` hears, under the lock, the admissions and preemptions of every decision
+    when it is made, and every queue's length after each tick, submit and cancel; it never
+    affects a decision, and an observer that raises is logged and ignored.
     """
 
     def __init__(
@@ -1136,9 +1161,11 @@ class SchedulerService:
         cycle_interval_s: float = 2.0,
         publish_timeout_s: float = 30.0,
         tick_publish_timeout_s: float = 5.0,
+        observer: SchedulerObserver | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.publisher = publisher
+        self.observer = observer
         self.cycle_interval_s = cycle_interval_s
         self.publish_timeout_s = publish_timeout_s
         self.tick_publish_timeout_s = tick_publish_timeout_s
@@ -1185,9 +1212,32 @@ class SchedulerService:
             follow_up = await asyncio.to_thread(self.dispatcher.enact, todo)
             self._unenacted = self.dispatcher.apply(follow_up)
 
+    def _report(self, events: Sequence[JobEvent]) -> None:
+        observer = self.observer
+        if observer is None:
+            return
+        admissions: Counter[str] = Counter()
+        preemptions: Counter[str] = Counter()
+        for event in events:
+            if isinstance(event, JobAdmitted | JobPreempted):
+                queue = self.dispatcher.queue_of(event.job_id)
+                if queue is not None:
+                    counts = admissions if isinstance(event, JobAdmitted) else preemptions
+                    counts[queue] += 1
+        try:
+            for queue, count in admissions.items():
+                observer.admitted(queue, count)
+            for queue, count in preemptions.items():
+                observer.preempted(queue, count)
+            for queue, length in self.dispatcher.queue_lengths().items():
+                observer.scheduler_queue_length(queue, length)
+        except Exception:  # monitoring must never stop scheduling
+            log.exception("the scheduler observer failed")
+
     async def tick(self) -> list[JobEvent]:
         async with self.lock:
             events = self.dispatcher.decide()
+            self._report(events)
             await self._commit(events, self.tick_publish_timeout_s)
             self.ticks += 1
             return events
@@ -1198,7 +1248,9 @@ class SchedulerService:
     async def start(self) -> None:
         """Recover after a replay: lost jobs fail; their events are published."""
         async with self.lock:
-            await self._commit(self.dispatcher.recover(), self.publish_timeout_s)
+            events = self.dispatcher.recover()
+            self._report(events)
+            await self._commit(events, self.publish_timeout_s)
 
     async def run(self) -> None:
         """Tick every `cycle_interval_s`, or sooner when woken, until `stop`."""
@@ -1225,6 +1277,7 @@ class SchedulerService:
     async def submit(self, request: SubmitRequest) -> Accepted:
         async with self.lock:
             record = self.dispatcher.submit(request)
+            self._report(())
             published = await self._commit((), self.publish_timeout_s)
         self.wake()
         return Accepted(record, published)
@@ -1234,6 +1287,7 @@ class SchedulerService:
             if self.dispatcher.visible(job_id, team) is None:
                 raise Rejected(RejectKind.NOT_FOUND, f"no job {job_id}")
             record, events = self.dispatcher.cancel(job_id)
+            self._report(events)
             published = await self._commit(events, self.publish_timeout_s)
         self.wake()
         return Accepted(self.dispatcher.records[record.job_id], published)
@@ -1501,9 +1555,11 @@ async def run_service(
     *,
     ready: Callable[[], None] | None = None,
     stop_event: asyncio.Event | None = None,
+    observer: SchedulerObserver | None = None,
 ) -> None:
     """Replay the jobs topic, recover, then run feeds, ticks and the API until stopped
-    (SIGTERM/SIGINT, or `stop_event`). `serve_api` starts the API and returns its closer."""
+    (SIGTERM/SIGINT, or `stop_event`). `serve_api` starts the API and returns its closer;
+    `observer` hears the service's decisions and queue lengths (see `SchedulerService`)."""
     bootstrap = settings.bootstrap[0]
     messages = await read_topic(bootstrap, settings.jobs_topic, f"{settings.client_id}-replay")
     applied = dispatcher.replay(messages)
@@ -1523,6 +1579,7 @@ async def run_service(
         publisher,
         cycle_interval_s=settings.cycle_interval_s,
         publish_timeout_s=settings.publish_timeout_s,
+        observer=observer,
     )
     stopping = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()

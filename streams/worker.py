@@ -15,6 +15,9 @@ Exactly-once effect (see DESIGN.md):
   batch it is checked again, and a batch fetched from a broker other than the ingestor's makes
   the worker exit (75) unapplied and unacked, to be restarted on the new broker from its start.
 
+- each batch's messages (key and value bytes, offsets, batch order) are kept in the ledger's
+  raw-event archive by the same commit, so `tally ledger rebuild` can replay them later: the
+  embedded broker keeps nothing across restarts;
 - after each batch the outbox is published: changed balances go to the compacted `balances`
   topic keyed by account, at least once, after the commit that changed them.
 
@@ -28,10 +31,10 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import faust
 
@@ -70,6 +73,17 @@ class WorkerSettings:
     balances_topic: str | None = None  # and balances are not published
 
 
+class WorkerObserver(Protocol):
+    """What the worker reports as it goes (the metrics implement it). An observer that fails
+    is logged and otherwise ignored: it never stops the ledger."""
+
+    def observe_batch(self, messages: int, postings: int, commit_seconds: float) -> None: ...
+
+    def dead_letter(self, count: int = 1) -> None: ...
+
+    def worker_error(self, kind: str) -> None: ...
+
+
 @dataclass(slots=True)
 class WorkerStats:
     batches: int = 0
@@ -83,6 +97,14 @@ class WorkerStats:
     balances_published: int = 0
     segments_sealed: int = 0
     last_commit_ms: float = 0.0
+
+
+def _consumed(event: Any) -> ConsumedMessage:
+    """A Faust event as the ingest folds it and the archive keeps it (raw key and value)."""
+    message = event.message
+    return ConsumedMessage(
+        message.topic, message.partition, message.offset, event.value, message.key
+    )
 
 
 AGENT_FAILED_EXIT = 70  # EX_SOFTWARE
@@ -99,8 +121,9 @@ async def _die(agent: Any, exc: BaseException) -> None:
 class LedgerWorker:
     """Owns the Faust app, the store and the ingestor of one ledger data directory."""
 
-    def __init__(self, settings: WorkerSettings) -> None:
+    def __init__(self, settings: WorkerSettings, observer: WorkerObserver | None = None) -> None:
         self.settings = settings
+        self.observer = observer
         self.stats = WorkerStats()
         self.store = LedgerStore(settings.data_dir)
         self._lock = asyncio.Lock()
@@ -155,10 +178,7 @@ class LedgerWorker:
         @app.agent(samples, name="ledger-ingest")
         async def ingest(stream: Any) -> None:
             async for events in stream.take_events(s.batch_max_messages, within=s.batch_within_s):
-                messages = [
-                    ConsumedMessage(e.message.topic, e.message.partition, e.message.offset, e.value)
-                    for e in events
-                ]
+                messages = [_consumed(e) for e in events]
                 await self._apply(messages)
                 await self.publish_outbox()
                 if time.monotonic() - self._last_seal >= s.seal_interval_s:
@@ -176,12 +196,7 @@ class LedgerWorker:
             @app.agent(source, name=agent_name)
             async def fold(stream: Any) -> None:
                 async for events in stream.take_events(max_messages, within=s.batch_within_s):
-                    messages = [
-                        ConsumedMessage(
-                            e.message.topic, e.message.partition, e.message.offset, e.value
-                        )
-                        for e in events
-                    ]
+                    messages = [_consumed(e) for e in events]
                     await self._apply(messages)
                     await self.publish_outbox()
 
@@ -234,8 +249,12 @@ class LedgerWorker:
             assert ingestor is not None
             started = time.perf_counter()
             result = await asyncio.to_thread(ingestor.apply, messages)
-            self.stats.last_commit_ms = (time.perf_counter() - started) * 1000
+            elapsed = time.perf_counter() - started
+            self.stats.last_commit_ms = elapsed * 1000
         self._count(result)
+        self._observe(lambda o: o.observe_batch(result.messages, result.commit.postings, elapsed))
+        if result.dead_letters:
+            self._observe(lambda o: o.dead_letter(len(result.dead_letters)))
         if result.commit.closed:
             log.info("closed period(s) %s", ", ".join(result.commit.closed))
             await self.seal()
@@ -252,6 +271,7 @@ class LedgerWorker:
         assert self._ingestor is not None
         current = await self._identity.current()
         if current is not None and current != self._ingestor.incarnation:
+            self._observe(lambda o: o.worker_error("incarnation_changed"))
             log.error(
                 "the broker is now %s, not %s: exiting so a restart takes the new broker from "
                 "its first offset",
@@ -260,6 +280,14 @@ class LedgerWorker:
             )
             logging.shutdown()
             os._exit(INCARNATION_CHANGED_EXIT)
+
+    def _observe(self, report: Callable[[WorkerObserver], None]) -> None:
+        if self.observer is None:
+            return
+        try:
+            report(self.observer)
+        except Exception:  # the ledger goes on without its metrics
+            log.exception("the worker observer failed")
 
     def _count(self, result: IngestResult) -> None:
         st = self.stats

@@ -428,6 +428,22 @@ class DashboardConfig(Strict):
     port: int = Field(8501, ge=1, le=65535)
 
 
+class MetricsConfig(Strict):
+    """Prometheus `/metrics` of the worker and the scheduler (see `tally.metrics`); port 0
+    picks a free port at start. A port already in use stops the process at start."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    worker_port: int = Field(9464, ge=0, le=65535)
+    scheduler_port: int = Field(9465, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> MetricsConfig:
+        if self.worker_port and self.worker_port == self.scheduler_port:
+            raise ValueError("worker_port and scheduler_port must differ (or be 0)")
+        return self
+
+
 class TallyConfig(Strict):
     broker: BrokerConfig = BrokerConfig()
     topics: TopicsConfig = TopicsConfig()
@@ -445,6 +461,7 @@ class TallyConfig(Strict):
     queues: tuple[QueueConfig, ...] = ()
     scheduler: SchedulerConfig = SchedulerConfig()
     alerts: AlertsConfig = AlertsConfig()
+    metrics: MetricsConfig = MetricsConfig()
 
     @model_validator(mode="after")
     def _budgets_and_quotas_name_teams(self) -> TallyConfig:

@@ -1,9 +1,19 @@
 """Prometheus metrics of the Tally service: its own registry, the metric names, and `/metrics`.
 
 `TallyMetrics` holds a `CollectorRegistry` of its own (never the process-global default), the
-helpers the worker, the alert sinks and (later) the scheduler call, and — when given a ledger
-directory — gauges read from the newest sealed data at scrape time. `serve_metrics` exposes it
-over HTTP at `/metrics`.
+helpers the worker, the alert sinks and the scheduler call, and — when given a ledger
+directory — gauges read from the newest sealed data at scrape time. It implements the ports
+through which the packages report without importing `tally`: `streams.worker.WorkerObserver`,
+`scheduler.ports.SchedulerObserver` and `tally.alerting.DeliveryMetrics`. `sections` chooses the
+families a process registers, so an endpoint never shows another process's metrics as zeros.
+`serve_metrics` exposes the registry over HTTP at `/metrics`.
+
+Who serves what (`metrics:` in the config; 0 picks a free port, printed at start):
+
+- `tally worker` on `metrics.worker_port` (9464): the worker families and the ledger gauges
+  (the worker is the ledger's one writer, so each ledger is exported once);
+- `tally scheduler run` on `metrics.scheduler_port` (9465): the scheduler families;
+- `tally alerts run --metrics-port N`: the alert families and the ledger gauges.
 
 Metric names (the contract dashboards and alert rules rely on):
 
@@ -21,19 +31,28 @@ Metric names (the contract dashboards and alert rules rely on):
 - `tally_alert_sink_up{sink}` (gauge): 1 if the sink's latest try succeeded, else 0;
 - `tally_worker_batch_messages`, `tally_worker_batch_postings` (histograms): per batch;
 - `tally_worker_commit_seconds` (histogram): time to commit one batch;
-- `tally_worker_errors_total{kind}` (counter): worker errors (`decode`, `commit`, `broker`, …);
+- `tally_worker_errors_total{kind}` (counter): worker failures (`commit`: the ledger
+  transaction, `broker`: publishing the outbox, `seal`), counted before the failure ends the
+  agent (and so the process: the supervisor restarts it); inputs that fail to decode are dead
+  letters, not errors;
 - `tally_worker_dead_letters_total` (counter): dead letters recorded;
-- `tally_scheduler_queue_length{queue}` (gauge), `tally_scheduler_admissions_total{queue}`,
-  `tally_scheduler_preemptions_total{queue}` (counters).
+- `tally_scheduler_queue_length{queue}` (gauge): jobs pending in the queue (every configured
+  queue, 0 when empty; a preempted or retried job waits again);
+- `tally_scheduler_admissions_total{queue}`, `tally_scheduler_preemptions_total{queue}`
+  (counters): decisions as the scheduler makes them (a restart's replay counts none; idle
+  reclaims are not preemptions).
 
-The scheduler metrics are declared now and carry no samples until the scheduler reports.
+A port that cannot be listened on (in use, not an address of this host) raises
+`MetricsPortError` at start, an `OSError` whose message says which address and why.
 """
 
 from __future__ import annotations
 
+import errno
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
@@ -108,12 +127,27 @@ class LedgerCollector(Collector):
             )
 
 
-class TallyMetrics:
-    """The service's metrics in a registry of their own; also `tally.alerting.DeliveryMetrics`."""
+SECTIONS = ("worker", "scheduler", "alerts")
 
-    def __init__(self, data_dir: Path | str | None = None) -> None:
+
+class TallyMetrics:
+    """The service's metrics in a registry of their own; see the module for the ports it
+    implements. Families of a section left out of `sections` still take observations (into a
+    registry nobody serves), so every helper is always safe to call."""
+
+    def __init__(
+        self, data_dir: Path | str | None = None, *, sections: Collection[str] = SECTIONS
+    ) -> None:
+        unknown = set(sections) - set(SECTIONS)
+        if unknown:
+            raise ValueError(f"unknown metrics sections: {', '.join(sorted(unknown))}")
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        self.sections = frozenset(sections)
+
+        def registry_of(section: str) -> CollectorRegistry:
+            return self.registry if section in self.sections else CollectorRegistry()
+
+        r = registry_of("alerts")
         self.alert_deliveries = Counter(
             "tally_alert_deliveries",
             "Alerts a webhook accepted.",
@@ -135,6 +169,7 @@ class TallyMetrics:
         self.alert_up = Gauge(
             "tally_alert_sink_up", "1 if the sink's latest try succeeded.", ["sink"], registry=r
         )
+        r = registry_of("worker")
         self.batch_messages = Histogram(
             "tally_worker_batch_messages",
             "Messages per ledger-worker batch.",
@@ -159,6 +194,7 @@ class TallyMetrics:
         self.dead_letters = Counter(
             "tally_worker_dead_letters", "Dead letters recorded.", registry=r
         )
+        r = registry_of("scheduler")
         self.scheduler_queue = Gauge(
             "tally_scheduler_queue_length", "Jobs waiting per queue.", ["queue"], registry=r
         )
@@ -171,7 +207,7 @@ class TallyMetrics:
         self.ledger: LedgerCollector | None = None
         if data_dir is not None:
             self.ledger = LedgerCollector(data_dir)
-            r.register(self.ledger)
+            self.registry.register(self.ledger)
 
     # ---------------------------------------------------------------- the worker
 
@@ -216,9 +252,57 @@ class TallyMetrics:
         self.alert_up.labels(sink=sink).set(1 if up else 0)
 
 
+class MetricsPortError(OSError):
+    """The metrics endpoint cannot listen on its address; the message says which and why."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = code
+
+
+def metrics_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
+
+
+def _port_error(host: str, port: int, exc: OSError) -> MetricsPortError:
+    if exc.errno == errno.EADDRINUSE:
+        why = "the port is already in use"
+    elif exc.errno == errno.EADDRNOTAVAIL:
+        why = f"{host} is not an address of this host"
+    elif exc.errno == errno.EACCES:
+        why = "the port needs privileges this process lacks"
+    else:
+        why = exc.strerror or str(exc)
+    return MetricsPortError(f"cannot serve metrics on {host}:{port}: {why}", exc.errno)
+
+
 def serve_metrics(
     metrics: TallyMetrics, host: str = "127.0.0.1", port: int = 9464
 ) -> tuple[WSGIServer, threading.Thread]:
     """Serve `metrics` at `http://host:port/metrics` from a daemon thread; `server.shutdown()`
-    stops it. Port 0 picks a free port (`server.server_port`)."""
-    return start_http_server(port, host, registry=metrics.registry)
+    stops it. Port 0 picks a free port (`server.server_port`). Raises `MetricsPortError`."""
+    try:
+        return start_http_server(port, host, registry=metrics.registry)
+    except socket.gaierror as exc:
+        raise MetricsPortError(f"cannot serve metrics on {host}:{port}: {exc}") from None
+    except OSError as exc:
+        raise _port_error(host, port, exc) from None
+
+
+def free_port(host: str, port: int = 0) -> int:
+    """`port` if it can be listened on at `host` now (0: a port the system picks), as the
+    metrics server binds it; raises `MetricsPortError` if not. The port is released on
+    return, so a process started next can take it (a race only another process can lose)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise MetricsPortError(f"cannot serve metrics on {host}:{port}: {exc}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as HTTPServer binds
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise _port_error(host, port, exc) from None
+        bound: int = sock.getsockname()[1]
+        return bound

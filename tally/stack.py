@@ -4,10 +4,14 @@ Starts the broker (embedded tansu unless an external Kafka is configured), creat
 then runs the collector, the ledger worker, the scheduler (local executor against the simulated
 fleet's GPUs; its API tokens are created in `scheduler.tokens.file` on first start), the alert
 delivery to webhooks (when `alerts.sinks` are configured) and the dashboard as child processes,
-each in its own process group. A child that dies is restarted
-with backoff (at most 5 times a minute); Ctrl-C or SIGTERM stops every process the stack started
-(the scheduler stops the jobs it runs). The ledger data directory outlives the stack; the
-embedded broker does not (each start is a new broker incarnation, which the worker recognises).
+each in its own process group. A child that dies is restarted with backoff (at most 5 times a
+minute); Ctrl-C or SIGTERM stops every process the stack started (the scheduler stops the jobs
+it runs). The ledger data directory outlives the stack; the embedded broker does not (each
+start is a new broker incarnation, which the worker recognises).
+
+Metrics (`metrics:`): before anything starts, the worker's and the scheduler's ports are checked
+(a port in use raises `tally.metrics.MetricsPortError`) and a port 0 becomes a free one; each
+child is given its port (`--metrics-port`), so a restarted child serves where the banner says.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from streams.kafka import ensure_topics
 from tally.broker import EmbeddedBroker
 from tally.components import BOOTSTRAP_ENV
 from tally.config import TallyConfig
+from tally.metrics import free_port, metrics_url
 from tally.scheduling import api_url, ensure_tokens_file
 
 MAX_RESTARTS_PER_MINUTE = 5
@@ -50,14 +55,38 @@ class Stack:
         self.run_dir = config.ledger.data_dir.parent / "run"
         self.broker: EmbeddedBroker | None = None
         self.children: list[Child] = []
+        self.metrics_ports: dict[str, int] = {}  # child name → its metrics port, fixed at start
         self._stopping = False
+
+    def _reserve_metrics_ports(self) -> dict[str, int]:
+        m = self.config.metrics
+        if not m.enabled:
+            return {}
+        wanted = {"worker": m.worker_port}
+        if self.config.scheduler.enabled:
+            wanted["scheduler"] = m.scheduler_port
+        ports: dict[str, int] = {}
+        for name, port in wanted.items():
+            chosen = free_port(m.host, port)
+            while port == 0 and chosen in ports.values():  # two free picks must differ
+                chosen = free_port(m.host, 0)
+            ports[name] = chosen
+        return ports
+
+    def _metrics_args(self, name: str) -> list[str]:
+        port = self.metrics_ports.get(name)
+        return [] if port is None else ["--metrics-port", str(port)]
 
     def _children(self) -> list[Child]:
         py = sys.executable
         cfg = str(self.config_path)
         logs = self.run_dir
         children = [
-            Child("worker", [py, "-m", "tally", "worker", "--config", cfg], logs / "worker.log"),
+            Child(
+                "worker",
+                [py, "-m", "tally", "worker", "--config", cfg, *self._metrics_args("worker")],
+                logs / "worker.log",
+            ),
             Child(
                 "collector", [py, "-m", "tally", "collect", "--config", cfg], logs / "collector.log"
             ),
@@ -66,7 +95,10 @@ class Stack:
             children.append(
                 Child(
                     "scheduler",
-                    [py, "-m", "tally", "scheduler", "run", "--config", cfg],
+                    [
+                        *(py, "-m", "tally", "scheduler", "run", "--config", cfg),
+                        *self._metrics_args("scheduler"),
+                    ],
                     logs / "scheduler.log",
                 )
             )
@@ -107,6 +139,7 @@ class Stack:
         return children
 
     def run(self) -> int:
+        self.metrics_ports = self._reserve_metrics_ports()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config.ledger.data_dir.mkdir(parents=True, exist_ok=True)
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -120,6 +153,10 @@ class Stack:
                     "TALLY_CONFIG": str(self.config_path),
                     "TALLY_DATA_DIR": str(self.config.ledger.data_dir.resolve()),
                     "TALLY_CURRENCY": self.config.ledger.currency,
+                    "TALLY_JOBS_TOPIC": self.config.topics.jobs,
+                    "TALLY_FAIR_SHARE_HALF_LIFE_HOURS": str(
+                        self.config.scheduler.fair_share_half_life_hours
+                    ),
                 },
             )
             if self.config.scheduler.enabled:
@@ -174,6 +211,9 @@ class Stack:
             tokens = self.config.scheduler.tokens.file
             where = f" (tokens in {tokens})" if tokens is not None else ""
             click.echo(f"  scheduler   {api_url(self.config)}{where}")
+        for i, (name, port) in enumerate(self.metrics_ports.items()):
+            url = metrics_url(self.config.metrics.host, port)
+            click.echo(f"  {'metrics' if i == 0 else '':<11} {url} ({name})")
         click.echo(f"  ledger      {self.config.ledger.data_dir}")
         click.echo(f"  logs        {self.run_dir}/*.log")
         click.echo(f"  try         tally report cost --by team --config {self.config_path}")

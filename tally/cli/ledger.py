@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 import sys
+import tempfile
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import click
@@ -18,10 +22,22 @@ from ledger.admin import (
     admin_event_to_dict,
 )
 from ledger.errors import EventError, LedgerError
+from ledger.ingest import InputTopics
 from ledger.periods import Period
-from ledger.store import find_sealed_transaction
+from ledger.rebuild import (
+    Difference,
+    MessageKey,
+    ReplaySettings,
+    archive_batch_count,
+    archive_batches,
+    batches_from_messages,
+)
+from ledger.rebuild import rebuild as rebuild_ledger
+from ledger.segments import Manifest
+from ledger.store import ARCHIVE_DIR, HOT_DB_NAME, SEGMENTS_DIR, find_sealed_transaction
 from ledger.units import MS_PER_HOUR, Unit, parse_micros
 from ledger.verify import verify_ledger
+from streams.kafka import BrokerError
 from tally.cli.admin import (
     actor_option,
     applied_admin,
@@ -43,7 +59,9 @@ from tally.cli.options import (
     output_option,
     resolve_data_dir,
 )
-from tally.output import OutputFormat
+from tally.components import NoBrokerError, bootstrap_servers
+from tally.config import TallyConfig
+from tally.output import OutputFormat, render
 
 
 @click.group()
@@ -56,7 +74,8 @@ def ledger() -> None:
 @data_dir_option
 @output_option
 def verify(config_path: str, data_dir: str | None, output: str) -> None:
-    """Check zero-sum, segment integrity, and that no offset range is missing or doubled."""
+    """Check zero-sum, segment integrity, closed-period checksums, and that no offset range is
+    missing or doubled, in the segments or in the raw-event archive."""
     directory = resolve_data_dir(config_path, data_dir)
     bar: Any = None
 
@@ -80,6 +99,8 @@ def verify(config_path: str, data_dir: str | None, output: str) -> None:
                     "rows": report.rows,
                     "transactions": report.transactions,
                     "closed_periods": report.closed_periods,
+                    "archive_segments": report.archive_segments,
+                    "archived_messages": report.archived_messages,
                     "problems": list(report.problems),
                 },
                 option=orjson.OPT_INDENT_2,
@@ -88,7 +109,9 @@ def verify(config_path: str, data_dir: str | None, output: str) -> None:
     else:
         click.echo(
             f"{report.segments} segments, {report.rows} postings, "
-            f"{report.transactions} transactions, {report.closed_periods} closed periods checked"
+            f"{report.transactions} transactions, {report.closed_periods} closed periods, "
+            f"{report.archived_messages} archived messages in {report.archive_segments} "
+            "archive segments checked"
         )
         for problem in report.problems:
             click.secho(f"problem: {problem}", fg="red")
@@ -301,3 +324,191 @@ def close(
 
 
 # ---------------------------------------------------------------------------------- reports
+
+
+# ---------------------------------------------------------------------------------- rebuild
+
+
+def replay_settings(config: TallyConfig) -> ReplaySettings:
+    """What the worker folds with, from the configuration (see `tally.components`)."""
+    return ReplaySettings(
+        prices=config.price_book(),
+        cost_centres=config.organisation.cost_centre_of(),
+        idle_policy=config.idle.policy(),
+        inputs=InputTopics(admin=config.topics.admin, jobs=config.topics.jobs),
+    )
+
+
+def fetch_from_topics(
+    bootstrap: str, data_dir: Path
+) -> tuple[str, dict[MessageKey, tuple[bytes | None, bytes | None]]]:
+    """The broker's incarnation, and the messages it still holds of every archived range of
+    that incarnation (the archive's manifest says which)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from streams.kafka import fetch_cluster_id
+
+    async def fetch() -> tuple[str, dict[MessageKey, tuple[bytes | None, bytes | None]]]:
+        incarnation = await fetch_cluster_id(bootstrap)
+        wanted: dict[tuple[str, int], tuple[int, int]] = {}
+        for seg in Manifest(data_dir / ARCHIVE_DIR).load():
+            if seg.incarnation == incarnation:
+                key = (seg.topic, seg.partition)
+                lo, hi = wanted.get(key, (seg.first_offset, seg.last_offset))
+                wanted[key] = (min(lo, seg.first_offset), max(hi, seg.last_offset))
+        found: dict[MessageKey, tuple[bytes | None, bytes | None]] = {}
+        if not wanted:
+            return incarnation, found
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        try:
+            for (topic, partition), (first, last) in sorted(wanted.items()):
+                tp = TopicPartition(topic, partition)
+                consumer.assign([tp])
+                consumer.seek(tp, first)
+                done = False
+                while not done:
+                    batch = await consumer.getmany(tp, timeout_ms=2000, max_records=5000)
+                    records = batch.get(tp, [])
+                    if not records:
+                        break  # the broker holds no more of this range
+                    for record in records:
+                        if record.offset > last:
+                            done = True
+                            break
+                        found[(incarnation, topic, partition, record.offset)] = (
+                            record.key,
+                            record.value,
+                        )
+                    done = done or records[-1].offset >= last
+        finally:
+            await consumer.stop()
+        return incarnation, found
+
+    return asyncio.run(fetch())
+
+
+def _discard(into: Path, created: bool) -> None:
+    """Remove the rebuilt ledger: the whole directory if the rebuild made it."""
+    if created:
+        shutil.rmtree(into, ignore_errors=True)
+        return
+    for name in (SEGMENTS_DIR, ARCHIVE_DIR):
+        shutil.rmtree(into / name, ignore_errors=True)
+    for path in into.glob(f"{HOT_DB_NAME}*"):
+        path.unlink(missing_ok=True)
+
+
+_DIFF_HEADERS = ("kind", "subject", "unit", "period", "live", "rebuilt", "note")
+
+
+@ledger.command()
+@config_option
+@bootstrap_option
+@data_dir_option
+@click.option(
+    "--from",
+    "source",
+    type=click.Choice(["archive", "topics"]),
+    default="archive",
+    show_default=True,
+    help="Replay the raw-event archive, or the same messages fetched again from the broker.",
+)
+@click.option(
+    "--into",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where to build the fresh ledger (default: a temporary directory).",
+)
+@click.option("--keep", is_flag=True, help="Keep the rebuilt ledger afterwards.")
+@output_option
+def rebuild(
+    config_path: str,
+    bootstrap: str | None,
+    data_dir: str | None,
+    source: str,
+    into: str | None,
+    keep: bool,
+    output: str,
+) -> None:
+    """Replay the archived events into a fresh ledger and compare it with the live sealed one:
+    postings per account, unit and period, balances, closed-period checksums.
+
+    Exits 1 when anything differs, 0 when the two are identical."""
+    config = load_or_exit(config_path)
+    live = Path(data_dir) if data_dir else config.ledger.data_dir
+    settings = replay_settings(config)
+    if into is not None and Path(into).exists() and any(Path(into).iterdir()):
+        fail(f"--into {into}: not an empty directory (a rebuild needs a fresh one)", Exit.USAGE)
+    target = Path(into) if into else Path(tempfile.mkdtemp(prefix="tally-rebuild-"))
+    created = into is None or not target.exists()
+    bar: Any = None
+    try:
+        total, _ = archive_batch_count(live)
+        batches: Any = archive_batches(live)
+        found: list[Difference] = []
+        if source == "topics":
+            try:
+                servers = bootstrap_servers(config, bootstrap)
+                _, fetched = fetch_from_topics(servers[0], live)
+            except (NoBrokerError, BrokerError) as exc:
+                fail(str(exc), Exit.BROKER)
+            batches = batches_from_messages(batches, fetched, found)
+        if sys.stderr.isatty() and total:
+            bar = click.progressbar(length=total, label="replaying batches", file=sys.stderr)
+            bar.__enter__()
+        report = rebuild_ledger(
+            live,
+            target,
+            settings,
+            batches,
+            progress=bar.update if bar is not None else None,
+            source_differences=found,
+        )
+    except (LedgerError, duckdb.Error) as exc:
+        if not keep:
+            _discard(target, created)
+        fail(str(exc), Exit.LEDGER)
+    except KeyboardInterrupt:
+        if not keep:
+            _discard(target, created)
+        fail("interrupted", Exit.INTERRUPTED)
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+    if not keep:
+        _discard(target, created)
+    rows = [
+        (d.kind.value, d.subject, d.unit, d.period, d.live, d.rebuilt, d.note)
+        for d in report.differences
+    ]
+    if output == OutputFormat.JSON:
+        click.echo(
+            orjson.dumps(
+                {
+                    "identical": report.identical,
+                    "source": source,
+                    "batches": report.batches,
+                    "messages": report.messages,
+                    "rebuilt": str(target) if keep else None,
+                    "differences": [dict(zip(_DIFF_HEADERS, r, strict=True)) for r in rows],
+                },
+                option=orjson.OPT_INDENT_2,
+            ).decode()
+        )
+    elif output == OutputFormat.CSV:
+        click.echo(render(_DIFF_HEADERS, rows, OutputFormat.CSV))
+    else:
+        click.echo(f"replayed {report.batches} batches ({report.messages} messages) from {source}")
+        if rows:
+            click.echo(render(_DIFF_HEADERS, rows, OutputFormat.TABLE))
+        if keep:
+            click.echo(f"rebuilt ledger kept in {target}")
+        click.echo(
+            "rebuilt ledger is identical to the live one"
+            if report.identical
+            else f"{len(rows)} difference(s) found"
+        )
+    sys.exit(int(Exit.OK if report.identical else Exit.CHECK_FAILED))

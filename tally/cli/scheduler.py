@@ -1,5 +1,6 @@
 """`tally scheduler run`: the scheduler service (consumes balances and alerts, runs the cycle,
-executes with the local executor, publishes decisions on the jobs topic, serves the API)."""
+executes with the local executor, publishes decisions on the jobs topic, serves the API and
+its Prometheus metrics)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import click
 
 from streams.kafka import BrokerError, ensure_topics
 from tally.cli.options import Exit, bootstrap_option, config_option, fail, load_or_exit
+from tally.cli.stack import metrics_port_option, start_metrics
 from tally.components import NoBrokerError, bootstrap_servers
 from tally.config import ConfigError
 
@@ -29,12 +31,14 @@ def scheduler() -> None:
     default="info",
     show_default=True,
 )
-def run(config_path: str, bootstrap: str | None, log_level: str) -> None:
+@metrics_port_option("scheduler_port")
+def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: int | None) -> None:
     """Run the scheduler: rebuild from the jobs topic, then schedule and serve the API until
     Ctrl-C or SIGTERM (which stop the local jobs it runs)."""
     from scheduler.api import api_server
     from scheduler.errors import SchedulerError
     from scheduler.service import BrokerUnavailable, run_service
+    from tally.metrics import TallyMetrics
     from tally.scheduling import api_url, build_dispatcher, load_tokens, service_settings
 
     config = load_or_exit(config_path)
@@ -46,6 +50,8 @@ def run(config_path: str, bootstrap: str | None, log_level: str) -> None:
         tokens = load_tokens(config)
     except ConfigError as exc:
         fail(str(exc), Exit.USAGE)
+    metrics = TallyMetrics(sections=("scheduler",))
+    start_metrics(metrics, config, "scheduler_port", metrics_port, "scheduler")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s scheduler %(levelname)s %(message)s"))
     logger = logging.getLogger("tally.scheduler")
@@ -77,7 +83,7 @@ def run(config_path: str, bootstrap: str | None, log_level: str) -> None:
         logger.info("scheduler ready; API on %s", api_url(config))
 
     try:
-        asyncio.run(run_service(settings, dispatcher, serve, ready=ready))
+        asyncio.run(run_service(settings, dispatcher, serve, ready=ready, observer=metrics))
     except BrokerUnavailable as exc:
         fail(str(exc), Exit.BROKER)
     except OSError as exc:  # the API's address is taken or not ours

@@ -1,10 +1,13 @@
-"""`tally up` and `tally worker`: the whole stack, and the ledger worker on its own."""
+"""`tally up` and `tally worker`: the whole stack, and the ledger worker on its own; and how a
+service command starts its Prometheus endpoint (`start_metrics`, shared with the scheduler)."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import click
 
@@ -19,12 +22,52 @@ from tally.cli.options import (
 )
 from tally.components import NoBrokerError, bootstrap_servers, worker_settings
 
+if TYPE_CHECKING:
+    from tally.config import TallyConfig
+    from tally.metrics import TallyMetrics
+
+
+MetricsPortKey = Literal["worker_port", "scheduler_port"]
+
+
+def metrics_port_option(
+    key: MetricsPortKey,
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    return click.option(
+        "--metrics-port",
+        type=click.IntRange(0, 65535),
+        default=None,
+        help=f"Serve Prometheus metrics at /metrics on this port, 0 for a free one "
+        f"(default: metrics.{key}, when metrics.enabled).",
+    )
+
+
+def start_metrics(
+    metrics: TallyMetrics, config: TallyConfig, key: MetricsPortKey, port: int | None, who: str
+) -> None:
+    """Serve `metrics` on `port` (None: the config's `metrics.<key>`, if enabled) and say where;
+    a port that cannot be listened on ends the command with `Exit.USAGE`, before anything else
+    starts."""
+    from tally.metrics import MetricsPortError, metrics_url, serve_metrics
+
+    section = config.metrics
+    if port is None:
+        if not section.enabled:
+            return
+        port = section.worker_port if key == "worker_port" else section.scheduler_port
+    try:
+        server, _ = serve_metrics(metrics, section.host, port)
+    except MetricsPortError as exc:
+        fail(f"{exc} (metrics.{key} or --metrics-port; 0 picks a free port)", Exit.USAGE)
+    click.echo(f"{who} metrics at {metrics_url(section.host, server.server_port)}", err=True)
+
 
 @click.command()
 @config_option
 @click.option("--no-dashboard", is_flag=True, help="Do not start the Streamlit dashboard.")
 def up(config_path: str, no_dashboard: bool) -> None:
     """Run the whole stack: broker, collector, worker and dashboard, until Ctrl-C."""
+    from tally.metrics import MetricsPortError
     from tally.stack import Stack
 
     config = load_or_exit(config_path)
@@ -33,6 +76,8 @@ def up(config_path: str, no_dashboard: bool) -> None:
         code = stack.run()
     except BrokerError as exc:
         fail(str(exc), Exit.BROKER)
+    except MetricsPortError as exc:
+        fail(f"{exc} (see metrics: in {config_path}; 0 picks a free port)", Exit.USAGE)
     sys.exit(code)
 
 
@@ -45,18 +90,24 @@ def up(config_path: str, no_dashboard: bool) -> None:
     default="warn",
     show_default=True,
 )
-def worker(config_path: str, bootstrap: str | None, log_level: str) -> None:
+@metrics_port_option("worker_port")
+def worker(
+    config_path: str, bootstrap: str | None, log_level: str, metrics_port: int | None
+) -> None:
     """Run the ledger worker: consume samples, commit postings, seal segments."""
     import logging
 
     from streams.kafka import ensure_topics
     from streams.worker import LedgerWorker
+    from tally.metrics import TallyMetrics
 
     config = load_or_exit(config_path)
     try:
         servers = bootstrap_servers(config, bootstrap)
     except NoBrokerError as exc:
         fail(str(exc), Exit.USAGE)
+    metrics = TallyMetrics(config.ledger.data_dir, sections=("worker",))
+    start_metrics(metrics, config, "worker_port", metrics_port, "worker")
     try:
         asyncio.run(
             ensure_topics(
@@ -75,6 +126,6 @@ def worker(config_path: str, bootstrap: str | None, log_level: str) -> None:
     logger.setLevel(logging.INFO)
     logger.propagate = False
     try:
-        LedgerWorker(worker_settings(config, servers)).run(loglevel=log_level)
+        LedgerWorker(worker_settings(config, servers), observer=metrics).run(loglevel=log_level)
     except LedgerError as exc:
         fail(str(exc), Exit.LEDGER)

@@ -1,6 +1,7 @@
 """Every dashboard page in headless Chromium against `streamlit run` over a seeded ledger:
-charts and tables render, no Streamlit exception box, and the FOCUS CSV downloaded from the
-Finance page is byte for byte the ledger's export and sums to the ledger's cost."""
+charts and tables render, no Streamlit exception box, the Team page explains a waiting job from
+the archived job events, and the FOCUS CSV downloaded from the Finance page is byte for byte the
+ledger's export and sums to the ledger's cost."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ RENDER_TIMEOUT_MS = 60_000
 PAGES = {
     "": ("Finance: GPU cost", 5, 2),  # path: (title, tables at least, charts at least)
     "platform": ("Platform: the GPU fleet", 4, 3),
-    "capacity": ("Capacity planning", 2, 1),
+    "capacity": ("Capacity planning", 3, 2),
+    "team": ("Team: jobs, budget and quota", 7, 0),
 }
 
 
@@ -49,7 +51,7 @@ def _settle(page: Any, title: str, tables: int, charts: int) -> None:
     )
 
 
-@pytest.mark.parametrize("path", list(PAGES), ids=["finance", "platform", "capacity"])
+@pytest.mark.parametrize("path", list(PAGES), ids=["finance", "platform", "capacity", "team"])
 def test_page_renders_without_an_exception(chromium, dashboard_url, path):
     title, tables, charts = PAGES[path]
     page = _open(chromium, f"{dashboard_url}/{path}")
@@ -83,6 +85,21 @@ def test_sidebar_filter_changes_the_page(chromium, dashboard_url, seeded_ledger)
         page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').first.click()
         page.get_by_role("option", name="2026-10 · closed").click()
         page.get_by_text("2026-10 is closed").wait_for()
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        page.close()
+
+
+def test_team_page_explains_why_a_job_waits(chromium, dashboard_url):
+    page = _open(chromium, f"{dashboard_url}/team")
+    try:
+        _settle(page, *PAGES["team"])
+        page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').nth(1).click()
+        page.get_by_role("option", name="vision").click()
+        page.get_by_text("job-v-big has been waiting for 3 h 00 min").wait_for()
+        page.get_by_text(
+            "your team is already using all the GPUs its quota allows"
+        ).first.wait_for()
         assert page.locator('[data-testid="stException"]').count() == 0
     finally:
         page.close()

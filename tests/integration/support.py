@@ -61,6 +61,7 @@ def pipeline_config(tmp: Path, nodes: int = 2, partitions: int = 4, **ledger: An
             {"model": "H100", "per_gpu_hour": "3.20"},
         ],
         "worker": {"batch_max_messages": 500, "batch_within_s": 0.1},
+        "metrics": {"worker_port": 0, "scheduler_port": 0},  # tests may run workers side by side
     }
 
 
