@@ -7,7 +7,9 @@ itself names no owner (ownership precedence: the sample's owner, then the schedu
 at that time, then unallocated).
 
 Invariants: a GPU's holdings never overlap (a new assignment ends the previous one); a release
-ends only the holding of the job it names.
+ends only the holding of the job it names. A timeline remembers ended holdings for
+`HOLDING_MEMORY_US` before its newest change (`forget_before`), long enough for any sample the
+ledger still deduplicates to find its owner.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ledger.events import Owner
+
+HOLDING_MEMORY_US = 31 * 24 * 3600 * 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,3 +86,17 @@ def owners_over(timeline: Sequence[Holding], start_us: int, end_us: int) -> list
     if cursor < end_us:
         pieces.append(OwnedPiece(cursor, end_us, None))
     return [p for p in pieces if p.end_us > p.start_us]
+
+
+def forget_before(timeline: Sequence[Holding], cutoff_us: int) -> tuple[Holding, ...]:
+    """`timeline` without the holdings that ended at or before `cutoff_us`."""
+    return tuple(h for h in timeline if h.to_us is None or h.to_us > cutoff_us)
+
+
+def main_holder(pieces: Sequence[OwnedPiece]) -> Owner | None:
+    """Who held the GPU longest over `pieces` (the earliest of equals; None: nobody held it)."""
+    by_holder: dict[Owner, int] = {}
+    for piece in pieces:
+        if piece.owner is not None:
+            by_holder[piece.owner] = by_holder.get(piece.owner, 0) + piece.end_us - piece.start_us
+    return max(by_holder, key=lambda owner: by_holder[owner]) if by_holder else None

@@ -30,7 +30,7 @@ import orjson
 from ledger.accounts import AccountKind, hold_account, holds_outstanding_account
 from ledger.errors import EventError, UnknownSchemaError
 from ledger.events import MAX_TIME_US, DeadLetter, cloudevent, event_id
-from ledger.job_events import JobEventType
+from ledger.job_events import JobEnvelope, JobEventType, job_envelope_from_dict
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.units import Unit
 
@@ -38,7 +38,8 @@ HOLD_SOURCE = "tally://scheduler"
 LEDGER_HOLDS_SOURCE = "tally://ledger/holds"
 MAX_HOLD = 1 << 62
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_JOB_TYPES = frozenset(kind.value for kind in JobEventType)
+_ASSIGNMENT_TYPES = frozenset({JobEventType.GPU_ASSIGNED.value, JobEventType.GPU_RELEASED.value})
+_JOB_TYPES = frozenset(kind.value for kind in JobEventType) - _ASSIGNMENT_TYPES
 
 HoldKey = tuple[str, Unit]  # (job id, unit)
 BookPeriod = Callable[[int], str]  # time → the open period a posting at that time is booked into
@@ -233,16 +234,19 @@ def hold_envelope_from_dict(obj: Any) -> HoldEnvelope:
 
 @dataclass(frozen=True, slots=True)
 class JobsMessage:
-    """One jobs-topic message as the ledger reads it: its holds, its bad parts, and how many
-    job events it carried that are not the ledger's business."""
+    """One jobs-topic message as the ledger reads it: its holds, the scheduler's GPU
+    assignments (`GpuAssigned` / `GpuReleased`), its bad parts, and how many job events it
+    carried that are not the ledger's business."""
 
     holds: tuple[HoldEnvelope, ...]
     dead: tuple[DeadLetter, ...]
     ignored: int = 0
+    assignments: tuple[JobEnvelope, ...] = ()
 
 
 def decode_jobs_message(value: bytes | None) -> JobsMessage:
-    """Decode the holds in a jobs-topic message (an envelope or an array). Never raises."""
+    """Decode the holds and GPU assignments in a jobs-topic message (an envelope or an array).
+    Never raises."""
     if not value:
         return JobsMessage((), (DeadLetter(reason="empty message", payload=""),))
     try:
@@ -252,14 +256,19 @@ def decode_jobs_message(value: bytes | None) -> JobsMessage:
         return JobsMessage((), (DeadLetter(reason=f"not JSON: {exc}", payload=text),))
     items = parsed if type(parsed) is list else [parsed]
     holds: list[HoldEnvelope] = []
+    assignments: list[JobEnvelope] = []
     dead: list[DeadLetter] = []
     ignored = 0
     for item in items:
-        if type(item) is dict and item.get("type") in _JOB_TYPES:
+        kind = item.get("type") if type(item) is dict else None
+        if kind in _JOB_TYPES:
             ignored += 1
             continue
         try:
-            holds.append(hold_envelope_from_dict(item))
+            if kind in _ASSIGNMENT_TYPES:
+                assignments.append(job_envelope_from_dict(item))
+            else:
+                holds.append(hold_envelope_from_dict(item))
         except (EventError, ValueError, TypeError) as exc:
             eid = item.get("id") if type(item) is dict and type(item.get("id")) is str else None
             try:
@@ -269,7 +278,7 @@ def decode_jobs_message(value: bytes | None) -> JobsMessage:
             dead.append(DeadLetter(reason=str(exc), payload=payload, event_id=eid))
     if not items:
         dead.append(DeadLetter(reason="empty batch", payload=value.decode("utf-8", "replace")))
-    return JobsMessage(tuple(holds), tuple(dead), ignored)
+    return JobsMessage(tuple(holds), tuple(dead), ignored, tuple(assignments))
 
 
 # ---------------------------------------------------------------------------- the fold

@@ -2,8 +2,9 @@
 
 `Ingestor.apply` is what a stream agent calls with the messages of one batch. Messages are
 routed by topic: the admin topic carries admin events (`ledger.admin`), the jobs topic carries
-holds (`ledger.holds`; the scheduler's other job events are passed over), every other topic
-carries GPU samples. For each route it
+holds (`ledger.holds`) and the scheduler's GPU assignments (`GpuAssigned` / `GpuReleased`, folded
+into each GPU's timeline: `ledger.assignments`; its other job events are passed over), every
+other topic carries GPU samples. For each route it
 1. skips messages at offsets the store has already applied for this broker incarnation,
 2. decodes each message (bad input becomes a dead letter, never an exception),
 3. drops events whose id the store has applied before (and repeats within the batch),
@@ -16,7 +17,12 @@ Everything a route's fold reads (open holds, idle states, seen ids, admin state,
 periods) is itself the fold of earlier batches, so replaying the archive batch by batch, each
 batch's messages in their archived order, reproduces the ledger (`ledger.rebuild`).
 
-Samples are attributed to usage transactions (unpriced models become dead letters), booked into
+Samples are attributed to usage transactions (unpriced models become dead letters); a sample
+that names no owner goes to whoever the GPU's timeline says held it over the sample's interval
+(split by time when the holder changed), else to unallocated capacity. A sample is attributed
+by the timeline as folded when its batch is applied: the scheduler publishes an assignment
+before it starts the job, so the assignment normally precedes the job's samples, and a replay
+of the archive attributes the same way. Samples are booked into
 the next open period when their own is closed, flagged by the idle detector (`ledger.idle`,
 stepped per GPU in sample-time order, raising alerts), and settle the open holds of their jobs;
 holds whose expiry the batch's newest new event has passed are released (a duplicate moves no
@@ -49,10 +55,27 @@ from ledger.admin import (
     grant_transaction,
     reversal_transaction,
 )
+from ledger.assignments import (
+    HOLDING_MEMORY_US,
+    Holding,
+    OwnedPiece,
+    assign,
+    forget_before,
+    main_holder,
+    owners_over,
+    release,
+)
 from ledger.attribution import attribute_sample, owner_shares
 from ledger.closing import booking_period
 from ledger.errors import PricingError
-from ledger.events import DeadLetter, Envelope, decode_message, encode_dead_letter, event_id
+from ledger.events import (
+    DeadLetter,
+    Envelope,
+    Owner,
+    decode_message,
+    encode_dead_letter,
+    event_id,
+)
 from ledger.holds import (
     LEDGER_HOLDS_SOURCE,
     BookPeriod,
@@ -62,6 +85,7 @@ from ledger.holds import (
     decode_jobs_message,
 )
 from ledger.idle import GpuIdleState, IdleAlert, IdleObservation, IdlePolicy, encode_alert, step
+from ledger.job_events import GpuAssigned, GpuReleased, JobEnvelope
 from ledger.periods import period_label
 from ledger.postings import Transaction
 from ledger.pricing import PriceBook
@@ -242,8 +266,9 @@ class Ingestor:
             decoded.extend((envelope, message) for envelope in envelopes)
         seen = self.store.seen_ids([e.id for e, _ in decoded])
         closed = self.store.closed_period_labels()
+        timelines = self.store.gpu_timelines({e.data.gpu_uuid for e, _ in decoded})
         transactions: list[SourcedTransaction] = []
-        observed: list[tuple[Envelope, int]] = []
+        observed: list[tuple[Envelope, int, Owner | None]] = []
         duplicates = 0
         newest: int | None = None  # of the events new to the ledger: a duplicate moves nothing
         for envelope, message in decoded:
@@ -252,15 +277,16 @@ class Ingestor:
                 continue
             seen.add(envelope.id)
             newest = envelope.time_us if newest is None else max(newest, envelope.time_us)
+            held = _held_over(timelines.get(envelope.data.gpu_uuid), envelope)
             try:
-                txn = attribute_sample(envelope, self.prices, self.cost_centres)
+                txn = attribute_sample(envelope, self.prices, self.cost_centres, held)
             except PricingError as exc:
                 letter = DeadLetter(reason=str(exc), payload="", event_id=envelope.id)
                 dead.append(_located(letter, message))
                 continue
             if txn.period in closed:  # late usage: a flagged prior-period posting
                 txn = replace(txn, period=booking_period(txn.period, closed))
-            observed.append((envelope, len(transactions)))
+            observed.append((envelope, len(transactions), main_holder(held)))
             transactions.append(
                 SourcedTransaction(txn, message.topic, message.partition, message.offset)
             )
@@ -284,20 +310,23 @@ class Ingestor:
         )
 
     def _detect_idle(
-        self, observed: list[tuple[Envelope, int]], transactions: list[SourcedTransaction]
+        self,
+        observed: list[tuple[Envelope, int, Owner | None]],
+        transactions: list[SourcedTransaction],
     ) -> tuple[list[GpuIdleState], list[IdleAlert]]:
-        """Step each GPU's idle detector in sample-time order; flag confirmed-idle usage."""
+        """Step each GPU's idle detector in sample-time order; flag confirmed-idle usage. A GPU
+        the scheduler assigned is allocated even when its sample names no owner."""
         if not observed:
             return [], []
         observed.sort(key=lambda item: (item[0].subject, item[0].time_us))
-        states = self.store.idle_states(sorted({e.subject for e, _ in observed}))
+        states = self.store.idle_states(sorted({e.subject for e, _, _ in observed}))
         alerts: list[IdleAlert] = []
-        for envelope, index in observed:
+        for envelope, index, holder in observed:
             item = transactions[index]
             txn = item.txn
             sample = envelope.data
             shares = owner_shares(sample)
-            owner = shares[0][0] if shares else None
+            owner = (shares[0][0] if shares else None) or holder
             gpu_ms = cost = 0
             for posting in txn.postings:
                 if posting.amount > 0:
@@ -356,11 +385,13 @@ class Ingestor:
     def _apply_jobs(self, fresh: Sequence[ConsumedMessage]) -> _Part:
         dead: list[DeadLetter] = []
         decoded: list[tuple[HoldEnvelope, ConsumedMessage]] = []
+        assignments: list[JobEnvelope] = []
         for message in fresh:
             read = decode_jobs_message(message.value)
             dead.extend(_located(letter, message) for letter in read.dead)
             decoded.extend((envelope, message) for envelope in read.holds)
-        seen = self.store.seen_ids([e.id for e, _ in decoded])
+            assignments.extend(read.assignments)
+        seen = self.store.seen_ids([e.id for e, _ in decoded] + [e.id for e in assignments])
         holds = HoldBook(self.store.open_holds(), self._booker(self.store.closed_period_labels()))
         transactions: list[SourcedTransaction] = []
         without_postings: list[tuple[str, int]] = []
@@ -385,14 +416,28 @@ class Ingestor:
                 without_postings.append((envelope.id, envelope.time_us))
             else:
                 transactions.extend(_sourced([released], message))
+        timelines: dict[str, tuple[Holding, ...]] = {}
+        for change in assignments:
+            if change.id in seen:
+                duplicates += 1
+                continue
+            seen.add(change.id)
+            newest = change.time_us if newest is None else max(newest, change.time_us)
+            without_postings.append((change.id, change.time_us))
+            gpu = change.subject
+            if gpu not in timelines:
+                timelines[gpu] = self.store.gpu_timelines([gpu]).get(gpu, ())
+            timelines[gpu] = _fold_assignment(timelines[gpu], change)
         derived = len(transactions)
         if newest is not None:
             transactions.extend(_sourced(holds.expire(newest), fresh[-1]))
         self._own_ids(transactions, derived)
-        changes = StateChanges(holds=holds.changed(), seen=without_postings)
+        changes = StateChanges(holds=holds.changed(), seen=without_postings, timelines=timelines)
         commit = self._commit(fresh, transactions, dead, changes)
         return _Part(
-            replace(commit, duplicates=commit.duplicates + duplicates), tuple(dead), len(decoded)
+            replace(commit, duplicates=commit.duplicates + duplicates),
+            tuple(dead),
+            len(decoded) + len(assignments),
         )
 
     # ------------------------------------------------------------------ admin
@@ -508,6 +553,26 @@ class _AdminFold:
                 SourcedTransaction(txn, message.topic, message.partition, message.offset)
             )
         return None
+
+
+def _fold_assignment(timeline: tuple[Holding, ...], envelope: JobEnvelope) -> tuple[Holding, ...]:
+    """A GPU's timeline after one `GpuAssigned` or `GpuReleased`."""
+    event = envelope.data
+    if isinstance(event, GpuAssigned):
+        owner = Owner(event.team, event.project, event.user, event.job_id)
+        timeline = assign(timeline, Holding(event.gpu_uuid, owner, event.time_us))
+    elif isinstance(event, GpuReleased):
+        timeline = release(timeline, event.job_id, event.time_us)
+    return forget_before(timeline, envelope.time_us - HOLDING_MEMORY_US)
+
+
+def _held_over(timeline: tuple[Holding, ...] | None, envelope: Envelope) -> list[OwnedPiece]:
+    """Who the scheduler says held the sample's GPU over its interval; empty when nobody."""
+    if not timeline:
+        return []
+    sample = envelope.data
+    pieces = owners_over(timeline, sample.start_us, sample.sample_time_us)
+    return pieces if any(p.owner is not None for p in pieces) else []
 
 
 def _sourced(txns: Sequence[Transaction], message: ConsumedMessage) -> list[SourcedTransaction]:

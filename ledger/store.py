@@ -11,7 +11,8 @@ transaction holding, together:
   coordinates, key and value bytes, the batch's sequence number and each message's position in
   it), so the ledger can be rebuilt from them at any time (`ledger.rebuild`),
 - the projections that follow from the batch: the running `balances` per (account, unit,
-  period), the open holds per job, the applied admin events (`admin_log`), reversed
+  period), the open holds per job, each GPU's assignment timeline (`gpu_holdings`, who the
+  scheduler says holds it: `ledger.assignments`), the applied admin events (`admin_log`), reversed
   transactions, closed periods with their checksums, and the outbox messages to publish
   (alerts, dead letters, changed balances).
 So after a crash either all of a batch is in the store or none of it is, and `applied_offsets`
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ from ledger.admin import (
     applied_to_dict,
     write_admin_log,
 )
+from ledger.assignments import Holding
 from ledger.balances import (
     BalanceRow,
     account_team,
@@ -69,7 +71,7 @@ from ledger.balances import (
 )
 from ledger.closing import ClosedPeriod, period_checksum, write_closed_period
 from ledger.errors import StoreError
-from ledger.events import DeadLetter
+from ledger.events import DeadLetter, Owner
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState, state_from_row, state_to_row
 from ledger.postings import Posting, Transaction, TransactionKind
@@ -182,6 +184,10 @@ CREATE TABLE IF NOT EXISTS open_holds (
     amount BIGINT NOT NULL, expires_us BIGINT NOT NULL, placed_by VARCHAR NOT NULL,
     PRIMARY KEY (job_id, unit)
 );
+CREATE TABLE IF NOT EXISTS gpu_holdings (
+    gpu_uuid VARCHAR NOT NULL, team VARCHAR, project VARCHAR, "user" VARCHAR, job_id VARCHAR,
+    from_us BIGINT NOT NULL, to_us BIGINT
+);
 CREATE TABLE IF NOT EXISTS admin_log (
     seq BIGINT NOT NULL, event_id VARCHAR PRIMARY KEY, type VARCHAR NOT NULL,
     effective_us BIGINT NOT NULL, entry VARCHAR NOT NULL, applied_at_us BIGINT NOT NULL
@@ -284,13 +290,15 @@ class StateChanges:
     - `holds`: open holds that changed (an amount of 0 removes the hold);
     - `admin`: admin events applied (a `PeriodClosed` applied closes its period);
     - `reversals`: (reversed transaction, reversing transaction);
-    - `seen`: ids (and event times) of events applied without a transaction of their own.
+    - `seen`: ids (and event times) of events applied without a transaction of their own;
+    - `timelines`: GPUs whose assignment timeline changed, each with its whole new timeline.
     """
 
     holds: Sequence[OpenHold] = ()
     admin: Sequence[AppliedAdmin] = ()
     reversals: Sequence[tuple[str, str]] = ()
     seen: Sequence[tuple[str, int]] = ()
+    timelines: Mapping[str, tuple[Holding, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -736,6 +744,27 @@ class LedgerStore:
 
     def _apply_changes(self, changes: StateChanges, now: int) -> None:
         con = self._con
+        if changes.timelines:
+            con.execute(
+                "DELETE FROM gpu_holdings WHERE list_contains(?, gpu_uuid)",
+                [list(changes.timelines)],
+            )
+            self._insert_rows(
+                "gpu_holdings",
+                [
+                    (
+                        uuid,
+                        h.owner.team,
+                        h.owner.project,
+                        h.owner.user,
+                        h.owner.job_id,
+                        h.from_us,
+                        h.to_us,
+                    )
+                    for uuid, timeline in changes.timelines.items()
+                    for h in timeline
+                ],
+            )
         if changes.holds:
             con.execute(
                 "DELETE FROM open_holds WHERE list_contains(?, job_id || '/' || unit)",
@@ -901,6 +930,23 @@ class LedgerStore:
         finally:
             self._con.unregister("batch_subjects")
         return {str(row[0]): state_from_row(row) for row in rows}
+
+    def gpu_timelines(self, gpu_uuids: Collection[str]) -> dict[str, tuple[Holding, ...]]:
+        """The assignment timelines of `gpu_uuids` (a GPU never assigned has none)."""
+        if not gpu_uuids:
+            return {}
+        rows = self._con.execute(
+            'SELECT gpu_uuid, team, project, "user", job_id, from_us, to_us FROM gpu_holdings '
+            "WHERE list_contains(?, gpu_uuid) ORDER BY gpu_uuid, from_us",
+            [sorted(gpu_uuids)],
+        ).fetchall()
+        timelines: dict[str, list[Holding]] = {}
+        for uuid, team, project, user, job, from_us, to_us in rows:
+            owner = Owner(team, project, user, job)
+            timelines.setdefault(str(uuid), []).append(
+                Holding(str(uuid), owner, int(from_us), None if to_us is None else int(to_us))
+            )
+        return {uuid: tuple(timeline) for uuid, timeline in timelines.items()}
 
     def pending_outbox(self, limit: int = 1000) -> list[OutboxMessage]:
         rows = self._con.execute(

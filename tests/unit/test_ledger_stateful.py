@@ -59,6 +59,7 @@ from ledger.events import MigInstance, Owner, encode_batch
 from ledger.holds import HoldPlaced, HoldReleased, encode_hold, hold_envelope
 from ledger.idle import IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
+from ledger.job_events import GpuAssigned, GpuReleased, encode_job_event, job_envelope
 from ledger.pricing import Price, PriceBook
 from ledger.rebuild import ReplaySettings, rebuild
 from ledger.store import LedgerStore
@@ -185,6 +186,24 @@ HOLDS = st.one_of(
         lambda job, when: HoldReleased(job, at(when), "completed"),
         st.sampled_from(("job-1", "job-2")),
         st.integers(0, TIMES),
+    ),
+    # the scheduler's GPU assignments: who holds a GPU when its samples name no owner
+    st.builds(
+        lambda gpu, job, when, held: (GpuAssigned if held else GpuReleased)(
+            f"GPU-{gpu}",
+            "node-01",
+            "h100",
+            MODEL,
+            job,
+            "vision" if job == "job-1" else "language",
+            "detection" if job == "job-1" else "pretraining",
+            "ada" if job == "job-1" else "cy",
+            at(when),
+        ),
+        st.sampled_from(("whole", "shared", "mig")),
+        st.sampled_from(("job-1", "job-2")),
+        st.integers(0, TIMES),
+        st.booleans(),
     ),
 )
 
@@ -373,6 +392,9 @@ class LedgerMachine(RuleBasedStateMachine):
                     events.append(AdjustmentRecorded.reversal(self.txn_ids[-1], *META, at(0)))
                 value = orjson.dumps([admin_envelope_to_dict(admin_envelope(e)) for e in events])
                 self._produce(topic, 0, value)
+            elif topic == "jobs" and isinstance(payload, GpuAssigned | GpuReleased):
+                if job_envelope(payload, "tally://scheduler").id not in self.forgotten:
+                    self._produce(topic, 0, encode_job_event(payload, "tally://scheduler"))
             elif topic == "jobs":
                 envelope = hold_envelope(payload)
                 if envelope.id not in self.forgotten:
