@@ -16,7 +16,7 @@ import duckdb
 
 from ledger.errors import LedgerError
 from ledger.periods import Period
-from ledger.segments import Manifest, SegmentInfo
+from ledger.segments import Manifest, SegmentInfo, SegmentSummary, summarise_segment
 from ledger.store import POSTINGS_SCHEMA, SEGMENTS_DIR
 
 DIMENSIONS = (
@@ -54,6 +54,22 @@ class LedgerQueries:
 
     def segments(self) -> list[SegmentInfo]:
         return self.manifest.load()
+
+    def segment_summaries(self) -> list[SegmentSummary]:
+        """Each sealed postings segment's summary: from the manifest, or (an entry written
+        before summaries) read from the file. Retried like `_query`."""
+        last: Exception | None = None
+        for _ in range(_RETRIES):
+            try:
+                return [
+                    s.summary
+                    if s.summary is not None
+                    else summarise_segment(self._con, self.root / s.path)
+                    for s in self.manifest.load()
+                ]
+            except duckdb.IOException as exc:  # a listed file was compacted away meanwhile
+                last = exc
+        raise LedgerError(f"the sealed ledger could not be read: {last}")
 
     def _source(self) -> str:
         files = [self.root / s.path for s in self.manifest.load()]

@@ -154,24 +154,18 @@ class Extent:
 
 
 def extent(q: ReportQueries) -> Extent:
-    rows = q.rows(
-        "WITH g AS (SELECT period, team, pool, model, "
-        f"{CONSUMER_SQL} AS consumer, {USAGE_SQL} AS usage, "
-        "min(start_us) AS first, max(end_us) AS last FROM {postings} GROUP BY ALL) "
-        "SELECT list(DISTINCT period ORDER BY period DESC), "
-        "list(DISTINCT team ORDER BY team) FILTER (consumer AND team IS NOT NULL), "
-        "list(DISTINCT pool ORDER BY pool) FILTER (usage AND coalesce(pool, '') <> ''), "
-        "list(DISTINCT model ORDER BY model) FILTER (usage AND coalesce(model, '') <> ''), "
-        "min(first) FILTER (usage), max(last) FILTER (usage) FROM g"
-    )
-    periods, teams, pools, models, first, newest = rows[0]
+    """Periods, teams, pools, models and the usage's time span of the sealed ledger, merged
+    from the segments' summaries (`ledger.segments.SegmentSummary`): no scan of the postings."""
+    summaries = q.segment_summaries()
+    firsts = [s.usage_first_us for s in summaries if s.usage_first_us is not None]
+    lasts = [s.usage_last_us for s in summaries if s.usage_last_us is not None]
     return Extent(
-        periods=tuple(periods or ()),
-        teams=tuple(teams or ()),
-        pools=tuple(pools or ()),
-        models=tuple(models or ()),
-        first_us=None if first is None else int(first),
-        newest_us=None if newest is None else int(newest),
+        periods=tuple(sorted({p for s in summaries for p in s.periods}, reverse=True)),
+        teams=tuple(sorted({t for s in summaries for t in s.teams})),
+        pools=tuple(sorted({p for s in summaries for p in s.pools})),
+        models=tuple(sorted({m for s in summaries for m in s.models})),
+        first_us=min(firsts, default=None),
+        newest_us=max(lasts, default=None),
     )
 
 
@@ -823,14 +817,21 @@ class NodeSeen:
     last_us: int
 
 
-def nodes_last_seen(q: ReportQueries, pool: str | None = None) -> tuple[NodeSeen, ...]:
-    """Each node's newest sealed sample and GPU count (the only health signal the ledger has)."""
+def nodes_last_seen(
+    q: ReportQueries, pool: str | None = None, lookback_us: int = 35 * DAY_US
+) -> tuple[NodeSeen, ...]:
+    """Each node's newest sealed sample and GPU count (the only health signal the ledger has),
+    for the nodes that reported in the last `lookback_us` of sealed data (so the scan stays
+    bounded on a long ledger: a node silent for longer is not listed)."""
+    newest = max((s.max_end_us for s in q.segments() if s.max_end_us is not None), default=None)
+    if newest is None:
+        return ()
     pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
     rows = q.rows(
         "SELECT node, any_value(pool), count(DISTINCT gpu_uuid), max(end_us) "
         f"FROM {{postings}} WHERE {USAGE_SQL} AND {CAPACITY_SQL} AND unit = 'gpu_ms' "
-        f"AND coalesce(node, '') <> '' {pool_sql} GROUP BY node ORDER BY 4, node",
-        pool_params,
+        f"AND end_us > ? AND coalesce(node, '') <> '' {pool_sql} GROUP BY node ORDER BY 4, node",
+        [newest - lookback_us, *pool_params],
     )
     return tuple(NodeSeen(r[0], r[1], int(r[2]), int(r[3])) for r in rows)
 

@@ -22,6 +22,12 @@ same offset range as the postings segment sealed with it, and when compaction me
 segments the archive segments within the merged range are merged alike, so both are cut the
 same way and per partition the two manifests cover the same offsets; `ledger.verify` checks
 the coverage.
+
+Each postings segment's manifest entry also carries its `SegmentSummary` (the periods booked,
+the teams charged, the pools and models used, the span of its usage), computed from the written
+file by `summarise_segment`, so the pages' filters and "now" need no scan of the ledger
+(`ledger.rollups.extent`). Segments are immutable, so a summary never goes stale; `verify`
+recomputes it, and an entry without one (an older manifest) is summarised when read.
 """
 
 from __future__ import annotations
@@ -34,12 +40,76 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import duckdb
+
 from ledger.errors import SegmentError
 
 MANIFEST_NAME = "manifest.json"
 ARCHIVE_DIR = "archive"
 MANIFEST_VERSION = 1
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentSummary:
+    """What one postings segment holds, for filters and time spans without a scan: the periods
+    its postings are booked into, the teams on consumer accounts, the pools and models with
+    usage, and the first start and last end of its usage intervals (None: no usage)."""
+
+    periods: tuple[str, ...] = ()
+    teams: tuple[str, ...] = ()
+    pools: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+    usage_first_us: int | None = None
+    usage_last_us: int | None = None
+
+    @classmethod
+    def from_dict(cls, entry: dict[str, object]) -> SegmentSummary:
+        def texts(name: str) -> tuple[str, ...]:
+            values = entry.get(name) or ()
+            if not isinstance(values, list | tuple) or not all(isinstance(v, str) for v in values):
+                raise TypeError(f"summary {name}: expected a list of strings")
+            return tuple(values)
+
+        def time(name: str) -> int | None:
+            value = entry.get(name)
+            if value is not None and type(value) is not int:
+                raise TypeError(f"summary {name}: expected an integer")
+            return value
+
+        return cls(
+            texts("periods"),
+            texts("teams"),
+            texts("pools"),
+            texts("models"),
+            time("usage_first_us"),
+            time("usage_last_us"),
+        )
+
+
+_SUMMARY_SQL = (
+    "SELECT list(DISTINCT period ORDER BY period), "
+    "list(DISTINCT team ORDER BY team) FILTER (account LIKE 'consumer:%' AND team IS NOT NULL), "
+    "list(DISTINCT pool ORDER BY pool) FILTER (kind = 'usage' AND coalesce(pool, '') <> ''), "
+    "list(DISTINCT model ORDER BY model) FILTER (kind = 'usage' AND coalesce(model, '') <> ''), "
+    "min(start_us) FILTER (kind = 'usage'), max(end_us) FILTER (kind = 'usage') "
+    "FROM read_parquet('{path}')"
+)
+
+
+def summarise_segment(con: duckdb.DuckDBPyConnection, path: Path) -> SegmentSummary:
+    """The summary of the postings segment file at `path` (raises duckdb.Error if unreadable)."""
+    row = con.execute(_SUMMARY_SQL.format(path=str(path).replace("'", "''"))).fetchone()
+    assert row is not None
+    periods, teams, pools, models, first, last = row
+    return SegmentSummary(
+        tuple(periods or ()),
+        tuple(teams or ()),
+        tuple(pools or ()),
+        tuple(models or ()),
+        None if first is None else int(first),
+        None if last is None else int(last),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +126,7 @@ class SegmentInfo:
     sha256: str
     min_start_us: int | None
     max_end_us: int | None
+    summary: SegmentSummary | None = None  # postings segments only
 
 
 def safe_name(text: str) -> str:
@@ -99,6 +170,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def _segment_info(entry: dict[str, object]) -> SegmentInfo:
+    summary = entry.get("summary")
+    if summary is None:
+        return SegmentInfo(**entry)  # type: ignore[arg-type]
+    if not isinstance(summary, dict):
+        raise TypeError("summary: expected an object")
+    fields = {k: v for k, v in entry.items() if k != "summary"}
+    return SegmentInfo(**fields, summary=SegmentSummary.from_dict(summary))  # type: ignore[arg-type]
+
+
 class Manifest:
     """The manifest file of a segments (or archive) root."""
 
@@ -113,7 +194,7 @@ class Manifest:
             return []
         try:
             doc = json.loads(raw)
-            return [SegmentInfo(**entry) for entry in doc["segments"]]
+            return [_segment_info(entry) for entry in doc["segments"]]
         except (ValueError, KeyError, TypeError) as exc:
             raise SegmentError(f"{self.path}: unreadable manifest: {exc}") from exc
 

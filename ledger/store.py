@@ -82,6 +82,7 @@ from ledger.segments import (
     file_sha256,
     fsync_dir,
     segment_path,
+    summarise_segment,
 )
 from ledger.units import Unit
 
@@ -1235,6 +1236,7 @@ class LedgerStore:
         )
         stats = _first(con.execute(f"SELECT {kind.stats} FROM read_parquet('{_sql_path(tmp)}')"))
         assert stats is not None
+        summary = summarise_segment(con, tmp) if kind is self._postings_kind else None
         with tmp.open("rb") as handle:
             os.fsync(handle.fileno())
         tmp.replace(target)
@@ -1250,6 +1252,7 @@ class LedgerStore:
             sha256=file_sha256(target),
             min_start_us=stats[1],
             max_end_us=stats[2],
+            summary=summary,
         )
 
     def compact(self, below_rows: int, min_segments: int) -> list[SegmentInfo]:

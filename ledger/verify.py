@@ -27,7 +27,7 @@ import duckdb
 
 from ledger.closing import CHECKSUM_ALGORITHM, load_closed_periods, period_checksum
 from ledger.errors import SegmentError
-from ledger.segments import Manifest, SegmentInfo, file_sha256
+from ledger.segments import Manifest, SegmentInfo, file_sha256, summarise_segment
 from ledger.store import ARCHIVE_DIR, SEGMENTS_DIR
 
 Progress = Callable[[int, int], None]
@@ -333,6 +333,8 @@ def _check_segment(con: duckdb.DuckDBPyConnection, root: Path, seg: SegmentInfo)
         problems.append(f"{seg.path}: {strays} rows lie outside the segment's source range")
     if count and amount_type != "BIGINT":
         problems.append(f"{seg.path}: amounts are {amount_type}, not integers")
+    if seg.summary is not None and summarise_segment(con, path) != seg.summary:
+        problems.append(f"{seg.path}: the manifest's summary does not match the segment's rows")
     return problems
 
 

@@ -26,7 +26,13 @@ import duckdb
 from ledger.focus import ExportFormat, FocusContext, export_focus
 from ledger.periods import Period
 from ledger.reports import IdleSharing, ReportQueries, cost_report, idle_report
-from ledger.segments import Manifest, SegmentInfo, file_sha256, segment_path
+from ledger.segments import (
+    Manifest,
+    SegmentInfo,
+    file_sha256,
+    segment_path,
+    summarise_segment,
+)
 from ledger.store import POSTINGS_SCHEMA, SEGMENTS_DIR
 from tests.benchmarks.harness import Figure, Progress
 
@@ -127,7 +133,7 @@ def generate(data_dir: Path, postings: int, progress: Progress) -> list[Path]:
         infos.append(
             SegmentInfo(
                 rel, INCARNATION, TOPIC, 0, lo, hi - 1, int(stats[0]), file_sha256(target),
-                int(stats[1]), int(stats[2]),
+                int(stats[1]), int(stats[2]), summarise_segment(con, target),
             )
         )  # fmt: skip
         files.append(target)
