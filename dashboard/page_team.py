@@ -75,7 +75,8 @@ waiting = sorted((j for j in jobs if j.state is JobState.WAITING), key=lambda j:
 running = sorted((j for j in jobs if j.state.active), key=lambda j: j.since_us)
 ended = sorted((j for j in jobs if j.state.ended), key=lambda j: -j.since_us)
 # A job's cost so far: all its postings, whatever period or pool they fall in.
-totals = {c.job_id: c for c in common.query("job_costs", rollups.Filters(None, team, None))}
+listed = tuple(sorted({j.job_id for j in jobs}))
+totals = {c.job_id: c for c in common.query("job_costs", rollups.Filters(None, team, None), listed)}
 budget: rollups.TeamBudget = common.query("team_budget", team, filters.period)
 money = budget.status.line(Unit.MONEY.value) if budget.status else None
 share: rollups.FairShare = common.query("fair_share", as_of, common.half_life_us())

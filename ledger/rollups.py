@@ -290,21 +290,34 @@ class JobCost:
 
 
 def top_jobs(q: ReportQueries, filters: Filters, limit: int = 20) -> tuple[JobCost, ...]:
-    """The `limit` most expensive jobs of the selection (consumer postings with a job id)."""
+    """The `limit` most expensive jobs of the selection (consumer postings with a job id).
+
+    Two passes over the selection: the top jobs by money over the job's key alone, then the
+    details (pools, GPU time, idle waste, span) of those jobs only; aggregating the details
+    for every job of a month costs several times more on a large ledger.
+    """
     where, params = filters.sql()
+    key = 'job_id, team, project, "user"'
+    same = " AND ".join(f's."{c}" IS NOT DISTINCT FROM t."{c}"' for c in _JOB_KEY)
     rows = q.rows(
-        "SELECT job_id, team, project, \"user\", string_agg(DISTINCT pool, ', ' ORDER BY pool), "
+        "WITH s AS NOT MATERIALIZED (SELECT * FROM {postings} "
+        f"WHERE {CONSUMER_SQL} AND job_id IS NOT NULL AND {where}), "
+        f"t AS (SELECT {key}, coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) AS money "
+        f"FROM s GROUP BY ALL ORDER BY money DESC, {key} LIMIT ?) "
+        f"SELECT {key}, string_agg(DISTINCT pool, ', ' ORDER BY pool), "
         "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
         "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) AS money, "
         f"coalesce(sum(amount) FILTER (unit = 'money_micros' AND {IDLE_LEG_SQL}), 0), "
-        "min(start_us), max(end_us) "
-        f"FROM {{postings}} WHERE {CONSUMER_SQL} AND job_id IS NOT NULL AND {where} "
-        "GROUP BY ALL ORDER BY money DESC, job_id LIMIT ?",
+        f"min(start_us), max(end_us) FROM s SEMI JOIN t ON {same} "
+        f"GROUP BY ALL ORDER BY money DESC, {key}",
         [*params, int(limit)],
     )
     return tuple(
         JobCost(r[0], r[1], r[2], r[3], r[4] or "", *(int(v) for v in r[5:])) for r in rows
     )
+
+
+_JOB_KEY = ("job_id", "team", "project", "user")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1233,10 +1246,17 @@ def job_explanation(
     return job_history.explain_job(job_id, log.events, as_of_us, teams)
 
 
-def job_costs(q: ReportQueries, filters: Filters) -> tuple[JobCost, ...]:
+def job_costs(
+    q: ReportQueries, filters: Filters, only: Sequence[str] | None = None
+) -> tuple[JobCost, ...]:
     """Consumer GPU time and cost per job id of the selection, most expensive first (every
-    job with usage: those the scheduler ran and those it did not)."""
+    job with usage: those the scheduler ran and those it did not; with `only`, those jobs)."""
     where, params = filters.sql()
+    if only is not None:
+        if not only:
+            return ()
+        where += " AND list_contains(?, job_id)"
+        params.append(list(only))
     rows = q.rows(
         'SELECT job_id, any_value(team), any_value(project), any_value("user"), '
         "string_agg(DISTINCT pool, ', ' ORDER BY pool), "
@@ -1269,17 +1289,22 @@ class TeamBudget:
 
 
 def team_budget(q: ReportQueries, team: str, period: str | None = None) -> TeamBudget:
-    latest = q.rows(f"SELECT max(period) FILTER ({CAPACITY_SQL}), max(period) FROM {{postings}}")[0]
-    current = latest[0] or latest[1]
+    summaries = q.segment_summaries()  # the current period: the newest with usage, else any
+    current = max((p for s in summaries for p in s.usage_periods), default=None) or max(
+        (p for s in summaries for p in s.periods), default=None
+    )
     chosen = period or current
     if chosen is None:
         return TeamBudget(team, None, True, None)
-    rows = q.rows(
+    rows = q.rows(  # what budget_status needs: budget and holds of every period, usage of one
         "SELECT account, unit, period, sum(amount) FROM {postings} "
-        "WHERE account = ? OR account = ? OR starts_with(account, ?) GROUP BY ALL",
+        "WHERE account = ? OR account = ? GROUP BY ALL "
+        "UNION ALL SELECT account, unit, period, sum(amount) FROM {postings} "
+        "WHERE period = ? AND starts_with(account, ?) GROUP BY ALL",
         [
             f"{AccountKind.BUDGET}:{team}",
             f"{AccountKind.HOLD}:{team}",
+            chosen,
             f"{AccountKind.CONSUMER}:{team}/",
         ],
     )

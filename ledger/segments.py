@@ -53,8 +53,9 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 @dataclass(frozen=True, slots=True)
 class SegmentSummary:
     """What one postings segment holds, for filters and time spans without a scan: the periods
-    its postings are booked into, the teams on consumer accounts, the pools and models with
-    usage, and the first start and last end of its usage intervals (None: no usage)."""
+    its postings are booked into (and those its usage is booked into), the teams on consumer
+    accounts, the pools and models with usage, and the first start and last end of its usage
+    intervals (None: no usage)."""
 
     periods: tuple[str, ...] = ()
     teams: tuple[str, ...] = ()
@@ -62,6 +63,7 @@ class SegmentSummary:
     models: tuple[str, ...] = ()
     usage_first_us: int | None = None
     usage_last_us: int | None = None
+    usage_periods: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, entry: dict[str, object]) -> SegmentSummary:
@@ -84,6 +86,7 @@ class SegmentSummary:
             texts("models"),
             time("usage_first_us"),
             time("usage_last_us"),
+            texts("usage_periods"),
         )
 
 
@@ -92,7 +95,8 @@ _SUMMARY_SQL = (
     "list(DISTINCT team ORDER BY team) FILTER (account LIKE 'consumer:%' AND team IS NOT NULL), "
     "list(DISTINCT pool ORDER BY pool) FILTER (kind = 'usage' AND coalesce(pool, '') <> ''), "
     "list(DISTINCT model ORDER BY model) FILTER (kind = 'usage' AND coalesce(model, '') <> ''), "
-    "min(start_us) FILTER (kind = 'usage'), max(end_us) FILTER (kind = 'usage') "
+    "min(start_us) FILTER (kind = 'usage'), max(end_us) FILTER (kind = 'usage'), "
+    "list(DISTINCT period ORDER BY period) FILTER (kind = 'usage') "
     "FROM read_parquet('{path}')"
 )
 
@@ -101,7 +105,7 @@ def summarise_segment(con: duckdb.DuckDBPyConnection, path: Path) -> SegmentSumm
     """The summary of the postings segment file at `path` (raises duckdb.Error if unreadable)."""
     row = con.execute(_SUMMARY_SQL.format(path=str(path).replace("'", "''"))).fetchone()
     assert row is not None
-    periods, teams, pools, models, first, last = row
+    periods, teams, pools, models, first, last, usage_periods = row
     return SegmentSummary(
         tuple(periods or ()),
         tuple(teams or ()),
@@ -109,6 +113,7 @@ def summarise_segment(con: duckdb.DuckDBPyConnection, path: Path) -> SegmentSumm
         tuple(models or ()),
         None if first is None else int(first),
         None if last is None else int(last),
+        tuple(usage_periods or ()),
     )
 
 

@@ -257,3 +257,35 @@ def test_empty_ledger_shows_what_to_expect(monkeypatch, tmp_path, page):
     app = _app(monkeypatch, tmp_path / "nothing-yet", page)
     assert any("No sealed usage yet" in i.value for i in app.info)
     assert len(app.dataframe) == 0
+
+
+# top_jobs as one aggregate over every job of the selection: the two-pass query must equal it
+ONE_PASS_TOP_JOBS = (
+    "SELECT job_id, team, project, \"user\", string_agg(DISTINCT pool, ', ' ORDER BY pool), "
+    "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
+    "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) AS money, "
+    "coalesce(sum(amount) FILTER (unit = 'money_micros' AND idle), 0), min(start_us), "
+    "max(end_us) FROM {postings} WHERE account LIKE 'consumer:%' AND job_id IS NOT NULL AND "
+    '{where} GROUP BY ALL ORDER BY money DESC, job_id, team, project, "user" LIMIT ?'
+)
+
+
+@pytest.mark.parametrize(
+    ("filters", "limit"),
+    [
+        pytest.param(rollups.Filters("2026-11"), 20, id="month"),
+        pytest.param(rollups.Filters("2026-11"), 1, id="month-top-one"),
+        pytest.param(rollups.Filters(None), 3, id="all-time-top-three"),
+        pytest.param(rollups.Filters("2026-11", team="vision"), 20, id="one-team"),
+        pytest.param(rollups.Filters("2026-11", pool="a100"), 20, id="one-pool"),
+        pytest.param(rollups.Filters("2026-09"), 20, id="empty-period"),
+    ],
+)
+def test_top_jobs_equal_one_aggregate_over_every_job(q, filters, limit):
+    where, params = filters.sql()
+    rows = q.rows(ONE_PASS_TOP_JOBS.replace("{where}", where), [*params, limit])
+    expected = tuple(
+        rollups.JobCost(r[0], r[1], r[2], r[3], r[4] or "", *(int(v) for v in r[5:])) for r in rows
+    )
+    assert rollups.top_jobs(q, filters, limit) == expected
+    assert len(expected) <= limit
