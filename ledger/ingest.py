@@ -416,6 +416,7 @@ class Ingestor:
                 without_postings.append((envelope.id, envelope.time_us))
             else:
                 transactions.extend(_sourced([released], message))
+        loaded = self.store.gpu_timelines({e.subject for e in assignments if e.id not in seen})
         timelines: dict[str, tuple[Holding, ...]] = {}
         for change in assignments:
             if change.id in seen:
@@ -425,9 +426,7 @@ class Ingestor:
             newest = change.time_us if newest is None else max(newest, change.time_us)
             without_postings.append((change.id, change.time_us))
             gpu = change.subject
-            if gpu not in timelines:
-                timelines[gpu] = self.store.gpu_timelines([gpu]).get(gpu, ())
-            timelines[gpu] = _fold_assignment(timelines[gpu], change)
+            timelines[gpu] = _fold_assignment(timelines.get(gpu, loaded.get(gpu, ())), change)
         derived = len(transactions)
         if newest is not None:
             transactions.extend(_sourced(holds.expire(newest), fresh[-1]))

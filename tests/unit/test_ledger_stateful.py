@@ -17,9 +17,9 @@ After every step that touched the store:
 At the end of every example the ledger is sealed, verified, and rebuilt from its archive, and
 the rebuild must equal it.
 
-Settings: 120 examples × 100 steps (TALLY_STATEFUL_EXAMPLES changes the examples), derandomized
+Settings: 140 examples × 100 steps (TALLY_STATEFUL_EXAMPLES changes the examples), derandomized
 so CI is reproducible. Hypothesis ends a few examples early, so the test counts the steps that
-ran and requires 10,000 of the nominal 12,000 (about 10,500 run). Steps are kept cheap: most
+ran and requires 10,000 of the nominal 14,000 (about 11,000 run). Steps are kept cheap: most
 produce messages (no I/O); consuming, sealing, outages and the redelivery checks rest a few
 steps after running; the invariants read the sealed segments again only when they changed.
 `test_the_machine_catches_*` break the ledger on purpose and require the machine to fail.
@@ -67,7 +67,7 @@ from ledger.units import Unit
 from ledger.verify import verify_ledger
 from tests.builders import INTERVAL_US, a_process, an_envelope
 
-EXAMPLES = int(os.environ.get("TALLY_STATEFUL_EXAMPLES", "120"))
+EXAMPLES = int(os.environ.get("TALLY_STATEFUL_EXAMPLES", "140"))
 STEPS = 100
 MODEL = "NVIDIA H100 80GB HBM3"
 DEC_US = 1_796_083_200_000_000  # 2026-12-01T00:00:00Z
