@@ -22,7 +22,7 @@ from typing import Any
 from ledger.periods import Period
 from ledger.reports import (
     CONSUMER_SQL,
-    CostLine,
+    IDLE_LEG_SQL,
     IdleSharing,
     ReportQueries,
     cost_report,
@@ -282,6 +282,24 @@ def _simple_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+# One scan of the team's consumer postings in the period, grouped three ways; GROUPING says
+# which: 1 by project ("user" rolled up), 2 by user ("project" rolled up), 3 the team's total.
+_STATEMENT_SQL = (
+    'SELECT GROUPING("project", "user") AS grouping_set, "project", "user", '
+    "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
+    "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0), "
+    f"coalesce(sum(amount) FILTER (unit = 'gpu_ms' AND {IDLE_LEG_SQL}), 0), "
+    f"coalesce(sum(amount) FILTER (unit = 'money_micros' AND {IDLE_LEG_SQL}), 0), "
+    "coalesce(sum(amount) FILTER (unit = 'energy_mj'), 0), "
+    "coalesce(sum(amount) FILTER (unit = 'money_micros' AND kind <> 'usage'), 0), "
+    "coalesce(sum(amount) FILTER (unit = 'money_micros' AND NOT "
+    "(start_us >= ? AND start_us < ?)), 0), "
+    "coalesce(string_agg(DISTINCT cost_centre, ',' ORDER BY cost_centre), '') "
+    f"FROM {{postings}} WHERE {CONSUMER_SQL} AND team = ? AND period = ? "
+    'GROUP BY GROUPING SETS (("project"), ("user"), ())'
+)
+
+
 def team_statement(
     queries: ReportQueries,
     team: str,
@@ -292,30 +310,23 @@ def team_statement(
     """The statement of `team` for `period` (a `YYYY-MM` label or a `Period`)."""
     chosen = period_of(period)
     assert chosen is not None
-    where = {"team": team}
-    by_project = cost_report(queries, ("project",), chosen, where=where)
-    by_user = cost_report(queries, ("user",), chosen, where=where)
-    figures = queries.rows(
-        "SELECT "
-        "coalesce(sum(amount) FILTER (unit = 'money_micros' AND kind <> 'usage'), 0), "
-        "coalesce(sum(amount) FILTER (unit = 'money_micros' AND NOT "
-        "(start_us >= ? AND start_us < ?)), 0), "
-        "coalesce(string_agg(DISTINCT cost_centre, ',' ORDER BY cost_centre), '') "
-        f"FROM {{postings}} WHERE {CONSUMER_SQL} AND team = ? AND period = ?",
-        [chosen.start_us, chosen.end_us, team, chosen.label],
-    )
-    corrections, prior, centres = figures[0]
+    rows = queries.rows(_STATEMENT_SQL, [chosen.start_us, chosen.end_us, team, chosen.label])
+    by_set: dict[int, list[tuple[Any, ...]]] = {1: [], 2: [], 3: []}
+    for row in rows:
+        by_set[int(row[0])].append(row[1:])
+    # the () grouping set: the team's totals (absent when it has no postings in the period)
+    totals = by_set[3][0] if by_set[3] else (None, None, 0, 0, 0, 0, 0, 0, 0, "")
+    _, _, gpu_ms, money, idle_ms, idle_money, energy, corrections, prior, centres = totals
     grants = queries.rows(
         "SELECT unit, sum(amount) FROM {postings} "
         "WHERE account = ? AND kind = ? AND period = ? GROUP BY unit ORDER BY unit",
         [budget_account(team), BUDGET_GRANT_KIND, chosen.label],
     )
-    used = queries.rows(
-        "SELECT unit, sum(amount) FROM {postings} "
-        f"WHERE {CONSUMER_SQL} AND team = ? AND period = ? GROUP BY unit",
-        [team, chosen.label],
-    )
-    used_by_unit = {unit: int(total) for unit, total in used}
+    used_by_unit = {
+        Unit.GPU_MS.value: int(gpu_ms),
+        Unit.MONEY.value: int(money),
+        Unit.ENERGY_MJ.value: int(energy),
+    }
     budgets = tuple(
         Budget(Unit(unit), abs(int(total)), used_by_unit.get(unit, 0))
         for unit, total in grants
@@ -326,32 +337,29 @@ def team_statement(
         by_team = cost_report(queries, ("team",), chosen, sharing)
         shared = sum(line.shared_idle_micros for line in by_team.lines if line.keys == (team,))
 
-    def lines(report_lines: tuple[CostLine, ...]) -> tuple[StatementLine, ...]:
-        return tuple(
-            StatementLine(
-                line.keys[0],
-                line.gpu_ms,
-                line.money_micros,
-                line.idle_gpu_ms,
-                line.idle_waste_micros,
-            )
-            for line in report_lines
-        )
+    def lines(grouped: list[tuple[Any, ...]], key: int) -> tuple[StatementLine, ...]:
+        found = [
+            StatementLine(row[key], int(row[2]), int(row[3]), int(row[4]), int(row[5]))
+            for row in grouped
+        ]
+        # as `cost_report` orders its lines: most money first, then by key (None last)
+        found.sort(key=lambda line: (-line.money_micros, line.name is None, line.name or ""))
+        return tuple(found)
 
     return TeamStatement(
         team=team,
         period=chosen.label,
         currency=currency,
-        cost_centres=tuple(c for c in str(centres).split(",") if c),
-        gpu_ms=sum(line.gpu_ms for line in by_project.lines),
-        money_micros=by_project.consumer_micros,
-        idle_gpu_ms=sum(line.idle_gpu_ms for line in by_project.lines),
-        idle_waste_micros=sum(line.idle_waste_micros for line in by_project.lines),
+        cost_centres=tuple(c for c in str(centres or "").split(",") if c),
+        gpu_ms=int(gpu_ms),
+        money_micros=int(money),
+        idle_gpu_ms=int(idle_ms),
+        idle_waste_micros=int(idle_money),
         corrections_micros=int(corrections),
         prior_period_micros=int(prior),
         sharing=sharing,
         shared_idle_micros=shared,
-        by_project=lines(by_project.lines),
-        by_user=lines(by_user.lines),
+        by_project=lines(by_set[1], 0),
+        by_user=lines(by_set[2], 1),
         budgets=budgets,
     )
