@@ -1,1 +1,1 @@
-"""Streamlit pages. Pages only: every number comes from `ledger.queries`."""
+"""Streamlit pages. Pages only: every number comes from `ledger.read.queries`."""

@@ -20,10 +20,10 @@ from typing import Any
 
 import streamlit as st
 
-from ledger import job_history, rollups
-from ledger.focus import ExportFormat, FocusContext
-from ledger.reports import IdleSharing, ReportQueries, cost_report, idle_report
-from ledger.statements import team_statement
+from ledger.read import job_history, rollups
+from ledger.read.focus import ExportFormat, FocusContext
+from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
+from ledger.read.statements import team_statement
 from ledger.units import MICROS_PER_UNIT, MS_PER_HOUR
 
 ALL = "(all)"

@@ -1,7 +1,7 @@
 """Capacity planning: GPU usage and queue-wait trends per model and pool, a forecast, and how
 many GPUs keep queueing short.
 
-Every figure comes from `ledger.rollups` over the sealed ledger (usage) and the scheduler's job
+Every figure comes from `ledger.read.rollups` over the sealed ledger (usage) and the scheduler's job
 events in its raw-event archive (queue waits); the forecast and the queueing estimate state their
 method on the page, and the estimate is shown beside the p95 wait actually observed.
 """
@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import common
-from ledger import job_history, rollups
+from ledger.read import job_history, rollups
 
 st.title("Capacity planning")
 extent: rollups.Extent = common.query("extent")

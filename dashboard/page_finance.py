@@ -1,6 +1,6 @@
 """Finance: what GPUs cost, who pays, against which budget, and the chargeback exports.
 
-Every figure comes from `ledger.rollups` / `ledger.reports` over the sealed ledger.
+Every figure comes from `ledger.read.rollups` / `ledger.read.reports` over the sealed ledger.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import common
-from ledger import rollups
-from ledger.reports import IdleSharing
+from ledger.read import rollups
+from ledger.read.reports import IdleSharing
 
 DIMENSION_LABELS = {
     "cost_centre": "Cost centre",

@@ -1,6 +1,6 @@
 """Platform: the fleet now and over the last hours — utilisation, idle GPUs, occupancy.
 
-Every figure comes from `ledger.rollups` over the sealed ledger; "now" is the newest sealed
+Every figure comes from `ledger.read.rollups` over the sealed ledger; "now" is the newest sealed
 sample.
 """
 
@@ -11,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import common
-from ledger import rollups
+from ledger.read import rollups
 
 WINDOWS = {
     "6 hours": (6 * rollups.HOUR_US, 15 * 60_000_000),

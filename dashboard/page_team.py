@@ -2,8 +2,9 @@
 quota left, fair-share standing, and why a chosen job waits or was stopped — for researchers.
 
 Job states, waits and preemptions come from the scheduler's events on the jobs topic, read out
-of the ledger's raw-event archive (`ledger.job_history` through `ledger.rollups`); costs from the
-ledger's postings by job id; the budget from the balances projection; quotas from the admin log.
+of the ledger's raw-event archive (`ledger.read.job_history` through `ledger.read.rollups`);
+costs from the ledger's postings by job id; the budget from the balances projection; quotas
+from the admin log.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import common
-from ledger import job_history, rollups
-from ledger.job_history import JobRow, JobState
+from ledger.read import job_history, rollups
+from ledger.read.job_history import JobRow, JobState
 from ledger.units import Unit
 
 MAX_ROWS = 500  # newest ended jobs listed

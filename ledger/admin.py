@@ -22,12 +22,10 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from pathlib import Path
 from typing import Any, ClassVar
 
 import orjson
@@ -38,17 +36,14 @@ from ledger.accounts import (
     budget_account,
     funding_account,
 )
-from ledger.errors import EventError, SegmentError, UnknownSchemaError
+from ledger.errors import EventError, UnknownSchemaError
 from ledger.events import MAX_TIME_US, DeadLetter, cloudevent, event_id
 from ledger.periods import Period
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.pricing import Price, PriceBook
-from ledger.segments import atomic_write_bytes
 from ledger.units import Unit
 
 ADMIN_SOURCE = "tally://admin"
-ADMIN_LOG_NAME = "admin-log.json"
-ADMIN_LOG_VERSION = 1
 DEFAULT_FUNDING = "org"  # the funding account of teams with no known cost centre
 DEFAULT_ADJUSTMENTS = f"{AccountKind.ADJUSTMENTS}:manual"
 MAX_AMOUNT = 1 << 62
@@ -656,25 +651,6 @@ def applied_from_dict(obj: Any) -> AppliedAdmin:
     outcome = obj.get("outcome")
     envelope = admin_envelope_from_dict({k: v for k, v in obj.items() if k != "outcome"})
     return AppliedAdmin(envelope, outcome if type(outcome) is str else "applied")
-
-
-def write_admin_log(segments_root: Path, entries: Iterable[AppliedAdmin]) -> None:
-    """The readers' copy of the applied admin events, in the order they were applied."""
-    doc = {"version": ADMIN_LOG_VERSION, "events": [applied_to_dict(e) for e in entries]}
-    atomic_write_bytes(segments_root / ADMIN_LOG_NAME, orjson.dumps(doc))
-
-
-def load_admin_log(segments_root: Path) -> list[AppliedAdmin]:
-    path = segments_root / ADMIN_LOG_NAME
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    try:
-        doc = json.loads(raw)
-        return [applied_from_dict(entry) for entry in doc["events"]]
-    except (ValueError, KeyError, TypeError, EventError) as exc:
-        raise SegmentError(f"{path}: unreadable admin log: {exc}") from exc
 
 
 BudgetKey = tuple[str, str, Unit]  # (team, period, unit)

@@ -26,16 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import duckdb
 import orjson
 
 from ledger.accounts import AccountKind
 from ledger.errors import EventError
 from ledger.events import cloudevent, event_id
-from ledger.segments import Manifest
 
 BALANCE_TYPE = "tally.balance"
 BALANCE_SOURCE = "tally://ledger/balances"
@@ -296,28 +293,5 @@ def balance_update(
     )
 
 
-# ---------------------------------------------------------------------------- the sealed fold
-
-FOLD_SQL = "SELECT account, unit, period, sum(amount) FROM {source} GROUP BY ALL ORDER BY ALL"
-
-
 def fold_rows(rows: Iterable[tuple[Any, ...]]) -> list[BalanceRow]:
     return [BalanceRow(str(a), str(u), str(p), int(b)) for a, u, p, b in rows]
-
-
-def sealed_balances(data_dir: Path | str) -> list[BalanceRow]:
-    """The fold of the sealed postings per (account, unit, period), read from the segments
-    with a connection of its own (what readers such as `tally report balances` see)."""
-    from ledger.store import SEGMENTS_DIR
-
-    root = Path(data_dir) / SEGMENTS_DIR
-    files = Manifest(root).files()
-    if not files:
-        return []
-    listed = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
-    con = duckdb.connect(":memory:")
-    try:
-        rows = con.execute(FOLD_SQL.format(source=f"read_parquet([{listed}])")).fetchall()
-    finally:
-        con.close()
-    return fold_rows(rows)

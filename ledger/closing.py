@@ -18,19 +18,11 @@ Rules:
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Collection
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
-import duckdb
-
-from ledger.errors import SegmentError
 from ledger.periods import Period
-from ledger.segments import atomic_write_bytes
 
-CLOSED_DIR = "closed"
 CHECKSUM_ALGORITHM = "sha256/jsonl/txn_id,leg/v1"
 CHECKSUM_COLUMNS = (
     "txn_id",
@@ -55,7 +47,6 @@ CHECKSUM_COLUMNS = (
     "util_pct",
     "idle",
 )
-_BATCH_ROWS = 65_536
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,46 +69,3 @@ def booking_period(natural: str, closed: Collection[str]) -> str:
     while label in closed:
         label = Period.month(label).next().label
     return label
-
-
-def period_checksum(con: duckdb.DuckDBPyConnection, source: str, period: str) -> tuple[int, str]:
-    """(rows, sha256) of the postings in `source` (a SQL relation) booked into `period`."""
-    columns = ", ".join(f'"{c}" := "{c}"' for c in CHECKSUM_COLUMNS)
-    cursor = con.execute(
-        f"SELECT to_json(struct_pack({columns})) FROM {source} "
-        "WHERE period = ? ORDER BY txn_id, leg",
-        [period],
-    )
-    digest = hashlib.sha256()
-    rows = 0
-    while chunk := cursor.fetchmany(_BATCH_ROWS):
-        rows += len(chunk)
-        digest.update("".join(f"{line}\n" for (line,) in chunk).encode())
-    return rows, digest.hexdigest()
-
-
-def closed_period_path(segments_root: Path, period: str) -> Path:
-    return segments_root / CLOSED_DIR / f"{Period.month(period).label}.json"
-
-
-def write_closed_period(segments_root: Path, closed: ClosedPeriod) -> bool:
-    """Write the record of a closed period unless it exists; True when it was written."""
-    path = closed_period_path(segments_root, closed.period)
-    if path.exists():
-        return False
-    atomic_write_bytes(path, json.dumps(asdict(closed), indent=1).encode())
-    return True
-
-
-def load_closed_periods(segments_root: Path) -> list[ClosedPeriod]:
-    """Every closed-period record under `segments_root`, oldest period first."""
-    folder = segments_root / CLOSED_DIR
-    if not folder.is_dir():
-        return []
-    found = []
-    for path in sorted(folder.glob("*.json")):
-        try:
-            found.append(ClosedPeriod(**json.loads(path.read_bytes())))
-        except (ValueError, TypeError) as exc:
-            raise SegmentError(f"{path}: unreadable closed-period record: {exc}") from exc
-    return found

@@ -15,7 +15,7 @@ other topic carries GPU samples. For each route it
 
 Everything a route's fold reads (open holds, idle states, seen ids, admin state, closed
 periods) is itself the fold of earlier batches, so replaying the archive batch by batch, each
-batch's messages in their archived order, reproduces the ledger (`ledger.rebuild`).
+batch's messages in their archived order, reproduces the ledger (`ledger.store.rebuild`).
 
 Samples are attributed to usage transactions (unpriced models become dead letters); a sample
 that names no owner goes to whoever the GPU's timeline says held it over the sample's interval
@@ -89,11 +89,11 @@ from ledger.job_events import GpuAssigned, GpuReleased, JobEnvelope
 from ledger.periods import period_label
 from ledger.postings import Transaction
 from ledger.pricing import PriceBook
-from ledger.store import (
+from ledger.store.hot import DuckDBStore
+from ledger.store.port import (
     NO_COMMIT,
     CommitResult,
     ConsumedMessage,
-    LedgerStore,
     OutboxMessage,
     PartitionKey,
     SourcedTransaction,
@@ -149,7 +149,7 @@ class Ingestor:
 
     def __init__(
         self,
-        store: LedgerStore,
+        store: DuckDBStore,
         incarnation: str,
         prices: PriceBook,
         cost_centres: Mapping[str, str],
@@ -476,7 +476,7 @@ class Ingestor:
 class _AdminFold:
     """The admin events of one batch, folded in order into transactions and log entries."""
 
-    def __init__(self, store: LedgerStore, closed: set[str], cost_centres: Mapping[str, str]):
+    def __init__(self, store: DuckDBStore, closed: set[str], cost_centres: Mapping[str, str]):
         self.store = store
         self.closed = closed
         self.view = store.admin_view()

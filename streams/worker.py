@@ -41,7 +41,7 @@ import faust
 from ledger.idle import IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, IngestResult, InputTopics, OutputTopics
 from ledger.pricing import PriceBook
-from ledger.store import LedgerStore
+from ledger.store.hot import DuckDBStore
 from streams.kafka import ClusterIdentity, fetch_cluster_id
 
 log = logging.getLogger("tally.worker")
@@ -125,7 +125,7 @@ class LedgerWorker:
         self.settings = settings
         self.observer = observer
         self.stats = WorkerStats()
-        self.store = LedgerStore(settings.data_dir)
+        self.store = DuckDBStore(settings.data_dir)
         self._lock = asyncio.Lock()
         self._identity = ClusterIdentity(settings.bootstrap[0])
         self._publishing = asyncio.Lock()

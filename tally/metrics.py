@@ -60,8 +60,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ledger.reports import ReportQueries
-from ledger.rollups import FleetNow, GpuState, fleet_now, ledger_version
+from ledger.read.reports import ReportQueries
+from ledger.read.rollups import FleetNow, GpuState, fleet_now, ledger_version
 
 BATCH_BUCKETS = (1, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10_000, 50_000)
 POSTING_BUCKETS = (4, 40, 400, 1000, 4000, 10_000, 40_000, 100_000, 400_000)

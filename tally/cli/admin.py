@@ -18,19 +18,13 @@ from pathlib import Path
 
 import click
 
-from ledger.admin import (
-    AdminEvent,
-    AdminView,
-    admin_envelope,
-    describe,
-    encode_admin,
-    load_admin_log,
-    plan_admin,
-)
-from ledger.balances import account_team, budget_statuses, sealed_balances
+from ledger.admin import AdminEvent, AdminView, admin_envelope, describe, encode_admin, plan_admin
+from ledger.balances import account_team, budget_statuses
 from ledger.errors import LedgerError
 from ledger.periods import Period
-from ledger.store import SEGMENTS_DIR
+from ledger.read.balances import sealed_balances
+from ledger.store.layout import SEGMENTS_DIR
+from ledger.store.side_files import load_admin_log
 from ledger.units import Unit, format_micros
 from streams.kafka import BrokerError
 from tally.cli.options import (

@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from ledger.errors import LedgerError
-from ledger.focus import ExportFormat, FocusContext, export_focus
-from ledger.reports import ReportQueries, gpu_hours
+from ledger.read.focus import ExportFormat, FocusContext, export_focus
+from ledger.read.reports import ReportQueries, gpu_hours
 from ledger.units import format_micros
 from tally.cli.options import (
     Exit,

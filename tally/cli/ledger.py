@@ -24,7 +24,9 @@ from ledger.admin import (
 from ledger.errors import EventError, LedgerError
 from ledger.ingest import InputTopics
 from ledger.periods import Period
-from ledger.rebuild import (
+from ledger.read.queries import find_sealed_transaction
+from ledger.store.layout import ARCHIVE_DIR, HOT_DB_NAME, SEGMENTS_DIR
+from ledger.store.rebuild import (
     Difference,
     MessageKey,
     ReplaySettings,
@@ -32,11 +34,10 @@ from ledger.rebuild import (
     archive_batches,
     batches_from_messages,
 )
-from ledger.rebuild import rebuild as rebuild_ledger
-from ledger.segments import Manifest
-from ledger.store import ARCHIVE_DIR, HOT_DB_NAME, SEGMENTS_DIR, find_sealed_transaction
+from ledger.store.rebuild import rebuild as rebuild_ledger
+from ledger.store.segments import Manifest
+from ledger.store.verify import verify_ledger
 from ledger.units import MS_PER_HOUR, Unit, parse_micros
-from ledger.verify import verify_ledger
 from streams.kafka import BrokerError
 from tally.cli.admin import (
     actor_option,
@@ -124,11 +125,11 @@ def verify(config_path: str, data_dir: str | None, output: str) -> None:
 @data_dir_option
 def seal(config_path: str, data_dir: str | None) -> None:
     """Seal committed rows into Parquet segments now (the worker must not be running)."""
-    from ledger.store import LedgerStore
+    from ledger.store.hot import DuckDBStore
 
     directory = resolve_data_dir(config_path, data_dir)
     try:
-        with LedgerStore(directory) as store:
+        with DuckDBStore(directory) as store:
             result = store.seal()
     except LedgerError as exc:
         fail(str(exc), Exit.LEDGER)

@@ -1,7 +1,7 @@
 """`tally report …`: reports over the sealed ledger (cost, idle, team statements).
 
-A `--period` selects the postings booked into that month (see `ledger.reports`). Table output is
-for people (money to cents); `-o csv` and `-o json` are for scripts (money to the micro-unit).
+A `--period` selects the postings booked into that month (see `ledger.read.reports`). Table output
+is for people (money to cents); `-o csv` and `-o json` are for scripts (money to the micro-unit).
 GPU-hours are shown to three places everywhere.
 """
 
@@ -15,8 +15,8 @@ import orjson
 
 from ledger.errors import LedgerError
 from ledger.periods import Period
-from ledger.queries import DIMENSIONS
-from ledger.reports import (
+from ledger.read.queries import DIMENSIONS
+from ledger.read.reports import (
     CostReport,
     IdleReport,
     IdleSharing,
@@ -25,7 +25,7 @@ from ledger.reports import (
     gpu_hours,
     idle_report,
 )
-from ledger.statements import team_statement
+from ledger.read.statements import team_statement
 from ledger.units import format_micros
 from tally.cli.options import (
     Exit,

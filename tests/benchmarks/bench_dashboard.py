@@ -24,9 +24,9 @@ from typing import Any
 
 import duckdb
 
-from ledger import rollups
-from ledger.reports import IdleSharing, ReportQueries
-from ledger.statements import team_statement
+from ledger.read import rollups
+from ledger.read.reports import IdleSharing, ReportQueries
+from ledger.read.statements import team_statement
 from tests.benchmarks.bench_reports import _p95, _postings, generate
 from tests.benchmarks.harness import Figure, Progress
 

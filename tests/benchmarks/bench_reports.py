@@ -23,17 +23,18 @@ from pathlib import Path
 
 import duckdb
 
-from ledger.focus import ExportFormat, FocusContext, export_focus
 from ledger.periods import Period
-from ledger.reports import IdleSharing, ReportQueries, cost_report, idle_report
-from ledger.segments import (
+from ledger.read.focus import ExportFormat, FocusContext, export_focus
+from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
+from ledger.store.layout import SEGMENTS_DIR
+from ledger.store.schema import POSTINGS_SCHEMA
+from ledger.store.segments import (
     Manifest,
     SegmentInfo,
     file_sha256,
     segment_path,
     summarise_segment,
 )
-from ledger.store import POSTINGS_SCHEMA, SEGMENTS_DIR
 from tests.benchmarks.harness import Figure, Progress
 
 BENCH = "reports"

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from ledger import rollups
-from ledger.focus import ExportFormat, FocusContext
-from ledger.reports import ReportQueries, cost_report, ledger_money_total
+from ledger.read import rollups
+from ledger.read.focus import ExportFormat, FocusContext
+from ledger.read.reports import ReportQueries, cost_report, ledger_money_total
 
 pytestmark = pytest.mark.browser
 

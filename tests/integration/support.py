@@ -19,7 +19,7 @@ from collectors.simulated import PoolSpec, SimulatedFleet, TeamSpec, WorkloadKin
 from ledger.attribution import attribute_sample
 from ledger.events import Envelope, envelope_for
 from ledger.pricing import PriceBook
-from ledger.queries import LedgerQueries
+from ledger.read.queries import LedgerQueries
 from tally.config import TallyConfig, parse_config
 from tests.builders import T0_US
 from tests.conftest import child_env, tally_command, write_config

@@ -11,8 +11,8 @@ from collections import defaultdict
 
 import pytest
 
-from ledger.balances import sealed_balances
 from ledger.holds import HoldPlaced, encode_hold, hold_envelope
+from ledger.read.balances import sealed_balances
 from ledger.units import Unit
 from streams.kafka import ensure_topics
 from tests.builders import T0_US

@@ -33,7 +33,7 @@ from collectors.runner import run_rounds, sample_source, wall_clock_us
 from collectors.simulated import SimulatedFleet
 from collectors.spool import Spool
 from ledger.events import Envelope, envelope_for
-from ledger.queries import LedgerQueries
+from ledger.read.queries import LedgerQueries
 from tally.broker import EmbeddedBroker, free_port
 from tests.builders import T0_US
 from tests.conftest import create_topics

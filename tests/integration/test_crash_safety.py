@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ledger.queries import LedgerQueries
+from ledger.read.queries import LedgerQueries
 from tests.conftest import child_env, create_topics, tally_command
 from tests.integration.support import (
     WorkerProcess,

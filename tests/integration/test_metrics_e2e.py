@@ -17,11 +17,11 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from ledger import rollups
 from ledger.attribution import attribute_sample
 from ledger.events import Envelope
-from ledger.queries import LedgerQueries
-from ledger.reports import ReportQueries
+from ledger.read import rollups
+from ledger.read.queries import LedgerQueries
+from ledger.read.reports import ReportQueries
 from tally.broker import free_port
 from tests.conftest import child_env, create_topics, tally_command
 from tests.integration.support import (

@@ -1,5 +1,5 @@
 """End to end against a real tansu broker: simulated fleet → producer → worker (a real child
-process running the Faust app) → DuckDB → sealed Parquet → `ledger.queries`."""
+process running the Faust app) → DuckDB → sealed Parquet → `ledger.read.queries`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import orjson
 import pytest
 
-from ledger.queries import LedgerQueries
+from ledger.read.queries import LedgerQueries
 from tally.broker import EmbeddedBroker
 from tests.conftest import child_env, create_topics, tally_command
 from tests.integration.support import (

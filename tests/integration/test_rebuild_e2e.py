@@ -22,7 +22,7 @@ from ledger.admin import (
     encode_admin,
 )
 from ledger.holds import HoldPlaced, HoldReleased, encode_hold, hold_envelope
-from ledger.rebuild import archive_batch_count
+from ledger.store.rebuild import archive_batch_count
 from ledger.units import Unit
 from tests.builders import T0_US
 from tests.conftest import child_env, create_topics, tally_command

@@ -19,10 +19,10 @@ import pytest
 import requests
 import yaml
 
-from ledger.admin import load_admin_log
 from ledger.holds import HoldPlaced, HoldReleased
 from ledger.periods import period_label
-from ledger.store import SEGMENTS_DIR
+from ledger.store.layout import SEGMENTS_DIR
+from ledger.store.side_files import load_admin_log
 from scheduler.service import decode_jobs_value, read_topic
 from streams.kafka import ensure_topics
 from tally.broker import free_port

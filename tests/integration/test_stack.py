@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 import yaml
 
-from ledger.queries import LedgerQueries
+from ledger.read.queries import LedgerQueries
 from tally.broker import free_port
 from tests.conftest import child_env, tally_command, write_config
 from tests.integration.support import pipeline_config, wait_until

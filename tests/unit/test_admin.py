@@ -19,15 +19,15 @@ from ledger.admin import (
     admin_envelope_to_dict,
     decode_admin_message,
     encode_admin,
-    load_admin_log,
 )
 from ledger.events import encode_batch
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
 from ledger.pricing import Price, PriceBook
-from ledger.queries import LedgerQueries
-from ledger.store import LedgerStore
+from ledger.read.queries import LedgerQueries
+from ledger.store.hot import DuckDBStore
+from ledger.store.side_files import load_admin_log
+from ledger.store.verify import verify_ledger
 from ledger.units import Unit
-from ledger.verify import verify_ledger
 from tests.builders import INTERVAL_US, T0_US, a_process, an_envelope, an_owner
 
 DAY_US = 86_400_000_000
@@ -89,7 +89,7 @@ def postings_of(store, txn_id):
 
 @pytest.fixture
 def store(tmp_path):
-    with LedgerStore(tmp_path / "ledger") as s:
+    with DuckDBStore(tmp_path / "ledger") as s:
         yield s
 
 

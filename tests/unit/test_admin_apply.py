@@ -18,12 +18,12 @@ from ledger.admin import (
     admin_envelope,
     admin_envelope_to_dict,
     describe,
-    load_admin_log,
     plan_admin,
 )
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics
 from ledger.pricing import Price, PriceBook
-from ledger.store import LedgerStore
+from ledger.store.hot import DuckDBStore
+from ledger.store.side_files import load_admin_log
 from ledger.units import Unit
 from tally.cli import cli
 from tally.components import desired_admin_state
@@ -75,7 +75,7 @@ class Ledger:
 
 @pytest.fixture
 def ledger(tmp_path):
-    with LedgerStore(tmp_path / "ledger") as store:
+    with DuckDBStore(tmp_path / "ledger") as store:
         yield Ledger(store)
 
 

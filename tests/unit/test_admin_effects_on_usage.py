@@ -7,8 +7,8 @@ from ledger.admin import PriceSet, TeamDefined, admin_envelope, encode_admin
 from ledger.events import encode_batch
 from ledger.ingest import ConsumedMessage, Ingestor
 from ledger.pricing import Price, PriceBook
-from ledger.queries import LedgerQueries
-from ledger.store import LedgerStore
+from ledger.read.queries import LedgerQueries
+from ledger.store.hot import DuckDBStore
 from tests.builders import INTERVAL_US, T0_US, a_process, an_envelope, an_owner
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -30,7 +30,7 @@ def admin_message(offset: int, event: object) -> ConsumedMessage:
 def test_a_price_set_applies_from_its_effective_time_only(tmp_path):
     change_at = T0_US + 2 * INTERVAL_US  # the end of step 2: steps 3+ start after it
     price = PriceSet(H100, None, 7_200_000, "finance", "new contract", change_at)
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         ingestor = Ingestor(store, "c", PriceBook((Price("*", 3_600_000),)), {})
         ingestor.apply([sample_message(0, 1), sample_message(1, 2)])
         ingestor.apply([admin_message(0, price)])
@@ -45,7 +45,7 @@ def test_a_price_set_applies_from_its_effective_time_only(tmp_path):
 
 def test_a_team_definition_moves_later_usage_to_its_cost_centre(tmp_path):
     team = TeamDefined("vision", "platform", ("detection",), (), "ops", "reorg", T0_US)
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         ingestor = Ingestor(store, "c", PriceBook((Price("*", 3_600_000),)), {"vision": "research"})
         ingestor.apply([sample_message(0, 1)])
         ingestor.apply([admin_message(0, team)])

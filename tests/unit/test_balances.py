@@ -20,13 +20,13 @@ from ledger.balances import (
     budget_status,
     budget_statuses,
     decode_balance_update,
-    sealed_balances,
 )
 from ledger.events import encode_batch
 from ledger.holds import HoldPlaced, encode_hold, hold_envelope
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
 from ledger.pricing import Price, PriceBook
-from ledger.store import LedgerStore
+from ledger.read.balances import sealed_balances
+from ledger.store.hot import DuckDBStore
 from ledger.units import Unit
 from tally.cli import cli
 from tests.builders import INTERVAL_US, T0_US, a_process, an_envelope, an_owner
@@ -75,7 +75,7 @@ def ingestor(store):
 
 @pytest.fixture
 def store(tmp_path):
-    with LedgerStore(tmp_path / "ledger") as s:
+    with DuckDBStore(tmp_path / "ledger") as s:
         ing = ingestor(s)
         ing.apply([admin(0, *GRANTS)])
         ing.apply([samples(0, 1, 3)])

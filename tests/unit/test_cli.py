@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from ledger.events import encode_batch
 from ledger.ingest import ConsumedMessage, Ingestor
 from ledger.pricing import Price, PriceBook
-from ledger.store import LedgerStore
+from ledger.store.hot import DuckDBStore
 from tally.cli import cli
 from tests.builders import INTERVAL_US, T0_US, a_config_dict, an_envelope
 from tests.conftest import child_env, tally_command, write_config
@@ -34,7 +34,7 @@ def test_every_command_has_help(path):
 @pytest.fixture
 def ledger_dir(tmp_path):
     data_dir = tmp_path / "ledger"
-    with LedgerStore(data_dir) as store:
+    with DuckDBStore(data_dir) as store:
         messages = [
             ConsumedMessage(
                 "s", 0, i, encode_batch([an_envelope(sample_time_us=T0_US + (i + 1) * INTERVAL_US)])

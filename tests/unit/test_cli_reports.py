@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from ledger.events import encode_batch
 from ledger.ingest import ConsumedMessage, Ingestor
 from ledger.pricing import Price, PriceBook
-from ledger.store import LedgerStore
+from ledger.store.hot import DuckDBStore
 from tally.cli import cli
 from tests.builders import INTERVAL_US, T0_US, a_config_dict, a_process, an_envelope, an_owner
 from tests.conftest import write_config
@@ -266,7 +266,7 @@ def test_export_focus_from_ingested_samples(tmp_path):
     """A ledger written by the real ingest path (samples → attribution → store → seal)."""
     data_dir = tmp_path / "ledger"
     owners = [an_owner(), an_owner(team="language", project="pretraining", user="cy"), None]
-    with LedgerStore(data_dir) as store:
+    with DuckDBStore(data_dir) as store:
         messages = [
             ConsumedMessage(
                 "s",

@@ -9,8 +9,8 @@ from streamlit.testing.v1 import AppTest
 from ledger.events import encode_batch
 from ledger.ingest import ConsumedMessage, Ingestor
 from ledger.pricing import Price, PriceBook
-from ledger.queries import LedgerQueries
-from ledger.store import LedgerStore
+from ledger.read.queries import LedgerQueries
+from ledger.store.hot import DuckDBStore
 from tests.builders import INTERVAL_US, T0_US, a_process, an_envelope, an_owner
 from tests.conftest import REPO
 
@@ -32,7 +32,7 @@ def seeded(tmp_path):
             for i, o in enumerate(owners)
         ]
         messages.append(ConsumedMessage("s", 0, t, encode_batch(envelopes)))
-    with LedgerStore(data_dir) as store:
+    with DuckDBStore(data_dir) as store:
         Ingestor(store, "c", PriceBook((Price("*", 3_600_000),)), {}).apply(messages)
         store.seal()
     return data_dir

@@ -10,9 +10,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from dashboard import common
-from ledger import rollups
-from ledger.reports import IdleSharing, ReportQueries, cost_report
-from ledger.statements import team_statement
+from ledger.read import rollups
+from ledger.read.reports import IdleSharing, ReportQueries, cost_report
+from ledger.read.statements import team_statement
 from tests.conftest import REPO
 from tests.unit.test_dashboard_seed import END_US, H100, seed_ledger
 

@@ -1,6 +1,6 @@
 """The seeded ledger the dashboard tests share, and the rollups' figures on it.
 
-`seed_ledger(dir)` builds a real sealed ledger (LedgerStore + Ingestor): five days from
+`seed_ledger(dir)` builds a real sealed ledger (DuckDBStore + Ingestor): five days from
 2026-10-30 to 2026-11-04 (UTC) at 15-minute samples, two pools (h100: four GPUs on two nodes;
 a100: two GPUs on one node), two teams in two cost centres, a GPU allocated but idle at the end
 (GPU-H1, vision), one unallocated throughout (GPU-H3), an idle episode that ended (GPU-A0,
@@ -23,10 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from ledger import job_history, rollups
 from ledger.admin import QuotaSet, admin_envelope, encode_admin
-from ledger.balances import budget_status, sealed_balances
-from ledger.closing import ClosedPeriod, write_closed_period
+from ledger.balances import budget_status
+from ledger.closing import ClosedPeriod
 from ledger.events import encode_batch
 from ledger.holds import HoldPlaced, encode_hold, hold_envelope
 from ledger.ingest import ConsumedMessage, Ingestor
@@ -47,8 +46,13 @@ from ledger.job_events import (
 )
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.pricing import Price, PriceBook
-from ledger.reports import ReportQueries, cost_report
-from ledger.store import SEGMENTS_DIR, LedgerStore, OffsetRange, SourcedTransaction
+from ledger.read import job_history, rollups
+from ledger.read.balances import sealed_balances
+from ledger.read.reports import ReportQueries, cost_report
+from ledger.store.hot import DuckDBStore
+from ledger.store.layout import SEGMENTS_DIR
+from ledger.store.port import OffsetRange, SourcedTransaction
+from ledger.store.side_files import write_closed_period
 from ledger.units import Unit
 from tests.builders import T0_US, a_process, an_envelope, an_owner
 
@@ -267,7 +271,7 @@ def seed_ledger(data_dir: Path) -> Path:
         messages.append(ConsumedMessage("s", 0, step, encode_batch(envelopes)))
     prices = PriceBook((Price(H100, H100_PRICE), Price(A100, A100_PRICE)))
     admin, jobs = _scheduler_messages()
-    with LedgerStore(data_dir) as store:
+    with DuckDBStore(data_dir) as store:
         ingestor = Ingestor(store, "c", prices, CENTRES)
         ingestor.apply(admin)
         ingestor.apply(messages)

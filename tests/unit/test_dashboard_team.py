@@ -12,10 +12,11 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from dashboard import common
-from ledger import job_history, rollups
-from ledger.balances import budget_status, sealed_balances
+from ledger.balances import budget_status
 from ledger.job_events import PreemptReason, WaitReason
-from ledger.reports import ReportQueries, cost_report
+from ledger.read import job_history, rollups
+from ledger.read.balances import sealed_balances
+from ledger.read.reports import ReportQueries, cost_report
 from tests.conftest import REPO
 from tests.unit.test_dashboard_seed import (
     BIG_NOTE,

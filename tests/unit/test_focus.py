@@ -16,7 +16,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from ledger.focus import (
+from ledger.periods import Period
+from ledger.read.focus import (
     COST_COLUMNS,
     DATETIME_COLUMNS,
     MANDATORY_COLUMNS,
@@ -27,8 +28,7 @@ from ledger.focus import (
     export_focus,
     focus_table,
 )
-from ledger.periods import Period
-from ledger.reports import ReportQueries, ledger_money_total
+from ledger.read.reports import ReportQueries, ledger_money_total
 from tests.builders import T0_US
 from tests.unit.test_reports import ADA, CY, HOUR_US, NOV, NOV_TOTAL, LedgerBuilder, build_fleet
 

@@ -19,10 +19,10 @@ from ledger.holds import (
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
 from ledger.job_events import JobStarted, encode_job_event
 from ledger.pricing import Price, PriceBook
-from ledger.queries import LedgerQueries
-from ledger.store import LedgerStore
+from ledger.read.queries import LedgerQueries
+from ledger.store.hot import DuckDBStore
+from ledger.store.verify import verify_ledger
 from ledger.units import Unit
-from ledger.verify import verify_ledger
 from tests.builders import INTERVAL_US, T0_US, a_process, an_envelope, an_owner
 
 PRICES = PriceBook((Price("*", 3_600_000),))  # one micro-unit per GPU-ms: 10,000 per sample
@@ -99,7 +99,7 @@ def kinds(store):
 
 @pytest.fixture
 def store(tmp_path):
-    with LedgerStore(tmp_path / "ledger") as s:
+    with DuckDBStore(tmp_path / "ledger") as s:
         yield s
 
 

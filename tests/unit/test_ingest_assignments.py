@@ -15,7 +15,7 @@ from ledger.idle import MINUTE_US, IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, OutputTopics
 from ledger.job_events import GpuAssigned, GpuReleased, JobStarted, encode_job_event
 from ledger.pricing import Price, PriceBook
-from ledger.store import LedgerStore
+from ledger.store.hot import DuckDBStore
 from ledger.units import Unit
 from tests.builders import INTERVAL_US, T0_US, a_process, a_sample, an_envelope, an_owner
 
@@ -44,7 +44,7 @@ def unowned(end_us: int, util: int = 90, gpu: str = GPU):
 class Ledger:
     """An ingestor over a store, with its own offsets per topic."""
 
-    def __init__(self, store: LedgerStore, policy: IdlePolicy | None = None) -> None:
+    def __init__(self, store: DuckDBStore, policy: IdlePolicy | None = None) -> None:
         self.store = store
         self.policy = policy
         self.offsets: dict[str, int] = {}
@@ -73,7 +73,7 @@ class Ledger:
 
 @pytest.fixture
 def ledger(tmp_path):
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         yield Ledger(store)
 
 
@@ -129,11 +129,11 @@ def test_the_owner_a_sample_names_wins_over_the_assignment(ledger):
 
 
 def test_the_timeline_survives_a_restart_and_a_redelivery_counts_once(tmp_path):
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         first = Ledger(store)
         first.jobs(assigned("job-1", "vision", T0_US))
         offsets = first.offsets
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         again = Ledger(store)
         again.offsets = {JOBS: 0}  # the broker redelivers from an earlier offset
         redelivered = again.jobs(assigned("job-1", "vision", T0_US))
@@ -161,7 +161,7 @@ def test_other_job_events_pass_over_and_bad_assignments_are_dead_letters(ledger)
 
 def test_an_assigned_gpu_left_idle_is_allocated_idle_with_its_holder(tmp_path):
     policy = IdlePolicy(5, 30 * MINUTE_US, 10, 5 * MINUTE_US)
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         ledger = Ledger(store, policy)
         ledger.jobs(assigned("job-1", "vision", T0_US))
         for m in range(40):  # 40 minutes at 0%, no process on the GPU

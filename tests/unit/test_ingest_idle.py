@@ -8,8 +8,8 @@ from ledger.events import encode_batch
 from ledger.idle import MINUTE_US, IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, OutputTopics
 from ledger.pricing import Price, PriceBook
-from ledger.queries import LedgerQueries
-from ledger.store import LedgerStore
+from ledger.read.queries import LedgerQueries
+from ledger.store.hot import DuckDBStore
 from tests.builders import T0_US, a_process, an_envelope, an_owner
 
 POLICY = IdlePolicy(5, 30 * MINUTE_US, 10, 5 * MINUTE_US)
@@ -45,10 +45,10 @@ def alerts_in(store):
 
 def test_one_alert_and_its_resolve_across_batches_and_a_restart(tmp_path):
     messages = notebook_messages()
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         ingestor(store).apply(messages[:20])
         ingestor(store).apply(messages[:35])  # a redelivery overlapping the first batch
-    with LedgerStore(tmp_path / "l") as store:  # a restart in the middle of the episode
+    with DuckDBStore(tmp_path / "l") as store:  # a restart in the middle of the episode
         ingestor(store).apply(messages[35:])
         assert alerts_in(store) == ["tally.idle.detected", "tally.idle.resolved"]
         store.seal()
@@ -66,7 +66,7 @@ def test_one_alert_and_its_resolve_across_batches_and_a_restart(tmp_path):
 
 
 def test_alert_payload(tmp_path):
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         ingestor(store).apply(notebook_messages())
         payloads = [orjson.loads(m.value) for m in store.pending_outbox() if m.topic == "alerts"]
         store.mark_sent([m.id for m in store.pending_outbox()])
@@ -80,7 +80,7 @@ def test_alert_payload(tmp_path):
 
 
 def test_dead_letters_are_queued_for_publishing(tmp_path):
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         ingestor(store).apply([ConsumedMessage("s", 0, 0, b"nope")])
         queued = store.pending_outbox()
     assert [m.topic for m in queued] == ["dl"]

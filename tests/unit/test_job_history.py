@@ -1,4 +1,4 @@
-"""`ledger.job_history`: decoding the jobs topic, folding job events into rows, selecting and
+"""`ledger.read.job_history`: decoding the jobs topic, folding job events into rows, selecting and
 summarising them, the plain-language explanation, and reading the raw-event archive."""
 
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from ledger import job_history as jh
 from ledger.holds import HoldPlaced, encode_hold, hold_envelope
 from ledger.ingest import ConsumedMessage, Ingestor
 from ledger.job_events import (
@@ -29,7 +28,8 @@ from ledger.job_events import (
 )
 from ledger.periods import Period
 from ledger.pricing import PriceBook
-from ledger.store import LedgerStore
+from ledger.read import job_history as jh
+from ledger.store.hot import DuckDBStore
 from ledger.units import Unit
 from tests.builders import T0_US
 
@@ -271,7 +271,7 @@ def test_the_archive_holds_the_jobs_topic_in_publication_order(tmp_path):
         partition = by_job[event.job_id]
         messages.append(ConsumedMessage("tally.jobs", partition, offsets[partition], value))
         offsets[partition] += 1
-    with LedgerStore(tmp_path) as store:
+    with DuckDBStore(tmp_path) as store:
         ingestor = Ingestor(store, "c", PriceBook(()), {})
         for chunk in (messages[:7], messages[7:15], messages[15:]):
             ingestor.apply(chunk)

@@ -1,5 +1,5 @@
 """The ledger's invariants under a random life: a Hypothesis state machine over a real
-`LedgerStore` (DuckDB file, Parquet segments) fed like the worker feeds it.
+`DuckDBStore` (DuckDB file, Parquet segments) fed like the worker feeds it.
 
 A simulated broker holds per-partition logs of the samples, admin and jobs topics. Rules
 produce samples (owners or none, shared GPUs, MIG slices, malformed messages), admin events
@@ -54,17 +54,17 @@ from ledger.admin import (
     admin_envelope,
     admin_envelope_to_dict,
 )
-from ledger.closing import period_checksum
 from ledger.events import MigInstance, Owner, encode_batch
 from ledger.holds import HoldPlaced, HoldReleased, encode_hold, hold_envelope
 from ledger.idle import IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
 from ledger.job_events import GpuAssigned, GpuReleased, encode_job_event, job_envelope
 from ledger.pricing import Price, PriceBook
-from ledger.rebuild import ReplaySettings, rebuild
-from ledger.store import LedgerStore
+from ledger.store.hot import DuckDBStore
+from ledger.store.rebuild import ReplaySettings, rebuild
+from ledger.store.side_files import period_checksum
+from ledger.store.verify import verify_ledger
 from ledger.units import Unit
-from ledger.verify import verify_ledger
 from tests.builders import INTERVAL_US, a_process, an_envelope
 
 EXAMPLES = int(os.environ.get("TALLY_STATEFUL_EXAMPLES", "140"))
@@ -232,7 +232,7 @@ class Sealed:
     checksums: dict[str, tuple[int, str]]
 
     @classmethod
-    def read(cls, store: LedgerStore, key: tuple[object, ...], closed: list[str]) -> Sealed:
+    def read(cls, store: DuckDBStore, key: tuple[object, ...], closed: list[str]) -> Sealed:
         files = store.manifest.files()
         if not files:
             empty = (0, hashlib.sha256(b"").hexdigest())
@@ -280,7 +280,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.step = 0
         self.last: dict[str, int] = {}  # the step each rule with a rest last ran at
         self.sealed: Sealed | None = None
-        self.store = LedgerStore(self.root / "live")
+        self.store = DuckDBStore(self.root / "live")
         self.ingestor = self._ingestor()
 
     # ------------------------------------------------------------------ plumbing
@@ -360,7 +360,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _reopen(self) -> None:
         self.store.close()
-        self.store = LedgerStore(self.root / "live")
+        self.store = DuckDBStore(self.root / "live")
         self.ingestor = self._ingestor()
         applied = self.store.applied_offsets(self.ingestor.incarnation)
         self.position = {k: applied.get(k, 0) for k in self.logs}
@@ -611,7 +611,7 @@ def test_ledger_invariants_hold_under_a_random_life() -> None:
 
 def test_a_resent_sample_does_not_expire_a_hold(tmp_path: Path) -> None:
     """Found by the machine: a batch of duplicates moved the holds' clock and expired a hold."""
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         ingestor = Ingestor(
             store, "c", SETTINGS.prices, SETTINGS.cost_centres, inputs=SETTINGS.inputs
         )
@@ -630,7 +630,7 @@ def test_a_hold_placed_again_after_its_id_was_forgotten_expires_with_postings(
     """Found by the machine: a placement the dedupe window forgot was placed again; its expiry
     repeated the first expiry's id, the store dropped the postings and kept the hold change,
     and the hold account kept the amount of a hold no longer open."""
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         ingestor = Ingestor(
             store, "c", SETTINGS.prices, SETTINGS.cost_centres, inputs=SETTINGS.inputs
         )
@@ -671,17 +671,17 @@ def _fails(machine: type[RuleBasedStateMachine]) -> str:
 
 def test_the_machine_catches_a_ledger_that_forgets_what_it_applied(monkeypatch) -> None:
     """Dropping the dedupe (applied event ids are never remembered) must fail the machine."""
-    monkeypatch.setattr(LedgerStore, "_insert_seen", lambda _self, _fresh, _extra: None)
+    monkeypatch.setattr(DuckDBStore, "_insert_seen", lambda _self, _fresh, _extra: None)
     assert "AssertionError" in _fails(LedgerMachine)
 
 
 def test_the_machine_catches_a_commit_that_archives_nothing(monkeypatch) -> None:
     """A commit that leaves its messages out of the archive must fail the rebuild check."""
-    commit = LedgerStore.commit
+    commit = DuckDBStore.commit
 
-    def without_archive(self: LedgerStore, *args: object, **kwargs: object) -> object:
+    def without_archive(self: DuckDBStore, *args: object, **kwargs: object) -> object:
         kwargs["raw"] = ()
         return commit(self, *args, **kwargs)
 
-    monkeypatch.setattr(LedgerStore, "commit", without_archive)
+    monkeypatch.setattr(DuckDBStore, "commit", without_archive)
     assert _fails(LedgerMachine)

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from ledger import rollups
-from ledger.reports import ReportQueries
+from ledger.read import rollups
+from ledger.read.reports import ReportQueries
 from streams.worker import WorkerObserver
 from tally.cli import cli
 from tally.config import ConfigError, parse_config

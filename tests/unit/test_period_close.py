@@ -18,22 +18,18 @@ from ledger.admin import (
 )
 from ledger.attribution import attribute_sample
 from ledger.balances import decode_balance_update
-from ledger.closing import (
-    CHECKSUM_ALGORITHM,
-    booking_period,
-    closed_period_path,
-    load_closed_periods,
-    period_checksum,
-)
+from ledger.closing import CHECKSUM_ALGORITHM, booking_period
 from ledger.errors import StoreError
 from ledger.events import encode_batch
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
 from ledger.periods import period_label
 from ledger.pricing import Price, PriceBook
-from ledger.queries import LedgerQueries
-from ledger.store import LedgerStore, SourcedTransaction, ranges_from_offsets
+from ledger.read.queries import LedgerQueries
+from ledger.store.hot import DuckDBStore
+from ledger.store.port import SourcedTransaction, ranges_from_offsets
+from ledger.store.side_files import closed_period_path, load_closed_periods, period_checksum
+from ledger.store.verify import verify_ledger
 from ledger.units import Unit
-from ledger.verify import verify_ledger
 from tally.cli import cli
 from tests.builders import INTERVAL_US, T0_US, a_process, an_envelope, an_owner
 
@@ -95,7 +91,7 @@ def november_checksum(store):
 @pytest.fixture
 def closed(tmp_path):
     """A ledger with three November samples, November closed and sealed."""
-    with LedgerStore(tmp_path / "ledger") as store:
+    with DuckDBStore(tmp_path / "ledger") as store:
         feed = Feed(store)
         feed.samples(1, 2, 3)
         result = feed.admin(CLOSE_NOV)
@@ -189,7 +185,7 @@ def test_compaction_does_not_change_a_closed_periods_checksum(closed):
 
 
 def test_a_batch_closing_a_period_counts_what_came_before_the_close(tmp_path):
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         feed = Feed(store)
         feed.samples(1)  # committed, not sealed: the close seals first
         before = AdjustmentRecorded("consumer:vision/detection", Unit.MONEY, 7, "2026-11", *META)

@@ -21,7 +21,8 @@ from ledger.admin import (
 from ledger.events import encode_batch
 from ledger.holds import HoldPlaced, HoldReleased, encode_hold, hold_envelope
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
-from ledger.rebuild import (
+from ledger.store.hot import DuckDBStore
+from ledger.store.rebuild import (
     ArchivedBatch,
     DifferenceKind,
     ReplaySettings,
@@ -31,10 +32,10 @@ from ledger.rebuild import (
     rebuild,
     sealed_snapshot,
 )
-from ledger.segments import Manifest, file_sha256
-from ledger.store import LedgerStore, archived_value
+from ledger.store.schema import archived_value
+from ledger.store.segments import Manifest, file_sha256
+from ledger.store.verify import archive_coverage, verify_ledger
 from ledger.units import Unit
-from ledger.verify import archive_coverage, verify_ledger
 from tally.cli import cli
 from tally.cli.ledger import replay_settings
 from tally.config import parse_config
@@ -147,7 +148,7 @@ def build_live(store):
 
 @pytest.fixture
 def live(tmp_path):
-    with LedgerStore(tmp_path / "live") as store:
+    with DuckDBStore(tmp_path / "live") as store:
         build_live(store)
         yield store
 
@@ -173,7 +174,7 @@ def archived_rows(data_dir):
 
 
 def test_each_commit_archives_its_messages_in_order_as_one_batch(tmp_path):
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         feed = Feed(store)
         grant = feed.admin(BudgetGranted("vision", "2026-11", Unit.MONEY, 5, *META))
         first, second = feed.samples(usage(1)), feed.samples(usage(2), partition=1)
@@ -195,7 +196,7 @@ def test_each_commit_archives_its_messages_in_order_as_one_batch(tmp_path):
 
 
 def test_large_values_are_archived_compressed_and_come_back_whole(tmp_path):
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         feed = Feed(store)
         packed = feed.samples(*[usage(minute) for minute in range(1, 31)])  # a backfill message
         small = feed.samples(usage(40))
@@ -225,7 +226,7 @@ def test_the_archive_is_sealed_with_the_postings_ranges(live):
 
 
 def test_a_failed_commit_archives_nothing(tmp_path, monkeypatch):
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         feed = Feed(store)
         feed.apply(feed.samples(usage(1)))
 
@@ -237,7 +238,7 @@ def test_a_failed_commit_archives_nothing(tmp_path, monkeypatch):
             feed.apply(feed.samples(usage(2)))
         assert (store.batch_seq, store.hot_archived()) == (1, 1)
         monkeypatch.undo()
-    with LedgerStore(tmp_path / "l") as store:  # the batch is redelivered after a restart
+    with DuckDBStore(tmp_path / "l") as store:  # the batch is redelivered after a restart
         assert store.batch_seq == 1
         feed = Feed(store)
         feed.offsets[(SAMPLES, 0)] = 1
@@ -246,7 +247,7 @@ def test_a_failed_commit_archives_nothing(tmp_path, monkeypatch):
 
 
 def test_archive_segments_are_compacted_and_checked(tmp_path):
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         feed = Feed(store)
         for minute in range(1, 11):
             feed.apply(feed.samples(usage(minute)))
@@ -384,7 +385,7 @@ def test_a_missing_archive_range_is_a_difference(live, tmp_path):
 
 
 def test_forgotten_ids_are_forgotten_again_at_the_same_point(tmp_path, monkeypatch):
-    with LedgerStore(tmp_path / "live") as store:
+    with DuckDBStore(tmp_path / "live") as store:
         feed = Feed(store)
         feed.apply(feed.samples(usage(1)))
         feed.apply(feed.samples(usage(100)))
@@ -397,7 +398,7 @@ def test_forgotten_ids_are_forgotten_again_at_the_same_point(tmp_path, monkeypat
     assert pruned == [None, None, T0_US + 90 * INTERVAL_US]
     assert rebuild(data_dir, tmp_path / "rebuilt", SETTINGS).identical
     # a replay that did not forget them would drop the resend as a duplicate
-    monkeypatch.setattr(LedgerStore, "prune_seen_before", lambda _self, _cutoff: 0)
+    monkeypatch.setattr(DuckDBStore, "prune_seen_before", lambda _self, _cutoff: 0)
     assert not rebuild(data_dir, tmp_path / "unpruned", SETTINGS).identical
 
 
@@ -417,7 +418,7 @@ def test_messages_from_the_topics_replace_the_archived_bytes():
 
 
 def test_coverage_is_compared_per_partition():
-    from ledger.segments import SegmentInfo
+    from ledger.store.segments import SegmentInfo
 
     def seg(first, last, topic="s"):
         return SegmentInfo(f"{topic}{first}", "i", topic, 0, first, last, 1, "", None, None)

@@ -15,7 +15,7 @@ import pytest
 from ledger.accounts import capacity_account, consumer_account, unallocated_account
 from ledger.periods import period_label
 from ledger.postings import Posting, Transaction
-from ledger.reports import (
+from ledger.read.reports import (
     CostLine,
     IdleSharing,
     PoolIdle,
@@ -26,7 +26,8 @@ from ledger.reports import (
     ledger_money_total,
     share_idle,
 )
-from ledger.store import LedgerStore, OffsetRange, SourcedTransaction
+from ledger.store.hot import DuckDBStore
+from ledger.store.port import OffsetRange, SourcedTransaction
 from ledger.units import Unit
 from tests.builders import T0_US
 
@@ -146,7 +147,7 @@ class LedgerBuilder:
         return self
 
     def seal(self) -> Path:
-        with LedgerStore(self.data_dir) as store:
+        with DuckDBStore(self.data_dir) as store:
             items = [SourcedTransaction(t, "tx", 0, i) for i, t in enumerate(self.txns)]
             if items:
                 store.commit("inc", [OffsetRange("tx", 0, 0, len(items) - 1)], items)

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from ledger import rollups
 from ledger.events import encode_batch
 from ledger.ingest import ConsumedMessage, Ingestor
 from ledger.pricing import Price, PriceBook
-from ledger.reports import ReportQueries
-from ledger.segments import MANIFEST_NAME, Manifest
-from ledger.store import SEGMENTS_DIR, LedgerStore
-from ledger.verify import verify_ledger
+from ledger.read import rollups
+from ledger.read.reports import ReportQueries
+from ledger.store.hot import DuckDBStore
+from ledger.store.layout import SEGMENTS_DIR
+from ledger.store.segments import MANIFEST_NAME, Manifest
+from ledger.store.verify import verify_ledger
 from tests.builders import INTERVAL_US, T0_US, a_process, an_envelope, an_owner
 
 # the extent as one scan of every posting computes it: what the summaries must reproduce
@@ -44,7 +45,7 @@ SAMPLES = (  # (partition, end time, pool, model, team or None: unallocated)
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ledger of four samples in three months on two partitions, sealed in two rounds."""
     data_dir = tmp_path_factory.mktemp("summaries") / "ledger"
-    with LedgerStore(data_dir) as store:
+    with DuckDBStore(data_dir) as store:
         ingestor = Ingestor(store, "c", PriceBook((Price("*", 3_600_000),)), {})
         for offset, (partition, end, pool, model, team) in enumerate(SAMPLES):
             owner = None if team is None else an_owner(team, "p")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from ledger.reports import IdleSharing, ReportQueries
-from ledger.statements import Budget, StatementLine, team_statement
+from ledger.read.reports import IdleSharing, ReportQueries
+from ledger.read.statements import Budget, StatementLine, team_statement
 from ledger.units import Unit
 from tests.builders import T0_US
 from tests.unit.test_reports import HOUR_US, NOV, OCT, build_fleet

@@ -7,10 +7,10 @@ import pytest
 from ledger.events import encode_batch
 from ledger.ingest import ConsumedMessage, Ingestor
 from ledger.pricing import Price, PriceBook
-from ledger.queries import LedgerQueries
-from ledger.segments import Manifest
-from ledger.store import LedgerStore
-from ledger.verify import verify_ledger
+from ledger.read.queries import LedgerQueries
+from ledger.store.hot import DuckDBStore
+from ledger.store.segments import Manifest
+from ledger.store.verify import verify_ledger
 from tests.builders import INTERVAL_US, T0_US, a_process, an_envelope, an_owner
 
 PRICES = PriceBook((Price("*", 3_600_000),))  # one micro per GPU-ms
@@ -34,7 +34,7 @@ def message(offset, *times, partition=0, gpu="GPU-1", value=None):
 
 @pytest.fixture
 def store(tmp_path):
-    with LedgerStore(tmp_path / "ledger") as s:
+    with DuckDBStore(tmp_path / "ledger") as s:
         yield s
 
 
@@ -114,7 +114,7 @@ def test_a_failed_commit_leaves_nothing_behind(store, monkeypatch):
     def explode(*_args, **_kwargs):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr("ledger.store.transactions_to_arrow", explode)
+    monkeypatch.setattr("ledger.store.hot.transactions_to_arrow", explode)
     with pytest.raises(RuntimeError):
         ingest(store, message(1, 2))
     assert store.applied_offsets(INC) == {(TOPIC, 0): 1}
@@ -123,9 +123,9 @@ def test_a_failed_commit_leaves_nothing_behind(store, monkeypatch):
 
 
 def test_state_survives_reopening(tmp_path):
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         ingest(store, message(0, 1), message(1, 2))
-    with LedgerStore(tmp_path / "l") as store:
+    with DuckDBStore(tmp_path / "l") as store:
         assert store.applied_offsets(INC) == {(TOPIC, 0): 2}
         assert ingest(store, message(1, 2)).skipped_messages == 1
         assert ingest(store, message(2, 1)).commit.duplicates == 1
@@ -138,7 +138,7 @@ def test_resealing_after_a_crash_rewrites_the_same_file(store):
         "FROM source_ranges GROUP BY ALL"
     ).fetchall()
     # a crash after the segment file was written, before the manifest or the store knew
-    first = store._write_segment(*groups[0])
+    first = store._segments.write_segment(*groups[0])
     assert Manifest(store.segments_root).load() == []
     result = store.seal()
     assert [s.path for s in result.sealed] == [first.path]
@@ -242,7 +242,7 @@ class TestVerifyFindsDamage:
             f" FROM read_parquet('{path}')) TO '{tmp}' (FORMAT parquet)"
         )
         tmp.replace(path)
-        from ledger.segments import file_sha256
+        from ledger.store.segments import file_sha256
 
         doc = json.loads(manifest.path.read_text())
         doc["segments"][0]["sha256"] = file_sha256(path)

@@ -9,7 +9,7 @@ transaction holding, together:
 - the batch's dead letters,
 - the batch's consumed messages themselves, in the raw-event archive (`raw_events`: source
   coordinates, key and value bytes, the batch's sequence number and each message's position in
-  it), so the ledger can be rebuilt from them at any time (`ledger.rebuild`),
+  it), so the ledger can be rebuilt from them at any time (`ledger.store.rebuild`),
 - the projections that follow from the batch: the running `balances` per (account, unit,
   period), the open holds per job, each GPU's assignment timeline (`gpu_holdings`, who the
   scheduler says holds it: `ledger.assignments`), the applied admin events (`admin_log`), reversed
@@ -24,8 +24,9 @@ checksum of its postings (`ledger.closing`), so a close must be committed with n
 unsealed; `seal` then writes the period's record beside the segments for `verify`.
 
 `seal` moves committed postings out to immutable Parquet segments, and the archived messages
-of the same offset ranges out to archive segments (see `ledger.segments`), then drops both from
-the hot tables; `compact` merges runs of small postings segments, and the archive segments
+of the same offset ranges out to archive segments (`ledger.store.segments`, written by
+`ledger.store.sealing`), then drops both from the hot tables; `compact` merges runs of small
+postings segments, and the archive segments
 within each merged range are merged alike, so archive and postings segments cover the same
 ranges. Both are safe to interrupt at any point and to run again.
 
@@ -38,26 +39,16 @@ rebuild forgets the same ids at the same point.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import orjson
 import pyarrow as pa
 
 from ledger.accounts import AccountKind, budget_account
-from ledger.admin import (
-    AdminView,
-    AppliedAdmin,
-    PeriodClosed,
-    applied_from_dict,
-    applied_to_dict,
-    write_admin_log,
-)
+from ledger.admin import AdminView, AppliedAdmin, PeriodClosed, applied_from_dict, applied_to_dict
 from ledger.assignments import Holding
 from ledger.balances import (
     BalanceRow,
@@ -69,79 +60,41 @@ from ledger.balances import (
     encode_balance_update,
     fold_rows,
 )
-from ledger.closing import ClosedPeriod, period_checksum, write_closed_period
+from ledger.closing import ClosedPeriod
 from ledger.errors import StoreError
 from ledger.events import DeadLetter, Owner
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState, state_from_row, state_to_row
-from ledger.postings import Posting, Transaction, TransactionKind
+from ledger.postings import Transaction, TransactionKind
 from ledger.pricing import PriceBook
-from ledger.segments import (
-    Manifest,
-    SegmentInfo,
-    file_sha256,
-    fsync_dir,
-    segment_path,
-    summarise_segment,
+from ledger.store.layout import (
+    ARCHIVE_DIR,
+    HOT_DB_NAME,
+    SEGMENTS_DIR,
+    first_row,
+    sql_path,
 )
+from ledger.store.port import (
+    CommitResult,
+    ConsumedMessage,
+    OffsetRange,
+    OutboxMessage,
+    PartitionKey,
+    SealResult,
+    SourcedTransaction,
+    StateChanges,
+    ranges_from_offsets,
+)
+from ledger.store.schema import (
+    POSTING_COLUMNS_SQL,
+    archive_to_arrow,
+    transaction_from_rows,
+    transactions_to_arrow,
+)
+from ledger.store.sealing import Segmenter
+from ledger.store.segments import SegmentInfo
+from ledger.store.side_files import period_checksum, write_admin_log, write_closed_period
 from ledger.units import Unit
-
-HOT_DB_NAME = "hot.duckdb"
-SEGMENTS_DIR = "segments"
-ARCHIVE_DIR = "archive"
-
-RAW_SCHEMA = pa.schema(
-    [
-        ("batch_seq", pa.int64()),
-        ("batch_index", pa.int32()),
-        ("incarnation", pa.string()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("value_codec", pa.string()),
-        ("value_size", pa.int64()),
-        ("pruned_before_us", pa.int64()),
-    ]
-)
-# A value of at least this many bytes is kept zstd-compressed (`value_codec` 'zstd', the
-# original length in `value_size`): packed backfill messages shrink ~14×, so the hot database
-# and its WAL carry a fraction of the bytes; small real-time messages gain too little to pay
-# for the call. Parquet compresses the segments (zstd) either way.
-ARCHIVE_COMPRESS_FROM = 1024
-ARCHIVE_CODEC = "zstd"
-_ZSTD = pa.Codec(ARCHIVE_CODEC)
-
-POSTINGS_SCHEMA = pa.schema(
-    [
-        ("txn_id", pa.string()),
-        ("leg", pa.int16()),
-        ("kind", pa.string()),
-        ("account", pa.string()),
-        ("unit", pa.string()),
-        ("amount", pa.int64()),
-        ("team", pa.string()),
-        ("project", pa.string()),
-        ("user", pa.string()),
-        ("job_id", pa.string()),
-        ("cost_centre", pa.string()),
-        ("gpu_uuid", pa.string()),
-        ("model", pa.string()),
-        ("pool", pa.string()),
-        ("node", pa.string()),
-        ("start_us", pa.int64()),
-        ("end_us", pa.int64()),
-        ("cause", pa.string()),
-        ("incarnation", pa.string()),
-        ("src_topic", pa.string()),
-        ("src_partition", pa.int32()),
-        ("src_offset", pa.int64()),
-        ("period", pa.string()),
-        ("util_pct", pa.int16()),
-        ("idle", pa.bool_()),
-    ]
-)
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS postings (
@@ -208,336 +161,50 @@ CREATE TABLE IF NOT EXISTS ledger_meta (key VARCHAR PRIMARY KEY, value VARCHAR N
 CREATE SEQUENCE IF NOT EXISTS publish_seq;
 """
 _BALANCES_VERSION = "1"
-_COLUMNS = ", ".join(f'"{name}"' for name in POSTINGS_SCHEMA.names)
 # Kinds whose interval is chosen by a person (an effective time, a period): their dedupe time
 # is capped at the newest applied event, so a future date cannot age out every sample id.
 _ADMIN_KINDS = (TransactionKind.BUDGET_GRANT, TransactionKind.ADJUSTMENT)
-
-PartitionKey = tuple[str, int]  # (topic, partition)
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumedMessage:
-    """One message as consumed from the broker: what the ingest folds and the archive keeps."""
-
-    topic: str
-    partition: int
-    offset: int
-    value: bytes | None
-    key: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetRange:
-    """Offsets `first..last` (inclusive) of one partition consumed by a batch."""
-
-    topic: str
-    partition: int
-    first: int
-    last: int
-
-
-@dataclass(frozen=True, slots=True)
-class SourcedTransaction:
-    """A transaction and the message it came from."""
-
-    txn: Transaction
-    topic: str
-    partition: int
-    offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxMessage:
-    """A message to publish once its batch is committed (alerts, dead letters).
-
-    Written in the batch's transaction and sent after it, until the broker acknowledges it: at
-    least once, and consumers dedupe by the content-derived `id`.
-    """
-
-    id: str
-    topic: str
-    key: bytes | None
-    value: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class CommitResult:
-    transactions: int
-    postings: int
-    duplicates: int
-    dead_letters: int
-    balances_published: int = 0
-    closed: tuple[str, ...] = ()
-
-    def __add__(self, other: CommitResult) -> CommitResult:
-        return CommitResult(
-            self.transactions + other.transactions,
-            self.postings + other.postings,
-            self.duplicates + other.duplicates,
-            self.dead_letters + other.dead_letters,
-            self.balances_published + other.balances_published,
-            self.closed + other.closed,
-        )
-
-
-NO_COMMIT = CommitResult(0, 0, 0, 0)
-
-
-@dataclass(frozen=True, slots=True)
-class StateChanges:
-    """What a batch changes besides postings, committed with them.
-
-    - `holds`: open holds that changed (an amount of 0 removes the hold);
-    - `admin`: admin events applied (a `PeriodClosed` applied closes its period);
-    - `reversals`: (reversed transaction, reversing transaction);
-    - `seen`: ids (and event times) of events applied without a transaction of their own;
-    - `timelines`: GPUs whose assignment timeline changed, each with its whole new timeline.
-    """
-
-    holds: Sequence[OpenHold] = ()
-    admin: Sequence[AppliedAdmin] = ()
-    reversals: Sequence[tuple[str, str]] = ()
-    seen: Sequence[tuple[str, int]] = ()
-    timelines: Mapping[str, tuple[Holding, ...]] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class SealResult:
-    sealed: list[SegmentInfo] = field(default_factory=list)
-    compacted: list[SegmentInfo] = field(default_factory=list)
-    archived: list[SegmentInfo] = field(default_factory=list)
-    archive_compacted: list[SegmentInfo] = field(default_factory=list)
 
 
 def _now_us() -> int:
     return time.time_ns() // 1_000
 
 
-_TXN_COLUMNS = (
-    "txn_id",
-    "kind",
-    "gpu_uuid",
-    "model",
-    "pool",
-    "node",
-    "start_us",
-    "end_us",
-    "cause",
-    "src_topic",
-    "src_partition",
-    "src_offset",
-    "period",
-    "util_pct",
-    "idle",
-)
-
-
-def transactions_to_arrow(items: Sequence[SourcedTransaction], incarnation: str) -> pa.Table:
-    """Column-wise postings of `items`, in the hot table's and the segments' schema.
-
-    Transaction-level columns are built once per transaction and repeated per posting by Arrow
-    (`take`), so Python touches each posting only for its own fields.
-    """
-    txn_id: list[str] = []
-    kind: list[str] = []
-    gpu: list[str | None] = []
-    model: list[str | None] = []
-    pool: list[str | None] = []
-    node: list[str | None] = []
-    start: list[int] = []
-    end: list[int] = []
-    cause: list[str] = []
-    topic: list[str] = []
-    partition: list[int] = []
-    offset: list[int] = []
-    period: list[str] = []
-    util: list[int | None] = []
-    idle: list[bool] = []
-    owner_index: list[int] = []
-    leg: list[int] = []
-    account: list[str] = []
-    unit: list[str] = []
-    amount: list[int] = []
-    team: list[str | None] = []
-    project: list[str | None] = []
-    user: list[str | None] = []
-    job: list[str | None] = []
-    centre: list[str | None] = []
-    for index, item in enumerate(items):
-        txn = item.txn
-        txn_id.append(txn.txn_id)
-        kind.append(txn.kind.value)
-        gpu.append(txn.gpu_uuid or None)  # admin and hold transactions are about no GPU
-        model.append(txn.model or None)
-        pool.append(txn.pool or None)
-        node.append(txn.node or None)
-        start.append(txn.start_us)
-        end.append(txn.end_us)
-        cause.append(" ".join(txn.cause))
-        topic.append(item.topic)
-        partition.append(item.partition)
-        offset.append(item.offset)
-        period.append(txn.period)
-        util.append(txn.util_pct)
-        idle.append(txn.idle)
-        for number, p in enumerate(txn.postings):
-            owner_index.append(index)
-            leg.append(number)
-            account.append(p.account)
-            unit.append(p.unit.value)
-            amount.append(p.amount)
-            team.append(p.team)
-            project.append(p.project)
-            user.append(p.user)
-            job.append(p.job_id)
-            centre.append(p.cost_centre)
-    per_txn = pa.table(
-        [
-            txn_id,
-            kind,
-            gpu,
-            model,
-            pool,
-            node,
-            start,
-            end,
-            cause,
-            topic,
-            partition,
-            offset,
-            period,
-            util,
-            idle,
-        ],
-        schema=pa.schema([POSTINGS_SCHEMA.field(name) for name in _TXN_COLUMNS]),
-    ).take(pa.array(owner_index, pa.int32()))
-    rows = len(leg)
-    columns = {
-        **{name: per_txn.column(name) for name in _TXN_COLUMNS},
-        "leg": pa.array(leg, pa.int16()),
-        "account": pa.array(account, pa.string()),
-        "unit": pa.array(unit, pa.string()),
-        "amount": pa.array(amount, pa.int64()),
-        "team": pa.array(team, pa.string()),
-        "project": pa.array(project, pa.string()),
-        "user": pa.array(user, pa.string()),
-        "job_id": pa.array(job, pa.string()),
-        "cost_centre": pa.array(centre, pa.string()),
-        "incarnation": pa.array([incarnation] * rows, pa.string()),
-    }
-    return pa.table([columns[name] for name in POSTINGS_SCHEMA.names], schema=POSTINGS_SCHEMA)
-
-
-def archive_to_arrow(
-    messages: Sequence[ConsumedMessage], incarnation: str, batch_seq: int, pruned: int | None
-) -> pa.Table:
-    """The archive rows of one batch, in the hot table's and the archive segments' schema."""
-    n = len(messages)
-    values: list[bytes | None] = []
-    codecs: list[str | None] = []
-    sizes: list[int | None] = []
-    for m in messages:
-        value = m.value
-        if value is not None and len(value) >= ARCHIVE_COMPRESS_FROM:
-            values.append(_ZSTD.compress(value, asbytes=True))
-            codecs.append(ARCHIVE_CODEC)
-            sizes.append(len(value))
-        else:
-            values.append(value)
-            codecs.append(None)
-            sizes.append(None)
-    return pa.table(
-        [
-            pa.array([batch_seq] * n, pa.int64()),
-            pa.array(range(n), pa.int32()),
-            pa.array([incarnation] * n, pa.string()),
-            pa.array([m.topic for m in messages], pa.string()),
-            pa.array([m.partition for m in messages], pa.int32()),
-            pa.array([m.offset for m in messages], pa.int64()),
-            pa.array([m.key for m in messages], pa.binary()),
-            pa.array(values, pa.binary()),
-            pa.array(codecs, pa.string()),
-            pa.array(sizes, pa.int64()),
-            pa.array([pruned] * n, pa.int64()),
-        ],
-        schema=RAW_SCHEMA,
-    )
-
-
-def archived_value(value: bytes | None, codec: str | None, size: int | None) -> bytes | None:
-    """A message value as consumed, from its archived form."""
-    if codec is None or value is None:
-        return value
-    if codec != ARCHIVE_CODEC or size is None:
-        raise StoreError(f"an archived value in unknown form: codec {codec!r}, size {size!r}")
-    raw: bytes = _ZSTD.decompress(value, decompressed_size=size, asbytes=True)
-    return raw
-
-
-@dataclass(frozen=True, slots=True)
-class _SealKind:
-    """Where one kind of hot row (postings, archived messages) is sealed, and how."""
-
-    table: str
-    root: Path
-    manifest: Manifest
-    in_range: str  # the rows of one source range ($inc, $topic, $part, $first, $last)
-    order: str  # the order of rows in a segment file
-    stats: str  # rows, and the interval extent (or NULLs), of a written file
-
-
-class LedgerStore:
-    """The single writer of one ledger data directory."""
+class DuckDBStore:
+    """The single writer of one ledger data directory: the DuckDB implementation of the store
+    port (`ledger.store.port.LedgerStore`)."""
 
     def __init__(self, data_dir: Path | str) -> None:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.segments_root = self.data_dir / SEGMENTS_DIR
         self.segments_root.mkdir(exist_ok=True)
-        self.manifest = Manifest(self.segments_root)
         self.archive_root = self.data_dir / ARCHIVE_DIR
         self.archive_root.mkdir(exist_ok=True)
-        self.archive_manifest = Manifest(self.archive_root)
-        self._postings_kind = _SealKind(
-            "postings",
-            self.segments_root,
-            self.manifest,
-            "incarnation = $inc AND src_topic = $topic AND src_partition = $part "
-            "AND src_offset BETWEEN $first AND $last",
-            "src_offset, txn_id, leg",
-            "count(*), min(start_us), max(end_us)",
-        )
-        self._archive_kind = _SealKind(
-            "raw_events",
-            self.archive_root,
-            self.archive_manifest,
-            'incarnation = $inc AND topic = $topic AND "partition" = $part '
-            'AND "offset" BETWEEN $first AND $last',
-            '"offset"',
-            "count(*), NULL, NULL",
-        )
         db = self.data_dir / HOT_DB_NAME
         try:
             self._con = duckdb.connect(str(db))
         except duckdb.IOException as exc:
             raise StoreError(f"cannot open the ledger store {db}: {exc}") from exc
         self._con.execute(_DDL)
+        self._segments = Segmenter(self._con, self.segments_root, self.archive_root)
+        self.manifest = self._segments.postings.manifest
+        self.archive_manifest = self._segments.archive.manifest
         self._admin_log_exported = False
         self._admin_cache: tuple[AppliedAdmin, ...] | None = None  # the admin log, as read
         self._closed_cache: frozenset[str] | None = None
-        version = _first(
+        version = first_row(
             self._con.execute("SELECT value FROM ledger_meta WHERE key = 'balances_version'")
         )
         if version is None or version[0] != _BALANCES_VERSION:
             self.rebuild_balances()  # a store from before the balances table: fold once
-        row = _first(self._con.execute("SELECT max(batch_seq) FROM source_ranges"))
+        row = first_row(self._con.execute("SELECT max(batch_seq) FROM source_ranges"))
         self._batch_seq = int(row[0]) if row and row[0] is not None else 0
         pruned = self._meta("pruned_before_us")
         self._pruned_before: int | None = None if pruned is None else int(pruned)
 
     def _meta(self, key: str) -> str | None:
-        row = _first(self._con.execute("SELECT value FROM ledger_meta WHERE key = ?", [key]))
+        row = first_row(self._con.execute("SELECT value FROM ledger_meta WHERE key = ?", [key]))
         return None if row is None else str(row[0])
 
     def _set_meta(self, key: str, value: object) -> None:
@@ -697,7 +364,9 @@ class LedgerStore:
                     f"period {', '.join(late)} is closed: nothing may be booked into it"
                 )
         if closing:
-            row = _first(self._con.execute("SELECT count(*) FROM source_ranges WHERE NOT sealed"))
+            row = first_row(
+                self._con.execute("SELECT count(*) FROM source_ranges WHERE NOT sealed")
+            )
             if row and row[0]:
                 raise StoreError("seal the store before committing a period close")
 
@@ -731,7 +400,7 @@ class LedgerStore:
         ids = [t.txn.txn_id for t in fresh] + [i for i, _ in extra]
         times = [t.txn.end_us for t in fresh] + [t for _, t in extra]
         if any(t.txn.kind in _ADMIN_KINDS for t in fresh) or extra:
-            row = _first(self._con.execute("SELECT max(time_us) FROM seen_events"))
+            row = first_row(self._con.execute("SELECT max(time_us) FROM seen_events"))
             newest = row[0] if row and row[0] is not None else None
             if newest is not None:
                 kinds = [t.txn.kind for t in fresh] + [None] * len(extra)
@@ -781,7 +450,7 @@ class LedgerStore:
                 ],
             )
         if changes.admin:
-            row = _first(con.execute("SELECT coalesce(max(seq), 0) FROM admin_log"))
+            row = first_row(con.execute("SELECT coalesce(max(seq), 0) FROM admin_log"))
             seq = int(row[0]) if row else 0
             self._insert_rows(
                 "admin_log",
@@ -834,13 +503,13 @@ class LedgerStore:
         """Queue one message per changed account (and per affected team's budget account);
         a queued message not yet sent for the same account is superseded."""
         con = self._con
-        row = _first(
+        row = first_row(
             con.execute(
                 "SELECT max(period) FILTER (account LIKE 'capacity:%'), max(period) FROM balances"
             )
         )
         current = (row[0] or row[1]) if row else None
-        meta = _first(con.execute("SELECT value FROM ledger_meta WHERE key = 'current_period'"))
+        meta = first_row(con.execute("SELECT value FROM ledger_meta WHERE key = 'current_period'"))
         moved = current is not None and (meta is None or meta[0] != current)
         budgeted = {
             str(a).partition(":")[2]
@@ -876,7 +545,7 @@ class LedgerStore:
                 ).fetchall()
             )
         closed = self.closed_period_labels()
-        seq_row = _first(con.execute("SELECT nextval('publish_seq')"))
+        seq_row = first_row(con.execute("SELECT nextval('publish_seq')"))
         seq = int(seq_row[0]) if seq_row else 0
         messages = []
         for account in publish:
@@ -979,7 +648,7 @@ class LedgerStore:
         files = self.manifest.files()
         if not files:
             return None
-        listed = ", ".join(f"'{_sql_path(f)}'" for f in files)
+        listed = ", ".join(f"'{sql_path(f)}'" for f in files)
         return f"read_parquet([{listed}])"
 
     def _all_postings_sql(self) -> str:
@@ -988,7 +657,8 @@ class LedgerStore:
         sealed = self._sealed_sql()
         if sealed is None:
             return "postings"
-        return f"(SELECT {_COLUMNS} FROM postings UNION ALL SELECT {_COLUMNS} FROM {sealed})"
+        columns = POSTING_COLUMNS_SQL
+        return f"(SELECT {columns} FROM postings UNION ALL SELECT {columns} FROM {sealed})"
 
     def balance_rows(self) -> list[BalanceRow]:
         """The balances table: balance per (account, unit, period)."""
@@ -1032,7 +702,7 @@ class LedgerStore:
 
     def budget_total(self, team: str, period: str, unit: Unit) -> int:
         """What `team` was granted of `unit` for `period`, net of negative grants."""
-        row = _first(
+        row = first_row(
             self._con.execute(
                 "SELECT coalesce(-sum(balance), 0) FROM balances "
                 "WHERE account = ? AND period = ? AND unit = ?",
@@ -1096,7 +766,7 @@ class LedgerStore:
         return self.admin_view().price_book(default)
 
     def reversed_by(self, txn_id: str) -> str | None:
-        row = _first(
+        row = first_row(
             self._con.execute("SELECT reversed_by FROM reversals WHERE txn_id = ?", [txn_id])
         )
         return str(row[0]) if row else None
@@ -1104,7 +774,8 @@ class LedgerStore:
     def find_transaction(self, txn_id: str) -> Transaction | None:
         """A committed transaction, from the hot rows or the sealed segments."""
         rows = self._con.execute(
-            f"SELECT {_COLUMNS} FROM {self._all_postings_sql()} WHERE txn_id = ? ORDER BY leg",
+            f"SELECT {POSTING_COLUMNS_SQL} FROM {self._all_postings_sql()} "
+            "WHERE txn_id = ? ORDER BY leg",
             [txn_id],
         ).fetchall()
         return transaction_from_rows(rows)
@@ -1138,11 +809,11 @@ class LedgerStore:
             entries = {s.path: s for s in self.manifest.load()}
             archive = {s.path: s for s in self.archive_manifest.load()}
             for incarnation, topic, partition, first, last in groups:
-                info = self._write_segment(incarnation, topic, partition, first, last)
+                info = self._segments.write_segment(incarnation, topic, partition, first, last)
                 entries[info.path] = info
                 result.sealed.append(info)
-                kept = self._seal_range(
-                    self._archive_kind, incarnation, topic, partition, first, last
+                kept = self._segments.seal_range(
+                    self._segments.archive, incarnation, topic, partition, first, last
                 )
                 if kept is not None:  # a range committed without its messages has none
                     archive[kept.path] = kept
@@ -1174,211 +845,30 @@ class LedgerStore:
                 con.execute("ROLLBACK")
                 raise
         result.compacted = self.compact(compact_below_rows, compact_min_segments)
-        result.archive_compacted = self._align_archive()
-        self.remove_unlisted_files()
+        result.archive_compacted = self._segments.align_archive()
+        self._segments.remove_unlisted_files()
         self.export_closed_periods()  # after sealing: a closed period's rows are all sealed now
         if not self._admin_log_exported:
             self.export_admin_log()
         return result
 
-    def _write_segment(
-        self, incarnation: str, topic: str, partition: int, first: int, last: int
-    ) -> SegmentInfo:
-        info = self._seal_range(self._postings_kind, incarnation, topic, partition, first, last)
-        assert info is not None
-        return info
-
-    def _seal_range(
-        self, kind: _SealKind, incarnation: str, topic: str, partition: int, first: int, last: int
-    ) -> SegmentInfo | None:
-        """Write the hot rows of one source range to their segment; None when there are none."""
-        rel = segment_path(incarnation, topic, partition, first, last)
-        query = f"SELECT * FROM {kind.table} WHERE {kind.in_range} ORDER BY {kind.order}"
-        params = {
-            "inc": incarnation,
-            "topic": topic,
-            "part": partition,
-            "first": first,
-            "last": last,
-        }
-        if kind is self._archive_kind:
-            row = _first(
-                self._con.execute(
-                    f"SELECT count(*) FROM {kind.table} WHERE {kind.in_range}", params
-                )
-            )
-            if not row or not row[0]:
-                return None
-        return self._copy_to_segment(
-            kind, rel, query, params, incarnation, topic, partition, first, last
-        )
-
-    def _copy_to_segment(
-        self,
-        kind: _SealKind,
-        rel: str,
-        query: str,
-        params: dict[str, object],
-        incarnation: str,
-        topic: str,
-        partition: int,
-        first: int,
-        last: int,
-    ) -> SegmentInfo:
-        target = kind.root / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        con = self._con
-        con.execute(
-            f"COPY ({query}) TO '{_sql_path(tmp)}' "
-            "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)",
-            params,
-        )
-        stats = _first(con.execute(f"SELECT {kind.stats} FROM read_parquet('{_sql_path(tmp)}')"))
-        assert stats is not None
-        summary = summarise_segment(con, tmp) if kind is self._postings_kind else None
-        with tmp.open("rb") as handle:
-            os.fsync(handle.fileno())
-        tmp.replace(target)
-        fsync_dir(target.parent)
-        return SegmentInfo(
-            path=rel,
-            incarnation=incarnation,
-            topic=topic,
-            partition=partition,
-            first_offset=first,
-            last_offset=last,
-            rows=int(stats[0]),
-            sha256=file_sha256(target),
-            min_start_us=stats[1],
-            max_end_us=stats[2],
-            summary=summary,
-        )
-
     def compact(self, below_rows: int, min_segments: int) -> list[SegmentInfo]:
         """Merge runs of ≥ `min_segments` adjacent small segments of a partition into one."""
-        return self._compact(self._postings_kind, below_rows, min_segments)
-
-    def _compact(self, kind: _SealKind, below_rows: int, min_segments: int) -> list[SegmentInfo]:
-        segments = kind.manifest.load()
-        by_partition: dict[tuple[str, str, int], list[SegmentInfo]] = {}
-        for seg in segments:
-            by_partition.setdefault((seg.incarnation, seg.topic, seg.partition), []).append(seg)
-        runs: list[list[SegmentInfo]] = []
-        for segs in by_partition.values():
-            segs.sort(key=lambda s: s.first_offset)
-            run: list[SegmentInfo] = []
-            total = 0
-            for seg in segs:
-                adjacent = not run or run[-1].last_offset + 1 == seg.first_offset
-                if seg.rows < below_rows and adjacent and total + seg.rows <= below_rows:
-                    run.append(seg)
-                    total += seg.rows
-                    continue
-                if len(run) >= min_segments:
-                    runs.append(run)
-                run, total = ([seg], seg.rows) if seg.rows < below_rows else ([], 0)
-            if len(run) >= min_segments:
-                runs.append(run)
-        if not runs:
-            return []
-        keep = {s.path: s for s in segments}
-        merged: list[SegmentInfo] = []
-        for run in runs:
-            head, tail = run[0], run[-1]
-            files = ", ".join(f"'{_sql_path(kind.root / s.path)}'" for s in run)
-            query = f"SELECT * FROM read_parquet([{files}]) ORDER BY {kind.order}"
-            rel = segment_path(
-                head.incarnation, head.topic, head.partition, head.first_offset, tail.last_offset
-            )
-            info = self._copy_to_segment(
-                kind,
-                rel,
-                query,
-                {},
-                head.incarnation,
-                head.topic,
-                head.partition,
-                head.first_offset,
-                tail.last_offset,
-            )
-            if info.rows != sum(s.rows for s in run):
-                raise StoreError(f"compaction of {rel} lost rows")
-            for seg in run:
-                keep.pop(seg.path, None)
-            keep[info.path] = info
-            merged.append(info)
-        kind.manifest.save(keep.values())
-        return merged
-
-    def _align_archive(self) -> list[SegmentInfo]:
-        """Merge the archive segments that lie within one postings segment into one of the same
-        range and name, so the archive is cut as the postings are (compaction merges postings
-        segments by their rows; archived messages are far fewer and larger than postings).
-        Run on every seal, it also finishes an alignment a crash interrupted."""
-        archive = self.archive_manifest.load()
-        runs: list[tuple[SegmentInfo, list[SegmentInfo]]] = []
-        for seg in self.manifest.load():
-            parts = [
-                a
-                for a in archive
-                if (a.incarnation, a.topic, a.partition)
-                == (seg.incarnation, seg.topic, seg.partition)
-                and seg.first_offset <= a.first_offset
-                and a.last_offset <= seg.last_offset
-            ]
-            if len(parts) > 1:
-                runs.append((seg, sorted(parts, key=lambda a: a.first_offset)))
-        if not runs:
-            return []
-        kind = self._archive_kind
-        keep = {a.path: a for a in archive}
-        merged: list[SegmentInfo] = []
-        for seg, parts in runs:
-            files = ", ".join(f"'{_sql_path(kind.root / a.path)}'" for a in parts)
-            info = self._copy_to_segment(
-                kind,
-                seg.path,
-                f"SELECT * FROM read_parquet([{files}]) ORDER BY {kind.order}",
-                {},
-                seg.incarnation,
-                seg.topic,
-                seg.partition,
-                seg.first_offset,
-                seg.last_offset,
-            )
-            if info.rows != sum(a.rows for a in parts):
-                raise StoreError(f"aligning the archive of {seg.path} lost messages")
-            for part in parts:
-                keep.pop(part.path, None)
-            keep[info.path] = info
-            merged.append(info)
-        kind.manifest.save(keep.values())
-        return merged
+        return self._segments.compact(self._segments.postings, below_rows, min_segments)
 
     def remove_unlisted_files(self) -> int:
-        """Delete segment and archive files their manifest does not name (leftovers of
-        interrupted work)."""
-        removed = 0
-        for kind in (self._postings_kind, self._archive_kind):
-            listed = {kind.root / s.path for s in kind.manifest.load()}
-            for path in kind.root.rglob("*.parquet"):
-                if path not in listed:
-                    path.unlink(missing_ok=True)
-                    removed += 1
-            for path in kind.root.rglob(".*.tmp-*"):
-                path.unlink(missing_ok=True)
-        return removed
+        """Delete segment and archive files their manifest does not name."""
+        return self._segments.remove_unlisted_files()
 
     # ------------------------------------------------------------------ inspection
 
     def hot_rows(self) -> int:
-        row = _first(self._con.execute("SELECT count(*) FROM postings"))
+        row = first_row(self._con.execute("SELECT count(*) FROM postings"))
         return int(row[0]) if row else 0
 
     def hot_archived(self) -> int:
         """Archived messages not sealed yet."""
-        row = _first(self._con.execute("SELECT count(*) FROM raw_events"))
+        row = first_row(self._con.execute("SELECT count(*) FROM raw_events"))
         return int(row[0]) if row else 0
 
     @property
@@ -1398,7 +888,7 @@ class LedgerStore:
         The dedupe window is measured in sample time, so replaying old data dedupes the same way
         as live data.
         """
-        row = _first(self._con.execute("SELECT max(time_us) FROM seen_events"))
+        row = first_row(self._con.execute("SELECT max(time_us) FROM seen_events"))
         if row is None or row[0] is None:
             return 0
         return self.prune_seen_before(int(row[0]) - window_us)
@@ -1430,92 +920,8 @@ class LedgerStore:
     def close(self) -> None:
         self._con.close()
 
-    def __enter__(self) -> LedgerStore:
+    def __enter__(self) -> DuckDBStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _first(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...] | None:
-    """The first row of a result, read to its end so the connection is free for the next call."""
-    rows = result.fetchall()
-    return rows[0] if rows else None
-
-
-def _sql_path(path: Path) -> str:
-    return str(path).replace("'", "''")
-
-
-_INDEX = {name: i for i, name in enumerate(POSTINGS_SCHEMA.names)}
-
-
-def transaction_from_rows(rows: Sequence[tuple[object, ...]]) -> Transaction | None:
-    """Rebuild a transaction from its posting rows (in the postings schema's column order)."""
-    if not rows:
-        return None
-    first = rows[0]
-
-    def col(row: tuple[object, ...], name: str) -> object:
-        return row[_INDEX[name]]
-
-    def text(row: tuple[object, ...], name: str) -> str | None:
-        value = col(row, name)
-        return None if value is None else str(value)
-
-    postings = tuple(
-        Posting(
-            account=str(col(r, "account")),
-            unit=Unit(str(col(r, "unit"))),
-            amount=int(str(col(r, "amount"))),
-            team=text(r, "team"),
-            project=text(r, "project"),
-            user=text(r, "user"),
-            job_id=text(r, "job_id"),
-            cost_centre=text(r, "cost_centre"),
-        )
-        for r in rows
-    )
-    util = col(first, "util_pct")
-    return Transaction(
-        txn_id=str(col(first, "txn_id")),
-        kind=TransactionKind(str(col(first, "kind"))),
-        start_us=int(str(col(first, "start_us"))),
-        end_us=int(str(col(first, "end_us"))),
-        gpu_uuid=text(first, "gpu_uuid") or "",
-        model=text(first, "model") or "",
-        pool=text(first, "pool") or "",
-        node=text(first, "node") or "",
-        postings=postings,
-        cause=tuple(str(col(first, "cause")).split(" ")),
-        period=str(col(first, "period")),
-        util_pct=None if util is None else int(str(util)),
-        idle=bool(col(first, "idle")),
-    )
-
-
-def find_sealed_transaction(data_dir: Path | str, txn_id: str) -> Transaction | None:
-    """A transaction in the sealed segments, read with a connection of its own (for readers)."""
-    files = Manifest(Path(data_dir) / SEGMENTS_DIR).files()
-    if not files:
-        return None
-    listed = ", ".join(f"'{_sql_path(f)}'" for f in files)
-    con = duckdb.connect(":memory:")
-    try:
-        rows = con.execute(
-            f"SELECT {_COLUMNS} FROM read_parquet([{listed}]) WHERE txn_id = ? ORDER BY leg",
-            [txn_id],
-        ).fetchall()
-    finally:
-        con.close()
-    return transaction_from_rows(rows)
-
-
-def ranges_from_offsets(offsets: Iterable[tuple[str, int, int]]) -> list[OffsetRange]:
-    """Collapse (topic, partition, offset) triples into one range per partition."""
-    bounds: dict[PartitionKey, tuple[int, int]] = {}
-    for topic, partition, offset in offsets:
-        key = (topic, partition)
-        lo, hi = bounds.get(key, (offset, offset))
-        bounds[key] = (min(lo, offset), max(hi, offset))
-    return [OffsetRange(t, p, lo, hi) for (t, p), (lo, hi) in sorted(bounds.items())]

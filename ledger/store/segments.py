@@ -20,13 +20,13 @@ listed by `archive/manifest.json` (the same format). It lives outside `segments/
 reader of postings can ever mistake a message file for postings. An archive segment covers the
 same offset range as the postings segment sealed with it, and when compaction merges postings
 segments the archive segments within the merged range are merged alike, so both are cut the
-same way and per partition the two manifests cover the same offsets; `ledger.verify` checks
+same way and per partition the two manifests cover the same offsets; `ledger.store.verify` checks
 the coverage.
 
 Each postings segment's manifest entry also carries its `SegmentSummary` (the periods booked,
 the teams charged, the pools and models used, the span of its usage), computed from the written
 file by `summarise_segment`, so the pages' filters and "now" need no scan of the ledger
-(`ledger.rollups.extent`). Segments are immutable, so a summary never goes stale; `verify`
+(`ledger.read.rollups.extent`). Segments are immutable, so a summary never goes stale; `verify`
 recomputes it, and an entry without one (an older manifest) is summarised when read.
 """
 

@@ -20,7 +20,7 @@ Rules every report here keeps:
   model nobody used stays unshared.
 - Money is integer micro-units throughout; decimals appear only when rendering.
 
-SQL is built only from the whitelisted dimension names in `ledger.queries.DIMENSIONS`; every
+SQL is built only from the whitelisted dimension names in `ledger.read.queries.DIMENSIONS`; every
 value is a bound parameter.
 """
 
@@ -39,7 +39,7 @@ import pyarrow as pa
 from ledger.attribution import largest_remainder
 from ledger.errors import LedgerError
 from ledger.periods import Period
-from ledger.queries import DIMENSIONS, LedgerQueries
+from ledger.read.queries import DIMENSIONS, LedgerQueries
 from ledger.units import MS_PER_HOUR
 
 _RETRIES = 3

@@ -25,10 +25,11 @@ from pathlib import Path
 
 import duckdb
 
-from ledger.closing import CHECKSUM_ALGORITHM, load_closed_periods, period_checksum
+from ledger.closing import CHECKSUM_ALGORITHM
 from ledger.errors import SegmentError
-from ledger.segments import Manifest, SegmentInfo, file_sha256, summarise_segment
-from ledger.store import ARCHIVE_DIR, SEGMENTS_DIR
+from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR
+from ledger.store.segments import Manifest, SegmentInfo, file_sha256, summarise_segment
+from ledger.store.side_files import load_closed_periods, period_checksum
 
 Progress = Callable[[int, int], None]
 

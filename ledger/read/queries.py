@@ -16,8 +16,10 @@ import duckdb
 
 from ledger.errors import LedgerError
 from ledger.periods import Period
-from ledger.segments import Manifest, SegmentInfo, SegmentSummary, summarise_segment
-from ledger.store import POSTINGS_SCHEMA, SEGMENTS_DIR
+from ledger.postings import Transaction
+from ledger.store.layout import SEGMENTS_DIR, sql_list
+from ledger.store.schema import POSTING_COLUMNS_SQL, POSTINGS_SCHEMA, transaction_from_rows
+from ledger.store.segments import Manifest, SegmentInfo, SegmentSummary, summarise_segment
 
 DIMENSIONS = (
     "cost_centre",
@@ -168,3 +170,20 @@ def _duck_type(arrow_type: str) -> str:
         "int64": "BIGINT",
         "bool": "BOOLEAN",
     }[arrow_type]
+
+
+def find_sealed_transaction(data_dir: Path | str, txn_id: str) -> Transaction | None:
+    """A transaction in the sealed segments, read with a connection of its own (for readers)."""
+    files = Manifest(Path(data_dir) / SEGMENTS_DIR).files()
+    if not files:
+        return None
+    con = duckdb.connect(":memory:")
+    try:
+        rows = con.execute(
+            f"SELECT {POSTING_COLUMNS_SQL} FROM read_parquet([{sql_list(files)}]) "
+            "WHERE txn_id = ? ORDER BY leg",
+            [txn_id],
+        ).fetchall()
+    finally:
+        con.close()
+    return transaction_from_rows(rows)

@@ -58,7 +58,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ledger.periods import Period
-from ledger.reports import ReportQueries
+from ledger.read.reports import ReportQueries
 
 FOCUS_VERSION = "1.2"
 GPU_HOURS_UNIT = "GPU-Hours"

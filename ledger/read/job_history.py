@@ -3,7 +3,7 @@ archive, and the dashboard's plain-language reading of it.
 
 This module owns what the Team page and the queue-wait trends say about jobs:
 - `read_job_event_log` reads the messages of the jobs topic from the sealed raw-event archive
-  (`archive/`, see `ledger.segments`) and decodes them with `ledger.job_events`
+  (`archive/`, see `ledger.store.segments`) and decodes them with `ledger.job_events`
   (`job_event_log`); hold events, which share the topic, are passed over;
 - `fold_jobs` folds job events into one `JobRow` per job: state, queue, GPUs, times, the
   current wait and its reason, preemptions (by whom, why), attempts;
@@ -57,8 +57,8 @@ from ledger.job_events import (
     job_envelope_from_dict,
 )
 from ledger.periods import Period
-from ledger.segments import Manifest
-from ledger.store import ARCHIVE_DIR
+from ledger.store.layout import ARCHIVE_DIR
+from ledger.store.segments import Manifest
 
 DEFAULT_JOBS_TOPIC = "tally.jobs"
 US_PER_MINUTE = 60_000_000

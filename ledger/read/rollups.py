@@ -1,18 +1,19 @@
 """Rollups for the dashboard: the queries behind each page, as plain values.
 
 This module owns what the Finance, Platform, Capacity-planning and Team pages *show*: every
-number on those pages comes from a function here (or from `ledger.reports`, `ledger.statements`,
-`ledger.focus`, `ledger.balances` and `ledger.job_history`, which these build on). Each function
-reads the sealed postings through `ReportQueries.rows` (a DuckDB connection of its own over the
+number on those pages comes from a function here (or from `ledger.read.reports`,
+`ledger.read.statements`, `ledger.read.focus`, `ledger.read.balances` and
+`ledger.read.job_history`, which these build on). Each function reads the sealed postings
+through `ReportQueries.rows` (a DuckDB connection of its own over the
 segments the manifest lists), the jobs topic's messages out of the sealed raw-event archive
-(`ledger.job_history.read_job_event_log`) or the readers' copy of the admin log, and returns
+(`ledger.read.job_history.read_job_event_log`) or the readers' copy of the admin log, and returns
 frozen dataclasses; the pages only render them.
 
 Rules every rollup here keeps:
 - money and GPU time are integers (micro-units, GPU-ms) in everything computed; floats appear
   only in estimates that are not ledger amounts (utilisation averages, forecasts, queueing
   estimates) and in display;
-- a *period* filter selects postings booked into the period (as `ledger.reports` does); the
+- a *period* filter selects postings booked into the period (as `ledger.read.reports` does); the
   platform and capacity rollups are about when GPUs were used and select by `start_us`;
 - "now" is the newest sealed sample (`LedgerQueries.newest_sealed_us`), never the wall clock, so
   the pages describe the ledger as sealed and a historic ledger reads the same tomorrow;
@@ -36,16 +37,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from ledger import job_history
 from ledger.accounts import AccountKind
-from ledger.admin import ADMIN_LOG_NAME, AdminView, load_admin_log
+from ledger.admin import AdminView
 from ledger.balances import BudgetStatus as TeamBudgetStatus
 from ledger.balances import budget_status as balance_budget_status
 from ledger.balances import fold_rows
-from ledger.closing import load_closed_periods
 from ledger.errors import LedgerError
-from ledger.focus import ExportFormat, FocusContext, focus_table, write_focus
-from ledger.reports import (
+from ledger.read import job_history
+from ledger.read.focus import ExportFormat, FocusContext, focus_table, write_focus
+from ledger.read.reports import (
     CONSUMER_SQL,
     IDLE_LEG_SQL,
     UNALLOCATED_SQL,
@@ -56,8 +56,9 @@ from ledger.reports import (
     period_clause,
     period_of,
 )
-from ledger.segments import MANIFEST_NAME
-from ledger.store import ARCHIVE_DIR, SEGMENTS_DIR
+from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR
+from ledger.store.segments import MANIFEST_NAME
+from ledger.store.side_files import ADMIN_LOG_NAME, load_admin_log, load_closed_periods
 
 HOUR_US = 3_600_000_000
 DAY_US = 24 * HOUR_US
@@ -155,7 +156,8 @@ class Extent:
 
 def extent(q: ReportQueries) -> Extent:
     """Periods, teams, pools, models and the usage's time span of the sealed ledger, merged
-    from the segments' summaries (`ledger.segments.SegmentSummary`): no scan of the postings."""
+    from the segments' summaries (`ledger.store.segments.SegmentSummary`): no scan of the
+    postings."""
     summaries = q.segment_summaries()
     firsts = [s.usage_first_us for s in summaries if s.usage_first_us is not None]
     lasts = [s.usage_last_us for s in summaries if s.usage_last_us is not None]
@@ -238,7 +240,7 @@ class CostTable:
 def cost_table(
     q: ReportQueries, dim: str, filters: Filters, sharing: IdleSharing | str = IdleSharing.NONE
 ) -> CostTable:
-    """`ledger.reports.cost_report` by `dim`, narrowed to the team and pool filters.
+    """`ledger.read.reports.cost_report` by `dim`, narrowed to the team and pool filters.
 
     Sharing is a property of a whole report, so the report is built by `dim` plus each filtered
     dimension over the whole period, then narrowed: a row shows exactly what
@@ -458,7 +460,7 @@ def budget_burn(
     """Budget burn-down of every team (or `team`) with spend or a money grant in `period`.
 
     Spend is the team's consumer money booked into the period (all kinds, so credits lower
-    it): what `ledger.statements` calls *used*. Grants are `budget_grant` postings on
+    it): what `ledger.read.statements` calls *used*. Grants are `budget_grant` postings on
     `budget:<team>`, whose credit is negative by the ledger's sign convention.
 
     The forecast is a run rate in integers: spend in the last `window_days` before `as_of_us`
@@ -1213,7 +1215,7 @@ def _data_dir(q: ReportQueries) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class JobHistory:
-    """Every job the scheduler's events describe (`ledger.job_history.fold_jobs`), read from
+    """Every job the scheduler's events describe (`ledger.read.job_history.fold_jobs`), read from
     the jobs topic's messages in the sealed raw-event archive."""
 
     rows: tuple[job_history.JobRow, ...]
@@ -1240,7 +1242,7 @@ def job_history_of(q: ReportQueries, topic: str = job_history.DEFAULT_JOBS_TOPIC
 def job_explanation(
     q: ReportQueries, topic: str, job_id: str, as_of_us: int
 ) -> job_history.Explanation:
-    """`ledger.job_history.explain_job` for `job_id`, naming the preemptors' teams."""
+    """`ledger.read.job_history.explain_job` for `job_id`, naming the preemptors' teams."""
     log = _job_log(q, topic)
     teams = job_history.job_teams(job_history.fold_jobs(log.events))
     return job_history.explain_job(job_id, log.events, as_of_us, teams)
@@ -1450,7 +1452,7 @@ def queue_wait_trends(
     pool: str | None = None,
 ) -> tuple[job_history.QueueWaitDay, ...]:
     """Queueing delay (submission → first start) per UTC day, pool and model, from the jobs
-    topic in the archive (`ledger.job_history.daily_queue_waits`; None: unbounded)."""
+    topic in the archive (`ledger.read.job_history.daily_queue_waits`; None: unbounded)."""
     rows = job_history.fold_jobs(_job_log(q, topic).events)
     return job_history.daily_queue_waits(rows, since_us, until_us, pool)
 
@@ -1464,6 +1466,6 @@ def observed_queue_waits(
     pool: str | None = None,
 ) -> job_history.ObservedWaits:
     """The observed p50 / p95 queueing delay of `model` in a window, beside the jobs still
-    waiting for it (`ledger.job_history.observed_waits`)."""
+    waiting for it (`ledger.read.job_history.observed_waits`)."""
     rows = job_history.fold_jobs(_job_log(q, topic).events)
     return job_history.observed_waits(rows, model, since_us, until_us, pool)

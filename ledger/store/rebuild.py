@@ -35,21 +35,19 @@ from pathlib import Path
 
 import duckdb
 
-from ledger.balances import FOLD_SQL, BalanceRow, fold_rows
-from ledger.closing import ClosedPeriod, load_closed_periods
+from ledger.balances import BalanceRow, fold_rows
+from ledger.closing import ClosedPeriod
 from ledger.errors import StoreError
 from ledger.idle import IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
 from ledger.pricing import PriceBook
-from ledger.segments import Manifest
-from ledger.store import (
-    ARCHIVE_DIR,
-    POSTINGS_SCHEMA,
-    SEGMENTS_DIR,
-    LedgerStore,
-    archived_value,
-)
-from ledger.verify import archive_coverage
+from ledger.read.balances import FOLD_SQL
+from ledger.store.hot import DuckDBStore
+from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR
+from ledger.store.schema import POSTINGS_SCHEMA, archived_value
+from ledger.store.segments import Manifest
+from ledger.store.side_files import load_closed_periods
+from ledger.store.verify import archive_coverage
 
 Progress = Callable[[int], None]  # batches replayed since the last call
 BalanceKey = tuple[str, str, str]  # (account, unit, period)
@@ -247,7 +245,7 @@ def replay(
         raise StoreError(f"{target} is not an empty directory: a rebuild needs a fresh one")
     problems: list[Difference] = []
     count = messages = 0
-    with LedgerStore(target) as store:
+    with DuckDBStore(target) as store:
         ingestor: Ingestor | None = None
         for batch in batches:
             if batch.pruned_before_us is not None:

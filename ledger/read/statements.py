@@ -1,7 +1,7 @@
 """A team's statement for one accounting period: what it cost, where, what was wasted, and its
 budget.
 
-The statement reads the postings *booked into* the period (see `ledger.reports`): the team's
+The statement reads the postings *booked into* the period (see `ledger.read.reports`): the team's
 consumer postings by project and by user, its allocated-but-idle waste, corrections (other kinds
 than usage, and usage booked late from an earlier period), and — when idle sharing is asked
 for — its share of unallocated capacity, exactly as `report cost --by team` would show it.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.periods import Period
-from ledger.reports import (
+from ledger.read.reports import (
     CONSUMER_SQL,
     IDLE_LEG_SQL,
     IdleSharing,

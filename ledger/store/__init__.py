@@ -1,0 +1,4 @@
+"""The ledger store: the port (`port.LedgerStore`), its DuckDB + Parquet implementation
+(`hot.DuckDBStore`, sealing in `sealing`, segment files and manifests in `segments`, side files
+in `side_files`, row schemas in `schema`), the in-memory one (`memory.MemoryStore`), and the
+tools that check and replay a data directory (`verify`, `rebuild`)."""

@@ -1,0 +1,35 @@
+"""The layout of a ledger data directory, and the small SQL helpers every DuckDB user of it
+shares.
+
+    <data_dir>/hot.duckdb      the writer's database (`ledger.store.hot`); nothing else opens it
+    <data_dir>/segments/       sealed postings segments, their manifest and the side files
+    <data_dir>/archive/        sealed raw-event archive segments and their manifest
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+HOT_DB_NAME = "hot.duckdb"
+SEGMENTS_DIR = "segments"
+ARCHIVE_DIR = "archive"
+
+
+def first_row(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...] | None:
+    """The first row of a result, read to its end so the connection is free for the next call."""
+    rows = result.fetchall()
+    return rows[0] if rows else None
+
+
+def sql_path(path: Path) -> str:
+    """`path` as the body of a single-quoted SQL string."""
+    return str(path).replace("'", "''")
+
+
+def sql_list(paths: Iterable[Path]) -> str:
+    """`paths` as a SQL list of strings, for `read_parquet([...])`."""
+    return ", ".join(f"'{sql_path(p)}'" for p in paths)

@@ -1,0 +1,253 @@
+"""The ledger store port: what ingest, sealing and readers ask of a store, and the values they
+exchange with it.
+
+A store keeps one ledger: postings, the exactly-once bookkeeping (applied event ids, consumed
+offset ranges per broker incarnation), the projections a batch's fold reads (open holds, idle
+states, GPU assignment timelines, the admin log, reversals, closed periods, balances) and an
+outbox of messages owed to the broker. Two implementations keep the same contract
+(`tests/contract/test_store_contract.py`): `ledger.store.hot.DuckDBStore` (DuckDB + Parquet
+segments, the production one) and `ledger.store.memory.MemoryStore`.
+
+Ingest talks to a store in three steps: `load_view` reads, at once, everything a batch's fold
+needs (a `LedgerView`, selected by the batch's `ViewKeys`); the fold is pure; `commit` writes
+the batch's effect in one atomic step. Invariants every implementation keeps:
+- a commit is all or nothing, and records the offset ranges it consumed with its postings;
+- a transaction whose id was applied before (or repeats within the batch) is dropped;
+- nothing is booked into a closed period, and a close is committed only with nothing unsealed;
+- balances are the fold of the postings, per (account, unit, period).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ledger.admin import AdminView, AppliedAdmin, BudgetKey
+from ledger.assignments import Holding
+from ledger.balances import BalanceRow
+from ledger.closing import ClosedPeriod
+from ledger.events import DeadLetter
+from ledger.holds import HoldKey, OpenHold
+from ledger.idle import GpuIdleState
+from ledger.postings import Transaction
+from ledger.pricing import PriceBook
+from ledger.store.segments import SegmentInfo
+
+PartitionKey = tuple[str, int]  # (topic, partition)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumedMessage:
+    """One message as consumed from the broker: what the ingest folds and the archive keeps."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+    key: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetRange:
+    """Offsets `first..last` (inclusive) of one partition consumed by a batch."""
+
+    topic: str
+    partition: int
+    first: int
+    last: int
+
+
+@dataclass(frozen=True, slots=True)
+class SourcedTransaction:
+    """A transaction and the message it came from."""
+
+    txn: Transaction
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    """A message to publish once its batch is committed (alerts, dead letters).
+
+    Written in the batch's transaction and sent after it, until the broker acknowledges it: at
+    least once, and consumers dedupe by the content-derived `id`.
+    """
+
+    id: str
+    topic: str
+    key: bytes | None
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    transactions: int
+    postings: int
+    duplicates: int
+    dead_letters: int
+    balances_published: int = 0
+    closed: tuple[str, ...] = ()
+
+    def __add__(self, other: CommitResult) -> CommitResult:
+        return CommitResult(
+            self.transactions + other.transactions,
+            self.postings + other.postings,
+            self.duplicates + other.duplicates,
+            self.dead_letters + other.dead_letters,
+            self.balances_published + other.balances_published,
+            self.closed + other.closed,
+        )
+
+
+NO_COMMIT = CommitResult(0, 0, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class StateChanges:
+    """What a batch changes besides postings, committed with them.
+
+    - `holds`: open holds that changed (an amount of 0 removes the hold);
+    - `admin`: admin events applied (a `PeriodClosed` applied closes its period);
+    - `reversals`: (reversed transaction, reversing transaction);
+    - `seen`: ids (and event times) of events applied without a transaction of their own;
+    - `timelines`: GPUs whose assignment timeline changed, each with its whole new timeline.
+    """
+
+    holds: Sequence[OpenHold] = ()
+    admin: Sequence[AppliedAdmin] = ()
+    reversals: Sequence[tuple[str, str]] = ()
+    seen: Sequence[tuple[str, int]] = ()
+    timelines: Mapping[str, tuple[Holding, ...]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SealResult:
+    sealed: list[SegmentInfo] = field(default_factory=list)
+    compacted: list[SegmentInfo] = field(default_factory=list)
+    archived: list[SegmentInfo] = field(default_factory=list)
+    archive_compacted: list[SegmentInfo] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class ViewKeys:
+    """What one batch's fold will look at: the store answers for these keys only.
+
+    - `event_ids`: ids whose applied-before status matters (samples, holds, assignments);
+    - `admin_ids`: admin event ids (kept for good, unlike the dedupe window of `event_ids`);
+    - `gpu_uuids`: GPUs whose assignment timeline the fold reads;
+    - `subjects`: idle-detector subjects (GPUs or MIG slices) whose state the fold steps;
+    - `budget_keys`: (team, period, unit) whose granted total a grant is checked against;
+    - `txn_ids`: transactions a reversal names (the transaction and who reversed it, if anyone);
+    - `holds`: whether the fold needs the open holds.
+    """
+
+    event_ids: Sequence[str] = ()
+    admin_ids: Sequence[str] = ()
+    gpu_uuids: frozenset[str] = frozenset()
+    subjects: frozenset[str] = frozenset()
+    budget_keys: frozenset[BudgetKey] = frozenset()
+    txn_ids: frozenset[str] = frozenset()
+    holds: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerView:
+    """The part of the ledger one batch's fold reads, as plain values."""
+
+    seen: frozenset[str] = frozenset()
+    admin_applied: frozenset[str] = frozenset()
+    closed: frozenset[str] = frozenset()
+    admin: AdminView = field(default_factory=AdminView)
+    timelines: Mapping[str, tuple[Holding, ...]] = field(default_factory=dict)
+    idle: Mapping[str, GpuIdleState] = field(default_factory=dict)
+    holds: Mapping[HoldKey, OpenHold] = field(default_factory=dict)
+    budget_totals: Mapping[BudgetKey, int] = field(default_factory=dict)
+    transactions: Mapping[str, Transaction] = field(default_factory=dict)
+    reversed_by: Mapping[str, str] = field(default_factory=dict)
+
+
+class LedgerStore(Protocol):
+    """The store port. Every method either does all it says or raises `StoreError`."""
+
+    @property
+    def batch_seq(self) -> int:
+        """The sequence number of the last archived batch (0: none yet)."""
+        ...
+
+    def applied_offsets(self, incarnation: str) -> dict[PartitionKey, int]:
+        """The next offset to apply per (topic, partition) for one broker incarnation."""
+        ...
+
+    def load_view(self, keys: ViewKeys) -> LedgerView: ...
+
+    def seen_ids(self, ids: Sequence[str]) -> set[str]:
+        """Which of `ids` have been applied already (events and transactions alike)."""
+        ...
+
+    def commit(
+        self,
+        incarnation: str,
+        ranges: Sequence[OffsetRange],
+        transactions: Sequence[SourcedTransaction],
+        dead_letters: Sequence[DeadLetter] = (),
+        idle_states: Sequence[GpuIdleState] = (),
+        outbox: Sequence[OutboxMessage] = (),
+        changes: StateChanges | None = None,
+        balances_topic: str | None = None,
+        raw: Sequence[ConsumedMessage] = (),
+    ) -> CommitResult: ...
+
+    def seal(
+        self, compact_below_rows: int = 500_000, compact_min_segments: int = 8
+    ) -> SealResult: ...
+
+    def prune_seen_events(self, window_us: int) -> int: ...
+
+    def prune_seen_before(self, cutoff_us: int) -> int: ...
+
+    def pending_outbox(self, limit: int = 1000) -> list[OutboxMessage]: ...
+
+    def mark_sent(self, ids: Sequence[str]) -> None: ...
+
+    def balance_rows(self) -> list[BalanceRow]:
+        """The balances projection per (account, unit, period), sorted."""
+        ...
+
+    def folded_balances(self) -> list[BalanceRow]:
+        """The fold of every committed posting per (account, unit, period), recomputed, sorted."""
+        ...
+
+    def open_holds(self) -> dict[HoldKey, OpenHold]: ...
+
+    def closed_period_labels(self) -> frozenset[str]: ...
+
+    def closed_periods(self) -> list[ClosedPeriod]: ...
+
+    def admin_entries(self) -> list[AppliedAdmin]: ...
+
+    def admin_view(self) -> AdminView: ...
+
+    def price_book(self, default: PriceBook) -> PriceBook: ...
+
+    def find_transaction(self, txn_id: str) -> Transaction | None: ...
+
+    def dead_letters(self) -> list[tuple[object, ...]]: ...
+
+    def hot_rows(self) -> int:
+        """Committed postings not sealed yet."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def ranges_from_offsets(offsets: Iterable[tuple[str, int, int]]) -> list[OffsetRange]:
+    """Collapse (topic, partition, offset) triples into one range per partition."""
+    bounds: dict[PartitionKey, tuple[int, int]] = {}
+    for topic, partition, offset in offsets:
+        key = (topic, partition)
+        lo, hi = bounds.get(key, (offset, offset))
+        bounds[key] = (min(lo, offset), max(hi, offset))
+    return [OffsetRange(t, p, lo, hi) for (t, p), (lo, hi) in sorted(bounds.items())]

@@ -1,0 +1,280 @@
+"""Arrow row schemas of the ledger's tables and segments, and conversions to and from them.
+
+`POSTINGS_SCHEMA` is the column order of the hot `postings` table and of every postings
+segment; `RAW_SCHEMA` that of the raw-event archive. Conversions are column-wise: Python
+touches each posting once, Arrow repeats transaction-level columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+from ledger.errors import StoreError
+from ledger.postings import Posting, Transaction, TransactionKind
+from ledger.store.port import ConsumedMessage, SourcedTransaction
+from ledger.units import Unit
+
+RAW_SCHEMA = pa.schema(
+    [
+        ("batch_seq", pa.int64()),
+        ("batch_index", pa.int32()),
+        ("incarnation", pa.string()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("value_codec", pa.string()),
+        ("value_size", pa.int64()),
+        ("pruned_before_us", pa.int64()),
+    ]
+)
+# A value of at least this many bytes is kept zstd-compressed (`value_codec` 'zstd', the
+# original length in `value_size`): packed backfill messages shrink ~14×, so the hot database
+# and its WAL carry a fraction of the bytes; small real-time messages gain too little to pay
+# for the call. Parquet compresses the segments (zstd) either way.
+ARCHIVE_COMPRESS_FROM = 1024
+ARCHIVE_CODEC = "zstd"
+_ZSTD = pa.Codec(ARCHIVE_CODEC)
+
+POSTINGS_SCHEMA = pa.schema(
+    [
+        ("txn_id", pa.string()),
+        ("leg", pa.int16()),
+        ("kind", pa.string()),
+        ("account", pa.string()),
+        ("unit", pa.string()),
+        ("amount", pa.int64()),
+        ("team", pa.string()),
+        ("project", pa.string()),
+        ("user", pa.string()),
+        ("job_id", pa.string()),
+        ("cost_centre", pa.string()),
+        ("gpu_uuid", pa.string()),
+        ("model", pa.string()),
+        ("pool", pa.string()),
+        ("node", pa.string()),
+        ("start_us", pa.int64()),
+        ("end_us", pa.int64()),
+        ("cause", pa.string()),
+        ("incarnation", pa.string()),
+        ("src_topic", pa.string()),
+        ("src_partition", pa.int32()),
+        ("src_offset", pa.int64()),
+        ("period", pa.string()),
+        ("util_pct", pa.int16()),
+        ("idle", pa.bool_()),
+    ]
+)
+
+
+POSTING_COLUMNS_SQL = ", ".join(f'"{name}"' for name in POSTINGS_SCHEMA.names)
+
+_TXN_COLUMNS = (
+    "txn_id",
+    "kind",
+    "gpu_uuid",
+    "model",
+    "pool",
+    "node",
+    "start_us",
+    "end_us",
+    "cause",
+    "src_topic",
+    "src_partition",
+    "src_offset",
+    "period",
+    "util_pct",
+    "idle",
+)
+
+
+def transactions_to_arrow(items: Sequence[SourcedTransaction], incarnation: str) -> pa.Table:
+    """Column-wise postings of `items`, in the hot table's and the segments' schema.
+
+    Transaction-level columns are built once per transaction and repeated per posting by Arrow
+    (`take`), so Python touches each posting only for its own fields.
+    """
+    txn_id: list[str] = []
+    kind: list[str] = []
+    gpu: list[str | None] = []
+    model: list[str | None] = []
+    pool: list[str | None] = []
+    node: list[str | None] = []
+    start: list[int] = []
+    end: list[int] = []
+    cause: list[str] = []
+    topic: list[str] = []
+    partition: list[int] = []
+    offset: list[int] = []
+    period: list[str] = []
+    util: list[int | None] = []
+    idle: list[bool] = []
+    owner_index: list[int] = []
+    leg: list[int] = []
+    account: list[str] = []
+    unit: list[str] = []
+    amount: list[int] = []
+    team: list[str | None] = []
+    project: list[str | None] = []
+    user: list[str | None] = []
+    job: list[str | None] = []
+    centre: list[str | None] = []
+    for index, item in enumerate(items):
+        txn = item.txn
+        txn_id.append(txn.txn_id)
+        kind.append(txn.kind.value)
+        gpu.append(txn.gpu_uuid or None)  # admin and hold transactions are about no GPU
+        model.append(txn.model or None)
+        pool.append(txn.pool or None)
+        node.append(txn.node or None)
+        start.append(txn.start_us)
+        end.append(txn.end_us)
+        cause.append(" ".join(txn.cause))
+        topic.append(item.topic)
+        partition.append(item.partition)
+        offset.append(item.offset)
+        period.append(txn.period)
+        util.append(txn.util_pct)
+        idle.append(txn.idle)
+        for number, p in enumerate(txn.postings):
+            owner_index.append(index)
+            leg.append(number)
+            account.append(p.account)
+            unit.append(p.unit.value)
+            amount.append(p.amount)
+            team.append(p.team)
+            project.append(p.project)
+            user.append(p.user)
+            job.append(p.job_id)
+            centre.append(p.cost_centre)
+    per_txn = pa.table(
+        [
+            txn_id,
+            kind,
+            gpu,
+            model,
+            pool,
+            node,
+            start,
+            end,
+            cause,
+            topic,
+            partition,
+            offset,
+            period,
+            util,
+            idle,
+        ],
+        schema=pa.schema([POSTINGS_SCHEMA.field(name) for name in _TXN_COLUMNS]),
+    ).take(pa.array(owner_index, pa.int32()))
+    rows = len(leg)
+    columns = {
+        **{name: per_txn.column(name) for name in _TXN_COLUMNS},
+        "leg": pa.array(leg, pa.int16()),
+        "account": pa.array(account, pa.string()),
+        "unit": pa.array(unit, pa.string()),
+        "amount": pa.array(amount, pa.int64()),
+        "team": pa.array(team, pa.string()),
+        "project": pa.array(project, pa.string()),
+        "user": pa.array(user, pa.string()),
+        "job_id": pa.array(job, pa.string()),
+        "cost_centre": pa.array(centre, pa.string()),
+        "incarnation": pa.array([incarnation] * rows, pa.string()),
+    }
+    return pa.table([columns[name] for name in POSTINGS_SCHEMA.names], schema=POSTINGS_SCHEMA)
+
+
+def archive_to_arrow(
+    messages: Sequence[ConsumedMessage], incarnation: str, batch_seq: int, pruned: int | None
+) -> pa.Table:
+    """The archive rows of one batch, in the hot table's and the archive segments' schema."""
+    n = len(messages)
+    values: list[bytes | None] = []
+    codecs: list[str | None] = []
+    sizes: list[int | None] = []
+    for m in messages:
+        value = m.value
+        if value is not None and len(value) >= ARCHIVE_COMPRESS_FROM:
+            values.append(_ZSTD.compress(value, asbytes=True))
+            codecs.append(ARCHIVE_CODEC)
+            sizes.append(len(value))
+        else:
+            values.append(value)
+            codecs.append(None)
+            sizes.append(None)
+    return pa.table(
+        [
+            pa.array([batch_seq] * n, pa.int64()),
+            pa.array(range(n), pa.int32()),
+            pa.array([incarnation] * n, pa.string()),
+            pa.array([m.topic for m in messages], pa.string()),
+            pa.array([m.partition for m in messages], pa.int32()),
+            pa.array([m.offset for m in messages], pa.int64()),
+            pa.array([m.key for m in messages], pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array(codecs, pa.string()),
+            pa.array(sizes, pa.int64()),
+            pa.array([pruned] * n, pa.int64()),
+        ],
+        schema=RAW_SCHEMA,
+    )
+
+
+def archived_value(value: bytes | None, codec: str | None, size: int | None) -> bytes | None:
+    """A message value as consumed, from its archived form."""
+    if codec is None or value is None:
+        return value
+    if codec != ARCHIVE_CODEC or size is None:
+        raise StoreError(f"an archived value in unknown form: codec {codec!r}, size {size!r}")
+    raw: bytes = _ZSTD.decompress(value, decompressed_size=size, asbytes=True)
+    return raw
+
+
+_INDEX = {name: i for i, name in enumerate(POSTINGS_SCHEMA.names)}
+
+
+def transaction_from_rows(rows: Sequence[tuple[object, ...]]) -> Transaction | None:
+    """Rebuild a transaction from its posting rows (in the postings schema's column order)."""
+    if not rows:
+        return None
+    first = rows[0]
+
+    def col(row: tuple[object, ...], name: str) -> object:
+        return row[_INDEX[name]]
+
+    def text(row: tuple[object, ...], name: str) -> str | None:
+        value = col(row, name)
+        return None if value is None else str(value)
+
+    postings = tuple(
+        Posting(
+            account=str(col(r, "account")),
+            unit=Unit(str(col(r, "unit"))),
+            amount=int(str(col(r, "amount"))),
+            team=text(r, "team"),
+            project=text(r, "project"),
+            user=text(r, "user"),
+            job_id=text(r, "job_id"),
+            cost_centre=text(r, "cost_centre"),
+        )
+        for r in rows
+    )
+    util = col(first, "util_pct")
+    return Transaction(
+        txn_id=str(col(first, "txn_id")),
+        kind=TransactionKind(str(col(first, "kind"))),
+        start_us=int(str(col(first, "start_us"))),
+        end_us=int(str(col(first, "end_us"))),
+        gpu_uuid=text(first, "gpu_uuid") or "",
+        model=text(first, "model") or "",
+        pool=text(first, "pool") or "",
+        node=text(first, "node") or "",
+        postings=postings,
+        cause=tuple(str(col(first, "cause")).split(" ")),
+        period=str(col(first, "period")),
+        util_pct=None if util is None else int(str(util)),
+        idle=bool(col(first, "idle")),
+    )

@@ -1,0 +1,245 @@
+"""Writing sealed segments from the hot tables: postings and archived messages of committed
+source ranges out to immutable Parquet files, compaction of small segments, and the archive
+kept cut as the postings are. Every file is written to a temporary name, fsynced and renamed,
+so an interrupted run leaves nothing a manifest names half-written."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from ledger.errors import StoreError
+from ledger.store.layout import first_row, sql_path
+from ledger.store.segments import (
+    Manifest,
+    SegmentInfo,
+    file_sha256,
+    fsync_dir,
+    segment_path,
+    summarise_segment,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SealKind:
+    """Where one kind of hot row (postings, archived messages) is sealed, and how."""
+
+    table: str
+    root: Path
+    manifest: Manifest
+    in_range: str  # the rows of one source range ($inc, $topic, $part, $first, $last)
+    order: str  # the order of rows in a segment file
+    stats: str  # rows, and the interval extent (or NULLs), of a written file
+
+
+class Segmenter:
+    """Writes the segments of one data directory with the writer's connection."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, segments_root: Path, archive_root: Path):
+        self._con = con
+        self.postings = SealKind(
+            "postings",
+            segments_root,
+            Manifest(segments_root),
+            "incarnation = $inc AND src_topic = $topic AND src_partition = $part "
+            "AND src_offset BETWEEN $first AND $last",
+            "src_offset, txn_id, leg",
+            "count(*), min(start_us), max(end_us)",
+        )
+        self.archive = SealKind(
+            "raw_events",
+            archive_root,
+            Manifest(archive_root),
+            'incarnation = $inc AND topic = $topic AND "partition" = $part '
+            'AND "offset" BETWEEN $first AND $last',
+            '"offset"',
+            "count(*), NULL, NULL",
+        )
+
+    def write_segment(
+        self, incarnation: str, topic: str, partition: int, first: int, last: int
+    ) -> SegmentInfo:
+        info = self.seal_range(self.postings, incarnation, topic, partition, first, last)
+        assert info is not None
+        return info
+
+    def seal_range(
+        self, kind: SealKind, incarnation: str, topic: str, partition: int, first: int, last: int
+    ) -> SegmentInfo | None:
+        """Write the hot rows of one source range to their segment; None when there are none."""
+        rel = segment_path(incarnation, topic, partition, first, last)
+        query = f"SELECT * FROM {kind.table} WHERE {kind.in_range} ORDER BY {kind.order}"
+        params = {
+            "inc": incarnation,
+            "topic": topic,
+            "part": partition,
+            "first": first,
+            "last": last,
+        }
+        if kind is self.archive:
+            row = first_row(
+                self._con.execute(
+                    f"SELECT count(*) FROM {kind.table} WHERE {kind.in_range}", params
+                )
+            )
+            if not row or not row[0]:
+                return None
+        return self._copy_to_segment(
+            kind, rel, query, params, incarnation, topic, partition, first, last
+        )
+
+    def _copy_to_segment(
+        self,
+        kind: SealKind,
+        rel: str,
+        query: str,
+        params: dict[str, object],
+        incarnation: str,
+        topic: str,
+        partition: int,
+        first: int,
+        last: int,
+    ) -> SegmentInfo:
+        target = kind.root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        con = self._con
+        con.execute(
+            f"COPY ({query}) TO '{sql_path(tmp)}' "
+            "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)",
+            params,
+        )
+        stats = first_row(con.execute(f"SELECT {kind.stats} FROM read_parquet('{sql_path(tmp)}')"))
+        assert stats is not None
+        summary = summarise_segment(con, tmp) if kind is self.postings else None
+        with tmp.open("rb") as handle:
+            os.fsync(handle.fileno())
+        tmp.replace(target)
+        fsync_dir(target.parent)
+        return SegmentInfo(
+            path=rel,
+            incarnation=incarnation,
+            topic=topic,
+            partition=partition,
+            first_offset=first,
+            last_offset=last,
+            rows=int(stats[0]),
+            sha256=file_sha256(target),
+            min_start_us=stats[1],
+            max_end_us=stats[2],
+            summary=summary,
+        )
+
+    def compact(self, kind: SealKind, below_rows: int, min_segments: int) -> list[SegmentInfo]:
+        segments = kind.manifest.load()
+        by_partition: dict[tuple[str, str, int], list[SegmentInfo]] = {}
+        for seg in segments:
+            by_partition.setdefault((seg.incarnation, seg.topic, seg.partition), []).append(seg)
+        runs: list[list[SegmentInfo]] = []
+        for segs in by_partition.values():
+            segs.sort(key=lambda s: s.first_offset)
+            run: list[SegmentInfo] = []
+            total = 0
+            for seg in segs:
+                adjacent = not run or run[-1].last_offset + 1 == seg.first_offset
+                if seg.rows < below_rows and adjacent and total + seg.rows <= below_rows:
+                    run.append(seg)
+                    total += seg.rows
+                    continue
+                if len(run) >= min_segments:
+                    runs.append(run)
+                run, total = ([seg], seg.rows) if seg.rows < below_rows else ([], 0)
+            if len(run) >= min_segments:
+                runs.append(run)
+        if not runs:
+            return []
+        keep = {s.path: s for s in segments}
+        merged: list[SegmentInfo] = []
+        for run in runs:
+            head, tail = run[0], run[-1]
+            files = ", ".join(f"'{sql_path(kind.root / s.path)}'" for s in run)
+            query = f"SELECT * FROM read_parquet([{files}]) ORDER BY {kind.order}"
+            rel = segment_path(
+                head.incarnation, head.topic, head.partition, head.first_offset, tail.last_offset
+            )
+            info = self._copy_to_segment(
+                kind,
+                rel,
+                query,
+                {},
+                head.incarnation,
+                head.topic,
+                head.partition,
+                head.first_offset,
+                tail.last_offset,
+            )
+            if info.rows != sum(s.rows for s in run):
+                raise StoreError(f"compaction of {rel} lost rows")
+            for seg in run:
+                keep.pop(seg.path, None)
+            keep[info.path] = info
+            merged.append(info)
+        kind.manifest.save(keep.values())
+        return merged
+
+    def align_archive(self) -> list[SegmentInfo]:
+        """Merge the archive segments that lie within one postings segment into one of the same
+        range and name, so the archive is cut as the postings are (compaction merges postings
+        segments by their rows; archived messages are far fewer and larger than postings).
+        Run on every seal, it also finishes an alignment a crash interrupted."""
+        archive = self.archive.manifest.load()
+        runs: list[tuple[SegmentInfo, list[SegmentInfo]]] = []
+        for seg in self.postings.manifest.load():
+            parts = [
+                a
+                for a in archive
+                if (a.incarnation, a.topic, a.partition)
+                == (seg.incarnation, seg.topic, seg.partition)
+                and seg.first_offset <= a.first_offset
+                and a.last_offset <= seg.last_offset
+            ]
+            if len(parts) > 1:
+                runs.append((seg, sorted(parts, key=lambda a: a.first_offset)))
+        if not runs:
+            return []
+        kind = self.archive
+        keep = {a.path: a for a in archive}
+        merged: list[SegmentInfo] = []
+        for seg, parts in runs:
+            files = ", ".join(f"'{sql_path(kind.root / a.path)}'" for a in parts)
+            info = self._copy_to_segment(
+                kind,
+                seg.path,
+                f"SELECT * FROM read_parquet([{files}]) ORDER BY {kind.order}",
+                {},
+                seg.incarnation,
+                seg.topic,
+                seg.partition,
+                seg.first_offset,
+                seg.last_offset,
+            )
+            if info.rows != sum(a.rows for a in parts):
+                raise StoreError(f"aligning the archive of {seg.path} lost messages")
+            for part in parts:
+                keep.pop(part.path, None)
+            keep[info.path] = info
+            merged.append(info)
+        kind.manifest.save(keep.values())
+        return merged
+
+    def remove_unlisted_files(self) -> int:
+        """Delete segment and archive files their manifest does not name (leftovers of
+        interrupted work)."""
+        removed = 0
+        for kind in (self.postings, self.archive):
+            listed = {kind.root / s.path for s in kind.manifest.load()}
+            for path in kind.root.rglob("*.parquet"):
+                if path not in listed:
+                    path.unlink(missing_ok=True)
+                    removed += 1
+            for path in kind.root.rglob(".*.tmp-*"):
+                path.unlink(missing_ok=True)
+        return removed

@@ -1,0 +1,86 @@
+"""The store's side files beside the segments: the readers' copy of the admin log, and the
+record and checksum of each closed period (the rules of a close are in `ledger.closing`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import asdict
+from pathlib import Path
+
+import duckdb
+import orjson
+
+from ledger.admin import AppliedAdmin, applied_from_dict, applied_to_dict
+from ledger.closing import CHECKSUM_COLUMNS, ClosedPeriod
+from ledger.errors import EventError, SegmentError
+from ledger.periods import Period
+from ledger.store.segments import atomic_write_bytes
+
+ADMIN_LOG_NAME = "admin-log.json"
+ADMIN_LOG_VERSION = 1
+CLOSED_DIR = "closed"
+_BATCH_ROWS = 65_536
+
+
+def write_admin_log(segments_root: Path, entries: Iterable[AppliedAdmin]) -> None:
+    """The readers' copy of the applied admin events, in the order they were applied."""
+    doc = {"version": ADMIN_LOG_VERSION, "events": [applied_to_dict(e) for e in entries]}
+    atomic_write_bytes(segments_root / ADMIN_LOG_NAME, orjson.dumps(doc))
+
+
+def load_admin_log(segments_root: Path) -> list[AppliedAdmin]:
+    path = segments_root / ADMIN_LOG_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    try:
+        doc = json.loads(raw)
+        return [applied_from_dict(entry) for entry in doc["events"]]
+    except (ValueError, KeyError, TypeError, EventError) as exc:
+        raise SegmentError(f"{path}: unreadable admin log: {exc}") from exc
+
+
+def period_checksum(con: duckdb.DuckDBPyConnection, source: str, period: str) -> tuple[int, str]:
+    """(rows, sha256) of the postings in `source` (a SQL relation) booked into `period`."""
+    columns = ", ".join(f'"{c}" := "{c}"' for c in CHECKSUM_COLUMNS)
+    cursor = con.execute(
+        f"SELECT to_json(struct_pack({columns})) FROM {source} "
+        "WHERE period = ? ORDER BY txn_id, leg",
+        [period],
+    )
+    digest = hashlib.sha256()
+    rows = 0
+    while chunk := cursor.fetchmany(_BATCH_ROWS):
+        rows += len(chunk)
+        digest.update("".join(f"{line}\n" for (line,) in chunk).encode())
+    return rows, digest.hexdigest()
+
+
+def closed_period_path(segments_root: Path, period: str) -> Path:
+    return segments_root / CLOSED_DIR / f"{Period.month(period).label}.json"
+
+
+def write_closed_period(segments_root: Path, closed: ClosedPeriod) -> bool:
+    """Write the record of a closed period unless it exists; True when it was written."""
+    path = closed_period_path(segments_root, closed.period)
+    if path.exists():
+        return False
+    atomic_write_bytes(path, json.dumps(asdict(closed), indent=1).encode())
+    return True
+
+
+def load_closed_periods(segments_root: Path) -> list[ClosedPeriod]:
+    """Every closed-period record under `segments_root`, oldest period first."""
+    folder = segments_root / CLOSED_DIR
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            found.append(ClosedPeriod(**json.loads(path.read_bytes())))
+        except (ValueError, TypeError) as exc:
+            raise SegmentError(f"{path}: unreadable closed-period record: {exc}") from exc
+    return found
