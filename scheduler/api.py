@@ -46,20 +46,13 @@ from aiohttp import web
 
 from ledger.job_events import MAX_GPUS_PER_JOB, MAX_TEXT
 from ledger.units import US_PER_SECOND, Unit
-from scheduler.errors import SchedulerError
+from scheduler.dispatcher import Dispatcher
+from scheduler.errors import Rejected, RejectKind, SchedulerError
 from scheduler.executors.errors import InvalidWork
 from scheduler.model import IdleAction
 from scheduler.ports import Work
-from scheduler.service import (
-    Accepted,
-    Dispatcher,
-    JobRecord,
-    JobState,
-    Rejected,
-    RejectKind,
-    SchedulerService,
-    SubmitRequest,
-)
+from scheduler.records import JobRecord, JobState, SubmitRequest
+from scheduler.service import Accepted, SchedulerService
 
 log = logging.getLogger("tally.scheduler.api")
 
@@ -485,7 +478,7 @@ class Api:
         d = self.dispatcher
         status = d.budgets.get(team)
         balance = d.balance_of(team)
-        own = d.holds.unacknowledged(team)
+        own = d.hold_acks.unacknowledged(team)
         units = []
         if status is not None:
             for line in status.lines:

@@ -7,16 +7,22 @@
     ├── ExecutorError    an executor could not do what it was told (`scheduler.executors.errors`:
     │                    InvalidWork, JobAlreadyStarted, ExecutorUnavailable, StopTimeout,
     │                    SlurmError and its kinds)
-    ├── ServiceError     the running service (`scheduler.service`): BrokerUnavailable
-    ├── Rejected         a request the service refuses (unknown queue or team, a cancelled job)
+    ├── ServiceError     the running service could not do its work (`scheduler.service`)
+    │   └── BrokerUnavailable   Kafka could not be reached or refused a request (aiokafka's
+    │                           errors, translated in one place: `scheduler.kafka`)
+    ├── Rejected         a request the scheduler refuses; its `kind` (`RejectKind`) says why:
+    │                    invalid, unknown (queue, team, project, model, pool), not found,
+    │                    conflict (a job already ended); the API maps it to a status
     └── ApiError         an HTTP request answered with a 4xx/5xx (`scheduler.api`)
 
 Decisions are values, not exceptions: a job that cannot be admitted gets a `JobWaiting` with its
-reason. These exceptions are for callers that built an invalid configuration or fed the state
-an impossible event sequence.
+reason. `ConfigError` and `StateError` are for callers that built an invalid configuration or
+fed the state an impossible event sequence.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
 
 
 class SchedulerError(Exception):
@@ -29,3 +35,26 @@ class ConfigError(SchedulerError):
 
 class StateError(SchedulerError):
     """An event that cannot be applied to the scheduler's state without breaking an invariant."""
+
+
+class ServiceError(SchedulerError):
+    """The service could not do its work (see the module's error tree)."""
+
+
+class BrokerUnavailable(ServiceError):
+    """Kafka could not be reached or refused a request."""
+
+
+class RejectKind(StrEnum):
+    INVALID = "invalid"  # the request is malformed
+    UNKNOWN = "unknown"  # it names a queue, team, project, model or pool that is not configured
+    NOT_FOUND = "not_found"  # no such job (or not one the caller may see)
+    CONFLICT = "conflict"  # the job is in a state that does not allow it
+
+
+class Rejected(SchedulerError):
+    """A request the scheduler refuses; `kind` says why."""
+
+    def __init__(self, kind: RejectKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind

@@ -22,6 +22,12 @@ Its contract:
   status (its log stays). A job stopped by `stop` is never reported by `poll`;
 - every decision stays in the pure core: `scheduler.executors.bridge` turns statuses into
   `jobs` events (finish, fail, retry) and decisions into `start`/`stop` calls.
+
+The publisher port (`Publisher`; adapters `scheduler.kafka.KafkaPublisher` and the in-memory
+`scheduler.fakes.MemoryPublisher`) sends `jobs` messages (`scheduler.jobs_topic`) in order and
+returns once the broker acknowledged every one, with where each landed; when it cannot, it
+raises `BrokerUnavailable` and the caller sends them all again. A message sent twice is
+harmless: a replay skips a repeated `tally-seq`, the ledger drops a repeated event id.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Protocol
 
 from ledger.job_events import JobEvent
 from scheduler.executors.errors import InvalidWork
+from scheduler.jobs_topic import Outgoing
 from scheduler.model import Balance, RunningJob
 
 
@@ -181,4 +188,12 @@ class SchedulerObserver(Protocol):
 
     def preempted(self, queue: str, count: int) -> None:
         """`count` more running jobs of `queue` were preempted (reclaims are not preemptions)."""
+        ...
+
+
+class Publisher(Protocol):
+    """Publishes the scheduler's `jobs` messages; see the module's contract."""
+
+    async def publish(self, messages: Sequence[Outgoing]) -> list[tuple[int, int]]:
+        """Send in order and wait for every acknowledgement; (partition, offset) of each."""
         ...

@@ -25,6 +25,7 @@ import yaml
 
 from ledger.units import US_PER_SECOND
 from scheduler.api import Tokens
+from scheduler.dispatcher import Dispatcher, TeamBudgetRules
 from scheduler.model import (
     DEFAULT_IDLE_POLICY,
     US_PER_MINUTE,
@@ -40,7 +41,7 @@ from scheduler.model import (
 )
 from scheduler.model import Flavor as CoreFlavor
 from scheduler.ports import Clock, Executor
-from scheduler.service import Dispatcher, ServiceSettings, TeamBudgetRules, WallClock
+from scheduler.service import ServiceSettings, WallClock
 from scheduler.state import SchedulerState
 from tally.components import simulated_fleet
 from tally.config import ConfigError, QueueConfig, TallyConfig

@@ -36,8 +36,8 @@ def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: i
     """Run the scheduler: rebuild from the jobs topic, then schedule and serve the API until
     Ctrl-C or SIGTERM (which stop the local jobs it runs)."""
     from scheduler.api import api_server
-    from scheduler.errors import SchedulerError
-    from scheduler.service import BrokerUnavailable, run_service
+    from scheduler.errors import BrokerUnavailable, SchedulerError
+    from scheduler.service import run_service
     from tally.metrics import TallyMetrics
     from tally.scheduling import api_url, build_dispatcher, load_tokens, service_settings
 

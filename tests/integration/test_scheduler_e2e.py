@@ -23,7 +23,8 @@ from ledger.holds import HoldPlaced, HoldReleased
 from ledger.periods import period_label
 from ledger.store.layout import SEGMENTS_DIR
 from ledger.store.side_files import load_admin_log
-from scheduler.service import decode_jobs_value, read_topic
+from scheduler.jobs_topic import decode_jobs_value
+from scheduler.kafka import read_topic
 from streams.kafka import ensure_topics
 from tally.broker import free_port
 from tests.conftest import child_env, tally_command, write_config

@@ -11,7 +11,8 @@ from collections import Counter
 from ledger.job_events import JobAdmitted, JobPreempted
 from scheduler.executors.fake import RUNS_FOREVER, FakeExecutor
 from scheduler.ports import SchedulerObserver
-from scheduler.service import JobState, SchedulerService
+from scheduler.records import JobState
+from scheduler.service import SchedulerService
 from tally.metrics import TallyMetrics
 from tally.scheduling import build_dispatcher
 from tests.unit.test_scheduler_service import _consumed

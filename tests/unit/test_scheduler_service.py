@@ -26,17 +26,12 @@ from ledger.job_events import (
     JobWaiting,
     WaitReason,
 )
+from scheduler.dispatcher import Dispatcher
+from scheduler.errors import Rejected, RejectKind
 from scheduler.executors.fake import RUNS_FOREVER, FakeExecutor, Outcome
+from scheduler.jobs_topic import Consumed, replay_order
 from scheduler.ports import StopReason, Work
-from scheduler.service import (
-    Consumed,
-    Dispatcher,
-    JobState,
-    Rejected,
-    RejectKind,
-    SubmitRequest,
-    replay_order,
-)
+from scheduler.records import JobState, SubmitRequest
 from tally.scheduling import build_dispatcher
 from tests.unit.test_scheduler_service_support import (
     HOUR_US,
@@ -194,8 +189,8 @@ def test_a_hold_is_counted_once_between_scheduler_and_ledger(
     job = asyncio.run(go())
     assert d.state.open_holds("vision").gpu_ms == 3_600_000
     if acknowledged:  # the ledger committed past the HoldPlaced; its balance was read
-        assert d.holds.committed({0: 10**9}, {0: 7}) == 1
-        assert d.holds.caught_up({0: 7}) == 1
+        assert d.hold_acks.committed({0: 10**9}, {0: 7}) == 1
+        assert d.hold_acks.caught_up({0: 7}) == 1
     d.on_balance(
         budget_update(
             "vision",
@@ -209,7 +204,7 @@ def test_a_hold_is_counted_once_between_scheduler_and_ledger(
     assert balance is not None
     seen_by_core = balance.gpu_ms - d.state.open_holds("vision").gpu_ms
     assert seen_by_core == expected_gpu_ms
-    assert d.holds.track(job) is not None
+    assert d.hold_acks.track(job) is not None
 
 
 def test_a_hold_is_acknowledged_only_after_the_ledger_committed_it_and_its_balance_was_read(
@@ -225,13 +220,13 @@ def test_a_hold_is_acknowledged_only_after_the_ledger_committed_it_and_its_balan
         return record.job_id
 
     job = asyncio.run(go())
-    track = d.holds.track(job)
+    track = d.hold_acks.track(job)
     assert track is not None and track.placed_at  # the broker said where it lies
     (offset,) = track.placed_at.values()
-    assert d.holds.committed({0: offset}, {0: 5}) == 0  # the ledger is not past it yet
-    assert d.holds.committed({0: offset + 1}, {0: 5}) == 1
-    assert d.holds.caught_up({0: 4}) == 0 and not track.acknowledged
-    assert d.holds.caught_up({0: 5}) == 1 and track.acknowledged
+    assert d.hold_acks.committed({0: offset}, {0: 5}) == 0  # the ledger is not past it yet
+    assert d.hold_acks.committed({0: offset + 1}, {0: 5}) == 1
+    assert d.hold_acks.caught_up({0: 4}) == 0 and not track.acknowledged
+    assert d.hold_acks.caught_up({0: 5}) == 1 and track.acknowledged
 
 
 def test_holds_are_released_when_a_held_run_ends_and_never_placed_twice(tmp_path):
@@ -252,7 +247,7 @@ def test_holds_are_released_when_a_held_run_ends_and_never_placed_twice(tmp_path
         "HoldReleased",
     ]  # one hold per attempt, released before the next is placed
     assert rig.dispatcher.state.open_holds("vision").gpu_ms == 0
-    assert rig.dispatcher.holds.track(job) is None
+    assert rig.dispatcher.hold_acks.track(job) is None
 
 
 def test_a_failed_job_is_retried_up_to_its_queues_limit(tmp_path):
@@ -447,7 +442,7 @@ def test_a_restarted_service_rebuilds_its_state_from_the_jobs_topic(tmp_path):
             assert fresh.state.holder(uuid) == job
     assert fresh.explain(done) == old.explain(done)
     for job in running:  # hold positions come back from the HoldPlaced messages
-        track = fresh.holds.track(job)
+        track = fresh.hold_acks.track(job)
         assert track is not None and track.placed_at
 
 

@@ -11,14 +11,12 @@ import orjson
 
 from ledger.balances import BalanceUpdate, BudgetLine, BudgetStatus
 from ledger.job_events import JobEvent
+from scheduler.dispatcher import Dispatcher
 from scheduler.executors.fake import FakeExecutor, ManualClock, Outcome
+from scheduler.fakes import MemoryPublisher
 from scheduler.ports import Work
-from scheduler.service import (
-    Dispatcher,
-    MemoryPublisher,
-    SchedulerService,
-    SubmitRequest,
-)
+from scheduler.records import SubmitRequest
+from scheduler.service import SchedulerService
 from tally.config import TallyConfig, parse_config
 from tally.scheduling import build_dispatcher
 

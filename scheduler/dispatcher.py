@@ -1,0 +1,612 @@
+"""The scheduler's synchronous heart (`Dispatcher`): decisions as they are made, with no I/O but
+the executor's and the work directory's.
+
+It owns the `SchedulerState`, a `JobRecord` and the event history of every job, the holds it
+placed until the ledger acknowledges them (`scheduler.hold_acks`), the ledger's budgets, the
+metered usage per team and the open idle alerts. Invariants:
+
+- every decision is an event applied to the state as it is made and queued, in order, as an
+  `Outgoing` message for the `jobs` topic (`outbox`); the caller publishes the outbox before it
+  passes those events to `enact`, so what runs is always on the topic. An event the state
+  refuses is logged and dropped, never queued;
+- an admission with a hold is followed by its `HoldPlaced` messages (one per unit), and the end
+  of a held run (preemption, reclaim, finish, failure) by its `HoldReleased`;
+- decision times strictly increase (`now_us`: event ids derive from them), and so do the
+  messages' `tally-seq` numbers;
+- the state is a projection of the `jobs` topic: `replay` rebuilds it (holds re-derived from
+  the job events), then `recover` fails with `executor_lost` the running jobs the executor
+  does not run and kills what their processes left (`scheduler.work_store`).
+
+Inputs from the ledger: `on_balance` takes `balances` messages (`budget:<team>` → budgets;
+`consumer:<team>/…` GPU-ms totals → metered usage for fair share; a message no newer, by `seq`,
+than the last one of its account is ignored), `on_alert` the alerts topic
+(`IdleGpuDetected`/`IdleGpuResolved`: open alerts drive idle reclaim by queue policy,
+`scheduler.reclaim`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from ledger.balances import BalanceUpdate, BudgetStatus, account_team
+from ledger.errors import EventError
+from ledger.holds import HoldEvent, HoldPlaced, HoldReleased
+from ledger.idle import AlertKind
+from ledger.job_events import (
+    FailReason,
+    GpuAssigned,
+    GpuReleased,
+    JobAdmitted,
+    JobEvent,
+    JobFailed,
+    JobFinished,
+    JobPreempted,
+    JobReclaimed,
+    JobSpec,
+    JobSubmitted,
+)
+from ledger.periods import Period
+from ledger.units import US_PER_HOUR, Unit
+from scheduler.cycle import run_cycle
+from scheduler.decisions import release_events
+from scheduler.errors import Rejected, RejectKind, StateError
+from scheduler.executors.bridge import admitted, status_events, stop_orders
+from scheduler.executors.errors import ExecutorError, JobAlreadyStarted, StopTimeout
+from scheduler.explain import explain
+from scheduler.hold_acks import HoldAcknowledgements
+from scheduler.jobs_topic import Consumed, Outgoing, hold_message, job_message, replay_order
+from scheduler.lifecycle import cancel, fail, overdue, runtime_limit
+from scheduler.model import NO_HOLD, Balance, PendingJob, Policy, RunningJob
+from scheduler.ports import Clock, Executor, JobStatus, StopReason, Work
+from scheduler.reclaim import IdleAlert, IdleGpu, idle_decisions
+from scheduler.records import JobRecord, JobState, SubmitRequest, advance
+from scheduler.state import SchedulerState
+from scheduler.work_store import RunFiles, WorkStore
+
+log = logging.getLogger("tally.scheduler")
+
+HOLD_SLACK_US = US_PER_HOUR  # a hold outlives its job's expected end by this much
+MAX_CYCLES_PER_TICK = 64
+DEFAULT_POLICY = Policy()
+
+
+@dataclass(frozen=True, slots=True)
+class TeamBudgetRules:
+    """How far below zero admission may take a team's budget."""
+
+    overdraft_micros: int = 0
+    overdraft_gpu_ms: int = 0
+
+
+class Dispatcher:
+    """The service's synchronous heart; see the module. Not thread-safe: one caller at a time
+    (the service's lock), except `enact`, which reads the state and calls the executor."""
+
+    def __init__(
+        self,
+        state: SchedulerState,
+        executor: Executor,
+        clock: Clock,
+        work_dir: Path,
+        *,
+        policy: Policy = DEFAULT_POLICY,
+        projects: Mapping[str, Sequence[str]] | None = None,
+        budget_rules: Mapping[str, TeamBudgetRules] | None = None,
+        default_estimate_us: int = US_PER_HOUR,
+        run_files: bool = True,
+    ) -> None:
+        self.state = state
+        self.executor = executor
+        self.clock = clock
+        self.policy = policy
+        self.projects = {t: tuple(p) for t, p in (projects or {}).items()}
+        self.budget_rules = dict(budget_rules or {})
+        self.default_estimate_us = default_estimate_us
+        self.works = WorkStore(work_dir / "jobs")
+        self.runs = RunFiles(work_dir / "runs") if run_files else None
+        self.records: dict[str, JobRecord] = {}
+        self.history: dict[str, list[JobEvent]] = {}
+        self.hold_acks = HoldAcknowledgements()
+        self.budgets: dict[str, BudgetStatus] = {}
+        self.outbox: list[Outgoing] = []
+        self.replay_errors = 0
+        self._seq = 0
+        self._now = 0
+        self._balance_seq: dict[str, int] = {}
+        self._consumer_totals: dict[str, int] = {}
+        self._idle: dict[str, tuple[int, str | None]] = {}  # GPU → (idle since, owning job)
+        self._alerted: set[tuple[str, int]] = set()
+        self._waiting: Counter[str] = Counter()  # queue → its records in state PENDING
+
+    # ------------------------------------------------------------------ publication
+
+    def now_us(self) -> int:
+        """The time of the next decision: the clock, but strictly after the previous decision,
+        so two decisions about one job never share a time (event ids derive from it)."""
+        self._now = max(self.clock.now_us(), self._now + 1)
+        return self._now
+
+    def _next_seq(self) -> int:
+        self._seq = max(self._seq + 1, self.clock.now_us() * 1000)
+        return self._seq
+
+    def _queue_job_event(self, event: JobEvent) -> None:
+        self.outbox.append(job_message(event, self._next_seq()))
+
+    def _queue_hold(self, event: HoldEvent) -> None:
+        self.outbox.append(hold_message(event, self._next_seq()))
+
+    def take_outbox(self) -> list[Outgoing]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    def published(self, message: Outgoing, partition: int, offset: int) -> None:
+        """The broker acknowledged `message` at (partition, offset)."""
+        if isinstance(message.event, HoldPlaced):
+            self.hold_acks.published(message.event.job_id, partition, offset)
+
+    # ------------------------------------------------------------------ applying events
+
+    def _release_of(self, event: JobEvent) -> HoldReleased | None:
+        """The `HoldReleased` that follows `event` (computed before it is applied)."""
+        if not isinstance(event, JobPreempted | JobReclaimed | JobFinished | JobFailed):
+            return None
+        job = self.state.running_job(event.job_id)
+        if job is None or job.hold == NO_HOLD:
+            return None
+        if isinstance(event, JobFailed):
+            reason = f"failed: {event.reason.value}"
+        else:
+            reason = type(event).__name__.removeprefix("Job").lower()
+        return HoldReleased(event.job_id, max(1, event.time_us), reason)
+
+    def _placements(self, event: JobAdmitted) -> list[HoldEvent]:
+        job = self.state.running_job(event.job_id)
+        if job is None or job.hold == NO_HOLD:
+            return []
+        queue = self.state.queues.get(job.spec.queue)
+        limit = runtime_limit(job, queue)
+        span = limit if limit is not None else 2 * job.spec.estimated_runtime_us
+        at = max(1, event.time_us)
+        expires = at + span + HOLD_SLACK_US
+        project = job.spec.project
+        out: list[HoldEvent] = []
+        if job.hold.gpu_ms > 0:
+            out.append(
+                HoldPlaced(job.job_id, job.team, project, Unit.GPU_MS, job.hold.gpu_ms, expires, at)
+            )
+        if job.hold.money_micros > 0:
+            out.append(
+                HoldPlaced(
+                    job.job_id, job.team, project, Unit.MONEY, job.hold.money_micros, expires, at
+                )
+            )
+        return out
+
+    def _track(self, event: JobEvent) -> None:
+        """Records, history and hold bookkeeping for an event just applied."""
+        if isinstance(event, GpuAssigned | GpuReleased):
+            return
+        job_id = event.job_id
+        if isinstance(event, JobSubmitted) and job_id not in self.records:
+            self.records[job_id] = JobRecord(event.spec)
+            self._waiting[event.spec.queue] += 1
+        record = self.records.get(job_id)
+        if record is None:
+            return
+        after = advance(record, event)
+        was, now = record.state is JobState.PENDING, after.state is JobState.PENDING
+        if was != now:
+            self._waiting[record.spec.queue] += 1 if now else -1
+        self.records[job_id] = after
+        self.history.setdefault(job_id, []).append(event)
+
+    def apply(self, events: Iterable[JobEvent], *, publish: bool = True) -> list[JobEvent]:
+        """Apply decisions to the state (and queue them, with their holds, for publication).
+        An event the state refuses is logged and dropped; the applied ones are returned."""
+        applied: list[JobEvent] = []
+        for event in events:
+            release = self._release_of(event)
+            try:
+                self.state.apply(event)
+            except StateError as exc:
+                log.error("dropped an event the state refuses: %s (%s)", exc, event)
+                continue
+            applied.append(event)
+            self._track(event)
+            if publish:
+                self._queue_job_event(event)
+            if isinstance(event, JobAdmitted):
+                placements = self._placements(event)
+                job = self.state.running_job(event.job_id)
+                if placements and job is not None:
+                    self.hold_acks.place(event.job_id, job.team, job.hold, len(placements))
+                for hold in placements if publish else ():
+                    self._queue_hold(hold)
+            if release is not None:
+                self.hold_acks.release(release.job_id)
+                if publish:
+                    self._queue_hold(release)
+            if self.runs is not None and isinstance(
+                event, JobPreempted | JobReclaimed | JobFinished | JobFailed
+            ):
+                self.runs.forget(event.job_id)
+        return applied
+
+    # ------------------------------------------------------------------ replay and recovery
+
+    def replay(self, messages: Sequence[Consumed]) -> int:
+        """Rebuild from the `jobs` topic; returns how many job events were applied. Holds are
+        re-derived from the job events; the `HoldPlaced` messages say where each hold lies."""
+        where = {m.seq: m for m in messages if m.seq is not None}
+        applied = 0
+        for seq, event in replay_order(messages):
+            self._seq = max(self._seq, seq)
+            self._now = max(self._now, event.time_us)
+            if isinstance(event, HoldPlaced):
+                found = where.get(seq)
+                if found is not None:
+                    self.hold_acks.published(event.job_id, found.partition, found.offset)
+            elif isinstance(event, HoldReleased):
+                continue
+            elif self.apply((event,), publish=False):
+                applied += 1
+            else:
+                self.replay_errors += 1
+        return applied
+
+    def recover(self) -> list[JobEvent]:
+        """After a replay: jobs running in the state that the executor does not run fail with
+        `executor_lost` (retried per queue); what their processes left is killed."""
+        now = self.now_us()
+        active = set(self.executor.active())
+        events: list[JobEvent] = []
+        for job in self.state.running_jobs():
+            if job.job_id in active:
+                continue
+            killed = self.runs.kill_orphan(job.job_id) if self.runs is not None else False
+            detail = "the scheduler restarted and no longer runs it"
+            if killed:
+                detail += "; its leftover processes were killed"
+            queue = self.state.queues.get(job.spec.queue)
+            events.extend(fail(job, queue, FailReason.EXECUTOR_LOST, now, detail=detail))
+        return self.apply(events)
+
+    # ------------------------------------------------------------------ inputs
+
+    def on_balance(self, update: BalanceUpdate, now_us: int | None = None) -> None:
+        """One `balances` message: budgets, and consumer GPU-ms for fair share."""
+        last = self._balance_seq.get(update.account)
+        if last is not None and update.seq <= last:
+            return
+        self._balance_seq[update.account] = update.seq
+        kind = update.account.partition(":")[0]
+        team = account_team(update.account)
+        if team is None:
+            return
+        if kind == "budget":
+            if update.budget is not None:
+                self.budgets[team] = update.budget
+            return
+        if kind != "consumer":
+            return
+        total = dict(update.totals).get(Unit.GPU_MS.value, 0)
+        at = update.as_of_us if now_us is None else now_us
+        previous = self._consumer_totals.get(update.account)
+        self._consumer_totals[update.account] = total
+        if previous is not None:
+            if total > previous:
+                self.state.meter(team, total - previous, at)
+            return
+        # first sight: usage in open periods at their ends, the rest before the first of them
+        rows = sorted(
+            (r for r in update.periods if r.unit == Unit.GPU_MS.value), key=lambda r: r.period
+        )
+        in_rows = 0
+        metered: list[tuple[int, int]] = []
+        for row in rows:
+            try:
+                end = Period.month(row.period).end_us
+            except ValueError:
+                continue
+            if row.balance > 0:
+                metered.append((min(end, at), row.balance))
+                in_rows += row.balance
+        earlier = total - in_rows
+        if earlier > 0:
+            first = metered[0][0] if metered else at
+            metered.insert(0, (first - 31 * 24 * US_PER_HOUR, earlier))
+        for when, gpu_ms in sorted(metered):
+            self.state.meter(team, gpu_ms, max(0, when))
+
+    def on_alert(self, value: bytes | None) -> None:
+        """One alerts-topic message: open or close an allocated-but-idle alert."""
+        if not value:
+            return
+        try:
+            obj = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return
+        if type(obj) is not dict or type(obj.get("data")) is not dict:
+            return
+        kind, data = obj.get("type"), obj["data"]
+        gpu = data.get("gpu_uuid")
+        if type(gpu) is not str:
+            return
+        if kind == AlertKind.RESOLVED:
+            self._idle.pop(gpu, None)
+        elif kind == AlertKind.DETECTED and type(data.get("since_us")) is int:
+            owner = data.get("owner")
+            job = owner.get("job") if type(owner) is dict else None
+            self._idle[gpu] = (data["since_us"], job if type(job) is str else None)
+
+    def balance_of(self, team: str) -> Balance | None:
+        """What the core is given for `team`: the ledger's remaining plus the open holds it
+        already counts (every hold counted once: see `scheduler.hold_acks`)."""
+        status = self.budgets.get(team)
+        if status is None:
+            return None
+        counted = self.hold_acks.acknowledged(team)
+        rules = self.budget_rules.get(team, TeamBudgetRules())
+        money = status.line(Unit.MONEY.value)
+        gpu = status.line(Unit.GPU_MS.value)
+        return Balance(
+            team,
+            money_micros=None if money is None else money.remaining + counted.money_micros,
+            gpu_ms=None if gpu is None else gpu.remaining + counted.gpu_ms,
+            overdraft_micros=rules.overdraft_micros,
+            overdraft_gpu_ms=rules.overdraft_gpu_ms,
+        )
+
+    def _refresh_balances(self) -> None:
+        for team in self.budgets:
+            balance = self.balance_of(team)
+            if balance is not None:
+                self.state.set_balance(balance)
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, request: SubmitRequest) -> JobRecord:
+        """Validate names against the configuration, store the work, apply `JobSubmitted`."""
+        state = self.state
+        if request.team not in state.quotas.teams:
+            raise Rejected(RejectKind.UNKNOWN, f"unknown team {request.team!r}")
+        if request.queue not in state.queues:
+            known = ", ".join(sorted(state.queues)) or "none configured"
+            raise Rejected(RejectKind.UNKNOWN, f"unknown queue {request.queue!r} ({known})")
+        projects = self.projects.get(request.team)
+        if projects is not None and request.project not in projects:
+            raise Rejected(
+                RejectKind.UNKNOWN,
+                f"team {request.team} has no project {request.project!r} ({', '.join(projects)})",
+            )
+        models = {f.model for f in state.fleet.flavors}
+        pools = {f.pool for f in state.fleet.flavors}
+        if request.model is not None and request.model not in models:
+            raise Rejected(RejectKind.UNKNOWN, f"no GPUs of model {request.model!r} in the fleet")
+        if request.pool is not None and request.pool not in pools:
+            raise Rejected(RejectKind.UNKNOWN, f"no pool {request.pool!r} in the fleet")
+        now = self.now_us()
+        estimate = request.estimated_runtime_us
+        if estimate is None:
+            queue = state.queues[request.queue]
+            limits = [v for v in (request.max_runtime_us, queue.max_runtime_us) if v is not None]
+            estimate = min([self.default_estimate_us, *limits])
+        job_id = self._new_job_id()
+        try:
+            spec = JobSpec(
+                job_id=job_id,
+                team=request.team,
+                project=request.project,
+                user=request.user,
+                queue=request.queue,
+                gpus=request.gpus,
+                submit_us=now,
+                estimated_runtime_us=estimate,
+                max_runtime_us=request.max_runtime_us,
+                model=request.model,
+                pool=request.pool,
+                span_nodes=request.span_nodes,
+                priority=request.priority,
+            )
+        except EventError as exc:
+            raise Rejected(RejectKind.INVALID, str(exc)) from None
+        self.works.put(job_id, request.work)
+        self.apply((JobSubmitted(spec=spec, time_us=now),))
+        return self.records[job_id]
+
+    def _new_job_id(self) -> str:
+        while True:
+            job_id = f"job-{secrets.token_hex(6)}"
+            if job_id not in self.records:
+                return job_id
+
+    def cancel(self, job_id: str, detail: str = "") -> tuple[JobRecord, list[JobEvent]]:
+        record = self.records.get(job_id)
+        if record is None:
+            raise Rejected(RejectKind.NOT_FOUND, f"no job {job_id}")
+        now = self.now_us()
+        running = self.state.running_job(job_id)
+        pending = self.state.pending_job(job_id)
+        target: RunningJob | PendingJob | None = running if running is not None else pending
+        if target is None:
+            raise Rejected(RejectKind.CONFLICT, f"job {job_id} has already ended ({record.state})")
+        events = self.apply(cancel(target, now, detail=detail or "cancelled through the API"))
+        return self.records[job_id], events
+
+    # ------------------------------------------------------------------ the tick
+
+    def decide(self) -> list[JobEvent]:
+        """One round: the executor's news, runtime limits, idle reclaim, then cycles until one
+        admits and preempts nothing. Returns the applied events (their messages are queued)."""
+        events: list[JobEvent] = []
+        for observed in self._observe():
+            events.extend(self.apply(observed))
+        events.extend(self.apply(overdue(self.state.snapshot(self.now_us(), 1))))
+        events.extend(self._reclaim(self.now_us()))
+        self._refresh_balances()
+        for _ in range(MAX_CYCLES_PER_TICK):
+            if not self.state.pending_count:
+                break
+            snap = self.state.snapshot(self.now_us(), self.policy.heads_per_queue)
+            result = run_cycle(snap, self.policy)
+            events.extend(self.apply(result.events))
+            if not result.admitted and not result.preempted:
+                break
+            self._refresh_balances()
+        return events
+
+    def _observe(self) -> Iterator[tuple[JobEvent, ...]]:
+        """The executor's statuses as events, each against the state as the previous ones
+        left it (so RUNNING then FINISHED of one short run become JobStarted, JobFinished)."""
+        try:
+            statuses = self.executor.poll()
+        except ExecutorError as exc:
+            log.error("the executor could not be polled: %s", exc)
+            return
+        for status in statuses:
+            self._remember_run(status)
+            job = self.state.running_job(status.job_id)
+            queue = None if job is None else self.state.queues.get(job.spec.queue)
+            yield status_events(status, job, queue)
+
+    def _remember_run(self, status: JobStatus) -> None:
+        if self.runs is not None and status.native_id and not status.state.ended:
+            self.runs.record(status.job_id, status.native_id)
+
+    def _reclaim(self, now: int) -> list[JobEvent]:
+        if not self._idle:
+            return []
+        idle = []
+        for gpu, (since, job) in self._idle.items():
+            holder = self.state.holder(gpu)
+            if holder is not None and (job is None or job == holder):
+                idle.append(IdleGpu(gpu, since))
+        decisions = idle_decisions(idle, self.state.snapshot(now, 1))
+        events: list[JobEvent] = []
+        for decision in decisions:
+            if isinstance(decision, IdleAlert):
+                key = (decision.job_id, decision.idle_since_us)
+                if key not in self._alerted:
+                    self._alerted.add(key)
+                    log.warning(
+                        "job %s (team %s, queue %s): %d of %d GPU(s) allocated but idle since %d",
+                        decision.job_id,
+                        decision.team,
+                        decision.queue,
+                        len(decision.idle_gpus),
+                        decision.gpus,
+                        decision.idle_since_us,
+                    )
+            else:
+                events.append(decision)
+        return self.apply(events)
+
+    def work_for(self, job_id: str) -> Work | None:
+        return self.works.get(job_id)
+
+    def enact(self, events: Sequence[JobEvent]) -> list[JobEvent]:
+        """Carry out published decisions: every stop, then every start (see
+        `scheduler.executors.bridge`). Returns events for starts that could not happen; they
+        are to be applied by the caller. Reads the state; never changes it."""
+        follow_up: list[JobEvent] = []
+        for reason, job_ids in stop_orders(events):
+            try:
+                self.executor.stop(job_ids, reason)
+            except StopTimeout as exc:
+                log.error("%s: their GPUs may still be busy", exc)
+            except ExecutorError as exc:
+                log.error("could not stop %s: %s", ", ".join(job_ids), exc)
+        for job_id in admitted(events):
+            job = self.state.running_job(job_id)
+            if job is None:
+                continue
+            work = self.works.get(job_id)
+            now = self.now_us()
+            if work is None:
+                follow_up.append(
+                    JobFailed(
+                        job_id=job_id,
+                        reason=FailReason.EXECUTOR_LOST,
+                        attempt=job.attempt,
+                        retry=False,
+                        time_us=now,
+                        detail="its command is not in the scheduler's work store",
+                    )
+                )
+                continue
+            queue = self.state.queues.get(job.spec.queue)
+            try:
+                self.executor.start(job, work, time_limit_us=runtime_limit(job, queue))
+            except JobAlreadyStarted:
+                continue
+            except ExecutorError as exc:
+                follow_up.extend(
+                    fail(job, queue, FailReason.EXECUTOR_LOST, now, detail=f"cannot start: {exc}")
+                )
+        return _with_releases(follow_up, self.state)
+
+    def stop_all(self, detail: str) -> list[JobEvent]:
+        """Stop every job the executor runs (a clean shutdown): they fail with
+        `executor_lost`, retried per queue when the service runs again."""
+        active = self.executor.active()
+        if not active:
+            return []
+        with contextlib.suppress(ExecutorError):
+            self.executor.stop(active, StopReason.CANCELLED)
+        now = self.now_us()
+        events: list[JobEvent] = []
+        for job_id in active:
+            job = self.state.running_job(job_id)
+            if job is not None:
+                queue = self.state.queues.get(job.spec.queue)
+                events.extend(fail(job, queue, FailReason.EXECUTOR_LOST, now, detail=detail))
+        return self.apply(events)
+
+    # ------------------------------------------------------------------ views
+
+    def visible(self, job_id: str, team: str | None) -> JobRecord | None:
+        """The job, if the caller (a team, or None for the admin) may see it."""
+        record = self.records.get(job_id)
+        if record is None or (team is not None and record.team != team):
+            return None
+        return record
+
+    def jobs(self, team: str | None) -> list[JobRecord]:
+        return [r for r in self.records.values() if team is None or r.team == team]
+
+    def queue_lengths(self) -> dict[str, int]:
+        """Pending jobs per queue: every configured queue (0 when empty), and any other queue
+        a replayed job still waits in."""
+        lengths = dict.fromkeys(self.state.queues, 0)
+        lengths.update(self._waiting)  # a queue once seen stays reported, at 0 when drained
+        return lengths
+
+    def queue_of(self, job_id: str) -> str | None:
+        record = self.records.get(job_id)
+        return None if record is None else record.spec.queue
+
+    def explain(self, job_id: str) -> str:
+        return explain(job_id, self.history.get(job_id, ()))
+
+
+def _with_releases(events: list[JobEvent], state: SchedulerState) -> list[JobEvent]:
+    """A hand-made `JobFailed` of a running job, followed by its GPU releases."""
+    out: list[JobEvent] = []
+    for event in events:
+        out.append(event)
+        if isinstance(event, JobFailed) and not any(
+            isinstance(e, GpuReleased) and e.job_id == event.job_id for e in events
+        ):
+            job = state.running_job(event.job_id)
+            if job is not None:
+                out.extend(release_events(job, event.time_us))
+    return out

@@ -1,0 +1,282 @@
+"""The service's Kafka adapters (aiokafka, imported only when one is used).
+
+- `read_topic`: every message of a topic up to its end offsets at the time of the call (the
+  replay of `jobs` at start);
+- `KafkaPublisher`: the `Publisher` port (`scheduler.ports`) on the `jobs` topic, `acks=all`;
+- `Feeds`: the `balances` and `alerts` consumers, read from the start without a consumer group
+  (every instance folds all of both into its dispatcher), and the ledger group's committed
+  `jobs` offsets, which move the scheduler's holds towards acknowledgement
+  (`scheduler.hold_acks`).
+
+aiokafka's errors (and socket errors) become `BrokerUnavailable` in one place, `_kafka`;
+nothing else of aiokafka's escapes this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ledger.balances import decode_balance_update
+from ledger.errors import EventError
+from scheduler.dispatcher import Dispatcher
+from scheduler.errors import BrokerUnavailable
+from scheduler.jobs_topic import Consumed, Outgoing, seq_of
+
+if TYPE_CHECKING:
+    from scheduler.service import ServiceSettings
+
+log = logging.getLogger("tally.scheduler")
+
+T = TypeVar("T")
+
+
+async def _kafka(what: str, call: Awaitable[T]) -> T:
+    """The one place aiokafka's errors become `BrokerUnavailable`."""
+    from aiokafka.errors import KafkaError
+
+    try:
+        return await call
+    except (KafkaError, OSError) as exc:
+        raise BrokerUnavailable(f"{what}: {exc}") from exc
+
+
+async def topic_partitions(bootstrap: str, topics: Sequence[str]) -> dict[str, list[int]]:
+    """The partitions of each topic, asked of the broker (a consumer's metadata cache narrows to
+    the topics it is assigned, so it cannot be relied on for others)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+
+    async def ask() -> dict[str, list[int]]:
+        await admin.start()
+        described = await admin.describe_topics(list(topics))
+        return {
+            str(t["topic"]): sorted(int(p["partition"]) for p in t["partitions"])
+            for t in described
+            if t.get("error_code", 0) == 0
+        }
+
+    try:
+        return await _kafka(f"describing {', '.join(topics)}", ask())
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+
+
+class KafkaPublisher:
+    """Sends `jobs` messages in order and waits for every acknowledgement. Not an idempotent
+    producer (tansu needs a newer InitProducerId than aiokafka sends): a retried send may land
+    twice, which is harmless — a replay skips a repeated `tally-seq`, the ledger drops a
+    repeated event id."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        self.topic = settings.jobs_topic
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=",".join(settings.bootstrap),
+            client_id=f"{settings.client_id}-scheduler",
+            acks="all",
+            request_timeout_ms=10_000,
+        )
+
+    async def start(self) -> None:
+        await _kafka("starting the producer", self.producer.start())
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.producer.stop()
+
+    async def publish(self, messages: Sequence[Outgoing]) -> list[tuple[int, int]]:
+        async def send() -> list[tuple[int, int]]:
+            futures = [
+                await self.producer.send(self.topic, m.value, key=m.key, headers=m.headers)
+                for m in messages
+            ]
+            metadata = await asyncio.gather(*futures)
+            return [(md.partition, md.offset) for md in metadata]
+
+        return await _kafka(f"publishing to {self.topic}", send())
+
+
+async def read_topic(bootstrap: str, topic: str, client_id: str) -> list[Consumed]:
+    """Every message of `topic` up to its end offsets at the time of the call."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        enable_auto_commit=False,
+        group_id=None,
+    )
+    out: list[Consumed] = []
+
+    async def read() -> None:
+        await consumer.start()
+        parts = (await topic_partitions(bootstrap, [topic])).get(topic, [])
+        tps = [TopicPartition(topic, p) for p in parts]
+        if not tps:
+            return
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        remaining = {tp for tp in tps if ends[tp] > 0}
+        while remaining:
+            batch = await consumer.getmany(*remaining, timeout_ms=1000)
+            for messages in batch.values():
+                for m in messages:
+                    headers = [(k, bytes(v)) for k, v in (m.headers or ())]
+                    out.append(Consumed(m.partition, m.offset, m.value, seq_of(headers)))
+            for tp in list(remaining):
+                if await consumer.position(tp) >= ends[tp]:
+                    remaining.discard(tp)
+
+    try:
+        await _kafka(f"reading {topic}", read())
+    finally:
+        with contextlib.suppress(Exception):
+            await consumer.stop()
+    return out
+
+
+class Feeds:
+    """The `balances` and `alerts` consumers (no consumer group: every instance reads all of
+    both from the start) and the ledger group's committed `jobs` offsets."""
+
+    def __init__(self, settings: ServiceSettings, dispatcher: Dispatcher) -> None:
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        self.settings = settings
+        self.dispatcher = dispatcher
+        servers = ",".join(settings.bootstrap)
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=servers,
+            client_id=f"{settings.client_id}-scheduler-feeds",
+            enable_auto_commit=False,
+            group_id=None,
+            auto_offset_reset="earliest",
+        )
+        self.admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=5_000)
+        self._balance_parts: list[Any] = []
+        self._jobs_parts: list[Any] = []
+        self._last_ack_check = 0.0
+        self._ack_warned = -60.0
+        self.balance_messages = 0
+        self.alert_messages = 0
+
+    async def start(self) -> None:
+        from aiokafka import TopicPartition
+
+        s = self.settings
+
+        async def go() -> None:
+            await self.consumer.start()
+            await self.admin.start()
+            parts = await topic_partitions(
+                ",".join(s.bootstrap), [s.balances_topic, s.alerts_topic, s.jobs_topic]
+            )
+            tps = [
+                TopicPartition(topic, p)
+                for topic in (s.balances_topic, s.alerts_topic)
+                for p in parts.get(topic, [])
+            ]
+            self.consumer.assign(tps)
+            await self.consumer.seek_to_beginning(*tps)
+            self._balance_parts = [tp for tp in tps if tp.topic == s.balances_topic]
+            self._jobs_parts = [
+                TopicPartition(s.jobs_topic, p) for p in parts.get(s.jobs_topic, [])
+            ]
+
+        await _kafka("starting the balances and alerts consumer", go())
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.consumer.stop()
+        with contextlib.suppress(Exception):
+            await self.admin.close()
+
+    async def poll(self, timeout_ms: int = 200) -> int:
+        """Fold what arrived; returns how many messages."""
+        batch = await _kafka(
+            "reading balances and alerts",
+            self.consumer.getmany(timeout_ms=timeout_ms, max_records=5000),
+        )
+        count = 0
+        for tp, messages in batch.items():
+            for m in messages:
+                count += 1
+                if tp.topic == self.settings.balances_topic:
+                    self.balance_messages += 1
+                    if m.value is None:
+                        continue
+                    try:
+                        self.dispatcher.on_balance(decode_balance_update(m.value))
+                    except EventError as exc:
+                        log.warning("ignored a balances message: %s", exc)
+                else:
+                    self.alert_messages += 1
+                    self.dispatcher.on_alert(m.value)
+        await self._acknowledge()
+        return count
+
+    async def _acknowledge(self) -> None:
+        """Move holds along: committed by the ledger → barrier; barrier reached → counted by
+        the ledger (see `scheduler.hold_acks`)."""
+        holds = self.dispatcher.hold_acks
+        if self._balance_parts:
+            positions = {}
+            for tp in self._balance_parts:
+                with contextlib.suppress(Exception):
+                    positions[tp.partition] = await self.consumer.position(tp)
+            holds.caught_up(positions)
+        if not holds.awaiting_commit() or time.monotonic() - self._last_ack_check < 0.5:
+            return
+        if not self._jobs_parts:
+            return
+        self._last_ack_check = time.monotonic()
+        try:
+            offsets = await _kafka(
+                "reading the ledger's committed offsets",
+                # with the partitions named: tansu answers that form of OffsetFetch
+                self.admin.list_consumer_group_offsets(
+                    self.settings.ledger_group, partitions=self._jobs_parts
+                ),
+            )
+            committed = {
+                tp.partition: meta.offset
+                for tp, meta in offsets.items()
+                if tp.topic == self.settings.jobs_topic and meta.offset >= 0
+            }
+            if not committed:
+                return
+            ends = await _kafka(
+                "reading the balances end offsets", self.consumer.end_offsets(self._balance_parts)
+            )
+        except BrokerUnavailable as exc:
+            if time.monotonic() - self._ack_warned > 60:
+                self._ack_warned = time.monotonic()
+                log.warning(
+                    "cannot see the ledger's progress (holds count twice meanwhile): %s", exc
+                )
+            return
+        holds.committed(committed, {tp.partition: off for tp, off in ends.items()})
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        delay = 0.2
+        while not stopping.is_set():
+            try:
+                await self.poll()
+                delay = 0.2
+            except BrokerUnavailable as exc:
+                log.warning("%s; retrying in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            except Exception:  # a bad message must not stop budgets and alerts arriving
+                log.exception("reading balances and alerts failed")
+                await asyncio.sleep(1.0)

@@ -1,0 +1,153 @@
+"""Jobs as the scheduler's API sees them: what a submission asks for (`SubmitRequest`) and what
+is shown of a job (`JobRecord`).
+
+A `JobRecord` is a fold of its job's events (`advance`), in the order they were applied; GPU
+events do not change it. Its `state` is `PENDING` from submission, after a preemption and after
+a failure that is retried (which also moves `attempt` on); `RUNNING` from admission; and one of
+the ended states after that for good (`JobState.ended`), with `ended_us` set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from ledger.job_events import (
+    FailReason,
+    JobAdmitted,
+    JobEvent,
+    JobFailed,
+    JobFinished,
+    JobPreempted,
+    JobReclaimed,
+    JobSpec,
+    JobStarted,
+    JobWaiting,
+)
+from scheduler.ports import Work
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """A validated submission (shape and ranges checked by the API, names by
+    `Dispatcher.submit`)."""
+
+    team: str
+    project: str
+    user: str
+    queue: str
+    gpus: int
+    work: Work
+    estimated_runtime_us: int | None = None
+    max_runtime_us: int | None = None
+    model: str | None = None
+    pool: str | None = None
+    span_nodes: bool = True
+    priority: int | None = None
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    RECLAIMED = "reclaimed"
+
+    @property
+    def ended(self) -> bool:
+        return self not in (JobState.PENDING, JobState.RUNNING)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What the API shows of a job: a fold of its events (`advance`)."""
+
+    spec: JobSpec
+    state: JobState = JobState.PENDING
+    attempt: int = 1
+    reason: str = ""  # the last wait, preemption or failure reason
+    detail: str = ""
+    admitted_us: int | None = None
+    started_us: int | None = None
+    ended_us: int | None = None
+    pool: str | None = None
+    model: str | None = None
+    gpu_uuids: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
+    exit_code: int | None = None
+    preemptions: int = 0
+    hold_gpu_ms: int = 0
+    hold_micros: int = 0
+    over_budget: bool = False
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    @property
+    def team(self) -> str:
+        return self.spec.team
+
+
+def advance(record: JobRecord, event: JobEvent) -> JobRecord:
+    """The record after one of its job's events (GPU events do not change it)."""
+    if isinstance(event, JobWaiting):
+        return replace(record, reason=event.reason.value, detail=event.detail)
+    if isinstance(event, JobAdmitted):
+        return replace(
+            record,
+            state=JobState.RUNNING,
+            attempt=event.attempt,
+            reason="",
+            detail="",
+            admitted_us=event.time_us,
+            started_us=None,
+            pool=event.pool,
+            model=event.model,
+            gpu_uuids=event.gpu_uuids,
+            nodes=event.nodes,
+            hold_gpu_ms=event.hold_gpu_ms,
+            hold_micros=event.hold_micros,
+            over_budget=event.over_budget,
+        )
+    if isinstance(event, JobStarted):
+        return replace(record, started_us=event.time_us)
+    if isinstance(event, JobPreempted):
+        return replace(
+            record,
+            state=JobState.PENDING,
+            reason=f"preempted: {event.reason.value}",
+            detail=event.detail,
+            gpu_uuids=(),
+            nodes=(),
+            preemptions=record.preemptions + 1,
+        )
+    if isinstance(event, JobReclaimed):
+        return replace(
+            record,
+            state=JobState.RECLAIMED,
+            reason="reclaimed",
+            detail=event.detail,
+            ended_us=event.time_us,
+        )
+    if isinstance(event, JobFinished):
+        return replace(record, state=JobState.FINISHED, ended_us=event.time_us, exit_code=0)
+    if isinstance(event, JobFailed):
+        if event.retry:
+            state = JobState.PENDING
+        elif event.reason is FailReason.CANCELLED:
+            state = JobState.CANCELLED
+        else:
+            state = JobState.FAILED
+        return replace(
+            record,
+            state=state,
+            reason=event.reason.value,
+            detail=event.detail,
+            exit_code=event.exit_code,
+            ended_us=None if event.retry else event.time_us,
+            attempt=event.attempt + 1 if event.retry else event.attempt,
+            gpu_uuids=() if event.retry else record.gpu_uuids,
+        )
+    return record
