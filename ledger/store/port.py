@@ -141,7 +141,8 @@ class ViewKeys:
     - `subjects`: idle-detector subjects (GPUs or MIG slices) whose state the fold steps;
     - `budget_keys`: (team, period, unit) whose granted total a grant is checked against;
     - `txn_ids`: transactions a reversal names (the transaction and who reversed it, if anyone);
-    - `holds`: whether the fold needs the open holds.
+    - `holds`: whether the fold needs the open holds;
+    - `admin`: whether the fold needs the admin state (`AdminView`).
     """
 
     event_ids: Sequence[str] = ()
@@ -151,6 +152,7 @@ class ViewKeys:
     budget_keys: frozenset[BudgetKey] = frozenset()
     txn_ids: frozenset[str] = frozenset()
     holds: bool = False
+    admin: bool = False
 
 
 @dataclass(frozen=True, slots=True)
