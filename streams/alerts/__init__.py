@@ -19,7 +19,7 @@ configuration does) does not load `requests` or aiokafka.
 
 Guarantees:
 - **At least once per sink, deduplicated by alert id.** An alert's id is content-derived
-  (`ledger.idle.IdleAlert.id`), so a redelivered message is the same alert. Before the topic
+  (`ledger.alerts.IdleAlert.id`), so a redelivered message is the same alert. Before the topic
   offset is committed, each sink's copy is recorded `queued` in the delivery log
   (`<data_dir>/alerts/deliveries.jsonl`, appended and fsynced); a sink's copy is recorded
   `sent` after a 2xx answer, or `dropped` with the reason. On start, copies still `queued` are
