@@ -71,6 +71,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from collectors.errors import DcgmScrapeError
 from ledger.attribution import unconfigured_slices
 from ledger.events import (
     MAX_INTERVAL_US,
@@ -756,23 +757,6 @@ class EnergyTracker:
 
 
 # ---------------------------------------------------------------------------- scraping
-
-
-class DcgmScrapeError(Exception):
-    """The exporter's `/metrics` could not be read.
-
-    The only exception `fetch_metrics` and `DcgmCollector.scrape` raise for the network or the
-    exporter: connection refused or reset, timeouts and 5xx after all retries, TLS failures,
-    4xx (401/403: credentials), oversized bodies. `status` is the last HTTP status if any.
-    """
-
-    def __init__(
-        self, message: str, *, url: str, status: int | None = None, attempts: int = 1
-    ) -> None:
-        super().__init__(f"{url}: {message}")
-        self.url = url
-        self.status = status
-        self.attempts = attempts
 
 
 @dataclass(frozen=True, slots=True)

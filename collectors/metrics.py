@@ -21,11 +21,9 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import start_http_server
 
+from collectors.errors import MetricsError
+
 NAMESPACE = "tally_collector"
-
-
-class MetricsError(Exception):
-    """The metrics endpoint could not be served (the address is taken or not ours)."""
 
 
 class ErrorKind(StrEnum):

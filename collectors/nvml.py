@@ -59,6 +59,7 @@ from typing import Any, Protocol
 
 import pynvml
 
+from collectors.errors import NvmlUnavailableError
 from ledger.attribution import unconfigured_slices
 from ledger.events import (
     GpuHealth,
@@ -91,14 +92,6 @@ _CLOCK_SM = pynvml.NVML_CLOCK_SM
 _XID_EVENTS = pynvml.nvmlEventTypeXidCriticalError
 _MIG_PROFILE = re.compile(r"MIG\s+(\S+)\s*$")
 _PROFILE_SLICES = re.compile(r"(?:^|\.)(\d+)g\.")
-
-
-class NvmlUnavailableError(RuntimeError):
-    """NVML cannot be used on this machine (no library, no driver, no GPU, no permission).
-
-    Raised only by `NvmlCollector.start`; the message says what is wrong in words a person can
-    act on, and `__cause__` is the original `pynvml.NVMLError`.
-    """
 
 
 class NvmlPort(Protocol):

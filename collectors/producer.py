@@ -59,8 +59,9 @@ from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.transaction import InitProducerIdRequest_v0
 from aiokafka.protocol.types import CompactString, Int16, Int32, Int64, Schema, TaggedFields
 
+from collectors.errors import ProducerError, SpoolError
 from collectors.metrics import CollectorMetrics, ErrorKind
-from collectors.spool import DropReason, Spool, SpoolError, SpoolRecord
+from collectors.spool import DropReason, Spool, SpoolRecord
 from ledger.events import Envelope, encode_batch
 
 log = logging.getLogger("tally.collector.producer")
@@ -76,10 +77,13 @@ _REPLAY_BATCH = 512
 _REJECTED = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
 # These say nothing about idempotence: the broker did not answer at all.
 _UNREACHABLE = (KafkaConnectionError, NodeNotReadyError, RequestTimedOutError, KafkaTimeoutError)
+# What talking to the broker raises: caught only as these, and raised to callers only as
+# `ProducerError` (`_cannot_connect`, or a flush the broker did not take).
+_BROKER_ERRORS = (KafkaError, OSError, TimeoutError)
 
 
-class ProducerError(Exception):
-    """The broker did not take what the producer sent (and there is no spool to keep it)."""
+def _cannot_connect(exc: BaseException) -> ProducerError:
+    return ProducerError(f"cannot connect the producer: {exc}")
 
 
 class Loss(StrEnum):
@@ -281,9 +285,9 @@ class SampleProducer:
         with one, the producer starts spooling and keeps trying in the background."""
         try:
             session = await self._connect()
-        except (KafkaError, OSError, TimeoutError) as exc:
+        except _BROKER_ERRORS as exc:
             if self.spool is None:
-                raise ProducerError(f"cannot connect the producer: {exc}") from exc
+                raise _cannot_connect(exc) from exc
             self.metrics.error(ErrorKind.CONNECT)
             self._lost(f"cannot reach the broker at {self.bootstrap}: {exc}")
             return
@@ -303,7 +307,7 @@ class SampleProducer:
         if session is not None:
             try:
                 await asyncio.wait_for(session.kafka.stop(), self.send_timeout_s)
-            except (KafkaError, OSError, TimeoutError):
+            except _BROKER_ERRORS:
                 await _abandon(session.kafka)
 
     async def _connect(self) -> _Session:
@@ -314,7 +318,7 @@ class SampleProducer:
         try:
             await asyncio.wait_for(kafka.start(), self.connect_timeout_s)
         except BaseException as exc:
-            with contextlib.suppress(KafkaError, OSError, TimeoutError):
+            with contextlib.suppress(*_BROKER_ERRORS):
                 await asyncio.wait_for(kafka.stop(), 5.0)
             if idempotent and _refuses_idempotence(exc):
                 self._refuse_idempotence(exc)
@@ -444,10 +448,10 @@ class SampleProducer:
         if self._session is None:
             try:
                 self._up(await self._connect())
-            except (KafkaError, OSError, TimeoutError) as exc:
+            except _BROKER_ERRORS as exc:
                 self._retry = messages + self._retry
                 self.metrics.error(ErrorKind.CONNECT)
-                raise ProducerError(f"cannot connect the producer: {exc}") from exc
+                raise _cannot_connect(exc) from exc
         outcomes = await self._deliver(messages)
         acked = self._settle(messages, outcomes, replay=False)
         unsent = [m for m, o in zip(messages, outcomes, strict=True) if o is _Outcome.UNSENT]
@@ -508,7 +512,7 @@ class SampleProducer:
                         refused.set_exception(exc)
                         futures.append(refused)
                 await asyncio.wait(futures)
-        except (KafkaError, OSError, TimeoutError) as exc:
+        except _BROKER_ERRORS as exc:
             failure = exc
         outcomes = [
             self._outcome(futures[i] if i < len(futures) else None) for i in range(len(messages))

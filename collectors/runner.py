@@ -22,8 +22,9 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from collectors.errors import ProducerError
 from collectors.metrics import CollectorMetrics, ErrorKind
-from collectors.producer import ProducerError, SampleProducer
+from collectors.producer import SampleProducer
 from collectors.simulated import SimulatedFleet, align
 from ledger.events import Envelope, GpuHealth, GpuSample, encode_health, envelope_for
 

@@ -50,6 +50,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import BinaryIO
 
+from collectors.errors import SpoolError
+
 log = logging.getLogger("tally.collector.spool")
 
 MAGIC = b"TSPOOL1\n"
@@ -59,10 +61,6 @@ DEFAULT_MAX_BYTES = 256 << 20
 _FRAME = struct.Struct(">II")  # body length, CRC-32 of the body
 _BODY = struct.Struct(">HHI")  # topic length, key length, samples
 _MAX_BODY = 64 << 20  # no message is near this; a larger length is a corrupt header
-
-
-class SpoolError(Exception):
-    """The spool directory cannot be used (not creatable, not writable, disk full)."""
 
 
 class DropReason(StrEnum):

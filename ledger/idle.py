@@ -15,29 +15,33 @@ Rules (`IdlePolicy`):
   above `resolve_pct` for `resolve_duration_us`, or the owner changes or leaves;
 - samples older than the last one seen for the GPU are not considered (late data never reopens
   or resolves an alert).
+
+The alerts it emits (`IdleAlert`, `AlertKind`, `ResolveReason`) and their one encoding and
+decoding live in `ledger.alerts`; they are re-exported here for the detector's callers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from enum import StrEnum
 
-import orjson
+from ledger.alerts import AlertKind, IdleAlert, ResolveReason, encode_alert
+from ledger.events import Owner
 
-from ledger.events import Owner, cloudevent, event_id
+__all__ = [  # the alert names are re-exported from `ledger.alerts`
+    "MINUTE_US",
+    "AlertKind",
+    "GpuIdleState",
+    "IdleAlert",
+    "IdleObservation",
+    "IdlePolicy",
+    "ResolveReason",
+    "encode_alert",
+    "state_from_row",
+    "state_to_row",
+    "step",
+]
 
 MINUTE_US = 60_000_000
-
-
-class AlertKind(StrEnum):
-    DETECTED = "tally.idle.detected"
-    RESOLVED = "tally.idle.resolved"
-
-
-class ResolveReason(StrEnum):
-    BUSY_AGAIN = "busy_again"
-    OWNER_CHANGED = "owner_changed"
-    RELEASED = "released"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,28 +81,6 @@ class IdleObservation:
     end_us: int
     gpu_ms: int
     cost_micros: int
-
-
-@dataclass(frozen=True, slots=True)
-class IdleAlert:
-    """`IdleGpuDetected` or `IdleGpuResolved`."""
-
-    kind: AlertKind
-    subject: str
-    gpu_uuid: str
-    node: str
-    pool: str
-    model: str
-    owner: Owner
-    since_us: int
-    at_us: int
-    waste_gpu_ms: int
-    waste_micros: int
-    reason: ResolveReason | None = None
-
-    @property
-    def id(self) -> str:
-        return event_id("tally://idle", f"{self.subject}/{self.since_us}/{self.kind}", self.at_us)
 
 
 def step(
@@ -175,38 +157,6 @@ def _alert(
         waste_gpu_ms=state.waste_gpu_ms,
         waste_micros=state.waste_micros,
         reason=reason,
-    )
-
-
-def encode_alert(alert: IdleAlert) -> bytes:
-    """The alert in its envelope, as published on the alerts topic keyed by GPU UUID."""
-    owner = alert.owner
-    return orjson.dumps(
-        cloudevent(
-            alert.id,
-            alert.kind.value,
-            "tally://ledger/idle",
-            alert.subject,
-            alert.at_us,
-            1,
-            {
-                "gpu_uuid": alert.gpu_uuid,
-                "node": alert.node,
-                "pool": alert.pool,
-                "model": alert.model,
-                "owner": {
-                    "team": owner.team,
-                    "project": owner.project,
-                    "user": owner.user,
-                    "job": owner.job_id,
-                },
-                "since_us": alert.since_us,
-                "at_us": alert.at_us,
-                "waste_gpu_ms": alert.waste_gpu_ms,
-                "waste_micros": alert.waste_micros,
-                "reason": alert.reason.value if alert.reason else None,
-            },
-        )
     )
 
 

@@ -1,2 +1,3 @@
-"""The stream processors: the Faust app, its topics and agents. Agents are thin: decode, call
-`ledger`, emit."""
+"""The stream processors: the Faust app, its topics and agents (agents are thin: decode, call
+`ledger`, emit), Kafka plumbing, and alert delivery from the alerts topic to webhooks
+(`streams.alerts`). Imports `ledger` only, never `tally`."""

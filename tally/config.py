@@ -18,7 +18,6 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -30,41 +29,13 @@ from pydantic import (
 from ledger.idle import IdlePolicy
 from ledger.periods import Period
 from ledger.pricing import ANY_MODEL, EnergyPrice, Price, PriceBook
-from ledger.units import MS_PER_HOUR, parse_micros
-from tally.alerting import AlertsConfig
-
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+from ledger.units import MS_PER_HOUR
+from tally.alerts_config import AlertsConfig
+from tally.config_fields import Micros, Name, Strict
 
 
 class ConfigError(Exception):
     """A configuration file that cannot be read or is invalid; the message says where and why."""
-
-
-def _money(value: Any) -> int:
-    if isinstance(value, float):
-        value = Decimal(repr(value))  # YAML `2.5`: its shortest repr is the text that was written
-    if isinstance(value, int | str | Decimal) and not isinstance(value, bool):
-        return parse_micros(value)
-    raise ValueError('expected a decimal amount such as "2.50"')
-
-
-Micros = Annotated[int, BeforeValidator(_money)]
-
-
-def _name(value: Any) -> str:
-    if not isinstance(value, str) or not NAME.match(value):
-        raise ValueError(
-            "names use letters, digits, '.', '_' and '-', start with a letter or digit, "
-            "and are at most 64 characters"
-        )
-    return value
-
-
-Name = Annotated[str, BeforeValidator(_name)]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class BrokerConfig(Strict):

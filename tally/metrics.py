@@ -4,8 +4,9 @@
 helpers the worker, the alert sinks and the scheduler call, and — when given a ledger
 directory — gauges read from the newest sealed data at scrape time. It implements the ports
 through which the packages report without importing `tally`: `streams.worker.WorkerObserver`,
-`scheduler.ports.SchedulerObserver` and `tally.alerting.DeliveryMetrics`. `sections` chooses the
-families a process registers, so an endpoint never shows another process's metrics as zeros.
+`scheduler.ports.SchedulerObserver` and `streams.alerts.sinks.DeliveryMetrics`. `sections`
+chooses the families a process registers, so an endpoint never shows another process's metrics
+as zeros.
 `serve_metrics` exposes the registry over HTTP at `/metrics`.
 
 Who serves what (`metrics:` in the config; 0 picks a free port, printed at start):

@@ -9,22 +9,18 @@ import sys
 
 import click
 
-from tally.alerting import (
-    AlertDispatcher,
-    AlertsConfig,
-    consume_alerts,
-    load_alerts_config,
-    send_test,
-)
+from tally.alerts_config import AlertsConfig
 from tally.cli.options import Exit, bootstrap_option, config_option, fail
-from tally.config import ConfigError, TallyConfig
+from tally.config import ConfigError, TallyConfig, load_config
 
 
 def _load(config_path: str) -> tuple[TallyConfig, AlertsConfig]:
+    """The configuration and its `alerts:` section; a usage error names file and field."""
     try:
-        return load_alerts_config(config_path)
+        config = load_config(config_path)
     except ConfigError as exc:
         fail(str(exc), Exit.USAGE)
+    return config, config.alerts
 
 
 @click.group()
@@ -36,11 +32,13 @@ def alerts() -> None:
 @config_option
 def test(config_path: str) -> None:
     """Send a test alert to every configured sink and report each one (exit 1 if any failed)."""
+    from streams.alerts.probe import send_test
+
     config, section = _load(config_path)
     if not section.sinks:
         fail(f"{config_path}: alerts.sinks: no alert sinks are configured", Exit.USAGE)
     failed = 0
-    for sink in section.sinks:
+    for sink in section.sink_settings():
         result = send_test(sink, config.ledger.currency)
         if result.ok:
             click.echo(f"ok      {sink.name} ({sink.kind.value}): {result.detail}")
@@ -74,6 +72,8 @@ def run(
     Deliveries are deduplicated by alert id across restarts (the log is under the ledger data
     directory); a sink that is down never holds up the others.
     """
+    from streams.alerts.consumer import consume_alerts
+    from streams.alerts.dispatcher import AlertDispatcher
     from streams.kafka import BrokerError, wait_for_broker
     from tally.components import NoBrokerError, bootstrap_servers
     from tally.metrics import TallyMetrics, serve_metrics
@@ -96,7 +96,7 @@ def run(
         server, _ = serve_metrics(metrics, metrics_host, metrics_port)
         click.echo(f"metrics at http://{metrics_host}:{server.server_port}/metrics", err=True)
     dispatcher = AlertDispatcher(
-        section.sinks, config.ledger.data_dir, config.ledger.currency, metrics
+        section.sink_settings(), config.ledger.data_dir, config.ledger.currency, metrics
     ).start()
     names = ", ".join(f"{s.name} ({s.kind.value})" for s in section.sinks)
     click.echo(f"delivering alerts from {config.topics.alerts} to {names}", err=True)

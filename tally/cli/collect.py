@@ -231,7 +231,8 @@ def _real_source(
     if source == "nvml":
         import pynvml
 
-        from collectors.nvml import NvmlCollector, NvmlUnavailableError
+        from collectors.errors import NvmlUnavailableError
+        from collectors.nvml import NvmlCollector
         from collectors.ownership import OwnerResolver
 
         collector = NvmlCollector(
@@ -243,7 +244,8 @@ def _real_source(
             fail(str(exc), Exit.USAGE)
         return collector.collect_round
 
-    from collectors.dcgm import DcgmCollector, DcgmConfig, DcgmScrapeError
+    from collectors.dcgm import DcgmCollector, DcgmConfig
+    from collectors.errors import DcgmScrapeError
     from collectors.nvml import RoundResult
 
     auth = None
@@ -287,9 +289,10 @@ def _with_producer(
     body: Callable[[Any, asyncio.Event], Any],
 ) -> int:
     """Run `body(producer, stop)` with a spooling producer, signal handling and /metrics."""
-    from collectors.metrics import CollectorMetrics, MetricsError, MetricsServer
-    from collectors.producer import ProducerError, SampleProducer
-    from collectors.spool import Spool, SpoolError
+    from collectors.errors import MetricsError, ProducerError, SpoolError
+    from collectors.metrics import CollectorMetrics, MetricsServer
+    from collectors.producer import SampleProducer
+    from collectors.spool import Spool
 
     metrics = CollectorMetrics()
     directory = Path(spool_dir) if spool_dir else config.ledger.data_dir.parent / "spool"

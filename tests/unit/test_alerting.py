@@ -17,16 +17,22 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from ledger.events import Owner
-from ledger.idle import AlertKind, IdleAlert, ResolveReason, encode_alert
-from tally import alerting
-from tally.alerting import (
-    AlertDispatcher,
-    AlertSinkConfig,
-    DeliveryState,
-    SinkKind,
+from ledger.alerts import (
+    Alert,
+    AlertKind,
+    IdleAlert,
+    ResolveReason,
+    alert_to_dict,
     decode_alert,
+    encode_alert,
 )
+from ledger.errors import EventError
+from ledger.events import Owner
+from streams.alerts.consumer import consume_alerts
+from streams.alerts.delivery_log import DeliveryLog, DeliveryState
+from streams.alerts.dispatcher import AlertDispatcher
+from streams.alerts.settings import SinkKind, SinkSettings
+from tally.alerts_config import AlertSinkConfig
 from tally.cli import cli
 from tally.metrics import TallyMetrics
 from tests.builders import T0_US, a_config_dict
@@ -100,7 +106,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _detected(gpu: str = "GPU-H1", at_us: int = T0_US + 40 * MIN_US) -> alerting.Alert:
+def _detected(gpu: str = "GPU-H1", at_us: int = T0_US + 40 * MIN_US) -> Alert:
     idle = IdleAlert(
         kind=AlertKind.DETECTED,
         subject=gpu,
@@ -117,7 +123,7 @@ def _detected(gpu: str = "GPU-H1", at_us: int = T0_US + 40 * MIN_US) -> alerting
     return decode_alert(encode_alert(idle))
 
 
-def _resolved(detected: alerting.Alert) -> alerting.Alert:
+def _resolved(detected: Alert) -> Alert:
     idle = IdleAlert(
         kind=AlertKind.RESOLVED,
         subject=detected.subject,
@@ -135,14 +141,15 @@ def _resolved(detected: alerting.Alert) -> alerting.Alert:
     return decode_alert(encode_alert(idle))
 
 
-def _sink(url: str, kind: SinkKind = SinkKind.SLACK, name: str = "ops", **kw: Any):
+def _sink(url: str, kind: SinkKind = SinkKind.SLACK, name: str = "ops", **kw: Any) -> SinkSettings:
+    """A sink as the configuration gives it to delivery (fast retries for the tests)."""
     defaults: dict[str, Any] = {
         "timeout_s": 2.0,
         "backoff_initial_s": 0.02,
         "backoff_max_s": 0.1,
         "resend_interval_s": 0,
     }
-    return AlertSinkConfig(name=name, kind=kind, url=url, **(defaults | kw))
+    return AlertSinkConfig(name=name, kind=kind, url=url, **(defaults | kw)).settings()
 
 
 def _sample(metrics: TallyMetrics, name: str, **labels: str) -> float:
@@ -159,9 +166,22 @@ def test_an_alert_round_trips_through_the_topic_encoding():
         "ada",
         "job-7",
     )
-    assert decode_alert(json.dumps(alerting.alert_to_dict(alert))) == alert
-    with pytest.raises(ValueError, match="not an idle-GPU alert"):
+    assert decode_alert(json.dumps(alert_to_dict(alert))) == alert
+    with pytest.raises(EventError, match="not an idle-GPU alert"):
         decode_alert(b'{"id": 1}')
+
+
+def test_sink_config_becomes_the_settings_delivery_runs_on():
+    config = AlertSinkConfig(
+        name="am", kind="alertmanager", url="http://am:9093/", headers={"X-Team": "ops"}
+    )
+    settings = config.settings()
+    assert settings.kind is SinkKind.ALERTMANAGER
+    assert settings.endpoint == "http://am:9093/api/v2/alerts"
+    assert (settings.timeout_s, settings.max_attempts, settings.queue_size) == (5.0, 8, 1000)
+    assert dict(settings.headers) == {"X-Team": "ops"}
+    slack = AlertSinkConfig(name="chat", kind="slack", url="https://hooks.example/T/B")
+    assert slack.settings().endpoint == "https://hooks.example/T/B"
 
 
 def test_slack_payload_names_the_gpu_the_owner_and_the_waste(receiver, tmp_path):
@@ -284,7 +304,7 @@ def test_a_failing_receiver_is_retried_with_backoff(receiver, tmp_path):
         == 1
     )
     assert _sample(metrics, "tally_alert_sink_up", sink="ops") == 1
-    log = alerting.DeliveryLog(tmp_path)
+    log = DeliveryLog(tmp_path)
     assert log.state("ops", _detected().id).state is DeliveryState.SENT
     log.close()
 
@@ -353,7 +373,7 @@ def test_a_full_queue_drops_the_alert_and_says_so(second, tmp_path, caplog):
         dispatcher.stop(timeout_s=2)
     assert _sample(metrics, "tally_alert_drops_total", sink="tiny", reason="queue_full") == 2
     assert any("queue full" in r.getMessage() for r in caplog.records)
-    log = alerting.DeliveryLog(tmp_path)
+    log = DeliveryLog(tmp_path)
     assert log.state("tiny", _detected("GPU-3").id).reason == "queue_full"
     log.close()
 
@@ -454,7 +474,7 @@ def test_run_loop_delivers_from_the_alerts_topic(broker, receiver, tmp_path):
         dispatcher = AlertDispatcher([_sink(receiver.url)], tmp_path).start()
         stop = asyncio.Event()
         task = asyncio.create_task(
-            alerting.consume_alerts((broker.bootstrap,), "t.alerts", dispatcher, stop=stop)
+            consume_alerts((broker.bootstrap,), "t.alerts", dispatcher, stop=stop)
         )
         deadline = time.monotonic() + 20
         while not receiver.posts and time.monotonic() < deadline:

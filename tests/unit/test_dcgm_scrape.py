@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from collectors.dcgm import DcgmCollector, DcgmConfig, DcgmScrapeError, fetch_metrics
+from collectors.dcgm import DcgmCollector, DcgmConfig, fetch_metrics
+from collectors.errors import DcgmScrapeError
 from ledger.events import MAX_INTERVAL_US, HealthKind
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "dcgm"

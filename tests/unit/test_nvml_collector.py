@@ -10,6 +10,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from collectors.errors import NvmlUnavailableError
 from collectors.fake_nvml import (
     GIB,
     FakeGpu,
@@ -21,7 +22,7 @@ from collectors.fake_nvml import (
     mig_gpu,
     mixed_node,
 )
-from collectors.nvml import NvmlCollector, NvmlUnavailableError, RoundResult
+from collectors.nvml import NvmlCollector, RoundResult
 from ledger.events import (
     GpuSample,
     HealthKind,

@@ -15,9 +15,10 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, UnknownError
 
 import collectors.producer as producer_module
+from collectors.errors import ProducerError
 from collectors.metrics import CollectorMetrics, ErrorKind, MetricsServer
 from collectors.nvml import RoundResult
-from collectors.producer import ProducerError, SampleProducer
+from collectors.producer import SampleProducer
 from collectors.runner import run_rounds
 from collectors.spool import Spool
 from ledger.events import Envelope, GpuHealth, HealthKind, SampleSource, envelope_for
