@@ -19,9 +19,10 @@ price book prices energy — its cost (rounded once) is added to the sample's mo
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from ledger.accounts import capacity_account, consumer_account, unallocated_account
-from ledger.assignments import OwnedPiece
+from ledger.assignments import OwnedPiece, main_holder
 from ledger.events import Envelope, GpuSample, MigInstance, Owner
 from ledger.periods import period_label
 from ledger.postings import Posting, Transaction, TransactionKind
@@ -113,13 +114,34 @@ def usage_cost(prices: PriceBook, sample: GpuSample, gpu_ms: int) -> int:
     return sum(cost_of(ms, rate) for ms, (_, _, rate) in zip(parts, pieces, strict=True))
 
 
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A sample's usage transaction and the facts the idle detector reads off it: the first
+    owner (None: unallocated), the physical GPU time and the money it cost."""
+
+    txn: Transaction
+    owner: Owner | None
+    gpu_ms: int
+    cost_micros: int
+
+
 def attribute_sample(
     envelope: Envelope,
     prices: PriceBook,
     cost_centres: Mapping[str, str],
     held: Sequence[OwnedPiece] = (),
 ) -> Transaction:
-    """The usage transaction of one sample event. Raises PricingError for an unpriced model.
+    """The usage transaction of one sample event. Raises PricingError for an unpriced model."""
+    return attribute_usage(envelope, prices, cost_centres, held).txn
+
+
+def attribute_usage(
+    envelope: Envelope,
+    prices: PriceBook,
+    cost_centres: Mapping[str, str],
+    held: Sequence[OwnedPiece] = (),
+) -> Usage:
+    """The usage of one sample event. Raises PricingError for an unpriced model.
 
     `held` is who the scheduler says held the GPU over the sample's interval; it decides the
     owners only when the sample names none, splitting the time by how long each held it.
@@ -133,6 +155,7 @@ def attribute_sample(
         if rate is not None:
             total_cost += energy_cost(energy, rate)
     shares = owner_shares(sample)
+    first_owner = shares[0][0]
     if held and shares == [(None, 1)]:
         by_holder: dict[Owner | None, int] = {}
         for piece in held:
@@ -195,7 +218,7 @@ def attribute_sample(
     postings.append(Posting(capacity, Unit.MONEY, -total_cost))
     if energy:
         postings.append(Posting(capacity, Unit.ENERGY_MJ, -energy))
-    return Transaction(
+    txn = Transaction(
         txn_id=envelope.id,
         kind=TransactionKind.USAGE,
         start_us=sample.start_us,
@@ -209,3 +232,6 @@ def attribute_sample(
         period=period_label(sample.start_us),
         util_pct=sample.util_gpu_pct,
     )
+    if first_owner is None and held:
+        first_owner = main_holder(held)
+    return Usage(txn, first_owner, total_ms, total_cost)

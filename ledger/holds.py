@@ -333,6 +333,12 @@ class Settlement:
     last_usage: int
 
 
+@dataclass(frozen=True, slots=True)
+class HoldBookMark:
+    open: Mapping[HoldKey, OpenHold]
+    changed: Mapping[HoldKey, OpenHold]
+
+
 class HoldBook:
     """The open holds during one batch: applies hold events, settles usage, expires holds, and
     remembers which holds changed (an amount of 0 means the hold is gone)."""
@@ -354,6 +360,13 @@ class HoldBook:
 
     def changed(self) -> list[OpenHold]:
         return list(self._changed.values())
+
+    def checkpoint(self) -> HoldBookMark:
+        """The book as it is now, for `restore` when what follows is refused."""
+        return HoldBookMark(dict(self._open), dict(self._changed))
+
+    def restore(self, mark: HoldBookMark) -> None:
+        self._open, self._changed = dict(mark.open), dict(mark.changed)
 
     def place(self, envelope: HoldEnvelope) -> Transaction | str:
         """The hold transaction, or why the placement is refused."""

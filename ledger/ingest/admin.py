@@ -1,0 +1,185 @@
+"""The admin route's fold: budget grants, adjustments and reversals into transactions, and every
+applied admin event (prices, teams, quotas, closes) into the admin log, in offset order. Pure:
+the batch, the ledger's view and the configured cost centres.
+
+A grant into a closed period, a stale grant (its `expected_total` is not the ledger's), a
+reversal of an unknown, unreversible or already reversed transaction are refused as dead
+letters. A period closed by the batch takes nothing afterwards: later entries of the batch are
+booked into the next open period.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ledger.admin import (
+    REVERSIBLE,
+    AdjustmentRecorded,
+    AdminEnvelope,
+    AppliedAdmin,
+    BudgetGranted,
+    PeriodClosed,
+    QuotaSet,
+    TeamDefined,
+    adjustment_transaction,
+    grant_transaction,
+    reversal_transaction,
+)
+from ledger.closing import booking_period
+from ledger.events import DeadLetter
+from ledger.ingest.batch import Folded, refused
+from ledger.ingest.validation import check_transaction
+from ledger.postings import Transaction
+from ledger.store.port import (
+    ConsumedMessage,
+    LedgerView,
+    SourcedTransaction,
+    StateChanges,
+    ViewKeys,
+)
+
+DecodedAdmin = tuple[AdminEnvelope, ConsumedMessage]
+
+
+def admin_keys(decoded: Sequence[DecodedAdmin]) -> ViewKeys:
+    """What the admin fold reads of the ledger for these events."""
+    events = [e.data for e, _ in decoded]
+    return ViewKeys(
+        admin_ids=[e.id for e, _ in decoded],
+        budget_keys=frozenset(
+            (e.team, e.period, e.unit) for e in events if isinstance(e, BudgetGranted)
+        ),
+        txn_ids=frozenset(
+            e.reverses_txn
+            for e in events
+            if isinstance(e, AdjustmentRecorded) and e.reverses_txn is not None
+        ),
+        admin=True,
+    )
+
+
+def closes_a_period(decoded: Sequence[DecodedAdmin], view: LedgerView) -> bool:
+    """Whether the batch closes a period not closed yet (the store is sealed first then, so the
+    close's checksum sees every posting of the period)."""
+    return any(
+        isinstance(e.data, PeriodClosed)
+        and e.data.period not in view.closed
+        and e.id not in view.admin_applied
+        for e, _ in decoded
+    )
+
+
+def fold_admin(
+    decoded: Sequence[DecodedAdmin], view: LedgerView, cost_centres: Mapping[str, str]
+) -> Folded:
+    fold = _AdminFold(view, cost_centres)
+    applied = set(view.admin_applied)
+    dead: list[DeadLetter] = []
+    duplicates = 0
+    for envelope, message in decoded:
+        if envelope.id in applied:
+            duplicates += 1
+            continue
+        applied.add(envelope.id)
+        problem = fold.apply(envelope, message)
+        if problem is not None:
+            dead.append(refused(problem, envelope.id, message))
+    return Folded(
+        transactions=tuple(fold.transactions),
+        dead=tuple(dead),
+        changes=StateChanges(admin=fold.entries, reversals=fold.reversals),
+        duplicates=duplicates,
+        derived_from=len(fold.transactions),
+    )
+
+
+class _AdminFold:
+    """The admin events of one batch, folded in order into transactions and log entries."""
+
+    def __init__(self, view: LedgerView, cost_centres: Mapping[str, str]):
+        self.view = view
+        self.closed = set(view.closed)
+        self.centres = dict(cost_centres) | {
+            team: t.cost_centre for team, t in view.admin.teams.items()
+        }
+        self.teams = dict(view.admin.teams)
+        self.quotas = dict(view.admin.quotas)
+        self.totals = dict(view.budget_totals)
+        self.pending: dict[str, Transaction] = {}
+        self.reversed: set[str] = set()
+        self.transactions: list[SourcedTransaction] = []
+        self.entries: list[AppliedAdmin] = []
+        self.reversals: list[tuple[str, str]] = []
+
+    def apply(self, envelope: AdminEnvelope, message: ConsumedMessage) -> str | None:
+        """Fold one event; the reason it is refused, or None."""
+        event = envelope.data
+        outcome = "applied"
+        txn: Transaction | None = None
+        if isinstance(event, BudgetGranted):
+            if event.period in self.closed:
+                return f"budget for {event.period} refused: the period is closed"
+            key = (event.team, event.period, event.unit)
+            total = self.totals.get(key, 0)
+            if event.expected_total is not None and event.expected_total != total:
+                return (
+                    f"stale grant: computed against a total of {event.expected_total} "
+                    f"{event.unit}, the ledger has {total}"
+                )
+            txn = grant_transaction(envelope, self.centres.get(event.team))
+            problem = check_transaction(txn, self.closed)
+            if problem is not None:
+                return problem
+            self.totals[key] = total + event.amount
+        elif isinstance(event, AdjustmentRecorded) and event.reverses_txn is not None:
+            result = self._reversal(envelope, event.reverses_txn)
+            if isinstance(result, str):
+                return result
+            txn = result
+        elif isinstance(event, AdjustmentRecorded):
+            assert event.period is not None
+            period = booking_period(event.period, self.closed)
+            txn = adjustment_transaction(envelope, period, self.centres)
+            problem = check_transaction(txn, self.closed)
+            if problem is not None:
+                return problem
+        elif isinstance(event, PeriodClosed):
+            if event.period in self.closed:
+                outcome = "unchanged: already closed"
+            self.closed.add(event.period)
+        elif isinstance(event, TeamDefined):
+            before = self.teams.get(event.team)
+            if before is not None and before.definition == event.definition:
+                outcome = "unchanged"
+            self.teams[event.team] = event
+            self.centres[event.team] = event.cost_centre
+        elif isinstance(event, QuotaSet):
+            quota = self.quotas.get((event.team, event.pool, event.model))
+            if quota is not None and quota.limits == event.limits:
+                outcome = "unchanged"
+            self.quotas[(event.team, event.pool, event.model)] = event
+        self.entries.append(AppliedAdmin(envelope, outcome))
+        if txn is not None:
+            self.pending[txn.txn_id] = txn
+            self.transactions.append(
+                SourcedTransaction(txn, message.topic, message.partition, message.offset)
+            )
+        return None
+
+    def _reversal(self, envelope: AdminEnvelope, target: str) -> Transaction | str:
+        """The reversal of `target`, or why it is refused."""
+        original = self.pending.get(target) or self.view.transactions.get(target)
+        if original is None:
+            return f"no transaction {target} to reverse"
+        if original.kind not in REVERSIBLE:
+            return f"a {original.kind} transaction is not reversed by hand"
+        if target in self.reversed or target in self.view.reversed_by:
+            return f"transaction {target} is already reversed"
+        period = booking_period(original.period, self.closed)
+        txn = reversal_transaction(envelope, original, period)
+        problem = check_transaction(txn, self.closed)
+        if problem is not None:
+            return problem
+        self.reversed.add(target)
+        self.reversals.append((target, envelope.id))
+        return txn

@@ -1,0 +1,238 @@
+"""The Ingestor: applies a batch of consumed messages to a store, exactly once.
+
+For each route of the batch (admin events, then the jobs topic, then samples), in one store
+commit each: skip offsets the store has applied for this broker incarnation → decode (bad input
+becomes a dead letter, never an exception) → load the route's view from the store once → fold
+(pure) → give derived transactions ids the ledger has not applied → validate every transaction
+(a refused one becomes a dead letter and is never committed) → commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from ledger.admin import decode_admin_message
+from ledger.events import DeadLetter, decode_message, encode_dead_letter, event_id
+from ledger.holds import LEDGER_HOLDS_SOURCE
+from ledger.idle import IdleAlert, IdlePolicy, encode_alert
+from ledger.ingest.admin import admin_keys, closes_a_period, fold_admin
+from ledger.ingest.batch import Folded, FoldRules, decode_all
+from ledger.ingest.jobs import DecodedJobs, fold_jobs
+from ledger.ingest.samples import fold_samples, sample_keys
+from ledger.ingest.validation import validate_batch
+from ledger.pricing import PriceBook
+from ledger.store.port import (
+    NO_COMMIT,
+    CommitResult,
+    ConsumedMessage,
+    LedgerStore,
+    OutboxMessage,
+    PartitionKey,
+    SourcedTransaction,
+    ranges_from_offsets,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    messages: int
+    skipped_messages: int
+    samples: int
+    commit: CommitResult
+    dead_letters: tuple[DeadLetter, ...]
+    alerts: tuple[IdleAlert, ...] = ()
+    admin_events: int = 0
+    hold_events: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OutputTopics:
+    """Where the ingest's own outputs go: idle alerts, dead letters and, when set, balances."""
+
+    alerts: str = "tally.alerts"
+    deadletter: str = "tally.deadletter"
+    balances: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InputTopics:
+    """Which consumed topics carry admin events and holds (every other one carries samples)."""
+
+    admin: str = "tally.admin"
+    jobs: str = "tally.jobs"
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """What one route of a batch committed."""
+
+    commit: CommitResult
+    dead: tuple[DeadLetter, ...]
+    decoded: int
+    alerts: tuple[IdleAlert, ...] = ()
+
+
+class Ingestor:
+    """Applies batches of messages from one broker incarnation to one store."""
+
+    def __init__(
+        self,
+        store: LedgerStore,
+        incarnation: str,
+        prices: PriceBook,
+        cost_centres: Mapping[str, str],
+        idle_policy: IdlePolicy | None = None,
+        topics: OutputTopics | None = None,
+        inputs: InputTopics | None = None,
+    ) -> None:
+        self.store = store
+        self.incarnation = incarnation
+        self._configured_prices = prices
+        self._configured_centres = dict(cost_centres)
+        self.idle_policy = idle_policy or IdlePolicy()
+        self.rules = FoldRules(prices, dict(cost_centres), self.idle_policy)
+        self._load_admin_state()
+        self.topics = topics or OutputTopics()
+        self.inputs = inputs or InputTopics()
+        self._next: dict[PartitionKey, int] = store.applied_offsets(incarnation)
+
+    @property
+    def prices(self) -> PriceBook:
+        return self.rules.prices
+
+    @property
+    def cost_centres(self) -> Mapping[str, str]:
+        return self.rules.cost_centres
+
+    def next_offset(self, topic: str, partition: int) -> int:
+        return self._next.get((topic, partition), 0)
+
+    def _load_admin_state(self) -> None:
+        """Prices and cost centres as the configuration and the applied admin events say.
+
+        A `PriceSet` applies from its effective time (`PriceBook` never prices backwards), and a
+        `TeamDefined` moves the team's later usage to its cost centre.
+        """
+        teams = self.store.admin_view().teams
+        centres = self._configured_centres | {team: t.cost_centre for team, t in teams.items()}
+        prices = self.store.price_book(self._configured_prices)
+        self.rules = FoldRules(prices, centres, self.idle_policy)
+
+    def apply(self, messages: Sequence[ConsumedMessage]) -> IngestResult:
+        fresh = [m for m in messages if m.offset >= self._next.get((m.topic, m.partition), 0)]
+        admin = [m for m in fresh if m.topic == self.inputs.admin]
+        jobs = [m for m in fresh if m.topic == self.inputs.jobs]
+        samples = [m for m in fresh if m.topic not in (self.inputs.admin, self.inputs.jobs)]
+        admin_part = self._apply_admin(admin) if admin else None
+        if admin_part is not None:
+            self._load_admin_state()
+        jobs_part = self._apply_jobs(jobs) if jobs else None
+        sample_part = self._apply_samples(samples) if samples else None
+        parts = [p for p in (admin_part, jobs_part, sample_part) if p is not None]
+        commit = NO_COMMIT
+        for part in parts:
+            commit = commit + part.commit
+        return IngestResult(
+            messages=len(messages),
+            skipped_messages=len(messages) - len(fresh),
+            samples=sample_part.decoded if sample_part else 0,
+            commit=commit,
+            dead_letters=tuple(d for p in parts for d in p.dead),
+            alerts=sample_part.alerts if sample_part else (),
+            admin_events=admin_part.decoded if admin_part else 0,
+            hold_events=jobs_part.decoded if jobs_part else 0,
+        )
+
+    # ------------------------------------------------------------------ the routes
+
+    def _apply_samples(self, fresh: Sequence[ConsumedMessage]) -> _Part:
+        decoded, dead = decode_all(fresh, decode_message)
+        view = self.store.load_view(sample_keys(decoded))
+        folded = fold_samples(decoded, view, self.rules)
+        return self._commit(fresh, folded, dead, len(decoded), view.closed)
+
+    def _apply_jobs(self, fresh: Sequence[ConsumedMessage]) -> _Part:
+        batch = DecodedJobs(fresh)
+        view = self.store.load_view(batch.keys())
+        folded = fold_jobs(batch, view, fresh[-1])
+        return self._commit(fresh, folded, batch.dead, batch.count, view.closed)
+
+    def _apply_admin(self, fresh: Sequence[ConsumedMessage]) -> _Part:
+        decoded, dead = decode_all(fresh, decode_admin_message)
+        view = self.store.load_view(admin_keys(decoded))
+        if closes_a_period(decoded, view):
+            self.store.seal()  # the close's checksum must see every posting of the period
+        folded = fold_admin(decoded, view, self.rules.cost_centres)
+        return self._commit(fresh, folded, dead, len(decoded), view.closed)
+
+    # ------------------------------------------------------------------ shared steps
+
+    def _commit(
+        self,
+        fresh: Sequence[ConsumedMessage],
+        folded: Folded,
+        decode_dead: Sequence[DeadLetter],
+        decoded: int,
+        closed: frozenset[str],
+    ) -> _Part:
+        transactions = self._own_ids(list(folded.transactions), folded.derived_from)
+        valid, refused = validate_batch(transactions, closed)
+        dead = [*decode_dead, *folded.dead, *refused]
+        outbox = [
+            OutboxMessage(a.id, self.topics.alerts, a.gpu_uuid.encode(), encode_alert(a))
+            for a in folded.alerts
+        ] + [
+            OutboxMessage(
+                event_id("tally://deadletter", f"{d.topic}/{d.partition}/{d.offset}", index),
+                self.topics.deadletter,
+                None,
+                encode_dead_letter(d, self.incarnation),
+            )
+            for index, d in enumerate(dead)
+        ]
+        ranges = ranges_from_offsets((m.topic, m.partition, m.offset) for m in fresh)
+        commit = self.store.commit(
+            self.incarnation,
+            ranges,
+            valid,
+            dead,
+            folded.idle_states,
+            outbox,
+            folded.changes,
+            self.topics.balances,
+            raw=fresh,
+        )
+        for r in ranges:
+            self._next[(r.topic, r.partition)] = r.last + 1
+        commit = replace(commit, duplicates=commit.duplicates + folded.duplicates)
+        return _Part(commit, tuple(dead), decoded, folded.alerts)
+
+    def _own_ids(
+        self, transactions: list[SourcedTransaction], start: int
+    ) -> list[SourcedTransaction]:
+        """Give each transaction the ledger derived itself (settlements and expiries of holds,
+        from `start` on) an id the ledger has not applied yet.
+
+        A derived id repeats only when the event it derives from was applied again after the
+        dedupe window forgot it (a hold placed anew expires with its first life's id). The
+        store would drop the repeat while the hold change it carries is committed; a fresh id,
+        derived deterministically from the old one, keeps postings and holds in step.
+        """
+        if start == len(transactions):
+            return transactions
+        taken = self.store.seen_ids([t.txn.txn_id for t in transactions[start:]])
+        if not taken:
+            return transactions
+        for index in range(start, len(transactions)):
+            item = transactions[index]
+            txn_id, again = item.txn.txn_id, 0
+            while txn_id in taken:
+                again += 1
+                txn_id = event_id(LEDGER_HOLDS_SOURCE, f"{item.txn.txn_id}/again", again)
+                if txn_id not in taken:
+                    taken |= self.store.seen_ids([txn_id])
+            if txn_id != item.txn.txn_id:
+                taken.add(txn_id)
+                transactions[index] = replace(item, txn=replace(item.txn, txn_id=txn_id))
+        return transactions
