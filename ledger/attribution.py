@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 
 from ledger.accounts import capacity_account, consumer_account, unallocated_account
 from ledger.assignments import OwnedPiece
-from ledger.events import Envelope, GpuSample, MigInstance, Owner
+from ledger.events import GpuSample, MigInstance, Owner, SampleEnvelope
 from ledger.periods import period_label
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.pricing import PriceBook, cost_of, energy_cost
@@ -114,7 +114,7 @@ def usage_cost(prices: PriceBook, sample: GpuSample, gpu_ms: int) -> int:
 
 
 def attribute_sample(
-    envelope: Envelope,
+    envelope: SampleEnvelope,
     prices: PriceBook,
     cost_centres: Mapping[str, str],
     held: Sequence[OwnedPiece] = (),

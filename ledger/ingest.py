@@ -70,12 +70,12 @@ from ledger.closing import booking_period
 from ledger.errors import PricingError
 from ledger.events import (
     DeadLetter,
-    Envelope,
     Owner,
     decode_message,
     encode_dead_letter,
     event_id,
 )
+from ledger.events import SampleEnvelope as Envelope
 from ledger.holds import (
     LEDGER_HOLDS_SOURCE,
     BookPeriod,
