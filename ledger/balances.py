@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,16 @@ import duckdb
 import orjson
 
 from ledger.accounts import AccountKind
+from ledger.envelope import Envelope, encode_data, event_id
 from ledger.errors import EventError
-from ledger.events import cloudevent, event_id
 from ledger.segments import Manifest
 
-BALANCE_TYPE = "tally.balance"
+
+class BalanceType(StrEnum):
+    UPDATED = "tally.balance"
+
+
+BALANCE_TYPE = BalanceType.UPDATED
 BALANCE_SOURCE = "tally://ledger/balances"
 
 
@@ -188,15 +194,15 @@ def balance_message_id(account: str, seq: int) -> str:
 
 def encode_balance_update(update: BalanceUpdate) -> bytes:
     """The message value; its key is the account."""
-    return orjson.dumps(
-        cloudevent(
-            balance_message_id(update.account, update.seq),
-            BALANCE_TYPE,
-            BALANCE_SOURCE,
-            update.account,
-            update.as_of_us,
-            1,
-            {
+    return encode_data(
+        Envelope(
+            id=balance_message_id(update.account, update.seq),
+            type=BALANCE_TYPE,
+            source=BALANCE_SOURCE,
+            subject=update.account,
+            time_us=update.as_of_us,
+            schema=1,
+            data={
                 "account": update.account,
                 "seq": update.seq,
                 "current_period": update.current_period,

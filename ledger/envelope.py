@@ -159,22 +159,6 @@ REGISTRY = SchemaRegistry()  # every family registers here when its module is im
 # ---------------------------------------------------------------------------- encoding
 
 
-def cloudevent(
-    id: str, type: str, source: str, subject: str, time_us: int, schema: int, data: Any
-) -> dict[str, Any]:
-    """The envelope as a JSON object: the one wire shape of every Tally event."""
-    return {
-        "specversion": SPEC_VERSION,
-        "id": id,
-        "type": type,
-        "source": source,
-        "subject": subject,
-        "time": time_us,
-        "schema": schema,
-        "data": data,
-    }
-
-
 def to_dict(envelope: Envelope[Any], registry: SchemaRegistry = REGISTRY) -> dict[str, Any]:
     """The JSON object of an envelope of any registered family."""
     family = registry.families.get(envelope.type)
@@ -184,6 +168,7 @@ def to_dict(envelope: Envelope[Any], registry: SchemaRegistry = REGISTRY) -> dic
 
 
 def family_to_dict(family: Family[T], envelope: Envelope[T]) -> dict[str, Any]:
+    """The JSON object of an envelope of `family`: the one wire shape of every Tally event."""
     return {
         "specversion": SPEC_VERSION,
         "id": envelope.id,
@@ -194,6 +179,23 @@ def family_to_dict(family: Family[T], envelope: Envelope[T]) -> dict[str, Any]:
         "schema": envelope.schema,
         "data": family.to_data(envelope.data),
     }
+
+
+def encode_data(envelope: Envelope[Mapping[str, Any]]) -> bytes:
+    """One message value for an event that is only ever written, never decoded here (balance
+    updates, idle alerts, health events): its `data` is already its JSON object."""
+    return orjson.dumps(
+        {
+            "specversion": SPEC_VERSION,
+            "id": envelope.id,
+            "type": envelope.type.value,
+            "source": envelope.source,
+            "subject": envelope.subject,
+            "time": envelope.time_us,
+            "schema": envelope.schema,
+            "data": envelope.data,
+        }
+    )
 
 
 def encode(envelope: Envelope[Any], registry: SchemaRegistry = REGISTRY) -> bytes:

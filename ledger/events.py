@@ -33,9 +33,9 @@ from ledger.envelope import (
     Envelope,
     Family,
     SchemaRegistry,
-    cloudevent,
     decode,
     decode_envelope,
+    encode_data,
     event_id,
     family_to_dict,
 )
@@ -60,7 +60,6 @@ __all__ = [
     "SampleEnvelope",
     "SampleSource",
     "SchemaRegistry",
-    "cloudevent",
     "decode_message",
     "encode_batch",
     "encode_dead_letter",
@@ -459,15 +458,15 @@ def encode_dead_letter(letter: DeadLetter, incarnation: str | None = None) -> by
 
 def encode_health(health: GpuHealth, source: str) -> bytes:
     """A health event in its envelope (published on the alerts topic, keyed by GPU UUID)."""
-    return orjson.dumps(
-        cloudevent(
-            event_id(source, f"{health.gpu_uuid}/{health.kind.value}", health.time_us),
-            EventType.GPU_HEALTH.value,
-            source,
-            health.gpu_uuid,
-            health.time_us,
-            1,
-            {
+    return encode_data(
+        Envelope(
+            id=event_id(source, f"{health.gpu_uuid}/{health.kind.value}", health.time_us),
+            type=EventType.GPU_HEALTH,
+            source=source,
+            subject=health.gpu_uuid,
+            time_us=health.time_us,
+            schema=1,
+            data={
                 "node": health.node,
                 "gpu_uuid": health.gpu_uuid,
                 "gpu_index": health.gpu_index,

@@ -22,9 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-import orjson
-
-from ledger.events import Owner, cloudevent, event_id
+from ledger.envelope import Envelope, encode_data, event_id
+from ledger.events import Owner
 
 MINUTE_US = 60_000_000
 
@@ -181,15 +180,15 @@ def _alert(
 def encode_alert(alert: IdleAlert) -> bytes:
     """The alert in its envelope, as published on the alerts topic keyed by GPU UUID."""
     owner = alert.owner
-    return orjson.dumps(
-        cloudevent(
-            alert.id,
-            alert.kind.value,
-            "tally://ledger/idle",
-            alert.subject,
-            alert.at_us,
-            1,
-            {
+    return encode_data(
+        Envelope(
+            id=alert.id,
+            type=alert.kind,
+            source="tally://ledger/idle",
+            subject=alert.subject,
+            time_us=alert.at_us,
+            schema=1,
+            data={
                 "gpu_uuid": alert.gpu_uuid,
                 "node": alert.node,
                 "pool": alert.pool,
