@@ -25,7 +25,7 @@ from typing import Protocol
 from collectors.metrics import CollectorMetrics, ErrorKind
 from collectors.producer import ProducerError, SampleProducer
 from collectors.simulated import SimulatedFleet, align
-from ledger.events import Envelope, GpuHealth, GpuSample, encode_health, envelope_for
+from ledger.events import GpuHealth, GpuSample, SampleEnvelope, encode_health, envelope_for
 
 log = logging.getLogger("tally.collector")
 
@@ -116,7 +116,7 @@ class SampleSink(Protocol):
 
     metrics: CollectorMetrics
 
-    def add(self, envelopes: Iterable[Envelope]) -> None: ...
+    def add(self, envelopes: Iterable[SampleEnvelope]) -> None: ...
 
     async def flush(self) -> int: ...
 
