@@ -76,12 +76,12 @@ from ledger.attribution import unconfigured_slices
 from ledger.events import (
     MAX_INTERVAL_US,
     DeadLetter,
-    Envelope,
     GpuHealth,
     GpuSample,
     HealthKind,
     MigInstance,
     Owner,
+    SampleEnvelope,
     SampleSource,
     envelope_for,
 )
@@ -909,7 +909,7 @@ class ScrapeResult:
     """One scrape: sample envelopes, XID health events, dead letters for dropped rows, and the
     problems and profiling ratios they came with."""
 
-    envelopes: tuple[Envelope, ...]
+    envelopes: tuple[SampleEnvelope, ...]
     health: tuple[GpuHealth, ...]
     dead_letters: tuple[DeadLetter, ...]
     problems: tuple[DcgmProblem, ...] = ()
@@ -965,7 +965,7 @@ class DcgmCollector:
             model_default=config.model_default,
         )
         counters = {reading.gpu_uuid: reading.counter_mj for reading in parsed.energy}
-        envelopes: list[Envelope] = []
+        envelopes: list[SampleEnvelope] = []
         for sample in parsed.samples:
             previous = self._last_time_us.get(sample.subject)
             self._last_time_us[sample.subject] = time_us

@@ -62,7 +62,7 @@ from aiokafka.protocol.types import CompactString, Int16, Int32, Int64, Schema, 
 from collectors.errors import ProducerError, SpoolError
 from collectors.metrics import CollectorMetrics, ErrorKind
 from collectors.spool import DropReason, Spool, SpoolRecord
-from ledger.events import Envelope, encode_batch
+from ledger.events import SampleEnvelope, encode_batch
 
 log = logging.getLogger("tally.collector.producer")
 
@@ -250,7 +250,7 @@ class SampleProducer:
         self._monotonic = monotonic
         self._idempotence = idempotence
         self._idempotence_refused = False
-        self._buffers: dict[str, list[Envelope]] = {}
+        self._buffers: dict[str, list[SampleEnvelope]] = {}
         self._others: list[SpoolRecord] = []
         self._retry: list[SpoolRecord] = []  # unsent messages of a failed flush (no spool)
         self._session: _Session | None = None
@@ -380,7 +380,7 @@ class SampleProducer:
 
     # -------------------------------------------------------------------------- buffering
 
-    def add(self, envelopes: Iterable[Envelope]) -> None:
+    def add(self, envelopes: Iterable[SampleEnvelope]) -> None:
         for envelope in envelopes:
             self._buffers.setdefault(envelope.data.gpu_uuid, []).append(envelope)
 
@@ -408,7 +408,7 @@ class SampleProducer:
         self._others = []
         return messages
 
-    def _chunks(self, envelopes: list[Envelope]) -> Iterable[tuple[bytes, int]]:
+    def _chunks(self, envelopes: list[SampleEnvelope]) -> Iterable[tuple[bytes, int]]:
         value = encode_batch(envelopes)
         if len(value) <= self.max_message_bytes or len(envelopes) == 1:
             yield value, len(envelopes)

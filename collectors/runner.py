@@ -26,7 +26,7 @@ from collectors.errors import ProducerError
 from collectors.metrics import CollectorMetrics, ErrorKind
 from collectors.producer import SampleProducer
 from collectors.simulated import SimulatedFleet, align
-from ledger.events import Envelope, GpuHealth, GpuSample, encode_health, envelope_for
+from ledger.events import GpuHealth, GpuSample, SampleEnvelope, encode_health, envelope_for
 
 log = logging.getLogger("tally.collector")
 
@@ -117,7 +117,7 @@ class SampleSink(Protocol):
 
     metrics: CollectorMetrics
 
-    def add(self, envelopes: Iterable[Envelope]) -> None: ...
+    def add(self, envelopes: Iterable[SampleEnvelope]) -> None: ...
 
     async def flush(self) -> int: ...
 

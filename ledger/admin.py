@@ -11,12 +11,19 @@ Invariants:
   keyed by on the topic (team, model, account or transaction, period);
 - decoding is strict (unknown or missing fields, a float, bool or string where an integer
   belongs, an unknown unit, an invalid name or period are errors) and never raises: bad input
-  becomes a `DeadLetter`;
+  becomes a `DeadLetter`; it goes through the generic codec (`ledger.envelope`), `ADMIN` being
+  this family;
 - effects are pure: `grant_transaction`, `adjustment_transaction` and `reversal_transaction`
   return balanced transactions; nothing is ever updated or deleted, a correction is a new
   transaction;
 - `plan_admin` is the diff behind `tally admin apply`: desired state minus the applied state,
   so applying the same file twice emits nothing the second time.
+
+Schemas of admin event data (every `tally.admin.*` type):
+- v1 (current): the fields of the event's dataclass, as `admin_event_to_dict` writes them;
+- v0: the first `tally admin` named who acted `by` (not `actor`) and recorded no `reason`;
+  `admin_v0_to_v1` upcasts it (`actor` ← `by`, `reason` ← `V0_REASON`). An upcast event's id
+  is the one its v1 form derives.
 """
 
 from __future__ import annotations
@@ -36,8 +43,18 @@ from ledger.accounts import (
     budget_account,
     funding_account,
 )
-from ledger.errors import EventError, UnknownSchemaError
-from ledger.events import MAX_TIME_US, DeadLetter, cloudevent, event_id
+from ledger.envelope import (
+    REGISTRY,
+    DeadLetter,
+    Envelope,
+    Family,
+    decode,
+    decode_envelope,
+    event_id,
+    family_to_dict,
+)
+from ledger.errors import EventError
+from ledger.events import MAX_TIME_US
 from ledger.periods import Period
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.pricing import Price, PriceBook
@@ -211,19 +228,9 @@ EVENT_CLASSES: Mapping[AdminKind, type[AdminEvent]] = {
     for cls in (BudgetGranted, PriceSet, TeamDefined, QuotaSet, AdjustmentRecorded, PeriodClosed)
 }
 CURRENT_ADMIN_SCHEMA = 1
+V0_REASON = "(recorded by admin schema 0, which kept no reason)"
 
-
-@dataclass(frozen=True, slots=True)
-class AdminEnvelope:
-    """A CloudEvents-style envelope around one admin event; `time_us` is the effective time."""
-
-    id: str
-    type: AdminKind
-    source: str
-    subject: str
-    time_us: int
-    schema: int
-    data: AdminEvent
+AdminEnvelope = Envelope[AdminEvent]  # `time_us` is the effective time, `subject` the entity
 
 
 # ---------------------------------------------------------------------------- encoding
@@ -247,7 +254,7 @@ def admin_envelope(event: AdminEvent, source: str = ADMIN_SOURCE) -> AdminEnvelo
     """Wrap an event in its envelope with its content-derived id."""
     data = admin_event_to_dict(event)
     subject = event.entity
-    return AdminEnvelope(
+    return Envelope(
         id=event_id(source, f"{event.KIND}/{subject}/{_digest(data)}", event.effective_us),
         type=event.KIND,
         source=source,
@@ -259,20 +266,12 @@ def admin_envelope(event: AdminEvent, source: str = ADMIN_SOURCE) -> AdminEnvelo
 
 
 def admin_envelope_to_dict(envelope: AdminEnvelope) -> dict[str, Any]:
-    return cloudevent(
-        envelope.id,
-        envelope.type.value,
-        envelope.source,
-        envelope.subject,
-        envelope.time_us,
-        envelope.schema,
-        admin_event_to_dict(envelope.data),
-    )
+    return family_to_dict(ADMIN, envelope)
 
 
 def encode_admin(envelope: AdminEnvelope) -> tuple[bytes, bytes]:
     """(key, value) of the admin-topic message: keyed by the event's entity."""
-    return envelope.subject.encode(), orjson.dumps(admin_envelope_to_dict(envelope))
+    return envelope.subject.encode(), orjson.dumps(family_to_dict(ADMIN, envelope))
 
 
 # ---------------------------------------------------------------------------- decoding
@@ -451,9 +450,9 @@ def admin_event_from_dict(kind: AdminKind, data: Any) -> AdminEvent:
     if unknown:
         raise EventError(f"data: unknown fields {sorted(unknown)}")
     kwargs: dict[str, Any] = {}
-    for name, decode, required in spec:
+    for name, read, required in spec:
         if name in data:
-            kwargs[name] = decode(f"data.{name}", data[name])
+            kwargs[name] = read(f"data.{name}", data[name])
         elif required:
             raise EventError(f"data.{name}: missing")
         else:
@@ -465,60 +464,37 @@ def admin_event_from_dict(kind: AdminKind, data: Any) -> AdminEvent:
     return event
 
 
-_KINDS = frozenset(kind.value for kind in AdminKind)
+def admin_v0_to_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v0 admin data → v1: `by` becomes `actor`, and the missing `reason` is `V0_REASON`."""
+    out = {k: v for k, v in data.items() if k != "by"}
+    if "by" in data:
+        out["actor"] = data["by"]
+    out.setdefault("reason", V0_REASON)
+    return out
+
+
+ADMIN: Family[AdminEvent] = Family(
+    name="admin",
+    kinds={kind.value: kind for kind in AdminKind},
+    to_data=admin_event_to_dict,
+    from_data=admin_event_from_dict,
+    wrap=admin_envelope,
+    schema=CURRENT_ADMIN_SCHEMA,
+    label="admin event type",
+    subject_is="entity",
+    time_is="effective_us",
+)
+REGISTRY.add(ADMIN, {(kind, 0): admin_v0_to_v1 for kind in AdminKind})
 
 
 def admin_envelope_from_dict(obj: Any) -> AdminEnvelope:
     """Decode one envelope and check that its id, subject and time match its content."""
-    if type(obj) is not dict:
-        raise EventError("event: expected a JSON object")
-    raw_type = obj.get("type")
-    if raw_type not in _KINDS:
-        raise UnknownSchemaError(f"type: unknown admin event type {raw_type!r}")
-    schema = obj.get("schema")
-    if schema != CURRENT_ADMIN_SCHEMA or type(schema) is not int:
-        raise UnknownSchemaError(f"schema: {raw_type} schema {schema!r} is not readable here")
-    event = admin_event_from_dict(AdminKind(raw_type), obj.get("data"))
-    source = _text(256)("source", obj.get("source"))
-    envelope = admin_envelope(event, source)
-    if obj.get("id") != envelope.id:
-        raise EventError("id: does not match the event's content")
-    if obj.get("subject") != envelope.subject:
-        raise EventError("subject: does not match the event's entity")
-    if obj.get("time") != envelope.time_us:
-        raise EventError("time: does not match the event's effective_us")
-    return envelope
-
-
-def _excerpt(raw: bytes) -> str:
-    text = raw.decode("utf-8", "replace")
-    return text if len(text) <= 2048 else text[:2048] + "…"
+    return decode_envelope(obj, ADMIN)
 
 
 def decode_admin_message(value: bytes | None) -> tuple[list[AdminEnvelope], list[DeadLetter]]:
     """Decode one admin-topic message (an envelope or an array of them). Never raises."""
-    if not value:
-        return [], [DeadLetter(reason="empty message", payload="")]
-    try:
-        parsed = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        return [], [DeadLetter(reason=f"not JSON: {exc}", payload=_excerpt(value))]
-    items = parsed if type(parsed) is list else [parsed]
-    if not items:
-        return [], [DeadLetter(reason="empty batch", payload=_excerpt(value))]
-    envelopes: list[AdminEnvelope] = []
-    dead: list[DeadLetter] = []
-    for item in items:
-        try:
-            envelopes.append(admin_envelope_from_dict(item))
-        except (EventError, ValueError, TypeError) as exc:
-            eid = item.get("id") if type(item) is dict and type(item.get("id")) is str else None
-            try:
-                payload = _excerpt(orjson.dumps(item))
-            except TypeError:
-                payload = _excerpt(repr(item).encode())
-            dead.append(DeadLetter(reason=str(exc), payload=payload, event_id=eid))
-    return envelopes, dead
+    return decode(value, ADMIN)
 
 
 # ---------------------------------------------------------------------------- effects

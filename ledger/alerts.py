@@ -22,8 +22,9 @@ from typing import Any
 
 import orjson
 
+from ledger.envelope import Envelope, encode_data, event_id
 from ledger.errors import EventError
-from ledger.events import Owner, cloudevent, event_id
+from ledger.events import Owner
 
 ALERT_SOURCE = "tally://ledger/idle"
 ALERT_SCHEMA = 1
@@ -127,15 +128,15 @@ def _data(
 
 def encode_alert(alert: IdleAlert) -> bytes:
     """The alert in its envelope, as published on the alerts topic keyed by GPU UUID."""
-    return orjson.dumps(
-        cloudevent(
-            alert.id,
-            alert.kind.value,
-            ALERT_SOURCE,
-            alert.subject,
-            alert.at_us,
-            ALERT_SCHEMA,
-            _data(
+    return encode_data(
+        Envelope(
+            id=alert.id,
+            type=alert.kind,
+            source=ALERT_SOURCE,
+            subject=alert.subject,
+            time_us=alert.at_us,
+            schema=ALERT_SCHEMA,
+            data=_data(
                 alert.gpu_uuid,
                 alert.node,
                 alert.pool,

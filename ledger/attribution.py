@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ledger.accounts import capacity_account, consumer_account, unallocated_account
 from ledger.assignments import OwnedPiece, main_holder
-from ledger.events import Envelope, GpuSample, MigInstance, Owner
+from ledger.events import GpuSample, MigInstance, Owner, SampleEnvelope
 from ledger.periods import period_label
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.pricing import PriceBook, cost_of, energy_cost
@@ -126,7 +126,7 @@ class Usage:
 
 
 def attribute_sample(
-    envelope: Envelope,
+    envelope: SampleEnvelope,
     prices: PriceBook,
     cost_centres: Mapping[str, str],
     held: Sequence[OwnedPiece] = (),
@@ -136,7 +136,7 @@ def attribute_sample(
 
 
 def attribute_usage(
-    envelope: Envelope,
+    envelope: SampleEnvelope,
     prices: PriceBook,
     cost_centres: Mapping[str, str],
     held: Sequence[OwnedPiece] = (),

@@ -26,15 +26,21 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import orjson
 
 from ledger.accounts import AccountKind
+from ledger.envelope import Envelope, encode_data, event_id
 from ledger.errors import EventError
-from ledger.events import cloudevent, event_id
 
-BALANCE_TYPE = "tally.balance"
+
+class BalanceType(StrEnum):
+    UPDATED = "tally.balance"
+
+
+BALANCE_TYPE = BalanceType.UPDATED
 BALANCE_SOURCE = "tally://ledger/balances"
 
 
@@ -185,15 +191,15 @@ def balance_message_id(account: str, seq: int) -> str:
 
 def encode_balance_update(update: BalanceUpdate) -> bytes:
     """The message value; its key is the account."""
-    return orjson.dumps(
-        cloudevent(
-            balance_message_id(update.account, update.seq),
-            BALANCE_TYPE,
-            BALANCE_SOURCE,
-            update.account,
-            update.as_of_us,
-            1,
-            {
+    return encode_data(
+        Envelope(
+            id=balance_message_id(update.account, update.seq),
+            type=BALANCE_TYPE,
+            source=BALANCE_SOURCE,
+            subject=update.account,
+            time_us=update.as_of_us,
+            schema=1,
+            data={
                 "account": update.account,
                 "seq": update.seq,
                 "current_period": update.current_period,

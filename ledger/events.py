@@ -1,8 +1,15 @@
-"""Event types, the CloudEvents-style envelope, content-derived ids, the JSON codec and upcasters.
+"""GPU samples and health events: their types, the samples family and its JSON codec.
 
-The wire format of one Kafka message is either one envelope (a JSON object) or a CloudEvents
-JSON batch (an array of envelopes) whose events share the message key. Decoding never raises
-for bad input: each undecodable message or element becomes a `DeadLetter` value with a reason.
+Samples travel in the generic envelope (`ledger.envelope`); `SAMPLES` is their family in the
+schema registry. The wire format of one Kafka message is either one envelope (a JSON object) or
+a CloudEvents JSON batch (an array of envelopes) whose events share the message key. Decoding
+never raises for bad input: each undecodable message or element becomes a `DeadLetter`.
+
+Schemas of `tally.gpu.sample` data:
+- v1 (current): the fields of `GpuSample` as `sample_to_dict` writes them;
+- v0: the first collectors named the GPU `gpu` (not `gpu_uuid`) and reported power in whole
+  watts as `power_w` (not milliwatts as `power_mw`); `sample_v0_to_v1` upcasts it. A v0
+  envelope's id was derived as today (source, subject, time), so it is unchanged.
 
 Invariants:
 - `event_id(source, subject, time_us)` depends on content only, so a resend is the same event;
@@ -12,17 +19,61 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 import orjson
 
-from ledger.errors import EventError, UnknownSchemaError
+from ledger.envelope import (
+    REGISTRY,
+    SPEC_VERSION,
+    DeadLetter,
+    Envelope,
+    Family,
+    SchemaRegistry,
+    decode,
+    decode_envelope,
+    encode_data,
+    event_id,
+    family_to_dict,
+)
+from ledger.errors import EventError
 
-SPEC_VERSION = "1.0"
+__all__ = [
+    "CURRENT_SCHEMA",
+    "DEFAULT_REGISTRY",
+    "MAX_INTERVAL_US",
+    "MAX_TIME_US",
+    "SAMPLES",
+    "SPEC_VERSION",
+    "DeadLetter",
+    "Envelope",
+    "EventType",
+    "GpuHealth",
+    "GpuSample",
+    "HealthKind",
+    "MigInstance",
+    "Owner",
+    "ProcessUsage",
+    "SampleEnvelope",
+    "SampleSource",
+    "SchemaRegistry",
+    "decode_message",
+    "encode_batch",
+    "encode_dead_letter",
+    "encode_envelope",
+    "encode_health",
+    "envelope_for",
+    "envelope_from_dict",
+    "envelope_to_dict",
+    "event_id",
+    "sample_from_dict",
+    "sample_to_dict",
+    "sample_v0_to_v1",
+]
+
 MAX_INTERVAL_US = 3_600_000_000  # one sample never covers more than an hour
 MAX_TIME_US = 7_258_118_400_000_000  # 2200-01-01: anything later is a broken clock
 
@@ -137,40 +188,10 @@ class GpuHealth:
     xid: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Envelope:
-    """A CloudEvents-style envelope around one event."""
-
-    id: str
-    type: EventType
-    source: str
-    subject: str
-    time_us: int
-    schema: int
-    data: GpuSample
+SampleEnvelope = Envelope[GpuSample]
 
 
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """An input that could not be turned into an event, with why and where it came from."""
-
-    reason: str
-    payload: str
-    event_id: str | None = None
-    topic: str | None = None
-    partition: int | None = None
-    offset: int | None = None
-
-
-def event_id(source: str, subject: str, time_us: int) -> str:
-    """Content-derived id: the same source, subject and time always give the same id."""
-    digest = hashlib.blake2b(
-        f"{source}\x1f{subject}\x1f{time_us}".encode(), digest_size=16
-    ).hexdigest()
-    return digest
-
-
-def envelope_for(sample: GpuSample, source: str) -> Envelope:
+def envelope_for(sample: GpuSample, source: str) -> SampleEnvelope:
     """Wrap a sample in its envelope with its content-derived id."""
     subject = sample.subject
     return Envelope(
@@ -179,7 +200,7 @@ def envelope_for(sample: GpuSample, source: str) -> Envelope:
         source=source,
         subject=subject,
         time_us=sample.sample_time_us,
-        schema=CURRENT_SCHEMA[EventType.GPU_SAMPLE],
+        schema=SAMPLE_SCHEMA,
         data=sample,
     )
 
@@ -237,41 +258,17 @@ def sample_to_dict(sample: GpuSample) -> dict[str, Any]:
     }
 
 
-def cloudevent(
-    id: str, type: str, source: str, subject: str, time_us: int, schema: int, data: Any
-) -> dict[str, Any]:
-    """The CloudEvents-style envelope every Tally event is written in."""
-    return {
-        "specversion": SPEC_VERSION,
-        "id": id,
-        "type": type,
-        "source": source,
-        "subject": subject,
-        "time": time_us,
-        "schema": schema,
-        "data": data,
-    }
+def envelope_to_dict(envelope: SampleEnvelope) -> dict[str, Any]:
+    return family_to_dict(SAMPLES, envelope)
 
 
-def envelope_to_dict(envelope: Envelope) -> dict[str, Any]:
-    return cloudevent(
-        envelope.id,
-        envelope.type.value,
-        envelope.source,
-        envelope.subject,
-        envelope.time_us,
-        envelope.schema,
-        sample_to_dict(envelope.data),
-    )
-
-
-def encode_batch(envelopes: Iterable[Envelope]) -> bytes:
+def encode_batch(envelopes: Iterable[SampleEnvelope]) -> bytes:
     """One Kafka message value: a CloudEvents JSON batch."""
-    return orjson.dumps([envelope_to_dict(e) for e in envelopes])
+    return orjson.dumps([family_to_dict(SAMPLES, e) for e in envelopes])
 
 
-def encode_envelope(envelope: Envelope) -> bytes:
-    return orjson.dumps(envelope_to_dict(envelope))
+def encode_envelope(envelope: SampleEnvelope) -> bytes:
+    return orjson.dumps(family_to_dict(SAMPLES, envelope))
 
 
 # ---------------------------------------------------------------------------- decoding
@@ -362,6 +359,11 @@ def _process(data: Any) -> ProcessUsage:
 
 def sample_from_dict(data: Any) -> GpuSample:
     """Decode and validate the v1 JSON object of a sample; raises EventError."""
+    return sample_data_from_dict(EventType.GPU_SAMPLE, data)
+
+
+def sample_data_from_dict(kind: EventType, data: Any) -> GpuSample:
+    """`sample_from_dict` as the family's decoder, (type, data): one call less per sample."""
     if type(data) is not dict:
         raise EventError("data: expected an object")
     source = _SOURCES.get(data.get("source"))  # a dict: calling the enum is slow
@@ -401,108 +403,43 @@ def sample_from_dict(data: Any) -> GpuSample:
 
 _SOURCES: dict[Any, SampleSource] = {s.value: s for s in SampleSource}
 
-Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+def sample_v0_to_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v0 sample data → v1: `gpu` becomes `gpu_uuid`, `power_w` (W) becomes `power_mw`."""
+    out = {k: v for k, v in data.items() if k not in ("gpu", "power_w")}
+    if "gpu" in data:
+        out["gpu_uuid"] = data["gpu"]
+    watts = data.get("power_w")
+    out["power_mw"] = watts * 1000 if type(watts) is int else watts
+    return out
 
 
-@dataclass(slots=True)
-class SchemaRegistry:
-    """Current schema version per event type, and upcasters from each older version to the next.
-
-    `upcast` applies `upcasters[(type, v)]` for v = old … current-1, in order, so a reader only
-    ever sees the current shape.
-    """
-
-    current: dict[str, int]
-    upcasters: dict[tuple[str, int], Upcaster] = field(default_factory=dict)
-
-    def register(self, event_type: str, from_version: int, upcaster: Upcaster) -> None:
-        self.upcasters[(event_type, from_version)] = upcaster
-
-    def upcast(self, event_type: str, version: int, data: dict[str, Any]) -> dict[str, Any]:
-        target = self.current.get(event_type)
-        if target is None:
-            raise UnknownSchemaError(f"unknown event type {event_type!r}")
-        if version > target:
-            raise UnknownSchemaError(
-                f"{event_type} schema {version} is newer than this build reads ({target})"
-            )
-        while version < target:
-            step = self.upcasters.get((event_type, version))
-            if step is None:
-                raise UnknownSchemaError(f"no upcaster from {event_type} schema {version}")
-            data = step(data)
-            version += 1
-        return data
+SAMPLE_SCHEMA = 1
+CURRENT_SCHEMA: dict[str, int] = {EventType.GPU_SAMPLE: SAMPLE_SCHEMA}
+SAMPLES: Family[GpuSample] = Family(
+    name="sample",
+    kinds={EventType.GPU_SAMPLE.value: EventType.GPU_SAMPLE},
+    to_data=sample_to_dict,
+    from_data=sample_data_from_dict,
+    wrap=envelope_for,
+    schema=SAMPLE_SCHEMA,
+    subject_is="GPU or MIG instance",
+    time_is="sample_time_us",
+)
+REGISTRY.add(SAMPLES, {(EventType.GPU_SAMPLE, 0): sample_v0_to_v1})
+DEFAULT_REGISTRY = REGISTRY
 
 
-CURRENT_SCHEMA: dict[str, int] = {EventType.GPU_SAMPLE: 1}
-DEFAULT_REGISTRY = SchemaRegistry(current=dict(CURRENT_SCHEMA))
-
-
-def envelope_from_dict(obj: Any, registry: SchemaRegistry = DEFAULT_REGISTRY) -> Envelope:
+def envelope_from_dict(obj: Any, registry: SchemaRegistry = REGISTRY) -> SampleEnvelope:
     """Decode one envelope, upcasting its data to the current schema; raises EventError."""
-    if type(obj) is not dict:
-        raise EventError("event: expected a JSON object")
-    event_type = obj.get("type")
-    if event_type != EventType.GPU_SAMPLE:
-        raise UnknownSchemaError(f"type: unknown event type {event_type!r}")
-    schema = obj.get("schema")
-    if type(schema) is not int:
-        raise EventError("schema: expected an integer version")
-    data = obj.get("data")
-    if type(data) is not dict:
-        raise EventError("data: expected an object")
-    sample = sample_from_dict(registry.upcast(event_type, schema, data))
-    source = _str(obj, "source")
-    subject = sample.subject
-    expected_id = event_id(source, subject, sample.sample_time_us)
-    if obj.get("id") != expected_id:
-        raise EventError("id: does not match the event's source, subject and time")
-    return Envelope(
-        id=expected_id,
-        type=EventType.GPU_SAMPLE,
-        source=source,
-        subject=subject,
-        time_us=sample.sample_time_us,
-        schema=registry.current[event_type],
-        data=sample,
-    )
-
-
-def _excerpt(raw: Any) -> str:
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes | bytearray) else repr(raw)
-    return text if len(text) <= 2048 else text[:2048] + "…"
-
-
-def _excerpt_item(item: Any) -> str:
-    try:
-        return _excerpt(orjson.dumps(item))
-    except TypeError:  # integers beyond 64 bits cannot be re-encoded
-        return _excerpt(repr(item).encode())
+    return decode_envelope(obj, SAMPLES, registry)
 
 
 def decode_message(
-    value: bytes | None, registry: SchemaRegistry = DEFAULT_REGISTRY
-) -> tuple[list[Envelope], list[DeadLetter]]:
+    value: bytes | None, registry: SchemaRegistry = REGISTRY
+) -> tuple[list[SampleEnvelope], list[DeadLetter]]:
     """Decode one Kafka message value into events and dead letters. Never raises on bad input."""
-    if not value:
-        return [], [DeadLetter(reason="empty message", payload="")]
-    try:
-        parsed = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        return [], [DeadLetter(reason=f"not JSON: {exc}", payload=_excerpt(value))]
-    items = parsed if type(parsed) is list else [parsed]
-    envelopes: list[Envelope] = []
-    dead: list[DeadLetter] = []
-    for item in items:
-        try:
-            envelopes.append(envelope_from_dict(item, registry))
-        except EventError as exc:
-            eid = item.get("id") if type(item) is dict and type(item.get("id")) is str else None
-            dead.append(DeadLetter(reason=str(exc), payload=_excerpt_item(item), event_id=eid))
-    if not items:
-        dead.append(DeadLetter(reason="empty batch", payload=_excerpt(value)))
-    return envelopes, dead
+    return decode(value, SAMPLES, registry)
 
 
 def encode_dead_letter(letter: DeadLetter, incarnation: str | None = None) -> bytes:
@@ -522,15 +459,15 @@ def encode_dead_letter(letter: DeadLetter, incarnation: str | None = None) -> by
 
 def encode_health(health: GpuHealth, source: str) -> bytes:
     """A health event in its envelope (published on the alerts topic, keyed by GPU UUID)."""
-    return orjson.dumps(
-        cloudevent(
-            event_id(source, f"{health.gpu_uuid}/{health.kind.value}", health.time_us),
-            EventType.GPU_HEALTH.value,
-            source,
-            health.gpu_uuid,
-            health.time_us,
-            1,
-            {
+    return encode_data(
+        Envelope(
+            id=event_id(source, f"{health.gpu_uuid}/{health.kind.value}", health.time_us),
+            type=EventType.GPU_HEALTH,
+            source=source,
+            subject=health.gpu_uuid,
+            time_us=health.time_us,
+            schema=1,
+            data={
                 "node": health.node,
                 "gpu_uuid": health.gpu_uuid,
                 "gpu_index": health.gpu_index,

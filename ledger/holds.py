@@ -14,6 +14,13 @@ its job events (which this module's decoder passes over). The ledger books them:
 
 So a team's open holds are the balance of `hold:<team>` over all periods, never a stored number;
 `OpenHold` rows are the per-job projection the settlement needs, kept in the same commits.
+
+Hold events travel in the generic envelope and codec (`ledger.envelope`); `HOLDS` is their
+family. Schemas of hold event data:
+- v1 (current): the fields of `HoldPlaced` / `HoldReleased` as `hold_to_dict` writes them;
+- v0: holds were in money only: `tally.hold.placed` carried `amount_micros` where v1 has `unit`
+  and `amount` (v1 added GPU-ms holds); `tally.hold.released` had the shape it has now.
+  `hold_v0_to_v1` upcasts both. An upcast event's id is the one its v1 form derives.
 """
 
 from __future__ import annotations
@@ -28,9 +35,21 @@ from typing import Any, ClassVar
 import orjson
 
 from ledger.accounts import AccountKind, hold_account, holds_outstanding_account
-from ledger.errors import EventError, UnknownSchemaError
-from ledger.events import MAX_TIME_US, DeadLetter, cloudevent, event_id
-from ledger.job_events import JobEnvelope, JobEventType, job_envelope_from_dict
+from ledger.envelope import (
+    DECODE_ERRORS,
+    REGISTRY,
+    DeadLetter,
+    Envelope,
+    Family,
+    dead_letter,
+    decode_envelope,
+    event_id,
+    family_to_dict,
+    parse,
+)
+from ledger.errors import EventError
+from ledger.events import MAX_TIME_US
+from ledger.job_events import JOBS, JobEnvelope, JobEventType
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.units import Unit
 
@@ -75,17 +94,8 @@ class HoldReleased:
 
 
 HoldEvent = HoldPlaced | HoldReleased
-
-
-@dataclass(frozen=True, slots=True)
-class HoldEnvelope:
-    id: str
-    type: HoldKind
-    source: str
-    subject: str
-    time_us: int
-    schema: int
-    data: HoldEvent
+HoldEnvelope = Envelope[HoldEvent]  # keyed (subject) by job id
+HOLD_SCHEMA = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,13 +120,13 @@ class OpenHold:
 
 def hold_envelope(event: HoldEvent, source: str = HOLD_SOURCE) -> HoldEnvelope:
     unit = event.unit.value if isinstance(event, HoldPlaced) else ""
-    return HoldEnvelope(
+    return Envelope(
         id=event_id(source, f"{event.job_id}/{event.KIND}/{unit}", event.time_us),
         type=event.KIND,
         source=source,
         subject=event.job_id,
         time_us=event.time_us,
-        schema=1,
+        schema=HOLD_SCHEMA,
         data=event,
     )
 
@@ -137,16 +147,7 @@ def hold_to_dict(event: HoldEvent) -> dict[str, Any]:
 
 def encode_hold(envelope: HoldEnvelope) -> tuple[bytes, bytes]:
     """(key, value) of the jobs-topic message: keyed by job id."""
-    value = cloudevent(
-        envelope.id,
-        envelope.type.value,
-        envelope.source,
-        envelope.subject,
-        envelope.time_us,
-        envelope.schema,
-        hold_to_dict(envelope.data),
-    )
-    return envelope.subject.encode(), orjson.dumps(value)
+    return envelope.subject.encode(), orjson.dumps(family_to_dict(HOLDS, envelope))
 
 
 def _text(name: str, value: Any, max_len: int = 256) -> str:
@@ -213,23 +214,32 @@ def hold_from_dict(kind: HoldKind, data: Any) -> HoldEvent:
     )
 
 
+def hold_v0_to_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v0 hold data → v1: a placement's `amount_micros` becomes `unit` money and `amount`."""
+    if "amount_micros" not in data:
+        return data
+    out = {k: v for k, v in data.items() if k != "amount_micros"}
+    out["unit"] = Unit.MONEY.value
+    out["amount"] = data["amount_micros"]
+    return out
+
+
+HOLDS: Family[HoldEvent] = Family(
+    name="hold",
+    kinds={kind.value: kind for kind in HoldKind},
+    to_data=hold_to_dict,
+    from_data=hold_from_dict,
+    wrap=hold_envelope,
+    schema=HOLD_SCHEMA,
+    label="jobs-topic event type",
+    subject_is="job id",
+    time_is="time_us",
+)
+REGISTRY.add(HOLDS, {(kind, 0): hold_v0_to_v1 for kind in HoldKind})
+
+
 def hold_envelope_from_dict(obj: Any) -> HoldEnvelope:
-    if type(obj) is not dict:
-        raise EventError("event: expected a JSON object")
-    raw_type = obj.get("type")
-    if raw_type not in (HoldKind.PLACED, HoldKind.RELEASED):
-        raise UnknownSchemaError(f"type: unknown jobs-topic event type {raw_type!r}")
-    if obj.get("schema") != 1 or type(obj.get("schema")) is not int:
-        raise UnknownSchemaError(f"schema: {raw_type} schema {obj.get('schema')!r} is unknown")
-    event = hold_from_dict(HoldKind(raw_type), obj.get("data"))
-    envelope = hold_envelope(event, _text("source", obj.get("source")))
-    if obj.get("id") != envelope.id:
-        raise EventError("id: does not match the event's content")
-    if obj.get("subject") != envelope.subject:
-        raise EventError("subject: does not match the event's job id")
-    if obj.get("time") != envelope.time_us:
-        raise EventError("time: does not match the event's time_us")
-    return envelope
+    return decode_envelope(obj, HOLDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,37 +257,27 @@ class JobsMessage:
 def decode_jobs_message(value: bytes | None) -> JobsMessage:
     """Decode the holds and GPU assignments in a jobs-topic message (an envelope or an array).
     Never raises."""
-    if not value:
-        return JobsMessage((), (DeadLetter(reason="empty message", payload=""),))
-    try:
-        parsed = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        text = value.decode("utf-8", "replace")[:2048]
-        return JobsMessage((), (DeadLetter(reason=f"not JSON: {exc}", payload=text),))
-    items = parsed if type(parsed) is list else [parsed]
+    items, refused = parse(value)
+    if refused is not None:
+        return JobsMessage((), (refused,))
     holds: list[HoldEnvelope] = []
     assignments: list[JobEnvelope] = []
     dead: list[DeadLetter] = []
     ignored = 0
     for item in items:
         kind = item.get("type") if type(item) is dict else None
+        if type(kind) is not str:
+            kind = None  # a list or an object is no type (and cannot be looked up)
         if kind in _JOB_TYPES:
             ignored += 1
             continue
         try:
             if kind in _ASSIGNMENT_TYPES:
-                assignments.append(job_envelope_from_dict(item))
+                assignments.append(decode_envelope(item, JOBS))
             else:
-                holds.append(hold_envelope_from_dict(item))
-        except (EventError, ValueError, TypeError) as exc:
-            eid = item.get("id") if type(item) is dict and type(item.get("id")) is str else None
-            try:
-                payload = orjson.dumps(item).decode()[:2048]
-            except TypeError:
-                payload = repr(item)[:2048]
-            dead.append(DeadLetter(reason=str(exc), payload=payload, event_id=eid))
-    if not items:
-        dead.append(DeadLetter(reason="empty batch", payload=value.decode("utf-8", "replace")))
+                holds.append(decode_envelope(item, HOLDS))
+        except DECODE_ERRORS as exc:
+            dead.append(dead_letter(item, exc))
     return JobsMessage(tuple(holds), tuple(dead), ignored, tuple(assignments))
 
 

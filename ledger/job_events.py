@@ -9,7 +9,14 @@ Invariants:
   time), so a resend is the same event and duplicates are harmless;
 - job events are keyed (subject) by job id, GPU events by GPU UUID;
 - decoding is strict: an unknown field, a missing field, a float/bool/string where an integer
-  belongs, an unknown enum value or a negative count raises `EventError`.
+  belongs, an unknown enum value or a negative count raises `EventError`; it goes through the
+  generic codec (`ledger.envelope`), `JOBS` being this family.
+
+Schemas of job and GPU-assignment event data (every `JobEventType`):
+- v1 (current): the fields of the event's dataclass, as orjson writes the dataclass;
+- v0: the first scheduler stamped events in milliseconds, `time_ms`, where v1 has `time_us`
+  (other times were already in µs); `job_v0_to_v1` upcasts it. The envelope's `time` was in
+  µs in both. An upcast event's id is the one its v1 form derives.
 """
 
 from __future__ import annotations
@@ -23,8 +30,18 @@ from typing import Any, ClassVar
 
 import orjson
 
-from ledger.errors import EventError, UnknownSchemaError
-from ledger.events import MAX_TIME_US, SchemaRegistry, cloudevent, event_id
+from ledger.envelope import (
+    REGISTRY,
+    Envelope,
+    Family,
+    SchemaRegistry,
+    decode_envelope,
+    decode_one,
+    event_id,
+    family_to_dict,
+)
+from ledger.errors import EventError
+from ledger.events import MAX_TIME_US
 
 MAX_TEXT = 256
 MAX_DETAIL = 2048
@@ -279,21 +296,10 @@ EVENT_CLASSES: Mapping[JobEventType, type[JobEvent]] = {
     )
 }
 
-CURRENT_JOB_SCHEMA: Mapping[str, int] = {kind: 1 for kind in JobEventType}
-JOB_REGISTRY = SchemaRegistry(current=dict(CURRENT_JOB_SCHEMA))
+JOB_SCHEMA = 1
+CURRENT_JOB_SCHEMA: Mapping[str, int] = {kind: JOB_SCHEMA for kind in JobEventType}
 
-
-@dataclass(frozen=True, slots=True)
-class JobEnvelope:
-    """A CloudEvents-style envelope around one job or GPU-assignment event."""
-
-    id: str
-    type: JobEventType
-    source: str
-    subject: str
-    time_us: int
-    schema: int
-    data: JobEvent
+JobEnvelope = Envelope[JobEvent]  # keyed (subject) by job id, GPU events by GPU UUID
 
 
 def subject_of(event: JobEvent) -> str:
@@ -323,7 +329,7 @@ def job_event_id(event: JobEvent, source: str) -> str:
 
 def job_envelope(event: JobEvent, source: str) -> JobEnvelope:
     """Wrap an event in its envelope with its content-derived id."""
-    return JobEnvelope(
+    return Envelope(
         id=job_event_id(event, source),
         type=event.KIND,
         source=source,
@@ -337,21 +343,18 @@ def job_envelope(event: JobEvent, source: str) -> JobEnvelope:
 # ---------------------------------------------------------------------------- encoding
 
 
+def _as_data(event: JobEvent) -> JobEvent:
+    """The event itself: orjson writes a dataclass as its fields in order, tuples as arrays."""
+    return event
+
+
 def job_envelope_to_dict(envelope: JobEnvelope) -> dict[str, Any]:
-    return cloudevent(
-        envelope.id,
-        envelope.type.value,
-        envelope.source,
-        envelope.subject,
-        envelope.time_us,
-        envelope.schema,
-        envelope.data,
-    )
+    return family_to_dict(JOBS, envelope)
 
 
 def encode_job_event(event: JobEvent, source: str) -> bytes:
     """One `jobs` message value: the event in its envelope (orjson encodes the dataclasses)."""
-    return orjson.dumps(job_envelope_to_dict(job_envelope(event, source)))
+    return orjson.dumps(family_to_dict(JOBS, job_envelope(event, source)))
 
 
 # ---------------------------------------------------------------------------- decoding
@@ -463,44 +466,46 @@ def _object(cls: type[Any]) -> Decoder:
     return decode
 
 
-_KINDS = frozenset(kind.value for kind in JobEventType)
 _DECODERS: Mapping[JobEventType, Decoder] = {
     kind: _object(cls) for kind, cls in EVENT_CLASSES.items()
 }
 
 
-def job_envelope_from_dict(obj: Any, registry: SchemaRegistry = JOB_REGISTRY) -> JobEnvelope:
+def job_event_from_dict(kind: JobEventType, data: dict[str, Any]) -> JobEvent:
+    """Decode and validate the v1 data of an event of `kind`; raises EventError."""
+    event: JobEvent = _DECODERS[kind]("data", data)
+    return event
+
+
+def job_v0_to_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v0 job event data → v1: `time_ms` (milliseconds) becomes `time_us`."""
+    out = {k: v for k, v in data.items() if k != "time_ms"}
+    if "time_ms" in data:
+        ms = data["time_ms"]
+        out["time_us"] = ms * 1000 if type(ms) is int else ms
+    return out
+
+
+JOBS: Family[JobEvent] = Family(
+    name="job",
+    kinds={kind.value: kind for kind in JobEventType},
+    to_data=_as_data,
+    from_data=job_event_from_dict,
+    wrap=job_envelope,
+    schema=JOB_SCHEMA,
+    label="job event type",
+    subject_is="job id or GPU UUID",
+    time_is="time_us",
+)
+REGISTRY.add(JOBS, {(kind, 0): job_v0_to_v1 for kind in JobEventType})
+JOB_REGISTRY = REGISTRY
+
+
+def job_envelope_from_dict(obj: Any, registry: SchemaRegistry = REGISTRY) -> JobEnvelope:
     """Decode and validate one envelope, upcasting its data; raises EventError."""
-    if type(obj) is not dict:
-        raise EventError("event: expected a JSON object")
-    raw_type = obj.get("type")
-    if raw_type not in _KINDS:
-        raise UnknownSchemaError(f"type: unknown job event type {raw_type!r}")
-    kind = JobEventType(raw_type)
-    schema = obj.get("schema")
-    if type(schema) is not int:
-        raise EventError("schema: expected an integer version")
-    data = obj.get("data")
-    if type(data) is not dict:
-        raise EventError("data: expected an object")
-    event: JobEvent = _DECODERS[kind]("data", registry.upcast(kind, schema, data))
-    source = _text(MAX_TEXT, False)("source", obj.get("source"))
-    envelope = job_envelope(event, source)
-    if obj.get("id") != envelope.id:
-        raise EventError("id: does not match the event's content")
-    if obj.get("subject") != envelope.subject:
-        raise EventError("subject: does not match the event's job id or GPU UUID")
-    if obj.get("time") != envelope.time_us:
-        raise EventError("time: does not match the event's time_us")
-    return envelope
+    return decode_envelope(obj, JOBS, registry)
 
 
-def decode_job_event(value: bytes | str, registry: SchemaRegistry = JOB_REGISTRY) -> JobEnvelope:
+def decode_job_event(value: bytes | str, registry: SchemaRegistry = REGISTRY) -> JobEnvelope:
     """Decode one `jobs` message value; raises EventError for anything invalid."""
-    if not value:
-        raise EventError("empty message")
-    try:
-        parsed = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        raise EventError(f"not JSON: {exc}") from exc
-    return job_envelope_from_dict(parsed, registry)
+    return decode_one(value, JOBS, registry)

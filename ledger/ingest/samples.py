@@ -18,7 +18,7 @@ from ledger.assignments import Holding, OwnedPiece, owners_over
 from ledger.attribution import Usage, attribute_usage
 from ledger.closing import booking_period
 from ledger.errors import PricingError
-from ledger.events import DeadLetter, Envelope
+from ledger.events import DeadLetter, SampleEnvelope
 from ledger.holds import HoldBook
 from ledger.idle import GpuIdleState, IdleAlert, IdleObservation, step
 from ledger.ingest.batch import Folded, FoldRules, booker, refused, sourced
@@ -31,7 +31,7 @@ from ledger.store.port import (
     ViewKeys,
 )
 
-DecodedSample = tuple[Envelope, ConsumedMessage]
+DecodedSample = tuple[SampleEnvelope, ConsumedMessage]
 
 
 def sample_keys(decoded: Sequence[DecodedSample]) -> ViewKeys:
@@ -48,7 +48,7 @@ def fold_samples(decoded: Sequence[DecodedSample], view: LedgerView, rules: Fold
     seen = set(view.seen)
     dead: list[DeadLetter] = []
     transactions: list[SourcedTransaction] = []
-    usages: list[tuple[Envelope, int, Usage]] = []
+    usages: list[tuple[SampleEnvelope, int, Usage]] = []
     duplicates = 0
     newest: int | None = None  # of the events new to the ledger: a duplicate moves nothing
     for envelope, message in decoded:
@@ -92,7 +92,7 @@ def fold_samples(decoded: Sequence[DecodedSample], view: LedgerView, rules: Fold
 
 
 def detect_idle(
-    usages: list[tuple[Envelope, int, Usage]],
+    usages: list[tuple[SampleEnvelope, int, Usage]],
     transactions: list[SourcedTransaction],
     stored: Mapping[str, GpuIdleState],
     rules: FoldRules,
@@ -130,7 +130,7 @@ def detect_idle(
     return list(states.values()), alerts
 
 
-def held_over(timeline: tuple[Holding, ...] | None, envelope: Envelope) -> list[OwnedPiece]:
+def held_over(timeline: tuple[Holding, ...] | None, envelope: SampleEnvelope) -> list[OwnedPiece]:
     """Who the scheduler says held the sample's GPU over its interval; empty when nobody."""
     if not timeline:
         return []
