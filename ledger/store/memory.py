@@ -1,0 +1,539 @@
+"""The in-memory ledger store: `MemoryStore`, the pure-Python implementation of the store port
+(`ledger.store.port.LedgerStore`), for tests and for folding a ledger without a data directory.
+
+It owns one `_State` (plain dicts and lists of frozen values) and keeps the same observable
+contract as `ledger.store.hot.DuckDBStore` (`tests/contract/test_store_contract.py`):
+- a commit builds the next state on a copy and swaps it in only once everything succeeded, so a
+  commit that raises leaves the store exactly as it was (all or nothing by construction);
+- a transaction whose id was applied before, or repeats within its batch, is dropped;
+- nothing is booked into a closed period; a close is committed only with every range sealed,
+  and records the checksum `ledger.closing` defines, computed here in pure Python;
+- `balances` always equals the fold of the postings per (account, unit, period);
+- a key the DuckDB tables hold once (an event id, a hold, an idle subject, an admin event, a
+  reversed transaction, a closed period, an outbox id) inserted twice raises `StoreError`.
+Sealing has no files to write: it marks the hot postings of the unsealed ranges sealed, so
+`hot_rows` drops while every read stays the same. There is no raw-event archive; `batch_seq`
+still counts the batches committed with their messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from ledger.accounts import AccountKind, budget_account
+from ledger.admin import AdminView, AppliedAdmin, PeriodClosed
+from ledger.assignments import Holding
+from ledger.balances import (
+    BalanceRow,
+    account_team,
+    balance_message_id,
+    balance_update,
+    budget_status,
+    encode_balance_update,
+)
+from ledger.balances import current_period as _current_period
+from ledger.closing import CHECKSUM_COLUMNS, ClosedPeriod
+from ledger.errors import StoreError
+from ledger.events import DeadLetter
+from ledger.holds import HoldKey, OpenHold
+from ledger.idle import GpuIdleState
+from ledger.postings import Transaction, TransactionKind
+from ledger.pricing import PriceBook
+from ledger.store.port import (
+    CommitResult,
+    ConsumedMessage,
+    LedgerView,
+    OffsetRange,
+    OutboxMessage,
+    PartitionKey,
+    SealResult,
+    SourcedTransaction,
+    StateChanges,
+    ViewKeys,
+    ranges_from_offsets,
+)
+from ledger.units import Unit
+
+# Kinds whose interval is chosen by a person: their dedupe time is capped at the newest applied
+# event (as `DuckDBStore._insert_seen` does), so a future date cannot age out every sample id.
+_ADMIN_KINDS = (TransactionKind.BUDGET_GRANT, TransactionKind.ADJUSTMENT)
+_PUBLISHED_KINDS = (AccountKind.CONSUMER, AccountKind.BUDGET, AccountKind.HOLD)
+BalanceKey = tuple[str, str, str]  # (account, unit, period)
+
+
+@dataclass(frozen=True, slots=True)
+class _Booked:
+    """One committed transaction, where it came from, and whether sealing has taken it."""
+
+    item: SourcedTransaction
+    incarnation: str
+    sealed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Range:
+    """One consumed offset range, as `source_ranges` keeps it."""
+
+    incarnation: str
+    topic: str
+    partition: int
+    first: int
+    last: int
+    sealed: bool = False
+
+
+@dataclass(slots=True)
+class _State:
+    """Everything the store holds. Containers hold frozen values only, so `copy` (one level
+    deep) is a snapshot that later changes to either side do not reach."""
+
+    booked: list[_Booked] = field(default_factory=list)
+    transactions: dict[str, Transaction] = field(default_factory=dict)  # the first of each id
+    seen: dict[str, int] = field(default_factory=dict)  # event id → dedupe time
+    ranges: list[_Range] = field(default_factory=list)
+    idle: dict[str, GpuIdleState] = field(default_factory=dict)
+    outbox: dict[str, OutboxMessage] = field(default_factory=dict)  # unsent, in queue order
+    dead: list[tuple[object, ...]] = field(default_factory=list)
+    balances: dict[BalanceKey, int] = field(default_factory=dict)
+    holds: dict[HoldKey, OpenHold] = field(default_factory=dict)
+    timelines: dict[str, tuple[Holding, ...]] = field(default_factory=dict)
+    admin: list[AppliedAdmin] = field(default_factory=list)
+    admin_ids: set[str] = field(default_factory=set)
+    closed: dict[str, ClosedPeriod] = field(default_factory=dict)
+    reversals: dict[str, str] = field(default_factory=dict)
+    published_period: str | None = None  # the current period the last balances message named
+    publish_seq: int = 0
+    batch_seq: int = 0
+
+    def copy(self) -> _State:
+        return _State(
+            list(self.booked),
+            dict(self.transactions),
+            dict(self.seen),
+            list(self.ranges),
+            dict(self.idle),
+            dict(self.outbox),
+            list(self.dead),
+            dict(self.balances),
+            dict(self.holds),
+            dict(self.timelines),
+            list(self.admin),
+            set(self.admin_ids),
+            dict(self.closed),
+            dict(self.reversals),
+            self.published_period,
+            self.publish_seq,
+            self.batch_seq,
+        )
+
+
+def _stored(txn: Transaction) -> Transaction:
+    """`txn` as the DuckDB store gives it back: its cause goes through one space-joined column."""
+    return replace(txn, cause=tuple(" ".join(txn.cause).split(" ")))
+
+
+def checksum_lines(transactions: Iterable[Transaction], period: str) -> list[str]:
+    """The lines `ledger.closing`'s checksum is the sha256 of, for the postings of
+    `transactions` booked into `period`: one compact JSON object per posting, columns in
+    `CHECKSUM_COLUMNS` order, sorted by (txn_id, leg), as DuckDB's `to_json` renders them."""
+    rows: list[tuple[str, int, str]] = []
+    for txn in transactions:
+        if txn.period != period:
+            continue
+        for leg, p in enumerate(txn.postings):
+            values = (
+                txn.txn_id,
+                leg,
+                txn.kind.value,
+                p.account,
+                p.unit.value,
+                p.amount,
+                p.team,
+                p.project,
+                p.user,
+                p.job_id,
+                p.cost_centre,
+                txn.gpu_uuid or None,  # stored NULL when empty (`transactions_to_arrow`)
+                txn.model or None,
+                txn.pool or None,
+                txn.node or None,
+                txn.start_us,
+                txn.end_us,
+                " ".join(txn.cause),
+                txn.period,
+                txn.util_pct,
+                txn.idle,
+            )
+            line = json.dumps(
+                dict(zip(CHECKSUM_COLUMNS, values, strict=True)),
+                separators=(",", ":"),
+                ensure_ascii=False,
+            )
+            rows.append((txn.txn_id, leg, line))
+    rows.sort(key=lambda r: (r[0].encode(), r[1]))  # DuckDB orders text by its bytes
+    return [line for _, _, line in rows]
+
+
+def period_checksum(transactions: Iterable[Transaction], period: str) -> tuple[int, str]:
+    """(rows, sha256) of the postings of `transactions` booked into `period`."""
+    lines = checksum_lines(transactions, period)
+    digest = hashlib.sha256("".join(f"{line}\n" for line in lines).encode())
+    return len(lines), digest.hexdigest()
+
+
+def _once(keys: Iterable[object], what: str, held: Collection[object] = ()) -> None:
+    """Raise unless `keys` are distinct and none is in `held` (a table's primary key)."""
+    seen: set[object] = set()
+    for key in keys:
+        if key in seen or key in held:
+            raise StoreError(f"{what} {key!r} is stored already")
+        seen.add(key)
+
+
+def _rows(balances: dict[BalanceKey, int], accounts: Collection[str] | None) -> list[BalanceRow]:
+    """Balance rows sorted as DuckDB's `ORDER BY ALL` sorts them (by account, unit, period)."""
+    return [
+        BalanceRow(a, u, p, b)
+        for (a, u, p), b in sorted(balances.items())
+        if accounts is None or a in accounts
+    ]
+
+
+class MemoryStore:
+    """A ledger kept in memory: the pure-Python implementation of the store port."""
+
+    def __init__(self) -> None:
+        self._s = _State()
+
+    # ------------------------------------------------------------------ exactly-once bookkeeping
+
+    @property
+    def batch_seq(self) -> int:
+        """The sequence number of the last batch committed with its messages (0: none yet)."""
+        return self._s.batch_seq
+
+    def applied_offsets(self, incarnation: str) -> dict[PartitionKey, int]:
+        nxt: dict[PartitionKey, int] = {}
+        for r in self._s.ranges:
+            if r.incarnation == incarnation:
+                key = (r.topic, r.partition)
+                nxt[key] = max(nxt.get(key, 0), r.last + 1)
+        return nxt
+
+    def seen_ids(self, ids: Sequence[str]) -> set[str]:
+        return {i for i in ids if i in self._s.seen}
+
+    def commit(
+        self,
+        incarnation: str,
+        ranges: Sequence[OffsetRange],
+        transactions: Sequence[SourcedTransaction],
+        dead_letters: Sequence[DeadLetter] = (),
+        idle_states: Sequence[GpuIdleState] = (),
+        outbox: Sequence[OutboxMessage] = (),
+        changes: StateChanges | None = None,
+        balances_topic: str | None = None,
+        raw: Sequence[ConsumedMessage] = (),
+    ) -> CommitResult:
+        """Apply one batch atomically (see `DuckDBStore.commit`): it is applied to a copy of
+        the state, which replaces the state only when nothing raised."""
+        changes = changes or StateChanges()
+        if raw and ranges_from_offsets((m.topic, m.partition, m.offset) for m in raw) != list(
+            ranges
+        ):
+            raise StoreError("the archived messages of a batch must span its offset ranges")
+        closing = [
+            e
+            for e in changes.admin
+            if isinstance(e.envelope.data, PeriodClosed) and e.outcome == "applied"
+        ]
+        s = self._s.copy()
+        fresh: list[SourcedTransaction] = []
+        taken: set[str] = set()
+        for item in transactions:  # applied before, or a repeat within the batch: dropped
+            if item.txn.txn_id not in s.seen and item.txn.txn_id not in taken:
+                taken.add(item.txn.txn_id)
+                fresh.append(item)
+        self._refuse_closed(s, fresh, bool(closing))
+        accounts: set[str] = set()
+        postings = 0
+        for item in fresh:
+            txn = _stored(item.txn)
+            s.booked.append(_Booked(replace(item, txn=txn), incarnation))
+            s.transactions.setdefault(txn.txn_id, txn)
+            for p in txn.postings:
+                key = (p.account, p.unit.value, txn.period)
+                s.balances[key] = s.balances.get(key, 0) + p.amount
+                accounts.add(p.account)
+                postings += 1
+        self._insert_seen(s, fresh, changes.seen)
+        s.ranges.extend(_Range(incarnation, r.topic, r.partition, r.first, r.last) for r in ranges)
+        if raw:
+            s.batch_seq += 1
+        _once((i.subject for i in idle_states), "idle state")
+        s.idle.update((i.subject, i) for i in idle_states)
+        self._apply_changes(s, changes)
+        closed = tuple(self._close(s, entry) for entry in closing)
+        queued = [m for m in outbox if m.id not in s.outbox]
+        _once((m.id for m in queued), "outbox message")
+        s.outbox.update((m.id, m) for m in queued)
+        published = 0
+        if balances_topic is not None and (postings or closed):
+            accounts |= {a for (a, _, p) in s.balances if p in closed}
+            published = self._queue_balances(s, accounts, balances_topic)
+        s.dead.extend((d.topic, d.partition, d.offset, d.event_id, d.reason) for d in dead_letters)
+        self._s = s  # the commit point
+        return CommitResult(
+            transactions=len(fresh),
+            postings=postings,
+            duplicates=len(transactions) - len(fresh),
+            dead_letters=len(dead_letters),
+            balances_published=published,
+            closed=closed,
+        )
+
+    @staticmethod
+    def _refuse_closed(s: _State, fresh: Sequence[SourcedTransaction], closing: bool) -> None:
+        """The commit guards: nothing posts into a closed period; a close finds all sealed."""
+        late = sorted({t.txn.period for t in fresh} & s.closed.keys())
+        if late:
+            raise StoreError(f"period {', '.join(late)} is closed: nothing may be booked into it")
+        if closing and any(not r.sealed for r in s.ranges):
+            raise StoreError("seal the store before committing a period close")
+
+    @staticmethod
+    def _insert_seen(
+        s: _State, fresh: Sequence[SourcedTransaction], extra: Sequence[tuple[str, int]]
+    ) -> None:
+        rows = [(t.txn.txn_id, t.txn.end_us, t.txn.kind in _ADMIN_KINDS) for t in fresh]
+        rows += [(i, t, True) for i, t in extra]
+        _once((i for i, _, _ in rows), "event id", s.seen)
+        newest = max(s.seen.values(), default=None)  # before this batch's ids
+        for event, time_us, capped in rows:
+            s.seen[event] = min(time_us, newest) if capped and newest is not None else time_us
+
+    @staticmethod
+    def _apply_changes(s: _State, changes: StateChanges) -> None:
+        for uuid, timeline in changes.timelines.items():
+            if timeline:  # a timeline replaces the GPU's whole one; an empty one removes it
+                s.timelines[uuid] = tuple(sorted(timeline, key=lambda h: h.from_us))
+            else:
+                s.timelines.pop(uuid, None)
+        _once((h.key for h in changes.holds if h.amount), "open hold")
+        for hold in changes.holds:
+            s.holds.pop(hold.key, None)
+        s.holds.update((h.key, h) for h in changes.holds if h.amount)  # 0: the hold is gone
+        _once((e.envelope.id for e in changes.admin), "admin event", s.admin_ids)
+        s.admin.extend(changes.admin)
+        s.admin_ids.update(e.envelope.id for e in changes.admin)
+        _once((t for t, _ in changes.reversals), "reversal of", s.reversals)
+        s.reversals.update(changes.reversals)
+
+    @staticmethod
+    def _close(s: _State, entry: AppliedAdmin) -> str:
+        """Record a close with the checksum of everything booked into the period so far."""
+        event = entry.envelope.data
+        assert isinstance(event, PeriodClosed)
+        _once([event.period], "closed period", s.closed)
+        rows, digest = period_checksum((b.item.txn for b in s.booked), event.period)
+        s.closed[event.period] = ClosedPeriod(
+            event.period,
+            entry.envelope.id,
+            event.effective_us,
+            event.actor,
+            event.reason,
+            rows,
+            digest,
+        )
+        return event.period
+
+    @staticmethod
+    def _queue_balances(s: _State, accounts: set[str], topic: str) -> int:
+        """Queue one message per changed account (and per affected team's budget account); a
+        queued message not yet sent for the same account is superseded. The same selection as
+        `DuckDBStore._queue_balances`."""
+        current = _current_period(_rows(s.balances, None))
+        moved = current is not None and s.published_period != current
+        budgeted = {
+            a.partition(":")[2]
+            for (a, _, _) in s.balances
+            if a.startswith(f"{AccountKind.BUDGET}:")
+        }
+        touched = {account_team(a) for a in accounts if a.split(":", 1)[0] in _PUBLISHED_KINDS}
+        teams = budgeted if moved else budgeted & {t for t in touched if t}
+        publish = sorted(accounts | {budget_account(t) for t in teams})
+        if not publish:  # e.g. a period closed on a ledger with no postings yet
+            return 0
+        rows = _rows(s.balances, set(publish))
+        budget_rows = [
+            r
+            for r in _rows(s.balances, None)
+            if r.account.startswith((f"{AccountKind.BUDGET}:", f"{AccountKind.HOLD}:"))
+            or (r.account.startswith(f"{AccountKind.CONSUMER}:") and r.period == current)
+        ]
+        s.publish_seq += 1
+        seq = s.publish_seq
+        now = time.time_ns() // 1_000
+        keys = {a.encode() for a in publish}
+        for old in [m.id for m in s.outbox.values() if m.topic == topic and m.key in keys]:
+            del s.outbox[old]
+        for account in publish:
+            budget = None
+            if account.startswith(f"{AccountKind.BUDGET}:") and current is not None:
+                budget = budget_status(account.partition(":")[2], current, budget_rows)
+            update = balance_update(account, rows, s.closed.keys(), current, seq, now, budget)
+            message_id = balance_message_id(account, seq)
+            _once([message_id], "outbox message", s.outbox)
+            s.outbox[message_id] = OutboxMessage(
+                message_id, topic, account.encode(), encode_balance_update(update)
+            )
+        if moved:
+            s.published_period = current
+        return len(publish)
+
+    # ------------------------------------------------------------------ reads
+
+    def load_view(self, keys: ViewKeys) -> LedgerView:
+        """What one batch's fold reads, for `keys` only."""
+        txn_ids = sorted(keys.txn_ids)
+        found = {t: txn for t in txn_ids if (txn := self.find_transaction(t)) is not None}
+        return LedgerView(
+            seen=frozenset(self.seen_ids(keys.event_ids)),
+            admin_applied=frozenset(self.admin_ids(keys.admin_ids)),
+            closed=self.closed_period_labels(),
+            admin=self.admin_view() if keys.admin else AdminView(),
+            timelines=self.gpu_timelines(keys.gpu_uuids),
+            idle=self.idle_states(sorted(keys.subjects)),
+            holds=self.open_holds() if keys.holds else {},
+            budget_totals={k: self.budget_total(*k) for k in keys.budget_keys},
+            transactions=found,
+            reversed_by={t: r for t in txn_ids if (r := self.reversed_by(t)) is not None},
+        )
+
+    def idle_states(self, subjects: Sequence[str]) -> dict[str, GpuIdleState]:
+        return {s: self._s.idle[s] for s in subjects if s in self._s.idle}
+
+    def gpu_timelines(self, gpu_uuids: Collection[str]) -> dict[str, tuple[Holding, ...]]:
+        """The assignment timelines of `gpu_uuids` (a GPU never assigned has none)."""
+        return {u: self._s.timelines[u] for u in sorted(gpu_uuids) if u in self._s.timelines}
+
+    def admin_ids(self, ids: Sequence[str]) -> set[str]:
+        """Which of `ids` are applied admin events (kept for good, unlike the seen ids)."""
+        return {i for i in ids if i in self._s.admin_ids}
+
+    def budget_total(self, team: str, period: str, unit: Unit) -> int:
+        """What `team` was granted of `unit` for `period`, net of negative grants."""
+        return -self._s.balances.get((budget_account(team), unit.value, period), 0)
+
+    def reversed_by(self, txn_id: str) -> str | None:
+        return self._s.reversals.get(txn_id)
+
+    def find_transaction(self, txn_id: str) -> Transaction | None:
+        return self._s.transactions.get(txn_id)
+
+    def pending_outbox(self, limit: int = 1000) -> list[OutboxMessage]:
+        return list(self._s.outbox.values())[:limit]
+
+    def mark_sent(self, ids: Sequence[str]) -> None:
+        """Forget messages the broker acknowledged (the outbox holds only what is owed)."""
+        for i in ids:
+            self._s.outbox.pop(i, None)
+
+    def balance_rows(self) -> list[BalanceRow]:
+        return _rows(self._s.balances, None)
+
+    def folded_balances(self) -> list[BalanceRow]:
+        """The fold of every committed posting, recomputed from the postings themselves."""
+        folded: dict[BalanceKey, int] = {}
+        for booked in self._s.booked:
+            txn = booked.item.txn
+            for p in txn.postings:
+                key = (p.account, p.unit.value, txn.period)
+                folded[key] = folded.get(key, 0) + p.amount
+        return _rows(folded, None)
+
+    def current_period(self) -> str | None:
+        return _current_period(self.balance_rows())
+
+    def open_holds(self) -> dict[HoldKey, OpenHold]:
+        return dict(self._s.holds)
+
+    def closed_period_labels(self) -> frozenset[str]:
+        return frozenset(self._s.closed)
+
+    def closed_periods(self) -> list[ClosedPeriod]:
+        return [self._s.closed[p] for p in sorted(self._s.closed)]
+
+    def admin_entries(self) -> list[AppliedAdmin]:
+        return list(self._s.admin)
+
+    def admin_view(self) -> AdminView:
+        return AdminView.from_log(self._s.admin)
+
+    def price_book(self, default: PriceBook) -> PriceBook:
+        return self.admin_view().price_book(default)
+
+    def dead_letters(self) -> list[tuple[object, ...]]:
+        """(topic, partition, offset, event id, reason) of each dead letter, oldest first."""
+        return list(self._s.dead)
+
+    def hot_rows(self) -> int:
+        return sum(len(b.item.txn.postings) for b in self._s.booked if not b.sealed)
+
+    # ------------------------------------------------------------------ sealing and pruning
+
+    def seal(self, compact_below_rows: int = 500_000, compact_min_segments: int = 8) -> SealResult:
+        """Seal every unsealed range: as `DuckDBStore.seal`, per (incarnation, topic,
+        partition) the span of its unsealed ranges takes the hot postings whose offsets lie in
+        it. Nothing is written anywhere, so the result lists no segments."""
+        s = self._s
+        spans: dict[tuple[str, str, int], tuple[int, int]] = {}
+        for r in s.ranges:
+            if not r.sealed:
+                key = (r.incarnation, r.topic, r.partition)
+                lo, hi = spans.get(key, (r.first, r.last))
+                spans[key] = (min(lo, r.first), max(hi, r.last))
+
+        def inside(incarnation: str, topic: str, partition: int, first: int, last: int) -> bool:
+            span = spans.get((incarnation, topic, partition))
+            return span is not None and span[0] <= first and last <= span[1]
+
+        s.booked = [
+            replace(b, sealed=True)
+            if not b.sealed
+            and inside(b.incarnation, b.item.topic, b.item.partition, b.item.offset, b.item.offset)
+            else b
+            for b in s.booked
+        ]
+        s.ranges = [
+            replace(r, sealed=True)
+            if inside(r.incarnation, r.topic, r.partition, r.first, r.last)
+            else r
+            for r in s.ranges
+        ]
+        return SealResult()
+
+    def prune_seen_events(self, window_us: int) -> int:
+        """Forget applied event ids older than `window_us` before the newest one."""
+        newest = max(self._s.seen.values(), default=None)
+        return 0 if newest is None else self.prune_seen_before(newest - window_us)
+
+    def prune_seen_before(self, cutoff_us: int) -> int:
+        """Forget applied event ids whose event time is before `cutoff_us`; returns how many."""
+        old = [i for i, t in self._s.seen.items() if t < cutoff_us]
+        for i in old:
+            del self._s.seen[i]
+        return len(old)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def __enter__(self) -> MemoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
