@@ -337,9 +337,11 @@ class DuckDBStore:
                 ],
             )
             con.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             con.execute("ROLLBACK")
             self._admin_cache = self._closed_cache = None  # may hold what was rolled back
+            if isinstance(exc, duckdb.Error):  # e.g. a key applied twice: the port's error
+                raise StoreError(f"the store refused the batch: {exc}") from exc
             raise
         if raw:
             self._batch_seq = seq

@@ -264,7 +264,7 @@ def test_closing_a_period_twice_is_refused(store):
     commit(store, changes=StateChanges(admin=[closing(NOV)]))
     store.seal()
     again = AppliedAdmin(admin_envelope(PeriodClosed(NOV, "bob", "again", DEC_US + 1)))
-    with pytest.raises(Exception):  # noqa: B017 - DuckDB: a key conflict; memory: StoreError
+    with pytest.raises(StoreError):
         commit(store, changes=StateChanges(admin=[again]), offset=1)
     assert [c.actor for c in store.closed_periods()] == ["alice"]
 
