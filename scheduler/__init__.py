@@ -1,7 +1,6 @@
 """The scheduler: queues, quotas, admission, preemption, reclaim and executors (local, Slurm).
 
-It reads ledger-derived balances from the `balances` topic; see DESIGN.md and the Scheduler
-issue. It imports only `ledger`.
+It reads ledger-derived balances from the `balances` topic. It imports only `ledger`.
 
 The decision core is pure: every decision is a function of an immutable `ClusterSnapshot` that
 returns `jobs`-topic events (`ledger.job_events`) with their reasons. One mutable projection,

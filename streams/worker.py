@@ -1,20 +1,20 @@
-"""The ledger worker: a Faust app whose agents fold batches of samples, admin events and holds
-into the ledger store, and publish what the commits queued (alerts, dead letters, balances).
+"""The ledger worker: a Faust app that folds batches of samples, admin events and holds into
+the ledger store, and publishes what the commits queued (alerts, dead letters, balances).
 
-Exactly-once effect (see DESIGN.md):
-- each agent (samples; admin; jobs, for holds) takes messages in batches (`take_events`) and
-  hands each batch to `ledger.ingest.Ingestor`, which commits postings, event ids, source
-  offsets and the projections they change in one DuckDB transaction; the agents take turns on
-  the one store;
-- Faust acks a batch's events only after that commit returns, so Kafka offsets are committed
-  after the ledger transaction, never before;
+Exactly-once effect:
+- the samples topic is read in batches by a group consumer of its own
+  (`streams.sample_batches`); the admin and jobs topics by Faust agents taking batches
+  (`take_events`). Each batch goes to `ledger.ingest.Ingestor`, which commits postings, event
+  ids, source offsets and the projections they change in one DuckDB transaction; the routes
+  take turns on the one store;
+- a batch's offsets are committed to the broker (Faust acks its events) only after that commit
+  returns, never before;
 - offsets the store already holds for the broker incarnation are skipped, so a restarted worker
   that is handed messages again applies them once;
 - the incarnation is the broker's cluster id, looked up again on every partition assignment, so
   a restarted embedded broker (offsets from 0 again) is recognised as new data; before each
   batch it is checked again, and a batch fetched from a broker other than the ingestor's makes
-  the worker exit (75) unapplied and unacked, to be restarted on the new broker from its start.
-
+  the worker exit (75) unapplied and unacked, to be restarted on the new broker from its start;
 - each batch's messages (key and value bytes, offsets, batch order) are kept in the ledger's
   raw-event archive by the same commit, so `tally ledger rebuild` can replay them later: the
   embedded broker keeps nothing across restarts;
@@ -43,6 +43,7 @@ from ledger.ingest import ConsumedMessage, Ingestor, IngestResult, InputTopics, 
 from ledger.pricing import PriceBook
 from ledger.store.hot import DuckDBStore
 from streams.kafka import ClusterIdentity, fetch_cluster_id
+from streams.sample_batches import SampleBatchConsumer
 
 log = logging.getLogger("tally.worker")
 INCARNATION_CHANGED_EXIT = 75  # EX_TEMPFAIL: run it again
@@ -154,13 +155,6 @@ class LedgerWorker:
             stream_buffer_maxsize=max(4096, 2 * s.batch_max_messages),
             producer_acks=-1,
         )
-        samples = app.topic(
-            s.samples_topic,
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-        )
         outputs = [s.deadletter_topic, s.alerts_topic]
         if s.balances_topic is not None:
             outputs.append(s.balances_topic)
@@ -175,14 +169,25 @@ class LedgerWorker:
         # Faust hands every agent its app's error hook: make a failing agent end the process.
         app._on_agent_error = _die  # type: ignore[method-assign]
 
-        @app.agent(samples, name="ledger-ingest")
-        async def ingest(stream: Any) -> None:
-            async for events in stream.take_events(s.batch_max_messages, within=s.batch_within_s):
-                messages = [_consumed(e) for e in events]
-                await self._apply(messages)
-                await self.publish_outbox()
-                if time.monotonic() - self._last_seal >= s.seal_interval_s:
-                    await self.seal()
+        self._samples = SampleBatchConsumer(
+            s.bootstrap,
+            s.group_id,
+            s.samples_topic,
+            s.batch_max_messages,
+            s.batch_within_s,
+            s.session_timeout_s,
+            self._ingest_samples,
+            self._refresh_incarnation,
+        )
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def ingest_samples() -> None:
+            try:
+                await self._samples.run()
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # as for a failing agent: exit, to be restarted
+                await _die("ledger-samples", exc)
 
         def batches(topic_name: str, agent_name: str, max_messages: int) -> None:
             source = app.topic(
@@ -212,6 +217,12 @@ class LedgerWorker:
                 await self.seal()
 
         return app
+
+    async def _ingest_samples(self, messages: list[ConsumedMessage]) -> None:
+        await self._apply(messages)
+        await self.publish_outbox()
+        if time.monotonic() - self._last_seal >= self.settings.seal_interval_s:
+            await self.seal()
 
     async def _refresh_incarnation(self) -> None:
         incarnation = await fetch_cluster_id(self.settings.bootstrap[0])

@@ -1,0 +1,127 @@
+"""The samples topic, consumed in batches straight from the broker.
+
+Faust hands a stream its messages one event at a time, about 100 µs each on a 2-core machine
+(event objects, per-event acknowledgement, the conductor), which caps a real-time feed (one
+sample per message) near 10k samples/s whatever the ledger does with them. So the samples
+topic, the one high-volume input, is read by an aiokafka group consumer that runs inside the
+worker's Faust app: each `getmany` batch goes to the ingest as it is, and its offsets are
+committed to the broker after the ledger commit, never before. The admin and jobs topics, small
+and ordered, stay Faust agents.
+
+Exactly-once effect holds as for the agents: the offsets a batch applied are in the store, so a
+batch fetched again (after a crash, a rebalance, or an offset commit that failed because the
+group rebalanced meanwhile) is skipped there. The consumer group is the worker's `group_id`
+with `.samples` appended: Faust's own group uses Faust's partition assignor, which a plain
+consumer cannot share a group with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, KafkaError
+
+from ledger.store.port import ConsumedMessage
+
+log = logging.getLogger("tally.worker")
+RETRY_S = 1.0
+
+OnBatch = Callable[[list[ConsumedMessage]], Awaitable[None]]
+OnAssigned = Callable[[], Awaitable[None]]
+
+
+def samples_group(group_id: str) -> str:
+    return f"{group_id}.samples"
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, on_assigned: OnAssigned) -> None:
+        self._on_assigned = on_assigned
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        return None  # each batch is committed to the ledger before the next fetch
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self._on_assigned()
+
+
+class SampleBatchConsumer:
+    """Feeds the samples topic to `on_batch` in batches of at most `max_messages`, committing
+    each batch's offsets after `on_batch` returned."""
+
+    def __init__(
+        self,
+        bootstrap: tuple[str, ...],
+        group_id: str,
+        topic: str,
+        max_messages: int,
+        within_s: float,
+        session_timeout_s: float,
+        on_batch: OnBatch,
+        on_assigned: OnAssigned,
+    ) -> None:
+        self._bootstrap = list(bootstrap)
+        self._group = samples_group(group_id)
+        self._session_ms = int(session_timeout_s * 1000)
+        self._topic = topic
+        self._max = max_messages
+        self._within_ms = max(1, int(within_s * 1000))
+        self._on_batch = on_batch
+        self._on_assigned = on_assigned
+        self._consumer: AIOKafkaConsumer | None = None
+
+    def _new_consumer(self) -> AIOKafkaConsumer:  # needs the running loop
+        return AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap,
+            group_id=self._group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=self._session_ms,
+            heartbeat_interval_ms=1000,
+            rebalance_timeout_ms=self._session_ms,
+            max_poll_records=self._max,
+            max_partition_fetch_bytes=8 << 20,
+        )
+
+    async def run(self) -> None:
+        """Consume until cancelled."""
+        consumer = self._consumer = self._new_consumer()
+        consumer.subscribe([self._topic], listener=_Rebalance(self._on_assigned))
+        while True:
+            try:
+                await consumer.start()
+                break
+            except KafkaError as exc:
+                log.warning("samples consumer cannot start yet: %s", exc)
+                await asyncio.sleep(RETRY_S)
+        try:
+            while True:
+                await self._step()
+        finally:
+            await consumer.stop()
+
+    async def _step(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        try:
+            fetched = await consumer.getmany(timeout_ms=self._within_ms, max_records=self._max)
+        except KafkaError as exc:  # the broker is away: aiokafka reconnects, try again
+            log.warning("fetching samples failed: %s", exc)
+            await asyncio.sleep(RETRY_S)
+            return
+        if not fetched:
+            return
+        messages = [
+            ConsumedMessage(r.topic, r.partition, r.offset, r.value, r.key)
+            for records in fetched.values()
+            for r in records
+        ]
+        await self._on_batch(messages)
+        offsets = {tp: records[-1].offset + 1 for tp, records in fetched.items() if records}
+        try:
+            await consumer.commit(offsets)
+        except (CommitFailedError, KafkaError) as exc:  # the ledger holds them: harmless
+            log.info("offsets of an applied batch not committed to the broker: %s", exc)
