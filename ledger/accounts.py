@@ -18,6 +18,7 @@ the capacity account, so the capacity balance is minus the physical GPU time of 
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import lru_cache
 
 UNKNOWN_PROJECT = "-"
 
@@ -61,6 +62,7 @@ def holds_outstanding_account(team: str) -> str:
     return f"{AccountKind.HOLDS_OUTSTANDING}:{team}"
 
 
+@lru_cache(maxsize=65_536)  # a ledger names few accounts, each in many postings
 def account_kind(account: str) -> AccountKind:
     """The kind of an account name; raises ValueError for a name of no known kind."""
     kind, sep, path = account.partition(":")

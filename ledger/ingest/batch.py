@@ -12,6 +12,7 @@ from ledger.events import DeadLetter
 from ledger.holds import BookPeriod
 from ledger.idle import GpuIdleState, IdleAlert, IdlePolicy
 from ledger.periods import period_label
+from ledger.posting_columns import PostingColumns
 from ledger.postings import Transaction
 from ledger.pricing import PriceBook
 from ledger.store.port import ConsumedMessage, SourcedTransaction, StateChanges
@@ -34,7 +35,8 @@ class Folded:
     """One route's batch, folded: what to commit.
 
     `transactions[derived_from:]` are the transactions the ledger derived itself (hold
-    settlements and expiries), whose ids must not collide with applied ones.
+    settlements and expiries), whose ids must not collide with applied ones; `columns` holds
+    more usage transactions, built column by column.
     """
 
     transactions: tuple[SourcedTransaction, ...] = ()
@@ -44,6 +46,7 @@ class Folded:
     alerts: tuple[IdleAlert, ...] = ()
     duplicates: int = 0
     derived_from: int = 0
+    columns: PostingColumns | None = None  # usage built column by column (the common case)
 
 
 def decode_all(

@@ -20,7 +20,8 @@ from ledger.ingest.admin import admin_keys, closes_a_period, fold_admin
 from ledger.ingest.batch import Folded, FoldRules, decode_all
 from ledger.ingest.jobs import DecodedJobs, fold_jobs
 from ledger.ingest.samples import fold_samples, sample_keys
-from ledger.ingest.validation import validate_batch
+from ledger.ingest.validation import validate_batch, validate_columns
+from ledger.posting_columns import PostingColumns
 from ledger.pricing import PriceBook
 from ledger.store.port import (
     NO_COMMIT,
@@ -176,9 +177,13 @@ class Ingestor:
         decoded: int,
         closed: frozenset[str],
     ) -> _Part:
-        transactions = self._own_ids(list(folded.transactions), folded.derived_from)
-        valid, refused = validate_batch(transactions, closed)
-        dead = [*decode_dead, *folded.dead, *refused]
+        start = folded.derived_from
+        transactions = self._own_ids(list(folded.transactions), start)
+        # The folds checked what they made from events; what the ledger derived is checked here.
+        derived, refused = validate_batch(transactions[start:], closed)
+        valid = transactions[:start] + derived
+        columns, refused_columns = _checked_columns(folded.columns, closed)
+        dead = [*decode_dead, *folded.dead, *refused, *refused_columns]
         outbox = [
             OutboxMessage(a.id, self.topics.alerts, a.gpu_uuid.encode(), encode_alert(a))
             for a in folded.alerts
@@ -202,6 +207,7 @@ class Ingestor:
             folded.changes,
             self.topics.balances,
             raw=fresh,
+            columns=columns,
         )
         for r in ranges:
             self._next[(r.topic, r.partition)] = r.last + 1
@@ -236,3 +242,26 @@ class Ingestor:
                 taken.add(txn_id)
                 transactions[index] = replace(item, txn=replace(item.txn, txn_id=txn_id))
         return transactions
+
+
+def _checked_columns(
+    columns: PostingColumns | None, closed: frozenset[str]
+) -> tuple[PostingColumns | None, list[DeadLetter]]:
+    """`columns` less the transactions `validate_columns` refuses, and a letter for each."""
+    if columns is None:
+        return None, []
+    problems = validate_columns(columns, closed)
+    if not problems:
+        return columns, []
+    letters = [
+        DeadLetter(
+            reason=reason,
+            payload="",
+            event_id=columns.txn_id[i],
+            topic=columns.topic[i],
+            partition=columns.partition[i],
+            offset=columns.offset[i],
+        )
+        for i, reason in sorted(problems.items())
+    ]
+    return columns.without(problems.keys()), letters

@@ -75,11 +75,17 @@ def fold_jobs(batch: DecodedJobs, view: LedgerView, last: ConsumedMessage | None
                 continue
             transactions.extend(sourced([placed], message))
             continue
+        mark = holds.checkpoint()
         released = holds.release(envelope)
         if released is None:
             without_postings.append((envelope.id, envelope.time_us))
-        else:
-            transactions.extend(sourced([released], message))
+            continue
+        problem = check_transaction(released, view.closed)
+        if problem is not None:  # a refused release leaves the holds open
+            holds.restore(mark)
+            dead.append(refused(problem, envelope.id, message))
+            continue
+        transactions.extend(sourced([released], message))
     timelines: dict[str, tuple[Holding, ...]] = {}
     for change in batch.assignments:
         if change.id in seen:

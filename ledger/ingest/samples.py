@@ -7,22 +7,32 @@ an unpriced model is a dead letter. A sample whose natural period is closed is b
 next open one. Each GPU subject's idle detector is stepped in sample-time order and flags
 confirmed-idle usage. Usage settles the open holds of its jobs; holds whose expiry the batch's
 newest new event has passed are released (a duplicate moves no clock).
+
+Two paths give the same transactions. The common case (one holder: a whole GPU or a MIG slice
+whose owner the sample names, or nobody with no scheduler assignment; an open period; a job
+without an open hold) is built straight into `PostingColumns`, without a `Transaction` per
+sample; everything else goes through `attribute_usage`. `columnar=False` sends every sample the
+per-sample way (the property test compares the two).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from ledger.accounts import capacity_account, consumer_account, unallocated_account
 from ledger.assignments import Holding, OwnedPiece, owners_over
-from ledger.attribution import Usage, attribute_usage
+from ledger.attribution import attribute_usage, owner_shares, physical_gpu_ms, usage_cost
 from ledger.closing import booking_period
 from ledger.errors import PricingError
-from ledger.events import DeadLetter, SampleEnvelope
+from ledger.events import DeadLetter, Owner, SampleEnvelope
 from ledger.holds import HoldBook
 from ledger.idle import GpuIdleState, IdleAlert, IdleObservation, step
 from ledger.ingest.batch import Folded, FoldRules, booker, refused, sourced
-from ledger.ingest.validation import check_transaction
+from ledger.ingest.validation import MAX_POSTING_AMOUNT, check_transaction
+from ledger.periods import period_label
+from ledger.posting_columns import PostingColumns
+from ledger.pricing import energy_cost
 from ledger.store.port import (
     ConsumedMessage,
     LedgerView,
@@ -32,6 +42,19 @@ from ledger.store.port import (
 )
 
 DecodedSample = tuple[SampleEnvelope, ConsumedMessage]
+
+
+@dataclass(frozen=True, slots=True)
+class _Observed:
+    """A folded sample as the idle detector sees it; `row` is its transaction's index in the
+    columns (`columnar`) or in the transaction list."""
+
+    envelope: SampleEnvelope
+    columnar: bool
+    row: int
+    owner: Owner | None
+    gpu_ms: int
+    cost_micros: int
 
 
 def sample_keys(decoded: Sequence[DecodedSample]) -> ViewKeys:
@@ -44,11 +67,15 @@ def sample_keys(decoded: Sequence[DecodedSample]) -> ViewKeys:
     )
 
 
-def fold_samples(decoded: Sequence[DecodedSample], view: LedgerView, rules: FoldRules) -> Folded:
+def fold_samples(
+    decoded: Sequence[DecodedSample], view: LedgerView, rules: FoldRules, columnar: bool = True
+) -> Folded:
     seen = set(view.seen)
+    held_jobs = {job for job, _ in view.holds}
     dead: list[DeadLetter] = []
     transactions: list[SourcedTransaction] = []
-    usages: list[tuple[SampleEnvelope, int, Usage]] = []
+    columns = PostingColumns()
+    observed: list[_Observed] = []
     duplicates = 0
     newest: int | None = None  # of the events new to the ledger: a duplicate moves nothing
     for envelope, message in decoded:
@@ -57,7 +84,13 @@ def fold_samples(decoded: Sequence[DecodedSample], view: LedgerView, rules: Fold
             continue
         seen.add(envelope.id)
         newest = envelope.time_us if newest is None else max(newest, envelope.time_us)
-        held = held_over(view.timelines.get(envelope.data.gpu_uuid), envelope)
+        timeline = view.timelines.get(envelope.data.gpu_uuid)
+        if columnar:
+            fast = _add_common_case(columns, envelope, message, rules, timeline, held_jobs, view)
+            if fast is not None:
+                observed.append(fast)
+                continue
+        held = held_over(timeline, envelope)
         try:
             usage = attribute_usage(envelope, rules.prices, rules.cost_centres, held)
         except PricingError as exc:
@@ -70,12 +103,22 @@ def fold_samples(decoded: Sequence[DecodedSample], view: LedgerView, rules: Fold
         if problem is not None:
             dead.append(refused(problem, envelope.id, message))
             continue
-        usages.append((envelope, len(transactions), usage))
+        observed.append(
+            _Observed(
+                envelope, False, len(transactions), usage.owner, usage.gpu_ms, usage.cost_micros
+            )
+        )
         transactions.extend(sourced([txn], message))
-    states, alerts = detect_idle(usages, transactions, view.idle, rules)
+    states, alerts, flagged = detect_idle(observed, view.idle, rules)
+    for item in flagged:
+        if item.columnar:
+            columns.idle[item.row] = True
+        else:
+            flag = transactions[item.row]
+            transactions[item.row] = replace(flag, txn=replace(flag.txn, idle=True))
     holds = HoldBook(view.holds, booker(view.closed))
     derived = len(transactions)
-    for settlement in holds.settle([t.txn for t in transactions]):
+    for settlement in holds.settle([t.txn for t in transactions]):  # no held job goes columnar
         source = transactions[settlement.last_usage]
         transactions.append(replace(source, txn=settlement.txn))
     if newest is not None:
@@ -88,24 +131,87 @@ def fold_samples(decoded: Sequence[DecodedSample], view: LedgerView, rules: Fold
         alerts=tuple(alerts),
         duplicates=duplicates,
         derived_from=derived,
+        columns=columns if len(columns) else None,
     )
 
 
-def detect_idle(
-    usages: list[tuple[SampleEnvelope, int, Usage]],
-    transactions: list[SourcedTransaction],
-    stored: Mapping[str, GpuIdleState],
+def _add_common_case(
+    columns: PostingColumns,
+    envelope: SampleEnvelope,
+    message: ConsumedMessage,
     rules: FoldRules,
-) -> tuple[list[GpuIdleState], list[IdleAlert]]:
-    """Step each GPU subject's idle detector in sample-time order, flagging confirmed-idle
-    usage in `transactions` (in place). A GPU the scheduler assigned is allocated even when
-    its sample names no owner (`Usage.owner` is then the holder)."""
-    if not usages:
-        return [], []
-    usages = sorted(usages, key=lambda item: (item[0].subject, item[0].time_us))
+    timeline: tuple[Holding, ...] | None,
+    held_jobs: set[str],
+    view: LedgerView,
+) -> _Observed | None:
+    """The sample's usage appended to `columns` when it is the common case; else None (and
+    nothing appended): `attribute_usage` then books it."""
+    sample = envelope.data
+    shares = owner_shares(sample)
+    if len(shares) != 1:
+        return None
+    owner = shares[0][0]
+    if owner is None and timeline and held_over(timeline, envelope):
+        return None
+    if owner is not None and (owner.job_id or "") in held_jobs:
+        return None
+    period = period_label(sample.start_us)
+    if period in view.closed:
+        return None
+    prices = rules.prices
+    ms = physical_gpu_ms(sample)
+    try:
+        money = usage_cost(prices, sample, ms)
+    except PricingError:
+        return None
+    energy = sample.energy_delta_mj or 0
+    if energy:
+        rate = prices.energy_rate_at(sample.pool, sample.start_us)
+        if rate is not None:
+            money += energy_cost(energy, rate)
+    if max(ms, money, energy) > MAX_POSTING_AMOUNT:
+        return None
+    holder: tuple[str, Owner | None, str | None]
+    if owner is None:
+        holder = (unallocated_account(sample.pool, sample.model), None, None)
+    else:
+        team = owner.team
+        assert team is not None  # owner_shares names owners with a team only
+        holder = (consumer_account(team, owner.project), owner, rules.cost_centres.get(team))
+    row = columns.add_usage(
+        (
+            envelope.id,
+            sample.gpu_uuid,
+            sample.model,
+            sample.pool,
+            sample.node,
+            sample.start_us,
+            sample.sample_time_us,
+            period,
+            sample.util_gpu_pct,
+        ),
+        (message.topic, message.partition, message.offset),
+        holder,
+        capacity_account(sample.pool, sample.model),
+        (ms, money, energy),
+    )
+    return _Observed(envelope, True, row, owner, ms, money)
+
+
+def detect_idle(
+    observed: list[_Observed], stored: Mapping[str, GpuIdleState], rules: FoldRules
+) -> tuple[list[GpuIdleState], list[IdleAlert], list[_Observed]]:
+    """Step each GPU subject's idle detector in sample-time order: the new states, the alerts
+    raised and the samples whose usage is confirmed idle. A GPU the scheduler assigned is
+    allocated even when its sample names no owner (its observed owner is then the holder)."""
+    if not observed:
+        return [], [], []
+    ordered = sorted(observed, key=lambda o: (o.envelope.subject, o.envelope.time_us))
     states: dict[str, GpuIdleState] = {}
     alerts: list[IdleAlert] = []
-    for envelope, index, usage in usages:
+    flagged: list[_Observed] = []
+    for item in ordered:
+        envelope = item.envelope
         sample = envelope.data
         obs = IdleObservation(
             subject=envelope.subject,
@@ -113,21 +219,20 @@ def detect_idle(
             node=sample.node,
             pool=sample.pool,
             model=sample.model,
-            owner=usage.owner,
+            owner=item.owner,
             util_pct=sample.util_gpu_pct,
             start_us=sample.start_us,
             end_us=sample.sample_time_us,
-            gpu_ms=usage.gpu_ms,
-            cost_micros=usage.cost_micros,
+            gpu_ms=item.gpu_ms,
+            cost_micros=item.cost_micros,
         )
         before = states.get(envelope.subject) or stored.get(envelope.subject)
         state, raised, flag = step(before, obs, rules.idle_policy)
         states[envelope.subject] = state
         alerts.extend(raised)
         if flag:
-            item = transactions[index]
-            transactions[index] = replace(item, txn=replace(item.txn, idle=True))
-    return list(states.values()), alerts
+            flagged.append(item)
+    return list(states.values()), alerts, flagged
 
 
 def held_over(timeline: tuple[Holding, ...] | None, envelope: SampleEnvelope) -> list[OwnedPiece]:

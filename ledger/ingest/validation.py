@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from functools import lru_cache
 
+from ledger.accounts import account_kind
 from ledger.events import DeadLetter
 from ledger.periods import Period
+from ledger.posting_columns import PostingColumns
 from ledger.postings import Transaction, validate
 from ledger.store.port import SourcedTransaction
 
@@ -70,6 +72,47 @@ def validate_batch(
 def _is_period(label: str) -> bool:
     try:
         Period.month(label)
+    except ValueError:
+        return False
+    return True
+
+
+def validate_columns(columns: PostingColumns, closed: Collection[str]) -> dict[int, str]:
+    """The same check over column-built usage transactions: why each refused one (by its
+    index) is refused; empty when every one may be committed."""
+    sums: dict[tuple[int, str], int] = {}
+    problems: dict[int, list[str]] = {}
+    kinds_ok: dict[str, bool] = {}
+    for p, txn in enumerate(columns.txn_index):
+        amount = columns.amount[p]
+        account = columns.account[p]
+        ok = kinds_ok.get(account)
+        if ok is None:
+            ok = kinds_ok[account] = _known_account(account)
+        if not ok:
+            problems.setdefault(txn, []).append(f"posting {columns.leg[p]}: unknown account")
+        if type(amount) is not int or abs(amount) > MAX_POSTING_AMOUNT:
+            problems.setdefault(txn, []).append(f"posting {columns.leg[p]}: amount {amount!r}")
+            continue
+        key = (txn, columns.unit[p])
+        sums[key] = sums.get(key, 0) + amount
+    for (txn, unit), total in sums.items():
+        if total:
+            problems.setdefault(txn, []).append(f"postings in {unit} sum to {total}, not zero")
+    for i, period in enumerate(columns.period):
+        if not _is_period(period) or period in closed:
+            problems.setdefault(i, []).append(f"period {period!r} is not open")
+        if columns.end_us[i] <= columns.start_us[i] or not columns.txn_id[i]:
+            problems.setdefault(i, []).append("no interval or no cause")
+    return {
+        i: f"transaction {columns.txn_id[i]} refused: " + "; ".join(found)
+        for i, found in problems.items()
+    }
+
+
+def _known_account(account: str) -> bool:
+    try:
+        account_kind(account)
     except ValueError:
         return False
     return True

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -65,6 +66,7 @@ from ledger.errors import StoreError
 from ledger.events import DeadLetter, Owner
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState, state_from_row, state_to_row
+from ledger.posting_columns import PostingColumns
 from ledger.postings import Transaction, TransactionKind
 from ledger.pricing import PriceBook
 from ledger.store.layout import (
@@ -90,6 +92,7 @@ from ledger.store.port import (
 from ledger.store.schema import (
     POSTING_COLUMNS_SQL,
     archive_to_arrow,
+    columns_to_arrow,
     transaction_from_rows,
     transactions_to_arrow,
 )
@@ -168,6 +171,41 @@ _BALANCES_VERSION = "1"
 _ADMIN_KINDS = (TransactionKind.BUDGET_GRANT, TransactionKind.ADJUSTMENT)
 
 
+@dataclass(slots=True)
+class _WriterState:
+    """The writer's in-memory copy of the projections a fold reads."""
+
+    idle: dict[str, GpuIdleState]
+    timelines: dict[str, tuple[Holding, ...]]
+    holds: dict[HoldKey, OpenHold]
+
+    def apply(self, idle_states: Sequence[GpuIdleState], changes: StateChanges) -> None:
+        """What a committed batch changed (the tables changed alike in its transaction)."""
+        for state in idle_states:
+            self.idle[state.subject] = state
+        for gpu, timeline in changes.timelines.items():
+            if timeline:
+                self.timelines[gpu] = tuple(timeline)
+            else:
+                self.timelines.pop(gpu, None)
+        for hold in changes.holds:
+            if hold.amount:
+                self.holds[hold.key] = hold
+            else:
+                self.holds.pop(hold.key, None)
+
+
+def _postings_table(
+    fresh: Sequence[SourcedTransaction], built: PostingColumns | None, incarnation: str
+) -> pa.Table:
+    if not built:
+        return transactions_to_arrow(fresh, incarnation)
+    table = columns_to_arrow(built, incarnation)
+    if not fresh:
+        return table
+    return pa.concat_tables([transactions_to_arrow(fresh, incarnation), table])
+
+
 def _now_us() -> int:
     return time.time_ns() // 1_000
 
@@ -194,6 +232,9 @@ class DuckDBStore:
         self.archive_manifest = self._segments.archive.manifest
         self._admin_log_exported = False
         self._admin_cache: tuple[AppliedAdmin, ...] | None = None  # the admin log, as read
+        self._seen: set[str] | None = None  # `seen_events`' ids, read once
+        self._mirror: _WriterState | None = None  # idle states, timelines, open holds
+        self._newest_seen: int | None = None  # their greatest dedupe time
         self._closed_cache: frozenset[str] | None = None
         version = first_row(
             self._con.execute("SELECT value FROM ledger_meta WHERE key = 'balances_version'")
@@ -238,8 +279,10 @@ class DuckDBStore:
         changes: StateChanges | None = None,
         balances_topic: str | None = None,
         raw: Sequence[ConsumedMessage] = (),
+        columns: PostingColumns | None = None,
     ) -> CommitResult:
-        """Apply one batch atomically; transactions whose id was already applied are dropped.
+        """Apply one batch atomically; transactions (`transactions` and the usage transactions
+        in `columns`) whose id was already applied, or repeats, are dropped.
 
         Idle-detector states replace the stored ones, `changes` are applied, the balances move
         by the new postings, outbox messages are queued (with, when `balances_topic` is set,
@@ -265,8 +308,9 @@ class DuckDBStore:
         con.execute("BEGIN TRANSACTION")
         try:
             fresh = self._drop_seen(transactions)
-            self._refuse_closed(fresh, bool(closing))
-            table = transactions_to_arrow(fresh, incarnation)
+            built = self._drop_seen_columns(columns, fresh)
+            self._refuse_closed(fresh, bool(closing), built.period if built else ())
+            table = _postings_table(fresh, built, incarnation)
             if table.num_rows:
                 con.register("batch_postings", table)
                 con.execute("INSERT INTO postings SELECT * FROM batch_postings")
@@ -276,7 +320,7 @@ class DuckDBStore:
                     "ON CONFLICT DO UPDATE SET balance = balance + excluded.balance"
                 )
                 con.unregister("batch_postings")
-            self._insert_seen(fresh, changes.seen)
+            seen_now = self._insert_seen(fresh, changes.seen, built)
             batch = seq if raw else None  # a range committed without its messages has none
             self._insert_rows(
                 "source_ranges",
@@ -343,26 +387,38 @@ class DuckDBStore:
             if isinstance(exc, duckdb.Error):  # e.g. a key applied twice: the port's error
                 raise StoreError(f"the store refused the batch: {exc}") from exc
             raise
+        if self._mirror is not None:
+            self._mirror.apply(idle_states, changes)
+        if self._seen is not None and seen_now[0]:
+            self._seen.update(seen_now[0])
+            newest = max(seen_now[1])
+            self._newest_seen = (
+                newest if self._newest_seen is None else max(newest, self._newest_seen)
+            )
         if raw:
             self._batch_seq = seq
             self._pruned_before = None
         if changes.admin:
             self._admin_cache = self._closed_cache = None
             self.export_admin_log()
+        offered = len(transactions) + (len(columns) if columns else 0)
+        applied = len(fresh) + (len(built) if built else 0)
         return CommitResult(
-            transactions=len(fresh),
+            transactions=applied,
             postings=table.num_rows,
-            duplicates=len(transactions) - len(fresh),
+            duplicates=offered - applied,
             dead_letters=len(dead_letters),
             balances_published=published,
             closed=closed,
         )
 
-    def _refuse_closed(self, fresh: Sequence[SourcedTransaction], closing: bool) -> None:
+    def _refuse_closed(
+        self, fresh: Sequence[SourcedTransaction], closing: bool, periods: Sequence[str] = ()
+    ) -> None:
         """The commit guards: nothing posts into a closed period; a close finds all sealed."""
         closed = self.closed_period_labels()
         if closed:
-            late = sorted({t.txn.period for t in fresh} & closed)
+            late = sorted(({t.txn.period for t in fresh} | set(periods)) & closed)
             if late:
                 raise StoreError(
                     f"period {', '.join(late)} is closed: nothing may be booked into it"
@@ -397,17 +453,28 @@ class DuckDBStore:
             con.unregister(name)
 
     def _insert_seen(
-        self, fresh: Sequence[SourcedTransaction], extra: Sequence[tuple[str, int]]
-    ) -> None:
-        if not fresh and not extra:
-            return
-        ids = [t.txn.txn_id for t in fresh] + [i for i, _ in extra]
-        times = [t.txn.end_us for t in fresh] + [t for _, t in extra]
+        self,
+        fresh: Sequence[SourcedTransaction],
+        extra: Sequence[tuple[str, int]],
+        built: PostingColumns | None,
+    ) -> tuple[list[str], list[int]]:
+        """Record the applied ids; the ids and dedupe times recorded."""
+        if built:  # usage: applied at the end of its interval, like `fresh`'s usage
+            fresh_ids = [t.txn.txn_id for t in fresh] + built.txn_id
+            fresh_times = [t.txn.end_us for t in fresh] + built.end_us
+        else:
+            fresh_ids = [t.txn.txn_id for t in fresh]
+            fresh_times = [t.txn.end_us for t in fresh]
+        if not fresh_ids and not extra:
+            return [], []
+        ids = fresh_ids + [i for i, _ in extra]
+        times = fresh_times + [t for _, t in extra]
         if any(t.txn.kind in _ADMIN_KINDS for t in fresh) or extra:
-            row = first_row(self._con.execute("SELECT max(time_us) FROM seen_events"))
-            newest = row[0] if row and row[0] is not None else None
+            self._seen_set()
+            newest = self._newest_seen
             if newest is not None:
-                kinds = [t.txn.kind for t in fresh] + [None] * len(extra)
+                usage = [TransactionKind.USAGE] * (len(fresh_ids) - len(fresh))
+                kinds = [t.txn.kind for t in fresh] + usage + [None] * len(extra)
                 times = [
                     min(t, newest) if k in _ADMIN_KINDS or k is None else t
                     for t, k in zip(times, kinds, strict=True)
@@ -415,6 +482,7 @@ class DuckDBStore:
         self._con.register("batch_seen", pa.table({"event_id": ids, "time_us": times}))
         self._con.execute("INSERT INTO seen_events SELECT * FROM batch_seen")
         self._con.unregister("batch_seen")
+        return ids, times
 
     def _apply_changes(self, changes: StateChanges, now: int) -> None:
         con = self._con
@@ -598,19 +666,20 @@ class DuckDBStore:
         )
 
     def seen_ids(self, ids: Sequence[str]) -> set[str]:
-        """Which of `ids` have been applied already."""
+        """Which of `ids` have been applied already: one set intersection with the dedupe set,
+        which the writer keeps in memory beside `seen_events` (only it changes that table)."""
         if not ids:
             return set()
-        self._con.register("batch_ids", pa.table({"event_id": list(ids)}))
-        try:
-            rows = self._con.execute(
-                "SELECT s.event_id FROM seen_events s SEMI JOIN batch_ids b USING (event_id)"
-            ).fetchall()
-        finally:
-            self._con.unregister("batch_ids")
-        return {row[0] for row in rows}
+        return self._seen_set().intersection(ids)
 
-    def idle_states(self, subjects: Sequence[str]) -> dict[str, GpuIdleState]:
+    def _seen_set(self) -> set[str]:
+        if self._seen is None:
+            rows = self._con.execute("SELECT event_id, time_us FROM seen_events").fetchall()
+            self._seen = {str(r[0]) for r in rows}
+            self._newest_seen = max((int(r[1]) for r in rows), default=None)
+        return self._seen
+
+    def _read_idle_states(self, subjects: Sequence[str]) -> dict[str, GpuIdleState]:
         if not subjects:
             return {}
         self._con.register("batch_subjects", pa.table({"subject": list(subjects)}))
@@ -622,7 +691,7 @@ class DuckDBStore:
             self._con.unregister("batch_subjects")
         return {str(row[0]): state_from_row(row) for row in rows}
 
-    def gpu_timelines(self, gpu_uuids: Collection[str]) -> dict[str, tuple[Holding, ...]]:
+    def _read_gpu_timelines(self, gpu_uuids: Collection[str]) -> dict[str, tuple[Holding, ...]]:
         """The assignment timelines of `gpu_uuids` (a GPU never assigned has none)."""
         if not gpu_uuids:
             return {}
@@ -639,6 +708,36 @@ class DuckDBStore:
             )
         return {uuid: tuple(timeline) for uuid, timeline in timelines.items()}
 
+    def _state(self) -> _WriterState:
+        """The projections a fold reads, in memory: read from the tables once, then kept in step
+        by every commit (only this writer changes them)."""
+        if self._mirror is None:
+            every = [
+                str(r[0]) for r in self._con.execute("SELECT subject FROM idle_state").fetchall()
+            ]
+            gpus = [
+                str(r[0])
+                for r in self._con.execute("SELECT DISTINCT gpu_uuid FROM gpu_holdings").fetchall()
+            ]
+            self._mirror = _WriterState(
+                self._read_idle_states(every),
+                self._read_gpu_timelines(gpus),
+                self._read_open_holds(),
+            )
+        return self._mirror
+
+    def idle_states(self, subjects: Sequence[str]) -> dict[str, GpuIdleState]:
+        idle = self._state().idle
+        return {s: idle[s] for s in subjects if s in idle}
+
+    def gpu_timelines(self, gpu_uuids: Collection[str]) -> dict[str, tuple[Holding, ...]]:
+        """The assignment timelines of `gpu_uuids` (a GPU never assigned has none)."""
+        timelines = self._state().timelines
+        return {g: timelines[g] for g in gpu_uuids if g in timelines}
+
+    def open_holds(self) -> dict[HoldKey, OpenHold]:
+        return dict(self._state().holds)
+
     def pending_outbox(self, limit: int = 1000) -> list[OutboxMessage]:
         rows = self._con.execute(
             'SELECT id, topic, "key", "value" FROM outbox WHERE NOT sent '
@@ -651,6 +750,21 @@ class DuckDBStore:
         """Forget messages the broker acknowledged (the outbox holds only what is owed)."""
         if ids:
             self._con.execute("DELETE FROM outbox WHERE list_contains(?, id)", [list(ids)])
+
+    def _drop_seen_columns(
+        self, columns: PostingColumns | None, fresh: Sequence[SourcedTransaction]
+    ) -> PostingColumns | None:
+        """`columns` less the transactions already applied, in `fresh`, or repeated."""
+        if not columns:
+            return None
+        taken = self._seen_set().intersection(columns.txn_id)
+        taken.update(t.txn.txn_id for t in fresh)
+        drop: set[int] = set()
+        for index, txn_id in enumerate(columns.txn_id):
+            if txn_id in taken:
+                drop.add(index)
+            taken.add(txn_id)
+        return columns.without(drop) if drop else columns
 
     def _drop_seen(self, transactions: Sequence[SourcedTransaction]) -> list[SourcedTransaction]:
         """`transactions` less those already applied, and less repeats within the batch."""
@@ -732,7 +846,7 @@ class DuckDBStore:
         )
         return int(row[0]) if row else 0
 
-    def open_holds(self) -> dict[HoldKey, OpenHold]:
+    def _read_open_holds(self) -> dict[HoldKey, OpenHold]:
         rows = self._con.execute(
             "SELECT job_id, unit, team, project, amount, expires_us, placed_by FROM open_holds"
         ).fetchall()
@@ -909,10 +1023,10 @@ class DuckDBStore:
         The dedupe window is measured in sample time, so replaying old data dedupes the same way
         as live data.
         """
-        row = first_row(self._con.execute("SELECT max(time_us) FROM seen_events"))
-        if row is None or row[0] is None:
+        self._seen_set()
+        if self._newest_seen is None:
             return 0
-        return self.prune_seen_before(int(row[0]) - window_us)
+        return self.prune_seen_before(self._newest_seen - window_us)
 
     def prune_seen_before(self, cutoff_us: int) -> int:
         """Forget applied event ids whose event time is before `cutoff_us`; returns how many.
@@ -926,7 +1040,7 @@ class DuckDBStore:
         con.execute("BEGIN TRANSACTION")
         try:
             rows = con.execute(
-                "DELETE FROM seen_events WHERE time_us < ? RETURNING 1", [cutoff_us]
+                "DELETE FROM seen_events WHERE time_us < ? RETURNING event_id", [cutoff_us]
             ).fetchall()
             if rows:
                 self._set_meta("pruned_before_us", pruned)
@@ -936,6 +1050,8 @@ class DuckDBStore:
             raise
         if rows:
             self._pruned_before = pruned
+            if self._seen is not None:
+                self._seen.difference_update(str(r[0]) for r in rows)
         return len(rows)
 
     def close(self) -> None:

@@ -41,6 +41,7 @@ from ledger.errors import StoreError
 from ledger.events import DeadLetter
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState
+from ledger.posting_columns import PostingColumns
 from ledger.postings import Transaction, TransactionKind
 from ledger.pricing import PriceBook
 from ledger.store.port import (
@@ -238,10 +239,16 @@ class MemoryStore:
         changes: StateChanges | None = None,
         balances_topic: str | None = None,
         raw: Sequence[ConsumedMessage] = (),
+        columns: PostingColumns | None = None,
     ) -> CommitResult:
         """Apply one batch atomically (see `DuckDBStore.commit`): it is applied to a copy of
         the state, which replaces the state only when nothing raised."""
         changes = changes or StateChanges()
+        if columns is not None:
+            transactions = [
+                *transactions,
+                *(SourcedTransaction(txn, *source) for txn, source in columns.transactions()),
+            ]
         if raw and ranges_from_offsets((m.topic, m.partition, m.offset) for m in raw) != list(
             ranges
         ):

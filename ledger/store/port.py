@@ -30,6 +30,7 @@ from ledger.closing import ClosedPeriod
 from ledger.events import DeadLetter
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState
+from ledger.posting_columns import PostingColumns
 from ledger.postings import Transaction
 from ledger.pricing import PriceBook
 from ledger.store.segments import SegmentInfo
@@ -200,7 +201,11 @@ class LedgerStore(Protocol):
         changes: StateChanges | None = None,
         balances_topic: str | None = None,
         raw: Sequence[ConsumedMessage] = (),
-    ) -> CommitResult: ...
+        columns: PostingColumns | None = None,
+    ) -> CommitResult:
+        """Apply one batch atomically: `transactions` and the usage transactions in `columns`
+        (dropping those whose id was applied before or repeats), with everything else given."""
+        ...
 
     def seal(
         self, compact_below_rows: int = 500_000, compact_min_segments: int = 8

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from ledger.errors import StoreError
+from ledger.posting_columns import PostingColumns
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.store.port import ConsumedMessage, SourcedTransaction
 from ledger.units import Unit
@@ -278,3 +279,43 @@ def transaction_from_rows(rows: Sequence[tuple[object, ...]]) -> Transaction | N
         util_pct=None if util is None else int(str(util)),
         idle=bool(col(first, "idle")),
     )
+
+
+def columns_to_arrow(columns: PostingColumns, incarnation: str) -> pa.Table:
+    """Column-built usage transactions in the postings schema: the lists go to Arrow as they
+    are, transaction-level columns repeated per posting by `take`."""
+    n = len(columns.txn_id)
+    per_txn = pa.table(
+        {
+            "txn_id": pa.array(columns.txn_id, pa.string()),
+            "kind": pa.array([TransactionKind.USAGE.value] * n, pa.string()),
+            "gpu_uuid": pa.array(columns.gpu_uuid, pa.string()),
+            "model": pa.array(columns.model, pa.string()),
+            "pool": pa.array(columns.pool, pa.string()),
+            "node": pa.array(columns.node, pa.string()),
+            "start_us": pa.array(columns.start_us, pa.int64()),
+            "end_us": pa.array(columns.end_us, pa.int64()),
+            "cause": pa.array(columns.txn_id, pa.string()),
+            "src_topic": pa.array(columns.topic, pa.string()),
+            "src_partition": pa.array(columns.partition, pa.int32()),
+            "src_offset": pa.array(columns.offset, pa.int64()),
+            "period": pa.array(columns.period, pa.string()),
+            "util_pct": pa.array(columns.util_pct, pa.int16()),
+            "idle": pa.array(columns.idle, pa.bool_()),
+        }
+    ).take(pa.array(columns.txn_index, pa.int32()))
+    rows = len(columns.txn_index)
+    named = {
+        **{name: per_txn.column(name) for name in _TXN_COLUMNS},
+        "leg": pa.array(columns.leg, pa.int16()),
+        "account": pa.array(columns.account, pa.string()),
+        "unit": pa.array(columns.unit, pa.string()),
+        "amount": pa.array(columns.amount, pa.int64()),
+        "team": pa.array(columns.team, pa.string()),
+        "project": pa.array(columns.project, pa.string()),
+        "user": pa.array(columns.user, pa.string()),
+        "job_id": pa.array(columns.job_id, pa.string()),
+        "cost_centre": pa.array(columns.cost_centre, pa.string()),
+        "incarnation": pa.array([incarnation] * rows, pa.string()),
+    }
+    return pa.table([named[name] for name in POSTINGS_SCHEMA.names], schema=POSTINGS_SCHEMA)
