@@ -165,7 +165,7 @@ choices = [j.job_id for j in (*waiting, *running, *ended)]
 if choices:
     states = {j.job_id: j.state.value for j in jobs}
     preempted = [j for j in sorted(jobs, key=lambda j: -j.last_event_us) if j.preemptions]
-    first = (waiting or preempted or [None])[0]  # the job a researcher most likely asks about
+    first = next(iter(waiting or preempted), None)  # the job a researcher most likely asks about
     chosen = st.selectbox(
         "Job",
         choices,

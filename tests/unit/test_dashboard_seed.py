@@ -49,6 +49,7 @@ from ledger.pricing import Price, PriceBook
 from ledger.read import job_history, rollups
 from ledger.read.balances import sealed_balances
 from ledger.read.reports import ReportQueries, cost_report
+from ledger.read.rollups.capacity import _weekday
 from ledger.store.hot import DuckDBStore
 from ledger.store.layout import SEGMENTS_DIR
 from ledger.store.port import OffsetRange, SourcedTransaction
@@ -378,14 +379,14 @@ def test_budget_burn_forecasts_from_the_run_rate(q):
 
 def test_forecast_recovers_a_linear_trend_with_weekly_seasonality():
     series = [
-        (d * rollups.DAY_US, 100 + 2 * d + (10 if rollups._weekday(d * rollups.DAY_US) >= 5 else 0))
+        (d * rollups.DAY_US, 100 + 2 * d + (10 if _weekday(d * rollups.DAY_US) >= 5 else 0))
         for d in range(28)
     ]
     found = rollups.forecast_daily([(d, float(v)) for d, v in series], 7)
     assert found is not None
     assert found.slope_per_day == pytest.approx(2, abs=0.2)
     first = found.days[0]
-    expected = 100 + 2 * 28 + (10 if rollups._weekday(first) >= 5 else 0)
+    expected = 100 + 2 * 28 + (10 if _weekday(first) >= 5 else 0)
     assert found.values[0] == pytest.approx(expected, abs=3)
     assert rollups.forecast_daily([(0, 1.0), (rollups.DAY_US, 2.0)]) is None
 

@@ -1,0 +1,312 @@
+"""The strict codec of admin events: encoding (`admin_envelope`, `encode_admin`, with the
+content-derived id), decoding and validation (`admin_event_from_dict`, `validate_admin`), the v0
+upcast (`admin_v0_to_v1`) and the `ADMIN` family registered with the generic codec
+(`ledger.envelope`).
+
+Decoding is strict and never raises at the message level: bad input becomes a `DeadLetter`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Mapping
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+from ledger.accounts import account_kind
+from ledger.admin.events import (
+    ADJUSTABLE,
+    ADMIN_SOURCE,
+    BUDGET_UNITS,
+    CURRENT_ADMIN_SCHEMA,
+    EVENT_CLASSES,
+    MAX_AMOUNT,
+    MAX_REASON,
+    V0_REASON,
+    AdjustmentRecorded,
+    AdminEnvelope,
+    AdminEvent,
+    AdminKind,
+    BudgetGranted,
+)
+from ledger.envelope import (
+    REGISTRY,
+    DeadLetter,
+    Envelope,
+    Family,
+    decode,
+    decode_envelope,
+    event_id,
+    family_to_dict,
+)
+from ledger.errors import EventError
+from ledger.events import MAX_TIME_US
+from ledger.periods import Period
+from ledger.units import Unit
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_UNITS = frozenset(u.value for u in Unit)
+
+
+def admin_event_to_dict(event: AdminEvent) -> dict[str, Any]:
+    """The JSON object of an event's data (enums as their values, tuples as arrays)."""
+    out: dict[str, Any] = {}
+    for name, _, _ in _FIELDS[event.KIND]:
+        value = getattr(event, name)
+        out[name] = value.value if isinstance(value, StrEnum) else value
+    return out
+
+
+def _digest(data: Mapping[str, Any]) -> str:
+    canonical = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(canonical, digest_size=8).hexdigest()
+
+
+def admin_envelope(event: AdminEvent, source: str = ADMIN_SOURCE) -> AdminEnvelope:
+    """Wrap an event in its envelope with its content-derived id."""
+    data = admin_event_to_dict(event)
+    subject = event.entity
+    return Envelope(
+        id=event_id(source, f"{event.KIND}/{subject}/{_digest(data)}", event.effective_us),
+        type=event.KIND,
+        source=source,
+        subject=subject,
+        time_us=event.effective_us,
+        schema=CURRENT_ADMIN_SCHEMA,
+        data=event,
+    )
+
+
+def admin_envelope_to_dict(envelope: AdminEnvelope) -> dict[str, Any]:
+    return family_to_dict(ADMIN, envelope)
+
+
+def encode_admin(envelope: AdminEnvelope) -> tuple[bytes, bytes]:
+    """(key, value) of the admin-topic message: keyed by the event's entity."""
+    return envelope.subject.encode(), orjson.dumps(family_to_dict(ADMIN, envelope))
+
+
+# ---------------------------------------------------------------------------- decoding
+
+Decoder = Callable[[str, Any], Any]
+
+
+def _text(max_len: int) -> Decoder:
+    def decode(name: str, value: Any) -> str:
+        if type(value) is not str or not value.strip():
+            raise EventError(f"{name}: expected a non-empty string")
+        if len(value) > max_len:
+            raise EventError(f"{name}: longer than {max_len} characters")
+        return value
+
+    return decode
+
+
+def _name(name: str, value: Any) -> str:
+    if type(value) is not str or not _NAME.match(value):
+        raise EventError(
+            f"{name}: expected a name of letters, digits, '.', '_' and '-' (at most 64)"
+        )
+    return value
+
+
+def _integer(lo: int, hi: int) -> Decoder:
+    def decode(name: str, value: Any) -> int:
+        if type(value) is not int:
+            raise EventError(f"{name}: expected an integer, got {type(value).__name__}")
+        if not lo <= value <= hi:
+            raise EventError(f"{name}: {value} is out of range [{lo}, {hi}]")
+        return value
+
+    return decode
+
+
+def _period(name: str, value: Any) -> str:
+    if type(value) is not str:
+        raise EventError(f"{name}: expected a month such as 2026-11")
+    try:
+        return Period.month(value).label
+    except ValueError as exc:
+        raise EventError(f"{name}: {exc}") from exc
+
+
+def _unit(name: str, value: Any) -> Unit:
+    if type(value) is str and value in _UNITS:
+        return Unit(value)
+    raise EventError(f"{name}: unknown unit {value!r}; one of {', '.join(sorted(_UNITS))}")
+
+
+def _account(name: str, value: Any) -> str:
+    text = str(_text(256)(name, value))
+    try:
+        kind = account_kind(text)
+    except ValueError:
+        raise EventError(f"{name}: {text!r} is not an account of a known kind") from None
+    if kind not in ADJUSTABLE:
+        raise EventError(
+            f"{name}: {kind} accounts are not adjusted by hand "
+            "(budgets change by grants, holds by hold events)"
+        )
+    return text
+
+
+def _names(name: str, value: Any) -> tuple[str, ...]:
+    if type(value) is not list:
+        raise EventError(f"{name}: expected an array")
+    if len(value) > 10_000:
+        raise EventError(f"{name}: more than 10000 items")
+    return tuple(_name(name, v) for v in value)
+
+
+def _optional(inner: Decoder) -> Decoder:
+    def decode(name: str, value: Any) -> Any:
+        return None if value is None else inner(name, value)
+
+    return decode
+
+
+_TIME = _integer(0, MAX_TIME_US)
+_COUNT = _integer(0, 1_000_000)
+_SIGNED = _integer(-MAX_AMOUNT, MAX_AMOUNT)
+_META: tuple[tuple[str, Decoder, bool], ...] = (
+    ("actor", _text(256), True),
+    ("reason", _text(MAX_REASON), True),
+    ("effective_us", _TIME, True),
+)
+# Per type: (field, decoder, required) in constructor order.
+_FIELDS: Mapping[AdminKind, tuple[tuple[str, Decoder, bool], ...]] = {
+    AdminKind.BUDGET_GRANTED: (
+        ("team", _name, True),
+        ("period", _period, True),
+        ("unit", _unit, True),
+        ("amount", _SIGNED, True),
+        *_META,
+        ("expected_total", _optional(_SIGNED), False),
+    ),
+    AdminKind.PRICE_SET: (
+        ("model", _text(64), True),
+        ("pool", _optional(_name), False),
+        ("micros_per_gpu_hour", _integer(0, MAX_AMOUNT), True),
+        *_META,
+    ),
+    AdminKind.TEAM_DEFINED: (
+        ("team", _name, True),
+        ("cost_centre", _name, True),
+        ("projects", _names, True),
+        ("users", _names, True),
+        *_META,
+    ),
+    AdminKind.QUOTA_SET: (
+        ("team", _name, True),
+        ("pool", _name, True),
+        ("model", _text(64), True),
+        ("nominal_gpus", _COUNT, True),
+        ("borrowing_limit", _optional(_COUNT), False),
+        ("lending_limit", _optional(_COUNT), False),
+        *_META,
+    ),
+    AdminKind.ADJUSTMENT_RECORDED: (
+        ("account", _optional(_account), False),
+        ("unit", _optional(_unit), False),
+        ("amount", _SIGNED, True),
+        ("period", _optional(_period), False),
+        *_META,
+        ("reverses_txn", _optional(_text(256)), False),
+        ("counter_account", _optional(_account), False),
+        ("team", _optional(_name), False),
+        ("project", _optional(_name), False),
+        ("user", _optional(_name), False),
+        ("job_id", _optional(_text(256)), False),
+    ),
+    AdminKind.PERIOD_CLOSED: (("period", _period, True), *_META),
+}
+
+
+def validate_admin(event: AdminEvent) -> tuple[str, ...]:
+    """Rules an event breaks beyond its field types, as readable messages."""
+    problems: list[str] = []
+    if isinstance(event, BudgetGranted):
+        if event.unit not in BUDGET_UNITS:
+            problems.append(f"unit: budgets are in {' or '.join(BUDGET_UNITS)}, not {event.unit}")
+        if event.amount == 0:
+            problems.append("amount: a grant of zero changes nothing")
+    elif isinstance(event, AdjustmentRecorded):
+        if event.reverses_txn is not None:
+            extra = [
+                name
+                for name in ("account", "unit", "period", "counter_account", "team", "project")
+                if getattr(event, name) is not None
+            ]
+            if extra or event.amount != 0:
+                problems.append(
+                    "a reversal names only the transaction it reverses, not "
+                    + ", ".join(extra or ["an amount"])
+                )
+        else:
+            for name in ("account", "unit", "period"):
+                if getattr(event, name) is None:
+                    problems.append(f"{name}: an adjustment needs one")
+            if event.amount == 0:
+                problems.append("amount: an adjustment of zero changes nothing")
+            if event.account is not None and event.account == event.counter_account:
+                problems.append("counter_account: must differ from the account")
+    return tuple(problems)
+
+
+def admin_event_from_dict(kind: AdminKind, data: Any) -> AdminEvent:
+    """Decode and validate the data object of an event of `kind`; raises EventError."""
+    if type(data) is not dict:
+        raise EventError("data: expected an object")
+    spec = _FIELDS[kind]
+    unknown = data.keys() - {name for name, _, _ in spec}
+    if unknown:
+        raise EventError(f"data: unknown fields {sorted(unknown)}")
+    kwargs: dict[str, Any] = {}
+    for name, read, required in spec:
+        if name in data:
+            kwargs[name] = read(f"data.{name}", data[name])
+        elif required:
+            raise EventError(f"data.{name}: missing")
+        else:
+            kwargs[name] = None
+    event = EVENT_CLASSES[kind](**kwargs)
+    problems = validate_admin(event)
+    if problems:
+        raise EventError("; ".join(problems))
+    return event
+
+
+def admin_v0_to_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v0 admin data → v1: `by` becomes `actor`, and the missing `reason` is `V0_REASON`."""
+    out = {k: v for k, v in data.items() if k != "by"}
+    if "by" in data:
+        out["actor"] = data["by"]
+    out.setdefault("reason", V0_REASON)
+    return out
+
+
+ADMIN: Family[AdminEvent] = Family(
+    name="admin",
+    kinds={kind.value: kind for kind in AdminKind},
+    to_data=admin_event_to_dict,
+    from_data=admin_event_from_dict,
+    wrap=admin_envelope,
+    schema=CURRENT_ADMIN_SCHEMA,
+    label="admin event type",
+    subject_is="entity",
+    time_is="effective_us",
+)
+REGISTRY.add(ADMIN, {(kind, 0): admin_v0_to_v1 for kind in AdminKind})
+
+
+def admin_envelope_from_dict(obj: Any) -> AdminEnvelope:
+    """Decode one envelope and check that its id, subject and time match its content."""
+    return decode_envelope(obj, ADMIN)
+
+
+def decode_admin_message(value: bytes | None) -> tuple[list[AdminEnvelope], list[DeadLetter]]:
+    """Decode one admin-topic message (an envelope or an array of them). Never raises."""
+    return decode(value, ADMIN)

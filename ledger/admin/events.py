@@ -1,0 +1,189 @@
+"""The vocabulary of the `admin` topic: the admin event types (budgets, prices, teams, quotas,
+adjustments, period closes), their kinds, the `AdminEvent` union and envelope, and the limits and
+account rules every admin event obeys.
+
+Every dataclass here is frozen and slotted and holds tuples, never lists; every event carries who
+(`actor`), why (`reason`) and from when (`effective_us`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import ClassVar
+
+from ledger.accounts import AccountKind
+from ledger.envelope import Envelope
+from ledger.postings import TransactionKind
+from ledger.units import Unit
+
+ADMIN_SOURCE = "tally://admin"
+DEFAULT_FUNDING = "org"  # the funding account of teams with no known cost centre
+DEFAULT_ADJUSTMENTS = f"{AccountKind.ADJUSTMENTS}:manual"
+MAX_AMOUNT = 1 << 62
+MAX_REASON = 2048
+BUDGET_UNITS = (Unit.MONEY, Unit.GPU_MS)
+# Accounts an adjustment may touch. Budgets change by grants, holds by hold events.
+ADJUSTABLE = frozenset(
+    {AccountKind.CONSUMER, AccountKind.CAPACITY, AccountKind.UNALLOCATED, AccountKind.ADJUSTMENTS}
+)
+REVERSIBLE = frozenset(
+    {TransactionKind.USAGE, TransactionKind.ADJUSTMENT, TransactionKind.REVERSAL}
+)
+
+
+class AdminKind(StrEnum):
+    """The `type` attribute of every event on the `admin` topic."""
+
+    BUDGET_GRANTED = "tally.admin.budget_granted"
+    PRICE_SET = "tally.admin.price_set"
+    TEAM_DEFINED = "tally.admin.team_defined"
+    QUOTA_SET = "tally.admin.quota_set"
+    ADJUSTMENT_RECORDED = "tally.admin.adjustment_recorded"
+    PERIOD_CLOSED = "tally.admin.period_closed"
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetGranted:
+    """`amount` (signed: a negative grant takes budget back) of `unit` for `team` in `period`.
+
+    `expected_total`, when set, is the team's total grant for (period, unit) the grant was
+    computed against; if the ledger's total differs the grant is stale and refused.
+    """
+
+    KIND: ClassVar[AdminKind] = AdminKind.BUDGET_GRANTED
+    team: str
+    period: str
+    unit: Unit
+    amount: int
+    actor: str
+    reason: str
+    effective_us: int
+    expected_total: int | None = None
+
+    @property
+    def entity(self) -> str:
+        return self.team
+
+
+@dataclass(frozen=True, slots=True)
+class PriceSet:
+    """From `effective_us` on, one GPU-hour of `model` (in `pool`, or any) costs this much."""
+
+    KIND: ClassVar[AdminKind] = AdminKind.PRICE_SET
+    model: str
+    pool: str | None
+    micros_per_gpu_hour: int
+    actor: str
+    reason: str
+    effective_us: int
+
+    @property
+    def entity(self) -> str:
+        return self.model
+
+
+@dataclass(frozen=True, slots=True)
+class TeamDefined:
+    """A team, its cost centre, projects and users (the whole definition, not a change)."""
+
+    KIND: ClassVar[AdminKind] = AdminKind.TEAM_DEFINED
+    team: str
+    cost_centre: str
+    projects: tuple[str, ...]
+    users: tuple[str, ...]
+    actor: str
+    reason: str
+    effective_us: int
+
+    @property
+    def entity(self) -> str:
+        return self.team
+
+    @property
+    def definition(self) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+        """What the event says about the team, order aside (for "has it changed?")."""
+        return (self.cost_centre, tuple(sorted(self.projects)), tuple(sorted(self.users)))
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSet:
+    """A team's quota of GPUs of `model` in `pool`; a limit of None means unlimited."""
+
+    KIND: ClassVar[AdminKind] = AdminKind.QUOTA_SET
+    team: str
+    pool: str
+    model: str
+    nominal_gpus: int
+    borrowing_limit: int | None
+    lending_limit: int | None
+    actor: str
+    reason: str
+    effective_us: int
+
+    @property
+    def entity(self) -> str:
+        return self.team
+
+    @property
+    def limits(self) -> tuple[int, int | None, int | None]:
+        return (self.nominal_gpus, self.borrowing_limit, self.lending_limit)
+
+
+@dataclass(frozen=True, slots=True)
+class AdjustmentRecorded:
+    """A manual correction: either `amount` of `unit` on `account` in `period` (against
+    `counter_account`, default `adjustments:manual`), or, with `reverses_txn`, the exact
+    negation of that transaction (account, unit, amount and period are then empty)."""
+
+    KIND: ClassVar[AdminKind] = AdminKind.ADJUSTMENT_RECORDED
+    account: str | None
+    unit: Unit | None
+    amount: int
+    period: str | None
+    actor: str
+    reason: str
+    effective_us: int
+    reverses_txn: str | None = None
+    counter_account: str | None = None
+    team: str | None = None
+    project: str | None = None
+    user: str | None = None
+    job_id: str | None = None
+
+    @classmethod
+    def reversal(
+        cls, txn_id: str, actor: str, reason: str, effective_us: int
+    ) -> AdjustmentRecorded:
+        return cls(None, None, 0, None, actor, reason, effective_us, reverses_txn=txn_id)
+
+    @property
+    def entity(self) -> str:
+        return self.reverses_txn or self.account or "-"
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodClosed:
+    """From now on nothing posts into `period`; its checksum is recorded."""
+
+    KIND: ClassVar[AdminKind] = AdminKind.PERIOD_CLOSED
+    period: str
+    actor: str
+    reason: str
+    effective_us: int
+
+    @property
+    def entity(self) -> str:
+        return self.period
+
+
+AdminEvent = BudgetGranted | PriceSet | TeamDefined | QuotaSet | AdjustmentRecorded | PeriodClosed
+EVENT_CLASSES: Mapping[AdminKind, type[AdminEvent]] = {
+    cls.KIND: cls
+    for cls in (BudgetGranted, PriceSet, TeamDefined, QuotaSet, AdjustmentRecorded, PeriodClosed)
+}
+CURRENT_ADMIN_SCHEMA = 1
+V0_REASON = "(recorded by admin schema 0, which kept no reason)"
+
+AdminEnvelope = Envelope[AdminEvent]  # `time_us` is the effective time, `subject` the entity

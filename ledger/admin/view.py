@@ -1,0 +1,106 @@
+"""The applied admin log and what it adds up to: `AppliedAdmin` (an event and its outcome), its
+dict form for the log file, and `AdminView` (prices, teams, quotas, budgets, closed periods).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledger.admin.codec import admin_envelope_from_dict, admin_envelope_to_dict
+from ledger.admin.events import (
+    AdminEnvelope,
+    BudgetGranted,
+    PeriodClosed,
+    PriceSet,
+    QuotaSet,
+    TeamDefined,
+)
+from ledger.errors import EventError
+from ledger.pricing import Price, PriceBook
+from ledger.units import Unit
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedAdmin:
+    """An admin event the ledger applied, and what it did (`applied`, or why it changed
+    nothing, e.g. `unchanged: already closed`)."""
+
+    envelope: AdminEnvelope
+    outcome: str = "applied"
+
+
+def applied_to_dict(entry: AppliedAdmin) -> dict[str, Any]:
+    return {**admin_envelope_to_dict(entry.envelope), "outcome": entry.outcome}
+
+
+def applied_from_dict(obj: Any) -> AppliedAdmin:
+    if type(obj) is not dict:
+        raise EventError("admin log entry: expected an object")
+    outcome = obj.get("outcome")
+    envelope = admin_envelope_from_dict({k: v for k, v in obj.items() if k != "outcome"})
+    return AppliedAdmin(envelope, outcome if type(outcome) is str else "applied")
+
+
+BudgetKey = tuple[str, str, Unit]  # (team, period, unit)
+QuotaKey = tuple[str, str, str]  # (team, pool, model)
+
+
+@dataclass(frozen=True, slots=True)
+class AdminView:
+    """The admin state the applied events add up to."""
+
+    prices: tuple[PriceSet, ...] = ()
+    teams: Mapping[str, TeamDefined] = field(default_factory=dict)
+    quotas: Mapping[QuotaKey, QuotaSet] = field(default_factory=dict)
+    budgets: Mapping[BudgetKey, int] = field(default_factory=dict)
+    closed: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_log(cls, entries: Iterable[AppliedAdmin]) -> AdminView:
+        prices: list[PriceSet] = []
+        teams: dict[str, TeamDefined] = {}
+        quotas: dict[QuotaKey, QuotaSet] = {}
+        budgets: dict[BudgetKey, int] = {}
+        closed: set[str] = set()
+        for entry in entries:
+            if entry.outcome != "applied":
+                continue
+            event = entry.envelope.data
+            if isinstance(event, PriceSet):
+                prices.append(event)
+            elif isinstance(event, TeamDefined):
+                teams[event.team] = event
+            elif isinstance(event, QuotaSet):
+                quotas[(event.team, event.pool, event.model)] = event
+            elif isinstance(event, BudgetGranted):
+                key = (event.team, event.period, event.unit)
+                budgets[key] = budgets.get(key, 0) + event.amount
+            elif isinstance(event, PeriodClosed):
+                closed.add(event.period)
+        return cls(tuple(prices), teams, quotas, budgets, frozenset(closed))
+
+    def price_book(self, default: PriceBook) -> PriceBook:
+        """`default` plus every applied price; an applied price wins a tie with the default,
+        a later one a tie with an earlier one."""
+        applied = tuple(
+            Price(p.model, p.micros_per_gpu_hour, p.effective_us, p.pool)
+            for p in reversed(self.prices)
+        )
+        return PriceBook(applied + default.prices)
+
+    def latest_price(
+        self, model: str, pool: str | None, ignore: Collection[tuple[int, int]] = ()
+    ) -> PriceSet | None:
+        """The applied price of (model, pool) with the latest effective time, passing over the
+        (price, effective time) pairs in `ignore`."""
+        found: PriceSet | None = None
+        for price in self.prices:
+            if (price.model, price.pool) != (model, pool):
+                continue
+            if (price.micros_per_gpu_hour, price.effective_us) in ignore:
+                continue
+            if found is None or price.effective_us >= found.effective_us:
+                found = price
+        return found

@@ -1,0 +1,325 @@
+"""Rollups behind the Platform page: the fleet now (busy, allocated-but-idle and unallocated
+GPUs), utilisation heatmap, distribution and summary, occupancy, and when each node was last seen.
+
+These are about when GPUs were used and select by `start_us`; "now" is the newest sealed sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ledger.read.reports import CONSUMER_SQL, IDLE_LEG_SQL, UNALLOCATED_SQL, ReportQueries
+from ledger.read.rollups.shared import CAPACITY_SQL, DAY_US, HOUR_US, USAGE_SQL
+
+
+class GpuState(StrEnum):
+    """What a GPU (or a slice of it) was doing in its latest sealed sample."""
+
+    BUSY = "busy"
+    ALLOCATED_IDLE = "allocated_idle"
+    UNALLOCATED = "unallocated"
+
+
+@dataclass(frozen=True, slots=True)
+class IdleGpu:
+    """A GPU idle now: allocated-but-idle (with its owner) or unallocated.
+
+    `since_us` is the start of the unbroken run of samples in this state (for allocated-but-idle:
+    since the detector flagged it, after its grace period); `gpu_ms` and `money_micros` are that
+    run's time and money so far (for unallocated GPUs: the cost of the idle capacity). When the
+    run is longer than the lookback, `since_capped` is set and the figures cover the lookback.
+    """
+
+    state: GpuState
+    gpu_uuid: str
+    node: str | None
+    pool: str | None
+    model: str | None
+    team: str | None
+    project: str | None
+    user: str | None
+    job_id: str | None
+    util_pct: int | None
+    since_us: int
+    last_us: int
+    gpu_ms: int
+    money_micros: int
+    since_capped: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FleetNow:
+    """The fleet at the newest sealed sample: GPUs seen in the last `window_us`, idle ones."""
+
+    as_of_us: int | None
+    gpus: int
+    busy: int
+    idle: tuple[IdleGpu, ...]
+
+    def count(self, state: GpuState) -> int:
+        return len({g.gpu_uuid for g in self.idle if g.state is state})
+
+
+_STATE_SQL = (
+    "CASE WHEN account LIKE 'unallocated:%' THEN 'unallocated' "
+    "WHEN idle THEN 'allocated_idle' ELSE 'busy' END"
+)
+_OWNER = ("team", "project", "user", "job_id")
+
+
+def fleet_now(
+    q: ReportQueries,
+    pool: str | None = None,
+    window_us: int = HOUR_US,
+    lookback_us: int = 35 * DAY_US,
+) -> FleetNow:
+    """Idle GPUs now: each GPU's latest sample in the last `window_us` of sealed data.
+
+    A GPU (or MIG slice) is allocated-but-idle when its latest usage is flagged idle, and
+    unallocated when its latest usage is on an `unallocated:` account. GPUs with no sample in
+    the window (stopped reporting) are left out. How long a GPU has been idle is looked for in
+    the last `lookback_us` only (so the scan stays bounded on a long ledger).
+    """
+    segments = q.segments()
+    newest = max((s.max_end_us for s in segments if s.max_end_us is not None), default=None)
+    if newest is None:
+        return FleetNow(None, 0, 0, ())
+    oldest = min((s.min_start_us for s in segments if s.min_start_us is not None), default=0)
+    horizon = newest - lookback_us
+    pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
+    owner_match = " AND ".join(f'p."{c}" IS NOT DISTINCT FROM c."{c}"' for c in _OWNER)
+    rows = q.rows(
+        f"""
+        WITH recent AS (
+            SELECT * FROM {{postings}}
+            WHERE {USAGE_SQL} AND end_us > ? AND gpu_uuid <> '' {pool_sql}
+        ), latest AS (
+            SELECT gpu_uuid, max(start_us) AS slot FROM recent GROUP BY gpu_uuid
+        ), current AS (
+            SELECT DISTINCT r.gpu_uuid, r.node, r.pool, r.model, {_STATE_SQL} AS state,
+                r.team, r.project, r."user", r.job_id, r.util_pct
+            FROM recent r JOIN latest l ON r.gpu_uuid = l.gpu_uuid AND r.start_us = l.slot
+            WHERE r.account LIKE 'consumer:%' OR r.account LIKE 'unallocated:%'
+        ), idle_now AS (
+            SELECT * FROM current WHERE state <> 'busy'
+        ), hist AS (
+            SELECT c.*, p.start_us, p.end_us, p.unit, p.amount,
+                (CASE WHEN p.account LIKE 'unallocated:%' THEN 'unallocated'
+                    WHEN p.idle THEN 'allocated_idle' ELSE 'busy' END) = c.state
+                    AND {owner_match} AS same
+            FROM {{postings}} p JOIN idle_now c ON p.gpu_uuid = c.gpu_uuid
+            WHERE p.{USAGE_SQL} AND p.start_us >= ?
+                AND (p.account LIKE 'consumer:%' OR p.account LIKE 'unallocated:%')
+        ), broke AS (
+            SELECT gpu_uuid, state, team, project, "user", job_id,
+                coalesce(max(start_us) FILTER (NOT same), -1) AS break_us
+            FROM hist GROUP BY ALL
+        )
+        SELECT h.state, h.gpu_uuid, any_value(h.node), any_value(h.pool), any_value(h.model),
+            h.team, h.project, h."user", h.job_id, any_value(h.util_pct),
+            min(h.start_us), max(h.end_us),
+            coalesce(sum(h.amount) FILTER (h.unit = 'gpu_ms'), 0),
+            coalesce(sum(h.amount) FILTER (h.unit = 'money_micros'), 0),
+            any_value(b.break_us) = -1
+        FROM hist h JOIN broke b ON h.gpu_uuid = b.gpu_uuid AND h.state = b.state
+            AND h.team IS NOT DISTINCT FROM b.team AND h.project IS NOT DISTINCT FROM b.project
+            AND h."user" IS NOT DISTINCT FROM b."user"
+            AND h.job_id IS NOT DISTINCT FROM b.job_id
+        WHERE h.same AND h.start_us > b.break_us
+        GROUP BY h.state, h.gpu_uuid, h.team, h.project, h."user", h.job_id
+        ORDER BY h.state, 14 DESC, h.gpu_uuid
+        """,
+        [newest - window_us, *pool_params, horizon],
+    )
+    counts = q.rows(
+        f"""
+        WITH recent AS (
+            SELECT gpu_uuid, start_us, {_STATE_SQL} AS state FROM {{postings}}
+            WHERE {USAGE_SQL} AND end_us > ? AND gpu_uuid <> '' {pool_sql}
+                AND (account LIKE 'consumer:%' OR account LIKE 'unallocated:%')
+        ), latest AS (SELECT gpu_uuid, max(start_us) AS slot FROM recent GROUP BY gpu_uuid)
+        SELECT count(DISTINCT r.gpu_uuid),
+            count(DISTINCT r.gpu_uuid) FILTER (r.state = 'busy')
+        FROM recent r JOIN latest l ON r.gpu_uuid = l.gpu_uuid AND r.start_us = l.slot
+        """,
+        [newest - window_us, *pool_params],
+    )[0]
+    idle = tuple(
+        IdleGpu(
+            GpuState(r[0]),
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            r[5],
+            r[6],
+            r[7],
+            r[8],
+            util_pct=None if r[9] is None else int(r[9]),
+            since_us=int(r[10]),
+            last_us=int(r[11]),
+            gpu_ms=int(r[12]),
+            money_micros=int(r[13]),
+            since_capped=bool(r[14]) and oldest < horizon,
+        )
+        for r in rows
+    )
+    return FleetNow(newest, int(counts[0]), int(counts[1]), idle)
+
+
+@dataclass(frozen=True, slots=True)
+class HeatCell:
+    """Utilisation of one GPU in one time bucket: GPU-time-weighted mean of `util_pct`."""
+
+    gpu_uuid: str
+    node: str | None
+    pool: str | None
+    model: str | None
+    bucket_us: int
+    util_pct: float
+    gpu_ms: int
+
+
+def utilisation_heatmap(
+    q: ReportQueries, since_us: int, until_us: int, bucket_us: int, pool: str | None = None
+) -> tuple[HeatCell, ...]:
+    """GPU × time utilisation from the capacity leg of each usage transaction."""
+    pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
+    rows = q.rows(
+        f"SELECT gpu_uuid, any_value(node), any_value(pool), any_value(model), "
+        f"start_us - start_us % {int(bucket_us)} AS bucket, "
+        "sum(util_pct * -amount) / nullif(sum(-amount) FILTER (util_pct IS NOT NULL), 0), "
+        "-sum(amount) "
+        f"FROM {{postings}} WHERE {USAGE_SQL} AND {CAPACITY_SQL} AND unit = 'gpu_ms' "
+        f"AND gpu_uuid <> '' AND start_us >= ? AND start_us < ? {pool_sql} "
+        "GROUP BY gpu_uuid, bucket ORDER BY 3, 2, gpu_uuid, bucket",
+        [since_us, until_us, *pool_params],
+    )
+    return tuple(
+        HeatCell(r[0], r[1], r[2], r[3], int(r[4]), float(r[5] or 0.0), int(r[6])) for r in rows
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class UtilisationBand:
+    """GPU time of one pool and model spent at utilisation `[low_pct, low_pct + 10)`
+    (the last band includes 100 %), allocated to an owner or not."""
+
+    pool: str | None
+    model: str | None
+    low_pct: int
+    allocated: bool
+    gpu_ms: int
+
+
+def utilisation_distribution(
+    q: ReportQueries, since_us: int, until_us: int, pool: str | None = None
+) -> tuple[UtilisationBand, ...]:
+    pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
+    rows = q.rows(
+        'SELECT "pool", "model", least(util_pct // 10, 9) * 10 AS band, '
+        f"{CONSUMER_SQL} AS allocated, sum(amount) "
+        f"FROM {{postings}} WHERE {USAGE_SQL} AND unit = 'gpu_ms' AND util_pct IS NOT NULL "
+        f"AND ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND start_us >= ? AND start_us < ? "
+        f'{pool_sql} GROUP BY ALL ORDER BY "pool", "model", band, allocated',
+        [since_us, until_us, *pool_params],
+    )
+    return tuple(UtilisationBand(r[0], r[1], int(r[2]), bool(r[3]), int(r[4])) for r in rows)
+
+
+@dataclass(frozen=True, slots=True)
+class UtilisationSummary:
+    """One pool and model over a time range: GPU time, the part allocated, and the
+    GPU-time-weighted mean utilisation of all and of allocated time (display floats)."""
+
+    pool: str | None
+    model: str | None
+    physical_gpu_ms: int
+    allocated_gpu_ms: int
+    mean_util_pct: float
+    mean_allocated_util_pct: float
+
+
+def utilisation_summary(
+    q: ReportQueries, since_us: int, until_us: int, pool: str | None = None
+) -> tuple[UtilisationSummary, ...]:
+    pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
+    rows = q.rows(
+        'SELECT "pool", "model", coalesce(sum(amount), 0), '
+        f"coalesce(sum(amount) FILTER ({CONSUMER_SQL}), 0), "
+        "coalesce(sum(util_pct * amount) / nullif(sum(amount), 0), 0), "
+        f"coalesce(sum(util_pct * amount) FILTER ({CONSUMER_SQL}) "
+        f"/ nullif(sum(amount) FILTER ({CONSUMER_SQL}), 0), 0) "
+        f"FROM {{postings}} WHERE {USAGE_SQL} AND unit = 'gpu_ms' AND util_pct IS NOT NULL "
+        f"AND ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND start_us >= ? AND start_us < ? "
+        f'{pool_sql} GROUP BY ALL ORDER BY "pool", "model"',
+        [since_us, until_us, *pool_params],
+    )
+    return tuple(
+        UtilisationSummary(r[0], r[1], int(r[2]), int(r[3]), float(r[4]), float(r[5])) for r in rows
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Occupancy:
+    """Allocated and physical GPU time of one pool and model in one bucket (`None`: all)."""
+
+    bucket_us: int
+    pool: str | None
+    model: str | None
+    allocated_gpu_ms: int
+    idle_gpu_ms: int
+    physical_gpu_ms: int
+
+    @property
+    def share(self) -> float:
+        """Share of GPU time allocated (display only)."""
+        return self.allocated_gpu_ms / self.physical_gpu_ms if self.physical_gpu_ms else 0.0
+
+
+def occupancy(
+    q: ReportQueries, since_us: int, until_us: int, bucket_us: int, pool: str | None = None
+) -> tuple[Occupancy, ...]:
+    """Occupancy (allocated ÷ physical GPU time) per time bucket, pool and model; buckets of
+    `until_us - since_us` or more give one row per pool and model for the whole range."""
+    pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
+    width = int(bucket_us)
+    rows = q.rows(
+        f'SELECT ? + (start_us - ?) // {width} * {width} AS bucket, "pool", "model", '
+        f"coalesce(sum(amount) FILTER ({CONSUMER_SQL}), 0), "
+        f"coalesce(sum(amount) FILTER ({IDLE_LEG_SQL}), 0), "
+        f"coalesce(-sum(amount) FILTER ({CAPACITY_SQL}), 0) "
+        f"FROM {{postings}} WHERE {USAGE_SQL} AND unit = 'gpu_ms' "
+        f"AND start_us >= ? AND start_us < ? {pool_sql} "
+        'GROUP BY ALL ORDER BY bucket, "pool", "model"',
+        [since_us, since_us, since_us, until_us, *pool_params],
+    )
+    return tuple(Occupancy(int(r[0]), r[1], r[2], *(int(v) for v in r[3:])) for r in rows)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSeen:
+    node: str
+    pool: str | None
+    gpus: int
+    last_us: int
+
+
+def nodes_last_seen(
+    q: ReportQueries, pool: str | None = None, lookback_us: int = 35 * DAY_US
+) -> tuple[NodeSeen, ...]:
+    """Each node's newest sealed sample and GPU count (the only health signal the ledger has),
+    for the nodes that reported in the last `lookback_us` of sealed data (so the scan stays
+    bounded on a long ledger: a node silent for longer is not listed)."""
+    newest = max((s.max_end_us for s in q.segments() if s.max_end_us is not None), default=None)
+    if newest is None:
+        return ()
+    pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
+    rows = q.rows(
+        "SELECT node, any_value(pool), count(DISTINCT gpu_uuid), max(end_us) "
+        f"FROM {{postings}} WHERE {USAGE_SQL} AND {CAPACITY_SQL} AND unit = 'gpu_ms' "
+        f"AND end_us > ? AND coalesce(node, '') <> '' {pool_sql} GROUP BY node ORDER BY 4, node",
+        [newest - lookback_us, *pool_params],
+    )
+    return tuple(NodeSeen(r[0], r[1], int(r[2]), int(r[3])) for r in rows)
