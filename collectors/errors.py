@@ -12,11 +12,12 @@
     └── MetricsError          the collector's `/metrics` endpoint cannot be served
 
 Library errors are translated once per adapter, where the library is called: `requests`' in
-`collectors.dcgm._attempt`, pynvml's in `NvmlCollector.start` (later per-GPU NVML errors are
-problems of the round, reported in `RoundResult.problems`, never raised), aiokafka's in
-`collectors.producer` (`_BROKER_ERRORS`), `OSError`s in the spool and the metrics server.
-Control flow inside an adapter (`dcgm._Retry`, `nvml._GpuLost`) stays private to it and never
-reaches a caller. Invalid arguments are `ValueError`s, as in the standard library.
+`collectors.dcgm_http._attempt`, pynvml's in `collectors.nvml_device.classify` (raised only by
+`NvmlCollector.start`; later per-GPU NVML errors are problems of the round, reported in
+`RoundResult.problems`, never raised), aiokafka's as `collectors.kafka.BROKER_ERRORS` (raised by
+`collectors.producer` as `ProducerError`), `OSError`s in the spool and the metrics server.
+Control flow inside an adapter (`dcgm_http._Retry`, `nvml_device.GpuLost`) stays inside it and
+never reaches a caller. Invalid arguments are `ValueError`s, as in the standard library.
 """
 
 from __future__ import annotations

@@ -20,15 +20,10 @@ Delivery:
   acknowledgement lost with the connection) is the same event again: ids are content-derived
   and the ledger drops duplicate ids, so at-least-once delivery is enough.
 
-Idempotence and tansu: aiokafka 0.14 asks for a producer id with InitProducerId v0, which has
-no producer id / epoch fields; tansu (0.6) reads those fields as absent and answers
-UnknownError (its log says `producer=None epoch=None`). Version 3 of the request carries
-`producer_id=-1, producer_epoch=-1` ("a new producer"), which tansu and Apache Kafka both
-accept, so this module sends v3 when the broker supports it (tansu and Kafka ≥ 2.5 do). A
-broker that still refuses gets ONE warning, `tally_collector_producer_idempotent 0`, and a
-producer without idempotence for the rest of the process: resends are harmless (see above).
-The aiokafka internals this touches (`Sender._do_init_pid`, `MessageAccumulator.fail_all`) sit
-in the adapter section below, with aiokafka pinned to 0.14.0.
+The aiokafka side (the producer's settings, the InitProducerId v3 workaround for tansu, closing
+a producer whose broker is gone, which errors mean what) is `collectors.kafka`'s. A broker that
+refuses idempotence gets ONE warning, `tally_collector_producer_idempotent 0`, and a producer
+without idempotence for the rest of the process: resends are harmless (see above).
 """
 
 from __future__ import annotations
@@ -42,44 +37,25 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from aiokafka import AIOKafkaProducer, codec
-from aiokafka.errors import (
-    IncompatibleBrokerVersion,
-    KafkaConnectionError,
-    KafkaError,
-    KafkaTimeoutError,
-    MessageSizeTooLargeError,
-    NodeNotReadyError,
-    RecordListTooLargeError,
-    RecordTooLargeError,
-    RequestTimedOutError,
-)
-from aiokafka.producer.sender import InitPIDHandler
-from aiokafka.protocol.api import Request, RequestStruct, Response
-from aiokafka.protocol.transaction import InitProducerIdRequest_v0
-from aiokafka.protocol.types import CompactString, Int16, Int32, Int64, Schema, TaggedFields
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from collectors.errors import ProducerError, SpoolError
+from collectors.kafka import (
+    BROKER_ERRORS,
+    CODECS,
+    REJECTED,
+    abandon,
+    new_kafka_producer,
+    refuses_idempotence,
+)
 from collectors.metrics import CollectorMetrics, ErrorKind
 from collectors.spool import DropReason, Spool, SpoolRecord
 from ledger.events import SampleEnvelope, encode_batch
 
 log = logging.getLogger("tally.collector.producer")
 
-_CODECS: dict[str, Callable[[], bool]] = {
-    "gzip": codec.has_gzip,
-    "lz4": codec.has_lz4,
-    "zstd": codec.has_zstd,
-    "snappy": codec.has_snappy,
-}
 _REPLAY_BATCH = 512
-# The broker refuses these for the message itself: resending can never succeed.
-_REJECTED = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
-# These say nothing about idempotence: the broker did not answer at all.
-_UNREACHABLE = (KafkaConnectionError, NodeNotReadyError, RequestTimedOutError, KafkaTimeoutError)
-# What talking to the broker raises: caught only as these, and raised to callers only as
-# `ProducerError` (`_cannot_connect`, or a flush the broker did not take).
-_BROKER_ERRORS = (KafkaError, OSError, TimeoutError)
 
 
 def _cannot_connect(exc: BaseException) -> ProducerError:
@@ -97,107 +73,6 @@ class _Outcome(StrEnum):
     ACKED = "acked"
     REJECTED = "rejected"
     UNSENT = "unsent"
-
-
-# ---------------------------------------------------------------------------- aiokafka adapter
-
-
-class _InitProducerIdResponseV3(Response):  # type: ignore[misc]
-    API_KEY = 22
-    API_VERSION = 3
-    SCHEMA = Schema(
-        ("throttle_time_ms", Int32),
-        ("error_code", Int16),
-        ("producer_id", Int64),
-        ("producer_epoch", Int16),
-        ("tags", TaggedFields),
-    )
-
-
-class _InitProducerIdRequestV3(RequestStruct):  # type: ignore[misc]
-    API_KEY = 22
-    API_VERSION = 3
-    FLEXIBLE_VERSION = True
-    RESPONSE_TYPE = _InitProducerIdResponseV3
-    SCHEMA = Schema(
-        ("transactional_id", CompactString("utf-8")),
-        ("transaction_timeout_ms", Int32),
-        ("producer_id", Int64),
-        ("producer_epoch", Int16),
-        ("tags", TaggedFields),
-    )
-
-
-class _InitProducerId(Request[InitProducerIdRequest_v0 | _InitProducerIdRequestV3]):  # type: ignore[misc]
-    """InitProducerId, v3 where the broker has it (a new producer: id and epoch -1), else v0."""
-
-    API_KEY = 22
-
-    def __init__(self, transactional_id: str | None, transaction_timeout_ms: int) -> None:
-        self._transactional_id = transactional_id
-        self._timeout_ms = transaction_timeout_ms
-
-    def build(
-        self, request_struct_class: type[InitProducerIdRequest_v0 | _InitProducerIdRequestV3]
-    ) -> InitProducerIdRequest_v0 | _InitProducerIdRequestV3:
-        if request_struct_class is _InitProducerIdRequestV3:
-            return _InitProducerIdRequestV3(self._transactional_id, self._timeout_ms, -1, -1, {})
-        return InitProducerIdRequest_v0(self._transactional_id, self._timeout_ms)
-
-
-class _InitPidHandler(InitPIDHandler):  # type: ignore[misc]
-    def create_request(self) -> _InitProducerId:
-        txn = self._sender._txn_manager
-        return _InitProducerId(txn.transactional_id, txn.transaction_timeout_ms)
-
-
-def _new_kafka_producer(
-    bootstrap: str, client_id: str, linger_ms: int, compression: str | None, idempotent: bool
-) -> AIOKafkaProducer:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        client_id=client_id,
-        acks="all",
-        enable_idempotence=idempotent,
-        compression_type=compression,
-        linger_ms=linger_ms,
-        max_batch_size=1 << 20,
-        max_request_size=1 << 21,
-    )
-    if idempotent:
-        sender = producer._sender
-
-        async def init_pid(node_id: int) -> bool:
-            return bool(await _InitPidHandler(sender).do(node_id))
-
-        sender._do_init_pid = init_pid
-    return producer
-
-
-async def _abandon(producer: AIOKafkaProducer) -> None:
-    """Close a producer whose broker is gone without waiting for the broker.
-
-    An idempotent aiokafka producer retries a batch forever and `stop()` waits for every batch,
-    so `stop()` is not used: the sender task is cancelled and the connections closed. What the
-    abandoned batches carry is in the spool already; their futures never complete.
-    """
-    task = producer._sender.sender_task
-    if task is not None and not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=5.0)
-    with contextlib.suppress(KafkaError, OSError):
-        await producer.client.close()
-    producer._closed = True
-
-
-def _refuses_idempotence(exc: BaseException) -> bool:
-    """The broker answered the producer-id request, with an error (not a connection failure)."""
-    if isinstance(exc, IncompatibleBrokerVersion):
-        return True
-    return isinstance(exc, KafkaError) and not isinstance(exc, _UNREACHABLE)
-
-
-# ---------------------------------------------------------------------------- producer
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,9 +103,9 @@ class SampleProducer:
         replay_budget_s: float = 2.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        if compression is not None and compression not in _CODECS:
-            raise ProducerError(f"unknown compression {compression!r}: use one of {[*_CODECS]}")
-        if compression is not None and not _CODECS[compression]():
+        if compression is not None and compression not in CODECS:
+            raise ProducerError(f"unknown compression {compression!r}: use one of {[*CODECS]}")
+        if compression is not None and not CODECS[compression]():
             raise ProducerError(
                 f"compression {compression!r} needs the cramjam package; gzip needs nothing"
             )
@@ -285,7 +160,7 @@ class SampleProducer:
         with one, the producer starts spooling and keeps trying in the background."""
         try:
             session = await self._connect()
-        except _BROKER_ERRORS as exc:
+        except BROKER_ERRORS as exc:
             if self.spool is None:
                 raise _cannot_connect(exc) from exc
             self.metrics.error(ErrorKind.CONNECT)
@@ -307,20 +182,20 @@ class SampleProducer:
         if session is not None:
             try:
                 await asyncio.wait_for(session.kafka.stop(), self.send_timeout_s)
-            except _BROKER_ERRORS:
-                await _abandon(session.kafka)
+            except BROKER_ERRORS:
+                await abandon(session.kafka)
 
     async def _connect(self) -> _Session:
         idempotent = self.idempotent
-        kafka = _new_kafka_producer(
+        kafka = new_kafka_producer(
             self.bootstrap, self.client_id, self.linger_ms, self.compression, idempotent
         )
         try:
             await asyncio.wait_for(kafka.start(), self.connect_timeout_s)
         except BaseException as exc:
-            with contextlib.suppress(*_BROKER_ERRORS):
+            with contextlib.suppress(*BROKER_ERRORS):
                 await asyncio.wait_for(kafka.stop(), 5.0)
-            if idempotent and _refuses_idempotence(exc):
+            if idempotent and refuses_idempotence(exc):
                 self._refuse_idempotence(exc)
                 return await self._connect()
             raise
@@ -448,7 +323,7 @@ class SampleProducer:
         if self._session is None:
             try:
                 self._up(await self._connect())
-            except _BROKER_ERRORS as exc:
+            except BROKER_ERRORS as exc:
                 self._retry = messages + self._retry
                 self.metrics.error(ErrorKind.CONNECT)
                 raise _cannot_connect(exc) from exc
@@ -507,12 +382,12 @@ class SampleProducer:
                 for m in messages:
                     try:
                         futures.append(await session.kafka.send(m.topic, m.value, key=m.key))
-                    except _REJECTED as exc:
+                    except REJECTED as exc:
                         refused: asyncio.Future[Any] = loop.create_future()
                         refused.set_exception(exc)
                         futures.append(refused)
                 await asyncio.wait(futures)
-        except _BROKER_ERRORS as exc:
+        except BROKER_ERRORS as exc:
             failure = exc
         outcomes = [
             self._outcome(futures[i] if i < len(futures) else None) for i in range(len(messages))
@@ -526,7 +401,7 @@ class SampleProducer:
                 )
             kind = type(failure).__name__ if failure is not None else "error"
             self._lost(f"the broker at {self.bootstrap} did not acknowledge a flush ({kind})")
-            await _abandon(session.kafka)
+            await abandon(session.kafka)
         return outcomes
 
     @staticmethod
@@ -536,7 +411,7 @@ class SampleProducer:
         exc = future.exception()
         if exc is None:
             return _Outcome.ACKED
-        if isinstance(exc, _REJECTED):
+        if isinstance(exc, REJECTED):
             return _Outcome.REJECTED
         return _Outcome.UNSENT
 

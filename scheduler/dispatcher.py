@@ -34,12 +34,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
+from ledger.alerts import AlertKind, decode_alert
 from ledger.balances import BalanceUpdate, BudgetStatus, account_team
 from ledger.errors import EventError
 from ledger.holds import HoldEvent, HoldPlaced, HoldReleased
-from ledger.idle import AlertKind
 from ledger.job_events import (
     FailReason,
     GpuAssigned,
@@ -328,25 +326,19 @@ class Dispatcher:
             self.state.meter(team, gpu_ms, max(0, when))
 
     def on_alert(self, value: bytes | None) -> None:
-        """One alerts-topic message: open or close an allocated-but-idle alert."""
+        """One alerts-topic message: open or close an allocated-but-idle alert. Anything that is
+        not an idle-GPU alert (GPU health events share the topic; malformed messages) is
+        ignored."""
         if not value:
             return
         try:
-            obj = orjson.loads(value)
-        except orjson.JSONDecodeError:
+            alert = decode_alert(value)
+        except EventError:
             return
-        if type(obj) is not dict or type(obj.get("data")) is not dict:
-            return
-        kind, data = obj.get("type"), obj["data"]
-        gpu = data.get("gpu_uuid")
-        if type(gpu) is not str:
-            return
-        if kind == AlertKind.RESOLVED:
-            self._idle.pop(gpu, None)
-        elif kind == AlertKind.DETECTED and type(data.get("since_us")) is int:
-            owner = data.get("owner")
-            job = owner.get("job") if type(owner) is dict else None
-            self._idle[gpu] = (data["since_us"], job if type(job) is str else None)
+        if alert.kind is AlertKind.RESOLVED:
+            self._idle.pop(alert.gpu_uuid, None)
+        elif alert.kind is AlertKind.DETECTED:
+            self._idle[alert.gpu_uuid] = (alert.since_us, alert.job)
 
     def balance_of(self, team: str) -> Balance | None:
         """What the core is given for `team`: the ledger's remaining plus the open holds it

@@ -1,9 +1,11 @@
 """The alerts-topic consumer: reads alerts and hands them to the dispatcher, committing offsets
 only after the dispatcher recorded them (consumer group `tally-alerts` by default).
 
-Messages that are not idle-GPU alerts (junk, or the GPU health events that share the topic) are
-logged and skipped: their offsets are committed, they can never be delivered. aiokafka's errors
-are translated here into `streams.kafka.BrokerError`.
+Messages that are not idle-GPU alerts are skipped (`read_alert`): their offsets are committed,
+they can never be delivered. The GPU health events that share the topic
+(`ledger.events.encode_health`, type `tally.gpu.health`) are expected there and skipped quietly
+(a debug line); anything else (junk, a malformed alert) is logged as an error. aiokafka's
+errors are translated here into `streams.kafka.BrokerError`.
 """
 
 from __future__ import annotations
@@ -12,16 +14,40 @@ import asyncio
 import contextlib
 import logging
 
+import orjson
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
 from ledger.alerts import Alert, decode_alert
 from ledger.errors import EventError
+from ledger.events import EventType
 from streams.alerts.dispatcher import AlertDispatcher
 from streams.alerts.settings import DEFAULT_GROUP_ID
 from streams.kafka import BrokerError
 
 log = logging.getLogger("tally.alerts")
+
+
+def _is_health_event(value: bytes) -> bool:
+    """Whether `value` is a GPU health event's envelope (they share the alerts topic)."""
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return False
+    return type(doc) is dict and doc.get("type") == EventType.GPU_HEALTH
+
+
+def read_alert(value: bytes | None, where: str) -> Alert | None:
+    """The idle-GPU alert in one message, or None (logged) for anything else. `where` names the
+    message in the log (topic[partition]@offset)."""
+    try:
+        return decode_alert(value or b"")
+    except EventError as exc:
+        if value and _is_health_event(value):
+            log.debug("%s: a GPU health event, not an idle-GPU alert: skipped", where)
+        else:
+            log.error("%s: %s", where, exc)
+        return None
 
 
 async def consume_alerts(
@@ -49,16 +75,10 @@ async def consume_alerts(
             alerts: list[Alert] = []
             for partition, messages in batches.items():
                 for message in messages:
-                    try:
-                        alerts.append(decode_alert(message.value or b""))
-                    except EventError as exc:
-                        log.error(
-                            "%s[%d]@%d: %s",
-                            partition.topic,
-                            partition.partition,
-                            message.offset,
-                            exc,
-                        )
+                    where = f"{partition.topic}[{partition.partition}]@{message.offset}"
+                    alert = read_alert(message.value, where)
+                    if alert is not None:
+                        alerts.append(alert)
             if alerts:
                 await asyncio.to_thread(dispatcher.submit, alerts)
             if batches:

@@ -86,4 +86,5 @@ class AlertDispatcher:
     def stop(self, timeout_s: float = 5.0) -> None:
         for worker in self.workers:
             worker.stop(timeout_s)
+            worker.session.close()  # made here by `session_factory`: its pooled sockets too
         self.log.close()

@@ -244,7 +244,8 @@ def _real_source(
             fail(str(exc), Exit.USAGE)
         return collector.collect_round
 
-    from collectors.dcgm import DcgmCollector, DcgmConfig
+    from collectors.dcgm import DcgmCollector
+    from collectors.dcgm_http import DcgmConfig
     from collectors.errors import DcgmScrapeError
     from collectors.nvml import RoundResult
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.dcgm import parse_metrics
+from collectors.dcgm_parse import parse_metrics
 from tests.benchmarks.harness import Figure, Progress
 
 BENCH = "dcgm"

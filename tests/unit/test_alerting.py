@@ -5,6 +5,7 @@ that is down not holding up the others."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -27,8 +29,8 @@ from ledger.alerts import (
     encode_alert,
 )
 from ledger.errors import EventError
-from ledger.events import Owner
-from streams.alerts.consumer import consume_alerts
+from ledger.events import GpuHealth, HealthKind, Owner, SampleSource, encode_health
+from streams.alerts.consumer import consume_alerts, read_alert
 from streams.alerts.delivery_log import DeliveryLog, DeliveryState
 from streams.alerts.dispatcher import AlertDispatcher
 from streams.alerts.settings import SinkKind, SinkSettings
@@ -169,6 +171,39 @@ def test_an_alert_round_trips_through_the_topic_encoding():
     assert decode_alert(json.dumps(alert_to_dict(alert))) == alert
     with pytest.raises(EventError, match="not an idle-GPU alert"):
         decode_alert(b'{"id": 1}')
+
+
+def test_health_events_on_the_alerts_topic_are_skipped_quietly(caplog):
+    health = GpuHealth(
+        node="node-h1",
+        gpu_uuid="GPU-H1",
+        gpu_index=0,
+        kind=HealthKind.GPU_LOST,
+        detail="GPU 0 lost: GPU is lost",
+        time_us=T0_US,
+        source=SampleSource.NVML,
+    )
+    caplog.set_level(logging.DEBUG, logger="tally.alerts")
+    assert read_alert(encode_health(health, source="nvml://node-h1"), "alerts[0]@3") is None
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG]
+    assert "alerts[0]@3" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize(
+    "value", [None, b"", b"junk", b"[]", b'{"type": "tally.idle.detected", "data": {}}']
+)
+def test_malformed_messages_on_the_alerts_topic_are_logged_as_errors(value, caplog):
+    caplog.set_level(logging.DEBUG, logger="tally.alerts")
+    assert read_alert(value, "alerts[1]@9") is None
+    (record,) = caplog.records
+    assert record.levelno == logging.ERROR
+    assert "alerts[1]@9" in record.getMessage() and "not an idle-GPU alert" in record.getMessage()
+
+
+def test_an_alert_on_the_alerts_topic_is_read(caplog):
+    alert = _detected()
+    assert read_alert(orjson.dumps(alert_to_dict(alert)), "alerts[0]@1") == alert
+    assert not caplog.records
 
 
 def test_sink_config_becomes_the_settings_delivery_runs_on():

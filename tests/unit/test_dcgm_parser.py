@@ -9,18 +9,15 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.dcgm import (
+from collectors.dcgm import EnergyTracker
+from collectors.dcgm_exposition import (
     MAX_PROBLEM_LINES,
     DcgmProblem,
-    EnergyTracker,
-    GpuActivity,
-    ParseResult,
     ProblemKind,
-    mig_slices,
-    owner_from_labels,
-    parse_metrics,
     problem_dead_letter,
 )
+from collectors.dcgm_fields import mig_slices, owner_from_labels
+from collectors.dcgm_parse import GpuActivity, ParseResult, parse_metrics
 from ledger.events import (
     GpuHealth,
     GpuSample,

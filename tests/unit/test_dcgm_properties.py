@@ -9,7 +9,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collectors.dcgm import FAMILIES, ParseResult, ProblemKind, parse_metrics
+from collectors.dcgm_exposition import ProblemKind
+from collectors.dcgm_fields import FAMILIES
+from collectors.dcgm_parse import ParseResult, parse_metrics
 from ledger.events import sample_from_dict, sample_to_dict
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "dcgm"

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from collectors.dcgm import DcgmCollector, DcgmConfig, fetch_metrics
+from collectors.dcgm import DcgmCollector
+from collectors.dcgm_http import DcgmConfig, fetch_metrics
 from collectors.errors import DcgmScrapeError
 from ledger.events import MAX_INTERVAL_US, HealthKind
 

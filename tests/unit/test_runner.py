@@ -279,7 +279,7 @@ def fake_broker(monkeypatch) -> FakeBroker:
     broker = FakeBroker()
     monkeypatch.setattr(
         producer_module,
-        "_new_kafka_producer",
+        "new_kafka_producer",
         lambda bootstrap, client_id, linger_ms, compression, idempotent: FakeKafka(
             broker, idempotent
         ),

@@ -11,7 +11,9 @@ import random
 
 import pytest
 
+from ledger.alerts import AlertKind
 from ledger.balances import BalanceRow, BalanceUpdate
+from ledger.events import GpuHealth, HealthKind, SampleSource, encode_health
 from ledger.holds import HoldPlaced, HoldReleased
 from ledger.job_events import (
     FailReason,
@@ -321,6 +323,75 @@ def test_an_idle_alert_about_a_previous_holder_does_not_reclaim_the_new_one(tmp_
         for gpu in d.records[job.job_id].gpu_uuids:
             d.on_alert(idle_alert(gpu, T0_US - HOUR_US, "someone-else"))
         rig.clock.advance(HOUR_US)
+        await rig.ticks(1)
+        return job.job_id
+
+    assert d.records[asyncio.run(go())].state is JobState.RUNNING
+
+
+NOT_IDLE_ALERTS = (
+    b"",
+    b"not json",
+    b"[1, 2]",
+    b'{"type": "tally.idle.detected", "data": []}',
+    b'{"type": "tally.idle.detected", "data": {"gpu_uuid": 7}}',
+)
+
+
+def _health_event(gpu: str) -> bytes:
+    health = GpuHealth(
+        node="node-a",
+        gpu_uuid=gpu,
+        gpu_index=0,
+        kind=HealthKind.XID_ERROR,
+        detail="XID 79: GPU has fallen off the bus",
+        time_us=T0_US,
+        source=SampleSource.NVML,
+        xid=79,
+    )
+    return encode_health(health, source="nvml://node-a")
+
+
+def test_health_events_and_malformed_messages_on_the_alerts_topic_are_ignored(tmp_path):
+    rig = Rig(tmp_path)
+    d = rig.dispatcher
+
+    async def go():
+        job = await rig.submit(queue="dev")
+        rig.executor.script(job.job_id, RUNS_FOREVER)
+        await rig.ticks(2)
+        for gpu in d.records[job.job_id].gpu_uuids:
+            for value in (*NOT_IDLE_ALERTS, _health_event(gpu)):
+                d.on_alert(value)  # nothing to reclaim, and no exception
+        rig.clock.advance(11 * MINUTE_US)
+        await rig.ticks(1)
+        running = d.records[job.job_id].state
+        for gpu in d.records[job.job_id].gpu_uuids:
+            d.on_alert(idle_alert(gpu, rig.clock.now_us(), job.job_id))
+            for value in (*NOT_IDLE_ALERTS, _health_event(gpu)):
+                d.on_alert(value)  # an open alert stays open
+        rig.clock.advance(11 * MINUTE_US)
+        await rig.ticks(1)
+        return job.job_id, running
+
+    job, running = asyncio.run(go())
+    assert running is JobState.RUNNING
+    assert d.records[job].state is JobState.RECLAIMED
+
+
+def test_a_resolved_idle_alert_closes_the_open_one(tmp_path):
+    rig = Rig(tmp_path)
+    d = rig.dispatcher
+
+    async def go():
+        job = await rig.submit(queue="dev")
+        rig.executor.script(job.job_id, RUNS_FOREVER)
+        await rig.ticks(2)
+        since = rig.clock.now_us()
+        for gpu in d.records[job.job_id].gpu_uuids:
+            d.on_alert(idle_alert(gpu, since, job.job_id))
+            d.on_alert(idle_alert(gpu, since, job.job_id, kind=AlertKind.RESOLVED))
+        rig.clock.advance(11 * MINUTE_US)
         await rig.ticks(1)
         return job.job_id
 

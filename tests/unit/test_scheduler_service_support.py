@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from ledger.alerts import AlertKind, IdleAlert, ResolveReason, encode_alert
 from ledger.balances import BalanceUpdate, BudgetLine, BudgetStatus
+from ledger.events import Owner
 from ledger.job_events import JobEvent
 from scheduler.dispatcher import Dispatcher
 from scheduler.executors.fake import FakeExecutor, ManualClock, Outcome
@@ -132,17 +132,22 @@ def budget_update(
 
 
 def idle_alert(
-    gpu: str, since_us: int, job: str | None, kind: str = "tally.idle.detected"
+    gpu: str, since_us: int, job: str | None, kind: AlertKind = AlertKind.DETECTED
 ) -> bytes:
-    return orjson.dumps(
-        {
-            "type": kind,
-            "schema": 1,
-            "subject": gpu,
-            "data": {
-                "gpu_uuid": gpu,
-                "since_us": since_us,
-                "owner": {"team": "vision", "project": None, "user": None, "job": job},
-            },
-        }
+    """An idle-GPU alert about `gpu` as the ledger publishes it on the alerts topic."""
+    return encode_alert(
+        IdleAlert(
+            kind=kind,
+            subject=gpu,
+            gpu_uuid=gpu,
+            node="node-a",
+            pool="default",
+            model="H100",
+            owner=Owner(team="vision", job_id=job),
+            since_us=since_us,
+            at_us=since_us + 600_000_000,
+            waste_gpu_ms=600_000,
+            waste_micros=0,
+            reason=ResolveReason.BUSY_AGAIN if kind is AlertKind.RESOLVED else None,
+        )
     )
