@@ -4,7 +4,7 @@
 A `PostingColumns` holds whole usage transactions: the `txn_*` lists one entry per transaction,
 the posting lists one entry per posting (`txn_index` names its transaction, legs are numbered in
 order within it). The same transactions as `Transaction` values (`transactions()`) are exactly
-what the per-sample path makes; `ledger.ingest.columnar` is property-tested for that.
+what the per-sample path makes; `ledger.ingest.samples` is property-tested for that.
 """
 
 from __future__ import annotations

@@ -41,41 +41,37 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
-import orjson
 import pyarrow as pa
 
-from ledger.accounts import AccountKind, budget_account
-from ledger.admin import AdminView, AppliedAdmin, PeriodClosed, applied_from_dict, applied_to_dict
+from ledger.admin import AdminView, AppliedAdmin, PeriodClosed
 from ledger.assignments import Holding
-from ledger.balances import (
-    BalanceRow,
-    account_team,
-    balance_message_id,
-    balance_update,
-    budget_status,
-    current_period,
-    encode_balance_update,
-    fold_rows,
-)
 from ledger.closing import ClosedPeriod
 from ledger.errors import StoreError
-from ledger.events import DeadLetter, Owner
+from ledger.events import DeadLetter
 from ledger.holds import HoldKey, OpenHold
-from ledger.idle import GpuIdleState, state_from_row, state_to_row
+from ledger.idle import GpuIdleState, state_to_row
 from ledger.posting_columns import PostingColumns
-from ledger.postings import Transaction, TransactionKind
-from ledger.pricing import PriceBook
+from ledger.postings import TransactionKind
+from ledger.store.balance_outbox import queue_balance_messages
+from ledger.store.hot_reads import BALANCES_VERSION, HotReads
+from ledger.store.hot_tables import (
+    HOT_TABLES_DDL,
+    insert_rows,
+    read_gpu_timelines,
+    read_idle_states,
+    read_open_holds,
+    write_changes,
+)
 from ledger.store.layout import (
     ARCHIVE_DIR,
     HOT_DB_NAME,
     SEGMENTS_DIR,
     first_row,
-    sql_path,
 )
+from ledger.store.mirror import DedupeSet, WriterMirror
 from ledger.store.port import (
     CommitResult,
     ConsumedMessage,
@@ -90,109 +86,17 @@ from ledger.store.port import (
     ranges_from_offsets,
 )
 from ledger.store.schema import (
-    POSTING_COLUMNS_SQL,
     archive_to_arrow,
     columns_to_arrow,
-    transaction_from_rows,
     transactions_to_arrow,
 )
 from ledger.store.sealing import Segmenter
 from ledger.store.segments import SegmentInfo
-from ledger.store.side_files import period_checksum, write_admin_log, write_closed_period
-from ledger.units import Unit
+from ledger.store.side_files import period_checksum
 
-_DDL = """
-CREATE TABLE IF NOT EXISTS postings (
-    txn_id VARCHAR NOT NULL, leg SMALLINT NOT NULL, kind VARCHAR NOT NULL,
-    account VARCHAR NOT NULL, unit VARCHAR NOT NULL, amount BIGINT NOT NULL,
-    team VARCHAR, project VARCHAR, "user" VARCHAR, job_id VARCHAR, cost_centre VARCHAR,
-    gpu_uuid VARCHAR, model VARCHAR, pool VARCHAR, node VARCHAR,
-    start_us BIGINT NOT NULL, end_us BIGINT NOT NULL, cause VARCHAR NOT NULL,
-    incarnation VARCHAR NOT NULL, src_topic VARCHAR NOT NULL,
-    src_partition INTEGER NOT NULL, src_offset BIGINT NOT NULL,
-    period VARCHAR NOT NULL, util_pct SMALLINT, idle BOOLEAN NOT NULL
-);
-CREATE TABLE IF NOT EXISTS seen_events (event_id VARCHAR PRIMARY KEY, time_us BIGINT NOT NULL);
-CREATE TABLE IF NOT EXISTS source_ranges (
-    incarnation VARCHAR NOT NULL, topic VARCHAR NOT NULL, "partition" INTEGER NOT NULL,
-    first_offset BIGINT NOT NULL, last_offset BIGINT NOT NULL,
-    committed_at_us BIGINT NOT NULL, sealed BOOLEAN NOT NULL DEFAULT FALSE, batch_seq BIGINT
-);
-ALTER TABLE source_ranges ADD COLUMN IF NOT EXISTS batch_seq BIGINT;
-CREATE TABLE IF NOT EXISTS idle_state (
-    subject VARCHAR PRIMARY KEY, last_time_us BIGINT NOT NULL,
-    team VARCHAR, project VARCHAR, "user" VARCHAR, job_id VARCHAR,
-    below_since_us BIGINT, busy_since_us BIGINT, alert_since_us BIGINT,
-    waste_gpu_ms BIGINT NOT NULL, waste_micros BIGINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS outbox (
-    id VARCHAR PRIMARY KEY, topic VARCHAR NOT NULL, "key" BLOB, "value" BLOB NOT NULL,
-    created_at_us BIGINT NOT NULL, sent BOOLEAN NOT NULL DEFAULT FALSE
-);
-CREATE TABLE IF NOT EXISTS dead_letters (
-    incarnation VARCHAR, topic VARCHAR, "partition" INTEGER, "offset" BIGINT,
-    event_id VARCHAR, reason VARCHAR NOT NULL, payload VARCHAR NOT NULL,
-    recorded_at_us BIGINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS balances (
-    account VARCHAR NOT NULL, unit VARCHAR NOT NULL, period VARCHAR NOT NULL,
-    balance BIGINT NOT NULL, PRIMARY KEY (account, unit, period)
-);
-CREATE TABLE IF NOT EXISTS open_holds (
-    job_id VARCHAR NOT NULL, unit VARCHAR NOT NULL, team VARCHAR NOT NULL, project VARCHAR,
-    amount BIGINT NOT NULL, expires_us BIGINT NOT NULL, placed_by VARCHAR NOT NULL,
-    PRIMARY KEY (job_id, unit)
-);
-CREATE TABLE IF NOT EXISTS gpu_holdings (
-    gpu_uuid VARCHAR NOT NULL, team VARCHAR, project VARCHAR, "user" VARCHAR, job_id VARCHAR,
-    from_us BIGINT NOT NULL, to_us BIGINT
-);
-CREATE TABLE IF NOT EXISTS admin_log (
-    seq BIGINT NOT NULL, event_id VARCHAR PRIMARY KEY, type VARCHAR NOT NULL,
-    effective_us BIGINT NOT NULL, entry VARCHAR NOT NULL, applied_at_us BIGINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS closed_periods (
-    period VARCHAR PRIMARY KEY, event_id VARCHAR NOT NULL, effective_us BIGINT NOT NULL,
-    actor VARCHAR NOT NULL, reason VARCHAR NOT NULL, "rows" BIGINT NOT NULL,
-    sha256 VARCHAR NOT NULL, algorithm VARCHAR NOT NULL, closed_at_us BIGINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS raw_events (
-    batch_seq BIGINT NOT NULL, batch_index INTEGER NOT NULL, incarnation VARCHAR NOT NULL,
-    topic VARCHAR NOT NULL, "partition" INTEGER NOT NULL, "offset" BIGINT NOT NULL,
-    "key" BLOB, "value" BLOB, value_codec VARCHAR, value_size BIGINT, pruned_before_us BIGINT
-);
-CREATE TABLE IF NOT EXISTS reversals (txn_id VARCHAR PRIMARY KEY, reversed_by VARCHAR NOT NULL);
-CREATE TABLE IF NOT EXISTS ledger_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
-CREATE SEQUENCE IF NOT EXISTS publish_seq;
-"""
-_BALANCES_VERSION = "1"
 # Kinds whose interval is chosen by a person (an effective time, a period): their dedupe time
 # is capped at the newest applied event, so a future date cannot age out every sample id.
 _ADMIN_KINDS = (TransactionKind.BUDGET_GRANT, TransactionKind.ADJUSTMENT)
-
-
-@dataclass(slots=True)
-class _WriterState:
-    """The writer's in-memory copy of the projections a fold reads."""
-
-    idle: dict[str, GpuIdleState]
-    timelines: dict[str, tuple[Holding, ...]]
-    holds: dict[HoldKey, OpenHold]
-
-    def apply(self, idle_states: Sequence[GpuIdleState], changes: StateChanges) -> None:
-        """What a committed batch changed (the tables changed alike in its transaction)."""
-        for state in idle_states:
-            self.idle[state.subject] = state
-        for gpu, timeline in changes.timelines.items():
-            if timeline:
-                self.timelines[gpu] = tuple(timeline)
-            else:
-                self.timelines.pop(gpu, None)
-        for hold in changes.holds:
-            if hold.amount:
-                self.holds[hold.key] = hold
-            else:
-                self.holds.pop(hold.key, None)
 
 
 def _postings_table(
@@ -210,7 +114,7 @@ def _now_us() -> int:
     return time.time_ns() // 1_000
 
 
-class DuckDBStore:
+class DuckDBStore(HotReads):
     """The single writer of one ledger data directory: the DuckDB implementation of the store
     port (`ledger.store.port.LedgerStore`)."""
 
@@ -226,20 +130,19 @@ class DuckDBStore:
             self._con = duckdb.connect(str(db))
         except duckdb.IOException as exc:
             raise StoreError(f"cannot open the ledger store {db}: {exc}") from exc
-        self._con.execute(_DDL)
+        self._con.execute(HOT_TABLES_DDL)
         self._segments = Segmenter(self._con, self.segments_root, self.archive_root)
         self.manifest = self._segments.postings.manifest
         self.archive_manifest = self._segments.archive.manifest
         self._admin_log_exported = False
         self._admin_cache: tuple[AppliedAdmin, ...] | None = None  # the admin log, as read
-        self._seen: set[str] | None = None  # `seen_events`' ids, read once
-        self._mirror: _WriterState | None = None  # idle states, timelines, open holds
-        self._newest_seen: int | None = None  # their greatest dedupe time
+        self._dedupe = DedupeSet(self._con)
+        self._mirror: WriterMirror | None = None  # idle states, timelines, open holds
         self._closed_cache: frozenset[str] | None = None
         version = first_row(
             self._con.execute("SELECT value FROM ledger_meta WHERE key = 'balances_version'")
         )
-        if version is None or version[0] != _BALANCES_VERSION:
+        if version is None or version[0] != BALANCES_VERSION:
             self.rebuild_balances()  # a store from before the balances table: fold once
         row = first_row(self._con.execute("SELECT max(batch_seq) FROM source_ranges"))
         self._batch_seq = int(row[0]) if row and row[0] is not None else 0
@@ -322,7 +225,8 @@ class DuckDBStore:
                 con.unregister("batch_postings")
             seen_now = self._insert_seen(fresh, changes.seen, built)
             batch = seq if raw else None  # a range committed without its messages has none
-            self._insert_rows(
+            insert_rows(
+                self._con,
                 "source_ranges",
                 [
                     (incarnation, r.topic, r.partition, r.first, r.last, now, False, batch)
@@ -342,10 +246,11 @@ class DuckDBStore:
                     "DELETE FROM idle_state WHERE list_contains(?, subject)",
                     [[s.subject for s in idle_states]],
                 )
-                self._insert_rows("idle_state", [state_to_row(s) for s in idle_states])
+                insert_rows(self._con, "idle_state", [state_to_row(s) for s in idle_states])
             self._apply_changes(changes, now)
             closed = tuple(self._close(entry, now) for entry in closing)
-            self._insert_rows(
+            insert_rows(
+                self._con,
                 "outbox",
                 [(m.id, m.topic, m.key, m.value, now, False) for m in outbox],
                 new_ids_only=True,
@@ -363,8 +268,11 @@ class DuckDBStore:
                         ).fetchall()
                     }
                     con.unregister("closed_now")
-                published = self._queue_balances(accounts, balances_topic, now)
-            self._insert_rows(
+                published = queue_balance_messages(
+                    con, accounts, balances_topic, now, self.closed_period_labels()
+                )
+            insert_rows(
+                self._con,
                 "dead_letters",
                 [
                     (
@@ -389,12 +297,7 @@ class DuckDBStore:
             raise
         if self._mirror is not None:
             self._mirror.apply(idle_states, changes)
-        if self._seen is not None and seen_now[0]:
-            self._seen.update(seen_now[0])
-            newest = max(seen_now[1])
-            self._newest_seen = (
-                newest if self._newest_seen is None else max(newest, self._newest_seen)
-            )
+        self._dedupe.added(*seen_now)
         if raw:
             self._batch_seq = seq
             self._pruned_before = None
@@ -411,6 +314,9 @@ class DuckDBStore:
             balances_published=published,
             closed=closed,
         )
+
+    def _apply_changes(self, changes: StateChanges, now: int) -> None:
+        write_changes(self._con, changes, now)
 
     def _refuse_closed(
         self, fresh: Sequence[SourcedTransaction], closing: bool, periods: Sequence[str] = ()
@@ -430,28 +336,6 @@ class DuckDBStore:
             if row and row[0]:
                 raise StoreError("seal the store before committing a period close")
 
-    def _insert_rows(
-        self, table: str, rows: Sequence[tuple[object, ...]], new_ids_only: bool = False
-    ) -> None:
-        """Insert whole rows (every column, in the table's order), in their order, in one
-        statement (DuckDB's `executemany` runs one per row); with `new_ids_only`, rows whose
-        `id` (their first column) the table holds already are left out."""
-        if not rows:
-            return
-        con = self._con
-        if len(rows) == 1 and not new_ids_only:
-            marks = ", ".join("?" * len(rows[0]))
-            con.execute(f"INSERT INTO {table} VALUES ({marks})", list(rows[0]))
-            return
-        name = f"batch_rows_{table}"
-        columns = list(zip(*rows, strict=True))
-        con.register(name, pa.table({f"c{i}": pa.array(c) for i, c in enumerate(columns)}))
-        try:  # not ON CONFLICT: it does not keep the rows' order
-            where = f" WHERE c0 NOT IN (SELECT id FROM {table})" if new_ids_only else ""
-            con.execute(f"INSERT INTO {table} SELECT * FROM {name}{where}")
-        finally:
-            con.unregister(name)
-
     def _insert_seen(
         self,
         fresh: Sequence[SourcedTransaction],
@@ -470,8 +354,7 @@ class DuckDBStore:
         ids = fresh_ids + [i for i, _ in extra]
         times = fresh_times + [t for _, t in extra]
         if any(t.txn.kind in _ADMIN_KINDS for t in fresh) or extra:
-            self._seen_set()
-            newest = self._newest_seen
+            newest = self._dedupe.newest()
             if newest is not None:
                 usage = [TransactionKind.USAGE] * (len(fresh_ids) - len(fresh))
                 kinds = [t.txn.kind for t in fresh] + usage + [None] * len(extra)
@@ -483,62 +366,6 @@ class DuckDBStore:
         self._con.execute("INSERT INTO seen_events SELECT * FROM batch_seen")
         self._con.unregister("batch_seen")
         return ids, times
-
-    def _apply_changes(self, changes: StateChanges, now: int) -> None:
-        con = self._con
-        if changes.timelines:
-            con.execute(
-                "DELETE FROM gpu_holdings WHERE list_contains(?, gpu_uuid)",
-                [list(changes.timelines)],
-            )
-            self._insert_rows(
-                "gpu_holdings",
-                [
-                    (
-                        uuid,
-                        h.owner.team,
-                        h.owner.project,
-                        h.owner.user,
-                        h.owner.job_id,
-                        h.from_us,
-                        h.to_us,
-                    )
-                    for uuid, timeline in changes.timelines.items()
-                    for h in timeline
-                ],
-            )
-        if changes.holds:
-            con.execute(
-                "DELETE FROM open_holds WHERE list_contains(?, job_id || '/' || unit)",
-                # injective: a unit has no '/'
-                [[f"{h.job_id}/{h.unit.value}" for h in changes.holds]],
-            )
-            self._insert_rows(
-                "open_holds",
-                [
-                    (h.job_id, h.unit.value, h.team, h.project, h.amount, h.expires_us, h.placed_by)
-                    for h in changes.holds
-                    if h.amount
-                ],
-            )
-        if changes.admin:
-            row = first_row(con.execute("SELECT coalesce(max(seq), 0) FROM admin_log"))
-            seq = int(row[0]) if row else 0
-            self._insert_rows(
-                "admin_log",
-                [
-                    (
-                        seq + i + 1,
-                        e.envelope.id,
-                        e.envelope.type.value,
-                        e.envelope.time_us,
-                        orjson.dumps(applied_to_dict(e)).decode(),
-                        now,
-                    )
-                    for i, e in enumerate(changes.admin)
-                ],
-            )
-        self._insert_rows("reversals", list(changes.reversals))
 
     def _close(self, entry: AppliedAdmin, now: int) -> str:
         """Record a close with the checksum of everything booked into the period so far."""
@@ -571,83 +398,6 @@ class DuckDBStore:
         self._closed_cache = None
         return closed.period
 
-    def _queue_balances(self, accounts: set[str], topic: str, now: int) -> int:
-        """Queue one message per changed account (and per affected team's budget account);
-        a queued message not yet sent for the same account is superseded."""
-        con = self._con
-        row = first_row(
-            con.execute(
-                "SELECT max(period) FILTER (account LIKE 'capacity:%'), max(period) FROM balances"
-            )
-        )
-        current = (row[0] or row[1]) if row else None
-        meta = first_row(con.execute("SELECT value FROM ledger_meta WHERE key = 'current_period'"))
-        moved = current is not None and (meta is None or meta[0] != current)
-        budgeted = {
-            str(a).partition(":")[2]
-            for (a,) in con.execute(
-                "SELECT DISTINCT account FROM balances WHERE account LIKE 'budget:%'"
-            ).fetchall()
-        }
-        touched = {
-            account_team(a)
-            for a in accounts
-            if a.split(":", 1)[0] in (AccountKind.CONSUMER, AccountKind.BUDGET, AccountKind.HOLD)
-        }
-        teams = budgeted if moved else budgeted & {t for t in touched if t}
-        publish = sorted(accounts | {budget_account(t) for t in teams})
-        if not publish:  # e.g. a period closed on a ledger with no postings yet
-            return 0
-        con.register("publish_accounts", pa.table({"account": publish}))
-        rows = fold_rows(
-            con.execute(
-                "SELECT b.account, b.unit, b.period, b.balance FROM balances b "
-                "SEMI JOIN publish_accounts p USING (account)"
-            ).fetchall()
-        )
-        con.unregister("publish_accounts")
-        budget_rows: list[BalanceRow] = []
-        if teams and current is not None:
-            budget_rows = fold_rows(
-                con.execute(
-                    "SELECT account, unit, period, balance FROM balances WHERE "
-                    "account LIKE 'budget:%' OR account LIKE 'hold:%' "
-                    "OR (account LIKE 'consumer:%' AND period = ?)",
-                    [current],
-                ).fetchall()
-            )
-        closed = self.closed_period_labels()
-        seq_row = first_row(con.execute("SELECT nextval('publish_seq')"))
-        seq = int(seq_row[0]) if seq_row else 0
-        messages = []
-        for account in publish:
-            budget = None
-            team = account.partition(":")[2]
-            if account.startswith(f"{AccountKind.BUDGET}:") and current is not None:
-                budget = budget_status(team, current, budget_rows)
-            update = balance_update(account, rows, closed, current, seq, now, budget)
-            messages.append(
-                (
-                    balance_message_id(account, seq),
-                    topic,
-                    account.encode(),
-                    encode_balance_update(update),
-                    now,
-                )
-            )
-        con.execute(
-            'DELETE FROM outbox WHERE NOT sent AND topic = ? AND list_contains(?, "key")',
-            [topic, [m[2] for m in messages]],
-        )
-        self._insert_rows("outbox", [(*m, False) for m in messages])
-        if moved:
-            con.execute(
-                "INSERT INTO ledger_meta VALUES ('current_period', ?) "
-                "ON CONFLICT DO UPDATE SET value = excluded.value",
-                [current],
-            )
-        return len(messages)
-
     def load_view(self, keys: ViewKeys) -> LedgerView:
         """What one batch's fold reads, for `keys` only."""
         txn_ids = sorted(keys.txn_ids)
@@ -670,45 +420,9 @@ class DuckDBStore:
         which the writer keeps in memory beside `seen_events` (only it changes that table)."""
         if not ids:
             return set()
-        return self._seen_set().intersection(ids)
+        return self._dedupe.ids().intersection(ids)
 
-    def _seen_set(self) -> set[str]:
-        if self._seen is None:
-            rows = self._con.execute("SELECT event_id, time_us FROM seen_events").fetchall()
-            self._seen = {str(r[0]) for r in rows}
-            self._newest_seen = max((int(r[1]) for r in rows), default=None)
-        return self._seen
-
-    def _read_idle_states(self, subjects: Sequence[str]) -> dict[str, GpuIdleState]:
-        if not subjects:
-            return {}
-        self._con.register("batch_subjects", pa.table({"subject": list(subjects)}))
-        try:
-            rows = self._con.execute(
-                "SELECT i.* FROM idle_state i SEMI JOIN batch_subjects b USING (subject)"
-            ).fetchall()
-        finally:
-            self._con.unregister("batch_subjects")
-        return {str(row[0]): state_from_row(row) for row in rows}
-
-    def _read_gpu_timelines(self, gpu_uuids: Collection[str]) -> dict[str, tuple[Holding, ...]]:
-        """The assignment timelines of `gpu_uuids` (a GPU never assigned has none)."""
-        if not gpu_uuids:
-            return {}
-        rows = self._con.execute(
-            'SELECT gpu_uuid, team, project, "user", job_id, from_us, to_us FROM gpu_holdings '
-            "WHERE list_contains(?, gpu_uuid) ORDER BY gpu_uuid, from_us",
-            [sorted(gpu_uuids)],
-        ).fetchall()
-        timelines: dict[str, list[Holding]] = {}
-        for uuid, team, project, user, job, from_us, to_us in rows:
-            owner = Owner(team, project, user, job)
-            timelines.setdefault(str(uuid), []).append(
-                Holding(str(uuid), owner, int(from_us), None if to_us is None else int(to_us))
-            )
-        return {uuid: tuple(timeline) for uuid, timeline in timelines.items()}
-
-    def _state(self) -> _WriterState:
+    def _state(self) -> WriterMirror:
         """The projections a fold reads, in memory: read from the tables once, then kept in step
         by every commit (only this writer changes them)."""
         if self._mirror is None:
@@ -719,10 +433,10 @@ class DuckDBStore:
                 str(r[0])
                 for r in self._con.execute("SELECT DISTINCT gpu_uuid FROM gpu_holdings").fetchall()
             ]
-            self._mirror = _WriterState(
-                self._read_idle_states(every),
-                self._read_gpu_timelines(gpus),
-                self._read_open_holds(),
+            self._mirror = WriterMirror(
+                read_idle_states(self._con, every),
+                read_gpu_timelines(self._con, gpus),
+                read_open_holds(self._con),
             )
         return self._mirror
 
@@ -757,7 +471,7 @@ class DuckDBStore:
         """`columns` less the transactions already applied, in `fresh`, or repeated."""
         if not columns:
             return None
-        taken = self._seen_set().intersection(columns.txn_id)
+        taken = self._dedupe.ids().intersection(columns.txn_id)
         taken.update(t.txn.txn_id for t in fresh)
         drop: set[int] = set()
         for index, txn_id in enumerate(columns.txn_id):
@@ -777,153 +491,6 @@ class DuckDBStore:
             fresh.append(item)
         return fresh
 
-    # ------------------------------------------------------------------ projections
-
-    def _sealed_sql(self) -> str | None:
-        files = self.manifest.files()
-        if not files:
-            return None
-        listed = ", ".join(f"'{sql_path(f)}'" for f in files)
-        return f"read_parquet([{listed}])"
-
-    def _all_postings_sql(self) -> str:
-        """Every committed posting: the hot rows and the sealed segments (disjoint once sealing
-        has finished, which holds whenever the writer is not inside `seal`)."""
-        sealed = self._sealed_sql()
-        if sealed is None:
-            return "postings"
-        columns = POSTING_COLUMNS_SQL
-        return f"(SELECT {columns} FROM postings UNION ALL SELECT {columns} FROM {sealed})"
-
-    def balance_rows(self) -> list[BalanceRow]:
-        """The balances table: balance per (account, unit, period)."""
-        return fold_rows(
-            self._con.execute(
-                "SELECT account, unit, period, balance FROM balances ORDER BY ALL"
-            ).fetchall()
-        )
-
-    def folded_balances(self) -> list[BalanceRow]:
-        """The fold of every committed posting per (account, unit, period), recomputed."""
-        return fold_rows(
-            self._con.execute(
-                f"SELECT account, unit, period, sum(amount) FROM {self._all_postings_sql()} "
-                "GROUP BY ALL ORDER BY ALL"
-            ).fetchall()
-        )
-
-    def rebuild_balances(self) -> None:
-        """Recompute the balances table from the postings."""
-        con = self._con
-        con.execute("BEGIN TRANSACTION")
-        try:
-            con.execute("DELETE FROM balances")
-            con.execute(
-                "INSERT INTO balances SELECT account, unit, period, sum(amount) "
-                f"FROM {self._all_postings_sql()} GROUP BY ALL"
-            )
-            con.execute(
-                "INSERT INTO ledger_meta VALUES ('balances_version', ?) "
-                "ON CONFLICT DO UPDATE SET value = excluded.value",
-                [_BALANCES_VERSION],
-            )
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-
-    def current_period(self) -> str | None:
-        return current_period(self.balance_rows())
-
-    def budget_total(self, team: str, period: str, unit: Unit) -> int:
-        """What `team` was granted of `unit` for `period`, net of negative grants."""
-        row = first_row(
-            self._con.execute(
-                "SELECT coalesce(-sum(balance), 0) FROM balances "
-                "WHERE account = ? AND period = ? AND unit = ?",
-                [budget_account(team), period, unit.value],
-            )
-        )
-        return int(row[0]) if row else 0
-
-    def _read_open_holds(self) -> dict[HoldKey, OpenHold]:
-        rows = self._con.execute(
-            "SELECT job_id, unit, team, project, amount, expires_us, placed_by FROM open_holds"
-        ).fetchall()
-        holds = [
-            OpenHold(str(j), Unit(u), str(t), p, int(a), int(e), str(b))
-            for j, u, t, p, a, e, b in rows
-        ]
-        return {h.key: h for h in holds}
-
-    def closed_period_labels(self) -> frozenset[str]:
-        if self._closed_cache is None:  # read once per close: only this writer closes
-            rows = self._con.execute("SELECT period FROM closed_periods").fetchall()
-            self._closed_cache = frozenset(str(r[0]) for r in rows)
-        return self._closed_cache
-
-    def closed_periods(self) -> list[ClosedPeriod]:
-        rows = self._con.execute(
-            'SELECT period, event_id, effective_us, actor, reason, "rows", sha256, algorithm '
-            "FROM closed_periods ORDER BY period"
-        ).fetchall()
-        return [
-            ClosedPeriod(str(p), str(e), int(t), str(a), str(r), int(n), str(h), str(alg))
-            for p, e, t, a, r, n, h, alg in rows
-        ]
-
-    def admin_entries(self) -> list[AppliedAdmin]:
-        """Every applied admin event, in the order applied (read once per change: only this
-        writer appends to the log)."""
-        if self._admin_cache is None:
-            rows = self._con.execute("SELECT entry FROM admin_log ORDER BY seq").fetchall()
-            self._admin_cache = tuple(applied_from_dict(orjson.loads(r[0])) for r in rows)
-        return list(self._admin_cache)
-
-    def admin_ids(self, ids: Sequence[str]) -> set[str]:
-        """Which of `ids` are applied admin events (kept for good, unlike `seen_events`)."""
-        if not ids:
-            return set()
-        self._con.register("batch_admin_ids", pa.table({"event_id": list(ids)}))
-        try:
-            rows = self._con.execute(
-                "SELECT a.event_id FROM admin_log a SEMI JOIN batch_admin_ids b USING (event_id)"
-            ).fetchall()
-        finally:
-            self._con.unregister("batch_admin_ids")
-        return {str(r[0]) for r in rows}
-
-    def admin_view(self) -> AdminView:
-        return AdminView.from_log(self.admin_entries())
-
-    def price_book(self, default: PriceBook) -> PriceBook:
-        """`default` (the configuration's book) plus every applied `PriceSet`."""
-        return self.admin_view().price_book(default)
-
-    def reversed_by(self, txn_id: str) -> str | None:
-        row = first_row(
-            self._con.execute("SELECT reversed_by FROM reversals WHERE txn_id = ?", [txn_id])
-        )
-        return str(row[0]) if row else None
-
-    def find_transaction(self, txn_id: str) -> Transaction | None:
-        """A committed transaction, from the hot rows or the sealed segments."""
-        rows = self._con.execute(
-            f"SELECT {POSTING_COLUMNS_SQL} FROM {self._all_postings_sql()} "
-            "WHERE txn_id = ? ORDER BY leg",
-            [txn_id],
-        ).fetchall()
-        return transaction_from_rows(rows)
-
-    def export_admin_log(self) -> None:
-        """Write the readers' copy of the admin log (`segments/admin-log.json`)."""
-        write_admin_log(self.segments_root, self.admin_entries())
-        self._admin_log_exported = True
-
-    def export_closed_periods(self) -> int:
-        """Write the record of every closed period that has none yet; how many were written."""
-        return sum(write_closed_period(self.segments_root, c) for c in self.closed_periods())
-
     # ------------------------------------------------------------------ sealing
 
     def seal(self, compact_below_rows: int = 500_000, compact_min_segments: int = 8) -> SealResult:
@@ -934,51 +501,7 @@ class DuckDBStore:
         the postings a reader sees; an interrupted seal leaves its ranges unsealed, and the next
         one writes the same files again.
         """
-        result = SealResult()
-        con = self._con
-        groups = con.execute(
-            'SELECT incarnation, topic, "partition", min(first_offset), max(last_offset) '
-            "FROM source_ranges WHERE NOT sealed GROUP BY ALL ORDER BY ALL"
-        ).fetchall()
-        if groups:
-            entries = {s.path: s for s in self.manifest.load()}
-            archive = {s.path: s for s in self.archive_manifest.load()}
-            for incarnation, topic, partition, first, last in groups:
-                info = self._segments.write_segment(incarnation, topic, partition, first, last)
-                entries[info.path] = info
-                result.sealed.append(info)
-                kept = self._segments.seal_range(
-                    self._segments.archive, incarnation, topic, partition, first, last
-                )
-                if kept is not None:  # a range committed without its messages has none
-                    archive[kept.path] = kept
-                    result.archived.append(kept)
-            self.archive_manifest.save(archive.values())
-            self.manifest.save(entries.values())
-            con.execute("BEGIN TRANSACTION")
-            try:
-                for incarnation, topic, partition, first, last in groups:
-                    params = [incarnation, topic, partition, first, last]
-                    con.execute(
-                        "DELETE FROM postings WHERE incarnation = ? AND src_topic = ? "
-                        "AND src_partition = ? AND src_offset BETWEEN ? AND ?",
-                        params,
-                    )
-                    con.execute(
-                        "DELETE FROM raw_events WHERE incarnation = ? AND topic = ? "
-                        'AND "partition" = ? AND "offset" BETWEEN ? AND ?',
-                        params,
-                    )
-                    con.execute(
-                        "UPDATE source_ranges SET sealed = TRUE WHERE incarnation = ? "
-                        'AND topic = ? AND "partition" = ? AND first_offset >= ? '
-                        "AND last_offset <= ?",
-                        params,
-                    )
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
+        result = self._segments.seal_committed()
         result.compacted = self.compact(compact_below_rows, compact_min_segments)
         result.archive_compacted = self._segments.align_archive()
         self._segments.remove_unlisted_files()
@@ -1023,10 +546,10 @@ class DuckDBStore:
         The dedupe window is measured in sample time, so replaying old data dedupes the same way
         as live data.
         """
-        self._seen_set()
-        if self._newest_seen is None:
+        newest = self._dedupe.newest()
+        if newest is None:
             return 0
-        return self.prune_seen_before(self._newest_seen - window_us)
+        return self.prune_seen_before(newest - window_us)
 
     def prune_seen_before(self, cutoff_us: int) -> int:
         """Forget applied event ids whose event time is before `cutoff_us`; returns how many.
@@ -1050,8 +573,7 @@ class DuckDBStore:
             raise
         if rows:
             self._pruned_before = pruned
-            if self._seen is not None:
-                self._seen.difference_update(str(r[0]) for r in rows)
+            self._dedupe.forgotten(str(r[0]) for r in rows)
         return len(rows)
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ import duckdb
 
 from ledger.errors import StoreError
 from ledger.store.layout import first_row, sql_path
+from ledger.store.port import SealResult
 from ledger.store.segments import (
     Manifest,
     SegmentInfo,
@@ -58,6 +59,59 @@ class Segmenter:
             '"offset"',
             "count(*), NULL, NULL",
         )
+
+    def seal_committed(self) -> SealResult:
+        """Write every committed, unsealed source range out to its postings and archive
+        segments, then drop those rows from the hot tables and mark the ranges sealed.
+
+        The archive manifest is written before the postings manifest, so the archive never lags
+        the postings a reader sees; an interrupted seal leaves its ranges unsealed, and the next
+        one writes the same files again.
+        """
+        result = SealResult()
+        con = self._con
+        groups = con.execute(
+            'SELECT incarnation, topic, "partition", min(first_offset), max(last_offset) '
+            "FROM source_ranges WHERE NOT sealed GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
+        if groups:
+            entries = {s.path: s for s in self.postings.manifest.load()}
+            archive = {s.path: s for s in self.archive.manifest.load()}
+            for incarnation, topic, partition, first, last in groups:
+                info = self.write_segment(incarnation, topic, partition, first, last)
+                entries[info.path] = info
+                result.sealed.append(info)
+                kept = self.seal_range(self.archive, incarnation, topic, partition, first, last)
+                if kept is not None:  # a range committed without its messages has none
+                    archive[kept.path] = kept
+                    result.archived.append(kept)
+            self.archive.manifest.save(archive.values())
+            self.postings.manifest.save(entries.values())
+            con.execute("BEGIN TRANSACTION")
+            try:
+                for incarnation, topic, partition, first, last in groups:
+                    params = [incarnation, topic, partition, first, last]
+                    con.execute(
+                        "DELETE FROM postings WHERE incarnation = ? AND src_topic = ? "
+                        "AND src_partition = ? AND src_offset BETWEEN ? AND ?",
+                        params,
+                    )
+                    con.execute(
+                        "DELETE FROM raw_events WHERE incarnation = ? AND topic = ? "
+                        'AND "partition" = ? AND "offset" BETWEEN ? AND ?',
+                        params,
+                    )
+                    con.execute(
+                        "UPDATE source_ranges SET sealed = TRUE WHERE incarnation = ? "
+                        'AND topic = ? AND "partition" = ? AND first_offset >= ? '
+                        "AND last_offset <= ?",
+                        params,
+                    )
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+        return result
 
     def write_segment(
         self, incarnation: str, topic: str, partition: int, first: int, last: int

@@ -114,7 +114,7 @@ def test_a_failed_commit_leaves_nothing_behind(store, monkeypatch):
     def explode(*_args, **_kwargs):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr("ledger.store.hot.transactions_to_arrow", explode)
+    monkeypatch.setattr("ledger.store.hot._postings_table", explode)
     with pytest.raises(RuntimeError):
         ingest(store, message(1, 2))
     assert store.applied_offsets(INC) == {(TOPIC, 0): 1}

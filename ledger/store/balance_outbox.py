@@ -1,0 +1,103 @@
+"""Balance messages for the outbox: after a commit, one message per changed account (and per
+affected team's budget account) for the compacted balances topic (`ledger.balances` says what
+a message holds)."""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+
+from ledger.accounts import AccountKind, budget_account
+from ledger.balances import (
+    BalanceRow,
+    account_team,
+    balance_message_id,
+    balance_update,
+    budget_status,
+    encode_balance_update,
+    fold_rows,
+)
+from ledger.store.hot_tables import insert_rows
+from ledger.store.layout import first_row
+
+
+def queue_balance_messages(
+    con: duckdb.DuckDBPyConnection,
+    accounts: set[str],
+    topic: str,
+    now: int,
+    closed: frozenset[str],
+) -> int:
+    """Queue one message per changed account (and per affected team's budget account);
+    a queued message not yet sent for the same account is superseded."""
+    row = first_row(
+        con.execute(
+            "SELECT max(period) FILTER (account LIKE 'capacity:%'), max(period) FROM balances"
+        )
+    )
+    current = (row[0] or row[1]) if row else None
+    meta = first_row(con.execute("SELECT value FROM ledger_meta WHERE key = 'current_period'"))
+    moved = current is not None and (meta is None or meta[0] != current)
+    budgeted = {
+        str(a).partition(":")[2]
+        for (a,) in con.execute(
+            "SELECT DISTINCT account FROM balances WHERE account LIKE 'budget:%'"
+        ).fetchall()
+    }
+    touched = {
+        account_team(a)
+        for a in accounts
+        if a.split(":", 1)[0] in (AccountKind.CONSUMER, AccountKind.BUDGET, AccountKind.HOLD)
+    }
+    teams = budgeted if moved else budgeted & {t for t in touched if t}
+    publish = sorted(accounts | {budget_account(t) for t in teams})
+    if not publish:  # e.g. a period closed on a ledger with no postings yet
+        return 0
+    con.register("publish_accounts", pa.table({"account": publish}))
+    rows = fold_rows(
+        con.execute(
+            "SELECT b.account, b.unit, b.period, b.balance FROM balances b "
+            "SEMI JOIN publish_accounts p USING (account)"
+        ).fetchall()
+    )
+    con.unregister("publish_accounts")
+    budget_rows: list[BalanceRow] = []
+    if teams and current is not None:
+        budget_rows = fold_rows(
+            con.execute(
+                "SELECT account, unit, period, balance FROM balances WHERE "
+                "account LIKE 'budget:%' OR account LIKE 'hold:%' "
+                "OR (account LIKE 'consumer:%' AND period = ?)",
+                [current],
+            ).fetchall()
+        )
+    seq_row = first_row(con.execute("SELECT nextval('publish_seq')"))
+    seq = int(seq_row[0]) if seq_row else 0
+    messages = []
+    for account in publish:
+        budget = None
+        team = account.partition(":")[2]
+        if account.startswith(f"{AccountKind.BUDGET}:") and current is not None:
+            budget = budget_status(team, current, budget_rows)
+        update = balance_update(account, rows, closed, current, seq, now, budget)
+        messages.append(
+            (
+                balance_message_id(account, seq),
+                topic,
+                account.encode(),
+                encode_balance_update(update),
+                now,
+            )
+        )
+    con.execute(
+        'DELETE FROM outbox WHERE NOT sent AND topic = ? AND list_contains(?, "key")',
+        [topic, [m[2] for m in messages]],
+    )
+    insert_rows(con, "outbox", [(*m, False) for m in messages])
+    if moved:
+        con.execute(
+            "INSERT INTO ledger_meta VALUES ('current_period', ?) "
+            "ON CONFLICT DO UPDATE SET value = excluded.value",
+            [current],
+        )
+    return len(messages)

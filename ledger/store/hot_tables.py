@@ -1,0 +1,214 @@
+"""The writer's hot tables: their DDL, and writing and reading their rows in one statement per
+table (DuckDB's `executemany` runs one statement per row)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import duckdb
+import orjson
+import pyarrow as pa
+
+from ledger.admin import applied_to_dict
+from ledger.assignments import Holding
+from ledger.events import Owner
+from ledger.holds import HoldKey, OpenHold
+from ledger.idle import GpuIdleState, state_from_row
+from ledger.store.layout import first_row
+from ledger.store.port import StateChanges
+from ledger.units import Unit
+
+HOT_TABLES_DDL = """
+CREATE TABLE IF NOT EXISTS postings (
+    txn_id VARCHAR NOT NULL, leg SMALLINT NOT NULL, kind VARCHAR NOT NULL,
+    account VARCHAR NOT NULL, unit VARCHAR NOT NULL, amount BIGINT NOT NULL,
+    team VARCHAR, project VARCHAR, "user" VARCHAR, job_id VARCHAR, cost_centre VARCHAR,
+    gpu_uuid VARCHAR, model VARCHAR, pool VARCHAR, node VARCHAR,
+    start_us BIGINT NOT NULL, end_us BIGINT NOT NULL, cause VARCHAR NOT NULL,
+    incarnation VARCHAR NOT NULL, src_topic VARCHAR NOT NULL,
+    src_partition INTEGER NOT NULL, src_offset BIGINT NOT NULL,
+    period VARCHAR NOT NULL, util_pct SMALLINT, idle BOOLEAN NOT NULL
+);
+CREATE TABLE IF NOT EXISTS seen_events (event_id VARCHAR PRIMARY KEY, time_us BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS source_ranges (
+    incarnation VARCHAR NOT NULL, topic VARCHAR NOT NULL, "partition" INTEGER NOT NULL,
+    first_offset BIGINT NOT NULL, last_offset BIGINT NOT NULL,
+    committed_at_us BIGINT NOT NULL, sealed BOOLEAN NOT NULL DEFAULT FALSE, batch_seq BIGINT
+);
+ALTER TABLE source_ranges ADD COLUMN IF NOT EXISTS batch_seq BIGINT;
+CREATE TABLE IF NOT EXISTS idle_state (
+    subject VARCHAR PRIMARY KEY, last_time_us BIGINT NOT NULL,
+    team VARCHAR, project VARCHAR, "user" VARCHAR, job_id VARCHAR,
+    below_since_us BIGINT, busy_since_us BIGINT, alert_since_us BIGINT,
+    waste_gpu_ms BIGINT NOT NULL, waste_micros BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS outbox (
+    id VARCHAR PRIMARY KEY, topic VARCHAR NOT NULL, "key" BLOB, "value" BLOB NOT NULL,
+    created_at_us BIGINT NOT NULL, sent BOOLEAN NOT NULL DEFAULT FALSE
+);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    incarnation VARCHAR, topic VARCHAR, "partition" INTEGER, "offset" BIGINT,
+    event_id VARCHAR, reason VARCHAR NOT NULL, payload VARCHAR NOT NULL,
+    recorded_at_us BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS balances (
+    account VARCHAR NOT NULL, unit VARCHAR NOT NULL, period VARCHAR NOT NULL,
+    balance BIGINT NOT NULL, PRIMARY KEY (account, unit, period)
+);
+CREATE TABLE IF NOT EXISTS open_holds (
+    job_id VARCHAR NOT NULL, unit VARCHAR NOT NULL, team VARCHAR NOT NULL, project VARCHAR,
+    amount BIGINT NOT NULL, expires_us BIGINT NOT NULL, placed_by VARCHAR NOT NULL,
+    PRIMARY KEY (job_id, unit)
+);
+CREATE TABLE IF NOT EXISTS gpu_holdings (
+    gpu_uuid VARCHAR NOT NULL, team VARCHAR, project VARCHAR, "user" VARCHAR, job_id VARCHAR,
+    from_us BIGINT NOT NULL, to_us BIGINT
+);
+CREATE TABLE IF NOT EXISTS admin_log (
+    seq BIGINT NOT NULL, event_id VARCHAR PRIMARY KEY, type VARCHAR NOT NULL,
+    effective_us BIGINT NOT NULL, entry VARCHAR NOT NULL, applied_at_us BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS closed_periods (
+    period VARCHAR PRIMARY KEY, event_id VARCHAR NOT NULL, effective_us BIGINT NOT NULL,
+    actor VARCHAR NOT NULL, reason VARCHAR NOT NULL, "rows" BIGINT NOT NULL,
+    sha256 VARCHAR NOT NULL, algorithm VARCHAR NOT NULL, closed_at_us BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS raw_events (
+    batch_seq BIGINT NOT NULL, batch_index INTEGER NOT NULL, incarnation VARCHAR NOT NULL,
+    topic VARCHAR NOT NULL, "partition" INTEGER NOT NULL, "offset" BIGINT NOT NULL,
+    "key" BLOB, "value" BLOB, value_codec VARCHAR, value_size BIGINT, pruned_before_us BIGINT
+);
+CREATE TABLE IF NOT EXISTS reversals (txn_id VARCHAR PRIMARY KEY, reversed_by VARCHAR NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
+CREATE SEQUENCE IF NOT EXISTS publish_seq;
+"""
+
+
+def insert_rows(
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    rows: Sequence[tuple[object, ...]],
+    new_ids_only: bool = False,
+) -> None:
+    """Insert whole rows (every column, in the table's order), in their order, in one
+    statement (DuckDB's `executemany` runs one per row); with `new_ids_only`, rows whose
+    `id` (their first column) the table holds already are left out."""
+    if not rows:
+        return
+    if len(rows) == 1 and not new_ids_only:
+        marks = ", ".join("?" * len(rows[0]))
+        con.execute(f"INSERT INTO {table} VALUES ({marks})", list(rows[0]))
+        return
+    name = f"batch_rows_{table}"
+    columns = list(zip(*rows, strict=True))
+    con.register(name, pa.table({f"c{i}": pa.array(c) for i, c in enumerate(columns)}))
+    try:  # not ON CONFLICT: it does not keep the rows' order
+        where = f" WHERE c0 NOT IN (SELECT id FROM {table})" if new_ids_only else ""
+        con.execute(f"INSERT INTO {table} SELECT * FROM {name}{where}")
+    finally:
+        con.unregister(name)
+
+
+def write_changes(con: duckdb.DuckDBPyConnection, changes: StateChanges, now: int) -> None:
+    """Write what a batch changes besides postings (see `StateChanges`)."""
+    if changes.timelines:
+        con.execute(
+            "DELETE FROM gpu_holdings WHERE list_contains(?, gpu_uuid)",
+            [list(changes.timelines)],
+        )
+        insert_rows(
+            con,
+            "gpu_holdings",
+            [
+                (
+                    uuid,
+                    h.owner.team,
+                    h.owner.project,
+                    h.owner.user,
+                    h.owner.job_id,
+                    h.from_us,
+                    h.to_us,
+                )
+                for uuid, timeline in changes.timelines.items()
+                for h in timeline
+            ],
+        )
+    if changes.holds:
+        con.execute(
+            "DELETE FROM open_holds WHERE list_contains(?, job_id || '/' || unit)",
+            # injective: a unit has no '/'
+            [[f"{h.job_id}/{h.unit.value}" for h in changes.holds]],
+        )
+        insert_rows(
+            con,
+            "open_holds",
+            [
+                (h.job_id, h.unit.value, h.team, h.project, h.amount, h.expires_us, h.placed_by)
+                for h in changes.holds
+                if h.amount
+            ],
+        )
+    if changes.admin:
+        row = first_row(con.execute("SELECT coalesce(max(seq), 0) FROM admin_log"))
+        seq = int(row[0]) if row else 0
+        insert_rows(
+            con,
+            "admin_log",
+            [
+                (
+                    seq + i + 1,
+                    e.envelope.id,
+                    e.envelope.type.value,
+                    e.envelope.time_us,
+                    orjson.dumps(applied_to_dict(e)).decode(),
+                    now,
+                )
+                for i, e in enumerate(changes.admin)
+            ],
+        )
+    insert_rows(con, "reversals", list(changes.reversals))
+
+
+def read_idle_states(
+    con: duckdb.DuckDBPyConnection, subjects: Sequence[str]
+) -> dict[str, GpuIdleState]:
+    if not subjects:
+        return {}
+    con.register("batch_subjects", pa.table({"subject": list(subjects)}))
+    try:
+        rows = con.execute(
+            "SELECT i.* FROM idle_state i SEMI JOIN batch_subjects b USING (subject)"
+        ).fetchall()
+    finally:
+        con.unregister("batch_subjects")
+    return {str(row[0]): state_from_row(row) for row in rows}
+
+
+def read_gpu_timelines(
+    con: duckdb.DuckDBPyConnection, gpu_uuids: Collection[str]
+) -> dict[str, tuple[Holding, ...]]:
+    """The assignment timelines of `gpu_uuids` (a GPU never assigned has none)."""
+    if not gpu_uuids:
+        return {}
+    rows = con.execute(
+        'SELECT gpu_uuid, team, project, "user", job_id, from_us, to_us FROM gpu_holdings '
+        "WHERE list_contains(?, gpu_uuid) ORDER BY gpu_uuid, from_us",
+        [sorted(gpu_uuids)],
+    ).fetchall()
+    timelines: dict[str, list[Holding]] = {}
+    for uuid, team, project, user, job, from_us, to_us in rows:
+        owner = Owner(team, project, user, job)
+        timelines.setdefault(str(uuid), []).append(
+            Holding(str(uuid), owner, int(from_us), None if to_us is None else int(to_us))
+        )
+    return {uuid: tuple(timeline) for uuid, timeline in timelines.items()}
+
+
+def read_open_holds(con: duckdb.DuckDBPyConnection) -> dict[HoldKey, OpenHold]:
+    rows = con.execute(
+        "SELECT job_id, unit, team, project, amount, expires_us, placed_by FROM open_holds"
+    ).fetchall()
+    holds = [
+        OpenHold(str(j), Unit(u), str(t), p, int(a), int(e), str(b)) for j, u, t, p, a, e, b in rows
+    ]
+    return {h.key: h for h in holds}
