@@ -48,7 +48,6 @@ from streams.sample_batches import SampleBatchConsumer
 log = logging.getLogger("tally.worker")
 INCARNATION_CHANGED_EXIT = 75  # EX_TEMPFAIL: run it again
 DEFAULT_IDLE_POLICY = IdlePolicy()
-_NO_INPUTS = InputTopics()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +68,8 @@ class WorkerSettings:
     dedupe_window_us: int = 7 * 86_400_000_000
     session_timeout_s: float = 6.0
     idle_policy: IdlePolicy = DEFAULT_IDLE_POLICY
-    admin_topic: str | None = None  # None: admin events and holds are not consumed,
-    jobs_topic: str | None = None
+    admin_topic: str = "tally.admin"  # read by Faust agents (the samples topic is not:
+    jobs_topic: str = "tally.jobs"  # `streams.sample_batches`)
     balances_topic: str | None = None  # and balances are not published
 
 
@@ -205,10 +204,8 @@ class LedgerWorker:
                     await self._apply(messages)
                     await self.publish_outbox()
 
-        if s.admin_topic is not None:
-            batches(s.admin_topic, "ledger-admin", 100)
-        if s.jobs_topic is not None:
-            batches(s.jobs_topic, "ledger-jobs", s.batch_max_messages)
+        batches(s.admin_topic, "ledger-admin", 100)
+        batches(s.jobs_topic, "ledger-jobs", s.batch_max_messages)
 
         @app.timer(interval=s.seal_interval_s)  # type: ignore[untyped-decorator]
         async def seal_timer() -> None:
@@ -246,8 +243,8 @@ class LedgerWorker:
                         balances=s.balances_topic,
                     ),
                     InputTopics(
-                        admin=s.admin_topic or _NO_INPUTS.admin,
-                        jobs=s.jobs_topic or _NO_INPUTS.jobs,
+                        admin=s.admin_topic,
+                        jobs=s.jobs_topic,
                     ),
                 )
 

@@ -27,6 +27,7 @@ from typing import Any
 from tests.benchmarks.harness import Figure, Progress
 
 PARTITIONS = 8
+ADMIN_TOPIC, JOBS_TOPIC = "bench.admin", "bench.jobs"  # empty: the worker's Faust agents
 NAIVE_LIMIT = 6_000  # the naive pipeline is measured on a prefix: it is that slow
 
 
@@ -54,6 +55,8 @@ def _settings(bootstrap: str, topic: str, data_dir: Path, group: str) -> Any:
         batch_max_messages=2000,
         batch_within_s=0.05,
         seal_interval_s=3600,
+        admin_topic=ADMIN_TOPIC,
+        jobs_topic=JOBS_TOPIC,
     )
 
 
@@ -293,7 +296,7 @@ def _fill(bootstrap: str, topic: str, rounds: int, pack: int) -> int:
     start = 1_793_491_200_000_000
 
     async def main() -> int:
-        await ensure_topics(bootstrap, [topic], PARTITIONS)
+        await ensure_topics(bootstrap, [topic, ADMIN_TOPIC, JOBS_TOPIC], PARTITIONS)
         producer = SampleProducer(bootstrap, topic)
         await producer.start()
         sent = 0
