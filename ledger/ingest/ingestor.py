@@ -257,10 +257,10 @@ def _checked_columns(
         DeadLetter(
             reason=reason,
             payload="",
-            event_id=columns.txn_id[i],
-            topic=columns.topic[i],
-            partition=columns.partition[i],
-            offset=columns.offset[i],
+            event_id=columns.rows[i][0],
+            topic=columns.rows[i][9],
+            partition=columns.rows[i][10],
+            offset=columns.rows[i][11],
         )
         for i, reason in sorted(problems.items())
     ]

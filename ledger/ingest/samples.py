@@ -112,7 +112,7 @@ def fold_samples(
     states, alerts, flagged = detect_idle(observed, view.idle, rules)
     for item in flagged:
         if item.columnar:
-            columns.idle[item.row] = True
+            columns.idle.add(item.row)
         else:
             flag = transactions[item.row]
             transactions[item.row] = replace(flag, txn=replace(flag.txn, idle=True))
@@ -171,14 +171,16 @@ def _add_common_case(
             money += energy_cost(energy, rate)
     if max(ms, money, energy) > MAX_POSTING_AMOUNT:
         return None
-    holder: tuple[str, Owner | None, str | None]
+    dims: tuple[str | None, str | None, str | None, str | None, str | None]
     if owner is None:
-        holder = (unallocated_account(sample.pool, sample.model), None, None)
+        account = unallocated_account(sample.pool, sample.model)
+        dims = (None, None, None, None, None)
     else:
         team = owner.team
         assert team is not None  # owner_shares names owners with a team only
-        holder = (consumer_account(team, owner.project), owner, rules.cost_centres.get(team))
-    row = columns.add_usage(
+        account = consumer_account(team, owner.project)
+        dims = (team, owner.project, owner.user, owner.job_id, rules.cost_centres.get(team))
+    row = columns.add(
         (
             envelope.id,
             sample.gpu_uuid,
@@ -189,11 +191,16 @@ def _add_common_case(
             sample.sample_time_us,
             period,
             sample.util_gpu_pct,
-        ),
-        (message.topic, message.partition, message.offset),
-        holder,
-        capacity_account(sample.pool, sample.model),
-        (ms, money, energy),
+            message.topic,
+            message.partition,
+            message.offset,
+            account,
+            capacity_account(sample.pool, sample.model),
+            *dims,
+            ms,
+            money,
+            energy,
+        )
     )
     return _Observed(envelope, True, row, owner, ms, money)
 

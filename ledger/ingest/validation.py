@@ -79,33 +79,36 @@ def _is_period(label: str) -> bool:
 
 def validate_columns(columns: PostingColumns, closed: Collection[str]) -> dict[int, str]:
     """The same check over column-built usage transactions: why each refused one (by its
-    index) is refused; empty when every one may be committed."""
-    sums: dict[tuple[int, str], int] = {}
+    index) is refused; empty when every one may be committed. Their postings are the holder's
+    amounts and the capacity's opposite ones (`PostingColumns`), so they sum to zero per unit
+    when every amount is an integer in range; accounts and periods are checked once each."""
+    known: dict[str, bool] = {}
+    open_period: dict[str, bool] = {}
     problems: dict[int, list[str]] = {}
-    kinds_ok: dict[str, bool] = {}
-    for p, txn in enumerate(columns.txn_index):
-        amount = columns.amount[p]
-        account = columns.account[p]
-        ok = kinds_ok.get(account)
+    for index, row in enumerate(columns.rows):
+        txn_id, start, end, period = row[0], row[5], row[6], row[7]
+        account, capacity = row[12], row[13]
+        found: list[str] = []
+        for amount in row[19:22]:
+            if type(amount) is not int or abs(amount) > MAX_POSTING_AMOUNT:
+                found.append(f"amount {amount!r} is not an integer in range")
+        for name in (account, capacity):
+            ok = known.get(name)
+            if ok is None:
+                ok = known[name] = _known_account(name)
+            if not ok:
+                found.append(f"unknown account {name!r}")
+        ok = open_period.get(period)
         if ok is None:
-            ok = kinds_ok[account] = _known_account(account)
+            ok = open_period[period] = _is_period(period) and period not in closed
         if not ok:
-            problems.setdefault(txn, []).append(f"posting {columns.leg[p]}: unknown account")
-        if type(amount) is not int or abs(amount) > MAX_POSTING_AMOUNT:
-            problems.setdefault(txn, []).append(f"posting {columns.leg[p]}: amount {amount!r}")
-            continue
-        key = (txn, columns.unit[p])
-        sums[key] = sums.get(key, 0) + amount
-    for (txn, unit), total in sums.items():
-        if total:
-            problems.setdefault(txn, []).append(f"postings in {unit} sum to {total}, not zero")
-    for i, period in enumerate(columns.period):
-        if not _is_period(period) or period in closed:
-            problems.setdefault(i, []).append(f"period {period!r} is not open")
-        if columns.end_us[i] <= columns.start_us[i] or not columns.txn_id[i]:
-            problems.setdefault(i, []).append("no interval or no cause")
+            found.append(f"period {period!r} is not open")
+        if end <= start or not txn_id:
+            found.append("no interval or no cause")
+        if found:
+            problems[index] = found
     return {
-        i: f"transaction {columns.txn_id[i]} refused: " + "; ".join(found)
+        i: f"transaction {columns.rows[i][0]} refused: " + "; ".join(found)
         for i, found in problems.items()
     }
 

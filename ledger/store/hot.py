@@ -212,7 +212,7 @@ class DuckDBStore(HotReads):
         try:
             fresh = self._drop_seen(transactions)
             built = self._drop_seen_columns(columns, fresh)
-            self._refuse_closed(fresh, bool(closing), built.period if built else ())
+            self._refuse_closed(fresh, bool(closing), [r[7] for r in built.rows] if built else ())
             table = _postings_table(fresh, built, incarnation)
             if table.num_rows:
                 con.register("batch_postings", table)
@@ -344,8 +344,8 @@ class DuckDBStore(HotReads):
     ) -> tuple[list[str], list[int]]:
         """Record the applied ids; the ids and dedupe times recorded."""
         if built:  # usage: applied at the end of its interval, like `fresh`'s usage
-            fresh_ids = [t.txn.txn_id for t in fresh] + built.txn_id
-            fresh_times = [t.txn.end_us for t in fresh] + built.end_us
+            fresh_ids = [t.txn.txn_id for t in fresh] + [r[0] for r in built.rows]
+            fresh_times = [t.txn.end_us for t in fresh] + [r[6] for r in built.rows]
         else:
             fresh_ids = [t.txn.txn_id for t in fresh]
             fresh_times = [t.txn.end_us for t in fresh]
@@ -471,10 +471,11 @@ class DuckDBStore(HotReads):
         """`columns` less the transactions already applied, in `fresh`, or repeated."""
         if not columns:
             return None
-        taken = self._dedupe.ids().intersection(columns.txn_id)
+        ids = [r[0] for r in columns.rows]
+        taken = self._dedupe.ids().intersection(ids)
         taken.update(t.txn.txn_id for t in fresh)
         drop: set[int] = set()
-        for index, txn_id in enumerate(columns.txn_id):
+        for index, txn_id in enumerate(ids):
             if txn_id in taken:
                 drop.add(index)
             taken.add(txn_id)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ledger.errors import StoreError
-from ledger.posting_columns import PostingColumns
+from ledger.posting_columns import LEG_UNITS, PostingColumns
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.store.port import ConsumedMessage, SourcedTransaction
 from ledger.units import Unit
@@ -282,40 +284,51 @@ def transaction_from_rows(rows: Sequence[tuple[object, ...]]) -> Transaction | N
 
 
 def columns_to_arrow(columns: PostingColumns, incarnation: str) -> pa.Table:
-    """Column-built usage transactions in the postings schema: the lists go to Arrow as they
-    are, transaction-level columns repeated per posting by `take`."""
-    n = len(columns.txn_id)
-    per_txn = pa.table(
-        {
-            "txn_id": pa.array(columns.txn_id, pa.string()),
-            "kind": pa.array([TransactionKind.USAGE.value] * n, pa.string()),
-            "gpu_uuid": pa.array(columns.gpu_uuid, pa.string()),
-            "model": pa.array(columns.model, pa.string()),
-            "pool": pa.array(columns.pool, pa.string()),
-            "node": pa.array(columns.node, pa.string()),
-            "start_us": pa.array(columns.start_us, pa.int64()),
-            "end_us": pa.array(columns.end_us, pa.int64()),
-            "cause": pa.array(columns.txn_id, pa.string()),
-            "src_topic": pa.array(columns.topic, pa.string()),
-            "src_partition": pa.array(columns.partition, pa.int32()),
-            "src_offset": pa.array(columns.offset, pa.int64()),
-            "period": pa.array(columns.period, pa.string()),
-            "util_pct": pa.array(columns.util_pct, pa.int16()),
-            "idle": pa.array(columns.idle, pa.bool_()),
-        }
-    ).take(pa.array(columns.txn_index, pa.int32()))
-    rows = len(columns.txn_index)
+    """Column-built usage transactions in the postings schema. Each row makes four postings, or
+    six with energy: the holder's legs then the capacity's, in `LEG_UNITS` order. Posting
+    columns are taken from the row columns by index, so Python touches each row once."""
+    cols = columns.columns()
+    n = len(columns)
+    energy = np.asarray(cols["energy_mj"], dtype=np.int64)
+    keep = np.ones((n, 6), dtype=bool)
+    keep[:, 2] = keep[:, 5] = energy != 0
+    flat = keep.ravel()
+    txn = pa.array(np.repeat(np.arange(n, dtype=np.int32), 6)[flat])
+    position = np.tile(np.arange(6, dtype=np.int8), n)[flat]
+    leg = (np.cumsum(keep, axis=1) - 1).ravel()[flat].astype(np.int16)
+    ms = np.asarray(cols["gpu_ms"], dtype=np.int64)
+    money = np.asarray(cols["money"], dtype=np.int64)
+    amount = np.stack([ms, money, energy, -ms, -money, -energy], axis=1).ravel()[flat]
+    units = pa.array([u.value for u in LEG_UNITS] * 2, pa.string()).take(pa.array(position))
+    holder = pa.array(position < 3)
+
+    def per_txn(name: str, kind: pa.DataType) -> pa.Array:
+        return pa.array(cols[name], kind).take(txn)
+
+    def holder_only(name: str) -> pa.Array:
+        return pc.if_else(holder, per_txn(name, pa.string()), pa.scalar(None, pa.string()))
+
     named = {
-        **{name: per_txn.column(name) for name in _TXN_COLUMNS},
-        "leg": pa.array(columns.leg, pa.int16()),
-        "account": pa.array(columns.account, pa.string()),
-        "unit": pa.array(columns.unit, pa.string()),
-        "amount": pa.array(columns.amount, pa.int64()),
-        "team": pa.array(columns.team, pa.string()),
-        "project": pa.array(columns.project, pa.string()),
-        "user": pa.array(columns.user, pa.string()),
-        "job_id": pa.array(columns.job_id, pa.string()),
-        "cost_centre": pa.array(columns.cost_centre, pa.string()),
-        "incarnation": pa.array([incarnation] * rows, pa.string()),
+        "txn_id": per_txn("txn_id", pa.string()),
+        "leg": pa.array(leg),
+        "kind": pa.array([TransactionKind.USAGE.value] * len(leg), pa.string()),
+        "account": pc.if_else(
+            holder, per_txn("account", pa.string()), per_txn("capacity", pa.string())
+        ),
+        "unit": units,
+        "amount": pa.array(amount),
+        **{name: holder_only(name) for name in ("team", "project", "user", "job_id")},
+        "cost_centre": holder_only("cost_centre"),
+        **{name: per_txn(name, pa.string()) for name in ("gpu_uuid", "model", "pool", "node")},
+        "start_us": per_txn("start_us", pa.int64()),
+        "end_us": per_txn("end_us", pa.int64()),
+        "cause": per_txn("txn_id", pa.string()),
+        "incarnation": pa.array([incarnation] * len(leg), pa.string()),
+        "src_topic": per_txn("topic", pa.string()),
+        "src_partition": per_txn("partition", pa.int32()),
+        "src_offset": per_txn("offset", pa.int64()),
+        "period": per_txn("period", pa.string()),
+        "util_pct": per_txn("util_pct", pa.int16()),
+        "idle": pa.array([i in columns.idle for i in range(n)], pa.bool_()).take(txn),
     }
     return pa.table([named[name] for name in POSTINGS_SCHEMA.names], schema=POSTINGS_SCHEMA)
