@@ -46,7 +46,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from ledger.admin import AdminView, AppliedAdmin, PeriodClosed
+from ledger.admin import AppliedAdmin, PeriodClosed
 from ledger.assignments import Holding
 from ledger.closing import ClosedPeriod
 from ledger.errors import StoreError
@@ -83,6 +83,7 @@ from ledger.store.port import (
     SourcedTransaction,
     StateChanges,
     ViewKeys,
+    assemble_view,
     ranges_from_offsets,
 )
 from ledger.store.schema import (
@@ -400,20 +401,7 @@ class DuckDBStore(HotReads):
 
     def load_view(self, keys: ViewKeys) -> LedgerView:
         """What one batch's fold reads, for `keys` only."""
-        txn_ids = sorted(keys.txn_ids)
-        found = {t: txn for t in txn_ids if (txn := self.find_transaction(t)) is not None}
-        return LedgerView(
-            seen=frozenset(self.seen_ids(keys.event_ids)),
-            admin_applied=frozenset(self.admin_ids(keys.admin_ids)),
-            closed=self.closed_period_labels(),
-            admin=self.admin_view() if keys.admin else AdminView(),
-            timelines=self.gpu_timelines(keys.gpu_uuids),
-            idle=self.idle_states(sorted(keys.subjects)),
-            holds=self.open_holds() if keys.holds else {},
-            budget_totals={k: self.budget_total(*k) for k in keys.budget_keys},
-            transactions=found,
-            reversed_by={t: r for t in txn_ids if (r := self.reversed_by(t)) is not None},
-        )
+        return assemble_view(self, keys)
 
     def seen_ids(self, ids: Sequence[str]) -> set[str]:
         """Which of `ids` have been applied already: one set intersection with the dedupe set,

@@ -55,6 +55,7 @@ from ledger.store.port import (
     SourcedTransaction,
     StateChanges,
     ViewKeys,
+    assemble_view,
     ranges_from_offsets,
 )
 from ledger.units import Unit
@@ -406,20 +407,7 @@ class MemoryStore:
 
     def load_view(self, keys: ViewKeys) -> LedgerView:
         """What one batch's fold reads, for `keys` only."""
-        txn_ids = sorted(keys.txn_ids)
-        found = {t: txn for t in txn_ids if (txn := self.find_transaction(t)) is not None}
-        return LedgerView(
-            seen=frozenset(self.seen_ids(keys.event_ids)),
-            admin_applied=frozenset(self.admin_ids(keys.admin_ids)),
-            closed=self.closed_period_labels(),
-            admin=self.admin_view() if keys.admin else AdminView(),
-            timelines=self.gpu_timelines(keys.gpu_uuids),
-            idle=self.idle_states(sorted(keys.subjects)),
-            holds=self.open_holds() if keys.holds else {},
-            budget_totals={k: self.budget_total(*k) for k in keys.budget_keys},
-            transactions=found,
-            reversed_by={t: r for t in txn_ids if (r := self.reversed_by(t)) is not None},
-        )
+        return assemble_view(self, keys)
 
     def idle_states(self, subjects: Sequence[str]) -> dict[str, GpuIdleState]:
         return {s: self._s.idle[s] for s in subjects if s in self._s.idle}

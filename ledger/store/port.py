@@ -19,7 +19,7 @@ the batch's effect in one atomic step. Invariants every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -34,6 +34,7 @@ from ledger.posting_columns import PostingColumns
 from ledger.postings import Transaction
 from ledger.pricing import PriceBook
 from ledger.store.segments import SegmentInfo
+from ledger.units import Unit
 
 PartitionKey = tuple[str, int]  # (topic, partition)
 
@@ -170,6 +171,48 @@ class LedgerView:
     budget_totals: Mapping[BudgetKey, int] = field(default_factory=dict)
     transactions: Mapping[str, Transaction] = field(default_factory=dict)
     reversed_by: Mapping[str, str] = field(default_factory=dict)
+
+
+class ViewLookups(Protocol):
+    """The per-key reads a store answers a `LedgerView` from."""
+
+    def seen_ids(self, ids: Sequence[str]) -> set[str]: ...
+
+    def admin_ids(self, ids: Sequence[str]) -> set[str]: ...
+
+    def closed_period_labels(self) -> frozenset[str]: ...
+
+    def admin_view(self) -> AdminView: ...
+
+    def gpu_timelines(self, gpu_uuids: Collection[str]) -> dict[str, tuple[Holding, ...]]: ...
+
+    def idle_states(self, subjects: Sequence[str]) -> dict[str, GpuIdleState]: ...
+
+    def open_holds(self) -> dict[HoldKey, OpenHold]: ...
+
+    def budget_total(self, team: str, period: str, unit: Unit) -> int: ...
+
+    def find_transaction(self, txn_id: str) -> Transaction | None: ...
+
+    def reversed_by(self, txn_id: str) -> str | None: ...
+
+
+def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
+    """The `LedgerView` for `keys`, from a store's per-key reads (both stores answer so)."""
+    txn_ids = sorted(keys.txn_ids)
+    found = {t: txn for t in txn_ids if (txn := store.find_transaction(t)) is not None}
+    return LedgerView(
+        seen=frozenset(store.seen_ids(keys.event_ids)),
+        admin_applied=frozenset(store.admin_ids(keys.admin_ids)),
+        closed=store.closed_period_labels(),
+        admin=store.admin_view() if keys.admin else AdminView(),
+        timelines=store.gpu_timelines(keys.gpu_uuids),
+        idle=store.idle_states(sorted(keys.subjects)),
+        holds=store.open_holds() if keys.holds else {},
+        budget_totals={k: store.budget_total(*k) for k in keys.budget_keys},
+        transactions=found,
+        reversed_by={t: r for t in txn_ids if (r := store.reversed_by(t)) is not None},
+    )
 
 
 class LedgerStore(Protocol):
