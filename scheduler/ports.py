@@ -1,8 +1,9 @@
 """The scheduler's ports: what the pure core needs from the world, as small Protocols.
 
-Adapters come with the rest of the Scheduler issue — a Kafka event sink and balance feed, the
-local executor (process groups pinned with `CUDA_VISIBLE_DEVICES`) and the Slurm executor —
-each with an in-memory fake beside it and one contract test run against both.
+Their adapters: the Kafka publisher and feeds (`scheduler.kafka`), the local executor (process
+groups pinned with `CUDA_VISIBLE_DEVICES`) and the Slurm executor (`scheduler.executors`), each
+with an in-memory fake beside it (`scheduler.fakes`, `scheduler.executors.fake`) and one
+contract suite run against both.
 
 The executor port (adapters in `scheduler.executors`) owns its vocabulary here: `Work` (what a
 job runs), `StopReason` (why it is told to stop), `RunState` and `JobStatus` (what it reports).
