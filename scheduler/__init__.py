@@ -24,7 +24,7 @@ API, the CLI and the Kafka wiring plug in through the Protocols in `scheduler.po
     state        SchedulerState, the projection of the `jobs` topic
     simulation   discrete-event replay in simulated time (benchmark, invariant tests, what-if)
     ports        Clock, EventSink, BalanceFeed, UsageFeed, Executor, SchedulerObserver,
-                 Publisher
+                 Publisher and its in-memory fake MemoryPublisher
     executors    the Executor adapters: local (process groups), slurm, fake; one contract suite
     service      the running scheduler: replays `jobs`, reads `balances` and `alerts`, runs the
                  cycle, publishes decisions before the executor carries them out
@@ -34,7 +34,6 @@ API, the CLI and the Kafka wiring plug in through the Protocols in `scheduler.po
     jobs_topic   the scheduler's `jobs` messages: encoding, `tally-seq`, replay order
     work_store   jobs' commands and local runs' process groups under `work_dir`
     kafka        the service's Kafka adapters: replay reader, publisher, balances/alerts feeds
-    fakes        in-memory fakes of the service's ports (MemoryPublisher)
     api          the HTTP API with per-team bearer tokens
     errors       SchedulerError ← ConfigError, StateError, ExecutorError, ServiceError, …
 

@@ -2,7 +2,7 @@
 
 Their adapters: the Kafka publisher and feeds (`scheduler.kafka`), the local executor (process
 groups pinned with `CUDA_VISIBLE_DEVICES`) and the Slurm executor (`scheduler.executors`), each
-with an in-memory fake beside it (`scheduler.fakes`, `scheduler.executors.fake`) and one
+with an in-memory fake beside it (`MemoryPublisher` here, `scheduler.executors.fake`) and one
 contract suite run against both.
 
 The executor port (adapters in `scheduler.executors`) owns its vocabulary here: `Work` (what a
@@ -25,7 +25,7 @@ Its contract:
   `jobs` events (finish, fail, retry) and decisions into `start`/`stop` calls.
 
 The publisher port (`Publisher`; adapters `scheduler.kafka.KafkaPublisher` and the in-memory
-`scheduler.fakes.MemoryPublisher`) sends `jobs` messages (`scheduler.jobs_topic`) in order and
+`MemoryPublisher`, below) sends `jobs` messages (`scheduler.jobs_topic`) in order and
 returns once the broker acknowledged every one, with where each landed; when it cannot, it
 raises `BrokerUnavailable` and the caller sends them all again. A message sent twice is
 harmless: a replay skips a repeated `tally-seq`, the ledger drops a repeated event id.
@@ -40,7 +40,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
+from ledger.holds import HoldEvent
 from ledger.job_events import JobEvent
+from scheduler.errors import BrokerUnavailable
 from scheduler.executors.errors import InvalidWork
 from scheduler.jobs_topic import Outgoing
 from scheduler.model import Balance, RunningJob
@@ -198,3 +200,27 @@ class Publisher(Protocol):
     async def publish(self, messages: Sequence[Outgoing]) -> list[tuple[int, int]]:
         """Send in order and wait for every acknowledgement; (partition, offset) of each."""
         ...
+
+
+class MemoryPublisher:
+    """The `Publisher`'s in-memory fake (tests, and a service run without a broker): keeps
+    every message it acknowledged, in order, all in partition 0 at offsets 0, 1, 2, …;
+    `fail_next` makes that many next calls raise `BrokerUnavailable` and keep nothing."""
+
+    def __init__(self, partitions: int = 1) -> None:
+        self.messages: list[Outgoing] = []
+        self.partitions = partitions
+        self.fail_next = 0
+
+    async def publish(self, messages: Sequence[Outgoing]) -> list[tuple[int, int]]:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise BrokerUnavailable("the test broker is down")
+        out = []
+        for m in messages:
+            out.append((0, len(self.messages)))
+            self.messages.append(m)
+        return out
+
+    def events(self) -> list[JobEvent | HoldEvent]:
+        return [m.event for m in self.messages]

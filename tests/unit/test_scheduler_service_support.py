@@ -13,8 +13,7 @@ from ledger.events import Owner
 from ledger.job_events import JobEvent
 from scheduler.dispatcher import Dispatcher
 from scheduler.executors.fake import FakeExecutor, ManualClock, Outcome
-from scheduler.fakes import MemoryPublisher
-from scheduler.ports import Work
+from scheduler.ports import MemoryPublisher, Work
 from scheduler.records import SubmitRequest
 from scheduler.service import SchedulerService
 from tally.config import TallyConfig, parse_config
