@@ -22,7 +22,7 @@ decoding live in `ledger.alerts`; they are re-exported here for the detector's c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ledger.alerts import AlertKind, IdleAlert, ResolveReason, encode_alert
 from ledger.events import Owner
@@ -86,58 +86,67 @@ class IdleObservation:
 def step(
     state: GpuIdleState | None, obs: IdleObservation, policy: IdlePolicy
 ) -> tuple[GpuIdleState, tuple[IdleAlert, ...], bool]:
-    """Advance one GPU's state by one sample: (new state, alerts, flag this usage as idle)."""
+    """Advance one GPU's state by one sample: (new state, alerts, flag this usage as idle).
+
+    The new state is built once from locals (this runs for every sample)."""
     if state is not None and obs.end_us <= state.last_time_us:
         return state, (), False
     alerts: list[IdleAlert] = []
-    if state is None:
-        state = GpuIdleState(obs.subject, obs.end_us)
-    if state.alert_since_us is not None and obs.owner != state.owner:
-        reason = ResolveReason.RELEASED if obs.owner is None else ResolveReason.OWNER_CHANGED
-        alerts.append(_alert(AlertKind.RESOLVED, state, obs, reason))
-        state = GpuIdleState(obs.subject, state.last_time_us)
-    elif obs.owner != state.owner:
-        state = GpuIdleState(obs.subject, state.last_time_us)
-    state = replace(state, owner=obs.owner, last_time_us=obs.end_us)
-    if obs.owner is None:
-        return state, tuple(alerts), False
-
+    subject, end, owner = obs.subject, obs.end_us, obs.owner
+    if state is None or owner != state.owner:  # a new holder starts from nothing
+        if state is not None and state.alert_since_us is not None:
+            reason = ResolveReason.RELEASED if owner is None else ResolveReason.OWNER_CHANGED
+            alerts.append(_alert(AlertKind.RESOLVED, state, obs, reason))
+        below: int | None = None
+        busy: int | None = None
+        since: int | None = None
+        waste_ms = waste_micros = 0
+    else:
+        below, busy, since = state.below_since_us, state.busy_since_us, state.alert_since_us
+        waste_ms, waste_micros = state.waste_gpu_ms, state.waste_micros
+    if owner is None:
+        return (
+            GpuIdleState(subject, end, None, below, busy, since, waste_ms, waste_micros),
+            tuple(alerts),
+            False,
+        )
     idle_now = obs.util_pct < policy.threshold_pct
-    flag = False
-    if state.alert_since_us is None:
+    if since is None:
         if not idle_now:
-            return replace(state, below_since_us=None), tuple(alerts), False
-        below = state.below_since_us if state.below_since_us is not None else obs.start_us
-        state = replace(state, below_since_us=below)
-        if obs.end_us - below >= policy.min_duration_us:
-            state = replace(
-                state,
-                alert_since_us=below,
-                waste_gpu_ms=obs.gpu_ms,
-                waste_micros=obs.cost_micros,
-                busy_since_us=None,
-            )
-            alerts.append(_alert(AlertKind.DETECTED, state, obs, None))
-            flag = True
-        return state, tuple(alerts), flag
+            new = GpuIdleState(subject, end, owner, None, busy, None, waste_ms, waste_micros)
+            return new, tuple(alerts), False
+        if below is None:
+            below = obs.start_us
+        if end - below >= policy.min_duration_us:
+            new = GpuIdleState(subject, end, owner, below, None, below, obs.gpu_ms, obs.cost_micros)
+            alerts.append(_alert(AlertKind.DETECTED, new, obs, None))
+            return new, tuple(alerts), True
+        new = GpuIdleState(subject, end, owner, below, busy, None, waste_ms, waste_micros)
+        return new, tuple(alerts), False
 
     # An alert is open: count waste while idle; resolve after a sustained busy stretch.
     if idle_now:
-        state = replace(
-            state,
-            busy_since_us=None,
-            waste_gpu_ms=state.waste_gpu_ms + obs.gpu_ms,
-            waste_micros=state.waste_micros + obs.cost_micros,
+        new = GpuIdleState(
+            subject,
+            end,
+            owner,
+            below,
+            None,
+            since,
+            waste_ms + obs.gpu_ms,
+            waste_micros + obs.cost_micros,
         )
-        return state, tuple(alerts), True
+        return new, tuple(alerts), True
     if obs.util_pct < policy.resolve_pct:
-        return replace(state, busy_since_us=None), tuple(alerts), False
-    busy = state.busy_since_us if state.busy_since_us is not None else obs.start_us
-    state = replace(state, busy_since_us=busy)
-    if obs.end_us - busy >= policy.resolve_duration_us:
-        alerts.append(_alert(AlertKind.RESOLVED, state, obs, ResolveReason.BUSY_AGAIN))
-        state = GpuIdleState(obs.subject, obs.end_us, owner=obs.owner)
-    return state, tuple(alerts), flag
+        new = GpuIdleState(subject, end, owner, below, None, since, waste_ms, waste_micros)
+        return new, tuple(alerts), False
+    if busy is None:
+        busy = obs.start_us
+    new = GpuIdleState(subject, end, owner, below, busy, since, waste_ms, waste_micros)
+    if end - busy >= policy.resolve_duration_us:
+        alerts.append(_alert(AlertKind.RESOLVED, new, obs, ResolveReason.BUSY_AGAIN))
+        new = GpuIdleState(subject, end, owner=owner)
+    return new, tuple(alerts), False
 
 
 def _alert(
