@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from collectors.simulated import PoolSpec, SimulatedFleet, TeamSpec, WorkloadKind
 from ledger import admin
 from ledger.units import Unit
-from streams.worker import WorkerSettings
 from tally.config import TallyConfig
+
+if TYPE_CHECKING:
+    # Importing `streams.worker` imports Faust, which parses the process's argv for its own
+    # `-L/--loop` option: only the command that runs the worker may import it (see below).
+    from streams.worker import WorkerSettings
 
 BOOTSTRAP_ENV = "TALLY_BOOTSTRAP"
 
@@ -52,6 +57,10 @@ def simulated_fleet(config: TallyConfig) -> SimulatedFleet:
 
 
 def worker_settings(config: TallyConfig, bootstrap: tuple[str, ...]) -> WorkerSettings:
+    """The worker's settings. Imports Faust (through `streams.worker`): call it only where the
+    worker is about to run, never while a command is being parsed."""
+    from streams.worker import WorkerSettings
+
     return WorkerSettings(
         bootstrap=bootstrap,
         group_id=config.worker.group_id,

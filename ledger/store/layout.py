@@ -19,6 +19,15 @@ SEGMENTS_DIR = "segments"
 ARCHIVE_DIR = "archive"
 
 
+def has_ledger(data_dir: Path) -> bool:
+    """Whether `data_dir` holds a ledger: the writer's database, or a postings manifest (a
+    directory that does not exist, or holds neither, is not a ledger; a reader must not treat
+    it as an empty one)."""
+    from ledger.store.segments import MANIFEST_NAME
+
+    return (data_dir / HOT_DB_NAME).is_file() or (data_dir / SEGMENTS_DIR / MANIFEST_NAME).is_file()
+
+
 def first_row(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...] | None:
     """The first row of a result, read to its end so the connection is free for the next call."""
     rows = result.fetchall()

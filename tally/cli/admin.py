@@ -36,6 +36,7 @@ from tally.cli.options import (
     load_or_exit,
     output_option,
     resolve_data_dir,
+    resolve_ledger_dir,
 )
 from tally.cli.report import report as report_group
 from tally.components import NoBrokerError, bootstrap_servers, desired_admin_state
@@ -242,7 +243,7 @@ def balances(
             period = Period.month(period).label
         except ValueError as exc:
             fail(f"--period: {exc}", Exit.USAGE)
-    directory = resolve_data_dir(config_path, data_dir)
+    directory = resolve_ledger_dir(config_path, data_dir)
     try:
         rows = sealed_balances(directory)
     except LedgerError as exc:

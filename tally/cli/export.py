@@ -18,7 +18,7 @@ from tally.cli.options import (
     data_dir_option,
     fail,
     output_option,
-    resolve_data_dir,
+    resolve_ledger_dir,
 )
 from tally.cli.report import ledger_currency, parse_period
 from tally.output import OutputFormat, render
@@ -98,7 +98,7 @@ def focus(
         )
     except ValueError as exc:
         fail(str(exc), Exit.USAGE)
-    directory = resolve_data_dir(config_path, data_dir)
+    directory = resolve_ledger_dir(config_path, data_dir)
     bar: Any = None
 
     def progress(done: int, total: int) -> None:

@@ -273,8 +273,12 @@ def cancel(config_path: str, api: str | None, token: str | None, job_id: str, ou
 def explain(config_path: str, api: str | None, token: str | None, job_id: str, output: str) -> None:
     """Why JOB_ID waits, runs, was preempted or ended."""
     answer = Client(config_path, api, token).call("GET", f"/v1/jobs/{_quote(job_id)}/explain")
-    if OutputFormat(output) is OutputFormat.JSON:
+    fmt = OutputFormat(output)
+    if fmt is OutputFormat.JSON:
         click.echo(orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode())
+    elif fmt is OutputFormat.CSV:
+        row = [answer["job_id"], answer["explanation"]]
+        click.echo(render(["job_id", "explanation"], [row], fmt))
     else:
         click.echo(answer["explanation"])
 

@@ -58,7 +58,9 @@ from tally.cli.options import (
     fail,
     load_or_exit,
     output_option,
+    require_ledger,
     resolve_data_dir,
+    resolve_ledger_dir,
 )
 from tally.components import NoBrokerError, bootstrap_servers
 from tally.config import TallyConfig
@@ -76,8 +78,11 @@ def ledger() -> None:
 @output_option
 def verify(config_path: str, data_dir: str | None, output: str) -> None:
     """Check zero-sum, segment integrity, closed-period checksums, and that no offset range is
-    missing or doubled, in the segments or in the raw-event archive."""
-    directory = resolve_data_dir(config_path, data_dir)
+    missing or doubled, in the segments or in the raw-event archive.
+
+    `-o json` and `-o csv` give the same summary for scripts (in CSV one row; its `problems`
+    column joins the problems with "; ")."""
+    directory = resolve_ledger_dir(config_path, data_dir)
     bar: Any = None
 
     def progress(done: int, total: int) -> None:
@@ -91,22 +96,25 @@ def verify(config_path: str, data_dir: str | None, output: str) -> None:
     report = verify_ledger(directory, progress)
     if bar is not None:
         bar.__exit__(None, None, None)
+    summary: dict[str, Any] = {
+        "ok": report.ok,
+        "segments": report.segments,
+        "rows": report.rows,
+        "transactions": report.transactions,
+        "closed_periods": report.closed_periods,
+        "archive_segments": report.archive_segments,
+        "archived_messages": report.archived_messages,
+        "problems": list(report.problems),
+    }
     if output == OutputFormat.JSON:
-        click.echo(
-            orjson.dumps(
-                {
-                    "ok": report.ok,
-                    "segments": report.segments,
-                    "rows": report.rows,
-                    "transactions": report.transactions,
-                    "closed_periods": report.closed_periods,
-                    "archive_segments": report.archive_segments,
-                    "archived_messages": report.archived_messages,
-                    "problems": list(report.problems),
-                },
-                option=orjson.OPT_INDENT_2,
-            ).decode()
-        )
+        click.echo(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
+    elif output == OutputFormat.CSV:
+        row = [
+            "true" if report.ok else "false",
+            *list(summary.values())[1:-1],
+            "; ".join(report.problems),
+        ]
+        click.echo(render(list(summary), [row], OutputFormat.CSV))
     else:
         click.echo(
             f"{report.segments} segments, {report.rows} postings, "
@@ -127,7 +135,7 @@ def seal(config_path: str, data_dir: str | None) -> None:
     """Seal committed rows into Parquet segments now (the worker must not be running)."""
     from ledger.store.hot import DuckDBStore
 
-    directory = resolve_data_dir(config_path, data_dir)
+    directory = resolve_ledger_dir(config_path, data_dir)
     try:
         with DuckDBStore(directory) as store:
             result = store.seal()
@@ -439,7 +447,7 @@ def rebuild(
 
     Exits 1 when anything differs, 0 when the two are identical."""
     config = load_or_exit(config_path)
-    live = Path(data_dir) if data_dir else config.ledger.data_dir
+    live = require_ledger(Path(data_dir) if data_dir else config.ledger.data_dir)
     settings = replay_settings(config)
     if into is not None and Path(into).exists() and any(Path(into).iterdir()):
         fail(f"--into {into}: not an empty directory (a rebuild needs a fresh one)", Exit.USAGE)

@@ -10,6 +10,7 @@ from typing import NoReturn
 
 import click
 
+from ledger.store.layout import has_ledger
 from tally.config import ConfigError, TallyConfig, load_config
 from tally.output import OutputFormat
 
@@ -22,6 +23,7 @@ class Exit(IntEnum):
     USAGE = 2
     BROKER = 3
     LEDGER = 4
+    INTERNAL = 70
     INTERRUPTED = 130
 
 
@@ -41,6 +43,20 @@ def resolve_data_dir(config_path: str | None, data_dir: str | None) -> Path:
     if data_dir:
         return Path(data_dir)
     return load_or_exit(config_path or DEFAULT_CONFIG).ledger.data_dir
+
+
+def require_ledger(directory: Path) -> Path:
+    """`directory`, if it holds a ledger; else exit `Exit.LEDGER` (a typo in --data-dir must not
+    read as an empty ledger, nor be created as a new one)."""
+    if not has_ledger(directory):
+        fail(f"no ledger at {directory}", Exit.LEDGER)
+    return directory
+
+
+def resolve_ledger_dir(config_path: str | None, data_dir: str | None) -> Path:
+    """The data directory (as `resolve_data_dir`) of a command that reads the ledger: it must
+    hold one."""
+    return require_ledger(resolve_data_dir(config_path, data_dir))
 
 
 config_option = click.option(

@@ -34,7 +34,7 @@ from tally.cli.options import (
     fail,
     load_or_exit,
     output_option,
-    resolve_data_dir,
+    resolve_ledger_dir,
 )
 from tally.output import OutputFormat, render
 
@@ -127,7 +127,7 @@ def cost(
         fail(f"--by: a dimension is repeated in {by!r}", Exit.USAGE)
     chosen = parse_period(period)
     sharing = IdleSharing(idle_sharing)
-    directory = resolve_data_dir(config_path, data_dir)
+    directory = resolve_ledger_dir(config_path, data_dir)
     try:
         result = cost_report(
             ReportQueries(directory), dims, chosen, sharing, include_unallocated=include_unallocated
@@ -203,7 +203,7 @@ def idle(
     it is charged to the owner and reported as waste.
     """
     chosen = parse_period(period)
-    directory = resolve_data_dir(config_path, data_dir)
+    directory = resolve_ledger_dir(config_path, data_dir)
     try:
         result = idle_report(ReportQueries(directory), chosen, IdleSharing(idle_sharing))
     except LedgerError as exc:
@@ -303,7 +303,7 @@ def statement(
     """A team's statement for a month: cost by project and user, idle waste, budget."""
     chosen = parse_period(period)
     assert chosen is not None
-    directory = resolve_data_dir(config_path, data_dir)
+    directory = resolve_ledger_dir(config_path, data_dir)
     currency = ledger_currency(config_path)
     try:
         result = team_statement(

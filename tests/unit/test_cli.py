@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import click
 import pytest
@@ -31,9 +32,8 @@ def test_every_command_has_help(path):
     assert "Usage:" in result.output
 
 
-@pytest.fixture
-def ledger_dir(tmp_path):
-    data_dir = tmp_path / "ledger"
+def small_ledger(data_dir: Path) -> Path:
+    """A ledger of three sealed transactions (one team, one price) in `data_dir`."""
     with DuckDBStore(data_dir) as store:
         messages = [
             ConsumedMessage(
@@ -44,6 +44,11 @@ def ledger_dir(tmp_path):
         Ingestor(store, "c", PriceBook((Price("*", 3_600_000),)), {}).apply(messages)
         store.seal()
     return data_dir
+
+
+@pytest.fixture
+def ledger_dir(tmp_path):
+    return small_ledger(tmp_path / "ledger")
 
 
 def test_invalid_config_exits_2_with_file_field_and_problem(tmp_path):
@@ -116,7 +121,8 @@ def test_report_cost_bad_usage_exits_2(ledger_dir, args, message):
 
 
 def test_report_on_an_empty_ledger_says_so(tmp_path):
-    result = CliRunner().invoke(cli, ["report", "cost", "--data-dir", str(tmp_path / "none")])
+    DuckDBStore(tmp_path / "fresh").close()  # what the worker creates before it seals anything
+    result = CliRunner().invoke(cli, ["report", "cost", "--data-dir", str(tmp_path / "fresh")])
     assert result.exit_code == 0
     assert "no sealed usage" in result.output
 

@@ -298,7 +298,8 @@ def test_export_focus_from_ingested_samples(tmp_path):
 
 def test_export_of_an_empty_ledger_writes_only_a_header(tmp_path):
     out = tmp_path / "x.csv"
-    result = run("export", "focus", "--data-dir", tmp_path / "none", "--period", "2026-11",
+    DuckDBStore(tmp_path / "fresh").close()  # what the worker creates before it seals anything
+    result = run("export", "focus", "--data-dir", tmp_path / "fresh", "--period", "2026-11",
                  "--out", out)  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "wrote 0 FOCUS rows" in result.output

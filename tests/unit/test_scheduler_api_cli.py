@@ -98,6 +98,12 @@ def test_submit_list_explain_cancel_and_queues(served):
 
     explained = tally(served, "job", "explain", job)
     assert explained.exit_code == 0 and "now: running" in explained.output
+    (row,) = list(
+        csv.DictReader(io.StringIO(tally(served, "job", "explain", job, "-o", "csv").output))
+    )
+    assert row["job_id"] == job and "now: running" in row["explanation"]
+    as_json = orjson.loads(tally(served, "job", "explain", job, "-o", "json").output)
+    assert as_json["job_id"] == job and "now: running" in as_json["explanation"]
 
     queues = tally(served, "queue", "list")
     assert queues.exit_code == 0
