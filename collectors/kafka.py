@@ -33,10 +33,7 @@ from aiokafka.errors import (
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
-    MessageSizeTooLargeError,
     NodeNotReadyError,
-    RecordListTooLargeError,
-    RecordTooLargeError,
     RequestTimedOutError,
 )
 from aiokafka.producer.sender import InitPIDHandler
@@ -44,14 +41,17 @@ from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.transaction import InitProducerIdRequest_v0
 from aiokafka.protocol.types import CompactString, Int16, Int32, Int64, Schema, TaggedFields
 
+from streams.kafka import CONTENT_REFUSALS
+
 CODECS: dict[str, Callable[[], bool]] = {
     "gzip": codec.has_gzip,
     "lz4": codec.has_lz4,
     "zstd": codec.has_zstd,
     "snappy": codec.has_snappy,
 }
-# The broker refuses these for the message itself: resending can never succeed.
-REJECTED = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
+# The broker refuses these for the message itself (too large, corrupt): resending can never
+# succeed. The one list every Tally producer shares (`streams.kafka`).
+REJECTED = CONTENT_REFUSALS
 # These say nothing about idempotence: the broker did not answer at all.
 _UNREACHABLE = (KafkaConnectionError, NodeNotReadyError, RequestTimedOutError, KafkaTimeoutError)
 # What talking to the broker raises: caught only as these, and raised to callers only as

@@ -65,7 +65,7 @@ def _cannot_connect(exc: BaseException) -> ProducerError:
 class Loss(StrEnum):
     """Why the producer itself dropped samples (the spool's reasons are `DropReason`)."""
 
-    REJECTED = "rejected"  # the broker refuses the message itself (too large)
+    REJECTED = "rejected"  # the broker refuses the message itself (too large, corrupt)
     UNSPOOLABLE = "spool_error"  # the spool could not be written
 
 
@@ -428,8 +428,8 @@ class SampleProducer:
                     self.metrics.health_events.inc()
             elif outcome is _Outcome.REJECTED:
                 log.error(
-                    "the broker refused a %d-byte message for %s (%d samples) as too large: "
-                    "dropped",
+                    "the broker refused a %d-byte message for %s (%d samples) for its content "
+                    "(too large or corrupt): dropped",
                     len(message.value),
                     message.topic,
                     message.samples,

@@ -25,6 +25,7 @@ import orjson
 from ledger.envelope import Envelope, encode_data, event_id
 from ledger.errors import EventError
 from ledger.events import Owner
+from ledger.excerpts import ID_LIMIT, bounded, bounded_or_none
 
 ALERT_SOURCE = "tally://ledger/idle"
 ALERT_SCHEMA = 1
@@ -106,23 +107,25 @@ def _data(
     waste_micros: int,
     reason: str | None,
 ) -> dict[str, Any]:
-    """The envelope's `data`: the one place the alert's field names are written."""
+    """The envelope's `data`: the one place the alert's field names are written. Its names are
+    bounded excerpts (`ledger.excerpts`): decoding bounds a sample's names already, and an alert
+    never repeats more than `ID_LIMIT` characters of one whatever made it."""
     return {
-        "gpu_uuid": gpu_uuid,
-        "node": node,
-        "pool": pool,
-        "model": model,
+        "gpu_uuid": bounded(gpu_uuid, ID_LIMIT),
+        "node": bounded(node, ID_LIMIT),
+        "pool": bounded(pool, ID_LIMIT),
+        "model": bounded(model, ID_LIMIT),
         "owner": {
-            "team": owner.team,
-            "project": owner.project,
-            "user": owner.user,
-            "job": owner.job_id,
+            "team": bounded_or_none(owner.team, ID_LIMIT),
+            "project": bounded_or_none(owner.project, ID_LIMIT),
+            "user": bounded_or_none(owner.user, ID_LIMIT),
+            "job": bounded_or_none(owner.job_id, ID_LIMIT),
         },
         "since_us": since_us,
         "at_us": at_us,
         "waste_gpu_ms": waste_gpu_ms,
         "waste_micros": waste_micros,
-        "reason": reason,
+        "reason": bounded_or_none(reason, ID_LIMIT),
     }
 
 
@@ -133,7 +136,7 @@ def encode_alert(alert: IdleAlert) -> bytes:
             id=alert.id,
             type=alert.kind,
             source=ALERT_SOURCE,
-            subject=alert.subject,
+            subject=bounded(alert.subject, ID_LIMIT),
             time_us=alert.at_us,
             schema=ALERT_SCHEMA,
             data=_data(
@@ -178,7 +181,7 @@ def decode_alert(value: bytes | str) -> Alert:
             reason=data.get("reason"),
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise EventError(f"not an idle-GPU alert: {exc!r}") from exc
+        raise EventError(bounded(f"not an idle-GPU alert: {exc!r}")) from exc
 
 
 def alert_to_dict(alert: Alert) -> dict[str, Any]:

@@ -38,10 +38,11 @@ from typing import Any, Generic, TypeVar
 import orjson
 
 from ledger.errors import EventError, UnknownSchemaError
+from ledger.excerpts import ID_LIMIT, TEXT_LIMIT, bounded, bounded_or_none
 
 SPEC_VERSION = "1.0"
 MAX_SOURCE = 256
-MAX_EXCERPT = 2048
+MAX_EXCERPT = TEXT_LIMIT
 
 T = TypeVar("T")
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
@@ -66,7 +67,13 @@ class Envelope(Generic[T]):
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """An input that could not be turned into an event, with why and where it came from."""
+    """An input that could not be turned into an event, with why and where it came from.
+
+    Every text field is a bounded excerpt (`ledger.excerpts`), whoever made the letter: `reason`
+    and `payload` at most `TEXT_LIMIT` characters, `event_id` and `topic` at most `ID_LIMIT`;
+    a cut field names the original's length and SHA-256 prefix. One oversized input never makes
+    an oversized letter.
+    """
 
     reason: str
     payload: str
@@ -74,6 +81,13 @@ class DeadLetter:
     topic: str | None = None
     partition: int | None = None
     offset: int | None = None
+
+    def __post_init__(self) -> None:
+        # Frozen: bound the fields in place, once, as the letter is made.
+        object.__setattr__(self, "reason", bounded(self.reason, TEXT_LIMIT))
+        object.__setattr__(self, "payload", bounded(self.payload, TEXT_LIMIT))
+        object.__setattr__(self, "event_id", bounded_or_none(self.event_id, ID_LIMIT))
+        object.__setattr__(self, "topic", bounded_or_none(self.topic, ID_LIMIT))
 
 
 def event_id(source: str, subject: str, time_us: int) -> str:
@@ -250,9 +264,16 @@ def decode_envelope(
 
 
 def excerpt(raw: Any) -> str:
-    """At most `MAX_EXCERPT` characters of a payload, for a dead letter."""
+    """At most `MAX_EXCERPT` characters of a payload, for a dead letter (`ledger.excerpts`)."""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes | bytearray) else repr(raw)
-    return text if len(text) <= MAX_EXCERPT else text[:MAX_EXCERPT] + "…"
+    return bounded(text, MAX_EXCERPT)
+
+
+def _repr_excerpt(item: Any) -> str:
+    try:
+        return excerpt(repr(item).encode())
+    except ValueError:  # an integer too long for `repr`
+        return f"<{type(item).__name__} that cannot be shown>"
 
 
 def dead_letter(item: Any, exc: Exception) -> DeadLetter:
@@ -260,8 +281,8 @@ def dead_letter(item: Any, exc: Exception) -> DeadLetter:
     eid = item.get("id") if type(item) is dict and type(item.get("id")) is str else None
     try:
         payload = excerpt(orjson.dumps(item))
-    except TypeError:  # integers beyond 64 bits cannot be re-encoded
-        payload = excerpt(repr(item).encode())
+    except (TypeError, ValueError):  # integers beyond 64 bits cannot be re-encoded
+        payload = _repr_excerpt(item)
     return DeadLetter(reason=str(exc), payload=payload, event_id=eid)
 
 

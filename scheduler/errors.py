@@ -8,8 +8,10 @@
     │                    InvalidWork, JobAlreadyStarted, ExecutorUnavailable, StopTimeout,
     │                    SlurmError and its kinds)
     ├── ServiceError     the running service could not do its work (`scheduler.service`)
-    │   └── BrokerUnavailable   Kafka could not be reached or refused a request (aiokafka's
-    │                           errors, translated in one place: `scheduler.kafka`)
+    │   ├── BrokerUnavailable   Kafka could not be reached or refused a request (aiokafka's
+    │   │                       errors, translated in one place: `scheduler.kafka`)
+    │   └── MessageRefused      Kafka refused a message for its content (too large, corrupt):
+    │                           sending it again cannot succeed
     ├── Rejected         a request the scheduler refuses; its `kind` (`RejectKind`) says why:
     │                    invalid, unknown (queue, team, project, model, pool), not found,
     │                    conflict (a job already ended); the API maps it to a status
@@ -43,6 +45,11 @@ class ServiceError(SchedulerError):
 
 class BrokerUnavailable(ServiceError):
     """Kafka could not be reached or refused a request."""
+
+
+class MessageRefused(ServiceError):
+    """Kafka refused a message for its content (too large, corrupt): sending it again cannot
+    succeed, so it is not retried; the service stays up and the message waits in the outbox."""
 
 
 class RejectKind(StrEnum):

@@ -8,8 +8,9 @@
   `jobs` offsets, which move the scheduler's holds towards acknowledgement
   (`scheduler.hold_acks`).
 
-aiokafka's errors (and socket errors) become `BrokerUnavailable` in one place, `_kafka`;
-nothing else of aiokafka's escapes this module.
+aiokafka's errors (and socket errors) become `BrokerUnavailable` in one place, `_kafka`, or
+`MessageRefused` when the broker refused a message for its content (`streams.kafka.
+content_refusal`: resending cannot help); nothing else of aiokafka's escapes this module.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ledger.balances import decode_balance_update
 from ledger.errors import EventError
+from ledger.excerpts import bounded
 from scheduler.dispatcher import Dispatcher
-from scheduler.errors import BrokerUnavailable
+from scheduler.errors import BrokerUnavailable, MessageRefused
 from scheduler.jobs_topic import Consumed, Outgoing, seq_of
 
 if TYPE_CHECKING:
@@ -36,13 +38,19 @@ T = TypeVar("T")
 
 
 async def _kafka(what: str, call: Awaitable[T]) -> T:
-    """The one place aiokafka's errors become `BrokerUnavailable`."""
+    """The one place aiokafka's errors become `BrokerUnavailable` (or `MessageRefused`)."""
     from aiokafka.errors import KafkaError
+
+    from streams.kafka import content_refusal
 
     try:
         return await call
     except (KafkaError, OSError) as exc:
-        raise BrokerUnavailable(f"{what}: {exc}") from exc
+        refusal = content_refusal(exc)
+        if refusal is not None:
+            why = f"{type(refusal).__name__}: {refusal}"
+            raise MessageRefused(bounded(f"{what}: the broker refused a message: {why}")) from exc
+        raise BrokerUnavailable(bounded(f"{what}: {exc}")) from exc
 
 
 async def topic_partitions(bootstrap: str, topics: Sequence[str]) -> dict[str, list[int]]:

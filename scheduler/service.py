@@ -36,7 +36,9 @@ with `executor_lost`, retried per their queue. On a clean stop the service stops
 it runs the same way.
 
 Errors (`scheduler.errors`): `BrokerUnavailable` when Kafka cannot be reached, `Rejected` for
-requests the scheduler refuses.
+requests the scheduler refuses. `MessageRefused` (Kafka refused a message for its content) is
+never retried within a call and never stops the service: it is logged, the message waits in
+the outbox, and the call reports it unpublished.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from pathlib import Path
 from ledger.job_events import JobAdmitted, JobEvent, JobPreempted
 from ledger.units import US_PER_HOUR
 from scheduler.dispatcher import DEFAULT_POLICY, Dispatcher
-from scheduler.errors import BrokerUnavailable, Rejected, RejectKind
+from scheduler.errors import BrokerUnavailable, MessageRefused, Rejected, RejectKind
 from scheduler.kafka import Feeds, KafkaPublisher, read_topic
 from scheduler.model import Policy
 from scheduler.ports import Publisher, SchedulerObserver
@@ -137,6 +139,10 @@ class SchedulerService:
         while pending:
             try:
                 placed = await self.publisher.publish(pending)
+            except MessageRefused as exc:  # resending cannot help: no retry loop, no crash
+                self.dispatcher.outbox[:0] = pending
+                log.error("publishing refused (%s); %d message(s) wait", exc, len(pending))
+                return False
             except BrokerUnavailable as exc:
                 if time.monotonic() - started + delay > deadline_s:
                     self.dispatcher.outbox[:0] = pending

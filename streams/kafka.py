@@ -1,4 +1,5 @@
-"""Kafka plumbing shared by the worker and the stack: reachability, cluster id, topic creation.
+"""Kafka plumbing shared by the worker and the stack: reachability, cluster id, topic creation,
+and which send errors refuse a message for its content (`content_refusal`).
 
 Library errors (aiokafka's) are translated here into `BrokerError`, the one exception this
 module raises.
@@ -14,12 +15,45 @@ from collections.abc import Mapping, Sequence
 
 from aiokafka import AIOKafkaClient
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTimestampError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    TopicAlreadyExistsError,
+)
 from aiokafka.protocol.metadata import MetadataRequest
 
 
 class BrokerError(Exception):
     """The broker cannot be reached or refused what was asked."""
+
+
+# The broker (or the client, before sending) refuses these for the message itself: sending the
+# same message again can never succeed. Anything else (a connection lost, a timeout, a leader
+# moving) says nothing about the message and is worth trying again.
+CONTENT_REFUSALS: tuple[type[KafkaError], ...] = (
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    RecordListTooLargeError,
+    CorruptRecordException,  # aiokafka's InvalidMessageError
+    InvalidTimestampError,
+)
+
+
+def content_refusal(exc: BaseException) -> KafkaError | None:
+    """The error in `exc` or its causes (Faust wraps aiokafka's in `ProducerSendError`) that
+    refuses a message for its content, or None when `exc` is no such refusal."""
+    cause: BaseException | None = exc
+    for _ in range(8):  # a cause chain is short; a cycle must not hang
+        if cause is None:
+            return None
+        if isinstance(cause, CONTENT_REFUSALS):
+            return cause
+        cause = cause.__cause__
+    return None
 
 
 async def fetch_cluster_id(bootstrap: str, timeout_s: float = 10.0) -> str:

@@ -19,7 +19,12 @@ Exactly-once effect:
   raw-event archive by the same commit, so `tally ledger rebuild` can replay them later: the
   embedded broker keeps nothing across restarts;
 - after each batch the outbox is published: changed balances go to the compacted `balances`
-  topic keyed by account, at least once, after the commit that changed them.
+  topic keyed by account, at least once, after the commit that changed them;
+- a message the broker refuses for its content (too large, corrupt: `content_refusal`) never
+  stops the worker: it leaves the outbox, is kept in the store as undeliverable with the
+  broker's reason, counted (`WorkerStats.undeliverable`, `tally_worker_undeliverable_total`) and
+  logged in one bounded line, and the rest of the outbox goes on. Any other send error (the
+  broker away) fails the publish as before, and the message is sent again later.
 
 Sealing runs in the same process (one writer per data directory) on a timer, after batches,
 and right after a batch that closed a period (which writes the period's checksum record).
@@ -38,11 +43,13 @@ from typing import Any, Protocol
 
 import faust
 
+from ledger.excerpts import TEXT_LIMIT, bounded
 from ledger.idle import IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, IngestResult, InputTopics, OutputTopics
 from ledger.pricing import PriceBook
 from ledger.store.hot import DuckDBStore
-from streams.kafka import ClusterIdentity, fetch_cluster_id
+from ledger.store.port import OutboxMessage
+from streams.kafka import ClusterIdentity, content_refusal, fetch_cluster_id
 from streams.sample_batches import SampleBatchConsumer
 
 log = logging.getLogger("tally.worker")
@@ -83,6 +90,8 @@ class WorkerObserver(Protocol):
 
     def worker_error(self, kind: str) -> None: ...
 
+    def undeliverable(self, topic: str, count: int = 1) -> None: ...
+
 
 @dataclass(slots=True)
 class WorkerStats:
@@ -95,6 +104,7 @@ class WorkerStats:
     admin_events: int = 0
     hold_events: int = 0
     balances_published: int = 0
+    undeliverable: int = 0
     segments_sealed: int = 0
     last_commit_ms: float = 0.0
 
@@ -113,7 +123,12 @@ AGENT_FAILED_EXIT = 70  # EX_SOFTWARE
 async def _die(agent: Any, exc: BaseException) -> None:
     """An agent that fails must not leave a worker running that consumes nothing: exit, and let
     the supervisor start it again. Every batch commit is atomic, so nothing is half-applied."""
-    log.critical("agent %s failed: %r; exiting", getattr(agent, "name", agent), exc, exc_info=exc)
+    log.critical(
+        "agent %s failed: %s; exiting",
+        getattr(agent, "name", agent),
+        bounded(repr(exc)),
+        exc_info=exc,
+    )
     logging.shutdown()
     os._exit(AGENT_FAILED_EXIT)
 
@@ -325,21 +340,70 @@ class LedgerWorker:
 
     async def publish_outbox(self) -> None:
         """Send what committed batches queued (alerts, dead letters, balances), in order; forget
-        each message once the broker acknowledged it."""
+        each message once the broker acknowledged it, and set aside (`_undeliverable`) each one
+        the broker refused for its content. Any other send error is raised, after what was
+        acknowledged is forgotten: the rest stays queued for the next publish."""
         async with self._publishing:  # one publisher at a time, or a message could go out twice
             while True:
                 async with self._lock:
                     pending = await asyncio.to_thread(self.store.pending_outbox)
                 if not pending:
                     return
-                acks = [
-                    await self._outputs[m.topic].send(key=m.key, value=m.value)
-                    for m in pending
-                    if m.topic in self._outputs
-                ]
-                await asyncio.gather(*acks)
+                sent, refused, failure = await self._send(pending)
                 async with self._lock:
-                    await asyncio.to_thread(self.store.mark_sent, [m.id for m in pending])
+                    for message, why in refused:
+                        await asyncio.to_thread(self.store.mark_undeliverable, message.id, why)
+                    await asyncio.to_thread(self.store.mark_sent, sent)
+                for message, why in refused:
+                    self._undeliverable(message, why)
+                if failure is not None:
+                    raise failure
+
+    async def _send(
+        self, pending: list[OutboxMessage]
+    ) -> tuple[list[str], list[tuple[OutboxMessage, str]], BaseException | None]:
+        """Send `pending`: the ids done with (acknowledged, or for a topic this worker does not
+        publish), the messages refused for their content with why, and the first other error."""
+        done: list[str] = []
+        refused: list[tuple[OutboxMessage, str]] = []
+        acks: list[tuple[OutboxMessage, Any]] = []
+        failure: BaseException | None = None
+        for m in pending:
+            topic = self._outputs.get(m.topic)
+            if topic is None:
+                done.append(m.id)
+                continue
+            try:
+                acks.append((m, await topic.send(key=m.key, value=m.value)))
+            except Exception as exc:
+                refusal = content_refusal(exc)
+                if refusal is None:
+                    failure = exc
+                    break
+                refused.append((m, f"{type(refusal).__name__}: {refusal}"))
+        results = await asyncio.gather(*(a for _, a in acks), return_exceptions=True)
+        for (m, _), result in zip(acks, results, strict=True):
+            if not isinstance(result, BaseException):
+                done.append(m.id)
+                continue
+            refusal = content_refusal(result)
+            if refusal is not None:
+                refused.append((m, f"{type(refusal).__name__}: {refusal}"))
+            elif failure is None:
+                failure = result
+        return done, refused, failure
+
+    def _undeliverable(self, message: OutboxMessage, why: str) -> None:
+        self.stats.undeliverable += 1
+        self._observe(lambda o: o.undeliverable(message.topic))
+        log.error(
+            "the broker refused outbox message %s (%d bytes for %s): %s; kept as undeliverable, "
+            "the outbox goes on",
+            bounded(message.id, 256),
+            len(message.value),
+            bounded(message.topic, 256),
+            bounded(why, TEXT_LIMIT),
+        )
 
     async def seal(self) -> None:
         s = self.settings

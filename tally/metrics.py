@@ -195,6 +195,12 @@ class TallyMetrics:
         self.dead_letters = Counter(
             "tally_worker_dead_letters", "Dead letters recorded.", registry=r
         )
+        self.undeliverable_messages = Counter(
+            "tally_worker_undeliverable",
+            "Outbox messages the broker refused for their content, kept as undeliverable.",
+            ["topic"],
+            registry=r,
+        )
         r = registry_of("scheduler")
         self.scheduler_queue = Gauge(
             "tally_scheduler_queue_length", "Jobs waiting per queue.", ["queue"], registry=r
@@ -223,6 +229,9 @@ class TallyMetrics:
 
     def dead_letter(self, count: int = 1) -> None:
         self.dead_letters.inc(count)
+
+    def undeliverable(self, topic: str, count: int = 1) -> None:
+        self.undeliverable_messages.labels(topic=topic).inc(count)
 
     # ---------------------------------------------------------------- the scheduler
 

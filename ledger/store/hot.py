@@ -51,6 +51,7 @@ from ledger.assignments import Holding
 from ledger.closing import ClosedPeriod
 from ledger.errors import StoreError
 from ledger.events import DeadLetter
+from ledger.excerpts import bounded
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState, state_to_row
 from ledger.posting_columns import PostingColumns
@@ -82,6 +83,7 @@ from ledger.store.port import (
     SealResult,
     SourcedTransaction,
     StateChanges,
+    Undeliverable,
     ViewKeys,
     assemble_view,
     ranges_from_offsets,
@@ -454,6 +456,31 @@ class DuckDBStore(HotReads):
         """Forget messages the broker acknowledged (the outbox holds only what is owed)."""
         if ids:
             self._con.execute("DELETE FROM outbox WHERE list_contains(?, id)", [list(ids)])
+
+    def mark_undeliverable(self, message_id: str, reason: str) -> None:
+        """Move a refused outbox message to `undeliverable`, with the broker's reason."""
+        con = self._con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute(
+                'INSERT INTO undeliverable SELECT id, topic, "key", "value", ?, ? FROM outbox '
+                "WHERE id = ?",
+                [bounded(reason), _now_us(), message_id],
+            )
+            con.execute("DELETE FROM outbox WHERE id = ?", [message_id])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    def undeliverable(self) -> list[Undeliverable]:
+        rows = self._con.execute(
+            'SELECT id, topic, "key", "value", reason FROM undeliverable '
+            "ORDER BY recorded_at_us, rowid"
+        ).fetchall()
+        return [
+            Undeliverable(OutboxMessage(str(i), str(t), k, v), str(r)) for i, t, k, v, r in rows
+        ]
 
     def _drop_seen_columns(
         self, columns: PostingColumns | None, fresh: Sequence[SourcedTransaction]

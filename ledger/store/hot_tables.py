@@ -46,6 +46,10 @@ CREATE TABLE IF NOT EXISTS outbox (
     id VARCHAR PRIMARY KEY, topic VARCHAR NOT NULL, "key" BLOB, "value" BLOB NOT NULL,
     created_at_us BIGINT NOT NULL, sent BOOLEAN NOT NULL DEFAULT FALSE
 );
+CREATE TABLE IF NOT EXISTS undeliverable (
+    id VARCHAR NOT NULL, topic VARCHAR NOT NULL, "key" BLOB, "value" BLOB NOT NULL,
+    reason VARCHAR NOT NULL, recorded_at_us BIGINT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS dead_letters (
     incarnation VARCHAR, topic VARCHAR, "partition" INTEGER, "offset" BIGINT,
     event_id VARCHAR, reason VARCHAR NOT NULL, payload VARCHAR NOT NULL,

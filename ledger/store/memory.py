@@ -39,6 +39,7 @@ from ledger.balances import current_period as _current_period
 from ledger.closing import CHECKSUM_COLUMNS, ClosedPeriod
 from ledger.errors import StoreError
 from ledger.events import DeadLetter
+from ledger.excerpts import bounded
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState
 from ledger.posting_columns import PostingColumns
@@ -54,6 +55,7 @@ from ledger.store.port import (
     SealResult,
     SourcedTransaction,
     StateChanges,
+    Undeliverable,
     ViewKeys,
     assemble_view,
     ranges_from_offsets,
@@ -111,6 +113,7 @@ class _State:
     publish_seq: int = 0
     batch_seq: int = 0
     forgotten_before: int | None = None  # the greatest cutoff a prune forgot ids before
+    undeliverable: list[Undeliverable] = field(default_factory=list)
 
     def copy(self) -> _State:
         return _State(
@@ -132,6 +135,7 @@ class _State:
             self.publish_seq,
             self.batch_seq,
             self.forgotten_before,
+            list(self.undeliverable),
         )
 
 
@@ -439,6 +443,15 @@ class MemoryStore:
         """Forget messages the broker acknowledged (the outbox holds only what is owed)."""
         for i in ids:
             self._s.outbox.pop(i, None)
+
+    def mark_undeliverable(self, message_id: str, reason: str) -> None:
+        """Move a refused outbox message among the undeliverable, with the broker's reason."""
+        message = self._s.outbox.pop(message_id, None)
+        if message is not None:
+            self._s.undeliverable.append(Undeliverable(message, bounded(reason)))
+
+    def undeliverable(self) -> list[Undeliverable]:
+        return list(self._s.undeliverable)
 
     def balance_rows(self) -> list[BalanceRow]:
         return _rows(self._s.balances, None)

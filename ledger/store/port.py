@@ -85,6 +85,16 @@ class OutboxMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class Undeliverable:
+    """An outbox message the broker refused for its content (too large, corrupt): it left the
+    outbox, so it stops nothing behind it, and is kept here with the broker's reason (a bounded
+    excerpt) instead of being lost."""
+
+    message: OutboxMessage
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class CommitResult:
     transactions: int
     postings: int
@@ -271,6 +281,16 @@ class LedgerStore(Protocol):
     def pending_outbox(self, limit: int = 1000) -> list[OutboxMessage]: ...
 
     def mark_sent(self, ids: Sequence[str]) -> None: ...
+
+    def mark_undeliverable(self, message_id: str, reason: str) -> None:
+        """Move a queued outbox message the broker refused for its content out of the outbox
+        and keep it, with `reason` (bounded), among the undeliverable; an id not queued is
+        ignored."""
+        ...
+
+    def undeliverable(self) -> list[Undeliverable]:
+        """The messages `mark_undeliverable` kept, oldest first."""
+        ...
 
     def balance_rows(self) -> list[BalanceRow]:
         """The balances projection per (account, unit, period), sorted."""

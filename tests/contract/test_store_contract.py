@@ -371,6 +371,20 @@ def test_the_outbox_holds_messages_until_marked_sent(store):
     assert [m.id for m in store.pending_outbox()] == ["m-2", "m-1"]
 
 
+def test_a_refused_message_leaves_the_outbox_and_is_kept_undeliverable(store):
+    commit(store, outbox=[message(1), message(2), message(3)])
+    store.mark_undeliverable("m-2", "MessageSizeTooLargeError: " + "x" * 100_000)
+    store.mark_undeliverable("never-queued", "ignored")
+    assert [m.id for m in store.pending_outbox()] == ["m-1", "m-3"]
+    [kept] = store.undeliverable()
+    assert kept.message == message(2)
+    assert kept.reason.startswith("MessageSizeTooLargeError: xxx")
+    assert len(kept.reason) <= 2048 and "[cut: 100026 chars, sha256 " in kept.reason
+    store.mark_sent(["m-1", "m-2", "m-3"])  # the worker goes on with the rest
+    assert store.pending_outbox() == []
+    assert [u.message.id for u in store.undeliverable()] == ["m-2"]
+
+
 def test_balances_messages_are_queued_when_a_topic_is_given(store):
     assert commit(store, a_txn("a")).balances_published == 0
     result = commit(store, a_txn("b"), a_grant("g", 1_000), offset=1, balances_topic="balances")

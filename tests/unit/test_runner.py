@@ -12,7 +12,12 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
-from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, UnknownError
+from aiokafka.errors import (
+    CorruptRecordException,
+    KafkaConnectionError,
+    MessageSizeTooLargeError,
+    UnknownError,
+)
 
 import collectors.producer as producer_module
 from collectors.errors import ProducerError
@@ -237,6 +242,8 @@ class FakeBroker:
         self.down = False
         self.refuses_idempotence = False
         self.largest = 1 << 30
+        self.corrupt = False  # the broker answers every message with a corrupt-record error
+        self.refuse_on_send = False  # the client refuses before sending (max_request_size)
         self.received: list[tuple[str, bytes, bytes]] = []
         self.starts: list[bool] = []
 
@@ -266,8 +273,13 @@ class FakeKafka:
         future = asyncio.get_running_loop().create_future()
         if self.broker.down:
             return future  # never acknowledged
+        if self.broker.refuse_on_send:
+            raise MessageSizeTooLargeError("larger than max_request_size")
         if len(value) > self.broker.largest:
             future.set_exception(MessageSizeTooLargeError())
+            return future
+        if self.broker.corrupt:
+            future.set_exception(CorruptRecordException())
             return future
         self.broker.received.append((topic, key or b"", value))
         future.set_result(None)
@@ -362,6 +374,29 @@ def test_a_message_the_broker_refuses_as_too_large_is_dropped_and_counted(fake_b
     assert producer.metrics.value("samples_dropped_total", reason="rejected") == 1
     assert producer.spool is not None and producer.spool.records == 0
     assert producer.connected  # a refused message says nothing about the connection
+
+
+@pytest.mark.parametrize("spooled", [True, False], ids=["spool", "no-spool"])
+@pytest.mark.parametrize("refusal", ["corrupt", "refuse_on_send"])
+def test_a_message_refused_for_its_content_is_dropped_counted_and_the_next_goes_through(
+    fake_broker, tmp_path, refusal, spooled
+):
+    spool = Spool(tmp_path / "spool") if spooled else None
+    producer = SampleProducer("fake:9092", "samples", spool=spool)
+
+    async def main() -> list[int]:
+        await producer.start()
+        setattr(fake_broker, refusal, True)
+        producer.add(_round(1))
+        refused = await producer.flush()  # never raises, never retries the refused message
+        setattr(fake_broker, refusal, False)
+        producer.add(_round(2))
+        return [refused, await producer.flush(), await producer.flush()]
+
+    assert asyncio.run(main()) == [0, 1, 0]
+    assert producer.metrics.value("samples_dropped_total", reason="rejected") == 1
+    assert _times(fake_broker.received) == [T0_US + 2 * INTERVAL_US]
+    assert producer.pending() == 0 and producer.connected
 
 
 def test_without_a_spool_unacknowledged_messages_wait_for_the_next_flush(fake_broker):
