@@ -15,7 +15,7 @@ from ledger.periods import period_label
 from ledger.posting_columns import PostingColumns
 from ledger.postings import Transaction
 from ledger.pricing import PriceBook
-from ledger.store.port import ConsumedMessage, LedgerView, SourcedTransaction, StateChanges
+from ledger.store.port import ConsumedMessage, SourcedTransaction, StateChanges
 
 E = TypeVar("E")
 
@@ -90,18 +90,3 @@ def booker(closed: frozenset[str]) -> BookPeriod:
         return booking_period(period_label(time_us), closed)
 
     return book
-
-
-def too_late(time_us: int, view: LedgerView) -> str | None:
-    """Why an event not seen before is refused because the ledger may have forgotten that it
-    applied it (its time is before a pruned dedupe window); None when it can be told apart.
-
-    Exactly once holds without a window this way: such an event is a dead letter, never booked.
-    """
-    forgotten = view.forgotten_before_us
-    if forgotten is None or time_us >= forgotten:
-        return None
-    return (
-        f"too late to deduplicate: event time {time_us} µs is before {forgotten} µs, before "
-        "which the ledger no longer keeps the ids it applied"
-    )

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from ledger.assignments import HOLDING_MEMORY_US, Holding, assign, forget_before, release
 from ledger.events import DeadLetter, Owner
 from ledger.holds import HoldBook, HoldEnvelope, HoldPlaced, decode_jobs_message
-from ledger.ingest.batch import Folded, booker, located, refused, sourced, too_late
+from ledger.ingest.batch import Folded, booker, located, refused, sourced
 from ledger.ingest.validation import check_transaction
 from ledger.job_events import GpuAssigned, GpuReleased, JobEnvelope
 from ledger.store.port import (
@@ -27,13 +27,13 @@ class DecodedJobs:
 
     def __init__(self, messages: Sequence[ConsumedMessage]) -> None:
         self.holds: list[tuple[HoldEnvelope, ConsumedMessage]] = []
-        self.assignments: list[tuple[JobEnvelope, ConsumedMessage]] = []
+        self.assignments: list[JobEnvelope] = []
         self.dead: list[DeadLetter] = []
         for message in messages:
             read = decode_jobs_message(message.value)
             self.dead.extend(located(letter, message) for letter in read.dead)
             self.holds.extend((envelope, message) for envelope in read.holds)
-            self.assignments.extend((envelope, message) for envelope in read.assignments)
+            self.assignments.extend(read.assignments)
 
     @property
     def count(self) -> int:
@@ -41,8 +41,8 @@ class DecodedJobs:
 
     def keys(self) -> ViewKeys:
         return ViewKeys(
-            event_ids=[e.id for e, _ in self.holds] + [e.id for e, _ in self.assignments],
-            gpu_uuids=frozenset(e.subject for e, _ in self.assignments),
+            event_ids=[e.id for e, _ in self.holds] + [e.id for e in self.assignments],
+            gpu_uuids=frozenset(e.subject for e in self.assignments),
             holds=True,
         )
 
@@ -59,10 +59,6 @@ def fold_jobs(batch: DecodedJobs, view: LedgerView, last: ConsumedMessage | None
     for envelope, message in batch.holds:
         if envelope.id in seen:
             duplicates += 1
-            continue
-        late = too_late(envelope.time_us, view)
-        if late is not None:
-            dead.append(refused(late, envelope.id, message))
             continue
         seen.add(envelope.id)
         newest = envelope.time_us if newest is None else max(newest, envelope.time_us)
@@ -91,13 +87,9 @@ def fold_jobs(batch: DecodedJobs, view: LedgerView, last: ConsumedMessage | None
             continue
         transactions.extend(sourced([released], message))
     timelines: dict[str, tuple[Holding, ...]] = {}
-    for change, message in batch.assignments:
+    for change in batch.assignments:
         if change.id in seen:
             duplicates += 1
-            continue
-        late = too_late(change.time_us, view)
-        if late is not None:
-            dead.append(refused(late, change.id, message))
             continue
         seen.add(change.id)
         newest = change.time_us if newest is None else max(newest, change.time_us)

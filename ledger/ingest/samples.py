@@ -28,7 +28,7 @@ from ledger.errors import PricingError
 from ledger.events import DeadLetter, Owner, SampleEnvelope
 from ledger.holds import HoldBook
 from ledger.idle import GpuIdleState, IdleAlert, IdleObservation, step
-from ledger.ingest.batch import Folded, FoldRules, booker, refused, sourced, too_late
+from ledger.ingest.batch import Folded, FoldRules, booker, refused, sourced
 from ledger.ingest.validation import MAX_POSTING_AMOUNT, check_transaction
 from ledger.periods import period_label
 from ledger.posting_columns import PostingColumns
@@ -81,10 +81,6 @@ def fold_samples(
     for envelope, message in decoded:
         if envelope.id in seen:
             duplicates += 1
-            continue
-        late = too_late(envelope.time_us, view)
-        if late is not None:
-            dead.append(refused(late, envelope.id, message))
             continue
         seen.add(envelope.id)
         newest = envelope.time_us if newest is None else max(newest, envelope.time_us)

@@ -151,8 +151,6 @@ class DuckDBStore(HotReads):
         self._batch_seq = int(row[0]) if row and row[0] is not None else 0
         pruned = self._meta("pruned_before_us")
         self._pruned_before: int | None = None if pruned is None else int(pruned)
-        forgotten = self._meta("forgotten_before_us")
-        self._forgotten_before: int | None = None if forgotten is None else int(forgotten)
 
     def _meta(self, key: str) -> str | None:
         row = first_row(self._con.execute("SELECT value FROM ledger_meta WHERE key = ?", [key]))
@@ -583,22 +581,16 @@ class DuckDBStore(HotReads):
             rows = con.execute(
                 "DELETE FROM seen_events WHERE time_us < ? RETURNING event_id", [cutoff_us]
             ).fetchall()
-            forgotten = max(cutoff_us, self._forgotten_before or cutoff_us)
             if rows:
                 self._set_meta("pruned_before_us", pruned)
-                self._set_meta("forgotten_before_us", forgotten)
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             raise
         if rows:
             self._pruned_before = pruned
-            self._forgotten_before = forgotten
             self._dedupe.forgotten(str(r[0]) for r in rows)
         return len(rows)
-
-    def forgotten_before(self) -> int | None:
-        return self._forgotten_before
 
     def close(self) -> None:
         self._con.close()

@@ -112,7 +112,6 @@ class _State:
     published_period: str | None = None  # the current period the last balances message named
     publish_seq: int = 0
     batch_seq: int = 0
-    forgotten_before: int | None = None  # the greatest cutoff a prune forgot ids before
     undeliverable: list[Undeliverable] = field(default_factory=list)
 
     def copy(self) -> _State:
@@ -134,7 +133,6 @@ class _State:
             self.published_period,
             self.publish_seq,
             self.batch_seq,
-            self.forgotten_before,
             list(self.undeliverable),
         )
 
@@ -537,13 +535,7 @@ class MemoryStore:
         old = [i for i, t in self._s.seen.items() if t < cutoff_us]
         for i in old:
             del self._s.seen[i]
-        if old:
-            before = self._s.forgotten_before
-            self._s.forgotten_before = cutoff_us if before is None else max(before, cutoff_us)
         return len(old)
-
-    def forgotten_before(self) -> int | None:
-        return self._s.forgotten_before
 
     def close(self) -> None:
         """Nothing to release."""

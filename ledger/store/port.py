@@ -181,7 +181,6 @@ class LedgerView:
     budget_totals: Mapping[BudgetKey, int] = field(default_factory=dict)
     transactions: Mapping[str, Transaction] = field(default_factory=dict)
     reversed_by: Mapping[str, str] = field(default_factory=dict)
-    forgotten_before_us: int | None = None  # applied ids older than this may be forgotten
 
 
 class ViewLookups(Protocol):
@@ -207,8 +206,6 @@ class ViewLookups(Protocol):
 
     def reversed_by(self, txn_id: str) -> str | None: ...
 
-    def forgotten_before(self) -> int | None: ...
-
 
 def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
     """The `LedgerView` for `keys`, from a store's per-key reads (both stores answer so)."""
@@ -225,7 +222,6 @@ def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
         budget_totals={k: store.budget_total(*k) for k in keys.budget_keys},
         transactions=found,
         reversed_by={t: r for t in txn_ids if (r := store.reversed_by(t)) is not None},
-        forgotten_before_us=store.forgotten_before(),
     )
 
 
@@ -271,12 +267,6 @@ class LedgerStore(Protocol):
     def prune_seen_events(self, window_us: int) -> int: ...
 
     def prune_seen_before(self, cutoff_us: int) -> int: ...
-
-    def forgotten_before(self) -> int | None:
-        """The greatest cutoff a prune forgot applied ids before (None: nothing forgotten yet):
-        whether an event older than it was applied can no longer be told, so ingest refuses
-        it (`too late to deduplicate`) rather than risk counting it twice."""
-        ...
 
     def pending_outbox(self, limit: int = 1000) -> list[OutboxMessage]: ...
 
