@@ -92,8 +92,7 @@ class Ingestor:
         self._configured_prices = prices
         self._configured_centres = dict(cost_centres)
         self.idle_policy = idle_policy or IdlePolicy()
-        self.rules = FoldRules(prices, dict(cost_centres), self.idle_policy)
-        self._load_admin_state()
+        self.rules = self._current_rules()
         self.topics = topics or OutputTopics()
         self.inputs = inputs or InputTopics()
         self._next: dict[PartitionKey, int] = store.applied_offsets(incarnation)
@@ -109,7 +108,7 @@ class Ingestor:
     def next_offset(self, topic: str, partition: int) -> int:
         return self._next.get((topic, partition), 0)
 
-    def _load_admin_state(self) -> None:
+    def _current_rules(self) -> FoldRules:
         """Prices and cost centres as the configuration and the applied admin events say.
 
         A `PriceSet` applies from its effective time (`PriceBook` never prices backwards), and a
@@ -118,7 +117,7 @@ class Ingestor:
         teams = self.store.admin_view().teams
         centres = self._configured_centres | {team: t.cost_centre for team, t in teams.items()}
         prices = self.store.price_book(self._configured_prices)
-        self.rules = FoldRules(prices, centres, self.idle_policy)
+        return FoldRules(prices, centres, self.idle_policy)
 
     def apply(self, messages: Sequence[ConsumedMessage]) -> IngestResult:
         fresh = [m for m in messages if m.offset >= self._next.get((m.topic, m.partition), 0)]
@@ -127,7 +126,7 @@ class Ingestor:
         samples = [m for m in fresh if m.topic not in (self.inputs.admin, self.inputs.jobs)]
         admin_part = self._apply_admin(admin) if admin else None
         if admin_part is not None:
-            self._load_admin_state()
+            self.rules = self._current_rules()
         jobs_part = self._apply_jobs(jobs) if jobs else None
         sample_part = self._apply_samples(samples) if samples else None
         parts = [p for p in (admin_part, jobs_part, sample_part) if p is not None]
