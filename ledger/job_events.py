@@ -14,6 +14,10 @@ Invariants:
 
 Schemas of job and GPU-assignment event data (every `JobEventType`):
 - v1 (current): the fields of the event's dataclass, as orjson writes the dataclass;
+  `JobSubmitted` gained three optional fields (`idempotency_key`, `requested_by`,
+  `request_digest`) and `JobFailed` two (`idempotency_key`, `requested_by`), written only when
+  a key was given: a message without them is the same v1 it always was, and decodes with them
+  None;
 - v0: the first scheduler stamped events in milliseconds, `time_ms`, where v1 has `time_us`
   (other times were already in µs); `job_v0_to_v1` upcasts it. The envelope's `time` was in
   µs in both. An upcast event's id is the one its v1 form derives.
@@ -136,9 +140,16 @@ class JobSpec:
 
 @dataclass(frozen=True, slots=True)
 class JobSubmitted:
+    """A job entered its queue. A submission made with an `Idempotency-Key` carries the key,
+    who made it (`requested_by`: `admin` or `team:<name>`, the key's scope) and a digest of the
+    request, so a scheduler rebuilt from the topic still answers a repeat with this job."""
+
     KIND: ClassVar[JobEventType] = JobEventType.SUBMITTED
     spec: JobSpec
     time_us: int
+    idempotency_key: str | None = None
+    requested_by: str | None = None
+    request_digest: str | None = None
 
     @property
     def job_id(self) -> str:
@@ -223,7 +234,8 @@ class JobFinished:
 
 @dataclass(frozen=True, slots=True)
 class JobFailed:
-    """A job ended without finishing; `retry` says whether it goes back to its queue."""
+    """A job ended without finishing; `retry` says whether it goes back to its queue. A cancel
+    made with an `Idempotency-Key` carries the key and who sent it (`requested_by`)."""
 
     KIND: ClassVar[JobEventType] = JobEventType.FAILED
     job_id: str
@@ -233,6 +245,8 @@ class JobFailed:
     time_us: int
     exit_code: int | None = field(default=None, metadata=SIGNED)
     detail: str = field(default="", metadata=DETAIL)
+    idempotency_key: str | None = None
+    requested_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,8 +357,16 @@ def job_envelope(event: JobEvent, source: str) -> JobEnvelope:
 # ---------------------------------------------------------------------------- encoding
 
 
-def _as_data(event: JobEvent) -> JobEvent:
-    """The event itself: orjson writes a dataclass as its fields in order, tuples as arrays."""
+def _as_data(event: JobEvent) -> Any:
+    """The event itself: orjson writes a dataclass as its fields in order, tuples as arrays. A
+    `JobSubmitted` or `JobFailed` without an idempotency key is written without the key's
+    fields, exactly as before they existed."""
+    if isinstance(event, JobSubmitted) and event.idempotency_key is None:
+        return {"spec": event.spec, "time_us": event.time_us}
+    if isinstance(event, JobFailed) and event.idempotency_key is None:
+        data = {f.name: getattr(event, f.name) for f in fields(JobFailed)}
+        del data["idempotency_key"], data["requested_by"]
+        return data
     return event
 
 

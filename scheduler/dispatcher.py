@@ -31,7 +31,7 @@ import logging
 import secrets
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ledger.alerts import AlertKind, decode_alert
@@ -48,7 +48,6 @@ from ledger.job_events import (
     JobFinished,
     JobPreempted,
     JobReclaimed,
-    JobSpec,
     JobSubmitted,
 )
 from ledger.periods import Period
@@ -60,13 +59,15 @@ from scheduler.executors.bridge import admitted, status_events, stop_orders
 from scheduler.executors.errors import ExecutorError, JobAlreadyStarted, StopTimeout
 from scheduler.explain import explain
 from scheduler.hold_acks import HoldAcknowledgements
+from scheduler.idempotency import RequestKeys
 from scheduler.jobs_topic import Consumed, Outgoing, hold_message, job_message, replay_order
 from scheduler.lifecycle import cancel, fail, overdue, runtime_limit
 from scheduler.model import NO_HOLD, Balance, PendingJob, Policy, RunningJob
 from scheduler.ports import Clock, Executor, JobStatus, StopReason, Work
 from scheduler.reclaim import IdleAlert, IdleGpu, idle_decisions
-from scheduler.records import JobRecord, JobState, SubmitRequest, advance
+from scheduler.records import JobRecord, JobState, PriorityBounds, SubmitRequest, advance
 from scheduler.state import SchedulerState
+from scheduler.submission import check_names, submitted
 from scheduler.work_store import RunFiles, WorkStore
 
 log = logging.getLogger("tally.scheduler")
@@ -100,6 +101,7 @@ class Dispatcher:
         budget_rules: Mapping[str, TeamBudgetRules] | None = None,
         default_estimate_us: int = US_PER_HOUR,
         run_files: bool = True,
+        priority_bounds: Mapping[str, PriorityBounds] | None = None,
     ) -> None:
         self.state = state
         self.executor = executor
@@ -108,6 +110,8 @@ class Dispatcher:
         self.projects = {t: tuple(p) for t, p in (projects or {}).items()}
         self.budget_rules = dict(budget_rules or {})
         self.default_estimate_us = default_estimate_us
+        self.priority_bounds = dict(priority_bounds or {})  # queue → bounds; absent: none
+        self.keys = RequestKeys()
         self.works = WorkStore(work_dir / "jobs")
         self.runs = RunFiles(work_dir / "runs") if run_files else None
         self.records: dict[str, JobRecord] = {}
@@ -197,6 +201,9 @@ class Dispatcher:
         if isinstance(event, JobSubmitted) and job_id not in self.records:
             self.records[job_id] = JobRecord(event.spec)
             self._waiting[event.spec.queue] += 1
+            self.keys.saw(event)
+        elif isinstance(event, JobFailed):
+            self.keys.saw(event)
         record = self.records.get(job_id)
         if record is None:
             return
@@ -367,52 +374,13 @@ class Dispatcher:
     # ------------------------------------------------------------------ requests
 
     def submit(self, request: SubmitRequest) -> JobRecord:
-        """Validate names against the configuration, store the work, apply `JobSubmitted`."""
-        state = self.state
-        if request.team not in state.quotas.teams:
-            raise Rejected(RejectKind.UNKNOWN, f"unknown team {request.team!r}")
-        if request.queue not in state.queues:
-            known = ", ".join(sorted(state.queues)) or "none configured"
-            raise Rejected(RejectKind.UNKNOWN, f"unknown queue {request.queue!r} ({known})")
-        projects = self.projects.get(request.team)
-        if projects is not None and request.project not in projects:
-            raise Rejected(
-                RejectKind.UNKNOWN,
-                f"team {request.team} has no project {request.project!r} ({', '.join(projects)})",
-            )
-        models = {f.model for f in state.fleet.flavors}
-        pools = {f.pool for f in state.fleet.flavors}
-        if request.model is not None and request.model not in models:
-            raise Rejected(RejectKind.UNKNOWN, f"no GPUs of model {request.model!r} in the fleet")
-        if request.pool is not None and request.pool not in pools:
-            raise Rejected(RejectKind.UNKNOWN, f"no pool {request.pool!r} in the fleet")
-        now = self.now_us()
-        estimate = request.estimated_runtime_us
-        if estimate is None:
-            queue = state.queues[request.queue]
-            limits = [v for v in (request.max_runtime_us, queue.max_runtime_us) if v is not None]
-            estimate = min([self.default_estimate_us, *limits])
+        """Validate names (and a team's priority) against the configuration, store the work,
+        apply `JobSubmitted` (with the request's idempotency key, if any: `self.keys`)."""
+        check_names(request, self.state, self.projects, self.priority_bounds)
         job_id = self._new_job_id()
-        try:
-            spec = JobSpec(
-                job_id=job_id,
-                team=request.team,
-                project=request.project,
-                user=request.user,
-                queue=request.queue,
-                gpus=request.gpus,
-                submit_us=now,
-                estimated_runtime_us=estimate,
-                max_runtime_us=request.max_runtime_us,
-                model=request.model,
-                pool=request.pool,
-                span_nodes=request.span_nodes,
-                priority=request.priority,
-            )
-        except EventError as exc:
-            raise Rejected(RejectKind.INVALID, str(exc)) from None
+        event = submitted(request, self.state, job_id, self.now_us(), self.default_estimate_us)
         self.works.put(job_id, request.work)
-        self.apply((JobSubmitted(spec=spec, time_us=now),))
+        self.apply((event,))
         return self.records[job_id]
 
     def _new_job_id(self) -> str:
@@ -421,7 +389,10 @@ class Dispatcher:
             if job_id not in self.records:
                 return job_id
 
-    def cancel(self, job_id: str, detail: str = "") -> tuple[JobRecord, list[JobEvent]]:
+    def cancel(
+        self, job_id: str, detail: str = "", key: tuple[str, str] | None = None
+    ) -> tuple[JobRecord, list[JobEvent]]:
+        """Cancel a pending or running job; `key` (scope, idempotency key) goes in its event."""
         record = self.records.get(job_id)
         if record is None:
             raise Rejected(RejectKind.NOT_FOUND, f"no job {job_id}")
@@ -431,7 +402,15 @@ class Dispatcher:
         target: RunningJob | PendingJob | None = running if running is not None else pending
         if target is None:
             raise Rejected(RejectKind.CONFLICT, f"job {job_id} has already ended ({record.state})")
-        events = self.apply(cancel(target, now, detail=detail or "cancelled through the API"))
+        decided = cancel(target, now, detail=detail or "cancelled through the API")
+        if key is not None:
+            decided = tuple(
+                replace(e, requested_by=key[0], idempotency_key=key[1])
+                if isinstance(e, JobFailed)
+                else e
+                for e in decided
+            )
+        events = self.apply(decided)
         return self.records[job_id], events
 
     # ------------------------------------------------------------------ the tick

@@ -14,7 +14,9 @@
     │                           sending it again cannot succeed
     ├── Rejected         a request the scheduler refuses; its `kind` (`RejectKind`) says why:
     │                    invalid, unknown (queue, team, project, model, pool), not found,
-    │                    conflict (a job already ended); the API maps it to a status
+    │                    conflict (a job already ended), forbidden (a team's priority beyond
+    │                    its queue's bounds), key reused (an Idempotency-Key already used for
+    │                    a different request); the API maps it to a status
     └── ApiError         an HTTP request answered with a 4xx/5xx (`scheduler.api`)
 
 Decisions are values, not exceptions: a job that cannot be admitted gets a `JobWaiting` with its
@@ -57,6 +59,8 @@ class RejectKind(StrEnum):
     UNKNOWN = "unknown"  # it names a queue, team, project, model or pool that is not configured
     NOT_FOUND = "not_found"  # no such job (or not one the caller may see)
     CONFLICT = "conflict"  # the job is in a state that does not allow it
+    FORBIDDEN = "forbidden"  # the caller may not ask for this (a priority beyond its bounds)
+    KEY_REUSED = "key_reused"  # an Idempotency-Key already used for a different request
 
 
 class Rejected(SchedulerError):

@@ -1,5 +1,6 @@
-"""Jobs as the scheduler's API sees them: what a submission asks for (`SubmitRequest`) and what
-is shown of a job (`JobRecord`).
+"""Jobs as the scheduler's API sees them: what a submission asks for (`SubmitRequest`), the
+priorities a team may ask for in a queue (`PriorityBounds`) and what is shown of a job
+(`JobRecord`).
 
 A `JobRecord` is a fold of its job's events (`advance`), in the order they were applied; GPU
 events do not change it. Its `state` is `PENDING` from submission, after a preemption and after
@@ -44,6 +45,32 @@ class SubmitRequest:
     pool: str | None = None
     span_nodes: bool = True
     priority: int | None = None
+    admin: bool = False  # made with the admin's token (may exceed a queue's priority bounds)
+    idempotency_key: str | None = None
+
+    @property
+    def requested_by(self) -> str:
+        """Whose request this is, the scope of its idempotency key: `admin` or `team:<name>`."""
+        return "admin" if self.admin else f"team:{self.team}"
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityBounds:
+    """The priorities a team's token may give a job in a queue (inclusive); the admin's token
+    may give any."""
+
+    low: int = 0
+    high: int = 100
+
+    def refusal(self, request: SubmitRequest) -> str | None:
+        """Why `request` may not have its priority, or None if it may."""
+        priority = request.priority
+        if request.admin or priority is None or self.low <= priority <= self.high:
+            return None
+        return (
+            f"priority {priority} is outside queue {request.queue}'s bounds "
+            f"[{self.low}, {self.high}] for a team's token (the admin's token may exceed them)"
+        )
 
 
 class JobState(StrEnum):

@@ -93,6 +93,7 @@ class Accepted:
 
     record: JobRecord
     published: bool
+    replayed: bool = False  # the answer to an earlier request with the same Idempotency-Key
 
 
 class SchedulerService:
@@ -234,18 +235,35 @@ class SchedulerService:
     # ------------------------------------------------------------------ what the API calls
 
     async def submit(self, request: SubmitRequest) -> Accepted:
+        """Submit, once per idempotency key: a repeat (same key and request) answers with the
+        job the first made, publishing what of it still waits."""
         async with self.lock:
-            record = self.dispatcher.submit(request)
-            self._report(())
+            earlier = self.dispatcher.keys.submitted(request)
+            if earlier is None:
+                job_id = self.dispatcher.submit(request).job_id
+                self._report(())
+            else:
+                job_id = earlier
             published = await self._commit((), self.publish_timeout_s)
         self.wake()
-        return Accepted(record, published)
+        return Accepted(self.dispatcher.records[job_id], published, replayed=earlier is not None)
 
-    async def cancel(self, job_id: str, team: str | None) -> Accepted:
+    async def cancel(
+        self, job_id: str, team: str | None, idempotency_key: str | None = None
+    ) -> Accepted:
+        """Cancel a job `team` (None: the admin) may see. The same idempotency key again answers
+        with the cancelled job (a repeat), not a conflict."""
         async with self.lock:
-            if self.dispatcher.visible(job_id, team) is None:
+            record = self.dispatcher.visible(job_id, team)
+            if record is None:
                 raise Rejected(RejectKind.NOT_FOUND, f"no job {job_id}")
-            record, events = self.dispatcher.cancel(job_id)
+            key = None
+            if idempotency_key is not None:
+                key = ("admin" if team is None else f"team:{team}", idempotency_key)
+                if self.dispatcher.keys.cancelled(*key, job_id):
+                    published = await self._commit((), self.publish_timeout_s)
+                    return Accepted(record, published, replayed=True)
+            record, events = self.dispatcher.cancel(job_id, key=key)
             self._report(events)
             published = await self._commit(events, self.publish_timeout_s)
         self.wake()

@@ -268,15 +268,31 @@ class IdleReclaimAfter(Strict):
         return self
 
 
+class PriorityBoundsConfig(Strict):
+    """`{min: A, max: B}`: the job priorities a team's token may ask for in a queue (inclusive;
+    the admin's token may ask for any)."""
+
+    min: int = Field(0, ge=-1_000_000, le=1_000_000)
+    max: int = Field(100, ge=-1_000_000, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PriorityBoundsConfig:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+
 class QueueConfig(Strict):
     """A scheduler queue. `idle_reclaim` left out takes the class's default (dev: reclaim after
-    60 min, training: alert after 60 min, inference: never)."""
+    60 min, training: alert after 60 min, inference: never). `priority` is the priority of jobs
+    that name none; `priority_bounds` the priorities a team's token may name (default 0–100)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     name: Name
     queue_class: QueueClassName = Field(alias="class")
     priority: int = Field(0, ge=-1_000_000, le=1_000_000)
+    priority_bounds: PriorityBoundsConfig = PriorityBoundsConfig()
     preemptible: bool = True
     idle_reclaim: Literal["alert", "never"] | IdleReclaimAfter | None = None
     max_runtime_hours: float | None = Field(None, gt=0, le=366 * 24)

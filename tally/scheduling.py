@@ -3,7 +3,8 @@ tokens and the service settings (the one place config becomes `scheduler` object
 itself imports only `ledger`).
 
 - queues: `queues:`; an `idle_reclaim` left out takes the class default
-  (`scheduler.model.DEFAULT_IDLE_POLICY`);
+  (`scheduler.model.DEFAULT_IDLE_POLICY`); `priority_bounds` → `scheduler.records.PriorityBounds`
+  (what a team's token may ask for);
 - teams: every team of the organisation, with its `quotas:` per (pool, model) and its
   `scheduler.teams` entry (cohort, weight); a team with no quota cannot run jobs;
 - inventory: the simulated fleet's GPUs (node, UUID, index) — `CUDA_VISIBLE_DEVICES` gets the
@@ -41,6 +42,7 @@ from scheduler.model import (
 )
 from scheduler.model import Flavor as CoreFlavor
 from scheduler.ports import Clock, Executor
+from scheduler.records import PriorityBounds
 from scheduler.service import ServiceSettings, WallClock
 from scheduler.state import SchedulerState
 from tally.components import simulated_fleet
@@ -134,6 +136,13 @@ def budget_rules(config: TallyConfig) -> dict[str, TeamBudgetRules]:
     return {
         t.name: TeamBudgetRules(t.overdraft_money, t.overdraft_gpu_hours)
         for t in config.scheduler.teams
+    }
+
+
+def priority_bounds_of(config: TallyConfig) -> dict[str, PriorityBounds]:
+    """Per queue, the job priorities a team's token may ask for."""
+    return {
+        q.name: PriorityBounds(q.priority_bounds.min, q.priority_bounds.max) for q in config.queues
     }
 
 
@@ -286,5 +295,6 @@ def build_dispatcher(
         policy=Policy(heads_per_queue=s.heads_per_queue),
         projects=projects_of(config),
         budget_rules=budget_rules(config),
+        priority_bounds=priority_bounds_of(config),
         default_estimate_us=int(s.default_estimated_runtime_hours * US_PER_HOUR),
     )

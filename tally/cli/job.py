@@ -5,6 +5,10 @@ The API is `--api` / $TALLY_API, else the configured `scheduler.host:port`; the 
 `--token` / $TALLY_TOKEN (a team's token, or the admin's). Exit codes: 0 ok; 1 the job is not
 there (404) or has ended (409, cancel); 2 the request was refused (bad input, unknown queue,
 missing or wrong token); 3 the scheduler could not be reached or failed (5xx).
+
+`submit` and `cancel` send an `Idempotency-Key` (a fresh UUID, or `--idempotency-key`) and
+retry with the same key when the scheduler cannot be reached or answers 5xx, so a retry never
+makes a second job. `list` follows the API's cursors to the last page (or `--limit` jobs).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import getpass
 import os
 import re
+import time
+import uuid
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -23,6 +29,9 @@ from tally.cli.options import Exit, config_option, fail, load_or_exit, output_op
 from tally.output import OutputFormat, render
 
 TIMEOUT_S = 30.0
+RETRIES = 3  # attempts of a request that carries an idempotency key
+RETRY_DELAY_S = 0.5
+PAGE = 1000
 DURATION = re.compile(
     r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?"
     r"(?:(\d+(?:\.\d+)?)s?)?$"
@@ -81,28 +90,48 @@ class Client:
             fail(message, Exit.USAGE)
         fail(message, Exit.BROKER)
 
-    def call(self, method: str, path: str, body: Any = None, **params: str | None) -> Any:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        idempotency_key: str | None = None,
+        **params: str | int | None,
+    ) -> Any:
+        """One request; with an idempotency key it is retried (with that key) when the
+        scheduler cannot be reached or answers 5xx."""
         if not self.token:
             fail("a token is needed: pass --token or set TALLY_TOKEN", Exit.USAGE)
         headers = {"Authorization": f"Bearer {self.token}"}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
         data = None
         if body is not None:
             headers["Content-Type"] = "application/json"
             data = orjson.dumps(body)
-        try:
-            response = requests.request(
-                method,
-                self.base + path,
-                headers=headers,
-                data=data,
-                params={k: v for k, v in params.items() if v is not None} or None,
-                timeout=TIMEOUT_S,
-            )
-        except requests.RequestException as exc:
-            fail(f"the scheduler at {self.base} could not be reached: {exc}", Exit.BROKER)
-        if response.status_code >= 400:
-            self._fail(response)
-        return response.json()
+        attempts = RETRIES if idempotency_key is not None else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                response = requests.request(
+                    method,
+                    self.base + path,
+                    headers=headers,
+                    data=data,
+                    params={k: v for k, v in params.items() if v is not None} or None,
+                    timeout=TIMEOUT_S,
+                )
+            except requests.RequestException as exc:
+                if attempt == attempts:
+                    fail(f"the scheduler at {self.base} could not be reached: {exc}", Exit.BROKER)
+                time.sleep(RETRY_DELAY_S * attempt)
+                continue
+            if response.status_code >= 500 and attempt < attempts:
+                time.sleep(RETRY_DELAY_S * attempt)
+                continue
+            if response.status_code >= 400:
+                self._fail(response)
+            return response.json()
+        raise AssertionError("unreachable")  # the loop returns or fails
 
 
 JOB_COLUMNS = ("job_id", "team", "queue", "gpus", "state", "reason", "attempt", "submitted")
@@ -151,6 +180,11 @@ def job() -> None:
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Extra environment.")
 @click.option("--cwd", default=None, help="Working directory of the job.")
 @click.option("--script", type=click.File("r"), default=None, help="Run this #! script.")
+@click.option(
+    "--idempotency-key",
+    default=None,
+    help="Key that makes resubmitting safe (default: a fresh UUID, reused on retries).",
+)
 @output_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def submit(
@@ -171,6 +205,7 @@ def submit(
     env: tuple[str, ...],
     cwd: str | None,
     script: Any,
+    idempotency_key: str | None,
     output: str,
     command: tuple[str, ...],
 ) -> None:
@@ -205,8 +240,9 @@ def submit(
         "env": variables or None,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
-    answer = Client(config_path, api, token).call("POST", "/v1/jobs", body)
-    if "warning" in answer:
+    key = idempotency_key or str(uuid.uuid4())
+    answer = Client(config_path, api, token).call("POST", "/v1/jobs", body, key)
+    if answer.get("warning"):
         click.secho(f"warning: {answer['warning']}", fg="yellow", err=True)
     fmt = OutputFormat(output)
     if fmt is OutputFormat.TABLE:
@@ -225,6 +261,10 @@ def submit(
     default=None,
 )
 @click.option("--team", default=None, help="Only this team (admin token).")
+@click.option("--queue", "-q", default=None, help="Only this queue.")
+@click.option("--user", default=None, help="Only this user's jobs.")
+@click.option("--since", default=None, help="Submitted at or after (RFC 3339, or µs).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many.")
 @output_option
 def list_jobs(
     config_path: str,
@@ -232,11 +272,27 @@ def list_jobs(
     token: str | None,
     state: str | None,
     team: str | None,
+    queue: str | None,
+    user: str | None,
+    since: str | None,
+    limit: int | None,
     output: str,
 ) -> None:
-    """The jobs the token may see (a team's own; the admin's: all)."""
-    answer = Client(config_path, api, token).call("GET", "/v1/jobs", state=state, team=team)
-    _echo_jobs(answer["jobs"], OutputFormat(output))
+    """The jobs the token may see (a team's own; the admin's: all), oldest first."""
+    client = Client(config_path, api, token)
+    jobs: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while limit is None or len(jobs) < limit:
+        size = PAGE if limit is None else min(PAGE, limit - len(jobs))
+        answer = client.call(
+            "GET", "/v1/jobs", state=state, team=team, queue=queue, user=user, since=since,
+            limit=size, cursor=cursor,
+        )  # fmt: skip
+        jobs.extend(answer["jobs"])
+        cursor = answer["next_cursor"]
+        if cursor is None:
+            break
+    _echo_jobs(jobs, OutputFormat(output))
 
 
 @job.command("show")
@@ -258,8 +314,9 @@ def show(config_path: str, api: str | None, token: str | None, job_id: str) -> N
 @output_option
 def cancel(config_path: str, api: str | None, token: str | None, job_id: str, output: str) -> None:
     """Cancel a pending or running job (its processes are stopped; it is not retried)."""
-    answer = Client(config_path, api, token).call("POST", f"/v1/jobs/{_quote(job_id)}/cancel")
-    if "warning" in answer:
+    path = f"/v1/jobs/{_quote(job_id)}/cancel"
+    answer = Client(config_path, api, token).call("POST", path, None, str(uuid.uuid4()))
+    if answer.get("warning"):
         click.secho(f"warning: {answer['warning']}", fg="yellow", err=True)
     _echo_jobs([answer["job"]], OutputFormat(output))
 

@@ -11,88 +11,13 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.api import Tokens, build_app
 from scheduler.executors.fake import RUNS_FOREVER
+from tests.unit.test_scheduler_api_support import ADMIN, LANGUAGE, VISION, Api, a_job
 from tests.unit.test_scheduler_service_support import Rig
-
-ADMIN = "admin-token-0123456789abcdef"
-VISION = "vision-token-0123456789abcdef"
-LANGUAGE = "language-token-0123456789abcdef"
-TOKENS = Tokens(admin=ADMIN, teams={"vision": VISION, "language": LANGUAGE})
-MAX_BODY = 4096
-
-
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def a_job(**overrides: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "project": "detection",
-        "user": "ada",
-        "queue": "dev",
-        "gpus": 1,
-        "command": ["sleep", "60"],
-    }
-    body.update(overrides)
-    return body
-
-
-class Api:
-    """A running API server in its own event loop, with a synchronous client."""
-
-    def __init__(self, rig: Rig) -> None:
-        self.rig = rig
-        self.loop = asyncio.new_event_loop()
-        app = build_app(rig.service, TOKENS, MAX_BODY)
-        self.server = TestServer(app, loop=self.loop)
-        self.client = TestClient(self.server, loop=self.loop)
-        self.loop.run_until_complete(self.client.start_server())
-
-    def call(
-        self,
-        method: str,
-        path: str,
-        token: str | None = None,
-        json: Any = None,
-        data: bytes | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> tuple[int, Any]:
-        async def go() -> tuple[int, Any]:
-            sent = dict(headers or {})
-            if token is not None:
-                sent.update(auth(token))
-            body = data if json is None else orjson.dumps(json)
-            if body is not None:
-                sent.setdefault("Content-Type", "application/json")
-            async with self.client.request(method, path, data=body, headers=sent) as response:
-                raw = await response.read()
-                try:
-                    payload = orjson.loads(raw) if raw else None
-                except orjson.JSONDecodeError:
-                    payload = raw
-                return response.status, payload
-
-        return self.loop.run_until_complete(go())
-
-    def submit(self, token: str, **overrides: Any) -> str:
-        status, body = self.call("POST", "/v1/jobs", token, json=a_job(**overrides))
-        assert status == 201, body
-        return str(body["job"]["job_id"])
-
-    def tick(self) -> None:
-        self.loop.run_until_complete(self.rig.service.tick())
-        self.rig.clock.advance(1_000_000)
-
-    def close(self) -> None:
-        self.loop.run_until_complete(self.client.close())
-        self.loop.close()
 
 
 @pytest.fixture

@@ -152,3 +152,89 @@ def test_an_unreachable_scheduler_exits_3():
 )  # fmt: skip
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
+
+
+class LosesFirstAnswer:
+    """A front for `served` that passes every request on but answers the first submission's
+    caller 502 — the job was made, the answer lost — as a broken proxy or network would."""
+
+    def __init__(self, served: Served) -> None:
+        self.served = served
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.keys: list[str | None] = []
+        future = asyncio.run_coroutine_threadsafe(self._start(), served.loop)
+        self.runner = future.result(10)
+
+    async def _forward(self, request: web.Request) -> web.Response:
+        import aiohttp
+
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(
+                request.method, self.served.url + request.path_qs, data=body, headers=headers
+            ) as answer,
+        ):
+            data = await answer.read()
+            status = answer.status
+        if request.method == "POST" and request.path == "/v1/jobs":
+            self.keys.append(request.headers.get("Idempotency-Key"))
+            if len(self.keys) == 1:
+                return web.Response(status=502, text="bad gateway")
+        return web.Response(body=data, status=status, content_type="application/json")
+
+    async def _start(self) -> web.AppRunner:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.port).start()
+        return runner
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.served.loop).result(10)
+
+
+def test_submit_retries_with_its_key_and_makes_one_job(served):
+    front = LosesFirstAnswer(served)
+    try:
+        argv = ["job", "submit", "--api", front.url, "-q", "dev", "-p", "detection", "--", "true"]
+        result = CliRunner().invoke(cli, argv, env={"TALLY_TOKEN": VISION})
+    finally:
+        front.close()
+    assert result.exit_code == 0, result.output
+    (job,) = served.rig.dispatcher.records  # one job, though it was sent twice
+    assert result.output.strip() == job
+    assert len(front.keys) == 2 and front.keys[0] == front.keys[1] and front.keys[0]
+
+
+def test_an_explicit_key_makes_resubmitting_safe(served):
+    args = ("job", "submit", "-q", "dev", "-p", "detection", "--idempotency-key", "run-42",
+            "--", "true")  # fmt: skip
+    first, again = tally(served, *args), tally(served, *args)
+    assert first.exit_code == again.exit_code == 0, (first.output, again.output)
+    assert first.output == again.output and list(served.rig.dispatcher.records) == [
+        first.output.strip()
+    ]
+    changed = tally(served, *args[:-1], "false")
+    assert changed.exit_code == 2 and "used for a different submission" in changed.output
+
+
+def test_list_follows_the_cursors_and_takes_filters(served, monkeypatch):
+    monkeypatch.setattr("tally.cli.job.PAGE", 2)
+    jobs = []
+    for user in ("ada", "bob", "ada", "bob", "ada"):
+        result = tally(served, "job", "submit", "-q", "dev", "-p", "detection", "--user", user,
+                       "--", "true")  # fmt: skip
+        jobs.append(result.output.strip())
+        served.rig.clock.advance(1_000_000)
+    listed = tally(served, "job", "list", "-o", "json")
+    assert [j["job_id"] for j in orjson.loads(listed.output)] == jobs
+    three = tally(served, "job", "list", "--limit", "3", "-o", "json")
+    assert [j["job_id"] for j in orjson.loads(three.output)] == jobs[:3]
+    ada = tally(served, "job", "list", "--user", "ada", "--queue", "dev", "-o", "json")
+    assert [j["job_id"] for j in orjson.loads(ada.output)] == jobs[::2]
+    since = tally(served, "job", "list", "--since", "2026-11-01T00:00:02Z", "-o", "json")
+    assert [j["job_id"] for j in orjson.loads(since.output)] == jobs[2:]

@@ -1,0 +1,257 @@
+"""The API's handlers (`Api`), bound to a service and its tokens: each authenticates, reads its
+query and body through the models of `scheduler.api.models`, calls the service or reads the
+dispatcher, and answers with a response model. Which handler serves which route is the route
+table's business (`scheduler.api.routes`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from ledger.units import US_PER_SECOND
+from scheduler.api.auth import Principal, Tokens, authenticate
+from scheduler.api.models import (
+    Balances,
+    Explanation,
+    Health,
+    JobAnswer,
+    JobsPage,
+    JobsQuery,
+    NoQuery,
+    Queues,
+    SubmitBody,
+    TeamQuery,
+    dumped,
+    problem,
+)
+from scheduler.api.pagination import Cursors, JobFilter, page, parse_since
+from scheduler.api.responses import ApiError, json_response
+from scheduler.api.views import balance_view, job_view, queue_views
+from scheduler.dispatcher import Dispatcher
+from scheduler.executors.errors import InvalidWork
+from scheduler.ports import Work
+from scheduler.records import JobRecord, SubmitRequest
+from scheduler.service import Accepted, SchedulerService
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+KEY = re.compile(r"[\x21-\x7e]{1,128}")  # visible ASCII: a UUID, a hash, a counter
+REPLAYED_HEADER = "Idempotent-Replayed"
+BROKER_NOTE = "the broker is unavailable: this is carried out once it takes the job's events"
+DEFAULT_BODY_TIMEOUT_S = 10.0
+
+Q = TypeVar("Q", bound=BaseModel)
+
+
+def read_query(request: web.Request, model: type[Q]) -> Q:
+    """The query string as `model`; a parameter given twice, unknown or invalid is a 400."""
+    query = request.query
+    repeated = sorted({k for k in query if len(query.getall(k)) > 1})
+    if repeated:
+        raise ApiError(400, f"given more than once: {', '.join(repeated)}"[:512])
+    try:
+        return model.model_validate(dict(query))
+    except ValidationError as exc:
+        raise ApiError(400, problem(exc)) from None
+
+
+def idempotency_key(request: web.Request) -> str | None:
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is None:
+        return None
+    if not KEY.fullmatch(key):
+        raise ApiError(400, f"{IDEMPOTENCY_HEADER}: 1 to 128 visible ASCII characters")
+    return key
+
+
+def to_request(body: SubmitBody, principal: Principal, key: str | None) -> SubmitRequest:
+    """A validated body → `SubmitRequest` for `principal`; raises ApiError (400, 403)."""
+    team = body.team
+    if principal.team is not None:
+        if team is not None and team != principal.team:
+            raise ApiError(403, f"this token acts for team {principal.team} only")
+        team = principal.team
+    if team is None:
+        raise ApiError(400, "team: required (with the admin's token)")
+    try:
+        work = Work(
+            command=tuple(body.command or ()),
+            script=body.script,
+            env=tuple(sorted((body.env or {}).items())),
+            cwd=body.cwd,
+        )
+    except InvalidWork as exc:
+        raise ApiError(400, str(exc)) from None
+    return SubmitRequest(
+        team=team,
+        project=body.project,
+        user=body.user,
+        queue=body.queue,
+        gpus=body.gpus,
+        work=work,
+        estimated_runtime_us=_us(body.estimated_runtime_s),
+        max_runtime_us=_us(body.max_runtime_s),
+        model=body.model,
+        pool=body.pool,
+        span_nodes=body.span_nodes,
+        priority=body.priority,
+        admin=principal.is_admin,
+        idempotency_key=key,
+    )
+
+
+def _us(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds * US_PER_SECOND)
+
+
+async def read_json(request: web.Request, max_bytes: int, timeout_s: float) -> Any:
+    """The body as JSON: 413 over `max_bytes`, 415 not JSON, 408 not all sent in `timeout_s`,
+    400 empty or malformed."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise ApiError(413, f"the body is larger than {max_bytes} bytes")
+    ctype = request.headers.get("Content-Type")
+    if ctype is not None and request.content_type not in ("application/json", ""):
+        raise ApiError(415, "send JSON with Content-Type: application/json")
+    try:
+        async with asyncio.timeout(timeout_s):
+            body = await request.read()
+    except TimeoutError:
+        raise ApiError(408, f"the body was not sent within {timeout_s:g} s") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(413, f"the body is larger than {max_bytes} bytes") from None
+    if len(body) > max_bytes:
+        raise ApiError(413, f"the body is larger than {max_bytes} bytes")
+    if not body:
+        raise ApiError(400, "the body is empty; expected a JSON object")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+
+
+def _answer(accepted: Accepted, status: int) -> web.Response:
+    headers = {REPLAYED_HEADER: "true"} if accepted.replayed else None
+    if accepted.replayed:
+        status = 200
+    if not accepted.published:
+        answer = JobAnswer(job=job_view(accepted.record), warning=BROKER_NOTE)
+        return json_response(dumped(answer), 202, headers)
+    return json_response(dumped(JobAnswer(job=job_view(accepted.record))), status, headers)
+
+
+class Api:
+    """The handlers, bound to a service and its tokens."""
+
+    def __init__(
+        self,
+        service: SchedulerService,
+        tokens: Tokens,
+        max_body_bytes: int,
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+        document: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.service = service
+        self.tokens = tokens
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.cursors = Cursors()
+        self.document = orjson.dumps(document or {})
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return self.service.dispatcher
+
+    def _team_filter(self, wanted: str | None, principal: Principal) -> str | None:
+        if principal.team is None:
+            if wanted is not None and wanted not in self.dispatcher.state.quotas.teams:
+                raise ApiError(422, f"unknown team {wanted!r}")
+            return wanted
+        if wanted is not None and wanted != principal.team:
+            raise ApiError(403, f"this token sees team {principal.team} only")
+        return principal.team
+
+    def _job(self, request: web.Request, principal: Principal) -> JobRecord:
+        read_query(request, NoQuery)
+        job_id = request.match_info["job_id"]
+        record = self.dispatcher.visible(job_id, principal.team)
+        if record is None:
+            raise ApiError(404, f"no job {job_id[:128]}")
+        return record
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.document, content_type="application/json")
+
+    async def health(self, request: web.Request) -> web.Response:
+        state = self.dispatcher.state
+        health = Health(status="ok", pending=state.pending_count, running=state.running_count)
+        return json_response(dumped(health))
+
+    async def submit(self, request: web.Request) -> web.Response:
+        principal = authenticate(request, self.tokens)
+        read_query(request, NoQuery)
+        key = idempotency_key(request)
+        data = await read_json(request, self.max_body_bytes, self.body_timeout_s)
+        if type(data) is not dict:
+            raise ApiError(400, "the body must be a JSON object")
+        try:
+            body = SubmitBody.model_validate(data)
+        except ValidationError as exc:
+            raise ApiError(400, problem(exc)) from None
+        accepted = await self.service.submit(to_request(body, principal, key))
+        return _answer(accepted, 201)
+
+    async def list_jobs(self, request: web.Request) -> web.Response:
+        principal = authenticate(request, self.tokens)
+        query = read_query(request, JobsQuery)
+        where = JobFilter(
+            team=self._team_filter(query.team, principal),
+            state=query.state,
+            queue=query.queue,
+            user=query.user,
+            since_us=None if query.since is None else parse_since(query.since),
+        )
+        after = None
+        if query.cursor is not None:
+            after = self.cursors.read(query.cursor, principal.name, where)
+        records, last = page(self.dispatcher.jobs(where.team), where, after, query.limit)
+        cursor = None if last is None else self.cursors.make(last, principal.name, where)
+        answer = JobsPage(jobs=[job_view(r) for r in records], next_cursor=cursor)
+        return json_response(dumped(answer))
+
+    async def get_job(self, request: web.Request) -> web.Response:
+        principal = authenticate(request, self.tokens)
+        return json_response(dumped(JobAnswer(job=job_view(self._job(request, principal)))))
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        principal = authenticate(request, self.tokens)
+        key = idempotency_key(request)
+        record = self._job(request, principal)
+        accepted = await self.service.cancel(record.job_id, principal.team, key)
+        return _answer(accepted, 200)
+
+    async def explain(self, request: web.Request) -> web.Response:
+        principal = authenticate(request, self.tokens)
+        record = self._job(request, principal)
+        answer = Explanation(
+            job_id=record.job_id, explanation=self.dispatcher.explain(record.job_id)
+        )
+        return json_response(dumped(answer))
+
+    async def queues(self, request: web.Request) -> web.Response:
+        authenticate(request, self.tokens)
+        read_query(request, NoQuery)
+        return json_response(dumped(Queues(queues=queue_views(self.dispatcher))))
+
+    async def balances(self, request: web.Request) -> web.Response:
+        principal = authenticate(request, self.tokens)
+        query = read_query(request, TeamQuery)
+        team = self._team_filter(query.team, principal)
+        teams = [team] if team is not None else sorted(self.dispatcher.state.quotas.teams)
+        views = [balance_view(self.dispatcher, t) for t in teams]
+        return json_response(dumped(Balances(balances=views)))

@@ -1,0 +1,156 @@
+"""What the API shows of the scheduler's records: a job (`job_view`), a queue (`queue_views`)
+and a team's budget and quotas (`balance_view`), as the response models of
+`scheduler.api.models`. Times go out as µs and as RFC 3339 in UTC (`rfc3339`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from ledger.units import US_PER_SECOND, Unit
+from scheduler.api.models import (
+    Assigned,
+    BalanceView,
+    BudgetUnit,
+    Hold,
+    JobView,
+    Overdraft,
+    PriorityRange,
+    QueueView,
+    QuotaView,
+)
+from scheduler.dispatcher import Dispatcher
+from scheduler.model import IdleAction
+from scheduler.records import JobRecord, JobState
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def rfc3339(time_us: int) -> str:
+    """µs since the epoch → `2026-11-01T00:00:00.000000Z` (integer arithmetic, no float)."""
+    moment = EPOCH + timedelta(microseconds=time_us)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _at(time_us: int | None) -> str | None:
+    return None if time_us is None else rfc3339(time_us)
+
+
+def job_view(record: JobRecord) -> JobView:
+    spec = record.spec
+    return JobView(
+        job_id=spec.job_id,
+        team=spec.team,
+        project=spec.project,
+        user=spec.user,
+        queue=spec.queue,
+        gpus=spec.gpus,
+        model=spec.model,
+        pool=spec.pool,
+        span_nodes=spec.span_nodes,
+        priority=spec.priority,
+        estimated_runtime_s=spec.estimated_runtime_us / US_PER_SECOND,
+        max_runtime_s=None if spec.max_runtime_us is None else spec.max_runtime_us / US_PER_SECOND,
+        state=record.state,
+        attempt=record.attempt,
+        reason=record.reason,
+        detail=record.detail,
+        submitted_us=spec.submit_us,
+        submitted_at=rfc3339(spec.submit_us),
+        admitted_us=record.admitted_us,
+        admitted_at=_at(record.admitted_us),
+        started_us=record.started_us,
+        started_at=_at(record.started_us),
+        ended_us=record.ended_us,
+        ended_at=_at(record.ended_us),
+        assigned=Assigned(
+            pool=record.pool,
+            model=record.model,
+            gpu_uuids=list(record.gpu_uuids),
+            nodes=list(record.nodes),
+        ),
+        exit_code=record.exit_code,
+        preemptions=record.preemptions,
+        hold=Hold(gpu_ms=record.hold_gpu_ms, money_micros=record.hold_micros),
+        over_budget=record.over_budget,
+    )
+
+
+def queue_views(d: Dispatcher) -> list[QueueView]:
+    pending: dict[str, int] = {}
+    running: dict[str, int] = {}
+    for r in d.records.values():
+        if r.state is JobState.PENDING:
+            pending[r.spec.queue] = pending.get(r.spec.queue, 0) + 1
+        elif r.state is JobState.RUNNING:
+            running[r.spec.queue] = running.get(r.spec.queue, 0) + 1
+    out = []
+    for q in d.state.queues.values():
+        idle = q.idle
+        bounds = d.priority_bounds.get(q.name)
+        out.append(
+            QueueView(
+                name=q.name,
+                class_=q.queue_class.value,
+                priority=q.priority,
+                priority_bounds=None
+                if bounds is None
+                else PriorityRange(min=bounds.low, max=bounds.high),
+                preemptible=q.preemptible,
+                idle_reclaim=idle.action.value,
+                idle_after_min=None
+                if idle.action is IdleAction.NEVER
+                else idle.after_us / 60_000_000,
+                max_runtime_s=None
+                if q.max_runtime_us is None
+                else q.max_runtime_us / US_PER_SECOND,
+                retry_limit=q.max_retries,
+                over_budget=q.over_budget.value,
+                pending=pending.get(q.name, 0),
+                running=running.get(q.name, 0),
+            )
+        )
+    return out
+
+
+def balance_view(d: Dispatcher, team: str) -> BalanceView:
+    status = d.budgets.get(team)
+    balance = d.balance_of(team)
+    own = d.hold_acks.unacknowledged(team)
+    units = []
+    if status is not None:
+        for line in status.lines:
+            pending = own.gpu_ms if line.unit == Unit.GPU_MS else own.money_micros
+            units.append(
+                BudgetUnit(
+                    unit=line.unit,
+                    granted=line.granted,
+                    consumed=line.consumed,
+                    ledger_open_holds=line.open_holds,
+                    remaining=line.remaining,
+                    holds_not_yet_in_ledger=pending,
+                    available_to_admit=line.remaining - pending,
+                )
+            )
+    quotas = [
+        QuotaView(
+            pool=flavor.pool,
+            model=flavor.model,
+            nominal=quota.nominal,
+            borrowing_limit=quota.borrowing_limit,
+            lending_limit=quota.lending_limit,
+            in_use=d.state.used(team, flavor),
+        )
+        for (name, flavor), quota in sorted(d.state.quotas.quota.items())
+        if name == team
+    ]
+    return BalanceView(
+        team=team,
+        budgeted=status is not None,
+        period=None if status is None else status.period,
+        units=units,
+        overdraft=None
+        if balance is None
+        else Overdraft(gpu_ms=balance.overdraft_gpu_ms, money_micros=balance.overdraft_micros),
+        quotas=quotas,
+    )
