@@ -3,7 +3,7 @@ process) → the compacted `balances` topic → the scheduler service (`tally sc
 process) → the local executor runs a real command. A job that waits with `budget_exhausted`
 is admitted after a budget grant; its decisions are on the `jobs` topic in order; the ledger
 books and releases its hold; `tally job explain` says why it waited; a restarted scheduler
-rebuilds the job from the topic."""
+rebuilds the job from the topic, its idempotency key included."""
 
 from __future__ import annotations
 
@@ -133,11 +133,12 @@ def test_a_budget_grant_on_the_balances_topic_admits_a_waiting_job(broker, tmp_p
 
         wait_until(budget_known, 90, "the scheduler to read vision's budget", worker)
 
-        submitted = tally(
+        submit = (
             "job", "submit", *cli, "-q", "dev", "-p", "detection", "--gpus", "2",
-            "--estimate", "1h", "--", "sh", "-c",
+            "--estimate", "1h", "--idempotency-key", "e2e-submit-1", "--", "sh", "-c",
             f"echo devices=$CUDA_VISIBLE_DEVICES; while [ ! -e {release} ]; do sleep 0.1; done",
         )  # fmt: skip
+        submitted = tally(*submit)
         assert submitted.returncode == 0, submitted.stderr
         job = submitted.stdout.strip()
 
@@ -208,6 +209,11 @@ def test_a_budget_grant_on_the_balances_topic_admits_a_waiting_job(broker, tmp_p
         scheduler.start()
         assert job_state() == record
         assert tally("job", "explain", *cli, job).stdout == before
+        # the submission's idempotency key came back with it: a resubmit is the same job
+        again = tally(*submit)
+        assert (again.returncode, again.stdout.strip()) == (0, job), again.stderr
+        events = _job_events(broker.bootstrap, topics.jobs, job)
+        assert [type(e).__name__ for e in events].count("JobSubmitted") == 1
     finally:
         code = scheduler.stop()
         assert worker.stop() == 0
