@@ -338,3 +338,37 @@ def decode_one(
     except orjson.JSONDecodeError as exc:
         raise EventError(f"not JSON: {exc}") from exc
     return decode_envelope(parsed, family, registry)
+
+
+MAX_DEAD_LETTER_BYTES = 64 * 1024  # an encoded dead letter never exceeds this, whatever the input
+
+
+def encode_dead_letter(letter: DeadLetter, incarnation: str | None = None) -> bytes:
+    """The JSON record published on the dead-letter topic: at most `MAX_DEAD_LETTER_BYTES`.
+
+    The letter's fields are bounded excerpts already (`DeadLetter`); JSON escaping can grow a
+    character to six bytes, so two text fields and three names stay far below the bound. The
+    bound is still checked: a record over it keeps only a short reason and its coordinates.
+    """
+    record = {
+        "reason": letter.reason,
+        "event_id": letter.event_id,
+        "topic": letter.topic,
+        "partition": letter.partition,
+        "offset": letter.offset,
+        "incarnation": bounded_or_none(incarnation, ID_LIMIT),
+        "payload": letter.payload,
+    }
+    try:
+        value = orjson.dumps(record)
+    except TypeError:  # a lone surrogate: not UTF-8, so not JSON either
+        value = orjson.dumps({k: _utf8(v) for k, v in record.items()})
+    if len(value) <= MAX_DEAD_LETTER_BYTES:
+        return value
+    record["reason"] = _utf8(bounded(str(record["reason"]), ID_LIMIT))
+    record["payload"] = ""
+    return orjson.dumps(record)
+
+
+def _utf8(value: Any) -> Any:
+    return value.encode("utf-8", "replace").decode() if type(value) is str else value

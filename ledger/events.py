@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from ledger.envelope import (
+    MAX_DEAD_LETTER_BYTES,
     REGISTRY,
     SPEC_VERSION,
     DeadLetter,
@@ -36,11 +37,12 @@ from ledger.envelope import (
     decode,
     decode_envelope,
     encode_data,
+    encode_dead_letter,
     event_id,
     family_to_dict,
 )
 from ledger.errors import EventError
-from ledger.excerpts import ID_LIMIT, bounded_or_none, excerpt
+from ledger.excerpts import bounded
 
 __all__ = [
     "CURRENT_SCHEMA",
@@ -365,12 +367,121 @@ def sample_from_dict(data: Any) -> GpuSample:
 
 
 def sample_data_from_dict(kind: EventType, data: Any) -> GpuSample:
-    """`sample_from_dict` as the family's decoder, (type, data): one call less per sample."""
+    """`sample_from_dict` as the family's decoder, (type, data): one call less per sample.
+
+    The common sample (no MIG slice, every field well formed) takes `_common_sample`, one
+    function with its checks inline; anything else, and every malformed sample, takes
+    `_checked_sample`, which says what is wrong. Both accept exactly the same samples and
+    build the same value (property-tested)."""
+    if type(data) is dict:
+        sample = _common_sample(data)
+        if sample is not None:
+            return sample
+    return _checked_sample(data)
+
+
+def _common_sample(data: dict[str, Any]) -> GpuSample | None:
+    """`data` decoded when it is a well-formed sample without a MIG slice, else None."""
+    g = data.get
+    node, gpu_uuid, model, pool = g("node"), g("gpu_uuid"), g("model"), g("pool")
+    index, util, used, total = (
+        g("gpu_index"),
+        g("util_gpu_pct"),
+        g("memory_used_bytes"),
+        g("memory_total_bytes"),
+    )
+    time_us, interval = g("sample_time_us"), g("interval_us")
+    mem, power, energy, delta = (
+        g("util_mem_pct"),
+        g("power_mw"),
+        g("energy_mj"),
+        g("energy_delta_mj"),
+    )
+    temp, clock, xid = g("temperature_c"), g("sm_clock_mhz"), g("xid_errors")
+    raw_source = g("source")
+    source = _SOURCES.get(raw_source) if type(raw_source) is str else None
+    if not (
+        source is not None
+        and g("mig") is None
+        and type(node) is str
+        and 0 < len(node) <= 256
+        and type(gpu_uuid) is str
+        and 0 < len(gpu_uuid) <= 256
+        and type(model) is str
+        and 0 < len(model) <= 256
+        and type(pool) is str
+        and 0 < len(pool) <= 256
+        and type(index) is int
+        and 0 <= index <= 1023
+        and type(util) is int
+        and 0 <= util <= 100
+        and type(used) is int
+        and used >= 0
+        and type(total) is int
+        and total >= 0
+        and type(time_us) is int
+        and 1 <= time_us <= MAX_TIME_US
+        and type(interval) is int
+        and 1 <= interval <= MAX_INTERVAL_US
+        and (mem is None or (type(mem) is int and 0 <= mem <= 100))
+        and (power is None or (type(power) is int and power >= 0))
+        and (energy is None or (type(energy) is int and energy >= 0))
+        and (delta is None or (type(delta) is int and 0 <= delta <= 10**12))
+        and (temp is None or (type(temp) is int and 0 <= temp <= 200))
+        and (clock is None or (type(clock) is int and 0 <= clock <= 10_000))
+        and (xid is None or (type(xid) is int and xid >= 0))
+    ):
+        return None
+    raw = g("processes") or []
+    if type(raw) is not list or len(raw) > 1024:
+        return None
+    processes = []
+    for p in raw:
+        if type(p) is not dict:
+            return None
+        pid, pmem, sm = p.get("pid"), p.get("used_memory_bytes"), p.get("sm_util_pct")
+        if not (
+            type(pid) is int
+            and pid >= 0
+            and type(pmem) is int
+            and pmem >= 0
+            and (sm is None or (type(sm) is int and 0 <= sm <= 100))
+        ):
+            return None
+        owner = _common_owner(p.get("owner"))
+        if owner is _UNSEEN:
+            return None
+        processes.append(ProcessUsage(pid, pmem, sm, owner))
+    owner = _common_owner(g("owner"))
+    if owner is _UNSEEN:
+        return None
+    return GpuSample(
+        node, gpu_uuid, index, model, pool, util, used, total, source, time_us, interval,
+        mem, power, energy, None, tuple(processes), owner, temp, clock, xid, delta,
+    )  # fmt: skip
+
+
+def _common_owner(data: Any) -> Owner | None:
+    """The owner `data` describes when it is one already seen (or none), else `_UNSEEN`."""
+    if data is None:
+        return None
+    if type(data) is not dict:
+        return _UNSEEN
+    g = data.get
+    return _OWNERS.get((g("team"), g("project"), g("user"), g("job")), _UNSEEN)
+
+
+_UNSEEN = Owner("\x00unseen")  # compared by identity: no decoded owner is this object
+
+
+def _checked_sample(data: Any) -> GpuSample:
+    """`sample_data_from_dict`, checking field by field; raises EventError naming the field."""
     if type(data) is not dict:
         raise EventError("data: expected an object")
-    source = _SOURCES.get(data.get("source"))  # a dict: calling the enum is slow
+    raw_source = data.get("source")  # a dict: calling the enum is slow
+    source = _SOURCES.get(raw_source) if type(raw_source) is str else None
     if source is None:
-        raise EventError(f"source: unknown sample source {data.get('source')!r}")
+        raise EventError(f"source: unknown sample source {bounded(repr(raw_source), 64)}")
     processes = data.get("processes") or ()
     if type(processes) not in (list, tuple):
         raise EventError("processes: expected an array")
@@ -442,40 +553,6 @@ def decode_message(
 ) -> tuple[list[SampleEnvelope], list[DeadLetter]]:
     """Decode one Kafka message value into events and dead letters. Never raises on bad input."""
     return decode(value, SAMPLES, registry)
-
-
-MAX_DEAD_LETTER_BYTES = 64 * 1024  # an encoded dead letter never exceeds this, whatever the input
-
-
-def encode_dead_letter(letter: DeadLetter, incarnation: str | None = None) -> bytes:
-    """The JSON record published on the dead-letter topic: at most `MAX_DEAD_LETTER_BYTES`.
-
-    The letter's fields are bounded excerpts already (`DeadLetter`); JSON escaping can grow a
-    character to six bytes, so two text fields and three names stay far below the bound. The
-    bound is still checked: a record over it keeps only a short reason and its coordinates.
-    """
-    record = {
-        "reason": letter.reason,
-        "event_id": letter.event_id,
-        "topic": letter.topic,
-        "partition": letter.partition,
-        "offset": letter.offset,
-        "incarnation": bounded_or_none(incarnation, ID_LIMIT),
-        "payload": letter.payload,
-    }
-    try:
-        value = orjson.dumps(record)
-    except TypeError:  # a lone surrogate: not UTF-8, so not JSON either
-        value = orjson.dumps({k: _utf8(v) for k, v in record.items()})
-    if len(value) <= MAX_DEAD_LETTER_BYTES:
-        return value
-    record["reason"] = _utf8(excerpt(str(record["reason"]), ID_LIMIT).text)
-    record["payload"] = ""
-    return orjson.dumps(record)
-
-
-def _utf8(value: Any) -> Any:
-    return value.encode("utf-8", "replace").decode() if type(value) is str else value
 
 
 def encode_health(health: GpuHealth, source: str) -> bytes:

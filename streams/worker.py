@@ -49,6 +49,7 @@ from ledger.ingest import ConsumedMessage, Ingestor, IngestResult, InputTopics, 
 from ledger.pricing import PriceBook
 from ledger.store.hot import DuckDBStore
 from ledger.store.port import OutboxMessage
+from streams.collector_pause import collector_paused, freeze_startup_objects
 from streams.kafka import ClusterIdentity, content_refusal, fetch_cluster_id
 from streams.sample_batches import SampleBatchConsumer
 
@@ -131,6 +132,11 @@ async def _die(agent: Any, exc: BaseException) -> None:
     )
     logging.shutdown()
     os._exit(AGENT_FAILED_EXIT)
+
+
+def _apply_batch(ingestor: Ingestor, messages: list[ConsumedMessage]) -> IngestResult:
+    with collector_paused():
+        return ingestor.apply(messages)
 
 
 class LedgerWorker:
@@ -271,7 +277,7 @@ class LedgerWorker:
             ingestor = self._ingestor
             assert ingestor is not None
             started = time.perf_counter()
-            result = await asyncio.to_thread(ingestor.apply, messages)
+            result = await asyncio.to_thread(_apply_batch, ingestor, messages)
             elapsed = time.perf_counter() - started
             self.stats.last_commit_ms = elapsed * 1000
         self._count(result)
@@ -422,6 +428,7 @@ class LedgerWorker:
     def run(self, loglevel: str = "warn") -> None:
         """Recover (seal what a previous run committed), then run until stopped."""
         self.store.seal(self.settings.compact_below_rows, self.settings.compact_min_segments)
+        freeze_startup_objects()
         worker = faust.Worker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
         try:
             worker.execute_from_commandline()

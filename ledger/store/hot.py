@@ -45,6 +45,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ledger.admin import AppliedAdmin, PeriodClosed
 from ledger.assignments import Holding
@@ -89,9 +90,10 @@ from ledger.store.port import (
     ranges_from_offsets,
 )
 from ledger.store.schema import (
+    USAGE_POSTINGS_SQL,
     archive_to_arrow,
-    columns_to_arrow,
     transactions_to_arrow,
+    usage_to_arrow,
 )
 from ledger.store.sealing import Segmenter
 from ledger.store.segments import SegmentInfo
@@ -102,15 +104,8 @@ from ledger.store.side_files import period_checksum
 _ADMIN_KINDS = (TransactionKind.BUDGET_GRANT, TransactionKind.ADJUSTMENT)
 
 
-def _postings_table(
-    fresh: Sequence[SourcedTransaction], built: PostingColumns | None, incarnation: str
-) -> pa.Table:
-    if not built:
-        return transactions_to_arrow(fresh, incarnation)
-    table = columns_to_arrow(built, incarnation)
-    if not fresh:
-        return table
-    return pa.concat_tables([transactions_to_arrow(fresh, incarnation), table])
+def _postings_table(fresh: Sequence[SourcedTransaction], incarnation: str) -> pa.Table:
+    return transactions_to_arrow(fresh, incarnation)
 
 
 def _now_us() -> int:
@@ -216,16 +211,9 @@ class DuckDBStore(HotReads):
             fresh = self._drop_seen(transactions)
             built = self._drop_seen_columns(columns, fresh)
             self._refuse_closed(fresh, bool(closing), [r[7] for r in built.rows] if built else ())
-            table = _postings_table(fresh, built, incarnation)
-            if table.num_rows:
-                con.register("batch_postings", table)
-                con.execute("INSERT INTO postings SELECT * FROM batch_postings")
-                con.execute(
-                    "INSERT INTO balances SELECT account, unit, period, sum(amount) "
-                    "FROM batch_postings GROUP BY ALL "
-                    "ON CONFLICT DO UPDATE SET balance = balance + excluded.balance"
-                )
-                con.unregister("batch_postings")
+            table = _postings_table(fresh, incarnation)
+            usage = usage_to_arrow(built) if built else None
+            posted = table.num_rows + self._insert_postings(table, usage, incarnation)
             seen_now = self._insert_seen(fresh, changes.seen, built)
             batch = seq if raw else None  # a range committed without its messages has none
             insert_rows(
@@ -259,8 +247,11 @@ class DuckDBStore(HotReads):
                 new_ids_only=True,
             )
             published = 0
-            if balances_topic is not None and (table.num_rows or closed):
+            if balances_topic is not None and (posted or closed):
                 accounts = set(table.column("account").to_pylist())
+                if usage is not None:
+                    accounts |= set(pc.unique(usage.column("account")).to_pylist())
+                    accounts |= set(pc.unique(usage.column("capacity")).to_pylist())
                 if closed:  # a closed period drops out of its accounts' messages
                     con.register("closed_now", pa.table({"period": list(closed)}))
                     accounts |= {
@@ -311,12 +302,43 @@ class DuckDBStore(HotReads):
         applied = len(fresh) + (len(built) if built else 0)
         return CommitResult(
             transactions=applied,
-            postings=table.num_rows,
+            postings=posted,
             duplicates=offered - applied,
             dead_letters=len(dead_letters),
             balances_published=published,
             closed=closed,
         )
+
+    def _insert_postings(self, table: pa.Table, usage: pa.Table | None, incarnation: str) -> int:
+        """Insert the postings of `table` and those `usage` expands to (`USAGE_POSTINGS_SQL`),
+        and move the balances by both; the count of usage postings."""
+        con = self._con
+        parts, registered = [], []
+        if table.num_rows:
+            con.register("batch_postings", table)
+            registered.append("batch_postings")
+            con.execute("INSERT INTO postings SELECT * FROM batch_postings")
+            parts.append("SELECT account, unit, period, amount FROM batch_postings")
+        expanded = 0
+        if usage is not None and usage.num_rows:
+            con.register("batch_usage", usage)
+            registered.append("batch_usage")
+            query = USAGE_POSTINGS_SQL.format(usage="batch_usage")
+            row = first_row(
+                con.execute(f"INSERT INTO postings {query}", {"incarnation": incarnation})
+            )
+            expanded = int(row[0]) if row else 0
+            parts.append(f"SELECT account, unit, period, amount FROM ({query})")
+        if parts:
+            con.execute(
+                "INSERT INTO balances SELECT account, unit, period, sum(amount) "
+                f"FROM ({' UNION ALL '.join(parts)}) GROUP BY ALL "
+                "ON CONFLICT DO UPDATE SET balance = balance + excluded.balance",
+                {"incarnation": incarnation} if expanded else None,
+            )
+        for name in registered:
+            con.unregister(name)
+        return expanded
 
     def _apply_changes(self, changes: StateChanges, now: int) -> None:
         write_changes(self._con, changes, now)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
+import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ledger.errors import StoreError
-from ledger.posting_columns import LEG_UNITS, PostingColumns
+from ledger.posting_columns import LEG_UNITS, ROW_FIELDS, PostingColumns
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.store.port import ConsumedMessage, SourcedTransaction
 from ledger.units import Unit
@@ -283,52 +282,75 @@ def transaction_from_rows(rows: Sequence[tuple[object, ...]]) -> Transaction | N
     )
 
 
-def columns_to_arrow(columns: PostingColumns, incarnation: str) -> pa.Table:
-    """Column-built usage transactions in the postings schema. Each row makes four postings, or
-    six with energy: the holder's legs then the capacity's, in `LEG_UNITS` order. Posting
-    columns are taken from the row columns by index, so Python touches each row once."""
+def usage_to_arrow(columns: PostingColumns) -> pa.Table:
+    """Column-built usage transactions, one row each (`ROW_FIELDS` and `idle`): what
+    `USAGE_POSTINGS_SQL` expands into postings inside DuckDB."""
     cols = columns.columns()
-    n = len(columns)
-    energy = np.asarray(cols["energy_mj"], dtype=np.int64)
-    keep = np.ones((n, 6), dtype=bool)
-    keep[:, 2] = keep[:, 5] = energy != 0
-    flat = keep.ravel()
-    txn = pa.array(np.repeat(np.arange(n, dtype=np.int32), 6)[flat])
-    position = np.tile(np.arange(6, dtype=np.int8), n)[flat]
-    leg = (np.cumsum(keep, axis=1) - 1).ravel()[flat].astype(np.int16)
-    ms = np.asarray(cols["gpu_ms"], dtype=np.int64)
-    money = np.asarray(cols["money"], dtype=np.int64)
-    amount = np.stack([ms, money, energy, -ms, -money, -energy], axis=1).ravel()[flat]
-    units = pa.array([u.value for u in LEG_UNITS] * 2, pa.string()).take(pa.array(position))
-    holder = pa.array(position < 3)
+    idle = columns.idle
+    return pa.table(
+        [pa.array(cols[name], kind) for name, kind in USAGE_ROW_SCHEMA]
+        + [pa.array([i in idle for i in range(len(columns))], pa.bool_())],
+        names=[name for name, _ in USAGE_ROW_SCHEMA] + ["idle"],
+    )
 
-    def per_txn(name: str, kind: pa.DataType) -> pa.Array:
-        return pa.array(cols[name], kind).take(txn)
 
-    def holder_only(name: str) -> pa.Array:
-        return pc.if_else(holder, per_txn(name, pa.string()), pa.scalar(None, pa.string()))
-
-    named = {
-        "txn_id": per_txn("txn_id", pa.string()),
-        "leg": pa.array(leg),
-        "kind": pa.array([TransactionKind.USAGE.value] * len(leg), pa.string()),
-        "account": pc.if_else(
-            holder, per_txn("account", pa.string()), per_txn("capacity", pa.string())
+USAGE_ROW_SCHEMA = tuple(
+    zip(
+        ROW_FIELDS,
+        (
+            *(pa.string(),) * 5,  # txn_id, gpu_uuid, model, pool, node
+            pa.int64(),  # start_us
+            pa.int64(),  # end_us
+            pa.string(),  # period
+            pa.int16(),  # util_pct
+            pa.string(),  # topic
+            pa.int32(),  # partition
+            pa.int64(),  # offset
+            *(pa.string(),) * 7,  # account, capacity, team, project, user, job_id, cost_centre
+            *(pa.int64(),) * 3,  # gpu_ms, money, energy_mj
         ),
-        "unit": units,
-        "amount": pa.array(amount),
-        **{name: holder_only(name) for name in ("team", "project", "user", "job_id")},
-        "cost_centre": holder_only("cost_centre"),
-        **{name: per_txn(name, pa.string()) for name in ("gpu_uuid", "model", "pool", "node")},
-        "start_us": per_txn("start_us", pa.int64()),
-        "end_us": per_txn("end_us", pa.int64()),
-        "cause": per_txn("txn_id", pa.string()),
-        "incarnation": pa.array([incarnation] * len(leg), pa.string()),
-        "src_topic": per_txn("topic", pa.string()),
-        "src_partition": per_txn("partition", pa.int32()),
-        "src_offset": per_txn("offset", pa.int64()),
-        "period": per_txn("period", pa.string()),
-        "util_pct": per_txn("util_pct", pa.int16()),
-        "idle": pa.array([i in columns.idle for i in range(n)], pa.bool_()).take(txn),
-    }
-    return pa.table([named[name] for name in POSTINGS_SCHEMA.names], schema=POSTINGS_SCHEMA)
+        strict=True,
+    )
+)
+
+# The legs of a usage transaction, in `leg` order: the holder's GPU-ms, money and energy, then
+# the capacity's of the opposite sign; energy legs only when there is energy (then `leg` counts
+# them, else the capacity's legs are 2 and 3).
+_LEGS = ", ".join(
+    f"({position}, '{unit.value}', {position < 3}, {1 if position < 3 else -1})"
+    for position, unit in enumerate(LEG_UNITS * 2)
+)
+USAGE_POSTINGS_SQL = f"""
+SELECT u.txn_id,
+    CAST(CASE WHEN u.energy_mj <> 0 OR l.position < 3 THEN l.position
+         ELSE l.position - 1 END AS SMALLINT) AS leg,
+    '{TransactionKind.USAGE.value}' AS kind,
+    CASE WHEN l.holder THEN u.account ELSE u.capacity END AS account,
+    l.unit,
+    l.sign * CASE l.position % 3 WHEN 0 THEN u.gpu_ms WHEN 1 THEN u.money ELSE u.energy_mj END
+        AS amount,
+    CASE WHEN l.holder THEN u.team END AS team,
+    CASE WHEN l.holder THEN u.project END AS project,
+    CASE WHEN l.holder THEN u."user" END AS "user",
+    CASE WHEN l.holder THEN u.job_id END AS job_id,
+    CASE WHEN l.holder THEN u.cost_centre END AS cost_centre,
+    u.gpu_uuid, u.model, u.pool, u.node, u.start_us, u.end_us, u.txn_id AS cause,
+    CAST($incarnation AS VARCHAR) AS incarnation, u.topic AS src_topic,
+    u."partition" AS src_partition, u."offset" AS src_offset, u.period, u.util_pct, u.idle
+FROM {{usage}} AS u
+CROSS JOIN (VALUES {_LEGS}) AS l(position, unit, holder, sign)
+WHERE u.energy_mj <> 0 OR l.position % 3 <> 2
+"""
+
+
+def columns_to_arrow(columns: PostingColumns, incarnation: str) -> pa.Table:
+    """Column-built usage transactions as postings (`POSTINGS_SCHEMA`), expanded by the same
+    SQL the store commits them with; for readers of a batch outside the store."""
+    con = duckdb.connect()
+    try:
+        con.register("usage", usage_to_arrow(columns))
+        query = USAGE_POSTINGS_SQL.format(usage="usage")
+        table: pa.Table = con.sql(query, params={"incarnation": incarnation}).to_arrow_table()
+    finally:
+        con.close()
+    return table.cast(POSTINGS_SCHEMA)
