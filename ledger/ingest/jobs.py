@@ -1,13 +1,16 @@
 """The jobs route's fold: the scheduler's holds (placed, released, expired) into hold
 transactions, and its GPU assignments (`GpuAssigned` / `GpuReleased`) into each GPU's timeline
-(`ledger.assignments`); the topic's other job events are passed over. Pure: the batch, the
-ledger's view and nothing else."""
+(`ledger.assignments`); the topic's other job events are passed over. An event not seen before
+whose time is before its job's (holds) or GPU's (assignments) dedupe cutoff is a dead letter
+(`ledger.dedupe`: too late to deduplicate). Pure: the batch, the ledger's view and nothing
+else."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from ledger.assignments import HOLDING_MEMORY_US, Holding, assign, forget_before, release
+from ledger.dedupe import assignment_scope, job_scope, too_late
 from ledger.events import DeadLetter, Owner
 from ledger.holds import HoldBook, HoldEnvelope, HoldPlaced, decode_jobs_message
 from ledger.ingest.batch import Folded, booker, located, refused, sourced
@@ -27,22 +30,25 @@ class DecodedJobs:
 
     def __init__(self, messages: Sequence[ConsumedMessage]) -> None:
         self.holds: list[tuple[HoldEnvelope, ConsumedMessage]] = []
-        self.assignments: list[JobEnvelope] = []
+        self.assignments: list[tuple[JobEnvelope, ConsumedMessage]] = []
         self.dead: list[DeadLetter] = []
         for message in messages:
             read = decode_jobs_message(message.value)
             self.dead.extend(located(letter, message) for letter in read.dead)
             self.holds.extend((envelope, message) for envelope in read.holds)
-            self.assignments.extend(read.assignments)
+            self.assignments.extend((envelope, message) for envelope in read.assignments)
 
     @property
     def count(self) -> int:
         return len(self.holds) + len(self.assignments)
 
     def keys(self) -> ViewKeys:
+        gpus = frozenset(e.subject for e, _ in self.assignments)
         return ViewKeys(
-            event_ids=[e.id for e, _ in self.holds] + [e.id for e in self.assignments],
-            gpu_uuids=frozenset(e.subject for e in self.assignments),
+            event_ids=[e.id for e, _ in self.holds] + [e.id for e, _ in self.assignments],
+            gpu_uuids=gpus,
+            scopes=frozenset(job_scope(e.data.job_id) for e, _ in self.holds)
+            | {assignment_scope(g) for g in gpus},
             holds=True,
         )
 
@@ -50,15 +56,21 @@ class DecodedJobs:
 def fold_jobs(batch: DecodedJobs, view: LedgerView, last: ConsumedMessage | None = None) -> Folded:
     """`last`: the message the batch's expiries are sourced to (its last message)."""
     seen = set(view.seen)
+    cutoffs = view.forgotten_before
     holds = HoldBook(view.holds, booker(view.closed))
     dead: list[DeadLetter] = []
     transactions: list[SourcedTransaction] = []
-    without_postings: list[tuple[str, int]] = []
+    without_postings: list[tuple[str, int, str]] = []
     duplicates = 0
     newest: int | None = None  # of the events new to the ledger: a duplicate moves nothing
     for envelope, message in batch.holds:
         if envelope.id in seen:
             duplicates += 1
+            continue
+        scope = job_scope(envelope.data.job_id)
+        late = too_late(envelope.time_us, scope, cutoffs.get(scope))
+        if late is not None:
+            dead.append(refused(late, envelope.id, message))
             continue
         seen.add(envelope.id)
         newest = envelope.time_us if newest is None else max(newest, envelope.time_us)
@@ -78,7 +90,7 @@ def fold_jobs(batch: DecodedJobs, view: LedgerView, last: ConsumedMessage | None
         mark = holds.checkpoint()
         released = holds.release(envelope)
         if released is None:
-            without_postings.append((envelope.id, envelope.time_us))
+            without_postings.append((envelope.id, envelope.time_us, scope))
             continue
         problem = check_transaction(released, view.closed)
         if problem is not None:  # a refused release leaves the holds open
@@ -87,14 +99,19 @@ def fold_jobs(batch: DecodedJobs, view: LedgerView, last: ConsumedMessage | None
             continue
         transactions.extend(sourced([released], message))
     timelines: dict[str, tuple[Holding, ...]] = {}
-    for change in batch.assignments:
+    for change, message in batch.assignments:
         if change.id in seen:
             duplicates += 1
             continue
+        gpu = change.subject
+        scope = assignment_scope(gpu)
+        late = too_late(change.time_us, scope, cutoffs.get(scope))
+        if late is not None:
+            dead.append(refused(late, change.id, message))
+            continue
         seen.add(change.id)
         newest = change.time_us if newest is None else max(newest, change.time_us)
-        without_postings.append((change.id, change.time_us))
-        gpu = change.subject
+        without_postings.append((change.id, change.time_us, scope))
         timelines[gpu] = fold_assignment(timelines.get(gpu, view.timelines.get(gpu, ())), change)
     derived = len(transactions)
     if newest is not None and last is not None:

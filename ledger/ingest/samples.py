@@ -1,6 +1,9 @@
 """The samples route's fold: GPU samples into usage transactions, idle-detector steps and hold
 settlements, as a pure function of the batch, the ledger's view and the rules.
 
+A sample applied before is a duplicate; one not seen before whose time is before its GPU's
+dedupe cutoff is a dead letter (`ledger.dedupe`: too late to deduplicate), never booked.
+
 A sample that names no owner goes to whoever the GPU's assignment timeline says held it over
 the sample's interval (split by time when the holder changed), else to unallocated capacity;
 an unpriced model is a dead letter. A sample whose natural period is closed is booked into the
@@ -24,6 +27,7 @@ from ledger.accounts import capacity_account, consumer_account, unallocated_acco
 from ledger.assignments import Holding, OwnedPiece, owners_over
 from ledger.attribution import attribute_usage, owner_shares, physical_gpu_ms, usage_cost
 from ledger.closing import booking_period
+from ledger.dedupe import sample_scope, too_late
 from ledger.errors import PricingError
 from ledger.events import DeadLetter, Owner, SampleEnvelope
 from ledger.holds import HoldBook
@@ -59,10 +63,12 @@ class _Observed:
 
 def sample_keys(decoded: Sequence[DecodedSample]) -> ViewKeys:
     """What the samples fold reads of the ledger for these samples."""
+    gpus = frozenset(e.data.gpu_uuid for e, _ in decoded)
     return ViewKeys(
         event_ids=[e.id for e, _ in decoded],
-        gpu_uuids=frozenset(e.data.gpu_uuid for e, _ in decoded),
+        gpu_uuids=gpus,
         subjects=frozenset(e.subject for e, _ in decoded),
+        scopes=frozenset(sample_scope(g) for g in gpus),
         holds=True,
     )
 
@@ -71,6 +77,7 @@ def fold_samples(
     decoded: Sequence[DecodedSample], view: LedgerView, rules: FoldRules, columnar: bool = True
 ) -> Folded:
     seen = set(view.seen)
+    cutoffs = view.forgotten_before
     held_jobs = {job for job, _ in view.holds}
     dead: list[DeadLetter] = []
     transactions: list[SourcedTransaction] = []
@@ -82,6 +89,12 @@ def fold_samples(
         if envelope.id in seen:
             duplicates += 1
             continue
+        if cutoffs:  # dedupe time: the end of the interval, as its usage is recorded
+            scope = sample_scope(envelope.data.gpu_uuid)
+            late = too_late(envelope.data.sample_time_us, scope, cutoffs.get(scope))
+            if late is not None:
+                dead.append(refused(late, envelope.id, message))
+                continue
         seen.add(envelope.id)
         newest = envelope.time_us if newest is None else max(newest, envelope.time_us)
         timeline = view.timelines.get(envelope.data.gpu_uuid)

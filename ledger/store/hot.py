@@ -32,15 +32,19 @@ ranges. Both are safe to interrupt at any point and to run again.
 
 Replaying the archive in batch order reproduces the ledger exactly: a batch is applied as one
 unit, in its original message order, and everything a batch's fold reads is itself a fold of
-the earlier batches, except the dedupe window, which the worker prunes between batches. A prune
-that forgot ids is therefore recorded with the next archived batch (`pruned_before_us`), and a
-rebuild forgets the same ids at the same point.
+the earlier batches, except the dedupe window, which the worker prunes between batches. Applied
+ids are kept per dedupe scope (`ledger.dedupe`: `seen_events.scope`), and `dedupe_scopes` keeps
+each scope's newest applied time (moved by every commit) and forgotten-before cutoff (raised by
+every prune, kept after all the scope's ids are gone). A prune that changed anything is
+therefore recorded with the next archived batch (`prune_window_us`, the window it pruned with;
+`pruned_before_us` for a prune by one cutoff), and a rebuild runs the same prune on the same
+state before applying that batch.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import duckdb
@@ -56,8 +60,8 @@ from ledger.excerpts import bounded
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState, state_to_row
 from ledger.posting_columns import PostingColumns
-from ledger.postings import TransactionKind
 from ledger.store.balance_outbox import queue_balance_messages
+from ledger.store.hot_dedupe import DedupeSet, Pruned
 from ledger.store.hot_reads import BALANCES_VERSION, HotReads
 from ledger.store.hot_tables import (
     HOT_TABLES_DDL,
@@ -73,7 +77,7 @@ from ledger.store.layout import (
     SEGMENTS_DIR,
     first_row,
 )
-from ledger.store.mirror import DedupeSet, WriterMirror
+from ledger.store.mirror import WriterMirror
 from ledger.store.port import (
     CommitResult,
     ConsumedMessage,
@@ -99,9 +103,8 @@ from ledger.store.sealing import Segmenter
 from ledger.store.segments import SegmentInfo
 from ledger.store.side_files import period_checksum
 
-# Kinds whose interval is chosen by a person (an effective time, a period): their dedupe time
-# is capped at the newest applied event, so a future date cannot age out every sample id.
-_ADMIN_KINDS = (TransactionKind.BUDGET_GRANT, TransactionKind.ADJUSTMENT)
+# The ledger_meta keys of the prunes run since the last archived batch (archived with the next).
+_WINDOW, _CUTOFF = "prune_window_us", "pruned_before_us"
 
 
 def _postings_table(fresh: Sequence[SourcedTransaction], incarnation: str) -> pa.Table:
@@ -144,8 +147,10 @@ class DuckDBStore(HotReads):
             self.rebuild_balances()  # a store from before the balances table: fold once
         row = first_row(self._con.execute("SELECT max(batch_seq) FROM source_ranges"))
         self._batch_seq = int(row[0]) if row and row[0] is not None else 0
-        pruned = self._meta("pruned_before_us")
+        pruned = self._meta(_CUTOFF)
         self._pruned_before: int | None = None if pruned is None else int(pruned)
+        window = self._meta(_WINDOW)
+        self._prune_window: int | None = None if window is None else int(window)
 
     def _meta(self, key: str) -> str | None:
         row = first_row(self._con.execute("SELECT value FROM ledger_meta WHERE key = ?", [key]))
@@ -225,13 +230,17 @@ class DuckDBStore(HotReads):
                 ],
             )
             if raw:
-                con.register(
-                    "batch_raw", archive_to_arrow(raw, incarnation, seq, self._pruned_before)
+                archived = archive_to_arrow(
+                    raw, incarnation, seq, self._pruned_before, self._prune_window
                 )
+                con.register("batch_raw", archived)
                 con.execute("INSERT INTO raw_events SELECT * FROM batch_raw")
                 con.unregister("batch_raw")
-                if self._pruned_before is not None:
-                    con.execute("DELETE FROM ledger_meta WHERE key = 'pruned_before_us'")
+                if self._pruned_before is not None or self._prune_window is not None:
+                    con.execute(
+                        "DELETE FROM ledger_meta "
+                        "WHERE key IN ('pruned_before_us', 'prune_window_us')"
+                    )
             if idle_states:
                 con.execute(
                     "DELETE FROM idle_state WHERE list_contains(?, subject)",
@@ -291,10 +300,10 @@ class DuckDBStore(HotReads):
             raise
         if self._mirror is not None:
             self._mirror.apply(idle_states, changes)
-        self._dedupe.added(*seen_now)
+        self._dedupe.added(seen_now)
         if raw:
             self._batch_seq = seq
-            self._pruned_before = None
+            self._pruned_before = self._prune_window = None
         if changes.admin:
             self._admin_cache = self._closed_cache = None
             self.export_admin_log()
@@ -364,33 +373,11 @@ class DuckDBStore(HotReads):
     def _insert_seen(
         self,
         fresh: Sequence[SourcedTransaction],
-        extra: Sequence[tuple[str, int]],
+        extra: Sequence[tuple[str, int, str]],
         built: PostingColumns | None,
-    ) -> tuple[list[str], list[int]]:
-        """Record the applied ids; the ids and dedupe times recorded."""
-        if built:  # usage: applied at the end of its interval, like `fresh`'s usage
-            fresh_ids = [t.txn.txn_id for t in fresh] + [r[0] for r in built.rows]
-            fresh_times = [t.txn.end_us for t in fresh] + [r[6] for r in built.rows]
-        else:
-            fresh_ids = [t.txn.txn_id for t in fresh]
-            fresh_times = [t.txn.end_us for t in fresh]
-        if not fresh_ids and not extra:
-            return [], []
-        ids = fresh_ids + [i for i, _ in extra]
-        times = fresh_times + [t for _, t in extra]
-        if any(t.txn.kind in _ADMIN_KINDS for t in fresh) or extra:
-            newest = self._dedupe.newest()
-            if newest is not None:
-                usage = [TransactionKind.USAGE] * (len(fresh_ids) - len(fresh))
-                kinds = [t.txn.kind for t in fresh] + usage + [None] * len(extra)
-                times = [
-                    min(t, newest) if k in _ADMIN_KINDS or k is None else t
-                    for t, k in zip(times, kinds, strict=True)
-                ]
-        self._con.register("batch_seen", pa.table({"event_id": ids, "time_us": times}))
-        self._con.execute("INSERT INTO seen_events SELECT * FROM batch_seen")
-        self._con.unregister("batch_seen")
-        return ids, times
+    ) -> list[str]:
+        """Record the applied ids with their dedupe time and scope; the ids recorded."""
+        return self._dedupe.insert(fresh, extra, built)
 
     def _close(self, entry: AppliedAdmin, now: int) -> str:
         """Record a close with the checksum of everything booked into the period so far."""
@@ -426,6 +413,10 @@ class DuckDBStore(HotReads):
     def load_view(self, keys: ViewKeys) -> LedgerView:
         """What one batch's fold reads, for `keys` only."""
         return assemble_view(self, keys)
+
+    def forgotten_before(self, scopes: Collection[str]) -> dict[str, int]:
+        """Each of `scopes`' forgotten-before cutoff, from the in-memory dedupe set."""
+        return self._dedupe.cutoffs(scopes)
 
     def seen_ids(self, ids: Sequence[str]) -> set[str]:
         """Which of `ids` have been applied already: one set intersection with the dedupe set,
@@ -544,6 +535,7 @@ class DuckDBStore(HotReads):
         result.archive_compacted = self._segments.align_archive()
         self._segments.remove_unlisted_files()
         self.export_closed_periods()  # after sealing: a closed period's rows are all sealed now
+        self.export_refused()
         if not self._admin_log_exported:
             self.export_admin_log()
         return result
@@ -579,40 +571,46 @@ class DuckDBStore(HotReads):
         ).fetchall()
 
     def prune_seen_events(self, window_us: int) -> int:
-        """Forget applied event ids older than `window_us` before the newest one; returns how many.
+        """Per dedupe scope, raise its forgotten-before cutoff to its newest applied time less
+        `window_us`, and forget its ids older than the cutoff; returns how many were forgotten.
 
-        The dedupe window is measured in sample time, so replaying old data dedupes the same way
-        as live data.
+        The window is measured in each scope's own event time, so replaying old data dedupes
+        the same way as live data, and a scope that fell silent keeps its ids and cutoff where
+        its last event left them. A prune that changed anything is recorded with the next
+        archived batch (with no batch between them, prunes compose to the smallest window), so
+        a rebuild runs it on the same state before applying that batch.
         """
-        newest = self._dedupe.newest()
-        if newest is None:
-            return 0
-        return self.prune_seen_before(newest - window_us)
+        window = window_us if self._prune_window is None else min(window_us, self._prune_window)
+        return self._prune(lambda: self._dedupe.prune_to_window(window_us), _WINDOW, window)
 
     def prune_seen_before(self, cutoff_us: int) -> int:
-        """Forget applied event ids whose event time is before `cutoff_us`; returns how many.
+        """Forget every applied id older than `cutoff_us`, whatever its scope, and raise every
+        scope's cutoff to it; returns how many were forgotten (see `LedgerStore`). Recorded
+        with the next archived batch like `prune_seen_events` (the greatest cutoff since)."""
+        cutoff = cutoff_us if self._pruned_before is None else max(cutoff_us, self._pruned_before)
+        return self._prune(lambda: self._dedupe.prune_before(cutoff_us), _CUTOFF, cutoff)
 
-        A prune that forgot anything is recorded with the next archived batch (the greatest
-        cutoff since the previous batch: with no batch between them, prunes compose to it), so
-        a rebuild forgets the same ids before applying that batch.
-        """
+    def _prune(self, prune: Callable[[], Pruned], meta: str, recorded: int) -> int:
+        """Run `prune` in one transaction; when it changed anything, record `recorded` (the
+        window or cutoff) under `meta` for the next archived batch."""
         con = self._con
-        pruned = max(cutoff_us, self._pruned_before or cutoff_us)
         con.execute("BEGIN TRANSACTION")
         try:
-            rows = con.execute(
-                "DELETE FROM seen_events WHERE time_us < ? RETURNING event_id", [cutoff_us]
-            ).fetchall()
-            if rows:
-                self._set_meta("pruned_before_us", pruned)
+            pruned = prune()
+            changed = bool(pruned[0] or pruned[1])
+            if changed:
+                self._set_meta(meta, recorded)
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             raise
-        if rows:
-            self._pruned_before = pruned
-            self._dedupe.forgotten(str(r[0]) for r in rows)
-        return len(rows)
+        if changed:
+            if meta == _WINDOW:
+                self._prune_window = recorded
+            else:
+                self._pruned_before = recorded
+            self._dedupe.forgotten(pruned)
+        return len(pruned[0])
 
     def close(self) -> None:
         self._con.close()

@@ -1,8 +1,8 @@
 """What the writer's store answers about committed postings and the admin state: balances
 (the projection, and the fold recomputed from every posting, hot and sealed), budgets, closed
-periods, the admin log, reversals, transactions by id; and the readers' copies of the admin log
-and of closed periods it writes beside the segments. A base class of `DuckDBStore`, over its
-connection."""
+periods, the admin log, reversals, transactions by id; and the readers' copies of the admin log,
+of closed periods and of the dead-letter summary it writes beside the segments. A base class of
+`DuckDBStore`, over its connection."""
 
 from __future__ import annotations
 
@@ -22,7 +22,14 @@ from ledger.pricing import PriceBook
 from ledger.store.layout import first_row, sql_list
 from ledger.store.schema import POSTING_COLUMNS_SQL, transaction_from_rows
 from ledger.store.segments import Manifest
-from ledger.store.side_files import write_admin_log, write_closed_period
+from ledger.store.side_files import (
+    REFUSED_NAME,
+    REFUSED_SQL,
+    RefusedGroup,
+    write_admin_log,
+    write_closed_period,
+    write_refused,
+)
 from ledger.units import Unit
 
 BALANCES_VERSION = "1"
@@ -35,6 +42,7 @@ class HotReads:
     _admin_cache: tuple[AppliedAdmin, ...] | None  # the admin log, as read
     _closed_cache: frozenset[str] | None
     _admin_log_exported: bool
+    _refused_exported: int | None = None  # dead letters in the last summary written
 
     def _sealed_sql(self) -> str | None:
         files = self.manifest.files()
@@ -169,3 +177,19 @@ class HotReads:
     def export_closed_periods(self) -> int:
         """Write the record of every closed period that has none yet; how many were written."""
         return sum(write_closed_period(self.segments_root, c) for c in self.closed_periods())
+
+    def export_refused(self) -> bool:
+        """Write the dead-letter summary (`segments/refused.json`) when letters were recorded
+        since the last one (or it is missing); whether it was written."""
+        row = first_row(self._con.execute("SELECT count(*) FROM dead_letters"))
+        count = int(row[0]) if row else 0
+        path = self.segments_root / REFUSED_NAME
+        if count == self._refused_exported and (path.exists() or not count):
+            return False
+        groups = [
+            RefusedGroup(str(k), str(t), int(n), int(first), int(last), str(example))
+            for k, t, n, first, last, example in self._con.execute(REFUSED_SQL).fetchall()
+        ]
+        write_refused(self.segments_root, groups)
+        self._refused_exported = count
+        return True

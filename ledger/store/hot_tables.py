@@ -1,5 +1,9 @@
 """The writer's hot tables: their DDL, and writing and reading their rows in one statement per
-table (DuckDB's `executemany` runs one statement per row)."""
+table (DuckDB's `executemany` runs one statement per row).
+
+The DDL also brings a database from before a column or table was added up to date: ids applied
+before dedupe scopes get the scope '' and one `dedupe_scopes` row, so a prune by window forgets
+them by their newest time, as before."""
 
 from __future__ import annotations
 
@@ -29,7 +33,15 @@ CREATE TABLE IF NOT EXISTS postings (
     src_partition INTEGER NOT NULL, src_offset BIGINT NOT NULL,
     period VARCHAR NOT NULL, util_pct SMALLINT, idle BOOLEAN NOT NULL
 );
-CREATE TABLE IF NOT EXISTS seen_events (event_id VARCHAR PRIMARY KEY, time_us BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS seen_events (
+    event_id VARCHAR PRIMARY KEY, time_us BIGINT NOT NULL, scope VARCHAR NOT NULL DEFAULT ''
+);
+ALTER TABLE seen_events ADD COLUMN IF NOT EXISTS scope VARCHAR DEFAULT '';
+CREATE TABLE IF NOT EXISTS dedupe_scopes (
+    scope VARCHAR PRIMARY KEY, newest_us BIGINT NOT NULL, forgotten_before_us BIGINT
+);
+INSERT INTO dedupe_scopes SELECT '', max(time_us), NULL FROM seen_events WHERE scope = ''
+    HAVING count(*) > 0 ON CONFLICT DO NOTHING;
 CREATE TABLE IF NOT EXISTS source_ranges (
     incarnation VARCHAR NOT NULL, topic VARCHAR NOT NULL, "partition" INTEGER NOT NULL,
     first_offset BIGINT NOT NULL, last_offset BIGINT NOT NULL,
@@ -80,8 +92,10 @@ CREATE TABLE IF NOT EXISTS closed_periods (
 CREATE TABLE IF NOT EXISTS raw_events (
     batch_seq BIGINT NOT NULL, batch_index INTEGER NOT NULL, incarnation VARCHAR NOT NULL,
     topic VARCHAR NOT NULL, "partition" INTEGER NOT NULL, "offset" BIGINT NOT NULL,
-    "key" BLOB, "value" BLOB, value_codec VARCHAR, value_size BIGINT, pruned_before_us BIGINT
+    "key" BLOB, "value" BLOB, value_codec VARCHAR, value_size BIGINT, pruned_before_us BIGINT,
+    prune_window_us BIGINT
 );
+ALTER TABLE raw_events ADD COLUMN IF NOT EXISTS prune_window_us BIGINT;
 CREATE TABLE IF NOT EXISTS reversals (txn_id VARCHAR PRIMARY KEY, reversed_by VARCHAR NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
 CREATE SEQUENCE IF NOT EXISTS publish_seq;

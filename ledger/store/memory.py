@@ -37,13 +37,14 @@ from ledger.balances import (
 )
 from ledger.balances import current_period as _current_period
 from ledger.closing import CHECKSUM_COLUMNS, ClosedPeriod
+from ledger.dedupe import transaction_scope
 from ledger.errors import StoreError
 from ledger.events import DeadLetter
 from ledger.excerpts import bounded
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState
 from ledger.posting_columns import PostingColumns
-from ledger.postings import Transaction, TransactionKind
+from ledger.postings import Transaction
 from ledger.pricing import PriceBook
 from ledger.store.port import (
     CommitResult,
@@ -62,9 +63,6 @@ from ledger.store.port import (
 )
 from ledger.units import Unit
 
-# Kinds whose interval is chosen by a person: their dedupe time is capped at the newest applied
-# event (as `DuckDBStore._insert_seen` does), so a future date cannot age out every sample id.
-_ADMIN_KINDS = (TransactionKind.BUDGET_GRANT, TransactionKind.ADJUSTMENT)
 _PUBLISHED_KINDS = (AccountKind.CONSUMER, AccountKind.BUDGET, AccountKind.HOLD)
 BalanceKey = tuple[str, str, str]  # (account, unit, period)
 
@@ -97,7 +95,7 @@ class _State:
 
     booked: list[_Booked] = field(default_factory=list)
     transactions: dict[str, Transaction] = field(default_factory=dict)  # the first of each id
-    seen: dict[str, int] = field(default_factory=dict)  # event id → dedupe time
+    seen: dict[str, tuple[int, str]] = field(default_factory=dict)  # id → (time, scope)
     ranges: list[_Range] = field(default_factory=list)
     idle: dict[str, GpuIdleState] = field(default_factory=dict)
     outbox: dict[str, OutboxMessage] = field(default_factory=dict)  # unsent, in queue order
@@ -113,6 +111,8 @@ class _State:
     publish_seq: int = 0
     batch_seq: int = 0
     undeliverable: list[Undeliverable] = field(default_factory=list)
+    # dedupe scope → (newest applied time, forgotten-before cutoff), as `dedupe_scopes`
+    scopes: dict[str, tuple[int, int | None]] = field(default_factory=dict)
 
     def copy(self) -> _State:
         return _State(
@@ -134,6 +134,7 @@ class _State:
             self.publish_seq,
             self.batch_seq,
             list(self.undeliverable),
+            dict(self.scopes),
         )
 
 
@@ -233,6 +234,10 @@ class MemoryStore:
     def seen_ids(self, ids: Sequence[str]) -> set[str]:
         return {i for i in ids if i in self._s.seen}
 
+    def forgotten_before(self, scopes: Collection[str]) -> dict[str, int]:
+        known = self._s.scopes
+        return {s: c for s in scopes if s in known and (c := known[s][1]) is not None}
+
     def commit(
         self,
         incarnation: str,
@@ -319,14 +324,17 @@ class MemoryStore:
 
     @staticmethod
     def _insert_seen(
-        s: _State, fresh: Sequence[SourcedTransaction], extra: Sequence[tuple[str, int]]
+        s: _State, fresh: Sequence[SourcedTransaction], extra: Sequence[tuple[str, int, str]]
     ) -> None:
-        rows = [(t.txn.txn_id, t.txn.end_us, t.txn.kind in _ADMIN_KINDS) for t in fresh]
-        rows += [(i, t, True) for i, t in extra]
+        """Record the applied ids with their dedupe time and scope, and move each scope's
+        newest applied time (as `DuckDBStore._insert_seen`)."""
+        rows = [(t.txn.txn_id, t.txn.end_us, transaction_scope(t.txn)) for t in fresh]
+        rows += list(extra)
         _once((i for i, _, _ in rows), "event id", s.seen)
-        newest = max(s.seen.values(), default=None)  # before this batch's ids
-        for event, time_us, capped in rows:
-            s.seen[event] = min(time_us, newest) if capped and newest is not None else time_us
+        for event, time_us, scope in rows:
+            s.seen[event] = (time_us, scope)
+            newest, cutoff = s.scopes.get(scope, (time_us, None))
+            s.scopes[scope] = (max(newest, time_us), cutoff)
 
     @staticmethod
     def _apply_changes(s: _State, changes: StateChanges) -> None:
@@ -526,13 +534,31 @@ class MemoryStore:
         return SealResult()
 
     def prune_seen_events(self, window_us: int) -> int:
-        """Forget applied event ids older than `window_us` before the newest one."""
-        newest = max(self._s.seen.values(), default=None)
-        return 0 if newest is None else self.prune_seen_before(newest - window_us)
+        """Per dedupe scope, raise its cutoff to its newest applied time less `window_us` and
+        forget its ids older than the cutoff; returns how many were forgotten."""
+        scopes = self._s.scopes
+        for scope, (newest, cutoff) in scopes.items():
+            if cutoff is None or cutoff < newest - window_us:
+                scopes[scope] = (newest, newest - window_us)
+        return self._forget()
 
     def prune_seen_before(self, cutoff_us: int) -> int:
-        """Forget applied event ids whose event time is before `cutoff_us`; returns how many."""
-        old = [i for i, t in self._s.seen.items() if t < cutoff_us]
+        """Forget every applied id older than `cutoff_us` and raise every scope's cutoff to it."""
+        scopes = self._s.scopes
+        for scope, (newest, cutoff) in scopes.items():
+            if cutoff is None or cutoff < cutoff_us:
+                scopes[scope] = (newest, cutoff_us)
+        return self._forget(cutoff_us)
+
+    def _forget(self, before_us: int | None = None) -> int:
+        """Forget the ids older than their scope's cutoff (or than `before_us`)."""
+        scopes = self._s.scopes
+        old = [
+            i
+            for i, (t, scope) in self._s.seen.items()
+            if (before_us is not None and t < before_us)
+            or ((c := scopes[scope][1]) is not None and t < c)
+        ]
         for i in old:
             del self._s.seen[i]
         return len(old)

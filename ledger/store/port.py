@@ -13,6 +13,8 @@ needs (a `LedgerView`, selected by the batch's `ViewKeys`); the fold is pure; `c
 the batch's effect in one atomic step. Invariants every implementation keeps:
 - a commit is all or nothing, and records the offset ranges it consumed with its postings;
 - a transaction whose id was applied before (or repeats within the batch) is dropped;
+- applied ids are remembered per dedupe scope (`ledger.dedupe`) until a prune forgets those
+  older than the scope's cutoff, which the store keeps for good;
 - nothing is booked into a closed period, and a close is committed only with nothing unsealed;
 - balances are the fold of the postings, per (account, unit, period).
 """
@@ -124,14 +126,15 @@ class StateChanges:
     - `holds`: open holds that changed (an amount of 0 removes the hold);
     - `admin`: admin events applied (a `PeriodClosed` applied closes its period);
     - `reversals`: (reversed transaction, reversing transaction);
-    - `seen`: ids (and event times) of events applied without a transaction of their own;
+    - `seen`: (id, event time, dedupe scope) of events applied without a transaction of their
+      own (`ledger.dedupe`);
     - `timelines`: GPUs whose assignment timeline changed, each with its whole new timeline.
     """
 
     holds: Sequence[OpenHold] = ()
     admin: Sequence[AppliedAdmin] = ()
     reversals: Sequence[tuple[str, str]] = ()
-    seen: Sequence[tuple[str, int]] = ()
+    seen: Sequence[tuple[str, int, str]] = ()
     timelines: Mapping[str, tuple[Holding, ...]] = field(default_factory=dict)
 
 
@@ -153,6 +156,7 @@ class ViewKeys:
     - `subjects`: idle-detector subjects (GPUs or MIG slices) whose state the fold steps;
     - `budget_keys`: (team, period, unit) whose granted total a grant is checked against;
     - `txn_ids`: transactions a reversal names (the transaction and who reversed it, if anyone);
+    - `scopes`: dedupe scopes of the batch's events, whose forgotten-before cutoffs it checks;
     - `holds`: whether the fold needs the open holds;
     - `admin`: whether the fold needs the admin state (`AdminView`).
     """
@@ -163,13 +167,16 @@ class ViewKeys:
     subjects: frozenset[str] = frozenset()
     budget_keys: frozenset[BudgetKey] = frozenset()
     txn_ids: frozenset[str] = frozenset()
+    scopes: frozenset[str] = frozenset()
     holds: bool = False
     admin: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class LedgerView:
-    """The part of the ledger one batch's fold reads, as plain values."""
+    """The part of the ledger one batch's fold reads, as plain values. `forgotten_before`:
+    per dedupe scope asked for, the cutoff before which its applied ids may be forgotten (a
+    scope never pruned is absent)."""
 
     seen: frozenset[str] = frozenset()
     admin_applied: frozenset[str] = frozenset()
@@ -181,6 +188,7 @@ class LedgerView:
     budget_totals: Mapping[BudgetKey, int] = field(default_factory=dict)
     transactions: Mapping[str, Transaction] = field(default_factory=dict)
     reversed_by: Mapping[str, str] = field(default_factory=dict)
+    forgotten_before: Mapping[str, int] = field(default_factory=dict)
 
 
 class ViewLookups(Protocol):
@@ -206,6 +214,8 @@ class ViewLookups(Protocol):
 
     def reversed_by(self, txn_id: str) -> str | None: ...
 
+    def forgotten_before(self, scopes: Collection[str]) -> dict[str, int]: ...
+
 
 def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
     """The `LedgerView` for `keys`, from a store's per-key reads (both stores answer so)."""
@@ -222,6 +232,7 @@ def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
         budget_totals={k: store.budget_total(*k) for k in keys.budget_keys},
         transactions=found,
         reversed_by={t: r for t in txn_ids if (r := store.reversed_by(t)) is not None},
+        forgotten_before=store.forgotten_before(keys.scopes) if keys.scopes else {},
     )
 
 
@@ -264,9 +275,22 @@ class LedgerStore(Protocol):
         self, compact_below_rows: int = 500_000, compact_min_segments: int = 8
     ) -> SealResult: ...
 
-    def prune_seen_events(self, window_us: int) -> int: ...
+    def prune_seen_events(self, window_us: int) -> int:
+        """Per dedupe scope, raise its forgotten-before cutoff to its newest applied time less
+        `window_us` and forget its ids older than the cutoff; returns how many were forgotten.
+        A scope keeps its cutoff after all its ids are gone."""
+        ...
 
-    def prune_seen_before(self, cutoff_us: int) -> int: ...
+    def prune_seen_before(self, cutoff_us: int) -> int:
+        """Forget every applied id older than `cutoff_us`, whatever its scope, and raise every
+        scope's cutoff to it (how ledgers before dedupe scopes pruned; a rebuild replays their
+        archives so); returns how many were forgotten."""
+        ...
+
+    def forgotten_before(self, scopes: Collection[str]) -> dict[str, int]:
+        """The forgotten-before cutoff of each of `scopes` that has one: an event not seen
+        before whose time is before it may have been applied and forgotten."""
+        ...
 
     def pending_outbox(self, limit: int = 1000) -> list[OutboxMessage]: ...
 

@@ -3,7 +3,10 @@
 The archive (`ledger.store`, `archive/` beside `segments/`) holds every message the ledger
 applied, each with the sequence number of the commit that applied it and its position in that
 commit's batch. Replaying it means: for each archived batch, in sequence order,
-1. forget the seen ids the live writer forgot just before that batch (`pruned_before_us`),
+1. run the dedupe prunes the live writer ran just before that batch, on the same state
+   (`prune_window_us`: the per-scope prune by that window, `ledger.dedupe`; `pruned_before_us`:
+   a prune by one cutoff, as ledgers before dedupe scopes pruned), so the replay forgets the
+   same ids and refuses the same events as too late to deduplicate,
 2. hand the batch's messages, in their archived order, to an `Ingestor` of the batch's broker
    incarnation (a new one when the incarnation changes, as the worker does on a new broker),
 so admin events, holds and samples interleave exactly as they were folded; the fresh store ends
@@ -29,7 +32,7 @@ differently is a difference.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -63,6 +66,7 @@ class ArchivedBatch:
     incarnation: str
     pruned_before_us: int | None
     messages: tuple[ConsumedMessage, ...]
+    prune_window_us: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,26 +171,32 @@ def archive_batches(data_dir: Path | str) -> Iterator[ArchivedBatch]:
         return
     con = duckdb.connect(":memory:")
     try:
+        window = con.execute(  # archives from before the per-scope prune lack the column
+            f"SELECT count(*) FROM parquet_schema({_sql_list(files)}) "
+            "WHERE name = 'prune_window_us'"
+        ).fetchall()[0][0]
         reader = con.sql(
-            'SELECT batch_seq, incarnation, pruned_before_us, topic, "partition", "offset", '
-            '"value", value_codec, value_size, "key" '
-            f"FROM read_parquet({_sql_list(files)}) ORDER BY batch_seq, batch_index"
+            "SELECT batch_seq, incarnation, pruned_before_us, "
+            + ("prune_window_us, " if window else "NULL, ")
+            + 'topic, "partition", "offset", "value", value_codec, value_size, "key" '
+            f"FROM read_parquet({_sql_list(files)}, union_by_name = true) "
+            "ORDER BY batch_seq, batch_index"
         ).to_arrow_reader(_FETCH_ROWS)
         seq: int | None = None
-        head: tuple[str, int | None] = ("", None)
+        head: tuple[str, int | None, int | None] = ("", None, None)
         messages: list[ConsumedMessage] = []
         for chunk in reader:
             columns = [chunk.column(i).to_pylist() for i in range(chunk.num_columns)]
             for row in zip(*columns, strict=True):
-                s, inc, pruned, topic, part, offset, value, codec, size, key = row
+                s, inc, pruned, window, topic, part, offset, value, codec, size, key = row
                 if s != seq:
                     if seq is not None:
-                        yield ArchivedBatch(seq, head[0], head[1], tuple(messages))
-                    seq, head, messages = s, (inc, pruned), []
+                        yield ArchivedBatch(seq, head[0], head[1], tuple(messages), head[2])
+                    seq, head, messages = s, (inc, pruned, window), []
                 value = archived_value(value, codec, size)
                 messages.append(ConsumedMessage(topic, part, offset, value, key))
         if seq is not None:
-            yield ArchivedBatch(seq, head[0], head[1], tuple(messages))
+            yield ArchivedBatch(seq, head[0], head[1], tuple(messages), head[2])
     finally:
         con.close()
 
@@ -226,7 +236,7 @@ def batches_from_messages(
                     )
                 )
             messages.append(ConsumedMessage(m.topic, m.partition, m.offset, value, key))
-        yield ArchivedBatch(batch.seq, batch.incarnation, batch.pruned_before_us, tuple(messages))
+        yield replace(batch, messages=tuple(messages))
 
 
 # ---------------------------------------------------------------------------- replay
@@ -250,6 +260,8 @@ def replay(
         for batch in batches:
             if batch.pruned_before_us is not None:
                 store.prune_seen_before(batch.pruned_before_us)
+            if batch.prune_window_us is not None:
+                store.prune_seen_events(batch.prune_window_us)
             if ingestor is None or ingestor.incarnation != batch.incarnation:
                 ingestor = Ingestor(
                     store,

@@ -31,6 +31,7 @@ RAW_SCHEMA = pa.schema(
         ("value_codec", pa.string()),
         ("value_size", pa.int64()),
         ("pruned_before_us", pa.int64()),
+        ("prune_window_us", pa.int64()),
     ]
 )
 # A value of at least this many bytes is kept zstd-compressed (`value_codec` 'zstd', the
@@ -190,9 +191,15 @@ def transactions_to_arrow(items: Sequence[SourcedTransaction], incarnation: str)
 
 
 def archive_to_arrow(
-    messages: Sequence[ConsumedMessage], incarnation: str, batch_seq: int, pruned: int | None
+    messages: Sequence[ConsumedMessage],
+    incarnation: str,
+    batch_seq: int,
+    pruned: int | None,
+    window: int | None = None,
 ) -> pa.Table:
-    """The archive rows of one batch, in the hot table's and the archive segments' schema."""
+    """The archive rows of one batch, in the hot table's and the archive segments' schema;
+    `pruned` and `window` record the prunes the writer ran before the batch (see
+    `ledger.store.rebuild`)."""
     n = len(messages)
     values: list[bytes | None] = []
     codecs: list[str | None] = []
@@ -220,6 +227,7 @@ def archive_to_arrow(
             pa.array(codecs, pa.string()),
             pa.array(sizes, pa.int64()),
             pa.array([pruned] * n, pa.int64()),
+            pa.array([window] * n, pa.int64()),
         ],
         schema=RAW_SCHEMA,
     )

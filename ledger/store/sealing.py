@@ -215,7 +215,10 @@ class Segmenter:
         for run in runs:
             head, tail = run[0], run[-1]
             files = ", ".join(f"'{sql_path(kind.root / s.path)}'" for s in run)
-            query = f"SELECT * FROM read_parquet([{files}]) ORDER BY {kind.order}"
+            # by name: archive segments from before a column was added lack it (NULL)
+            query = (
+                f"SELECT * FROM read_parquet([{files}], union_by_name = true) ORDER BY {kind.order}"
+            )
             rel = segment_path(
                 head.incarnation, head.topic, head.partition, head.first_offset, tail.last_offset
             )
@@ -267,7 +270,8 @@ class Segmenter:
             info = self._copy_to_segment(
                 kind,
                 seg.path,
-                f"SELECT * FROM read_parquet([{files}]) ORDER BY {kind.order}",
+                f"SELECT * FROM read_parquet([{files}], union_by_name = true) "
+                f"ORDER BY {kind.order}",
                 {},
                 seg.incarnation,
                 seg.topic,

@@ -1,12 +1,14 @@
-"""The store's side files beside the segments: the readers' copy of the admin log, and the
-record and checksum of each closed period (the rules of a close are in `ledger.closing`)."""
+"""The store's side files beside the segments: the readers' copy of the admin log, the record
+and checksum of each closed period (the rules of a close are in `ledger.closing`), and the
+summary of the dead letters (`refused.json`: what the ledger refused, grouped by reason and
+topic, for `tally report refused`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import duckdb
@@ -20,6 +22,8 @@ from ledger.store.segments import atomic_write_bytes
 
 ADMIN_LOG_NAME = "admin-log.json"
 ADMIN_LOG_VERSION = 1
+REFUSED_NAME = "refused.json"
+REFUSED_VERSION = 1
 CLOSED_DIR = "closed"
 _BATCH_ROWS = 65_536
 
@@ -84,3 +88,44 @@ def load_closed_periods(segments_root: Path) -> list[ClosedPeriod]:
         except (ValueError, TypeError) as exc:
             raise SegmentError(f"{path}: unreadable closed-period record: {exc}") from exc
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedGroup:
+    """The dead letters of one kind of reason on one topic. `reason` is a letter's reason up to
+    its first `": "` (what follows is the letter's own detail, e.g. `too late to deduplicate`
+    and then the event's time and cutoff); `example` is the newest letter's whole reason;
+    the times are when the ledger recorded the first and last of them (UTC µs)."""
+
+    reason: str
+    topic: str
+    letters: int
+    first_recorded_us: int
+    last_recorded_us: int
+    example: str
+
+
+# Grouped in the writer's database: the readers' copy stays one row per group, however many.
+REFUSED_SQL = (
+    "SELECT split_part(reason, ': ', 1) AS kind, coalesce(topic, '') AS topic, count(*), "
+    "min(recorded_at_us), max(recorded_at_us), arg_max(reason, recorded_at_us) "
+    "FROM dead_letters GROUP BY ALL ORDER BY count(*) DESC, kind, topic"
+)
+
+
+def write_refused(segments_root: Path, groups: Iterable[RefusedGroup]) -> None:
+    doc = {"version": REFUSED_VERSION, "groups": [asdict(g) for g in groups]}
+    atomic_write_bytes(segments_root / REFUSED_NAME, orjson.dumps(doc))
+
+
+def load_refused(segments_root: Path) -> list[RefusedGroup]:
+    """The dead-letter summary as of the last seal (none: nothing refused yet)."""
+    path = segments_root / REFUSED_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    try:
+        return [RefusedGroup(**group) for group in json.loads(raw)["groups"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SegmentError(f"{path}: unreadable dead-letter summary: {exc}") from exc

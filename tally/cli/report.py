@@ -1,4 +1,5 @@
-"""`tally report …`: reports over the sealed ledger (cost, idle, team statements).
+"""`tally report …`: reports over the sealed ledger (cost, idle, team statements, what it
+refused).
 
 A `--period` selects the postings booked into that month (see `ledger.read.reports`). Table output
 is for people (money to cents); `-o csv` and `-o json` are for scripts (money to the micro-unit).
@@ -7,6 +8,7 @@ GPU-hours are shown to three places everywhere.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,8 @@ from ledger.read.reports import (
     idle_report,
 )
 from ledger.read.statements import team_statement
+from ledger.store.layout import SEGMENTS_DIR
+from ledger.store.side_files import load_refused
 from ledger.units import format_micros
 from tally.cli.options import (
     Exit,
@@ -319,3 +323,46 @@ def statement(
         click.echo(render(headers, rows, fmt))
     else:
         click.echo(result.render_text())
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _utc(time_us: int) -> str:
+    """A UTC time to the second, ISO 8601 (integer µs, no float on the way)."""
+    moment = _EPOCH + timedelta(microseconds=time_us)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@report.command()
+@config_option
+@data_dir_option
+@output_option
+def refused(config_path: str, data_dir: str | None, output: str) -> None:
+    """What the ledger refused: its dead letters by reason and topic, as of the last seal.
+
+    A reason counts up to its first ': ' (the rest is each letter's own detail; -o json and
+    csv add the newest letter's whole reason as `example`). `too late to deduplicate`: an event
+    not seen before, older than what the ledger still remembers for its GPU or job, so it may
+    have been applied already; it is never booked. Times are when the ledger recorded the
+    first and the last letter (UTC).
+    """
+    directory = resolve_ledger_dir(config_path, data_dir)
+    try:
+        groups = load_refused(directory / SEGMENTS_DIR)
+    except LedgerError as exc:
+        fail(str(exc), Exit.LEDGER)
+    fmt = OutputFormat(output)
+    if not groups and fmt is OutputFormat.TABLE:
+        click.echo("nothing refused in the sealed ledger")
+        return
+    headers = ["reason", "topic", "letters", "first_recorded", "last_recorded"]
+    rows: list[list[Any]] = [
+        [g.reason, g.topic, g.letters, _utc(g.first_recorded_us), _utc(g.last_recorded_us)]
+        for g in groups
+    ]
+    if fmt is not OutputFormat.TABLE:
+        headers.append("example")
+        for row, group in zip(rows, groups, strict=True):
+            row.append(group.example)
+    click.echo(render(headers, rows, fmt))

@@ -190,7 +190,7 @@ def test_applied_offsets_are_kept_per_incarnation(store):
 
 
 def test_seen_ids_are_transactions_and_events_applied(store):
-    commit(store, a_txn("a"), changes=StateChanges(seen=[("seen-1", T0_US)]))
+    commit(store, a_txn("a"), changes=StateChanges(seen=[("seen-1", T0_US, "assign:GPU-1")]))
     assert store.seen_ids(["a", "seen-1", "b"]) == {"a", "seen-1"}
     assert store.seen_ids([]) == set()
 
@@ -281,7 +281,7 @@ def test_state_changes_round_trip_through_load_view(store):
         holds=[a_hold("job-1"), a_hold("job-2", 70, Unit.GPU_MS)],
         admin=[a_team("vision")],
         reversals=[("a", "rev-a")],
-        seen=[("seen-1", T0_US)],
+        seen=[("seen-1", T0_US, "assign:GPU-1")],
         timelines={"GPU-1": timeline, "GPU-2": timeline[:1]},
     )
     commit(store, a_txn("a"), idle_states=[an_idle_state("GPU-1")], changes=changes)
@@ -343,11 +343,12 @@ def test_idle_states_replace_the_stored_ones(store):
     }
 
 
-def test_admin_dedupe_times_are_capped_at_the_newest_event(store):
+def test_a_future_date_in_one_scope_ages_out_nothing_in_another(store):
     commit(store, a_txn("a", at_us=T0_US + 10 * INTERVAL_US))
     far = replace(a_grant("g", 5), end_us=T0_US + 10**12, start_us=T0_US)  # a future date
-    commit(store, far, offset=1, changes=StateChanges(seen=[("seen-1", T0_US + 10**12)]))
-    assert store.prune_seen_events(window_us=INTERVAL_US) == 0  # "a" is still the newest
+    later = [("seen-1", T0_US + 10**12, "assign:GPU-1")]
+    commit(store, far, offset=1, changes=StateChanges(seen=later))
+    assert store.prune_seen_events(window_us=INTERVAL_US) == 0  # each is its scope's newest
     assert store.seen_ids(["a", "g", "seen-1"]) == {"a", "g", "seen-1"}
 
 
@@ -420,11 +421,57 @@ def test_prune_seen_before_forgets_older_ids(store):
     commit(
         store, a_txn("a", at_us=T0_US + 1 * INTERVAL_US), a_txn("b", at_us=T0_US + 5 * INTERVAL_US)
     )
-    commit(store, offset=2, changes=StateChanges(seen=[("seen-1", T0_US + 3 * INTERVAL_US)]))
+    commit(
+        store,
+        offset=2,
+        changes=StateChanges(seen=[("seen-1", T0_US + 3 * INTERVAL_US, "assign:GPU-1")]),
+    )
     assert store.prune_seen_before(T0_US + 3 * INTERVAL_US) == 1
     assert store.seen_ids(["a", "b", "seen-1"]) == {"b", "seen-1"}
     assert store.prune_seen_before(T0_US) == 0
     assert commit(store, a_txn("a"), offset=3).transactions == 1  # forgotten: applied again
+
+
+def on_gpu(txn: Transaction, gpu: str) -> Transaction:
+    return replace(txn, gpu_uuid=gpu)
+
+
+def test_prune_forgets_per_scope_and_a_lagging_scope_keeps_its_ids(store):
+    minute = INTERVAL_US
+    commit(
+        store,
+        a_txn("a", at_us=T0_US + 1 * minute),
+        a_txn("b", at_us=T0_US + 20 * minute),
+        on_gpu(a_txn("c", at_us=T0_US + 1 * minute), "GPU-2"),  # GPU-2 fell silent at 3
+        on_gpu(a_txn("d", at_us=T0_US + 3 * minute), "GPU-2"),
+        changes=StateChanges(seen=[("seen-1", T0_US + 2 * minute, "assign:GPU-1")]),
+    )
+    scopes = ["gpu:GPU-1", "gpu:GPU-2", "assign:GPU-1", "gpu:GPU-3"]
+    assert store.forgotten_before(scopes) == {}  # nothing pruned yet
+
+    assert store.prune_seen_events(window_us=10 * minute) == 1
+    assert store.seen_ids(["a", "b", "c", "d", "seen-1"]) == {"b", "c", "d", "seen-1"}
+    cutoffs = {
+        "gpu:GPU-1": T0_US + 10 * minute,
+        "gpu:GPU-2": T0_US - 7 * minute,
+        "assign:GPU-1": T0_US - 8 * minute,
+    }
+    assert store.forgotten_before(scopes) == cutoffs  # a scope never applied has none
+    view = store.load_view(ViewKeys(scopes=frozenset(scopes[:2])))
+    assert view.forgotten_before == {s: cutoffs[s] for s in scopes[:2]}
+    assert store.load_view(ViewKeys()).forgotten_before == {}
+
+
+def test_a_cutoff_only_rises_and_outlives_the_ids_of_its_scope(store):
+    minute = INTERVAL_US
+    commit(store, a_txn("a", at_us=T0_US + 1 * minute), a_txn("b", at_us=T0_US + 5 * minute))
+    assert store.prune_seen_before(T0_US + 6 * minute) == 2  # every id of the scope
+    assert store.seen_ids(["a", "b"]) == set()
+    assert store.prune_seen_events(window_us=10 * minute) == 0
+    assert store.forgotten_before(["gpu:GPU-1"]) == {"gpu:GPU-1": T0_US + 6 * minute}
+    commit(store, a_txn("e", at_us=T0_US + 30 * minute), offset=2)  # the scope moves on
+    assert store.prune_seen_events(window_us=10 * minute) == 0
+    assert store.forgotten_before(["gpu:GPU-1"]) == {"gpu:GPU-1": T0_US + 20 * minute}
 
 
 def test_sealing_empties_the_hot_rows_and_changes_no_read(store):
@@ -461,7 +508,7 @@ def test_a_commit_that_fails_midway_leaves_nothing(store, monkeypatch):
             idle_states=[an_idle_state(waste=9)],
             outbox=[message(2)],
             dead_letters=[DeadLetter("bad", "x", None, TOPIC, 0, 1)],
-            changes=StateChanges(holds=[a_hold()], seen=[("seen-1", T0_US)]),
+            changes=StateChanges(holds=[a_hold()], seen=[("seen-1", T0_US, "assign:GPU-1")]),
             balances_topic="balances",
             raw=[ConsumedMessage(TOPIC, 0, 1, b"x")],
         )

@@ -159,6 +159,7 @@ LEDGER_COMMANDS: dict[str, list[str]] = {
     "report idle": ["report", "idle"],
     "report statement": ["report", "statement", "--team", "vision", "--period", "2026-11"],
     "report balances": ["report", "balances"],
+    "report refused": ["report", "refused"],
     "export focus": ["export", "focus", "--period", "2026-11", "--out", "{tmp}/focus.csv"],
 }
 

@@ -671,7 +671,7 @@ def _fails(machine: type[RuleBasedStateMachine]) -> str:
 
 def test_the_machine_catches_a_ledger_that_forgets_what_it_applied(monkeypatch) -> None:
     """Dropping the dedupe (applied event ids are never remembered) must fail the machine."""
-    monkeypatch.setattr(DuckDBStore, "_insert_seen", lambda _self, _fresh, _extra, _built: ([], []))
+    monkeypatch.setattr(DuckDBStore, "_insert_seen", lambda _self, _fresh, _extra, _built: [])
     assert "AssertionError" in _fails(LedgerMachine)
 
 

@@ -384,22 +384,72 @@ def test_a_missing_archive_range_is_a_difference(live, tmp_path):
     assert any(d.kind is DifferenceKind.POSTINGS for d in report.differences)
 
 
-def test_forgotten_ids_are_forgotten_again_at_the_same_point(tmp_path, monkeypatch):
+def test_a_ledger_that_pruned_and_refused_rebuilds_identically(tmp_path, monkeypatch):
+    """The prunes run between batches are archived with the next batch (the window), so the
+    replay forgets the same ids and refuses the same events as too late to deduplicate."""
+    with DuckDBStore(tmp_path / "live") as store:
+        feed = Feed(store)
+        feed.apply(feed.samples(usage(1)), feed.samples(usage(1, gpu="GPU-2"), partition=1))
+        feed.apply(feed.samples(usage(100)))
+        assert store.prune_seen_events(window_us=10 * INTERVAL_US) == 1
+        store.prune_seen_events(window_us=20 * INTERVAL_US)  # composes to the smaller window
+        # usage(1) was forgotten and usage(2) is new, both before GPU-1's cutoff: refused;
+        # usage(100) is a duplicate; GPU-2 fell silent at 1, so its usage(2) is booked
+        resent = feed.apply(
+            feed.samples(usage(1), usage(2), usage(100)),
+            feed.samples(usage(2, gpu="GPU-2"), partition=1),
+        )
+        assert (resent.commit.transactions, resent.commit.duplicates) == (1, 1)
+        assert [d.reason.split(":")[0] for d in resent.dead_letters] == [
+            "too late to deduplicate"
+        ] * 2
+        store.seal()
+        data_dir = store.data_dir
+        live_letters = store.dead_letters()
+        live_balances = store.balance_rows()
+    windows = [b.prune_window_us for b in archive_batches(data_dir)]
+    assert windows == [None, None, 10 * INTERVAL_US]
+    report = rebuild(data_dir, tmp_path / "rebuilt", SETTINGS)
+    assert report.identical, report.differences
+    with DuckDBStore(tmp_path / "rebuilt") as rebuilt:
+        assert rebuilt.dead_letters() == live_letters
+        assert rebuilt.balance_rows() == live_balances
+    # a replay that did not prune would drop the resend as a duplicate and book usage(2)
+    monkeypatch.setattr(DuckDBStore, "prune_seen_events", lambda _self, _window: 0)
+    assert not rebuild(data_dir, tmp_path / "unpruned", SETTINGS).identical
+
+
+def test_an_archive_from_before_dedupe_scopes_replays_its_cutoff(tmp_path):
+    """Archives written before the per-scope prune carry `pruned_before_us` only (no
+    `prune_window_us` column): the replay forgets everything before that cutoff."""
     with DuckDBStore(tmp_path / "live") as store:
         feed = Feed(store)
         feed.apply(feed.samples(usage(1)))
         feed.apply(feed.samples(usage(100)))
-        assert store.prune_seen_events(window_us=10 * INTERVAL_US) == 1
-        resent = feed.apply(feed.samples(usage(1), usage(100)))
-        assert (resent.commit.transactions, resent.commit.duplicates) == (1, 1)
+        assert store.prune_seen_before(T0_US + 50 * INTERVAL_US) == 1
+        feed.apply(feed.samples(usage(1), usage(101)))
         store.seal()
         data_dir = store.data_dir
-    pruned = [b.pruned_before_us for b in archive_batches(data_dir)]
-    assert pruned == [None, None, T0_US + 90 * INTERVAL_US]
+    for path in Manifest(data_dir / "archive").files():  # as an old writer wrote it
+        con = duckdb.connect()
+        con.execute(
+            f"COPY (SELECT * EXCLUDE (prune_window_us) FROM read_parquet('{path}')) "
+            f"TO '{path}.old' (FORMAT parquet)"
+        )
+        con.close()
+        path.with_name(path.name + ".old").replace(path)
+        doc = json.loads((data_dir / "archive" / "manifest.json").read_text())
+        for seg in doc["segments"]:
+            if (data_dir / "archive" / seg["path"]) == path:
+                seg["sha256"] = file_sha256(path)
+        (data_dir / "archive" / "manifest.json").write_text(json.dumps(doc))
+    batches = list(archive_batches(data_dir))
+    assert [(b.pruned_before_us, b.prune_window_us) for b in batches] == [
+        (None, None),
+        (None, None),
+        (T0_US + 50 * INTERVAL_US, None),
+    ]
     assert rebuild(data_dir, tmp_path / "rebuilt", SETTINGS).identical
-    # a replay that did not forget them would drop the resend as a duplicate
-    monkeypatch.setattr(DuckDBStore, "prune_seen_before", lambda _self, _cutoff: 0)
-    assert not rebuild(data_dir, tmp_path / "unpruned", SETTINGS).identical
 
 
 def test_messages_from_the_topics_replace_the_archived_bytes():
