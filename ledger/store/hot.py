@@ -65,6 +65,7 @@ from ledger.store.hot_dedupe import DedupeSet, Pruned
 from ledger.store.hot_reads import BALANCES_VERSION, HotReads
 from ledger.store.hot_tables import (
     HOT_TABLES_DDL,
+    insert_postings,
     insert_rows,
     read_gpu_timelines,
     read_idle_states,
@@ -94,7 +95,6 @@ from ledger.store.port import (
     ranges_from_offsets,
 )
 from ledger.store.schema import (
-    USAGE_POSTINGS_SQL,
     archive_to_arrow,
     transactions_to_arrow,
     usage_to_arrow,
@@ -218,7 +218,7 @@ class DuckDBStore(HotReads):
             self._refuse_closed(fresh, bool(closing), [r[7] for r in built.rows] if built else ())
             table = _postings_table(fresh, incarnation)
             usage = usage_to_arrow(built) if built else None
-            posted = table.num_rows + self._insert_postings(table, usage, incarnation)
+            posted = table.num_rows + insert_postings(con, table, usage, incarnation)
             seen_now = self._insert_seen(fresh, changes.seen, built)
             batch = seq if raw else None  # a range committed without its messages has none
             insert_rows(
@@ -317,37 +317,6 @@ class DuckDBStore(HotReads):
             balances_published=published,
             closed=closed,
         )
-
-    def _insert_postings(self, table: pa.Table, usage: pa.Table | None, incarnation: str) -> int:
-        """Insert the postings of `table` and those `usage` expands to (`USAGE_POSTINGS_SQL`),
-        and move the balances by both; the count of usage postings."""
-        con = self._con
-        parts, registered = [], []
-        if table.num_rows:
-            con.register("batch_postings", table)
-            registered.append("batch_postings")
-            con.execute("INSERT INTO postings SELECT * FROM batch_postings")
-            parts.append("SELECT account, unit, period, amount FROM batch_postings")
-        expanded = 0
-        if usage is not None and usage.num_rows:
-            con.register("batch_usage", usage)
-            registered.append("batch_usage")
-            query = USAGE_POSTINGS_SQL.format(usage="batch_usage")
-            row = first_row(
-                con.execute(f"INSERT INTO postings {query}", {"incarnation": incarnation})
-            )
-            expanded = int(row[0]) if row else 0
-            parts.append(f"SELECT account, unit, period, amount FROM ({query})")
-        if parts:
-            con.execute(
-                "INSERT INTO balances SELECT account, unit, period, sum(amount) "
-                f"FROM ({' UNION ALL '.join(parts)}) GROUP BY ALL "
-                "ON CONFLICT DO UPDATE SET balance = balance + excluded.balance",
-                {"incarnation": incarnation} if expanded else None,
-            )
-        for name in registered:
-            con.unregister(name)
-        return expanded
 
     def _apply_changes(self, changes: StateChanges, now: int) -> None:
         write_changes(self._con, changes, now)

@@ -20,6 +20,7 @@ from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState, state_from_row
 from ledger.store.layout import first_row
 from ledger.store.port import StateChanges
+from ledger.store.schema import USAGE_POSTINGS_SQL
 from ledger.units import Unit
 
 HOT_TABLES_DDL = """
@@ -230,3 +231,34 @@ def read_open_holds(con: duckdb.DuckDBPyConnection) -> dict[HoldKey, OpenHold]:
         OpenHold(str(j), Unit(u), str(t), p, int(a), int(e), str(b)) for j, u, t, p, a, e, b in rows
     ]
     return {h.key: h for h in holds}
+
+
+def insert_postings(
+    con: duckdb.DuckDBPyConnection, table: pa.Table, usage: pa.Table | None, incarnation: str
+) -> int:
+    """Insert the postings of `table` and those `usage` expands to (`USAGE_POSTINGS_SQL`),
+    and move the balances by both; the count of usage postings."""
+    parts, registered = [], []
+    if table.num_rows:
+        con.register("batch_postings", table)
+        registered.append("batch_postings")
+        con.execute("INSERT INTO postings SELECT * FROM batch_postings")
+        parts.append("SELECT account, unit, period, amount FROM batch_postings")
+    expanded = 0
+    if usage is not None and usage.num_rows:
+        con.register("batch_usage", usage)
+        registered.append("batch_usage")
+        query = USAGE_POSTINGS_SQL.format(usage="batch_usage")
+        row = first_row(con.execute(f"INSERT INTO postings {query}", {"incarnation": incarnation}))
+        expanded = int(row[0]) if row else 0
+        parts.append(f"SELECT account, unit, period, amount FROM ({query})")
+    if parts:
+        con.execute(
+            "INSERT INTO balances SELECT account, unit, period, sum(amount) "
+            f"FROM ({' UNION ALL '.join(parts)}) GROUP BY ALL "
+            "ON CONFLICT DO UPDATE SET balance = balance + excluded.balance",
+            {"incarnation": incarnation} if expanded else None,
+        )
+    for name in registered:
+        con.unregister(name)
+    return expanded
