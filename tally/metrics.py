@@ -37,6 +37,10 @@ Metric names (the contract dashboards and alert rules rely on):
   agent (and so the process: the supervisor restarts it); inputs that fail to decode are dead
   letters, not errors;
 - `tally_worker_dead_letters_total` (counter): dead letters recorded;
+- `tally_worker_seal_failures_total` (counter): seals that failed (a file could not be written,
+  the segments volume is full; or a manifest or segment is damaged), each retry counted;
+- `tally_worker_sealing_blocked` (gauge): 1 while sealing fails (committed rows wait in the hot
+  database, ingest goes on), 0 once a seal succeeds;
 - `tally_scheduler_queue_length{queue}` (gauge): jobs pending in the queue (every configured
   queue, 0 when empty; a preempted or retried job waits again);
 - `tally_scheduler_admissions_total{queue}`, `tally_scheduler_preemptions_total{queue}`
@@ -195,6 +199,16 @@ class TallyMetrics:
         self.dead_letters = Counter(
             "tally_worker_dead_letters", "Dead letters recorded.", registry=r
         )
+        self.seal_failures = Counter(
+            "tally_worker_seal_failures",
+            "Seals that failed (a file could not be written, or the sealed ledger is damaged).",
+            registry=r,
+        )
+        self.sealing_blocked_gauge = Gauge(
+            "tally_worker_sealing_blocked",
+            "1 while sealing fails and committed rows wait in the hot database.",
+            registry=r,
+        )
         self.undeliverable_messages = Counter(
             "tally_worker_undeliverable",
             "Outbox messages the broker refused for their content, kept as undeliverable.",
@@ -232,6 +246,12 @@ class TallyMetrics:
 
     def undeliverable(self, topic: str, count: int = 1) -> None:
         self.undeliverable_messages.labels(topic=topic).inc(count)
+
+    def seal_failed(self) -> None:
+        self.seal_failures.inc()
+
+    def sealing_blocked(self, blocked: bool) -> None:
+        self.sealing_blocked_gauge.set(1 if blocked else 0)
 
     # ---------------------------------------------------------------- the scheduler
 
