@@ -24,6 +24,8 @@ Metric names (the contract dashboards and alert rules rely on):
 - `tally_ledger_newest_sealed_timestamp_seconds` (gauge): end of the newest sealed sample;
 - `tally_ledger_lag_seconds` (gauge): now − the newest sealed sample (absent when empty);
 - `tally_ledger_segments` (gauge): segments the manifest lists;
+- `tally_ledger_readable` (gauge): 1, or 0 when a manifest or a segment is damaged (readers
+  refuse it; `tally ledger verify` says what is wrong) — then the gauges above are absent;
 - `tally_alert_deliveries_total{sink,kind}` (counter): alerts a webhook accepted (2xx);
 - `tally_alert_delivery_failures_total{sink}` (counter): failed tries (each retry counts);
 - `tally_alert_drops_total{sink,reason}` (counter; `reason` = `queue_full` | `gave_up` |
@@ -65,12 +67,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ledger.errors import SegmentError
 from ledger.read.reports import ReportQueries
 from ledger.read.rollups import FleetNow, GpuState, fleet_now, ledger_version
 
 BATCH_BUCKETS = (1, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10_000, 50_000)
 POSTING_BUCKETS = (4, 40, 400, 1000, 4000, 10_000, 40_000, 100_000, 400_000)
 COMMIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+_READABLE_HELP = "1 if the sealed ledger can be read; 0 if a manifest or segment is damaged."
 
 
 class LedgerCollector(Collector):
@@ -101,7 +107,12 @@ class LedgerCollector(Collector):
         return iter(())  # collected lazily: registering must not read the ledger
 
     def collect(self) -> Iterator[Metric]:
-        now, segments = self._fleet()
+        try:
+            now, segments = self._fleet()
+        except SegmentError:  # damaged: no gauges from it, and the rest of the scrape goes on
+            yield GaugeMetricFamily("tally_ledger_readable", _READABLE_HELP, value=0)
+            return
+        yield GaugeMetricFamily("tally_ledger_readable", _READABLE_HELP, value=1)
         idle = GaugeMetricFamily(
             "tally_idle_gpus",
             "GPUs idle in their newest sealed sample, by kind.",
