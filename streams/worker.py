@@ -133,7 +133,8 @@ class SealingHealth:
     failures: int = 0
 
     def failed(self, reason: str) -> bool:
-        """Record a failed seal; True when it should be logged (the first, or a new reason)."""
+        """Record a failed seal; True when it should be logged (the first, or a new reason:
+        `reason` names what blocks sealing, not the file a try was writing)."""
         new = reason != self.blocked_by
         self.blocked_by = reason
         self.failures += 1
@@ -468,7 +469,8 @@ class LedgerWorker:
     def _seal_failed(self, exc: SealError | SegmentError) -> None:
         self.stats.seal_failures += 1
         self._observe(lambda o: o.seal_failed())
-        if self.sealing.failed(str(exc)):
+        # the file differs from try to try (its range grows); what blocks sealing does not
+        if self.sealing.failed(exc.reason if isinstance(exc, SealError) else str(exc)):
             self._observe(lambda o: o.sealing_blocked(True))
             log.error(
                 "sealing stopped: %s; the committed rows stay in the hot database and ingest "
