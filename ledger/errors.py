@@ -5,8 +5,9 @@
     │   └── UnknownSchemaError   a schema version no upcaster leads from
     ├── TransactionError      a transaction that breaks a posting rule (balance, units, types)
     ├── PricingError          no price for a GPU model at a time
-    ├── StoreError            the ledger store cannot do what was asked
-    └── SegmentError          a sealed segment is missing, corrupt or overlaps another
+    └── StoreError            the ledger store cannot do what was asked
+        ├── SealError         sealing could not write its files (disk full, I/O error)
+        └── SegmentError      a sealed segment or manifest is missing, corrupt or overlaps
 
 Errors that are part of normal processing (a malformed event in a batch) are returned as values
 (`DeadLetter`), not raised; these exceptions are for callers that asked for one thing.
@@ -39,5 +40,17 @@ class StoreError(LedgerError):
     """The ledger store cannot do what was asked (bad state, closed store, I/O)."""
 
 
-class SegmentError(LedgerError):
-    """A sealed Parquet segment is missing, unreadable, or overlaps another."""
+class SealError(StoreError):
+    """Sealing could not write a file (the disk is full, an I/O error): `path` is the file it
+    was writing and `reason` what the system said. Nothing half-written is visible to readers
+    and the committed rows stay in the hot tables, so a later seal can succeed."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class SegmentError(StoreError):
+    """A sealed Parquet segment or a manifest is missing, damaged, or overlaps another: readers
+    refuse it rather than return totals without it."""

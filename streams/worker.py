@@ -28,6 +28,14 @@ Exactly-once effect:
 
 Sealing runs in the same process (one writer per data directory) on a timer, after batches,
 and right after a batch that closed a period (which writes the period's checksum record).
+A seal that cannot write its files (the segments volume is full: `SealError`) or finds a
+manifest or segment damaged (`SegmentError`) does not stop the worker: it logs one error
+(`sealing stopped: <file>: <reason>`; again only when the reason changes), counts the failure
+(`tally_worker_seal_failures_total`), sets `tally_worker_sealing_blocked` to 1 and keeps
+ingesting into the hot tables, where the committed rows stay; every seal interval it tries
+again, and the first seal that succeeds logs `sealing resumed` and clears the gauge. (A batch
+that closes a period must seal first: while sealing is blocked that batch fails like any failing
+batch — the worker exits, to be restarted — and is applied once sealing works again.)
 """
 
 from __future__ import annotations
@@ -43,12 +51,13 @@ from typing import Any, Protocol
 
 import faust
 
+from ledger.errors import SealError, SegmentError
 from ledger.excerpts import TEXT_LIMIT, bounded
 from ledger.idle import IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, IngestResult, InputTopics, OutputTopics
 from ledger.pricing import PriceBook
 from ledger.store.hot import DuckDBStore
-from ledger.store.port import OutboxMessage
+from ledger.store.port import OutboxMessage, SealResult
 from streams.collector_pause import collector_paused, freeze_startup_objects
 from streams.kafka import ClusterIdentity, content_refusal, fetch_cluster_id
 from streams.sample_batches import SampleBatchConsumer
@@ -93,6 +102,10 @@ class WorkerObserver(Protocol):
 
     def undeliverable(self, topic: str, count: int = 1) -> None: ...
 
+    def seal_failed(self) -> None: ...
+
+    def sealing_blocked(self, blocked: bool) -> None: ...
+
 
 @dataclass(slots=True)
 class WorkerStats:
@@ -107,7 +120,31 @@ class WorkerStats:
     balances_published: int = 0
     undeliverable: int = 0
     segments_sealed: int = 0
+    seal_failures: int = 0
     last_commit_ms: float = 0.0
+
+
+@dataclass(slots=True)
+class SealingHealth:
+    """Whether sealing is blocked, by what, and for how many tries: what to log, decided from
+    the outcome of each seal (values in, values out)."""
+
+    blocked_by: str | None = None
+    failures: int = 0
+
+    def failed(self, reason: str) -> bool:
+        """Record a failed seal; True when it should be logged (the first, or a new reason:
+        `reason` names what blocks sealing, not the file a try was writing)."""
+        new = reason != self.blocked_by
+        self.blocked_by = reason
+        self.failures += 1
+        return new
+
+    def succeeded(self) -> int:
+        """Record a seal that worked; the failures it ends (0: sealing was not blocked)."""
+        ended = self.failures
+        self.blocked_by, self.failures = None, 0
+        return ended
 
 
 def _consumed(event: Any) -> ConsumedMessage:
@@ -152,6 +189,7 @@ class LedgerWorker:
         self._publishing = asyncio.Lock()
         self._ingestor: Ingestor | None = None
         self._last_seal = time.monotonic()
+        self.sealing = SealingHealth()
         self.app = self._build_app()
 
     def _build_app(self) -> faust.App:
@@ -412,13 +450,42 @@ class LedgerWorker:
         )
 
     async def seal(self) -> None:
+        """Seal what is committed; a seal that cannot write or finds the ledger damaged is
+        recorded (`_seal_failed`) and tried again at the next interval."""
         s = self.settings
         async with self._lock:
-            result = await asyncio.to_thread(
-                self.store.seal, s.compact_below_rows, s.compact_min_segments
-            )
+            try:
+                result = await asyncio.to_thread(
+                    self.store.seal, s.compact_below_rows, s.compact_min_segments
+                )
+            except (SealError, SegmentError) as exc:
+                self._last_seal = time.monotonic()
+                self._seal_failed(exc)
+                return
             await asyncio.to_thread(self.store.prune_seen_events, s.dedupe_window_us)
             self._last_seal = time.monotonic()
+        self._sealed(result)
+
+    def _seal_failed(self, exc: SealError | SegmentError) -> None:
+        self.stats.seal_failures += 1
+        self._observe(lambda o: o.seal_failed())
+        # the file differs from try to try (its range grows); what blocks sealing does not
+        if self.sealing.failed(exc.reason if isinstance(exc, SealError) else str(exc)):
+            self._observe(lambda o: o.sealing_blocked(True))
+            log.error(
+                "sealing stopped: %s; the committed rows stay in the hot database and ingest "
+                "goes on; sealing is tried again every %.1f s",
+                bounded(str(exc), TEXT_LIMIT),
+                self.settings.seal_interval_s,
+            )
+        else:
+            log.debug("sealing still blocked (%d tries): %s", self.sealing.failures, exc)
+
+    def _sealed(self, result: SealResult) -> None:
+        ended = self.sealing.succeeded()
+        if ended:
+            self._observe(lambda o: o.sealing_blocked(False))
+            log.warning("sealing resumed after %d failed tries", ended)
         self.stats.segments_sealed += len(result.sealed)
         if result.sealed or result.compacted:
             log.info(
@@ -427,7 +494,11 @@ class LedgerWorker:
 
     def run(self, loglevel: str = "warn") -> None:
         """Recover (seal what a previous run committed), then run until stopped."""
-        self.store.seal(self.settings.compact_below_rows, self.settings.compact_min_segments)
+        s = self.settings
+        try:
+            self._sealed(self.store.seal(s.compact_below_rows, s.compact_min_segments))
+        except (SealError, SegmentError) as exc:
+            self._seal_failed(exc)
         freeze_startup_objects()
         worker = faust.Worker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
         try:

@@ -24,6 +24,8 @@ Metric names (the contract dashboards and alert rules rely on):
 - `tally_ledger_newest_sealed_timestamp_seconds` (gauge): end of the newest sealed sample;
 - `tally_ledger_lag_seconds` (gauge): now − the newest sealed sample (absent when empty);
 - `tally_ledger_segments` (gauge): segments the manifest lists;
+- `tally_ledger_readable` (gauge): 1, or 0 when a manifest or a segment is damaged (readers
+  refuse it; `tally ledger verify` says what is wrong) — then the gauges above are absent;
 - `tally_alert_deliveries_total{sink,kind}` (counter): alerts a webhook accepted (2xx);
 - `tally_alert_delivery_failures_total{sink}` (counter): failed tries (each retry counts);
 - `tally_alert_drops_total{sink,reason}` (counter; `reason` = `queue_full` | `gave_up` |
@@ -37,6 +39,10 @@ Metric names (the contract dashboards and alert rules rely on):
   agent (and so the process: the supervisor restarts it); inputs that fail to decode are dead
   letters, not errors;
 - `tally_worker_dead_letters_total` (counter): dead letters recorded;
+- `tally_worker_seal_failures_total` (counter): seals that failed (a file could not be written,
+  the segments volume is full; or a manifest or segment is damaged), each retry counted;
+- `tally_worker_sealing_blocked` (gauge): 1 while sealing fails (committed rows wait in the hot
+  database, ingest goes on), 0 once a seal succeeds;
 - `tally_scheduler_queue_length{queue}` (gauge): jobs pending in the queue (every configured
   queue, 0 when empty; a preempted or retried job waits again);
 - `tally_scheduler_admissions_total{queue}`, `tally_scheduler_preemptions_total{queue}`
@@ -61,12 +67,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ledger.errors import SegmentError
 from ledger.read.reports import ReportQueries
 from ledger.read.rollups import FleetNow, GpuState, fleet_now, ledger_version
 
 BATCH_BUCKETS = (1, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10_000, 50_000)
 POSTING_BUCKETS = (4, 40, 400, 1000, 4000, 10_000, 40_000, 100_000, 400_000)
 COMMIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+_READABLE_HELP = "1 if the sealed ledger can be read; 0 if a manifest or segment is damaged."
 
 
 class LedgerCollector(Collector):
@@ -97,7 +107,12 @@ class LedgerCollector(Collector):
         return iter(())  # collected lazily: registering must not read the ledger
 
     def collect(self) -> Iterator[Metric]:
-        now, segments = self._fleet()
+        try:
+            now, segments = self._fleet()
+        except SegmentError:  # damaged: no gauges from it, and the rest of the scrape goes on
+            yield GaugeMetricFamily("tally_ledger_readable", _READABLE_HELP, value=0)
+            return
+        yield GaugeMetricFamily("tally_ledger_readable", _READABLE_HELP, value=1)
         idle = GaugeMetricFamily(
             "tally_idle_gpus",
             "GPUs idle in their newest sealed sample, by kind.",
@@ -195,6 +210,16 @@ class TallyMetrics:
         self.dead_letters = Counter(
             "tally_worker_dead_letters", "Dead letters recorded.", registry=r
         )
+        self.seal_failures = Counter(
+            "tally_worker_seal_failures",
+            "Seals that failed (a file could not be written, or the sealed ledger is damaged).",
+            registry=r,
+        )
+        self.sealing_blocked_gauge = Gauge(
+            "tally_worker_sealing_blocked",
+            "1 while sealing fails and committed rows wait in the hot database.",
+            registry=r,
+        )
         self.undeliverable_messages = Counter(
             "tally_worker_undeliverable",
             "Outbox messages the broker refused for their content, kept as undeliverable.",
@@ -232,6 +257,12 @@ class TallyMetrics:
 
     def undeliverable(self, topic: str, count: int = 1) -> None:
         self.undeliverable_messages.labels(topic=topic).inc(count)
+
+    def seal_failed(self) -> None:
+        self.seal_failures.inc()
+
+    def sealing_blocked(self, blocked: bool) -> None:
+        self.sealing_blocked_gauge.set(1 if blocked else 0)
 
     # ---------------------------------------------------------------- the scheduler
 

@@ -2,6 +2,9 @@
 
 Readers (dashboard, reports, exports) never open the writer's database: they read the Parquet
 files the segment manifest lists, so they see exactly the sealed ledger and nothing half-done.
+Each listed file is checked against the checksum its manifest records before it is read (once
+per process, `ledger.store.integrity`): a missing or damaged segment, or a manifest that cannot
+be read, raises a `SegmentError` naming it rather than a total without it.
 Periods select postings by the start of their interval (`start_us`), half-open `[start, end)`.
 """
 
@@ -67,14 +70,14 @@ class LedgerQueries:
                     s.summary
                     if s.summary is not None
                     else summarise_segment(self._con, self.root / s.path)
-                    for s in self.manifest.load()
+                    for s in self.manifest.checked()
                 ]
             except duckdb.IOException as exc:  # a listed file was compacted away meanwhile
                 last = exc
         raise LedgerError(f"the sealed ledger could not be read: {last}")
 
     def _source(self) -> str:
-        files = [self.root / s.path for s in self.manifest.load()]
+        files = self.manifest.files()  # each checked against its checksum
         if not files:
             return self._empty
         listed = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)

@@ -54,7 +54,7 @@ import pyarrow.compute as pc
 from ledger.admin import AppliedAdmin, PeriodClosed
 from ledger.assignments import Holding
 from ledger.closing import ClosedPeriod
-from ledger.errors import StoreError
+from ledger.errors import SealError, StoreError
 from ledger.events import DeadLetter
 from ledger.excerpts import bounded
 from ledger.holds import HoldKey, OpenHold
@@ -99,7 +99,7 @@ from ledger.store.schema import (
     transactions_to_arrow,
     usage_to_arrow,
 )
-from ledger.store.sealing import Segmenter
+from ledger.store.sealing import Segmenter, io_reason
 from ledger.store.segments import SegmentInfo
 from ledger.store.side_files import period_checksum
 
@@ -497,16 +497,21 @@ class DuckDBStore(HotReads):
 
         The archive manifest is written before the postings manifest, so the archive never lags
         the postings a reader sees; an interrupted seal leaves its ranges unsealed, and the next
-        one writes the same files again.
+        one writes the same files again. A file the system refuses to write (the disk is full)
+        raises a `SealError` and leaves the committed rows where they were (see
+        `ledger.store.sealing`).
         """
-        result = self._segments.seal_committed()
-        result.compacted = self.compact(compact_below_rows, compact_min_segments)
-        result.archive_compacted = self._segments.align_archive()
-        self._segments.remove_unlisted_files()
-        self.export_closed_periods()  # after sealing: a closed period's rows are all sealed now
-        self.export_refused()
-        if not self._admin_log_exported:
-            self.export_admin_log()
+        try:
+            result = self._segments.seal_committed()
+            result.compacted = self.compact(compact_below_rows, compact_min_segments)
+            result.archive_compacted = self._segments.align_archive()
+            self._segments.remove_unlisted_files()
+            self.export_closed_periods()  # after sealing: a closed period's rows are all sealed
+            self.export_refused()
+            if not self._admin_log_exported:
+                self.export_admin_log()
+        except OSError as exc:  # a side file, a manifest or a directory could not be written
+            raise SealError(str(exc.filename or self.segments_root), io_reason(exc)) from exc
         return result
 
     def compact(self, below_rows: int, min_segments: int) -> list[SegmentInfo]:

@@ -1,17 +1,26 @@
 """Writing sealed segments from the hot tables: postings and archived messages of committed
 source ranges out to immutable Parquet files, compaction of small segments, and the archive
 kept cut as the postings are. Every file is written to a temporary name, fsynced and renamed,
-so an interrupted run leaves nothing a manifest names half-written."""
+so an interrupted run leaves nothing a manifest names half-written.
+
+A write the system refuses (the disk is full, an I/O error) removes its temporary file and
+raises a `SealError` naming the file being written and the reason; the manifests are written
+only after every file of a seal is in place and the hot rows are dropped only after them, so a
+failed seal loses nothing and the next one writes the same files again. Compaction checks the
+segments it merges against their checksums first, so a damaged segment is never copied into a
+new one with a fresh checksum."""
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 
-from ledger.errors import StoreError
+from ledger.errors import SealError, StoreError
+from ledger.store.integrity import remember_intact, require_intact
 from ledger.store.layout import first_row, sql_path
 from ledger.store.port import SealResult
 from ledger.store.segments import (
@@ -161,18 +170,26 @@ class Segmenter:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         con = self._con
-        con.execute(
-            f"COPY ({query}) TO '{sql_path(tmp)}' "
-            "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)",
-            params,
-        )
-        stats = first_row(con.execute(f"SELECT {kind.stats} FROM read_parquet('{sql_path(tmp)}')"))
-        assert stats is not None
-        summary = summarise_segment(con, tmp) if kind is self.postings else None
-        with tmp.open("rb") as handle:
-            os.fsync(handle.fileno())
-        tmp.replace(target)
-        fsync_dir(target.parent)
+        try:
+            con.execute(
+                f"COPY ({query}) TO '{sql_path(tmp)}' "
+                "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)",
+                params,
+            )
+            stats = first_row(
+                con.execute(f"SELECT {kind.stats} FROM read_parquet('{sql_path(tmp)}')")
+            )
+            assert stats is not None
+            summary = summarise_segment(con, tmp) if kind is self.postings else None
+            with tmp.open("rb") as handle:
+                os.fsync(handle.fileno())
+            tmp.replace(target)
+            fsync_dir(target.parent)
+            sha256 = file_sha256(target)
+        except (OSError, duckdb.IOException) as exc:
+            tmp.unlink(missing_ok=True)
+            raise SealError(str(target), io_reason(exc)) from exc
+        remember_intact(target, sha256)
         return SegmentInfo(
             path=rel,
             incarnation=incarnation,
@@ -181,7 +198,7 @@ class Segmenter:
             first_offset=first,
             last_offset=last,
             rows=int(stats[0]),
-            sha256=file_sha256(target),
+            sha256=sha256,
             min_start_us=stats[1],
             max_end_us=stats[2],
             summary=summary,
@@ -214,7 +231,9 @@ class Segmenter:
         merged: list[SegmentInfo] = []
         for run in runs:
             head, tail = run[0], run[-1]
-            files = ", ".join(f"'{sql_path(kind.root / s.path)}'" for s in run)
+            files = ", ".join(
+                f"'{sql_path(require_intact(kind.root / s.path, s.sha256))}'" for s in run
+            )
             # by name: archive segments from before a column was added lack it (NULL)
             query = (
                 f"SELECT * FROM read_parquet([{files}], union_by_name = true) ORDER BY {kind.order}"
@@ -266,7 +285,9 @@ class Segmenter:
         keep = {a.path: a for a in archive}
         merged: list[SegmentInfo] = []
         for seg, parts in runs:
-            files = ", ".join(f"'{sql_path(kind.root / a.path)}'" for a in parts)
+            files = ", ".join(
+                f"'{sql_path(require_intact(kind.root / a.path, a.sha256))}'" for a in parts
+            )
             info = self._copy_to_segment(
                 kind,
                 seg.path,
@@ -301,3 +322,17 @@ class Segmenter:
             for path in kind.root.rglob(".*.tmp-*"):
                 path.unlink(missing_ok=True)
         return removed
+
+
+_ERRNO = re.compile(r'"errno"\s*:\s*"?(\d+)')
+
+
+def io_reason(exc: BaseException) -> str:
+    """What the system said about a failed write: the OS's words for its errno (`No space left
+    on device`) when there is one, from an `OSError` or a DuckDB I/O error; else the message."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return os.strerror(exc.errno)
+    found = _ERRNO.search(str(exc))
+    if found is not None:
+        return os.strerror(int(found.group(1)))
+    return str(exc)

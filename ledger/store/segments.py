@@ -28,11 +28,17 @@ the teams charged, the pools and models used, the span of its usage), computed f
 file by `summarise_segment`, so the pages' filters and "now" need no scan of the ledger
 (`ledger.read.rollups.extent`). Segments are immutable, so a summary never goes stale; `verify`
 recomputes it, and an entry without one (an older manifest) is summarised when read.
+
+Every entry records the sha256 of its file. Readers take the files to read from
+`Manifest.checked` / `Manifest.files`, which check each one against its checksum
+(`ledger.store.integrity`, once per process per file) and raise a `SegmentError` naming a
+missing or damaged file; a manifest that is cut short or not JSON raises one naming the byte
+where it breaks. Files under the root that the manifest does not list (`Manifest.strays`) are
+never read.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -43,10 +49,14 @@ from pathlib import Path
 import duckdb
 
 from ledger.errors import SegmentError
+from ledger.store.integrity import file_sha256, require_intact
+
+__all__ = ["file_sha256"]  # re-exported: the checksum every manifest entry records
 
 MANIFEST_NAME = "manifest.json"
 ARCHIVE_DIR = "archive"
 MANIFEST_VERSION = 1
+_CHECK_RETRIES = 3
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -147,14 +157,6 @@ def segment_path(incarnation: str, topic: str, partition: int, first: int, last:
     )
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -164,14 +166,21 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so a reader sees the old file or the new one, never a torn one."""
+    """Write `data` to `path` so a reader sees the old file or the new one, never a torn one.
+
+    A write that fails (the disk is full) leaves the old file and no temporary one, and raises
+    the `OSError` with `path` as its file name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
+    try:
+        with tmp.open("wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
     fsync_dir(path.parent)
 
 
@@ -198,10 +207,51 @@ class Manifest:
         except FileNotFoundError:
             return []
         try:
-            doc = json.loads(raw)
-            return [_segment_info(entry) for entry in doc["segments"]]
-        except (ValueError, KeyError, TypeError) as exc:
+            doc = json.loads(raw.decode())
+        except UnicodeDecodeError as exc:
+            raise SegmentError(
+                f"{self.path}: unreadable manifest: not UTF-8 text at byte {exc.start}"
+            ) from exc
+        except ValueError as exc:
+            what = _json_damage(raw, exc)
+            raise SegmentError(f"{self.path}: unreadable manifest: {what}") from exc
+        try:
+            entries = doc["segments"]
+            if not isinstance(entries, list):
+                raise TypeError("segments: expected a list")
+            infos = []
+            for index, entry in enumerate(entries):
+                try:
+                    infos.append(_segment_info(entry))
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise TypeError(f"entry {index}: {exc}") from exc
+            return infos
+        except (KeyError, TypeError) as exc:
             raise SegmentError(f"{self.path}: unreadable manifest: {exc}") from exc
+
+    def checked(self) -> list[SegmentInfo]:
+        """The segments listed, each file checked against its checksum (`require_intact`): a
+        missing or damaged one raises a `SegmentError` naming it. A file that vanished because
+        a compaction replaced it meanwhile is retried with the new manifest."""
+        for _ in range(_CHECK_RETRIES - 1):
+            segments = self.load()
+            try:
+                for seg in segments:
+                    require_intact(self.root / seg.path, seg.sha256)
+                return segments
+            except SegmentError:
+                if self.load() == segments:
+                    raise
+        segments = self.load()
+        for seg in segments:
+            require_intact(self.root / seg.path, seg.sha256)
+        return segments
+
+    def strays(self) -> list[Path]:
+        """Segment files under the root the manifest does not list (leftovers of an interrupted
+        seal, or files put there by hand): readers never read them, the writer removes them."""
+        listed = {self.root / s.path for s in self.load()}
+        return sorted(p for p in self.root.rglob("*.parquet") if p not in listed)
 
     def save(self, segments: Iterable[SegmentInfo]) -> None:
         ordered = sorted(
@@ -211,4 +261,17 @@ class Manifest:
         atomic_write_bytes(self.path, json.dumps(doc, indent=1).encode())
 
     def files(self) -> list[Path]:
-        return [self.root / s.path for s in self.load()]
+        """The files of `checked`: every one intact, or a `SegmentError`."""
+        return [self.root / s.path for s in self.checked()]
+
+
+def _json_damage(raw: bytes, exc: ValueError) -> str:
+    """Where and how the JSON text `raw` breaks: cut short, or not JSON at a byte."""
+    if not raw.strip():
+        return f"empty ({len(raw)} bytes)"
+    if isinstance(exc, json.JSONDecodeError):
+        at = len(exc.doc[: exc.pos].encode())
+        if at >= len(raw.rstrip()) or exc.msg.startswith("Unterminated string"):
+            return f"truncated at byte {len(raw)} (the JSON ends before it is complete)"
+        return f"not valid JSON at byte {at}: {exc.msg}"
+    return f"not valid JSON: {exc}"

@@ -14,10 +14,17 @@ Problems are returned as values (a `VerifyReport`), one readable line each:
   rebuild can replay everything sealed, and nothing more); the message of every sealed posting
   is archived; every batch is whole (positions 0..n-1, one incarnation) and, per partition,
   batch numbers never go down as offsets go up.
+
+A damaged file is named with the damage: missing, or its checksum does not match and why (not
+a Parquet file — bad magic, cut short — or valid Parquet whose bytes changed); a manifest that
+cannot be read is named with the byte where it breaks. Segment files no manifest lists are
+reported as notes (`VerifyReport.notes`): readers never read them, and they do not fail
+`verify`.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -27,8 +34,9 @@ import duckdb
 
 from ledger.closing import CHECKSUM_ALGORITHM
 from ledger.errors import SegmentError
+from ledger.store.integrity import segment_damage
 from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR
-from ledger.store.segments import Manifest, SegmentInfo, file_sha256, summarise_segment
+from ledger.store.segments import Manifest, SegmentInfo, summarise_segment
 from ledger.store.side_files import load_closed_periods, period_checksum
 
 Progress = Callable[[int, int], None]
@@ -43,6 +51,7 @@ class VerifyReport:
     closed_periods: int = 0
     archive_segments: int = 0
     archived_messages: int = 0
+    notes: tuple[str, ...] = ()  # findings that are not damage (files no manifest lists)
 
     @property
     def ok(self) -> bool:
@@ -56,16 +65,21 @@ def _sql_list(paths: list[Path]) -> str:
 def verify_ledger(data_dir: Path | str, progress: Progress | None = None) -> VerifyReport:
     root = Path(data_dir) / SEGMENTS_DIR
     problems: list[str] = []
+    manifest = Manifest(root)
     try:
-        segments = Manifest(root).load()
+        segments = manifest.load()
     except SegmentError as exc:
         return VerifyReport(0, 0, 0, (str(exc),))
+    notes = _strays(manifest, problems)
     con = duckdb.connect(":memory:")
     readable: list[Path] = []
     rows = 0
     for index, seg in enumerate(segments):
-        problems.extend(_check_segment(con, root, seg))
-        if (root / seg.path).exists():
+        damage = segment_damage(root / seg.path, seg.sha256)
+        if damage is not None:
+            problems.append(f"{root.name}/{seg.path}: {damage}")
+        else:
+            problems.extend(_check_segment(con, root, seg))
             readable.append(root / seg.path)
             rows += seg.rows
         if progress is not None:
@@ -92,13 +106,38 @@ def verify_ledger(data_dir: Path | str, progress: Progress | None = None) -> Ver
         except duckdb.Error as exc:
             problems.append(f"segments could not be read together: {exc}")
     closed = _check_closed_periods(con, root, readable, problems)
-    archive_segments, archived = _check_archive(
-        con, Path(data_dir) / ARCHIVE_DIR, segments, readable, problems
-    )
+    archive_root = Path(data_dir) / ARCHIVE_DIR
+    archive_segments, archived = _check_archive(con, archive_root, segments, readable, problems)
+    with contextlib.suppress(SegmentError):  # an unreadable manifest: `_check_archive` says so
+        notes += _strays(Manifest(archive_root), problems)
     con.close()
     return VerifyReport(
-        len(segments), rows, transactions, tuple(problems), closed, archive_segments, archived
+        len(segments),
+        rows,
+        transactions,
+        tuple(problems),
+        closed,
+        archive_segments,
+        archived,
+        tuple(notes),
     )
+
+
+def _strays(manifest: Manifest, problems: list[str]) -> list[str]:
+    """Notes on segment files the manifest does not list (readers never read them; the writer
+    removes them at its next seal). Without a manifest, files are a problem: the ledger's list
+    of segments is gone."""
+    root = manifest.root
+    strays = manifest.strays() if root.is_dir() else []
+    if strays and not manifest.path.exists():
+        problems.append(
+            f"{root.name}/{manifest.path.name}: missing, but {len(strays)} segment files exist"
+        )
+    return [
+        f"{root.name}/{p.relative_to(root)}: stray file, not in the manifest (never read; the "
+        "worker removes it at its next seal)"
+        for p in strays
+    ]
 
 
 # ---------------------------------------------------------------------------- the archive
@@ -192,11 +231,13 @@ def _check_archive(
     readable: list[Path] = []
     messages = 0
     for seg in segments:
-        found = _check_archive_segment(con, root, seg)
-        problems.extend(f"archive: {p}" for p in found)
-        if (root / seg.path).exists():
-            readable.append(root / seg.path)
-            messages += seg.rows
+        damage = segment_damage(root / seg.path, seg.sha256)
+        if damage is not None:
+            problems.append(f"archive: {seg.path}: {damage}")
+            continue
+        problems.extend(f"archive: {p}" for p in _check_archive_segment(con, root, seg))
+        readable.append(root / seg.path)
+        messages += seg.rows
     problems.extend(f"archive: {p}" for p in _check_ranges(segments))
     problems.extend(f"archive: {gap.describe()}" for gap in archive_coverage(postings, segments))
     if not readable:
@@ -249,10 +290,6 @@ def _check_archive_segment(
     con: duckdb.DuckDBPyConnection, root: Path, seg: SegmentInfo
 ) -> list[str]:
     path = root / seg.path
-    if not path.exists():
-        return [f"{seg.path}: listed in the manifest but missing"]
-    if file_sha256(path) != seg.sha256:
-        return [f"{seg.path}: checksum does not match the manifest (file changed or corrupt)"]
     sql_path = str(path).replace("'", "''")
     try:
         row = con.execute(
@@ -310,10 +347,7 @@ _EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b85
 
 def _check_segment(con: duckdb.DuckDBPyConnection, root: Path, seg: SegmentInfo) -> list[str]:
     path = root / seg.path
-    if not path.exists():
-        return [f"{seg.path}: listed in the manifest but missing"]
-    if file_sha256(path) != seg.sha256:
-        return [f"{seg.path}: checksum does not match the manifest (file changed or corrupt)"]
+    name = f"{root.name}/{seg.path}"
     sql_path = str(path).replace("'", "''")
     try:
         row = con.execute(
@@ -324,18 +358,18 @@ def _check_segment(con: duckdb.DuckDBPyConnection, root: Path, seg: SegmentInfo)
             [seg.first_offset, seg.last_offset, seg.partition, seg.topic, seg.incarnation],
         ).fetchone()
     except duckdb.Error as exc:
-        return [f"{seg.path}: unreadable: {exc}"]
+        return [f"{name}: unreadable: {exc}"]
     assert row is not None
     count, strays, amount_type = row
     problems = []
     if count != seg.rows:
-        problems.append(f"{seg.path}: holds {count} rows, the manifest says {seg.rows}")
+        problems.append(f"{name}: holds {count} rows, the manifest says {seg.rows}")
     if strays:
-        problems.append(f"{seg.path}: {strays} rows lie outside the segment's source range")
+        problems.append(f"{name}: {strays} rows lie outside the segment's source range")
     if count and amount_type != "BIGINT":
-        problems.append(f"{seg.path}: amounts are {amount_type}, not integers")
+        problems.append(f"{name}: amounts are {amount_type}, not integers")
     if seg.summary is not None and summarise_segment(con, path) != seg.summary:
-        problems.append(f"{seg.path}: the manifest's summary does not match the segment's rows")
+        problems.append(f"{name}: the manifest's summary does not match the segment's rows")
     return problems
 
 

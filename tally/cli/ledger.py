@@ -80,8 +80,10 @@ def verify(config_path: str, data_dir: str | None, output: str) -> None:
     """Check zero-sum, segment integrity, closed-period checksums, and that no offset range is
     missing or doubled, in the segments or in the raw-event archive.
 
+    A damaged file is named with its damage (missing, checksum mismatch and why, a manifest cut
+    short at a byte); segment files no manifest lists are notes, which do not fail the check.
     `-o json` and `-o csv` give the same summary for scripts (in CSV one row; its `problems`
-    column joins the problems with "; ")."""
+    and `notes` columns join them with "; ")."""
     directory = resolve_ledger_dir(config_path, data_dir)
     bar: Any = None
 
@@ -105,14 +107,16 @@ def verify(config_path: str, data_dir: str | None, output: str) -> None:
         "archive_segments": report.archive_segments,
         "archived_messages": report.archived_messages,
         "problems": list(report.problems),
+        "notes": list(report.notes),
     }
     if output == OutputFormat.JSON:
         click.echo(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
     elif output == OutputFormat.CSV:
         row = [
             "true" if report.ok else "false",
-            *list(summary.values())[1:-1],
+            *list(summary.values())[1:-2],
             "; ".join(report.problems),
+            "; ".join(report.notes),
         ]
         click.echo(render(list(summary), [row], OutputFormat.CSV))
     else:
@@ -124,6 +128,8 @@ def verify(config_path: str, data_dir: str | None, output: str) -> None:
         )
         for problem in report.problems:
             click.secho(f"problem: {problem}", fg="red")
+        for note in report.notes:
+            click.echo(f"note: {note}")
         click.echo("ledger OK" if report.ok else f"{len(report.problems)} problem(s) found")
     sys.exit(int(Exit.OK if report.ok else Exit.CHECK_FAILED))
 

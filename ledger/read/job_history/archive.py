@@ -3,7 +3,9 @@ raw-event archive (`archive/`, see `ledger.store.segments`), decoded with `ledge
 (`job_event_log`) into a `JobEventLog`; hold events, which share the topic, are passed over.
 
 `read_job_event_log` is the only reader of files in the job history; events are returned in
-publication order (batch sequence, then position in the batch), a resend counted once.
+publication order (batch sequence, then position in the batch), a resend counted once. Each
+archive file is checked against its manifest's checksum first: a damaged or missing one raises
+a `SegmentError` naming it.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 
-from ledger.errors import EventError
+from ledger.errors import EventError, SegmentError
 from ledger.job_events import JobEnvelope, JobEvent, decode_job_event, job_envelope_from_dict
+from ledger.store.integrity import require_intact
 from ledger.store.layout import ARCHIVE_DIR
 from ledger.store.segments import Manifest
 
@@ -118,15 +121,20 @@ def read_job_event_log(data_dir: Path | str, topic: str = DEFAULT_JOBS_TOPIC) ->
     away between reading the manifest and the file is retried with the new manifest.
     """
     root = Path(data_dir) / ARCHIVE_DIR
-    last: OSError | None = None
+    last: OSError | SegmentError | None = None
     for _ in range(_READ_RETRIES):
         infos = [s for s in Manifest(root).load() if s.topic == topic]
         try:
-            decoded = [_archive_file(str(root / s.path), s.sha256, topic) for s in infos]
+            decoded = [
+                _archive_file(str(require_intact(root / s.path, s.sha256)), s.sha256, topic)
+                for s in infos
+            ]
             break
-        except OSError as exc:  # FileNotFoundError, or pyarrow's error for a vanished file
+        except (OSError, SegmentError) as exc:  # a file compacted away meanwhile, or damaged
             last = exc
     else:
+        if isinstance(last, SegmentError):
+            raise last
         raise EventError(f"the raw-event archive could not be read: {last}")
     rows = sorted((row for part in decoded for row in part), key=lambda r: (r[0], r[1]))
     seen: set[str] = set()
