@@ -18,6 +18,7 @@ def _load(config_path: str) -> tuple[TallyConfig, AlertsConfig]:
     """The configuration and its `alerts:` section; a usage error names file and field."""
     try:
         config = load_config(config_path)
+        config.alerts.sink_settings()  # every secret's variable is set
     except ConfigError as exc:
         fail(str(exc), Exit.USAGE)
     return config, config.alerts

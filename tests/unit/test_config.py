@@ -1,5 +1,7 @@
 """Configuration validation: a bad file fails with the file, the field and the problem."""
 
+from pathlib import Path
+
 import pytest
 
 from tally.config import ConfigError, load_config, parse_config
@@ -134,7 +136,60 @@ def test_yaml_float_price_is_read_from_its_text(tmp_path):
     assert config.prices[0].per_gpu_hour == 2_350_000
 
 
-def test_relative_data_dir_resolves_against_the_working_directory(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("section", "field", "value", "read"),
+    [
+        pytest.param(
+            "ledger", "data_dir", "led", lambda c: c.ledger.data_dir, id="ledger-data-dir"
+        ),
+        pytest.param(
+            "ledger", "data_dir", "../up/led", lambda c: c.ledger.data_dir, id="data-dir-upwards"
+        ),
+        pytest.param(
+            "scheduler",
+            "work_dir",
+            "sched",
+            lambda c: c.scheduler.work_dir,
+            id="scheduler-work-dir",
+        ),
+        pytest.param(
+            "scheduler",
+            "tokens",
+            {"file": "secret/tokens.yaml"},
+            lambda c: c.scheduler.tokens.file,
+            id="tokens-file",
+        ),
+    ],
+)
+def test_relative_paths_resolve_against_the_config_files_directory(
+    tmp_path, monkeypatch, section, field, value, read
+):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    conf_dir = tmp_path / "etc" / "tally"
+    conf_dir.mkdir(parents=True)
+    path = write_config(conf_dir / "c.yaml", a_config_dict(**{section: {field: value}}))
+    relative = value["file"] if isinstance(value, dict) else value
+    expected = (conf_dir / relative).resolve()
+    assert read(load_config(path)) == expected
+    # the same file named by a relative path from another directory means the same paths
+    monkeypatch.chdir(conf_dir)
+    assert read(load_config("c.yaml")) == expected
+
+
+def test_absolute_paths_stay_and_a_dict_config_resolves_against_the_working_directory(tmp_path):
+    absolute = tmp_path / "abs" / "led"
+    path = write_config(tmp_path / "c.yaml", a_config_dict(ledger={"data_dir": str(absolute)}))
+    assert load_config(path).ledger.data_dir == absolute
+    from_dict = parse_config(a_config_dict(ledger={"data_dir": "led"}))
+    assert from_dict.ledger.data_dir == Path("led")  # relative: to the current directory
+
+
+def test_the_example_keeps_its_data_under_the_repository_whatever_the_directory(
+    tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
-    path = write_config(tmp_path / "c.yaml", a_config_dict(ledger={"data_dir": "led"}))
-    assert load_config(path).ledger.data_dir == tmp_path.resolve() / "led"
+    config = load_config(REPO / "deploy/examples/tally.yaml")
+    assert config.ledger.data_dir == REPO.resolve() / ".tally" / "data"
+    assert config.scheduler.tokens.file == REPO.resolve() / ".tally/scheduler/tokens.yaml"
