@@ -393,9 +393,13 @@ class IdleConfig(Strict):
 
 
 class WorkerConfig(Strict):
+    """The ledger worker; `ready_max_lag`: `/readyz` holds while the samples consumer is at
+    most this many messages behind (see `tally.health`)."""
+
     group_id: Name = "tally-ledger"
     batch_max_messages: int = Field(2000, ge=1, le=100_000)
     batch_within_s: float = Field(0.25, gt=0, le=60)
+    ready_max_lag: int = Field(10_000, ge=0, le=1_000_000_000)
 
 
 class DashboardConfig(Strict):
@@ -403,20 +407,48 @@ class DashboardConfig(Strict):
     port: int = Field(8501, ge=1, le=65535)
 
 
+MetricsProcess = Literal["worker", "scheduler", "collector", "alerts"]
+
+
 class MetricsConfig(Strict):
-    """Prometheus `/metrics` of the worker and the scheduler (see `tally.metrics`); port 0
-    picks a free port at start. A port already in use stops the process at start."""
+    """Prometheus `/metrics`, `/healthz` and `/readyz` of each long-running process (see
+    `tally.metrics`, `tally.health`); port 0 picks a free port at start. A port already in use
+    stops the process at start. `host` is every process's bind address unless its own
+    `<process>_host` is set (e.g. `collector_host: 0.0.0.0` on a GPU node, for Prometheus);
+    the collector and alert delivery serve only when their port is set (or `--metrics-port`)."""
 
     enabled: bool = True
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", min_length=1)
+    worker_host: str | None = Field(None, min_length=1)
+    scheduler_host: str | None = Field(None, min_length=1)
+    collector_host: str | None = Field(None, min_length=1)
+    alerts_host: str | None = Field(None, min_length=1)
     worker_port: int = Field(9464, ge=0, le=65535)
     scheduler_port: int = Field(9465, ge=0, le=65535)
+    collector_port: int | None = Field(None, ge=0, le=65535)
+    alerts_port: int | None = Field(None, ge=0, le=65535)
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> MetricsConfig:
-        if self.worker_port and self.worker_port == self.scheduler_port:
-            raise ValueError("worker_port and scheduler_port must differ (or be 0)")
+        seen: dict[int, str] = {}
+        for process in ("worker", "scheduler", "collector", "alerts"):
+            port = self.port_of(process)
+            if not port:
+                continue
+            if port in seen:
+                raise ValueError(f"{seen[port]}_port and {process}_port must differ (or be 0)")
+            seen[port] = process
         return self
+
+    def host_of(self, process: MetricsProcess) -> str:
+        """The address `process` serves its metrics and health endpoints on."""
+        own: str | None = getattr(self, f"{process}_host")
+        return own or self.host
+
+    def port_of(self, process: MetricsProcess) -> int | None:
+        """The port `process` serves on (None: it does not serve unless told to)."""
+        port: int | None = getattr(self, f"{process}_port")
+        return port
 
 
 class TallyConfig(Strict):

@@ -193,3 +193,28 @@ def test_the_example_keeps_its_data_under_the_repository_whatever_the_directory(
     config = load_config(REPO / "deploy/examples/tally.yaml")
     assert config.ledger.data_dir == REPO.resolve() / ".tally" / "data"
     assert config.scheduler.tokens.file == REPO.resolve() / ".tally/scheduler/tokens.yaml"
+
+
+@pytest.mark.parametrize(
+    ("metrics", "process", "host"),
+    [
+        pytest.param({}, "collector", "127.0.0.1", id="default-loopback"),
+        pytest.param({"host": "10.0.0.5"}, "collector", "10.0.0.5", id="shared-host"),
+        pytest.param(
+            {"host": "10.0.0.5", "collector_host": "0.0.0.0"},
+            "collector",
+            "0.0.0.0",
+            id="collector-own-host",
+        ),
+        pytest.param({"collector_host": "0.0.0.0"}, "worker", "127.0.0.1", id="others-unchanged"),
+    ],
+)
+def test_each_process_binds_its_own_metrics_host_or_the_shared_one(metrics, process, host):
+    assert parse_config(a_config_dict(metrics=metrics)).metrics.host_of(process) == host
+
+
+def test_two_processes_cannot_share_a_metrics_port():
+    with pytest.raises(ConfigError, match="worker_port and collector_port must differ"):
+        parse_config(a_config_dict(metrics={"collector_port": 9464}), "t.yaml")
+    zeros = {"worker_port": 0, "scheduler_port": 0, "collector_port": 0, "alerts_port": 0}
+    assert parse_config(a_config_dict(metrics=zeros)).metrics.port_of("alerts") == 0
