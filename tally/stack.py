@@ -33,8 +33,9 @@ import click
 from streams.kafka import ensure_topics
 from tally.broker import EmbeddedBroker
 from tally.components import BOOTSTRAP_ENV
-from tally.config import MetricsProcess, TallyConfig
+from tally.config import TallyConfig
 from tally.metrics import free_port, metrics_url
+from tally.metrics_config import MetricsProcess
 from tally.scheduling import api_url, ensure_tokens_file
 
 MAX_RESTARTS_PER_MINUTE = 5
