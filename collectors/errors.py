@@ -8,14 +8,15 @@
     │                         status, oversized body), after the retries that could help
     ├── SpoolError            the spool directory cannot be used (not creatable or writable,
     │                         disk full, changed under the collector)
-    ├── ProducerError         the broker did not take what was sent, and no spool keeps it
-    └── MetricsError          the collector's `/metrics` endpoint cannot be served
+    └── ProducerError         the broker did not take what was sent, and no spool keeps it
 
 Library errors are translated once per adapter, where the library is called: `requests`' in
 `collectors.dcgm_http._attempt`, pynvml's in `collectors.nvml_device.classify` (raised only by
 `NvmlCollector.start`; later per-GPU NVML errors are problems of the round, reported in
 `RoundResult.problems`, never raised), aiokafka's as `collectors.kafka.BROKER_ERRORS` (raised by
-`collectors.producer` as `ProducerError`), `OSError`s in the spool and the metrics server.
+`collectors.producer` as `ProducerError`), `OSError`s in the spool. The collector's `/metrics`
+(served with its health routes by `tally.metrics.serve_metrics`) fails to bind as
+`tally.metrics.MetricsPortError`.
 Control flow inside an adapter (`dcgm_http._Retry`, `nvml_device.GpuLost`) stays inside it and
 never reaches a caller. Invalid arguments are `ValueError`s, as in the standard library.
 """
@@ -58,7 +59,3 @@ class SpoolError(CollectorError):
 
 class ProducerError(CollectorError):
     """The broker did not take what the producer sent (and there is no spool to keep it)."""
-
-
-class MetricsError(CollectorError):
-    """The metrics endpoint could not be served (the address is taken or not ours)."""

@@ -1,27 +1,19 @@
 """The collector's own health, as Prometheus metrics on a `/metrics` endpoint.
 
-This module owns the metric names, their meaning, and the HTTP server that exposes them. Every
+This module owns the metric names and their meaning; `tally.metrics.serve_metrics` serves the
+registry over HTTP with the health routes (`tally collect --metrics-port`). Every
 collector has its own `CollectorRegistry`, so several collectors (or tests) in one process never
 share counts. Counters only go up; what a sample became adds up:
 
     samples_read = samples_sent + samples_spooled + (samples still buffered)
     samples_spooled = samples_replayed + samples_dropped{reason in spool reasons} + spool_samples
-
-The server is prometheus_client's WSGI server on its own daemon thread, bound to 127.0.0.1 by
-default; `MetricsServer.stop()` shuts it down and frees the port. A bind failure is translated
-here into `MetricsError`, the one exception this module raises.
 """
 
 from __future__ import annotations
 
-import threading
 from enum import StrEnum
-from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.exposition import start_http_server
-
-from collectors.errors import MetricsError
 
 NAMESPACE = "tally_collector"
 
@@ -102,47 +94,3 @@ class CollectorMetrics:
     def render(self) -> bytes:
         """The text exposition of every metric, as `/metrics` serves it."""
         return generate_latest(self.registry)
-
-
-class MetricsServer:
-    """`/metrics` of one `CollectorMetrics` over HTTP; port 0 picks a free port."""
-
-    def __init__(self, metrics: CollectorMetrics, port: int, addr: str = "127.0.0.1") -> None:
-        self.metrics = metrics
-        self.addr = addr
-        self.port = port
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> MetricsServer:
-        try:
-            server, thread = start_http_server(
-                self.port, addr=self.addr, registry=self.metrics.registry
-            )
-        except OSError as exc:
-            raise MetricsError(
-                f"cannot serve collector metrics on {self.addr}:{self.port}: {exc}"
-            ) from exc
-        self._server, self._thread = server, thread
-        self.port = int(server.server_address[1])
-        return self
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.addr}:{self.port}/metrics"
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join(5)
-            self._thread = None
-
-    def __enter__(self) -> MetricsServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -177,6 +177,7 @@ class Feeds:
         self._ack_warned = -60.0
         self.balance_messages = 0
         self.alert_messages = 0
+        self.error: str | None = None  # why the latest read failed; None once one succeeds
 
     async def start(self) -> None:
         from aiokafka import TopicPartition
@@ -281,7 +282,9 @@ class Feeds:
             try:
                 await self.poll()
                 delay = 0.2
+                self.error = None
             except BrokerUnavailable as exc:
+                self.error = str(exc)
                 log.warning("%s; retrying in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

@@ -270,6 +270,20 @@ class SchedulerService:
         return Accepted(self.dispatcher.records[record.job_id], published)
 
 
+@dataclass(slots=True)
+class ServiceStatus:
+    """How far `run_service` got, for health checks (read from other threads): the jobs topic
+    replayed, the API serving, and the feeds whose latest read may have failed."""
+
+    replayed: bool = False
+    serving: bool = False
+    feeds: Feeds | None = None
+
+    @property
+    def feed_error(self) -> str | None:
+        return None if self.feeds is None else self.feeds.error
+
+
 class WallClock:
     def now_us(self) -> int:
         return time.time_ns() // 1000
@@ -283,10 +297,13 @@ async def run_service(
     ready: Callable[[], None] | None = None,
     stop_event: asyncio.Event | None = None,
     observer: SchedulerObserver | None = None,
+    status: ServiceStatus | None = None,
 ) -> None:
     """Replay the jobs topic, recover, then run feeds, ticks and the API until stopped
     (SIGTERM/SIGINT, or `stop_event`). `serve_api` starts the API and returns its closer;
-    `observer` hears the service's decisions and queue lengths (see `SchedulerService`)."""
+    `observer` hears the service's decisions and queue lengths (see `SchedulerService`);
+    `status` follows the start-up (health checks)."""
+    status = status if status is not None else ServiceStatus()
     bootstrap = settings.bootstrap[0]
     messages = await read_topic(bootstrap, settings.jobs_topic, f"{settings.client_id}-replay")
     applied = dispatcher.replay(messages)
@@ -298,9 +315,11 @@ async def run_service(
         dispatcher.state.pending_count,
         dispatcher.state.running_count,
     )
+    status.replayed = True
     publisher = KafkaPublisher(settings)
     await publisher.start()
     feeds = Feeds(settings, dispatcher)
+    status.feeds = feeds
     service = SchedulerService(
         dispatcher,
         publisher,
@@ -320,6 +339,7 @@ async def run_service(
         await feeds.poll(timeout_ms=500)  # balances first, so the first cycle knows budgets
         await service.start()
         close_api = await serve_api(service)
+        status.serving = True
         tasks = [
             asyncio.create_task(feeds.run(stopping), name="feeds"),
             asyncio.create_task(service.run(), name="ticks"),
@@ -328,6 +348,7 @@ async def run_service(
             ready()
         await stopping.wait()
     finally:
+        status.serving = False
         if close_api is not None:
             await close_api()
         await service.stop(settings.stop_jobs_on_exit)

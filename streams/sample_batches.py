@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from ledger.store.port import ConsumedMessage
+from streams.progress import ConsumerProgress, observe
 
 log = logging.getLogger("tally.worker")
 RETRY_S = 1.0
@@ -72,6 +73,7 @@ class SampleBatchConsumer:
         self._on_batch = on_batch
         self._on_assigned = on_assigned
         self._consumer: AIOKafkaConsumer | None = None
+        self.progress = ConsumerProgress()  # assignment, lag, latest fetch error (health)
 
     def _new_consumer(self) -> AIOKafkaConsumer:  # needs the running loop
         return AIOKafkaConsumer(
@@ -95,6 +97,7 @@ class SampleBatchConsumer:
                 await consumer.start()
                 break
             except KafkaError as exc:
+                self.progress.failed(exc)
                 log.warning("samples consumer cannot start yet: %s", exc)
                 await asyncio.sleep(RETRY_S)
         try:
@@ -109,10 +112,12 @@ class SampleBatchConsumer:
         try:
             fetched = await consumer.getmany(timeout_ms=self._within_ms, max_records=self._max)
         except KafkaError as exc:  # the broker is away: aiokafka reconnects, try again
+            self.progress.failed(exc)
             log.warning("fetching samples failed: %s", exc)
             await asyncio.sleep(RETRY_S)
             return
         if not fetched:
+            await observe(consumer, self.progress)
             return
         messages = [
             ConsumedMessage(r.topic, r.partition, r.offset, r.value, r.key)
@@ -125,3 +130,4 @@ class SampleBatchConsumer:
             await consumer.commit(offsets)
         except (CommitFailedError, KafkaError) as exc:  # the ledger holds them: harmless
             log.info("offsets of an applied batch not committed to the broker: %s", exc)
+        await observe(consumer, self.progress)

@@ -60,11 +60,13 @@ from ledger.store.hot import DuckDBStore
 from ledger.store.port import OutboxMessage, SealResult
 from streams.collector_pause import collector_paused, freeze_startup_objects
 from streams.kafka import ClusterIdentity, content_refusal, fetch_cluster_id
+from streams.progress import ConsumerProgress
 from streams.sample_batches import SampleBatchConsumer
 
 log = logging.getLogger("tally.worker")
 INCARNATION_CHANGED_EXIT = 75  # EX_TEMPFAIL: run it again
 DEFAULT_IDLE_POLICY = IdlePolicy()
+HEARTBEAT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +192,18 @@ class LedgerWorker:
         self._ingestor: Ingestor | None = None
         self._last_seal = time.monotonic()
         self.sealing = SealingHealth()
+        self.ticked_at: float | None = None  # monotonic time of the loop's last heartbeat
         self.app = self._build_app()
+
+    @property
+    def incarnation_known(self) -> bool:
+        """Whether the broker's cluster id was read (the worker reached the broker)."""
+        return self._ingestor is not None
+
+    @property
+    def samples_progress(self) -> ConsumerProgress:
+        """The samples consumer's assignment, lag and latest fetch error (health checks)."""
+        return self._samples.progress
 
     def _build_app(self) -> faust.App:
         s = self.settings
@@ -265,6 +278,10 @@ class LedgerWorker:
 
         batches(s.admin_topic, "ledger-admin", 100)
         batches(s.jobs_topic, "ledger-jobs", s.batch_max_messages)
+
+        @app.timer(interval=HEARTBEAT_S)  # type: ignore[untyped-decorator]
+        async def heartbeat() -> None:
+            self.ticked_at = time.monotonic()
 
         @app.timer(interval=s.seal_interval_s)  # type: ignore[untyped-decorator]
         async def seal_timer() -> None:

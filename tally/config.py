@@ -11,7 +11,6 @@ Amounts of money are decimal text ("2.50") and become integer micro-units here (
 
 from __future__ import annotations
 
-import re
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -30,12 +29,12 @@ from ledger.idle import IdlePolicy
 from ledger.periods import Period
 from ledger.pricing import ANY_MODEL, EnergyPrice, Price, PriceBook
 from ledger.units import MS_PER_HOUR
+from tally import config_fields
 from tally.alerts_config import AlertsConfig
-from tally.config_fields import Micros, Name, Strict
+from tally.config_fields import EnvName, Micros, Name, Strict
+from tally.metrics_config import MetricsConfig
 
-
-class ConfigError(Exception):
-    """A configuration file that cannot be read or is invalid; the message says where and why."""
+ConfigError = config_fields.ConfigError  # defined beside the field types, which raise it too
 
 
 class BrokerConfig(Strict):
@@ -242,16 +241,6 @@ class QuotaConfig(Strict):
 
 
 QueueClassName = Literal["training", "inference", "dev"]
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-
-
-def _env_name(value: Any) -> str:
-    if not isinstance(value, str) or not ENV_NAME.match(value):
-        raise ValueError("an environment variable name: letters, digits and '_'")
-    return value
-
-
-EnvName = Annotated[str, BeforeValidator(_env_name)]
 
 
 class IdleReclaimAfter(Strict):
@@ -405,30 +394,18 @@ class IdleConfig(Strict):
 
 
 class WorkerConfig(Strict):
+    """The ledger worker; `ready_max_lag`: `/readyz` holds while the samples consumer is at
+    most this many messages behind (see `tally.health`)."""
+
     group_id: Name = "tally-ledger"
     batch_max_messages: int = Field(2000, ge=1, le=100_000)
     batch_within_s: float = Field(0.25, gt=0, le=60)
+    ready_max_lag: int = Field(10_000, ge=0, le=1_000_000_000)
 
 
 class DashboardConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8501, ge=1, le=65535)
-
-
-class MetricsConfig(Strict):
-    """Prometheus `/metrics` of the worker and the scheduler (see `tally.metrics`); port 0
-    picks a free port at start. A port already in use stops the process at start."""
-
-    enabled: bool = True
-    host: str = "127.0.0.1"
-    worker_port: int = Field(9464, ge=0, le=65535)
-    scheduler_port: int = Field(9465, ge=0, le=65535)
-
-    @model_validator(mode="after")
-    def _distinct_ports(self) -> MetricsConfig:
-        if self.worker_port and self.worker_port == self.scheduler_port:
-            raise ValueError("worker_port and scheduler_port must differ (or be 0)")
-        return self
 
 
 class TallyConfig(Strict):
@@ -532,33 +509,38 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
 
 
 def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = None) -> TallyConfig:
+    """Validate `data` (the file's mapping). Relative paths (`ledger.data_dir`,
+    `scheduler.work_dir`, `scheduler.tokens.file`) resolve against `base_dir`; without one
+    (a config given as a dict) they stay relative, i.e. to the current directory."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the file must hold a mapping of sections (broker, ledger, …)")
     try:
         config = TallyConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(source, exc)) from None
-    if base_dir is not None and not config.ledger.data_dir.is_absolute():
-        ledger = config.ledger.model_copy(update={"data_dir": base_dir / config.ledger.data_dir})
-        config = config.model_copy(update={"ledger": ledger})
-    if base_dir is not None:
-        config = config.model_copy(update={"scheduler": _resolve_paths(config.scheduler, base_dir)})
-    return config
+    if base_dir is None:
+        return config
+    ledger = config.ledger.model_copy(update={"data_dir": _under(base_dir, config.ledger.data_dir)})
+    return config.model_copy(
+        update={"ledger": ledger, "scheduler": _resolve_paths(config.scheduler, base_dir)}
+    )
+
+
+def _under(base_dir: Path, path: Path) -> Path:
+    return path if path.is_absolute() else (base_dir / path).resolve()
 
 
 def _resolve_paths(scheduler: SchedulerConfig, base_dir: Path) -> SchedulerConfig:
-    work_dir = scheduler.work_dir
-    if not work_dir.is_absolute():
-        work_dir = base_dir / work_dir
     tokens = scheduler.tokens
-    if tokens.file is not None and not tokens.file.is_absolute():
-        tokens = tokens.model_copy(update={"file": base_dir / tokens.file})
+    if tokens.file is not None:
+        tokens = tokens.model_copy(update={"file": _under(base_dir, tokens.file)})
+    work_dir = _under(base_dir, scheduler.work_dir)
     return scheduler.model_copy(update={"work_dir": work_dir, "tokens": tokens})
 
 
 def load_config(path: Path | str, relative_to: Path | None = None) -> TallyConfig:
-    """Read and validate a config file. Relative `data_dir`s resolve against `relative_to`
-    (default: the current directory)."""
+    """Read and validate a config file. Relative paths in it resolve against `relative_to`
+    (default: the directory the file is in), so a config means the same from any directory."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -573,4 +555,4 @@ def load_config(path: Path | str, relative_to: Path | None = None) -> TallyConfi
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{path}: {where}not valid YAML: {problem}") from None
-    return parse_config(data, str(path), (relative_to or Path.cwd()).resolve())
+    return parse_config(data, str(path), (relative_to or path.resolve().parent).resolve())

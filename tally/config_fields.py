@@ -1,5 +1,11 @@
-"""Field types the configuration models share: names (`Name`), amounts of money (`Micros`) and
-the `Strict` base model (unknown keys are errors, values are frozen).
+"""Field types the configuration models share: names (`Name`), amounts of money (`Micros`),
+environment variable names (`EnvName`) and the secrets they hold (`secret_from_env`), the
+`Strict` base model (unknown keys are errors, values are frozen) and `ConfigError`.
+
+Secrets never sit in the configuration file: a secret field has an `*_env` twin naming the
+environment variable that holds it, read when the secret is used (not when the file is
+loaded, so commands that do not use a secret do not need it). A variable that is named but
+not set is a `ConfigError` naming the field and the variable.
 
 Kept apart from `tally.config` so that section models in their own modules
 (`tally.alerts_config`) use the same rules without importing the whole configuration.
@@ -7,7 +13,9 @@ Kept apart from `tally.config` so that section models in their own modules
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Annotated, Any
 
@@ -16,6 +24,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 from ledger.units import parse_micros
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+class ConfigError(Exception):
+    """A configuration file that cannot be read or is invalid; the message says where and why."""
 
 
 def _money(value: Any) -> int:
@@ -43,3 +56,21 @@ Name = Annotated[str, BeforeValidator(_name)]
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _env_name(value: Any) -> str:
+    if not isinstance(value, str) or not ENV_NAME.match(value):
+        raise ValueError("an environment variable name: letters, digits and '_'")
+    return value
+
+
+EnvName = Annotated[str, BeforeValidator(_env_name)]
+
+
+def secret_from_env(field: str, variable: str, environ: Mapping[str, str] | None = None) -> str:
+    """The value of `variable`, the secret of config field `field`; `ConfigError` naming both
+    when it is not set or empty."""
+    value = (os.environ if environ is None else environ).get(variable)
+    if not value:
+        raise ConfigError(f"{field}: environment variable {variable} is not set")
+    return value

@@ -7,7 +7,8 @@ through which the packages report without importing `tally`: `streams.worker.Wor
 `scheduler.ports.SchedulerObserver` and `streams.alerts.sinks.DeliveryMetrics`. `sections`
 chooses the families a process registers, so an endpoint never shows another process's metrics
 as zeros.
-`serve_metrics` exposes the registry over HTTP at `/metrics`.
+`serve_metrics` exposes the registry over HTTP at `/metrics`, with `/healthz` and `/readyz`
+(`tally.health_http`) when given the process's probes.
 
 Who serves what (`metrics:` in the config; 0 picks a free port, printed at start):
 
@@ -63,13 +64,14 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ledger.errors import SegmentError
 from ledger.read.reports import ReportQueries
 from ledger.read.rollups import FleetNow, GpuState, fleet_now, ledger_version
+from tally.health_http import Probes, start_server
 
 BATCH_BUCKETS = (1, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10_000, 50_000)
 POSTING_BUCKETS = (4, 40, 400, 1000, 4000, 10_000, 40_000, 100_000, 400_000)
@@ -318,12 +320,17 @@ def _port_error(host: str, port: int, exc: OSError) -> MetricsPortError:
 
 
 def serve_metrics(
-    metrics: TallyMetrics, host: str = "127.0.0.1", port: int = 9464
+    metrics: TallyMetrics | CollectorRegistry,
+    host: str = "127.0.0.1",
+    port: int = 9464,
+    probes: Probes | None = None,
 ) -> tuple[WSGIServer, threading.Thread]:
-    """Serve `metrics` at `http://host:port/metrics` from a daemon thread; `server.shutdown()`
-    stops it. Port 0 picks a free port (`server.server_port`). Raises `MetricsPortError`."""
+    """Serve `metrics` (or any registry) at `http://host:port/metrics`, and `probes` at
+    `/healthz` and `/readyz`, from a daemon thread; `server.shutdown()` stops it. Port 0 picks a
+    free port (`server.server_port`). Raises `MetricsPortError`."""
+    registry = metrics.registry if isinstance(metrics, TallyMetrics) else metrics
     try:
-        return start_http_server(port, host, registry=metrics.registry)
+        return start_server(registry, host, port, probes)
     except socket.gaierror as exc:
         raise MetricsPortError(f"cannot serve metrics on {host}:{port}: {exc}") from None
     except OSError as exc:

@@ -47,6 +47,7 @@ from scheduler.service import ServiceSettings, WallClock
 from scheduler.state import SchedulerState
 from tally.components import simulated_fleet
 from tally.config import ConfigError, QueueConfig, TallyConfig
+from tally.config_fields import secret_from_env
 
 US_PER_HOUR = 3_600 * US_PER_SECOND
 MIN_TOKEN_LENGTH = 16
@@ -177,7 +178,9 @@ def _read_tokens_file(path: Path) -> tuple[str | None, dict[str, str]]:
 
 def load_tokens(config: TallyConfig, environ: Mapping[str, str] | None = None) -> Tokens:
     """The API's tokens: the file's, overridden by the environment. Raises ConfigError for a
-    token shorter than 16 characters, one shared by two principals, or an unknown team."""
+    token shorter than 16 characters, one shared by two principals, an unknown team, or a
+    variable named in `team_env` (or an `admin_env` the config names explicitly) that is not
+    set while the tokens file has no token for it either."""
     env = os.environ if environ is None else environ
     spec = config.scheduler.tokens
     admin: str | None = None
@@ -186,9 +189,13 @@ def load_tokens(config: TallyConfig, environ: Mapping[str, str] | None = None) -
         admin, teams = _read_tokens_file(spec.file)
     if spec.admin_env and env.get(spec.admin_env):
         admin = env[spec.admin_env]
+    elif spec.admin_env and admin is None and "admin_env" in spec.model_fields_set:
+        secret_from_env("scheduler.tokens.admin_env", spec.admin_env, env)  # raises: not set
     for team, name in spec.team_env.items():
         if env.get(name):
             teams[team] = env[name]
+        elif team not in teams:  # neither the variable nor the file has it
+            secret_from_env(f"scheduler.tokens.team_env.{team}", name, env)
     known = {t.name for t in config.organisation.teams()}
     unknown = sorted(set(teams) - known)
     if unknown:

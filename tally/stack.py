@@ -6,12 +6,14 @@ fleet's GPUs; its API tokens are created in `scheduler.tokens.file` on first sta
 delivery to webhooks (when `alerts.sinks` are configured) and the dashboard as child processes,
 each in its own process group. A child that dies is restarted with backoff (at most 5 times a
 minute); Ctrl-C or SIGTERM stops every process the stack started (the scheduler stops the jobs
-it runs). The ledger data directory outlives the stack; the embedded broker does not (each
+it runs). The dashboard runs as `tally dashboard` would (`dashboard_command`, `ledger_env`).
+The ledger data directory outlives the stack; the embedded broker does not (each
 start is a new broker incarnation, which the worker recognises).
 
-Metrics (`metrics:`): before anything starts, the worker's and the scheduler's ports are checked
-(a port in use raises `tally.metrics.MetricsPortError`) and a port 0 becomes a free one; each
-child is given its port (`--metrics-port`), so a restarted child serves where the banner says.
+Metrics (`metrics:`): before anything starts, the metrics ports (worker and scheduler; collector
+and alerts when configured) are checked (a port in use raises `tally.metrics.MetricsPortError`)
+and a port 0 becomes a free one; each child is given its port (`--metrics-port`), so a
+restarted child serves `/metrics`, `/healthz` and `/readyz` where the banner says.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tally.broker import EmbeddedBroker
 from tally.components import BOOTSTRAP_ENV
 from tally.config import TallyConfig
 from tally.metrics import free_port, metrics_url
+from tally.metrics_config import MetricsProcess
 from tally.scheduling import api_url, ensure_tokens_file
 
 MAX_RESTARTS_PER_MINUTE = 5
@@ -47,6 +50,38 @@ class Child:
     restarts: list[float] = field(default_factory=list)
 
 
+def ledger_env(config: TallyConfig, config_path: Path) -> dict[str, str]:
+    """What a child (the dashboard above all) learns of the configuration from its
+    environment: the config file, the ledger's directory and currency, the jobs topic and the
+    fair-share half-life."""
+    return {
+        "TALLY_CONFIG": str(config_path),
+        "TALLY_DATA_DIR": str(config.ledger.data_dir.resolve()),
+        "TALLY_CURRENCY": config.ledger.currency,
+        "TALLY_JOBS_TOPIC": config.topics.jobs,
+        "TALLY_FAIR_SHARE_HALF_LIFE_HOURS": str(config.scheduler.fair_share_half_life_hours),
+    }
+
+
+def dashboard_command(
+    config: TallyConfig, host: str | None = None, port: int | None = None
+) -> list[str]:
+    """The command that serves the Streamlit dashboard on `host:port` (default: the config's
+    `dashboard:`), headless; it reads the ledger named by `ledger_env`. `tally up` runs it as a
+    child, `tally dashboard` in its own place."""
+    import dashboard
+
+    app = Path(dashboard.__file__).parent / "app.py"
+    d = config.dashboard
+    return [
+        *(sys.executable, "-m", "streamlit", "run", str(app)),
+        *("--server.address", host or d.host),
+        *("--server.port", str(port or d.port)),
+        *("--server.headless", "true"),
+        *("--browser.gatherUsageStats", "false"),
+    ]
+
+
 class Stack:
     def __init__(self, config: TallyConfig, config_path: Path, dashboard: bool = True) -> None:
         self.config = config
@@ -55,25 +90,32 @@ class Stack:
         self.run_dir = config.ledger.data_dir.parent / "run"
         self.broker: EmbeddedBroker | None = None
         self.children: list[Child] = []
-        self.metrics_ports: dict[str, int] = {}  # child name → its metrics port, fixed at start
+        self.metrics_ports: dict[MetricsProcess, int] = {}  # child → its metrics port, fixed
         self._stopping = False
 
-    def _reserve_metrics_ports(self) -> dict[str, int]:
+    def _reserve_metrics_ports(self) -> dict[MetricsProcess, int]:
         m = self.config.metrics
         if not m.enabled:
             return {}
-        wanted = {"worker": m.worker_port}
+        wanted: dict[MetricsProcess, int | None] = {
+            "worker": m.worker_port,
+            "collector": m.collector_port,
+        }
         if self.config.scheduler.enabled:
             wanted["scheduler"] = m.scheduler_port
-        ports: dict[str, int] = {}
+        if self.config.alerts.sinks:
+            wanted["alerts"] = m.alerts_port
+        ports: dict[MetricsProcess, int] = {}
         for name, port in wanted.items():
-            chosen = free_port(m.host, port)
+            if port is None:
+                continue
+            chosen = free_port(m.host_of(name), port)
             while port == 0 and chosen in ports.values():  # two free picks must differ
-                chosen = free_port(m.host, 0)
+                chosen = free_port(m.host_of(name), 0)
             ports[name] = chosen
         return ports
 
-    def _metrics_args(self, name: str) -> list[str]:
+    def _metrics_args(self, name: MetricsProcess) -> list[str]:
         port = self.metrics_ports.get(name)
         return [] if port is None else ["--metrics-port", str(port)]
 
@@ -88,7 +130,9 @@ class Stack:
                 logs / "worker.log",
             ),
             Child(
-                "collector", [py, "-m", "tally", "collect", "--config", cfg], logs / "collector.log"
+                "collector",
+                [py, "-m", "tally", "collect", "--config", cfg, *self._metrics_args("collector")],
+                logs / "collector.log",
             ),
         ]
         if self.config.scheduler.enabled:
@@ -106,36 +150,16 @@ class Stack:
             children.append(
                 Child(
                     "alerts",
-                    [py, "-m", "tally", "alerts", "run", "--config", cfg],
+                    [
+                        *(py, "-m", "tally", "alerts", "run", "--config", cfg),
+                        *self._metrics_args("alerts"),
+                    ],
                     logs / "alerts.log",
                 )
             )
         if self.dashboard:
-            import dashboard
-
-            app = Path(dashboard.__file__).parent / "app.py"
-            d = self.config.dashboard
-            children.append(
-                Child(
-                    "dashboard",
-                    [
-                        py,
-                        "-m",
-                        "streamlit",
-                        "run",
-                        str(app),
-                        "--server.address",
-                        d.host,
-                        "--server.port",
-                        str(d.port),
-                        "--server.headless",
-                        "true",
-                        "--browser.gatherUsageStats",
-                        "false",
-                    ],
-                    logs / "dashboard.log",
-                )
-            )
+            command = dashboard_command(self.config)
+            children.append(Child("dashboard", command, logs / "dashboard.log"))
         return children
 
     def run(self) -> int:
@@ -148,16 +172,8 @@ class Stack:
             servers = self._start_broker()
             env = dict(
                 os.environ,
-                **{
-                    BOOTSTRAP_ENV: ",".join(servers),
-                    "TALLY_CONFIG": str(self.config_path),
-                    "TALLY_DATA_DIR": str(self.config.ledger.data_dir.resolve()),
-                    "TALLY_CURRENCY": self.config.ledger.currency,
-                    "TALLY_JOBS_TOPIC": self.config.topics.jobs,
-                    "TALLY_FAIR_SHARE_HALF_LIFE_HOURS": str(
-                        self.config.scheduler.fair_share_half_life_hours
-                    ),
-                },
+                **{BOOTSTRAP_ENV: ",".join(servers)},
+                **ledger_env(self.config, self.config_path),
             )
             if self.config.scheduler.enabled:
                 ensure_tokens_file(self.config)
@@ -212,7 +228,7 @@ class Stack:
             where = f" (tokens in {tokens})" if tokens is not None else ""
             click.echo(f"  scheduler   {api_url(self.config)}{where}")
         for i, (name, port) in enumerate(self.metrics_ports.items()):
-            url = metrics_url(self.config.metrics.host, port)
+            url = metrics_url(self.config.metrics.host_of(name), port)
             click.echo(f"  {'metrics' if i == 0 else '':<11} {url} ({name})")
         click.echo(f"  ledger      {self.config.ledger.data_dir}")
         click.echo(f"  logs        {self.run_dir}/*.log")

@@ -24,6 +24,7 @@ from ledger.events import EventType
 from streams.alerts.dispatcher import AlertDispatcher
 from streams.alerts.settings import DEFAULT_GROUP_ID
 from streams.kafka import BrokerError
+from streams.progress import ConsumerProgress, observe
 
 log = logging.getLogger("tally.alerts")
 
@@ -57,9 +58,12 @@ async def consume_alerts(
     group_id: str = DEFAULT_GROUP_ID,
     client_id: str = "tally-alerts",
     stop: asyncio.Event | None = None,
+    progress: ConsumerProgress | None = None,
 ) -> None:
     """Read `topic` and hand alerts to `dispatcher` until `stop` is set; commit offsets after
-    `submit` returned. Raises BrokerError when the broker cannot be used."""
+    `submit` returned. Raises BrokerError when the broker cannot be used. `progress`, when
+    given, follows the assignment and lag (health checks)."""
+    progress = progress if progress is not None else ConsumerProgress()
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=list(bootstrap),
@@ -83,7 +87,9 @@ async def consume_alerts(
                 await asyncio.to_thread(dispatcher.submit, alerts)
             if batches:
                 await consumer.commit()
+            await observe(consumer, progress)
     except KafkaError as exc:
+        progress.failed(exc)
         raise BrokerError(f"alerts topic {topic} on {','.join(bootstrap)}: {exc}") from exc
     finally:
         with contextlib.suppress(Exception):

@@ -26,6 +26,7 @@ from typing import NoReturn
 import click
 
 from tally.cli import admin, alerts, collect, config, export, job, ledger, report, stack
+from tally.cli import dashboard as dashboard_cli
 from tally.cli import scheduler as scheduler_cli
 from tally.cli.options import Exit
 
@@ -55,6 +56,7 @@ def cli(debug: bool) -> None:
 
 cli.add_command(stack.up)
 cli.add_command(stack.worker)
+cli.add_command(dashboard_cli.dashboard)
 cli.add_command(collect.collect)
 cli.add_command(ledger.ledger)
 cli.add_command(report.report)

@@ -18,6 +18,7 @@ def _load(config_path: str) -> tuple[TallyConfig, AlertsConfig]:
     """The configuration and its `alerts:` section; a usage error names file and field."""
     try:
         config = load_config(config_path)
+        config.alerts.sink_settings()  # every secret's variable is set
     except ConfigError as exc:
         fail(str(exc), Exit.USAGE)
     return config, config.alerts
@@ -59,13 +60,18 @@ def test(config_path: str) -> None:
 @bootstrap_option
 @click.option(
     "--metrics-port",
-    type=int,
+    type=click.IntRange(0, 65535),
     default=None,
-    help="Serve Prometheus metrics on this port at /metrics (default: none).",
+    help="Serve Prometheus metrics at /metrics (and /healthz, /readyz) on this port, 0 for a "
+    "free one (default: metrics.alerts_port, when set and metrics.enabled).",
 )
-@click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--metrics-host",
+    default=None,
+    help="Address to serve them on (default: metrics.alerts_host, else metrics.host).",
+)
 def run(
-    config_path: str, bootstrap: str | None, metrics_port: int | None, metrics_host: str
+    config_path: str, bootstrap: str | None, metrics_port: int | None, metrics_host: str | None
 ) -> None:
     """Deliver alerts from the alerts topic to every sink until Ctrl-C.
 
@@ -75,8 +81,11 @@ def run(
     from streams.alerts.consumer import consume_alerts
     from streams.alerts.dispatcher import AlertDispatcher
     from streams.kafka import BrokerError, wait_for_broker
+    from streams.progress import ConsumerProgress
     from tally.components import NoBrokerError, bootstrap_servers
-    from tally.metrics import TallyMetrics, serve_metrics
+    from tally.health_http import Heartbeat
+    from tally.health_sources import alerts_probes
+    from tally.metrics import MetricsPortError, TallyMetrics, metrics_url, serve_metrics
 
     config, section = _load(config_path)
     if not section.sinks:
@@ -92,9 +101,18 @@ def run(
     logger.setLevel(logging.INFO)
     logger.propagate = False
     metrics = TallyMetrics(config.ledger.data_dir)
+    progress, heartbeat = ConsumerProgress(), Heartbeat()
+    if metrics_port is None and config.metrics.enabled:
+        metrics_port = config.metrics.alerts_port
     if metrics_port is not None:
-        server, _ = serve_metrics(metrics, metrics_host, metrics_port)
-        click.echo(f"metrics at http://{metrics_host}:{server.server_port}/metrics", err=True)
+        host = metrics_host or config.metrics.host_of("alerts")
+        try:
+            server, _ = serve_metrics(
+                metrics, host, metrics_port, alerts_probes(progress, heartbeat)
+            )
+        except MetricsPortError as exc:
+            fail(f"{exc} (metrics.alerts_port or --metrics-port)", Exit.USAGE)
+        click.echo(f"metrics at {metrics_url(host, server.server_port)}", err=True)
     dispatcher = AlertDispatcher(
         section.sink_settings(), config.ledger.data_dir, config.ledger.currency, metrics
     ).start()
@@ -102,12 +120,23 @@ def run(
     click.echo(f"delivering alerts from {config.topics.alerts} to {names}", err=True)
 
     async def main() -> None:
+        beating = asyncio.create_task(heartbeat.run())
         await wait_for_broker(servers[0])
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await consume_alerts(servers, config.topics.alerts, dispatcher, section.group_id, stop=stop)
+        try:
+            await consume_alerts(
+                servers,
+                config.topics.alerts,
+                dispatcher,
+                section.group_id,
+                stop=stop,
+                progress=progress,
+            )
+        finally:
+            beating.cancel()
 
     try:
         asyncio.run(main())

@@ -1,5 +1,6 @@
 """`tally collect`: run a collector (NVML, dcgm-exporter or the simulated fleet) and send its
-samples to the samples topic, with a disk spool for broker outages and a `/metrics` endpoint."""
+samples to the samples topic, with a disk spool for broker outages and a `/metrics`, `/healthz`,
+`/readyz` endpoint."""
 
 from __future__ import annotations
 
@@ -85,7 +86,14 @@ SOURCES = ("auto", "nvml", "dcgm", "sim")
     "--metrics-port",
     type=click.IntRange(min=0, max=65535),
     default=None,
-    help="Serve the collector's /metrics on 127.0.0.1:PORT (0 picks a free port).",
+    help="Serve the collector's /metrics, /healthz and /readyz on this port, 0 for a free one "
+    "(default: metrics.collector_port, when set and metrics.enabled).",
+)
+@click.option(
+    "--metrics-host",
+    default=None,
+    help="Address to serve them on, e.g. 0.0.0.0 for Prometheus on a GPU node (default: "
+    "metrics.collector_host, else metrics.host: 127.0.0.1).",
 )
 @click.option("--basic-auth-user", default=None, help="dcgm: basic-auth user.")
 @click.option(
@@ -117,6 +125,7 @@ def collect(
     spool_dir: str | None,
     spool_max_mib: int,
     metrics_port: int | None,
+    metrics_host: str | None,
     basic_auth_user: str | None,
     basic_auth_password_env: str,
     ca_bundle: str | None,
@@ -128,6 +137,7 @@ def collect(
     While the broker is unreachable, samples go to a disk spool and are replayed in order.
     """
     config = load_or_exit(config_path)
+    metrics_at = _metrics_address(config, metrics_port, metrics_host)
     interval = interval_s or config.sampling.interval_s
     node = node or socket.gethostname()
     if source == "auto":
@@ -146,7 +156,7 @@ def collect(
             pack_rounds,
             spool_dir,
             spool_max_mib,
-            metrics_port,
+            metrics_at,
         )
         return
     read_round = _real_source(
@@ -193,8 +203,19 @@ def collect(
             health_topic_sender=producer.topic_sender(config.topics.alerts),
         )
 
-    produced = _with_producer(config, servers, spool_dir, spool_max_mib, metrics_port, run)
+    produced = _with_producer(config, servers, spool_dir, spool_max_mib, metrics_at, run)
     click.echo(f"collected {produced} rounds from {source}", err=True)
+
+
+def _metrics_address(
+    config: TallyConfig, port: int | None, host: str | None
+) -> tuple[str, int] | None:
+    """Where the collector serves /metrics and its health: the options, else the config."""
+    if port is None and config.metrics.enabled:
+        port = config.metrics.collector_port
+    if port is None:
+        return None
+    return host or config.metrics.host_of("collector"), port
 
 
 def _nvml_available() -> bool:
@@ -286,14 +307,18 @@ def _with_producer(
     servers: tuple[str, ...],
     spool_dir: str | None,
     spool_max_mib: int,
-    metrics_port: int | None,
+    metrics_at: tuple[str, int] | None,
     body: Callable[[Any, asyncio.Event], Any],
 ) -> int:
-    """Run `body(producer, stop)` with a spooling producer, signal handling and /metrics."""
-    from collectors.errors import MetricsError, ProducerError, SpoolError
-    from collectors.metrics import CollectorMetrics, MetricsServer
+    """Run `body(producer, stop)` with a spooling producer, signal handling, and /metrics,
+    /healthz and /readyz at `metrics_at` (host, port)."""
+    from collectors.errors import ProducerError, SpoolError
+    from collectors.metrics import CollectorMetrics
     from collectors.producer import SampleProducer
     from collectors.spool import Spool
+    from tally.health_http import Heartbeat
+    from tally.health_sources import collector_probes
+    from tally.metrics import MetricsPortError, metrics_url, serve_metrics
 
     metrics = CollectorMetrics()
     directory = Path(spool_dir) if spool_dir else config.ledger.data_dir.parent / "spool"
@@ -302,14 +327,19 @@ def _with_producer(
     except (SpoolError, OSError) as exc:
         fail(f"cannot open the spool in {directory}: {exc}", Exit.USAGE)
     server = None
-    if metrics_port is not None:
+    heartbeat = Heartbeat()
+    if metrics_at is not None:
+        host, port = metrics_at
         try:
-            server = MetricsServer(metrics, metrics_port).start()
-        except MetricsError as exc:
+            server, _ = serve_metrics(
+                metrics.registry, host, port, collector_probes(metrics, heartbeat)
+            )
+        except MetricsPortError as exc:
             fail(str(exc), Exit.USAGE)
-        click.echo(f"collector metrics on {server.url}", err=True)
+        click.echo(f"collector metrics on {metrics_url(host, server.server_port)}", err=True)
 
     async def main() -> int:
+        beating = asyncio.create_task(heartbeat.run())
         producer = SampleProducer(
             ",".join(servers),
             config.topics.samples,
@@ -325,6 +355,7 @@ def _with_producer(
         try:
             return int(await body(producer, stop))
         finally:
+            beating.cancel()
             await producer.stop()
 
     try:
@@ -334,7 +365,8 @@ def _with_producer(
     finally:
         spool.close()
         if server is not None:
-            server.stop()
+            server.shutdown()
+            server.server_close()
 
 
 def _collect_simulated(
@@ -347,7 +379,7 @@ def _collect_simulated(
     pack_rounds: int | None,
     spool_dir: str | None,
     spool_max_mib: int,
-    metrics_port: int | None,
+    metrics_at: tuple[str, int] | None,
 ) -> None:
     from collectors.runner import RunPlan, run_simulated, source_name, wall_clock_us
     from collectors.simulated import align
@@ -376,5 +408,5 @@ def _collect_simulated(
     async def run(producer: Any, stop: asyncio.Event) -> int:
         return await run_simulated(fleet, producer, plan, stop)
 
-    produced = _with_producer(config, servers, spool_dir, spool_max_mib, metrics_port, run)
+    produced = _with_producer(config, servers, spool_dir, spool_max_mib, metrics_at, run)
     click.echo(f"produced {produced} rounds of {len(fleet.gpus)} GPUs", err=True)

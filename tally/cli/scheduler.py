@@ -37,7 +37,9 @@ def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: i
     Ctrl-C or SIGTERM (which stop the local jobs it runs)."""
     from scheduler.api import api_server
     from scheduler.errors import BrokerUnavailable, SchedulerError
-    from scheduler.service import run_service
+    from scheduler.service import ServiceStatus, run_service
+    from tally.health_http import Heartbeat
+    from tally.health_sources import scheduler_probes
     from tally.metrics import TallyMetrics
     from tally.scheduling import api_url, build_dispatcher, load_tokens, service_settings
 
@@ -51,7 +53,9 @@ def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: i
     except ConfigError as exc:
         fail(str(exc), Exit.USAGE)
     metrics = TallyMetrics(sections=("scheduler",))
-    start_metrics(metrics, config, "scheduler_port", metrics_port, "scheduler")
+    status, heartbeat = ServiceStatus(), Heartbeat()
+    probes = scheduler_probes(status, heartbeat)
+    start_metrics(metrics, config, "scheduler_port", metrics_port, "scheduler", probes)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s scheduler %(levelname)s %(message)s"))
     logger = logging.getLogger("tally.scheduler")
@@ -82,8 +86,17 @@ def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: i
     def ready() -> None:
         logger.info("scheduler ready; API on %s", api_url(config))
 
+    async def main() -> None:
+        beating = asyncio.create_task(heartbeat.run())
+        try:
+            await run_service(
+                settings, dispatcher, serve, ready=ready, observer=metrics, status=status
+            )
+        finally:
+            beating.cancel()
+
     try:
-        asyncio.run(run_service(settings, dispatcher, serve, ready=ready, observer=metrics))
+        asyncio.run(main())
     except BrokerUnavailable as exc:
         fail(str(exc), Exit.BROKER)
     except OSError as exc:  # the API's address is taken or not ours

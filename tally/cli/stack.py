@@ -1,5 +1,6 @@
 """`tally up` and `tally worker`: the whole stack, and the ledger worker on its own; and how a
-service command starts its Prometheus endpoint (`start_metrics`, shared with the scheduler)."""
+service command starts its Prometheus and health endpoint (`start_metrics`, shared with the
+scheduler)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ from tally.cli.options import (
     load_or_exit,
 )
 from tally.components import NoBrokerError, bootstrap_servers, worker_settings
+from tally.config import ConfigError
 
 if TYPE_CHECKING:
     from tally.config import TallyConfig
+    from tally.health_http import Probes
     from tally.metrics import TallyMetrics
 
 
@@ -37,29 +40,36 @@ def metrics_port_option(
         "--metrics-port",
         type=click.IntRange(0, 65535),
         default=None,
-        help=f"Serve Prometheus metrics at /metrics on this port, 0 for a free one "
-        f"(default: metrics.{key}, when metrics.enabled).",
+        help=f"Serve Prometheus metrics at /metrics (and /healthz, /readyz) on this port, 0 for "
+        f"a free one (default: metrics.{key}, when metrics.enabled).",
     )
 
 
 def start_metrics(
-    metrics: TallyMetrics, config: TallyConfig, key: MetricsPortKey, port: int | None, who: str
+    metrics: TallyMetrics,
+    config: TallyConfig,
+    key: MetricsPortKey,
+    port: int | None,
+    who: str,
+    probes: Probes | None = None,
 ) -> None:
-    """Serve `metrics` on `port` (None: the config's `metrics.<key>`, if enabled) and say where;
-    a port that cannot be listened on ends the command with `Exit.USAGE`, before anything else
-    starts."""
+    """Serve `metrics` (and `probes` at /healthz, /readyz) on `port` (None: the config's
+    `metrics.<key>`, if enabled) at `metrics.<process>_host` and say where; a port that cannot
+    be listened on ends the command with `Exit.USAGE`, before anything else starts."""
     from tally.metrics import MetricsPortError, metrics_url, serve_metrics
 
     section = config.metrics
+    process: Literal["worker", "scheduler"] = "worker" if key == "worker_port" else "scheduler"
     if port is None:
         if not section.enabled:
             return
         port = section.worker_port if key == "worker_port" else section.scheduler_port
+    host = section.host_of(process)
     try:
-        server, _ = serve_metrics(metrics, section.host, port)
+        server, _ = serve_metrics(metrics, host, port, probes)
     except MetricsPortError as exc:
         fail(f"{exc} (metrics.{key} or --metrics-port; 0 picks a free port)", Exit.USAGE)
-    click.echo(f"{who} metrics at {metrics_url(section.host, server.server_port)}", err=True)
+    click.echo(f"{who} metrics at {metrics_url(host, server.server_port)}", err=True)
 
 
 @click.command()
@@ -71,6 +81,10 @@ def up(config_path: str, no_dashboard: bool) -> None:
     from tally.stack import Stack
 
     config = load_or_exit(config_path)
+    try:
+        config.alerts.sink_settings()  # every secret's variable is set, before anything starts
+    except ConfigError as exc:
+        fail(str(exc), Exit.USAGE)
     stack = Stack(config, Path(config_path).resolve(), dashboard=not no_dashboard)
     try:
         code = stack.run()
@@ -99,6 +113,7 @@ def worker(
 
     from streams.kafka import ensure_topics
     from streams.worker import LedgerWorker
+    from tally.health_sources import WorkerHealth
     from tally.metrics import TallyMetrics
 
     config = load_or_exit(config_path)
@@ -107,7 +122,8 @@ def worker(
     except NoBrokerError as exc:
         fail(str(exc), Exit.USAGE)
     metrics = TallyMetrics(config.ledger.data_dir, sections=("worker",))
-    start_metrics(metrics, config, "worker_port", metrics_port, "worker")
+    health = WorkerHealth(config.worker.ready_max_lag)
+    start_metrics(metrics, config, "worker_port", metrics_port, "worker", health.probes())
     try:
         asyncio.run(
             ensure_topics(
@@ -126,6 +142,8 @@ def worker(
     logger.setLevel(logging.INFO)
     logger.propagate = False
     try:
-        LedgerWorker(worker_settings(config, servers), observer=metrics).run(loglevel=log_level)
+        ledger_worker = LedgerWorker(worker_settings(config, servers), observer=metrics)
+        health.attach(ledger_worker)
+        ledger_worker.run(loglevel=log_level)
     except LedgerError as exc:
         fail(str(exc), Exit.LEDGER)

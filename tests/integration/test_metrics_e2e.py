@@ -182,13 +182,14 @@ def test_worker_metrics_endpoint_follows_ingest_and_the_sealed_ledger(broker, tm
     assert lag is not None and lag == pytest.approx(max(0.0, scraped_at - newest), abs=30)
 
 
-BANNER_URL = re.compile(r"(http://\S+/metrics) \((worker|scheduler)\)")
+BANNER_URL = re.compile(r"(http://\S+/metrics) \((worker|scheduler|collector)\)")
 
 
 def test_up_prints_both_metrics_urls_and_serves_them(tmp_path):
     """`tally up` with ports 0: it picks the ports, passes them to its children and prints
     them in its banner; the worker's endpoint counts batches, the scheduler's reports every
-    configured queue."""
+    configured queue; the worker, the scheduler and the collector each turn ready
+    (`/readyz` 200) on the same port."""
     data = pipeline_config(tmp_path, nodes=1)
     data["broker"] = {"mode": "embedded"}
     data["queues"] = [{"name": "dev", "class": "dev"}, {"name": "train", "class": "training"}]
@@ -197,7 +198,7 @@ def test_up_prints_both_metrics_urls_and_serves_them(tmp_path):
         "work_dir": str(tmp_path / "scheduler"),
         "tokens": {"file": str(tmp_path / "scheduler" / "tokens.yaml")},
     }
-    data["metrics"] = {"worker_port": 0, "scheduler_port": 0}
+    data["metrics"] = {"worker_port": 0, "scheduler_port": 0, "collector_port": 0}
     _, path = load(tmp_path, data)
     log_path = tmp_path / "up.log"
     with log_path.open("wb") as log:
@@ -211,7 +212,8 @@ def test_up_prints_both_metrics_urls_and_serves_them(tmp_path):
     try:
         wait_until(lambda: "Tally is up" in log_path.read_text(), 60, "the banner")
         urls = {who: url for url, who in BANNER_URL.findall(log_path.read_text())}
-        assert set(urls) == {"worker", "scheduler"} and urls["worker"] != urls["scheduler"]
+        assert set(urls) == {"worker", "scheduler", "collector"}
+        assert len(set(urls.values())) == 3
         assert all(":0/" not in url for url in urls.values())
 
         def served(url: str, name: str, **labels: str) -> float | None:
@@ -235,6 +237,19 @@ def test_up_prints_both_metrics_urls_and_serves_them(tmp_path):
             )
         scheduler = scrape(urls["scheduler"])
         assert not [k for k in scheduler if k[0].startswith(("tally_worker", "tally_ledger"))]
+        for who, url in urls.items():
+            base = url.removesuffix("/metrics")
+
+            def ready(base: str = base) -> bool:
+                try:
+                    return requests.get(f"{base}/readyz", timeout=5).status_code == 200
+                except requests.RequestException:
+                    return False
+
+            wait_until(ready, 60, f"the {who} to be ready")
+            body = requests.get(f"{base}/readyz", timeout=5).json()
+            assert body["status"] == "ready" and all(c["ok"] for c in body["checks"].values())
+            assert requests.get(f"{base}/healthz", timeout=5).json()["status"] == "alive"
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(60)

@@ -1,5 +1,7 @@
 """Configuration validation: a bad file fails with the file, the field and the problem."""
 
+from pathlib import Path
+
 import pytest
 
 from tally.config import ConfigError, load_config, parse_config
@@ -134,7 +136,85 @@ def test_yaml_float_price_is_read_from_its_text(tmp_path):
     assert config.prices[0].per_gpu_hour == 2_350_000
 
 
-def test_relative_data_dir_resolves_against_the_working_directory(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("section", "field", "value", "read"),
+    [
+        pytest.param(
+            "ledger", "data_dir", "led", lambda c: c.ledger.data_dir, id="ledger-data-dir"
+        ),
+        pytest.param(
+            "ledger", "data_dir", "../up/led", lambda c: c.ledger.data_dir, id="data-dir-upwards"
+        ),
+        pytest.param(
+            "scheduler",
+            "work_dir",
+            "sched",
+            lambda c: c.scheduler.work_dir,
+            id="scheduler-work-dir",
+        ),
+        pytest.param(
+            "scheduler",
+            "tokens",
+            {"file": "secret/tokens.yaml"},
+            lambda c: c.scheduler.tokens.file,
+            id="tokens-file",
+        ),
+    ],
+)
+def test_relative_paths_resolve_against_the_config_files_directory(
+    tmp_path, monkeypatch, section, field, value, read
+):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    conf_dir = tmp_path / "etc" / "tally"
+    conf_dir.mkdir(parents=True)
+    path = write_config(conf_dir / "c.yaml", a_config_dict(**{section: {field: value}}))
+    relative = value["file"] if isinstance(value, dict) else value
+    expected = (conf_dir / relative).resolve()
+    assert read(load_config(path)) == expected
+    # the same file named by a relative path from another directory means the same paths
+    monkeypatch.chdir(conf_dir)
+    assert read(load_config("c.yaml")) == expected
+
+
+def test_absolute_paths_stay_and_a_dict_config_resolves_against_the_working_directory(tmp_path):
+    absolute = tmp_path / "abs" / "led"
+    path = write_config(tmp_path / "c.yaml", a_config_dict(ledger={"data_dir": str(absolute)}))
+    assert load_config(path).ledger.data_dir == absolute
+    from_dict = parse_config(a_config_dict(ledger={"data_dir": "led"}))
+    assert from_dict.ledger.data_dir == Path("led")  # relative: to the current directory
+
+
+def test_the_example_keeps_its_data_under_the_repository_whatever_the_directory(
+    tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
-    path = write_config(tmp_path / "c.yaml", a_config_dict(ledger={"data_dir": "led"}))
-    assert load_config(path).ledger.data_dir == tmp_path.resolve() / "led"
+    config = load_config(REPO / "deploy/examples/tally.yaml")
+    assert config.ledger.data_dir == REPO.resolve() / ".tally" / "data"
+    assert config.scheduler.tokens.file == REPO.resolve() / ".tally/scheduler/tokens.yaml"
+
+
+@pytest.mark.parametrize(
+    ("metrics", "process", "host"),
+    [
+        pytest.param({}, "collector", "127.0.0.1", id="default-loopback"),
+        pytest.param({"host": "10.0.0.5"}, "collector", "10.0.0.5", id="shared-host"),
+        pytest.param(
+            {"host": "10.0.0.5", "collector_host": "0.0.0.0"},
+            "collector",
+            "0.0.0.0",
+            id="collector-own-host",
+        ),
+        pytest.param({"collector_host": "0.0.0.0"}, "worker", "127.0.0.1", id="others-unchanged"),
+    ],
+)
+def test_each_process_binds_its_own_metrics_host_or_the_shared_one(metrics, process, host):
+    assert parse_config(a_config_dict(metrics=metrics)).metrics.host_of(process) == host
+
+
+def test_two_processes_cannot_share_a_metrics_port():
+    with pytest.raises(ConfigError, match="worker_port and collector_port must differ"):
+        parse_config(a_config_dict(metrics={"collector_port": 9464}), "t.yaml")
+    zeros = {"worker_port": 0, "scheduler_port": 0, "collector_port": 0, "alerts_port": 0}
+    assert parse_config(a_config_dict(metrics=zeros)).metrics.port_of("alerts") == 0

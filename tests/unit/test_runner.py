@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import replace
 from types import SimpleNamespace
@@ -21,7 +20,7 @@ from aiokafka.errors import (
 
 import collectors.producer as producer_module
 from collectors.errors import ProducerError
-from collectors.metrics import CollectorMetrics, ErrorKind, MetricsServer
+from collectors.metrics import CollectorMetrics, ErrorKind
 from collectors.nvml import RoundResult
 from collectors.producer import SampleProducer
 from collectors.runner import run_rounds
@@ -217,19 +216,6 @@ def test_with_a_spool_an_unreachable_broker_means_spooling(tmp_path):
 
 def _envelopes(samples) -> list[Envelope]:
     return [envelope_for(s, "sim://node-01") for s in samples]
-
-
-def test_the_metrics_endpoint_serves_the_collectors_registry_and_stops():
-    metrics = CollectorMetrics()
-    metrics.samples_read.inc(3)
-    metrics.error(ErrorKind.SEND)
-    with MetricsServer(metrics, port=0) as server:
-        body = urllib.request.urlopen(server.url, timeout=5).read().decode()
-    assert "tally_collector_samples_read_total 3.0" in body
-    assert 'tally_collector_errors_total{kind="send"} 1.0' in body
-    assert 'tally_collector_errors_total{kind="read"} 0.0' in body
-    with MetricsServer(metrics, port=server.port):  # the port was freed
-        pass
 
 
 # ---------------------------------------------------------------------------- a fake broker

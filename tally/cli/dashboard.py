@@ -1,0 +1,44 @@
+"""`tally dashboard`: the Streamlit dashboard of a configuration's ledger on its own, as
+`tally up` starts it (`tally.stack.dashboard_command`), until Ctrl-C or SIGTERM.
+
+The command becomes Streamlit (exec), so signals reach the server itself and its exit status is
+the command's. Exit 4 (`no ledger at PATH`) when the data directory holds no ledger: a typo
+must not show an empty dashboard.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from tally.cli.options import config_option, load_or_exit, require_ledger
+
+
+@click.command()
+@config_option
+@click.option(
+    "--host", default=None, help="Address to serve on (default: dashboard.host of the config)."
+)
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Port to serve on (default: dashboard.port of the config).",
+)
+def dashboard(config_path: str, host: str | None, port: int | None) -> None:
+    """Serve the Streamlit dashboard for the config's ledger until Ctrl-C (health check at
+    /_stcore/health)."""
+    from tally.stack import dashboard_command, ledger_env
+
+    config = load_or_exit(config_path)
+    require_ledger(config.ledger.data_dir)
+    argv = dashboard_command(config, host, port)
+    env = dict(os.environ, **ledger_env(config, Path(config_path).resolve()))
+    address = host or config.dashboard.host
+    click.echo(f"dashboard at http://{address}:{port or config.dashboard.port}", err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(argv[0], argv, env)
