@@ -419,10 +419,19 @@ class LedgerWorker:
                 "sealed %d segments, compacted into %d", len(result.sealed), len(result.compacted)
             )
 
-    def run(self, loglevel: str = "warn") -> None:
-        """Recover (seal what a previous run committed), then run until stopped."""
+    def run(self, loglevel: str = "warn", logging_config: dict[str, Any] | None = None) -> None:
+        """Recover (seal what a previous run committed), then run until stopped. `loglevel` is
+        Faust's (crit|error|warn|info|debug); `logging_config` (a `logging.config.dictConfig`)
+        replaces Faust's own logging setup when given."""
         self.store.seal(self.settings.compact_below_rows, self.settings.compact_min_segments)
-        worker = faust.Worker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+        worker = faust.Worker(
+            self.app,
+            loglevel=loglevel,
+            logging_config=logging_config,
+            quiet=True,
+            redirect_stdouts=False,
+        )
+        worker.spinner = None  # it would re-level the root handler and draw on a terminal
         try:
             worker.execute_from_commandline()
         finally:

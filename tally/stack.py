@@ -12,6 +12,9 @@ start is a new broker incarnation, which the worker recognises).
 Metrics (`metrics:`): before anything starts, the worker's and the scheduler's ports are checked
 (a port in use raises `tally.metrics.MetricsPortError`) and a port 0 becomes a free one; each
 child is given its port (`--metrics-port`), so a restarted child serves where the banner says.
+
+Every child is given `up`'s `--log-level` (the dashboard as Streamlit's `--logger.level`); a data
+directory without a ledger gets a new one (the worker creates it), and the banner says so.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 
 import click
 
+from ledger.store.layout import has_ledger
 from streams.kafka import ensure_topics
 from tally.broker import EmbeddedBroker
 from tally.components import BOOTSTRAP_ENV
@@ -48,10 +52,18 @@ class Child:
 
 
 class Stack:
-    def __init__(self, config: TallyConfig, config_path: Path, dashboard: bool = True) -> None:
+    def __init__(
+        self,
+        config: TallyConfig,
+        config_path: Path,
+        dashboard: bool = True,
+        log_level: str = "info",
+    ) -> None:
         self.config = config
         self.config_path = config_path
         self.dashboard = dashboard
+        self.log_level = log_level
+        self.new_ledger = not has_ledger(config.ledger.data_dir)
         self.run_dir = config.ledger.data_dir.parent / "run"
         self.broker: EmbeddedBroker | None = None
         self.children: list[Child] = []
@@ -79,24 +91,22 @@ class Stack:
 
     def _children(self) -> list[Child]:
         py = sys.executable
-        cfg = str(self.config_path)
+        cfg = ("--config", str(self.config_path), "--log-level", self.log_level)
         logs = self.run_dir
         children = [
             Child(
                 "worker",
-                [py, "-m", "tally", "worker", "--config", cfg, *self._metrics_args("worker")],
+                [py, "-m", "tally", "worker", *cfg, *self._metrics_args("worker")],
                 logs / "worker.log",
             ),
-            Child(
-                "collector", [py, "-m", "tally", "collect", "--config", cfg], logs / "collector.log"
-            ),
+            Child("collector", [py, "-m", "tally", "collect", *cfg], logs / "collector.log"),
         ]
         if self.config.scheduler.enabled:
             children.append(
                 Child(
                     "scheduler",
                     [
-                        *(py, "-m", "tally", "scheduler", "run", "--config", cfg),
+                        *(py, "-m", "tally", "scheduler", "run", *cfg),
                         *self._metrics_args("scheduler"),
                     ],
                     logs / "scheduler.log",
@@ -106,7 +116,7 @@ class Stack:
             children.append(
                 Child(
                     "alerts",
-                    [py, "-m", "tally", "alerts", "run", "--config", cfg],
+                    [py, "-m", "tally", "alerts", "run", *cfg],
                     logs / "alerts.log",
                 )
             )
@@ -132,6 +142,8 @@ class Stack:
                         "true",
                         "--browser.gatherUsageStats",
                         "false",
+                        "--logger.level",
+                        self.log_level,
                     ],
                     logs / "dashboard.log",
                 )
@@ -214,7 +226,8 @@ class Stack:
         for i, (name, port) in enumerate(self.metrics_ports.items()):
             url = metrics_url(self.config.metrics.host, port)
             click.echo(f"  {'metrics' if i == 0 else '':<11} {url} ({name})")
-        click.echo(f"  ledger      {self.config.ledger.data_dir}")
+        new = " (new: there was no ledger; the worker creates it)" if self.new_ledger else ""
+        click.echo(f"  ledger      {self.config.ledger.data_dir}{new}")
         click.echo(f"  logs        {self.run_dir}/*.log")
         click.echo(f"  try         tally report cost --by team --config {self.config_path}")
         if self.config.scheduler.enabled and self.config.queues:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import sys
 
 import click
 
 from tally.alerts_config import AlertsConfig
-from tally.cli.options import Exit, bootstrap_option, config_option, fail
+from tally.cli.logs import configure_logging
+from tally.cli.options import Exit, bootstrap_option, config_option, fail, log_level_option
 from tally.config import ConfigError, TallyConfig, load_config
 
 
@@ -64,8 +64,13 @@ def test(config_path: str) -> None:
     help="Serve Prometheus metrics on this port at /metrics (default: none).",
 )
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@log_level_option
 def run(
-    config_path: str, bootstrap: str | None, metrics_port: int | None, metrics_host: str
+    config_path: str,
+    bootstrap: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
+    log_level: str,
 ) -> None:
     """Deliver alerts from the alerts topic to every sink until Ctrl-C.
 
@@ -85,12 +90,7 @@ def run(
         servers = bootstrap_servers(config, bootstrap)
     except NoBrokerError as exc:
         fail(str(exc), Exit.USAGE)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s alerts %(levelname)s %(message)s"))
-    logger = logging.getLogger("tally.alerts")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+    configure_logging("alerts", log_level)
     metrics = TallyMetrics(config.ledger.data_dir)
     if metrics_port is not None:
         server, _ = serve_metrics(metrics, metrics_host, metrics_port)

@@ -14,12 +14,14 @@ from typing import Any
 import click
 import orjson
 
+from tally.cli.logs import configure_logging
 from tally.cli.options import (
     Exit,
     bootstrap_option,
     config_option,
     fail,
     load_or_exit,
+    log_level_option,
 )
 from tally.components import NoBrokerError, bootstrap_servers, simulated_fleet
 from tally.config import TallyConfig
@@ -101,6 +103,7 @@ SOURCES = ("auto", "nvml", "dcgm", "sim")
     help="dcgm: CA bundle to verify the exporter's TLS certificate.",
 )
 @click.option("--insecure", is_flag=True, help="dcgm: do not verify TLS certificates.")
+@log_level_option
 def collect(
     config_path: str,
     bootstrap: str | None,
@@ -121,6 +124,7 @@ def collect(
     basic_auth_password_env: str,
     ca_bundle: str | None,
     insecure: bool,
+    log_level: str,
 ) -> None:
     """Run a collector and send its samples to the samples topic.
 
@@ -128,6 +132,7 @@ def collect(
     While the broker is unreachable, samples go to a disk spool and are replayed in order.
     """
     config = load_or_exit(config_path)
+    configure_logging("collector", log_level)
     interval = interval_s or config.sampling.interval_s
     node = node or socket.gethostname()
     if source == "auto":
