@@ -32,16 +32,18 @@ def faust_loglevel(level: str) -> str:
 
 def logging_config(component: str, level: str) -> dict[str, Any]:
     """The `logging.config.dictConfig` of a long-running command named `component`; Faust's
-    worker is handed the same one, so its records look like everyone else's."""
+    worker is handed the same one, so its records look like everyone else's. One handler, on
+    the root logger; `tally` records reach it whatever the root's own level (a logger's level
+    filters only the records it is asked to log)."""
     formatter = {"format": LOG_FORMAT.format(component=component)}
     handler = {"class": "logging.StreamHandler", "stream": "ext://sys.stderr", "formatter": "line"}
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"line": formatter},
-        "handlers": {"tally": dict(handler), "libraries": dict(handler)},
-        "loggers": {"tally": {"level": level.upper(), "handlers": ["tally"], "propagate": False}},
-        "root": {"level": library_level(level), "handlers": ["libraries"]},
+        "handlers": {"stderr": handler},
+        "loggers": {"tally": {"level": level.upper(), "propagate": True}},
+        "root": {"level": library_level(level), "handlers": ["stderr"]},
     }
 
 

@@ -28,18 +28,6 @@ LONG_RUNNING = {
 }
 
 
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """A command run in this process configures logging: put it back for the next test."""
-    root, tally = logging.getLogger(), logging.getLogger("tally")
-    saved = (root.handlers[:], root.level, tally.handlers[:], tally.level, tally.propagate)
-    try:
-        yield
-    finally:
-        root.handlers[:], root.level = saved[0], saved[1]
-        tally.handlers[:], tally.level, tally.propagate = saved[2], saved[3], saved[4]
-
-
 def _command(path: list[str]) -> click.Command:
     command: click.Command = cli
     for name in path:
@@ -113,9 +101,7 @@ def test_an_invalid_level_is_a_usage_error(command, where):
         pytest.param("ERROR", logging.ERROR, logging.ERROR, id="ERROR"),
     ],
 )
-def test_a_level_in_any_case_sets_tally_and_the_libraries(
-    tmp_path, restore_logging, given, tally_level, libraries
-):
+def test_a_level_in_any_case_sets_tally_and_the_libraries(tmp_path, given, tally_level, libraries):
     config = write_config(tmp_path / "tally.yaml", a_config_dict())
     result = CliRunner().invoke(
         cli, ["collect", "--source", "sim", "--once", "--config", str(config), "--log-level", given]
@@ -151,9 +137,10 @@ def test_every_component_logs_in_one_format(component):
     record = logging.LogRecord("tally.x", logging.INFO, __file__, 1, "hello %s", ("you",), None)
     line = logging.Formatter(config["formatters"]["line"]["format"]).format(record)
     assert line.endswith(f" {component} INFO tally.x: hello you")
-    handlers = config["handlers"]
-    assert {h["stream"] for h in handlers.values()} == {"ext://sys.stderr"}
-    assert {h["formatter"] for h in handlers.values()} == {"line"}
+    (handler,) = config["handlers"].values()  # one, on the root: tally records propagate to it
+    assert (handler["stream"], handler["formatter"]) == ("ext://sys.stderr", "line")
+    assert config["root"]["handlers"] == list(config["handlers"])
+    assert config["loggers"]["tally"]["propagate"] is True
 
 
 # --------------------------------------------------------------------- tally up passes it on
