@@ -9,7 +9,8 @@ Exit codes (stable; scripts may rely on them):
    70  an internal error (a bug): one line on stderr says where the traceback is
   130  interrupted (Ctrl-C)
   141  stdout was closed before the output was all written (`tally report cost | head -1`):
-       the rest is dropped quietly, no traceback, as a Unix tool killed by SIGPIPE (128 + 13)
+       the rest is dropped quietly, no traceback, as a Unix tool killed by SIGPIPE (128 + 13);
+       0 when the reader left mid-way through the last write (Python does not report that)
 
 No command imports Faust (`streams.worker`) unless it runs the worker: importing Faust parses
 the process's argv for its own options, and a job command's `-L` is not Faust's.
