@@ -18,6 +18,8 @@ import pytest
 
 from collectors.producer import SampleProducer
 from collectors.spool import Spool
+from collectors.undeliverable import FILE_NAME as UNDELIVERABLE_FILE
+from collectors.undeliverable import read_undeliverable
 from ledger.events import envelope_for
 from ledger.job_events import JobWaiting, WaitReason
 from scheduler.jobs_topic import job_message
@@ -64,7 +66,7 @@ def test_the_scheduler_publisher_refuses_one_message_and_sends_the_others(broker
     assert {(m.partition, m.offset) for m in on_topic} == {placed[0], placed[2]}
 
 
-def test_the_collector_drops_a_refused_message_once_and_delivers_the_rest(broker, tmp_path):
+def test_the_collector_records_a_refused_message_once_and_delivers_the_rest(broker, tmp_path):
     create_topics(broker.bootstrap, ["samples"], partitions=1)
     huge = a_sample(gpu_uuid="GPU-huge", node="n" * (3 << 20))  # over the client's 2 MiB
     valid = [a_sample(gpu_uuid=f"GPU-{i}", sample_time_us=T0_US + INTERVAL_US) for i in range(3)]
@@ -84,6 +86,9 @@ def test_the_collector_drops_a_refused_message_once_and_delivers_the_rest(broker
     assert producer.metrics.value("samples_dropped_total", reason="rejected") == 1
     assert producer.metrics.value("samples_sent_total") == 3
     assert producer.pending() == 0 and spool.records == 0
+    (refused,) = read_undeliverable(tmp_path / "spool" / UNDELIVERABLE_FILE)
+    assert (refused["topic"], refused["key"], refused["samples"]) == ("samples", "GPU-huge", 1)
+    assert int(str(refused["bytes"])) > 3 << 20 and len(str(refused["value_start"])) <= 2048
 
     async def read() -> list[str]:
         from aiokafka import AIOKafkaConsumer
