@@ -17,6 +17,7 @@ producer that carries samples to Kafka.
     producer         SampleProducer: buffering, flushing, spooling and replay
     kafka            the aiokafka adapter (idempotence on tansu, error families)
     spool            the on-disk spool that keeps samples while the broker is away
+    undeliverable    the record of messages the broker refused for their content
     metrics          the collector's own health as Prometheus metrics on /metrics
     errors           CollectorError ← NvmlUnavailableError, DcgmScrapeError, SpoolError, …
 """

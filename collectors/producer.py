@@ -19,6 +19,10 @@ Delivery:
   the spool only after the broker acknowledged it. Anything resent (a crash mid-replay, an
   acknowledgement lost with the connection) is the same event again: ids are content-derived
   and the ledger drops duplicate ids, so at-least-once delivery is enough.
+- A message the broker (or the client, over `max_request_size`) refuses for its content (too
+  large, corrupt) is never sent again nor spooled: it is dropped, counted
+  (`tally_collector_samples_dropped_total{reason="rejected"}`) and recorded in
+  `undeliverable.jsonl` beside the spool (`collectors.undeliverable`); the others go on.
 
 The aiokafka side (the producer's settings, the InitProducerId v3 workaround for tansu, closing
 a producer whose broker is gone, which errors mean what) is `collectors.kafka`'s. A broker that
@@ -35,6 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -51,6 +56,8 @@ from collectors.kafka import (
 )
 from collectors.metrics import CollectorMetrics, ErrorKind
 from collectors.spool import DropReason, Spool, SpoolRecord
+from collectors.undeliverable import FILE_NAME as UNDELIVERABLE_FILE
+from collectors.undeliverable import record_undeliverable
 from ledger.events import SampleEnvelope, encode_batch
 
 log = logging.getLogger("tally.collector.producer")
@@ -93,6 +100,7 @@ class SampleProducer:
         max_message_bytes: int = 900_000,
         *,
         spool: Spool | None = None,
+        undeliverable: Path | None = None,
         metrics: CollectorMetrics | None = None,
         compression: str | None = "gzip",
         idempotence: bool = True,
@@ -116,6 +124,9 @@ class SampleProducer:
         self.max_message_bytes = max_message_bytes
         self.compression = compression
         self.spool = spool
+        if undeliverable is None and spool is not None:
+            undeliverable = spool.directory / UNDELIVERABLE_FILE
+        self.undeliverable = undeliverable
         self.metrics = metrics or CollectorMetrics()
         self.send_timeout_s = send_timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -415,6 +426,14 @@ class SampleProducer:
             return _Outcome.REJECTED
         return _Outcome.UNSENT
 
+    def _record_refused(self, message: SpoolRecord) -> None:
+        if self.undeliverable is None:
+            return
+        try:
+            record_undeliverable(self.undeliverable, message, "refused for its content")
+        except OSError as exc:
+            log.error("cannot record the refused message in %s: %s", self.undeliverable, exc)
+
     def _settle(
         self, messages: Sequence[SpoolRecord], outcomes: Sequence[_Outcome], *, replay: bool
     ) -> int:
@@ -429,12 +448,14 @@ class SampleProducer:
             elif outcome is _Outcome.REJECTED:
                 log.error(
                     "the broker refused a %d-byte message for %s (%d samples) for its content "
-                    "(too large or corrupt): dropped",
+                    "(too large or corrupt): dropped%s",
                     len(message.value),
                     message.topic,
                     message.samples,
+                    f", recorded in {self.undeliverable}" if self.undeliverable else "",
                 )
                 self._count_drop(Loss.REJECTED, message.samples)
+                self._record_refused(message)
         self.sent_samples += acked
         if replay:
             self.replayed_samples += acked

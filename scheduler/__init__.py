@@ -33,6 +33,8 @@ API, the CLI and the Kafka wiring plug in through the Protocols in `scheduler.po
     hold_acks    the scheduler's holds until the ledger acknowledges them (counted once)
     jobs_topic   the scheduler's `jobs` messages: encoding, `tally-seq`, replay order
     work_store   jobs' commands and local runs' process groups under `work_dir`
+    undeliverable  `jobs` messages the broker refused for their content, one line each in
+                 `work_dir`
     kafka        the service's Kafka adapters: replay reader, publisher, balances/alerts feeds
     api          the HTTP API with per-team bearer tokens
     errors       SchedulerError ← ConfigError, StateError, ExecutorError, ServiceError, …

@@ -51,7 +51,8 @@ class BrokerUnavailable(ServiceError):
 
 class MessageRefused(ServiceError):
     """Kafka refused a message for its content (too large, corrupt): sending it again cannot
-    succeed, so it is not retried; the service stays up and the message waits in the outbox."""
+    succeed. The publisher says which message instead (`scheduler.ports.Refused`), so the
+    service sets that one aside; this is raised by the other Kafka calls only."""
 
 
 class RejectKind(StrEnum):

@@ -10,7 +10,8 @@
 
 aiokafka's errors (and socket errors) become `BrokerUnavailable` in one place, `_kafka`, or
 `MessageRefused` when the broker refused a message for its content (`streams.kafka.
-content_refusal`: resending cannot help); nothing else of aiokafka's escapes this module.
+content_refusal`: resending cannot help); the publisher answers such a refusal with `Refused`
+in the message's slot instead (`scheduler.ports`). Nothing else of aiokafka's escapes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ledger.excerpts import bounded
 from scheduler.dispatcher import Dispatcher
 from scheduler.errors import BrokerUnavailable, MessageRefused
 from scheduler.jobs_topic import Consumed, Outgoing, seq_of
+from scheduler.ports import Placement, Refused
 
 if TYPE_CHECKING:
     from scheduler.service import ServiceSettings
@@ -80,9 +82,14 @@ class KafkaPublisher:
     """Sends `jobs` messages in order and waits for every acknowledgement. Not an idempotent
     producer (tansu needs a newer InitProducerId than aiokafka sends): a retried send may land
     twice, which is harmless — a replay skips a repeated `tally-seq`, the ledger drops a
-    repeated event id."""
+    repeated event id.
 
-    def __init__(self, settings: ServiceSettings) -> None:
+    A message refused for its content is `Refused` in its slot and the others are still sent:
+    the client refuses one over `max_request_size` before sending it; a broker refuses a whole
+    batch, so each message of a refused batch is sent again alone, and only one refused alone
+    is `Refused` (those land after the rest of the call)."""
+
+    def __init__(self, settings: ServiceSettings, max_request_size: int = 1 << 20) -> None:
         from aiokafka import AIOKafkaProducer
 
         self.topic = settings.jobs_topic
@@ -91,6 +98,7 @@ class KafkaPublisher:
             client_id=f"{settings.client_id}-scheduler",
             acks="all",
             request_timeout_ms=10_000,
+            max_request_size=max_request_size,
         )
 
     async def start(self) -> None:
@@ -100,16 +108,61 @@ class KafkaPublisher:
         with contextlib.suppress(Exception):
             await self.producer.stop()
 
-    async def publish(self, messages: Sequence[Outgoing]) -> list[tuple[int, int]]:
-        async def send() -> list[tuple[int, int]]:
-            futures = [
-                await self.producer.send(self.topic, m.value, key=m.key, headers=m.headers)
-                for m in messages
-            ]
-            metadata = await asyncio.gather(*futures)
-            return [(md.partition, md.offset) for md in metadata]
+    async def publish(self, messages: Sequence[Outgoing]) -> list[Placement]:
+        return await _kafka(f"publishing to {self.topic}", self._publish(messages))
 
-        return await _kafka(f"publishing to {self.topic}", send())
+    async def _send(self, message: Outgoing) -> asyncio.Future[Any] | Refused:
+        """Hand `message` to the producer: its acknowledgement, or `Refused` by the client."""
+        from aiokafka.errors import KafkaError
+
+        try:
+            ack: asyncio.Future[Any] = await self.producer.send(
+                self.topic, message.value, key=message.key, headers=message.headers
+            )
+        except KafkaError as exc:
+            return _refused(exc)
+        return ack
+
+    async def _publish(self, messages: Sequence[Outgoing]) -> list[Placement]:
+        sent = [await self._send(m) for m in messages]
+        acks = await asyncio.gather(
+            *(s for s in sent if not isinstance(s, Refused)), return_exceptions=True
+        )
+        answers = iter(acks)
+        out: list[Placement] = []
+        again: list[int] = []  # refused with their batch: each is sent alone
+        for i, s in enumerate(sent):
+            answer = s if isinstance(s, Refused) else next(answers)
+            if isinstance(answer, Refused):
+                out.append(answer)
+            elif isinstance(answer, BaseException):
+                _refused(answer)  # raises unless the batch was refused for its content
+                out.append(Refused(""))
+                again.append(i)
+            else:
+                out.append((answer.partition, answer.offset))
+        for i in again:
+            alone = await self._send(messages[i])
+            if isinstance(alone, Refused):
+                out[i] = alone
+                continue
+            try:
+                answer = await alone
+            except Exception as exc:
+                out[i] = _refused(exc)
+            else:
+                out[i] = (answer.partition, answer.offset)
+        return out
+
+
+def _refused(exc: BaseException) -> Refused:
+    """`exc` as `Refused` if it refuses a message for its content; else it is raised again."""
+    from streams.kafka import content_refusal
+
+    refusal = content_refusal(exc)
+    if refusal is None:
+        raise exc
+    return Refused(bounded(f"{type(refusal).__name__}: {refusal}"))
 
 
 async def read_topic(bootstrap: str, topic: str, client_id: str) -> list[Consumed]:

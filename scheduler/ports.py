@@ -26,15 +26,18 @@ Its contract:
 
 The publisher port (`Publisher`; adapters `scheduler.kafka.KafkaPublisher` and the in-memory
 `MemoryPublisher`, below) sends `jobs` messages (`scheduler.jobs_topic`) in order and
-returns once the broker acknowledged every one, with where each landed; when it cannot, it
-raises `BrokerUnavailable` and the caller sends them all again. A message sent twice is
-harmless: a replay skips a repeated `tally-seq`, the ledger drops a repeated event id.
+returns once the broker acknowledged every one, with where each landed — or `Refused`, for a
+message the broker refused for its content (too large, corrupt: sending it again cannot
+succeed), while the others are still sent; when the broker cannot be reached, it raises
+`BrokerUnavailable` and the caller sends them all again. A message sent twice is harmless: a
+replay skips a repeated `tally-seq`, the ledger drops a repeated event id.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -193,31 +196,57 @@ class SchedulerObserver(Protocol):
         """`count` more running jobs of `queue` were preempted (reclaims are not preemptions)."""
         ...
 
+    def scheduler_undeliverable(self, count: int) -> None:
+        """`count` more `jobs` messages were refused by the broker for their content."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The broker refused a message for its content (too large, corrupt): sending it again
+    cannot succeed. `reason` is the broker's (or the client's), bounded."""
+
+    reason: str
+
+
+Placement = tuple[int, int] | Refused  # (partition, offset) where a message landed, or Refused
+
 
 class Publisher(Protocol):
     """Publishes the scheduler's `jobs` messages; see the module's contract."""
 
-    async def publish(self, messages: Sequence[Outgoing]) -> list[tuple[int, int]]:
-        """Send in order and wait for every acknowledgement; (partition, offset) of each."""
+    async def publish(self, messages: Sequence[Outgoing]) -> list[Placement]:
+        """Send in order and wait for every acknowledgement; where each landed, or `Refused`."""
         ...
 
 
 class MemoryPublisher:
     """The `Publisher`'s in-memory fake (tests, and a service run without a broker): keeps
     every message it acknowledged, in order, all in partition 0 at offsets 0, 1, 2, …;
-    `fail_next` makes that many next calls raise `BrokerUnavailable` and keep nothing."""
+    `fail_next` makes that many next calls raise `BrokerUnavailable` and keep nothing; a
+    message for which `refuse` gives a reason is `Refused` with it, as a broker refuses one
+    for its content (too large, corrupt); `offered` counts what each message was sent, by seq."""
 
-    def __init__(self, partitions: int = 1) -> None:
+    def __init__(
+        self, partitions: int = 1, refuse: Callable[[Outgoing], str | None] | None = None
+    ) -> None:
         self.messages: list[Outgoing] = []
         self.partitions = partitions
+        self.refuse = refuse
+        self.offered: Counter[int] = Counter()
         self.fail_next = 0
 
-    async def publish(self, messages: Sequence[Outgoing]) -> list[tuple[int, int]]:
+    async def publish(self, messages: Sequence[Outgoing]) -> list[Placement]:
         if self.fail_next:
             self.fail_next -= 1
             raise BrokerUnavailable("the test broker is down")
-        out = []
+        out: list[Placement] = []
         for m in messages:
+            self.offered[m.seq] += 1
+            reason = None if self.refuse is None else self.refuse(m)
+            if reason is not None:
+                out.append(Refused(reason))
+                continue
             out.append((0, len(self.messages)))
             self.messages.append(m)
         return out

@@ -8,8 +8,9 @@ It is three layers, each testable without the next:
   Every decision is an event applied to the state as it is made and queued, in order, as a
   message for the `jobs` topic (`scheduler.jobs_topic`);
 - `SchedulerService` (here, asyncio): one lock around decide → publish → enact. A decision
-  reaches the executor only after the broker acknowledged its events, so what runs is always
-  on the topic; submit and cancel answer once their events are published;
+  reaches the executor only after the broker acknowledged its events, so what runs is on the
+  topic (unless the broker refused a message for its content: see Errors); submit and cancel
+  answer once their events are published;
 - `run_service` (here): the Kafka adapters (`scheduler.kafka`) and the API server around it.
 
 Monitoring goes through the `SchedulerObserver` port (`scheduler.ports`): admissions and
@@ -35,10 +36,13 @@ Restart: the state is rebuilt from the `jobs` topic; the jobs' commands are kept
 with `executor_lost`, retried per their queue. On a clean stop the service stops the local jobs
 it runs the same way.
 
-Errors (`scheduler.errors`): `BrokerUnavailable` when Kafka cannot be reached, `Rejected` for
-requests the scheduler refuses. `MessageRefused` (Kafka refused a message for its content) is
-never retried within a call and never stops the service: it is logged, the message waits in
-the outbox, and the call reports it unpublished.
+Errors (`scheduler.errors`): `BrokerUnavailable` when Kafka cannot be reached (the messages
+wait in the outbox and are sent again), `Rejected` for requests the scheduler refuses. A
+message the broker refuses for its content (the publisher's `Refused`: too large, corrupt) is
+never sent again and never holds up the messages behind it: it leaves the outbox, is recorded
+as undeliverable (`scheduler.undeliverable`, `SchedulerService.undeliverable`, the observer's
+`scheduler_undeliverable`: `tally_scheduler_undeliverable_total`) and logged, and its decision
+is enacted like the others — the topic, and so a replay, will not know it.
 """
 
 from __future__ import annotations
@@ -53,14 +57,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ledger.excerpts import bounded
 from ledger.job_events import JobAdmitted, JobEvent, JobPreempted
 from ledger.units import US_PER_HOUR
 from scheduler.dispatcher import DEFAULT_POLICY, Dispatcher
 from scheduler.errors import BrokerUnavailable, MessageRefused, Rejected, RejectKind
+from scheduler.jobs_topic import Outgoing
 from scheduler.kafka import Feeds, KafkaPublisher, read_topic
 from scheduler.model import Policy
-from scheduler.ports import Publisher, SchedulerObserver
+from scheduler.ports import Publisher, Refused, SchedulerObserver
 from scheduler.records import JobRecord, SubmitRequest
+from scheduler.undeliverable import FILE_NAME as UNDELIVERABLE_FILE
+from scheduler.undeliverable import UndeliverableLog
 
 log = logging.getLogger("tally.scheduler")
 
@@ -100,7 +108,8 @@ class SchedulerService:
     """The asyncio side: one lock around decide → publish → enact, the tick timer, and what the
     API calls.
 
-    Invariant: a decision is enacted only after the broker acknowledged its events. Decisions
+    Invariant: a decision is enacted only after the broker acknowledged its events (or refused
+    one for its content: never retried, it is set aside as undeliverable). Decisions
     whose publication did not finish wait in the dispatcher's outbox, and their enactment in
     `_unenacted`, for the next attempt (each tick tries again); nothing is lost or reordered.
 
@@ -118,10 +127,13 @@ class SchedulerService:
         publish_timeout_s: float = 30.0,
         tick_publish_timeout_s: float = 5.0,
         observer: SchedulerObserver | None = None,
+        undeliverable_log: UndeliverableLog | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.publisher = publisher
         self.observer = observer
+        self.undeliverable_log = undeliverable_log
+        self.undeliverable = 0  # messages the broker refused for their content
         self.cycle_interval_s = cycle_interval_s
         self.publish_timeout_s = publish_timeout_s
         self.tick_publish_timeout_s = tick_publish_timeout_s
@@ -140,7 +152,7 @@ class SchedulerService:
         while pending:
             try:
                 placed = await self.publisher.publish(pending)
-            except MessageRefused as exc:  # resending cannot help: no retry loop, no crash
+            except MessageRefused as exc:  # a publisher that cannot say which: no retry loop
                 self.dispatcher.outbox[:0] = pending
                 log.error("publishing refused (%s); %d message(s) wait", exc, len(pending))
                 return False
@@ -153,10 +165,35 @@ class SchedulerService:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            for message, (partition, offset) in zip(pending, placed, strict=True):
-                self.dispatcher.published(message, partition, offset)
+            for message, placement in zip(pending, placed, strict=True):
+                if isinstance(placement, Refused):
+                    self._undeliverable(message, placement.reason)
+                else:
+                    self.dispatcher.published(message, *placement)
             pending = self.dispatcher.take_outbox()
         return True
+
+    def _undeliverable(self, message: Outgoing, reason: str) -> None:
+        """Set aside a message the broker refused for its content: counted, recorded, logged."""
+        self.undeliverable += 1
+        log.error(
+            "the broker refused jobs message %d (%s, %d bytes): %s; recorded as undeliverable, "
+            "the messages behind it go on",
+            message.seq,
+            type(message.event).__name__,
+            len(message.value),
+            bounded(reason),
+        )
+        try:
+            if self.undeliverable_log is not None:
+                self.undeliverable_log.record(message, reason, self.dispatcher.clock.now_us())
+        except OSError:
+            log.exception("the undeliverable message could not be recorded")
+        try:
+            if self.observer is not None:
+                self.observer.scheduler_undeliverable(1)
+        except Exception:  # monitoring must never stop scheduling
+            log.exception("the scheduler observer failed")
 
     async def _commit(self, events: Sequence[JobEvent], deadline_s: float) -> bool:
         """Publish, then enact `events` and whatever earlier decisions still wait. Executor
@@ -326,6 +363,7 @@ async def run_service(
         cycle_interval_s=settings.cycle_interval_s,
         publish_timeout_s=settings.publish_timeout_s,
         observer=observer,
+        undeliverable_log=UndeliverableLog(settings.work_dir / UNDELIVERABLE_FILE),
     )
     stopping = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()

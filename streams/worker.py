@@ -509,15 +509,24 @@ class LedgerWorker:
                 "sealed %d segments, compacted into %d", len(result.sealed), len(result.compacted)
             )
 
-    def run(self, loglevel: str = "warn") -> None:
-        """Recover (seal what a previous run committed), then run until stopped."""
+    def run(self, loglevel: str = "warn", logging_config: dict[str, Any] | None = None) -> None:
+        """Recover (seal what a previous run committed), then run until stopped. `loglevel` is
+        Faust's (crit|error|warn|info|debug); `logging_config` (a `logging.config.dictConfig`)
+        replaces Faust's own logging setup when given."""
         s = self.settings
         try:
             self._sealed(self.store.seal(s.compact_below_rows, s.compact_min_segments))
         except (SealError, SegmentError) as exc:
             self._seal_failed(exc)
         freeze_startup_objects()
-        worker = faust.Worker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+        worker = faust.Worker(
+            self.app,
+            loglevel=loglevel,
+            logging_config=logging_config,
+            quiet=True,
+            redirect_stdouts=False,
+        )
+        worker.spinner = None  # it would re-level the root handler and draw on a terminal
         try:
             worker.execute_from_commandline()
         finally:

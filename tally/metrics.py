@@ -48,7 +48,9 @@ Metric names (the contract dashboards and alert rules rely on):
   queue, 0 when empty; a preempted or retried job waits again);
 - `tally_scheduler_admissions_total{queue}`, `tally_scheduler_preemptions_total{queue}`
   (counters): decisions as the scheduler makes them (a restart's replay counts none; idle
-  reclaims are not preemptions).
+  reclaims are not preemptions);
+- `tally_scheduler_undeliverable_total` (counter): `jobs` messages the broker refused for their
+  content, recorded in the scheduler's `work_dir/undeliverable.jsonl` and never sent again.
 
 A port that cannot be listened on (in use, not an address of this host) raises
 `MetricsPortError` at start, an `OSError` whose message says which address and why.
@@ -238,6 +240,11 @@ class TallyMetrics:
         self.scheduler_preemptions = Counter(
             "tally_scheduler_preemptions", "Jobs preempted.", ["queue"], registry=r
         )
+        self.scheduler_undeliverable_messages = Counter(
+            "tally_scheduler_undeliverable",
+            "Jobs-topic messages the broker refused for their content, recorded as undeliverable.",
+            registry=r,
+        )
         self.ledger: LedgerCollector | None = None
         if data_dir is not None:
             self.ledger = LedgerCollector(data_dir)
@@ -270,6 +277,9 @@ class TallyMetrics:
 
     def scheduler_queue_length(self, queue: str, length: int) -> None:
         self.scheduler_queue.labels(queue=queue).set(length)
+
+    def scheduler_undeliverable(self, count: int) -> None:
+        self.scheduler_undeliverable_messages.inc(count)
 
     def admitted(self, queue: str, count: int = 1) -> None:
         self.scheduler_admissions.labels(queue=queue).inc(count)

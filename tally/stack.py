@@ -14,6 +14,9 @@ Metrics (`metrics:`): before anything starts, the metrics ports (worker and sche
 and alerts when configured) are checked (a port in use raises `tally.metrics.MetricsPortError`)
 and a port 0 becomes a free one; each child is given its port (`--metrics-port`), so a
 restarted child serves `/metrics`, `/healthz` and `/readyz` where the banner says.
+
+Every child is given `up`'s `--log-level` (the dashboard as Streamlit's `--logger.level`); a data
+directory without a ledger gets a new one (the worker creates it), and the banner says so.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import click
 
+from ledger.store.layout import has_ledger
 from streams.kafka import ensure_topics
 from tally.broker import EmbeddedBroker
 from tally.components import BOOTSTRAP_ENV
@@ -64,11 +68,14 @@ def ledger_env(config: TallyConfig, config_path: Path) -> dict[str, str]:
 
 
 def dashboard_command(
-    config: TallyConfig, host: str | None = None, port: int | None = None
+    config: TallyConfig,
+    host: str | None = None,
+    port: int | None = None,
+    log_level: str = "info",
 ) -> list[str]:
     """The command that serves the Streamlit dashboard on `host:port` (default: the config's
-    `dashboard:`), headless; it reads the ledger named by `ledger_env`. `tally up` runs it as a
-    child, `tally dashboard` in its own place."""
+    `dashboard:`), headless, logging at `log_level`; it reads the ledger named by `ledger_env`.
+    `tally up` runs it as a child, `tally dashboard` in its own place."""
     import dashboard
 
     app = Path(dashboard.__file__).parent / "app.py"
@@ -79,14 +86,23 @@ def dashboard_command(
         *("--server.port", str(port or d.port)),
         *("--server.headless", "true"),
         *("--browser.gatherUsageStats", "false"),
+        *("--logger.level", log_level),
     ]
 
 
 class Stack:
-    def __init__(self, config: TallyConfig, config_path: Path, dashboard: bool = True) -> None:
+    def __init__(
+        self,
+        config: TallyConfig,
+        config_path: Path,
+        dashboard: bool = True,
+        log_level: str = "info",
+    ) -> None:
         self.config = config
         self.config_path = config_path
         self.dashboard = dashboard
+        self.log_level = log_level
+        self.new_ledger = not has_ledger(config.ledger.data_dir)
         self.run_dir = config.ledger.data_dir.parent / "run"
         self.broker: EmbeddedBroker | None = None
         self.children: list[Child] = []
@@ -121,17 +137,17 @@ class Stack:
 
     def _children(self) -> list[Child]:
         py = sys.executable
-        cfg = str(self.config_path)
+        cfg = ("--config", str(self.config_path), "--log-level", self.log_level)
         logs = self.run_dir
         children = [
             Child(
                 "worker",
-                [py, "-m", "tally", "worker", "--config", cfg, *self._metrics_args("worker")],
+                [py, "-m", "tally", "worker", *cfg, *self._metrics_args("worker")],
                 logs / "worker.log",
             ),
             Child(
                 "collector",
-                [py, "-m", "tally", "collect", "--config", cfg, *self._metrics_args("collector")],
+                [py, "-m", "tally", "collect", *cfg, *self._metrics_args("collector")],
                 logs / "collector.log",
             ),
         ]
@@ -140,7 +156,7 @@ class Stack:
                 Child(
                     "scheduler",
                     [
-                        *(py, "-m", "tally", "scheduler", "run", "--config", cfg),
+                        *(py, "-m", "tally", "scheduler", "run", *cfg),
                         *self._metrics_args("scheduler"),
                     ],
                     logs / "scheduler.log",
@@ -151,14 +167,14 @@ class Stack:
                 Child(
                     "alerts",
                     [
-                        *(py, "-m", "tally", "alerts", "run", "--config", cfg),
+                        *(py, "-m", "tally", "alerts", "run", *cfg),
                         *self._metrics_args("alerts"),
                     ],
                     logs / "alerts.log",
                 )
             )
         if self.dashboard:
-            command = dashboard_command(self.config)
+            command = dashboard_command(self.config, log_level=self.log_level)
             children.append(Child("dashboard", command, logs / "dashboard.log"))
         return children
 
@@ -230,7 +246,8 @@ class Stack:
         for i, (name, port) in enumerate(self.metrics_ports.items()):
             url = metrics_url(self.config.metrics.host_of(name), port)
             click.echo(f"  {'metrics' if i == 0 else '':<11} {url} ({name})")
-        click.echo(f"  ledger      {self.config.ledger.data_dir}")
+        new = " (new: there was no ledger; the worker creates it)" if self.new_ledger else ""
+        click.echo(f"  ledger      {self.config.ledger.data_dir}{new}")
         click.echo(f"  logs        {self.run_dir}/*.log")
         click.echo(f"  try         tally report cost --by team --config {self.config_path}")
         if self.config.scheduler.enabled and self.config.queues:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,19 @@ from streams.kafka import ensure_topics
 from tally.broker import EmbeddedBroker
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """A long-running command run in this process (CliRunner) configures logging
+    (`tally.cli.logs`): put the root and `tally` loggers back as they were after each test."""
+    root, tally = logging.getLogger(), logging.getLogger("tally")
+    saved = (root.handlers[:], root.level, tally.handlers[:], tally.level, tally.propagate)
+    try:
+        yield
+    finally:
+        root.handlers[:], root.level = saved[0], saved[1]
+        tally.handlers[:], tally.level, tally.propagate = saved[2], saved[3], saved[4]
 
 
 @pytest.fixture

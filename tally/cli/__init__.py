@@ -8,6 +8,9 @@ Exit codes (stable; scripts may rely on them):
     4  the ledger could not be read or written (or --data-dir holds no ledger)
    70  an internal error (a bug): one line on stderr says where the traceback is
   130  interrupted (Ctrl-C)
+  141  stdout was closed before the output was all written (`tally report cost | head -1`):
+       the rest is dropped quietly, no traceback, as a Unix tool killed by SIGPIPE (128 + 13);
+       0 when the reader left mid-way through the last write (Python does not report that)
 
 No command imports Faust (`streams.worker`) unless it runs the worker: importing Faust parses
 the process's argv for its own options, and a job command's `-L` is not Faust's.
@@ -15,13 +18,14 @@ the process's argv for its own options, and a job command's `-L` is not Faust's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import tempfile
 import time
 import traceback
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -41,7 +45,28 @@ class _Run:
     debug = False
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OutputClosed(Exception):
+    """Stdout's reader went away (a broken pipe): raised past click, which would exit 1."""
+
+
+class _Group(click.Group):
+    """The `tally` group: a write to a closed stdout, while parsing (`--help`) or running a
+    command, becomes `_OutputClosed`, which `main` turns into exit 141."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except BrokenPipeError as exc:
+            raise _OutputClosed from exc
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:
+            raise _OutputClosed from exc
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tally")
 @click.option(
     "--debug",
@@ -92,21 +117,44 @@ def internal_error(exc: BaseException, debug: bool) -> NoReturn:
     sys.exit(int(Exit.INTERNAL))
 
 
-def main() -> None:
-    started = time.monotonic()
+def output_closed() -> int:
+    """What a closed stdout ends in: stdout pointed at /dev/null, so that nothing flushed later
+    (at interpreter exit) fails again, and `Exit.OUTPUT_CLOSED`."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return int(Exit.OUTPUT_CLOSED)
+
+
+def run(started: float) -> int | str | None:
+    """Run the command line; its exit status (`sys.exit` takes it as it is)."""
     _Run.debug = False
     try:
         code = cli.main(standalone_mode=False)
+    except SystemExit as exc:  # a command's `sys.exit(code)` or `fail(...)`
+        return exc.code
+    except (_OutputClosed, BrokenPipeError):
+        return output_closed()
     except click.exceptions.Abort:
         click.echo("interrupted", err=True)
-        sys.exit(int(Exit.INTERRUPTED))
+        return int(Exit.INTERRUPTED)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(int(Exit.USAGE))
+        return int(Exit.USAGE)
     except KeyboardInterrupt:
         click.echo(f"interrupted after {time.monotonic() - started:.0f}s", err=True)
-        sys.exit(int(Exit.INTERRUPTED))
+        return int(Exit.INTERRUPTED)
     except Exception as exc:
         internal_error(exc, _Run.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"))
-    if isinstance(code, int) and code:  # `ctx.exit(code)` returns it without standalone mode
-        sys.exit(code)
+    # `ctx.exit(code)` returns its code without standalone mode
+    return code if isinstance(code, int) else None
+
+
+def main() -> None:
+    code = run(time.monotonic())
+    try:
+        sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe cannot be caught
+    except BrokenPipeError:
+        code = output_closed()
+    sys.exit(code)

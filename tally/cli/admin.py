@@ -23,7 +23,7 @@ from ledger.balances import account_team, budget_statuses
 from ledger.errors import LedgerError
 from ledger.periods import Period
 from ledger.read.balances import sealed_balances
-from ledger.store.layout import SEGMENTS_DIR
+from ledger.store.layout import SEGMENTS_DIR, has_ledger
 from ledger.store.side_files import load_admin_log
 from ledger.units import Unit, format_micros
 from streams.kafka import BrokerError
@@ -35,6 +35,7 @@ from tally.cli.options import (
     fail,
     load_or_exit,
     output_option,
+    require_ledger,
     resolve_data_dir,
     resolve_ledger_dir,
 )
@@ -153,6 +154,12 @@ def admin() -> None:
 @actor_option
 @click.option("--reason", default=None, help="Why (default: `tally admin apply <file>`).")
 @effective_option
+@click.option(
+    "--initial",
+    is_flag=True,
+    help="The first apply, before the worker has created the ledger: plan against an empty "
+    "ledger when the data directory holds none yet (without it, no ledger is exit 4).",
+)
 @dry_run_option
 @output_option
 def apply_config(
@@ -162,6 +169,7 @@ def apply_config(
     actor: str | None,
     reason: str | None,
     effective: str,
+    initial: bool,
     dry_run: bool,
     output: str,
 ) -> None:
@@ -170,7 +178,15 @@ def apply_config(
     revoked because the file no longer names it; a budget changes by a grant of the difference."""
     config = load_or_exit(config_file)
     directory = resolve_data_dir(config_file, data_dir)
-    view = applied_admin(directory)
+    if initial and not has_ledger(directory):
+        click.secho(
+            f"note: no ledger at {directory} yet: planning against an empty one",
+            fg="yellow",
+            err=True,
+        )
+        view = AdminView()
+    else:
+        view = applied_admin(require_ledger(directory))
     plan = plan_admin(
         desired_admin_state(config),
         view,

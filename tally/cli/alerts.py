@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import sys
 
 import click
 
 from tally.alerts_config import AlertsConfig
-from tally.cli.options import Exit, bootstrap_option, config_option, fail
+from tally.cli.logs import configure_logging
+from tally.cli.options import Exit, bootstrap_option, config_option, fail, log_level_option
 from tally.config import ConfigError, TallyConfig, load_config
 
 
@@ -70,8 +70,13 @@ def test(config_path: str) -> None:
     default=None,
     help="Address to serve them on (default: metrics.alerts_host, else metrics.host).",
 )
+@log_level_option
 def run(
-    config_path: str, bootstrap: str | None, metrics_port: int | None, metrics_host: str | None
+    config_path: str,
+    bootstrap: str | None,
+    metrics_port: int | None,
+    metrics_host: str | None,
+    log_level: str,
 ) -> None:
     """Deliver alerts from the alerts topic to every sink until Ctrl-C.
 
@@ -94,12 +99,7 @@ def run(
         servers = bootstrap_servers(config, bootstrap)
     except NoBrokerError as exc:
         fail(str(exc), Exit.USAGE)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s alerts %(levelname)s %(message)s"))
-    logger = logging.getLogger("tally.alerts")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+    configure_logging("alerts", log_level)
     metrics = TallyMetrics(config.ledger.data_dir)
     progress, heartbeat = ConsumerProgress(), Heartbeat()
     if metrics_port is None and config.metrics.enabled:

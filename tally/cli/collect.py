@@ -15,12 +15,14 @@ from typing import Any
 import click
 import orjson
 
+from tally.cli.logs import configure_logging
 from tally.cli.options import (
     Exit,
     bootstrap_option,
     config_option,
     fail,
     load_or_exit,
+    log_level_option,
 )
 from tally.components import NoBrokerError, bootstrap_servers, simulated_fleet
 from tally.config import TallyConfig
@@ -109,6 +111,7 @@ SOURCES = ("auto", "nvml", "dcgm", "sim")
     help="dcgm: CA bundle to verify the exporter's TLS certificate.",
 )
 @click.option("--insecure", is_flag=True, help="dcgm: do not verify TLS certificates.")
+@log_level_option
 def collect(
     config_path: str,
     bootstrap: str | None,
@@ -130,6 +133,7 @@ def collect(
     basic_auth_password_env: str,
     ca_bundle: str | None,
     insecure: bool,
+    log_level: str,
 ) -> None:
     """Run a collector and send its samples to the samples topic.
 
@@ -138,6 +142,7 @@ def collect(
     """
     config = load_or_exit(config_path)
     metrics_at = _metrics_address(config, metrics_port, metrics_host)
+    configure_logging("collector", log_level)
     interval = interval_s or config.sampling.interval_s
     node = node or socket.gethostname()
     if source == "auto":

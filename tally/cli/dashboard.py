@@ -14,11 +14,18 @@ from pathlib import Path
 
 import click
 
-from tally.cli.options import config_option, load_or_exit, require_ledger
+from tally.cli.options import (
+    config_option,
+    data_dir_option,
+    load_or_exit,
+    log_level_option,
+    require_ledger,
+)
 
 
 @click.command()
 @config_option
+@data_dir_option
 @click.option(
     "--host", default=None, help="Address to serve on (default: dashboard.host of the config)."
 )
@@ -28,14 +35,21 @@ from tally.cli.options import config_option, load_or_exit, require_ledger
     default=None,
     help="Port to serve on (default: dashboard.port of the config).",
 )
-def dashboard(config_path: str, host: str | None, port: int | None) -> None:
+@log_level_option
+def dashboard(
+    config_path: str, data_dir: str | None, host: str | None, port: int | None, log_level: str
+) -> None:
     """Serve the Streamlit dashboard for the config's ledger until Ctrl-C (health check at
     /_stcore/health)."""
     from tally.stack import dashboard_command, ledger_env
 
     config = load_or_exit(config_path)
+    if data_dir:
+        config = config.model_copy(
+            update={"ledger": config.ledger.model_copy(update={"data_dir": Path(data_dir)})}
+        )
     require_ledger(config.ledger.data_dir)
-    argv = dashboard_command(config, host, port)
+    argv = dashboard_command(config, host, port, log_level)
     env = dict(os.environ, **ledger_env(config, Path(config_path).resolve()))
     address = host or config.dashboard.host
     click.echo(f"dashboard at http://{address}:{port or config.dashboard.port}", err=True)

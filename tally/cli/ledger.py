@@ -59,7 +59,6 @@ from tally.cli.options import (
     load_or_exit,
     output_option,
     require_ledger,
-    resolve_data_dir,
     resolve_ledger_dir,
 )
 from tally.components import NoBrokerError, bootstrap_servers
@@ -248,7 +247,7 @@ def adjust(
         ]
         if given:
             fail(f"--reverse takes no {', '.join(given)}", Exit.USAGE)
-        directory = resolve_data_dir(config_path, data_dir)
+        directory = resolve_ledger_dir(config_path, data_dir)
         try:
             original = find_sealed_transaction(directory, reverse_txn)
         except (LedgerError, duckdb.Error) as exc:
@@ -286,6 +285,7 @@ def adjust(
             job_id=job_id,
         )
     event = _checked(event)
+    resolve_ledger_dir(config_path, data_dir)  # the ledger to adjust must exist
     echo_events([event], OutputFormat.TABLE)
     if dry_run:
         click.echo("dry run: not sent", err=True)
@@ -320,7 +320,7 @@ def close(
     except ValueError as exc:
         fail(str(exc), Exit.USAGE)
     config = load_or_exit(config_path)
-    view = applied_admin(resolve_data_dir(config_path, data_dir))
+    view = applied_admin(resolve_ledger_dir(config_path, data_dir))
     if month.label in view.closed:
         click.echo(f"{month.label} is already closed")
         return

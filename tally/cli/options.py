@@ -25,6 +25,7 @@ class Exit(IntEnum):
     LEDGER = 4
     INTERNAL = 70
     INTERRUPTED = 130
+    OUTPUT_CLOSED = 141  # stdout closed early (a broken pipe), as SIGPIPE would end a tool
 
 
 def fail(message: str, code: Exit) -> NoReturn:
@@ -89,4 +90,17 @@ output_option = click.option(
     default="table",
     show_default=True,
     help="Output format.",
+)
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_LEVEL_ENV = "TALLY_LOG_LEVEL"
+log_level_option = click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    envvar=LOG_LEVEL_ENV,
+    default="info",
+    show_default=True,
+    show_envvar=True,
+    help="Log Tally's messages at this level and above to stderr; libraries (Faust, aiokafka) "
+    "log warnings and errors only, everything at debug.",
 )

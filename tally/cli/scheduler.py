@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 
 import click
 
 from streams.kafka import BrokerError, ensure_topics
-from tally.cli.options import Exit, bootstrap_option, config_option, fail, load_or_exit
+from tally.cli.logs import configure_logging
+from tally.cli.options import (
+    Exit,
+    bootstrap_option,
+    config_option,
+    fail,
+    load_or_exit,
+    log_level_option,
+)
 from tally.cli.stack import metrics_port_option, start_metrics
 from tally.components import NoBrokerError, bootstrap_servers
 from tally.config import ConfigError
@@ -25,12 +32,7 @@ def scheduler() -> None:
 @scheduler.command("run")
 @config_option
 @bootstrap_option
-@click.option(
-    "--log-level",
-    type=click.Choice(["error", "warning", "info", "debug"]),
-    default="info",
-    show_default=True,
-)
+@log_level_option
 @metrics_port_option("scheduler_port")
 def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: int | None) -> None:
     """Run the scheduler: rebuild from the jobs topic, then schedule and serve the API until
@@ -56,12 +58,8 @@ def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: i
     status, heartbeat = ServiceStatus(), Heartbeat()
     probes = scheduler_probes(status, heartbeat)
     start_metrics(metrics, config, "scheduler_port", metrics_port, "scheduler", probes)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s scheduler %(levelname)s %(message)s"))
+    configure_logging("scheduler", log_level)
     logger = logging.getLogger("tally.scheduler")
-    logger.addHandler(handler)
-    logger.setLevel(log_level.upper())
-    logger.propagate = False
     if tokens.admin is None and not tokens.teams:
         logger.warning("no API tokens are configured: every API call will be refused (401)")
     topics = config.topics

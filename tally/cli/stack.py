@@ -5,6 +5,7 @@ scheduler)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,13 +14,16 @@ from typing import TYPE_CHECKING, Literal
 import click
 
 from ledger.errors import LedgerError
+from ledger.store.layout import has_ledger
 from streams.kafka import BrokerError
+from tally.cli.logs import configure_logging, faust_loglevel
 from tally.cli.options import (
     Exit,
     bootstrap_option,
     config_option,
     fail,
     load_or_exit,
+    log_level_option,
 )
 from tally.components import NoBrokerError, bootstrap_servers, worker_settings
 from tally.config import ConfigError
@@ -75,8 +79,12 @@ def start_metrics(
 @click.command()
 @config_option
 @click.option("--no-dashboard", is_flag=True, help="Do not start the Streamlit dashboard.")
-def up(config_path: str, no_dashboard: bool) -> None:
-    """Run the whole stack: broker, collector, worker and dashboard, until Ctrl-C."""
+@log_level_option
+def up(config_path: str, no_dashboard: bool, log_level: str) -> None:
+    """Run the whole stack: broker, collector, worker and dashboard, until Ctrl-C.
+
+    A data directory without a ledger gets a new one (the worker creates it). --log-level is
+    passed on to every process of the stack."""
     from tally.metrics import MetricsPortError
     from tally.stack import Stack
 
@@ -85,7 +93,10 @@ def up(config_path: str, no_dashboard: bool) -> None:
         config.alerts.sink_settings()  # every secret's variable is set, before anything starts
     except ConfigError as exc:
         fail(str(exc), Exit.USAGE)
-    stack = Stack(config, Path(config_path).resolve(), dashboard=not no_dashboard)
+    configure_logging("up", log_level)
+    stack = Stack(
+        config, Path(config_path).resolve(), dashboard=not no_dashboard, log_level=log_level
+    )
     try:
         code = stack.run()
     except BrokerError as exc:
@@ -98,25 +109,21 @@ def up(config_path: str, no_dashboard: bool) -> None:
 @click.command()
 @config_option
 @bootstrap_option
-@click.option(
-    "--log-level",
-    type=click.Choice(["crit", "error", "warn", "info", "debug"]),
-    default="warn",
-    show_default=True,
-)
+@log_level_option
 @metrics_port_option("worker_port")
 def worker(
     config_path: str, bootstrap: str | None, log_level: str, metrics_port: int | None
 ) -> None:
-    """Run the ledger worker: consume samples, commit postings, seal segments."""
-    import logging
+    """Run the ledger worker: consume samples, commit postings, seal segments.
 
+    A data directory without a ledger gets a new one (the worker's job is to create it)."""
     from streams.kafka import ensure_topics
     from streams.worker import LedgerWorker
     from tally.health_sources import WorkerHealth
     from tally.metrics import TallyMetrics
 
     config = load_or_exit(config_path)
+    logs = configure_logging("worker", log_level)
     try:
         servers = bootstrap_servers(config, bootstrap)
     except NoBrokerError as exc:
@@ -135,15 +142,12 @@ def worker(
         )
     except BrokerError as exc:
         fail(str(exc), Exit.BROKER)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s worker %(levelname)s %(message)s"))
-    logger = logging.getLogger("tally.worker")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+    data_dir = config.ledger.data_dir
+    if not has_ledger(data_dir):
+        logging.getLogger("tally.worker").info("no ledger at %s yet: creating a new one", data_dir)
     try:
         ledger_worker = LedgerWorker(worker_settings(config, servers), observer=metrics)
         health.attach(ledger_worker)
-        ledger_worker.run(loglevel=log_level)
+        ledger_worker.run(loglevel=faust_loglevel(log_level), logging_config=logs)
     except LedgerError as exc:
         fail(str(exc), Exit.LEDGER)

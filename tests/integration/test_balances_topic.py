@@ -49,7 +49,7 @@ def test_balances_topic_carries_the_ledgers_balances_and_remaining_budgets(broke
     samples = rounds(fleet_of(config), 0, 20)  # 20 rounds × 16 GPUs
     asyncio.run(produce(broker.bootstrap, topics.samples, samples[:10], pack=5))
     applied = subprocess.run(
-        tally_command("admin", "apply", str(path), "--bootstrap", broker.bootstrap),
+        tally_command("admin", "apply", str(path), "--initial", "--bootstrap", broker.bootstrap),
         capture_output=True,
         text=True,
         env=child_env(),

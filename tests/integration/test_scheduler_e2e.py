@@ -118,7 +118,7 @@ def test_a_budget_grant_on_the_balances_topic_admits_a_waiting_job(broker, tmp_p
     config, path = load(tmp_path, data)
     topics = config.topics
     asyncio.run(ensure_topics(broker.bootstrap, list(topics.all().values()), 2, [topics.balances]))
-    applied = tally("admin", "apply", str(path), "--bootstrap", broker.bootstrap)
+    applied = tally("admin", "apply", str(path), "--initial", "--bootstrap", broker.bootstrap)
     assert applied.returncode == 0, applied.stderr
 
     worker = WorkerProcess(path, broker.bootstrap, tmp_path / "worker.log").start()

@@ -269,12 +269,14 @@ def test_admin_apply_cli_dry_run_then_nothing_to_change(tmp_path, ledger):
     ids=["missing", "reverse-and-amount", "reverse-unknown", "budget-account", "fraction"],
 )
 def test_ledger_adjust_cli_refuses_bad_requests(tmp_path, args, message):
+    DuckDBStore(tmp_path).close()  # a fresh ledger, as the worker creates it
     result = CliRunner().invoke(cli, ["ledger", "adjust", *args, "--data-dir", str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert message in result.output
 
 
 def test_ledger_adjust_cli_dry_run(tmp_path):
+    DuckDBStore(tmp_path).close()
     result = CliRunner().invoke(
         cli,
         [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -151,10 +153,50 @@ def test_running_a_command_does_not_import_faust(args):
 # ------------------------------------------------------------ a --data-dir with no ledger
 
 
+# Every `tally` command, by what it does with a ledger (the README's table, "Exit codes"):
+#   reads:   reads or changes an existing ledger; no ledger at --data-dir is exit 4
+#   creates: its job is to create the ledger when there is none, and it says so
+#   none:    never opens a ledger
+LEDGER_USE: dict[str, str] = {
+    "admin apply": "reads",  # the admin state applied so far (--initial: none yet is fine)
+    "alerts run": "none",  # its delivery log lives under the data dir, created if missing
+    "alerts test": "none",
+    "collect": "none",
+    "config check": "none",
+    "dashboard": "reads",  # exit 4 at once; on a ledger it runs Streamlit (test_dashboard_command)
+    "export focus": "reads",
+    "job cancel": "none",
+    "job explain": "none",
+    "job list": "none",
+    "job show": "none",
+    "job submit": "none",
+    "ledger adjust": "reads",  # --reverse reads the transaction; the adjusted ledger must exist
+    "ledger close": "reads",  # the periods closed so far
+    "ledger rebuild": "reads",
+    "ledger seal": "reads",
+    "ledger verify": "reads",
+    "queue list": "none",
+    "report balances": "reads",
+    "report cost": "reads",
+    "report idle": "reads",
+    "report refused": "reads",
+    "report statement": "reads",
+    "scheduler run": "none",
+    "up": "creates",  # through the worker it starts; its banner says so
+    "worker": "creates",  # tests/integration/test_worker_new_ledger.py
+}
+
+ADJUSTMENT = [
+    *("--account", "consumer:vision/detection", "--amount", "-1.00", "--unit", "money"),
+    *("--period", "2026-11", "--reason", "credit"),
+]
 LEDGER_COMMANDS: dict[str, list[str]] = {
     "ledger verify": ["ledger", "verify"],
     "ledger seal": ["ledger", "seal"],
     "ledger rebuild": ["ledger", "rebuild", "--config", "{config}"],
+    "ledger adjust": ["ledger", "adjust", *ADJUSTMENT, "--dry-run"],
+    "ledger close": ["ledger", "close", "2026-10", "--dry-run"],
+    "admin apply": ["admin", "apply", "{config}", "--dry-run"],
     "report cost": ["report", "cost"],
     "report idle": ["report", "idle"],
     "report statement": ["report", "statement", "--team", "vision", "--period", "2026-11"],
@@ -162,15 +204,35 @@ LEDGER_COMMANDS: dict[str, list[str]] = {
     "report refused": ["report", "refused"],
     "export focus": ["export", "focus", "--period", "2026-11", "--out", "{tmp}/focus.csv"],
 }
+# ...and what exits 4 without a ledger but does not succeed on a fresh one
+NO_LEDGER_ONLY: dict[str, list[str]] = {
+    "ledger adjust --reverse": ["ledger", "adjust", "--reverse", "t1", "--reason", "typo"],
+    "dashboard": ["dashboard", "--config", "{config}"],
+}
+
+
+def _leaves(command: click.Command, path: tuple[str, ...] = ()) -> Iterator[str]:
+    if isinstance(command, click.Group):
+        for name, sub in sorted(command.commands.items()):
+            yield from _leaves(sub, (*path, name))
+    else:
+        yield " ".join(path)
+
+
+def test_every_command_is_in_the_ledger_table_and_every_reader_is_tested():
+    assert sorted(_leaves(cli)) == sorted(LEDGER_USE)
+    readers = {name for name, use in LEDGER_USE.items() if use == "reads"}
+    assert readers == set(LEDGER_COMMANDS) | (set(NO_LEDGER_ONLY) & set(LEDGER_USE))
 
 
 def _args(tmp: Path, command: str) -> list[str]:
     config = write_config(tmp / "tally.yaml", a_config_dict())
-    return [a.format(config=config, tmp=tmp) for a in LEDGER_COMMANDS[command]]
+    argv = {**LEDGER_COMMANDS, **NO_LEDGER_ONLY}[command]
+    return [a.format(config=config, tmp=tmp) for a in argv]
 
 
 @pytest.mark.parametrize("where", ["missing", "empty"])
-@pytest.mark.parametrize("command", list(LEDGER_COMMANDS))
+@pytest.mark.parametrize("command", [*LEDGER_COMMANDS, *NO_LEDGER_ONLY])
 def test_a_data_dir_without_a_ledger_exits_4(tmp_path, command, where):
     data_dir = tmp_path / "ledger"
     if where == "empty":
@@ -180,6 +242,17 @@ def test_a_data_dir_without_a_ledger_exits_4(tmp_path, command, where):
     assert f"no ledger at {data_dir}" in result.stderr
     assert "ledger OK" not in result.output
     assert not (data_dir / "hot.duckdb").exists()  # nothing was created at the typo
+
+
+def test_the_first_admin_apply_may_plan_against_no_ledger_yet(tmp_path):
+    data_dir = tmp_path / "ledger"
+    args = [*_args(tmp_path, "admin apply"), "--data-dir", str(data_dir), "-o", "json"]
+    result = CliRunner().invoke(cli, [*args, "--initial"])
+    assert result.exit_code == 0, result.output
+    assert f"note: no ledger at {data_dir} yet: planning against an empty one" in result.stderr
+    planned = [row["event"] for row in json.loads(result.stdout)]
+    assert planned == ["team_defined", "team_defined", "price_set"]
+    assert not data_dir.exists()  # planning creates nothing
 
 
 @pytest.mark.parametrize("command", list(LEDGER_COMMANDS))
@@ -295,3 +368,58 @@ def test_verify_csv_lists_the_problems(ledger_dir):
     assert result.exit_code == 1
     (row,) = list(csv.DictReader(io.StringIO(result.output)))
     assert row["ok"] == "false" and "checksum does not match" in row["problems"]
+
+
+# ------------------------------------------------------------- stdout closed early (| head)
+
+
+BROKEN_PIPE: dict[str, list[str]] = {
+    "report cost -o csv": ["report", "cost", "-o", "csv", "--data-dir", "{ledger}"],
+    "ledger verify -o json": ["ledger", "verify", "-o", "json", "--data-dir", "{ledger}"],
+    "--help": ["--help"],
+    "report cost --help": ["report", "cost", "--help"],
+}
+
+
+@pytest.mark.parametrize("command", list(BROKEN_PIPE))
+def test_a_closed_stdout_exits_141_without_a_word(ledger_dir, command):
+    """The reader is gone before the first write (`| head -0`, a pager quit at once)."""
+    args = [a.format(ledger=ledger_dir) for a in BROKEN_PIPE[command]]
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # closed before the child starts: its first write is a broken pipe
+    try:
+        result = subprocess.run(
+            tally_command(*args),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=child_env(),
+            check=False,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141, result.stderr.decode()
+    assert result.stderr == b""
+
+
+def test_head_1_of_a_long_output_ends_quietly(tmp_path):
+    """`tally collect --once … | head -1` of 40 nodes × 8 GPUs (~350 kB of JSON): the reader
+    takes one line and goes. 141 when the child's next write fails; 0 when the kernel took part
+    of its last write before the reader went (CPython then reports no error)."""
+    pools = [{"name": "h100", "model": "NVIDIA H100 80GB HBM3", "nodes": 40, "gpus_per_node": 8}]
+    config = write_config(tmp_path / "tally.yaml", a_config_dict(fleet={"seed": 7, "pools": pools}))
+    proc = subprocess.Popen(
+        tally_command("collect", "--source", "sim", "--once", "--config", str(config)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env(),
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.stderr.close()
+    code = proc.wait(60)
+    assert first == b"[\n"
+    assert code in (0, 141), err.decode()
+    assert err == b""

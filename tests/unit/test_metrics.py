@@ -149,6 +149,7 @@ def test_each_process_serves_only_its_own_sections(tmp_path):
         "tally_scheduler_queue_length",
         "tally_scheduler_admissions",
         "tally_scheduler_preemptions",
+        "tally_scheduler_undeliverable",
     }
     assert _value(worker, "tally_worker_batch_postings_sum") == 12
     with pytest.raises(ValueError, match="unknown metrics sections: ledger"):

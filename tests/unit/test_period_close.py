@@ -223,6 +223,7 @@ def test_booking_period(natural, closed, expected):
     ids=["unfinished", "bad-month", "dry-run"],
 )
 def test_ledger_close_cli(tmp_path, args, code, message):
+    DuckDBStore(tmp_path).close()  # a fresh ledger, as the worker creates it
     result = CliRunner().invoke(cli, ["ledger", "close", *args, "--data-dir", str(tmp_path)])
     assert result.exit_code == code, result.output
     assert message in result.output

@@ -1,5 +1,6 @@
-"""A `jobs` message the broker refuses for its content (too large, corrupt) is a clear
-`MessageRefused`, never retried within a call and never a crash of the service."""
+"""A `jobs` message the broker refuses for its content (too large, corrupt) is recorded as
+undeliverable (counted, measured, one line in the scheduler's work_dir), never sent again, never
+a crash, and never holds up the messages behind it; a broker that is merely away is retried."""
 
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ import time
 import pytest
 from aiokafka.errors import CorruptRecordException, KafkaConnectionError, MessageSizeTooLargeError
 
+from ledger.job_events import JobSubmitted
 from scheduler.errors import BrokerUnavailable, MessageRefused
+from scheduler.jobs_topic import Outgoing
 from scheduler.kafka import _kafka
-from scheduler.ports import Work
-from scheduler.records import SubmitRequest
+from scheduler.ports import MemoryPublisher, Work
+from scheduler.records import JobState, SubmitRequest
+from scheduler.service import Accepted, SchedulerService
+from scheduler.undeliverable import FILE_NAME as UNDELIVERABLE_FILE
+from scheduler.undeliverable import UndeliverableLog
+from tally.metrics import TallyMetrics
 from tests.unit.test_scheduler_service_support import Rig
 
 
@@ -34,30 +41,72 @@ def test_the_adapter_tells_a_refused_message_from_a_broker_away(raised, expected
     assert type(info.value) is expected and len(str(info.value)) <= 2048
 
 
-def test_a_refused_publish_is_reported_unpublished_at_once_and_the_service_goes_on(tmp_path):
+def _refuse_mallory(message: Outgoing) -> str | None:
+    """The broker refuses mallory's `JobSubmitted` for its content, whatever is sent after it."""
+    spec = getattr(message.event, "spec", None)
+    if isinstance(message.event, JobSubmitted) and spec is not None and spec.user == "mallory":
+        return "MessageSizeTooLargeError: the message is larger than max.message.bytes"
+    return None
+
+
+def _request(user: str) -> SubmitRequest:
+    return SubmitRequest("vision", "detection", user, "dev", 1, Work(command=("true",)))
+
+
+def test_a_refused_message_is_undeliverable_once_and_the_messages_behind_it_go_on(tmp_path):
     rig = Rig(tmp_path)
-    rig.service.publish_timeout_s = 30.0  # a retry loop would hold the call this long
-    memory_publish = rig.publisher.publish
-    calls = {"refused": 0}
+    rig.publisher = MemoryPublisher(refuse=_refuse_mallory)
+    metrics = TallyMetrics(sections=("scheduler",))
+    recorded = UndeliverableLog(tmp_path / "scheduler" / UNDELIVERABLE_FILE)
+    rig.service = SchedulerService(
+        rig.dispatcher,
+        rig.publisher,
+        publish_timeout_s=30.0,  # a retry loop would hold the call this long
+        observer=metrics,
+        undeliverable_log=recorded,
+    )
 
-    async def refusing(messages):
-        if calls["refused"] < 1:
-            calls["refused"] += 1
-            raise MessageRefused("publishing to jobs: the broker refused a message")
-        return await memory_publish(messages)
-
-    rig.publisher.publish = refusing  # type: ignore[method-assign]
-
-    async def go():
+    async def go() -> tuple[Accepted, Accepted, float]:
         started = time.monotonic()
-        accepted = await rig.service.submit(
-            SubmitRequest("vision", "detection", "ada", "dev", 1, Work(command=("true",)))
-        )
+        refused = await rig.service.submit(_request("mallory"))
+        valid = await rig.service.submit(_request("ada"))
         took = time.monotonic() - started
-        await rig.ticks(2)  # the next publish goes through: nothing was lost
-        return accepted, took
+        await rig.ticks(5)
+        return refused, valid, took
 
-    accepted, took = asyncio.run(go())
-    assert not accepted.published and took < 5.0
-    assert calls["refused"] == 1
-    assert rig.job_events(accepted.record.job_id)[0] == "JobSubmitted"
+    refused, valid, took = asyncio.run(go())
+    assert took < 5.0
+    mallory, ada = refused.record.job_id, valid.record.job_id
+    # never sent again: offered once, and nothing of it waits
+    (seq,) = {int(str(e["seq"])) for e in recorded.entries()}
+    assert rig.publisher.offered[seq] == 1
+    assert rig.dispatcher.outbox == []
+    # the valid job behind it was published, admitted, run and finished
+    assert rig.job_events(ada)[0] == "JobSubmitted"
+    assert rig.dispatcher.records[ada].state is JobState.FINISHED
+    # mallory's decisions go on too (only its JobSubmitted is missing from the topic)
+    assert "JobSubmitted" not in rig.job_events(mallory)
+    assert rig.dispatcher.records[mallory].state is JobState.FINISHED
+    # counted, measured, recorded
+    assert rig.service.undeliverable == 1
+    assert metrics.registry.get_sample_value("tally_scheduler_undeliverable_total") == 1.0
+    (entry,) = recorded.entries()
+    assert (entry["event"], entry["job_id"]) == ("JobSubmitted", mallory)
+    assert "MessageSizeTooLargeError" in str(entry["reason"])
+    assert entry["bytes"] == len(str(entry["value_start"]).encode())  # a small message, whole
+
+
+def test_a_broker_away_is_retried_and_nothing_is_undeliverable(tmp_path):
+    rig = Rig(tmp_path)
+    rig.publisher.fail_next = 3  # BrokerUnavailable three times, then it answers
+
+    async def go() -> Accepted:
+        accepted = await rig.service.submit(_request("ada"))
+        await rig.ticks(3)
+        return accepted
+
+    accepted = asyncio.run(go())
+    assert accepted.published  # retried within the call, with backoff
+    assert rig.service.undeliverable == 0
+    assert rig.dispatcher.records[accepted.record.job_id].state is JobState.FINISHED
+    assert all(count == 1 for count in rig.publisher.offered.values())
