@@ -47,8 +47,7 @@ def case(
 JOB = tuple(JOB_COLUMNS)
 JOB_KEYS = "job_id,team,queue,gpus,state,reason,submitted_us"  # JSON: the API's job records
 VERIFY = (
-    "ok,segments,rows,transactions,closed_periods,archive_segments,archived_messages,problems,"
-    "notes"
+    "ok,segments,rows,transactions,closed_periods,archive_segments,archived_messages,problems,notes"
 )
 IDLE = (
     "scope,pool,model,team,allocated_gpu_hours,idle_gpu_hours,idle_waste,unallocated_gpu_hours,"
