@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CONFIG ?= deploy/examples/tally.yaml
 PYTEST_ARGS ?=
 
-.PHONY: up test lint format bench clean
+.PHONY: up test lint format bench soak clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (Tally needs Python 3.11)"; exit 2; }
@@ -32,6 +32,10 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks
+
+# the full-size crash campaign: 20 SIGKILLs of the worker during 1,000,000 samples (prints figures)
+soak: $(STAMP)
+	TALLY_SOAK=1 $(BIN)/python -m pytest -s -k 1M tests/integration/test_crash_safety.py
 
 clean:
 	rm -rf $(VENV) .tally .pytest_cache .mypy_cache .ruff_cache

@@ -41,8 +41,15 @@ def tansu_binary() -> str:
 class EmbeddedBroker:
     """A tansu broker process on 127.0.0.1."""
 
-    def __init__(self, port: int | None = None, log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        log_path: Path | None = None,
+        advertised_port: int | None = None,
+    ) -> None:
         self.port = port or free_port()
+        # the port clients are told to connect to: `port`, or a proxy's in front of it (tests)
+        self.advertised_port = advertised_port or self.port
         self.cluster_id = f"tally-{uuid.uuid4().hex[:16]}"
         self.log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
@@ -57,6 +64,7 @@ class EmbeddedBroker:
 
     def start(self, timeout_s: float = 30.0) -> EmbeddedBroker:
         url = f"tcp://127.0.0.1:{self.port}"
+        advertised = f"tcp://127.0.0.1:{self.advertised_port}"
         out: Any = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self._proc = subprocess.Popen(
             [
@@ -67,7 +75,7 @@ class EmbeddedBroker:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                advertised,
                 "--storage-engine",
                 "memory://tansu/",
             ],

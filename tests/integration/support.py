@@ -20,6 +20,7 @@ from ledger.attribution import attribute_sample
 from ledger.events import Envelope, envelope_for
 from ledger.pricing import PriceBook
 from ledger.read.queries import LedgerQueries
+from ledger.units import Unit
 from tally.config import TallyConfig, parse_config
 from tests.builders import T0_US
 from tests.conftest import child_env, tally_command, write_config
@@ -113,17 +114,56 @@ async def produce(
 
 def expected_balances(config: TallyConfig, envelopes: Iterable[Envelope]) -> dict:
     """What the ledger must hold: each distinct event attributed once, folded per account."""
-    prices: PriceBook = config.price_book()
-    centres = config.organisation.cost_centre_of()
-    seen: set[str] = set()
-    balances: Counter = Counter()
-    for envelope in envelopes:
-        if envelope.id in seen:
-            continue
-        seen.add(envelope.id)
-        for p in attribute_sample(envelope, prices, centres).postings:
-            balances[(p.account, p.unit.value)] += p.amount
-    return dict(balances)
+    expected = Expected(config)
+    expected.add(envelopes)
+    return expected.balances()
+
+
+class Expected:
+    """The ledger's totals computed independently, as samples are produced: each distinct
+    event attributed once (`ledger.attribution`), folded per account and unit, and GPU-ms per
+    (team, GPU)."""
+
+    def __init__(self, config: TallyConfig) -> None:
+        self.prices: PriceBook = config.price_book()
+        self.centres = config.organisation.cost_centre_of()
+        self.seen: set[str] = set()
+        self._balances: Counter = Counter()
+        self._gpu_ms: Counter = Counter()
+
+    def add(self, envelopes: Iterable[Envelope]) -> None:
+        for envelope in envelopes:
+            if envelope.id in self.seen:
+                continue
+            self.seen.add(envelope.id)
+            txn = attribute_sample(envelope, self.prices, self.centres)
+            for p in txn.postings:
+                self._balances[(p.account, p.unit.value)] += p.amount
+                if p.unit is Unit.GPU_MS and p.amount > 0:
+                    self._gpu_ms[(p.team, txn.gpu_uuid)] += p.amount
+
+    @property
+    def samples(self) -> int:
+        return len(self.seen)
+
+    def balances(self) -> dict:
+        return dict(self._balances)
+
+    def gpu_ms_by_team_and_gpu(self) -> dict:
+        return dict(self._gpu_ms)
+
+
+def gpu_ms_by_team_and_gpu(data_dir: Path) -> dict:
+    """GPU-ms booked per (team, GPU) in the sealed ledger (positive legs: what was used)."""
+    queries = LedgerQueries(data_dir)
+    try:
+        rows = queries._query(
+            "SELECT team, gpu_uuid, sum(amount) FROM {postings} "
+            "WHERE unit = 'gpu_ms' AND amount > 0 GROUP BY ALL"
+        )
+    finally:
+        queries.close()
+    return {(team, gpu): int(total) for team, gpu, total in rows}
 
 
 class WorkerProcess:
