@@ -10,7 +10,7 @@ import sys
 import click
 
 from tally.alerts_config import AlertsConfig
-from tally.cli.options import Exit, bootstrap_option, config_option, fail
+from tally.cli.options import Exit, bootstrap_option, config_option, fail, kafka_or_exit
 from tally.config import ConfigError, TallyConfig, load_config
 
 
@@ -94,6 +94,7 @@ def run(
         servers = bootstrap_servers(config, bootstrap)
     except NoBrokerError as exc:
         fail(str(exc), Exit.USAGE)
+    kafka = kafka_or_exit(config)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s alerts %(levelname)s %(message)s"))
     logger = logging.getLogger("tally.alerts")
@@ -121,7 +122,7 @@ def run(
 
     async def main() -> None:
         beating = asyncio.create_task(heartbeat.run())
-        await wait_for_broker(servers[0])
+        await wait_for_broker(servers[0], options=kafka.security)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -134,6 +135,8 @@ def run(
                 section.group_id,
                 stop=stop,
                 progress=progress,
+                kafka_options=kafka.security,
+                group_options=kafka.group,
             )
         finally:
             beating.cancel()

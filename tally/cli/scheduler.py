@@ -10,8 +10,15 @@ import sys
 
 import click
 
-from streams.kafka import BrokerError, ensure_topics
-from tally.cli.options import Exit, bootstrap_option, config_option, fail, load_or_exit
+from tally.cli.options import (
+    Exit,
+    bootstrap_option,
+    config_option,
+    ensure_topics_or_exit,
+    fail,
+    kafka_or_exit,
+    load_or_exit,
+)
 from tally.cli.stack import metrics_port_option, start_metrics
 from tally.components import NoBrokerError, bootstrap_servers
 from tally.config import ConfigError
@@ -48,6 +55,7 @@ def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: i
         servers = bootstrap_servers(config, bootstrap)
     except NoBrokerError as exc:
         fail(str(exc), Exit.USAGE)
+    kafka = kafka_or_exit(config)
     try:
         tokens = load_tokens(config)
     except ConfigError as exc:
@@ -64,19 +72,8 @@ def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: i
     logger.propagate = False
     if tokens.admin is None and not tokens.teams:
         logger.warning("no API tokens are configured: every API call will be refused (401)")
-    topics = config.topics
-    try:
-        asyncio.run(
-            ensure_topics(
-                servers[0],
-                list(topics.all().values()),
-                topics.partitions,
-                compacted=[topics.balances],
-            )
-        )
-    except BrokerError as exc:
-        fail(str(exc), Exit.BROKER)
-    settings = service_settings(config, servers)
+    ensure_topics_or_exit(config, servers, kafka)
+    settings = service_settings(config, servers, kafka.security)
     try:
         dispatcher = build_dispatcher(config)
     except SchedulerError as exc:

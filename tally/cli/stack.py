@@ -4,7 +4,6 @@ scheduler)."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +17,9 @@ from tally.cli.options import (
     Exit,
     bootstrap_option,
     config_option,
+    ensure_topics_or_exit,
     fail,
+    kafka_or_exit,
     load_or_exit,
 )
 from tally.components import NoBrokerError, bootstrap_servers, worker_settings
@@ -94,9 +95,10 @@ def up(config_path: str, no_dashboard: bool) -> None:
         config.alerts.sink_settings()  # every secret's variable is set, before anything starts
     except ConfigError as exc:
         fail(str(exc), Exit.USAGE)
+    kafka = kafka_or_exit(config)
     if config.broker.mode == "embedded":
         embedded_broker_or_exit()
-    stack = Stack(config, Path(config_path).resolve(), dashboard=not no_dashboard)
+    stack = Stack(config, Path(config_path).resolve(), dashboard=not no_dashboard, kafka=kafka)
     try:
         code = stack.run()
     except BrokerError as exc:
@@ -122,7 +124,6 @@ def worker(
     """Run the ledger worker: consume samples, commit postings, seal segments."""
     import logging
 
-    from streams.kafka import ensure_topics
     from streams.worker import LedgerWorker
     from tally.health_sources import WorkerHealth
     from tally.metrics import TallyMetrics
@@ -132,20 +133,11 @@ def worker(
         servers = bootstrap_servers(config, bootstrap)
     except NoBrokerError as exc:
         fail(str(exc), Exit.USAGE)
+    kafka = kafka_or_exit(config)
     metrics = TallyMetrics(config.ledger.data_dir, sections=("worker",))
     health = WorkerHealth(config.worker.ready_max_lag)
     start_metrics(metrics, config, "worker_port", metrics_port, "worker", health.probes())
-    try:
-        asyncio.run(
-            ensure_topics(
-                servers[0],
-                list(config.topics.all().values()),
-                config.topics.partitions,
-                compacted=[config.topics.balances],
-            )
-        )
-    except BrokerError as exc:
-        fail(str(exc), Exit.BROKER)
+    ensure_topics_or_exit(config, servers, kafka)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s worker %(levelname)s %(message)s"))
     logger = logging.getLogger("tally.worker")
@@ -153,7 +145,7 @@ def worker(
     logger.setLevel(logging.INFO)
     logger.propagate = False
     try:
-        ledger_worker = LedgerWorker(worker_settings(config, servers), observer=metrics)
+        ledger_worker = LedgerWorker(worker_settings(config, servers, kafka), observer=metrics)
         health.attach(ledger_worker)
         ledger_worker.run(loglevel=log_level)
     except LedgerError as exc:
