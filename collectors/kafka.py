@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from aiokafka import AIOKafkaProducer, codec
 from aiokafka.errors import (
@@ -110,9 +111,16 @@ class _InitPidHandler(InitPIDHandler):  # type: ignore[misc]
 
 
 def new_kafka_producer(
-    bootstrap: str, client_id: str, linger_ms: int, compression: str | None, idempotent: bool
+    bootstrap: str,
+    client_id: str,
+    linger_ms: int,
+    compression: str | None,
+    idempotent: bool,
+    options: Mapping[str, Any] | None = None,
 ) -> AIOKafkaProducer:
+    """An aiokafka producer; `options`: the security keywords (SASL, TLS) of every client."""
     producer = AIOKafkaProducer(
+        **(options or {}),
         bootstrap_servers=bootstrap,
         client_id=client_id,
         acks="all",

@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -110,6 +110,7 @@ class SampleProducer:
         max_backoff_s: float = 30.0,
         replay_budget_s: float = 2.0,
         monotonic: Callable[[], float] = time.monotonic,
+        kafka_options: Mapping[str, Any] | None = None,
     ) -> None:
         if compression is not None and compression not in CODECS:
             raise ProducerError(f"unknown compression {compression!r}: use one of {[*CODECS]}")
@@ -120,6 +121,7 @@ class SampleProducer:
         self.bootstrap = bootstrap
         self.topic = topic
         self.client_id = client_id
+        self.kafka_options = dict(kafka_options or {})  # security: SASL, TLS
         self.linger_ms = linger_ms
         self.max_message_bytes = max_message_bytes
         self.compression = compression
@@ -199,7 +201,12 @@ class SampleProducer:
     async def _connect(self) -> _Session:
         idempotent = self.idempotent
         kafka = new_kafka_producer(
-            self.bootstrap, self.client_id, self.linger_ms, self.compression, idempotent
+            self.bootstrap,
+            self.client_id,
+            self.linger_ms,
+            self.compression,
+            idempotent,
+            self.kafka_options,
         )
         try:
             await asyncio.wait_for(kafka.start(), self.connect_timeout_s)

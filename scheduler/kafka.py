@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ledger.balances import decode_balance_update
@@ -55,12 +55,17 @@ async def _kafka(what: str, call: Awaitable[T]) -> T:
         raise BrokerUnavailable(bounded(f"{what}: {exc}")) from exc
 
 
-async def topic_partitions(bootstrap: str, topics: Sequence[str]) -> dict[str, list[int]]:
+async def topic_partitions(
+    bootstrap: str, topics: Sequence[str], options: Mapping[str, Any] | None = None
+) -> dict[str, list[int]]:
     """The partitions of each topic, asked of the broker (a consumer's metadata cache narrows to
-    the topics it is assigned, so it cannot be relied on for others)."""
+    the topics it is assigned, so it cannot be relied on for others). `options`: the security
+    keywords (SASL, TLS) of every client."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, request_timeout_ms=10_000, **(options or {})
+    )
 
     async def ask() -> dict[str, list[int]]:
         await admin.start()
@@ -99,6 +104,7 @@ class KafkaPublisher:
             acks="all",
             request_timeout_ms=10_000,
             max_request_size=max_request_size,
+            **settings.kafka_options,
         )
 
     async def start(self) -> None:
@@ -165,7 +171,9 @@ def _refused(exc: BaseException) -> Refused:
     return Refused(bounded(f"{type(refusal).__name__}: {refusal}"))
 
 
-async def read_topic(bootstrap: str, topic: str, client_id: str) -> list[Consumed]:
+async def read_topic(
+    bootstrap: str, topic: str, client_id: str, options: Mapping[str, Any] | None = None
+) -> list[Consumed]:
     """Every message of `topic` up to its end offsets at the time of the call."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -174,12 +182,13 @@ async def read_topic(bootstrap: str, topic: str, client_id: str) -> list[Consume
         client_id=client_id,
         enable_auto_commit=False,
         group_id=None,
+        **(options or {}),
     )
     out: list[Consumed] = []
 
     async def read() -> None:
         await consumer.start()
-        parts = (await topic_partitions(bootstrap, [topic])).get(topic, [])
+        parts = (await topic_partitions(bootstrap, [topic], options)).get(topic, [])
         tps = [TopicPartition(topic, p) for p in parts]
         if not tps:
             return
@@ -222,8 +231,11 @@ class Feeds:
             enable_auto_commit=False,
             group_id=None,
             auto_offset_reset="earliest",
+            **settings.kafka_options,
         )
-        self.admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=5_000)
+        self.admin = AIOKafkaAdminClient(
+            bootstrap_servers=servers, request_timeout_ms=5_000, **settings.kafka_options
+        )
         self._balance_parts: list[Any] = []
         self._jobs_parts: list[Any] = []
         self._last_ack_check = 0.0
@@ -241,7 +253,9 @@ class Feeds:
             await self.consumer.start()
             await self.admin.start()
             parts = await topic_partitions(
-                ",".join(s.bootstrap), [s.balances_topic, s.alerts_topic, s.jobs_topic]
+                ",".join(s.bootstrap),
+                [s.balances_topic, s.alerts_topic, s.jobs_topic],
+                s.kafka_options,
             )
             tps = [
                 TopicPartition(topic, p)

@@ -53,9 +53,10 @@ import logging
 import signal
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ledger.excerpts import bounded
 from ledger.job_events import JobAdmitted, JobEvent, JobPreempted
@@ -91,6 +92,7 @@ class ServiceSettings:
     max_body_bytes: int = 64 * 1024
     stop_jobs_on_exit: bool = True
     publish_timeout_s: float = 30.0
+    kafka_options: Mapping[str, Any] = field(default_factory=dict)  # security: SASL, TLS
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +344,9 @@ async def run_service(
     `status` follows the start-up (health checks)."""
     status = status if status is not None else ServiceStatus()
     bootstrap = settings.bootstrap[0]
-    messages = await read_topic(bootstrap, settings.jobs_topic, f"{settings.client_id}-replay")
+    messages = await read_topic(
+        bootstrap, settings.jobs_topic, f"{settings.client_id}-replay", settings.kafka_options
+    )
     applied = dispatcher.replay(messages)
     log.info(
         "replayed %d events from %s (%d refused); %d pending, %d running",

@@ -1,5 +1,10 @@
-"""Kafka plumbing shared by the worker and the stack: reachability, cluster id, topic creation,
-and which send errors refuse a message for its content (`content_refusal`).
+"""Kafka plumbing shared by the worker and the stack: reachability, cluster id, topic creation
+(`ensure_topics`, the plain form of `streams.topics.ensure_topic_specs`), and which send errors
+refuse a message for its content (`content_refusal`).
+
+Every function that connects takes `options`: the security keywords (`security_protocol`,
+`ssl_context`, `sasl_*`) every aiokafka client of the process is built with (see
+`tally.kafka_clients`).
 
 Library errors (aiokafka's) are translated here into `BrokerError`, the one exception this
 module raises.
@@ -12,9 +17,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
 
 from aiokafka import AIOKafkaClient
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
     CorruptRecordException,
     InvalidTimestampError,
@@ -22,9 +28,14 @@ from aiokafka.errors import (
     MessageSizeTooLargeError,
     RecordListTooLargeError,
     RecordTooLargeError,
-    TopicAlreadyExistsError,
 )
 from aiokafka.protocol.metadata import MetadataRequest
+
+# Timeouts of a group consumer (aiokafka keywords) unless the configuration says otherwise:
+# tansu delays a group's first join by half the session timeout, so the session is short.
+DEFAULT_GROUP_OPTIONS: Mapping[str, int] = MappingProxyType(
+    {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000, "rebalance_timeout_ms": 6000}
+)
 
 
 class BrokerError(Exception):
@@ -56,9 +67,13 @@ def content_refusal(exc: BaseException) -> KafkaError | None:
     return None
 
 
-async def fetch_cluster_id(bootstrap: str, timeout_s: float = 10.0) -> str:
+async def fetch_cluster_id(
+    bootstrap: str, timeout_s: float = 10.0, options: Mapping[str, Any] | None = None
+) -> str:
     """The broker's cluster id, from a metadata request: Tally's broker incarnation."""
-    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    client = AIOKafkaClient(
+        bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000), **(options or {})
+    )
     try:
         await asyncio.wait_for(client.bootstrap(), timeout_s)
         node = client.get_random_node()
@@ -75,7 +90,9 @@ async def fetch_cluster_id(bootstrap: str, timeout_s: float = 10.0) -> str:
         await client.close()
 
 
-async def wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> str:
+async def wait_for_broker(
+    bootstrap: str, timeout_s: float = 30.0, options: Mapping[str, Any] | None = None
+) -> str:
     """Wait until the broker answers a metadata request; return its cluster id."""
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
@@ -85,7 +102,7 @@ async def wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> str:
     try:
         while time.monotonic() < deadline:
             try:
-                return await fetch_cluster_id(bootstrap, timeout_s=min(5.0, timeout_s))
+                return await fetch_cluster_id(bootstrap, min(5.0, timeout_s), options)
             except BrokerError as exc:
                 last = exc
                 await asyncio.sleep(0.1)
@@ -100,27 +117,20 @@ async def ensure_topics(
     partitions: int,
     compacted: Sequence[str] = (),
     configs: Mapping[str, str] | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> None:
-    """Create the topics that do not exist yet (existing ones are left as they are)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
-    try:
-        await admin.start()
-        existing = set(await admin.list_topics())
-        wanted = []
-        for name in names:
-            if name in existing:
-                continue
-            topic_configs = dict(configs or {})
-            if name in compacted:
-                topic_configs["cleanup.policy"] = "compact"
-            wanted.append(NewTopic(name, partitions, 1, topic_configs=topic_configs))
-        if wanted:
-            with contextlib.suppress(TopicAlreadyExistsError):  # a concurrent creator won
-                await admin.create_topics(wanted)
-    except KafkaError as exc:
-        raise BrokerError(f"could not create topics on {bootstrap}: {exc}") from exc
-    finally:
-        await admin.close()
+    """Create the topics that do not exist yet (existing ones are left as they are), with one
+    replica each: what tests and tools need. The stack creates its topics from their specs
+    (`streams.topics.ensure_topic_specs`)."""
+    from streams.topics import TopicSpec, ensure_topic_specs
+
+    specs = []
+    for name in names:
+        topic_configs = dict(configs or {})
+        if name in compacted:
+            topic_configs["cleanup.policy"] = "compact"
+        specs.append(TopicSpec(name, partitions, 1, topic_configs))
+    await ensure_topic_specs(bootstrap, specs, options)
 
 
 class ClusterIdentity:
@@ -130,9 +140,12 @@ class ClusterIdentity:
     knew (messages already fetched came from the broker it knew).
     """
 
-    def __init__(self, bootstrap: str, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, bootstrap: str, timeout_s: float = 2.0, options: Mapping[str, Any] | None = None
+    ) -> None:
         self.bootstrap = bootstrap
         self.timeout_s = timeout_s
+        self.options = dict(options or {})
         self._client: AIOKafkaClient | None = None
         self._asking = asyncio.Lock()  # one question at a time over the one connection
 
@@ -144,6 +157,7 @@ class ClusterIdentity:
                     client = AIOKafkaClient(
                         bootstrap_servers=self.bootstrap,
                         request_timeout_ms=int(self.timeout_s * 1000),
+                        **self.options,
                     )
                     self._client = client
                     await asyncio.wait_for(client.bootstrap(), self.timeout_s)

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from ledger.store.port import ConsumedMessage
+from streams.kafka import DEFAULT_GROUP_OPTIONS
 from streams.progress import ConsumerProgress, observe
 
 log = logging.getLogger("tally.worker")
@@ -60,13 +62,15 @@ class SampleBatchConsumer:
         topic: str,
         max_messages: int,
         within_s: float,
-        session_timeout_s: float,
         on_batch: OnBatch,
         on_assigned: OnAssigned,
+        kafka_options: Mapping[str, Any] | None = None,
+        group_options: Mapping[str, int] = DEFAULT_GROUP_OPTIONS,
     ) -> None:
         self._bootstrap = list(bootstrap)
         self._group = samples_group(group_id)
-        self._session_ms = int(session_timeout_s * 1000)
+        self._kafka_options = dict(kafka_options or {})  # security: SASL, TLS
+        self._group_options = dict(group_options)  # session, heartbeat, rebalance, request
         self._topic = topic
         self._max = max_messages
         self._within_ms = max(1, int(within_s * 1000))
@@ -81,11 +85,10 @@ class SampleBatchConsumer:
             group_id=self._group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            session_timeout_ms=self._session_ms,
-            heartbeat_interval_ms=1000,
-            rebalance_timeout_ms=self._session_ms,
             max_poll_records=self._max,
             max_partition_fetch_bytes=8 << 20,
+            **self._group_options,
+            **self._kafka_options,
         )
 
     async def run(self) -> None:

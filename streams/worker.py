@@ -45,7 +45,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -59,7 +59,12 @@ from ledger.pricing import PriceBook
 from ledger.store.hot import DuckDBStore
 from ledger.store.port import OutboxMessage, SealResult
 from streams.collector_pause import collector_paused, freeze_startup_objects
-from streams.kafka import ClusterIdentity, content_refusal, fetch_cluster_id
+from streams.kafka import (
+    DEFAULT_GROUP_OPTIONS,
+    ClusterIdentity,
+    content_refusal,
+    fetch_cluster_id,
+)
 from streams.progress import ConsumerProgress
 from streams.sample_batches import SampleBatchConsumer
 
@@ -85,11 +90,25 @@ class WorkerSettings:
     compact_below_rows: int = 500_000
     compact_min_segments: int = 8
     dedupe_window_us: int = 7 * 86_400_000_000
-    session_timeout_s: float = 6.0
+    kafka_options: Mapping[str, Any] = field(default_factory=dict)  # security: SASL, TLS
+    group_options: Mapping[str, int] = field(default_factory=lambda: DEFAULT_GROUP_OPTIONS)
+    faust_credentials: Any = None  # the same security as Faust's `broker_credentials`
     idle_policy: IdlePolicy = DEFAULT_IDLE_POLICY
     admin_topic: str = "tally.admin"  # read by Faust agents (the samples topic is not:
     jobs_topic: str = "tally.jobs"  # `streams.sample_batches`)
     balances_topic: str | None = None  # and balances are not published
+
+
+def faust_group_options(group: Mapping[str, int]) -> dict[str, Any]:
+    """The group timeouts (aiokafka keywords, ms) as `faust.App` settings (seconds)."""
+    options: dict[str, Any] = {
+        "broker_session_timeout": group["session_timeout_ms"] / 1000,
+        "broker_heartbeat_interval": group["heartbeat_interval_ms"] / 1000,
+        "broker_rebalance_timeout": group["rebalance_timeout_ms"] / 1000,
+    }
+    if "request_timeout_ms" in group:
+        options["broker_request_timeout"] = group["request_timeout_ms"] / 1000
+    return options
 
 
 class WorkerObserver(Protocol):
@@ -187,7 +206,7 @@ class LedgerWorker:
         self.stats = WorkerStats()
         self.store = DuckDBStore(settings.data_dir)
         self._lock = asyncio.Lock()
-        self._identity = ClusterIdentity(settings.bootstrap[0])
+        self._identity = ClusterIdentity(settings.bootstrap[0], options=settings.kafka_options)
         self._publishing = asyncio.Lock()
         self._ingestor: Ingestor | None = None
         self._last_seal = time.monotonic()
@@ -217,10 +236,8 @@ class LedgerWorker:
             topic_allow_declare=False,
             topic_disable_leader=True,
             consumer_auto_offset_reset="earliest",
-            # tansu delays a group's first join by half the session timeout: keep it short.
-            broker_session_timeout=s.session_timeout_s,
-            broker_heartbeat_interval=1.0,
-            broker_rebalance_timeout=s.session_timeout_s,
+            broker_credentials=s.faust_credentials,
+            **faust_group_options(s.group_options),
             broker_commit_interval=1.0,
             broker_max_poll_records=max(500, s.batch_max_messages),
             stream_buffer_maxsize=max(4096, 2 * s.batch_max_messages),
@@ -246,9 +263,10 @@ class LedgerWorker:
             s.samples_topic,
             s.batch_max_messages,
             s.batch_within_s,
-            s.session_timeout_s,
             self._ingest_samples,
             self._refresh_incarnation,
+            s.kafka_options,
+            s.group_options,
         )
 
         @app.task  # type: ignore[untyped-decorator]
@@ -298,7 +316,9 @@ class LedgerWorker:
             await self.seal()
 
     async def _refresh_incarnation(self) -> None:
-        incarnation = await fetch_cluster_id(self.settings.bootstrap[0])
+        incarnation = await fetch_cluster_id(
+            self.settings.bootstrap[0], options=self.settings.kafka_options
+        )
         async with self._lock:
             if self._ingestor is None or self._ingestor.incarnation != incarnation:
                 if self._ingestor is not None:

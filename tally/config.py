@@ -31,48 +31,11 @@ from ledger.pricing import ANY_MODEL, EnergyPrice, Price, PriceBook
 from ledger.units import MS_PER_HOUR
 from tally import config_fields
 from tally.alerts_config import AlertsConfig
+from tally.broker_config import BrokerConfig, TlsConfig, TopicsConfig
 from tally.config_fields import EnvName, Micros, Name, Strict
 from tally.metrics_config import MetricsConfig
 
 ConfigError = config_fields.ConfigError  # defined beside the field types, which raise it too
-
-
-class BrokerConfig(Strict):
-    """Where Kafka is: `embedded` starts tansu on a free loopback port; `external` uses yours."""
-
-    mode: Literal["embedded", "external"] = "embedded"
-    bootstrap_servers: tuple[str, ...] = ()
-    client_id: str = "tally"
-
-    @model_validator(mode="after")
-    def _external_needs_servers(self) -> BrokerConfig:
-        if self.mode == "external" and not self.bootstrap_servers:
-            raise ValueError("an external broker needs bootstrap_servers (host:port, …)")
-        for server in self.bootstrap_servers:
-            host, sep, port = server.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"bootstrap server {server!r} is not host:port")
-        return self
-
-
-class TopicsConfig(Strict):
-    samples: Name = "tally.samples"
-    jobs: Name = "tally.jobs"
-    admin: Name = "tally.admin"
-    balances: Name = "tally.balances"
-    alerts: Name = "tally.alerts"
-    deadletter: Name = "tally.deadletter"
-    partitions: int = Field(8, ge=1, le=256)
-
-    def all(self) -> dict[str, str]:
-        return {
-            "samples": self.samples,
-            "jobs": self.jobs,
-            "admin": self.admin,
-            "balances": self.balances,
-            "alerts": self.alerts,
-            "deadletter": self.deadletter,
-        }
 
 
 class LedgerConfig(Strict):
@@ -510,7 +473,8 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
 
 def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = None) -> TallyConfig:
     """Validate `data` (the file's mapping). Relative paths (`ledger.data_dir`,
-    `scheduler.work_dir`, `scheduler.tokens.file`) resolve against `base_dir`; without one
+    `scheduler.work_dir`, `scheduler.tokens.file`, the `broker.tls` files) resolve against
+    `base_dir`; without one
     (a config given as a dict) they stay relative, i.e. to the current directory."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the file must hold a mapping of sections (broker, ledger, …)")
@@ -521,13 +485,27 @@ def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = No
     if base_dir is None:
         return config
     ledger = config.ledger.model_copy(update={"data_dir": _under(base_dir, config.ledger.data_dir)})
+    broker = config.broker
+    if broker.tls is not None:
+        broker = broker.model_copy(update={"tls": _resolve_tls(broker.tls, base_dir)})
     return config.model_copy(
-        update={"ledger": ledger, "scheduler": _resolve_paths(config.scheduler, base_dir)}
+        update={
+            "ledger": ledger,
+            "scheduler": _resolve_paths(config.scheduler, base_dir),
+            "broker": broker,
+        }
     )
 
 
 def _under(base_dir: Path, path: Path) -> Path:
     return path if path.is_absolute() else (base_dir / path).resolve()
+
+
+def _resolve_tls(tls: TlsConfig, base_dir: Path) -> TlsConfig:
+    files = {"ca_file": tls.ca_file, "cert_file": tls.cert_file, "key_file": tls.key_file}
+    return tls.model_copy(
+        update={key: _under(base_dir, path) for key, path in files.items() if path is not None}
+    )
 
 
 def _resolve_paths(scheduler: SchedulerConfig, base_dir: Path) -> SchedulerConfig:

@@ -235,10 +235,17 @@ def api_url(config: TallyConfig) -> str:
     return f"http://{host}:{s.port}"
 
 
-def service_settings(config: TallyConfig, bootstrap: tuple[str, ...]) -> ServiceSettings:
+def service_settings(
+    config: TallyConfig,
+    bootstrap: tuple[str, ...],
+    kafka_options: Mapping[str, Any] | None = None,
+) -> ServiceSettings:
+    """The service's settings; `kafka_options`: the security keywords of every Kafka client
+    (`tally.kafka_clients`)."""
     s = config.scheduler
     return ServiceSettings(
         bootstrap=bootstrap,
+        kafka_options=dict(kafka_options or {}),
         client_id=config.broker.client_id,
         jobs_topic=config.topics.jobs,
         balances_topic=config.topics.balances,

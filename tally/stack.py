@@ -34,10 +34,11 @@ from pathlib import Path
 import click
 
 from ledger.store.layout import has_ledger
-from streams.kafka import ensure_topics
+from streams.topics import ensure_topic_specs
 from tally.broker import EmbeddedBroker
 from tally.components import BOOTSTRAP_ENV
 from tally.config import TallyConfig
+from tally.kafka_clients import KafkaClients
 from tally.metrics import free_port, metrics_url
 from tally.metrics_config import MetricsProcess
 from tally.scheduling import api_url, ensure_tokens_file
@@ -97,8 +98,10 @@ class Stack:
         config_path: Path,
         dashboard: bool = True,
         log_level: str = "info",
+        kafka: KafkaClients | None = None,
     ) -> None:
         self.config = config
+        self.kafka = kafka or KafkaClients()  # the clients' security (plaintext if None)
         self.config_path = config_path
         self.dashboard = dashboard
         self.log_level = log_level
@@ -209,14 +212,11 @@ class Stack:
             click.echo("starting the embedded broker (tansu) …")
             self.broker = EmbeddedBroker(log_path=self.run_dir / "broker.log").start()
             servers = (self.broker.bootstrap,)
-        asyncio.run(
-            ensure_topics(
-                servers[0],
-                list(topics.all().values()),
-                topics.partitions,
-                compacted=[topics.balances],
+        report = asyncio.run(ensure_topic_specs(servers[0], topics.specs(), self.kafka.security))
+        for line in report.drift:
+            click.secho(
+                f"warning: {line} (Tally does not change an existing topic)", fg="yellow", err=True
             )
-        )
         return servers
 
     def _spawn(self, child: Child, env: dict[str, str]) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer
@@ -23,7 +25,7 @@ from ledger.errors import EventError
 from ledger.events import EventType
 from streams.alerts.dispatcher import AlertDispatcher
 from streams.alerts.settings import DEFAULT_GROUP_ID
-from streams.kafka import BrokerError
+from streams.kafka import DEFAULT_GROUP_OPTIONS, BrokerError
 from streams.progress import ConsumerProgress, observe
 
 log = logging.getLogger("tally.alerts")
@@ -59,10 +61,13 @@ async def consume_alerts(
     client_id: str = "tally-alerts",
     stop: asyncio.Event | None = None,
     progress: ConsumerProgress | None = None,
+    kafka_options: Mapping[str, Any] | None = None,
+    group_options: Mapping[str, int] = DEFAULT_GROUP_OPTIONS,
 ) -> None:
     """Read `topic` and hand alerts to `dispatcher` until `stop` is set; commit offsets after
     `submit` returned. Raises BrokerError when the broker cannot be used. `progress`, when
-    given, follows the assignment and lag (health checks)."""
+    given, follows the assignment and lag (health checks). `kafka_options`: the security
+    keywords (SASL, TLS); `group_options`: the group timeouts."""
     progress = progress if progress is not None else ConsumerProgress()
     consumer = AIOKafkaConsumer(
         topic,
@@ -71,6 +76,8 @@ async def consume_alerts(
         client_id=client_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
+        **group_options,
+        **(kafka_options or {}),
     )
     try:
         await consumer.start()

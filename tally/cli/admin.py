@@ -33,11 +33,13 @@ from tally.cli.options import (
     config_option,
     data_dir_option,
     fail,
+    kafka_or_exit,
     load_or_exit,
     output_option,
     require_ledger,
     resolve_data_dir,
     resolve_ledger_dir,
+    warn_topic_drift,
 )
 from tally.cli.report import report as report_group
 from tally.components import NoBrokerError, bootstrap_servers, desired_admin_state
@@ -103,22 +105,26 @@ def send_admin_events(
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
 
-    from streams.kafka import ensure_topics
+    from streams.topics import ensure_topic_specs
 
     try:
         servers = bootstrap_servers(config, bootstrap)
     except NoBrokerError as exc:
         fail(str(exc), Exit.USAGE)
+    kafka = kafka_or_exit(config)
+    specs = [spec for spec in config.topics.specs() if spec.name == config.topics.admin]
     envelopes = [admin_envelope(e) for e in events]
     topic = config.topics.admin
 
     async def send() -> None:
-        await ensure_topics(servers[0], [topic], config.topics.partitions)
+        report = await ensure_topic_specs(servers[0], specs, kafka.security)
+        warn_topic_drift(report.drift)
         producer = AIOKafkaProducer(
             bootstrap_servers=",".join(servers),
             client_id=config.broker.client_id,
             acks="all",
             request_timeout_ms=10_000,
+            **kafka.security,
         )
         try:
             await producer.start()

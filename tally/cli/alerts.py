@@ -10,7 +10,14 @@ import click
 
 from tally.alerts_config import AlertsConfig
 from tally.cli.logs import configure_logging
-from tally.cli.options import Exit, bootstrap_option, config_option, fail, log_level_option
+from tally.cli.options import (
+    Exit,
+    bootstrap_option,
+    config_option,
+    fail,
+    kafka_or_exit,
+    log_level_option,
+)
 from tally.config import ConfigError, TallyConfig, load_config
 
 
@@ -100,6 +107,7 @@ def run(
     except NoBrokerError as exc:
         fail(str(exc), Exit.USAGE)
     configure_logging("alerts", log_level)
+    kafka = kafka_or_exit(config)
     metrics = TallyMetrics(config.ledger.data_dir)
     progress, heartbeat = ConsumerProgress(), Heartbeat()
     if metrics_port is None and config.metrics.enabled:
@@ -121,7 +129,7 @@ def run(
 
     async def main() -> None:
         beating = asyncio.create_task(heartbeat.run())
-        await wait_for_broker(servers[0])
+        await wait_for_broker(servers[0], options=kafka.security)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -134,6 +142,8 @@ def run(
                 section.group_id,
                 stop=stop,
                 progress=progress,
+                kafka_options=kafka.security,
+                group_options=kafka.group,
             )
         finally:
             beating.cancel()

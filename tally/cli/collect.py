@@ -21,6 +21,7 @@ from tally.cli.options import (
     bootstrap_option,
     config_option,
     fail,
+    kafka_or_exit,
     load_or_exit,
     log_level_option,
 )
@@ -325,6 +326,7 @@ def _with_producer(
     from tally.health_sources import collector_probes
     from tally.metrics import MetricsPortError, metrics_url, serve_metrics
 
+    kafka = kafka_or_exit(config)
     metrics = CollectorMetrics()
     directory = Path(spool_dir) if spool_dir else config.ledger.data_dir.parent / "spool"
     try:
@@ -351,6 +353,7 @@ def _with_producer(
             client_id=config.broker.client_id,
             spool=spool,
             metrics=metrics,
+            kafka_options=kafka.security,
         )
         await producer.start()
         stop = asyncio.Event()

@@ -6,6 +6,7 @@ import asyncio
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ from tally.cli.options import (
     config_option,
     data_dir_option,
     fail,
+    kafka_or_exit,
     load_or_exit,
     output_option,
     require_ledger,
@@ -355,16 +357,17 @@ def replay_settings(config: TallyConfig) -> ReplaySettings:
 
 
 def fetch_from_topics(
-    bootstrap: str, data_dir: Path
+    bootstrap: str, data_dir: Path, options: Mapping[str, Any] | None = None
 ) -> tuple[str, dict[MessageKey, tuple[bytes | None, bytes | None]]]:
     """The broker's incarnation, and the messages it still holds of every archived range of
-    that incarnation (the archive's manifest says which)."""
+    that incarnation (the archive's manifest says which). `options`: the clients' security
+    keywords (SASL, TLS)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from streams.kafka import fetch_cluster_id
 
     async def fetch() -> tuple[str, dict[MessageKey, tuple[bytes | None, bytes | None]]]:
-        incarnation = await fetch_cluster_id(bootstrap)
+        incarnation = await fetch_cluster_id(bootstrap, options=options)
         wanted: dict[tuple[str, int], tuple[int, int]] = {}
         for seg in Manifest(data_dir / ARCHIVE_DIR).load():
             if seg.incarnation == incarnation:
@@ -375,7 +378,10 @@ def fetch_from_topics(
         if not wanted:
             return incarnation, found
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+            bootstrap_servers=bootstrap,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **(options or {}),
         )
         await consumer.start()
         try:
@@ -467,7 +473,8 @@ def rebuild(
         if source == "topics":
             try:
                 servers = bootstrap_servers(config, bootstrap)
-                _, fetched = fetch_from_topics(servers[0], live)
+                kafka = kafka_or_exit(config)
+                _, fetched = fetch_from_topics(servers[0], live, kafka.security)
             except (NoBrokerError, BrokerError) as exc:
                 fail(str(exc), Exit.BROKER)
             batches = batches_from_messages(batches, fetched, found)

@@ -6,13 +6,16 @@ from __future__ import annotations
 import sys
 from enum import IntEnum
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from ledger.store.layout import has_ledger
 from tally.config import ConfigError, TallyConfig, load_config
 from tally.output import OutputFormat
+
+if TYPE_CHECKING:
+    from tally.kafka_clients import KafkaClients
 
 DEFAULT_CONFIG = "deploy/examples/tally.yaml"
 
@@ -104,3 +107,39 @@ log_level_option = click.option(
     help="Log Tally's messages at this level and above to stderr; libraries (Faust, aiokafka) "
     "log warnings and errors only, everything at debug.",
 )
+
+
+def kafka_or_exit(config: TallyConfig) -> KafkaClients:
+    """The Kafka client settings of `config` (`tally.kafka_clients`); a secret not set or a TLS
+    file that cannot be used ends the command with `Exit.USAGE`, naming the field."""
+    from tally.kafka_clients import kafka_clients
+
+    try:
+        return kafka_clients(config.broker)
+    except ConfigError as exc:
+        fail(str(exc), Exit.USAGE)
+
+
+def ensure_topics_or_exit(
+    config: TallyConfig, servers: tuple[str, ...], kafka: KafkaClients
+) -> None:
+    """Create the config's topics that do not exist (`TopicsConfig.specs`) and warn about every
+    way an existing one differs from its spec; a broker that cannot be used ends the command
+    with `Exit.BROKER`."""
+    import asyncio
+
+    from streams.kafka import BrokerError
+    from streams.topics import ensure_topic_specs
+
+    try:
+        report = asyncio.run(ensure_topic_specs(servers[0], config.topics.specs(), kafka.security))
+    except BrokerError as exc:
+        fail(str(exc), Exit.BROKER)
+    warn_topic_drift(report.drift)
+
+
+def warn_topic_drift(drift: tuple[str, ...]) -> None:
+    for line in drift:
+        click.secho(
+            f"warning: {line} (Tally does not change an existing topic)", fg="yellow", err=True
+        )

@@ -9,13 +9,14 @@ import logging
 
 import click
 
-from streams.kafka import BrokerError, ensure_topics
 from tally.cli.logs import configure_logging
 from tally.cli.options import (
     Exit,
     bootstrap_option,
     config_option,
+    ensure_topics_or_exit,
     fail,
+    kafka_or_exit,
     load_or_exit,
     log_level_option,
 )
@@ -50,6 +51,7 @@ def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: i
         servers = bootstrap_servers(config, bootstrap)
     except NoBrokerError as exc:
         fail(str(exc), Exit.USAGE)
+    kafka = kafka_or_exit(config)
     try:
         tokens = load_tokens(config)
     except ConfigError as exc:
@@ -62,19 +64,8 @@ def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: i
     logger = logging.getLogger("tally.scheduler")
     if tokens.admin is None and not tokens.teams:
         logger.warning("no API tokens are configured: every API call will be refused (401)")
-    topics = config.topics
-    try:
-        asyncio.run(
-            ensure_topics(
-                servers[0],
-                list(topics.all().values()),
-                topics.partitions,
-                compacted=[topics.balances],
-            )
-        )
-    except BrokerError as exc:
-        fail(str(exc), Exit.BROKER)
-    settings = service_settings(config, servers)
+    ensure_topics_or_exit(config, servers, kafka)
+    settings = service_settings(config, servers, kafka.security)
     try:
         dispatcher = build_dispatcher(config)
     except SchedulerError as exc:

