@@ -73,15 +73,31 @@ class PriceBook:
             )
         return found
 
-    def rate_at(self, model: str, pool: str, time_us: int) -> int:
-        """Micro-units per GPU-hour for `model` in `pool` at `time_us`."""
+    def price_at(self, model: str, pool: str, time_us: int) -> Price | None:
+        """The price entry in force for `model` in `pool` at `time_us`, or None."""
         for price in self._candidates(model, pool):
             if price.effective_us <= time_us:
-                return price.micros_per_gpu_hour
-        raise PricingError(f"no price for GPU model {model!r} in pool {pool!r}")
+                return price
+        return None
+
+    def change_points(self, model: str, pool: str) -> tuple[int, ...]:
+        """The times at which the price of `model` in `pool` may change, ascending."""
+        return self._change_points(model, pool)
+
+    def rate_at(self, model: str, pool: str, time_us: int) -> int:
+        """Micro-units per GPU-hour for `model` in `pool` at `time_us`."""
+        price = self.price_at(model, pool, time_us)
+        if price is None:
+            raise PricingError(f"no price for GPU model {model!r} in pool {pool!r}")
+        return price.micros_per_gpu_hour
 
     def energy_rate_at(self, pool: str, time_us: int) -> int | None:
         """Micro-units per kWh in `pool` at `time_us`, or None when energy is not priced."""
+        price = self.energy_price_at(pool, time_us)
+        return None if price is None else price.micros_per_kwh
+
+    def energy_price_at(self, pool: str, time_us: int) -> EnergyPrice | None:
+        """The energy price entry in force in `pool` at `time_us`, or None."""
         best: EnergyPrice | None = None
         for price in self.energy:
             if price.effective_us > time_us or price.pool not in (None, pool):
@@ -91,7 +107,7 @@ class PriceBook:
                 best.effective_us,
             ):
                 best = price
-        return None if best is None else best.micros_per_kwh
+        return best
 
     def rates_between(
         self, model: str, pool: str, start_us: int, end_us: int
