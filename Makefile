@@ -34,4 +34,4 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks
 
 clean:
-	rm -rf $(VENV) .tally .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-focus .tally .pytest_cache .mypy_cache .ruff_cache
