@@ -247,23 +247,28 @@ def test_the_foundation_validator_passes_the_1_0_export(ledger, validator, tmp_p
     assert set(outcome.skipped) == pinned
 
 
-@pytest.mark.parametrize(
-    ("column", "value", "rule"),
-    [
-        pytest.param("ChargeFrequency", "Hourly", "ChargeFrequency_Enum", id="bad-enum"),
-        pytest.param(
-            "BillingCurrency", "EURO", "BillingCurrency_IsCurrencyCode", id="bad-currency"
-        ),
-        pytest.param("ListUnitPrice", None, "ListUnitPrice_Required", id="missing-column"),
-    ],
-)
-def test_the_validator_catches_a_broken_export(ledger, validator, tmp_path, column, value, rule):
+BREAKAGES = [
+    pytest.param("ChargeFrequency", "Hourly", "ChargeFrequency_Enum", id="bad-enum"),
+    pytest.param("BillingCurrency", "EURO", "BillingCurrency_IsCurrencyCode", id="bad-currency"),
+    pytest.param("ListUnitPrice", None, "ListUnitPrice_Required", id="missing-column"),
+]
+
+
+@pytest.fixture(scope="module")
+def broken_outcome(ledger, validator):
+    """The validator's verdict on a 1.0 export with every breakage below applied (one run)."""
     table = pacsv.read_csv(_export(ledger, FocusVersion.V1_0, ExportFormat.CSV))
-    index = table.column_names.index(column)
-    if value is None:
-        table = table.remove_column(index)
-    else:
-        table = table.set_column(index, column, pa.array([value] * table.num_rows))
-    broken = tmp_path / "broken.csv"
+    for column, value, _ in (p.values for p in BREAKAGES):
+        index = table.column_names.index(column)
+        if value is None:
+            table = table.remove_column(index)
+        else:
+            table = table.set_column(index, column, pa.array([value] * table.num_rows))
+    broken = ledger[0] / "broken.csv"
     pacsv.write_csv(table, broken)
-    assert rule in run_validator(validator, broken, tmp_path / "r.xml").failed
+    return run_validator(validator, broken, ledger[0] / "broken.xml")
+
+
+@pytest.mark.parametrize(("column", "value", "rule"), BREAKAGES)
+def test_the_validator_catches_a_broken_export(broken_outcome, column, value, rule):
+    assert rule in broken_outcome.failed
