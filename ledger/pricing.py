@@ -9,6 +9,7 @@ its own effective-dated rates per kWh (`EnergyPrice`), optionally per pool.
 
 from __future__ import annotations
 
+import json
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -142,3 +143,39 @@ def energy_cost(energy_mj: int, micros_per_kwh: int) -> int:
 def cost_of(gpu_ms: int, micros_per_gpu_hour: int) -> int:
     """Money for `gpu_ms` at a rate, rounded half-even to a micro-unit (the one rounding step)."""
     return divide_round_half_even(gpu_ms * micros_per_gpu_hour, MS_PER_HOUR)
+
+
+def encode_price_book(book: PriceBook) -> str:
+    """`book` as JSON text (integers only), for a process that cannot read the configuration."""
+    return json.dumps(
+        {
+            "prices": [
+                [p.model, p.micros_per_gpu_hour, p.effective_us, p.pool] for p in book.prices
+            ],
+            "energy": [[e.micros_per_kwh, e.effective_us, e.pool] for e in book.energy],
+        },
+        separators=(",", ":"),
+    )
+
+
+def decode_price_book(text: str) -> PriceBook:
+    """The book `encode_price_book` wrote. Raises ValueError for anything else."""
+    try:
+        data = json.loads(text)
+        prices = tuple(
+            Price(str(m), _integer(r), _integer(t), None if p is None else str(p))
+            for m, r, t, p in data["prices"]
+        )
+        energy = tuple(
+            EnergyPrice(_integer(r), _integer(t), None if p is None else str(p))
+            for r, t, p in data["energy"]
+        )
+    except (TypeError, KeyError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not a price book: {exc}") from exc
+    return PriceBook(prices, energy)
+
+
+def _integer(value: object) -> int:
+    if type(value) is not int:
+        raise ValueError(f"{value!r} is not an integer")
+    return value
