@@ -38,4 +38,4 @@ soak: $(STAMP)
 	TALLY_SOAK=1 $(BIN)/python -m pytest -s -k 1M tests/integration/test_crash_safety.py
 
 clean:
-	rm -rf $(VENV) .tally .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-focus .tally .pytest_cache .mypy_cache .ruff_cache

@@ -4,7 +4,8 @@ Run with `streamlit run dashboard/app.py` (`tally up` does); the ledger director
 $TALLY_DATA_DIR (set by `tally up`) or `.tally/data`, the currency from $TALLY_CURRENCY.
 The pages are the `page_*.py` scripts beside it; they read the sealed ledger through
 `dashboard.common`. The scheduler's job events are read from the ledger's raw-event archive, on
-the topic named by $TALLY_JOBS_TOPIC (default `tally.jobs`).
+the topic named by $TALLY_JOBS_TOPIC (default `tally.jobs`). The FOCUS download's unit prices
+come from the configuration's price book in $TALLY_PRICES (JSON, set by `tally up`).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from typing import Any
 
 import streamlit as st
 
+from ledger.pricing import PriceBook, decode_price_book
 from ledger.read import job_history, rollups
 from ledger.read.focus import ExportFormat, FocusContext
 from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
@@ -59,8 +60,21 @@ def half_life_us() -> int:
     return int(hours * rollups.HOUR_US) if hours > 0 else rollups.DEFAULT_HALF_LIFE_US
 
 
+def prices() -> PriceBook | None:
+    """The configuration's price book ($TALLY_PRICES, set by `tally up` and `tally dashboard`),
+    or None when unset or unreadable: the FOCUS export then prices with applied prices only."""
+    text = os.environ.get("TALLY_PRICES")
+    if not text:
+        return None
+    try:
+        return decode_price_book(text)
+    except ValueError:
+        return None
+
+
 def _focus(q: ReportQueries, period: str, fmt: str, cur: str) -> tuple[bytes, int]:
-    return rollups.focus_bytes(q, period, ExportFormat(fmt), FocusContext(currency=cur))
+    context = FocusContext(currency=cur)
+    return rollups.focus_bytes(q, period, ExportFormat(fmt), context, prices())
 
 
 def _statement(q: ReportQueries, team: str, period: str, cur: str, sharing: str) -> Any:

@@ -9,6 +9,7 @@ its own effective-dated rates per kWh (`EnergyPrice`), optionally per pool.
 
 from __future__ import annotations
 
+import json
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -73,15 +74,31 @@ class PriceBook:
             )
         return found
 
-    def rate_at(self, model: str, pool: str, time_us: int) -> int:
-        """Micro-units per GPU-hour for `model` in `pool` at `time_us`."""
+    def price_at(self, model: str, pool: str, time_us: int) -> Price | None:
+        """The price entry in force for `model` in `pool` at `time_us`, or None."""
         for price in self._candidates(model, pool):
             if price.effective_us <= time_us:
-                return price.micros_per_gpu_hour
-        raise PricingError(f"no price for GPU model {model!r} in pool {pool!r}")
+                return price
+        return None
+
+    def change_points(self, model: str, pool: str) -> tuple[int, ...]:
+        """The times at which the price of `model` in `pool` may change, ascending."""
+        return self._change_points(model, pool)
+
+    def rate_at(self, model: str, pool: str, time_us: int) -> int:
+        """Micro-units per GPU-hour for `model` in `pool` at `time_us`."""
+        price = self.price_at(model, pool, time_us)
+        if price is None:
+            raise PricingError(f"no price for GPU model {model!r} in pool {pool!r}")
+        return price.micros_per_gpu_hour
 
     def energy_rate_at(self, pool: str, time_us: int) -> int | None:
         """Micro-units per kWh in `pool` at `time_us`, or None when energy is not priced."""
+        price = self.energy_price_at(pool, time_us)
+        return None if price is None else price.micros_per_kwh
+
+    def energy_price_at(self, pool: str, time_us: int) -> EnergyPrice | None:
+        """The energy price entry in force in `pool` at `time_us`, or None."""
         best: EnergyPrice | None = None
         for price in self.energy:
             if price.effective_us > time_us or price.pool not in (None, pool):
@@ -91,7 +108,7 @@ class PriceBook:
                 best.effective_us,
             ):
                 best = price
-        return None if best is None else best.micros_per_kwh
+        return best
 
     def rates_between(
         self, model: str, pool: str, start_us: int, end_us: int
@@ -126,3 +143,39 @@ def energy_cost(energy_mj: int, micros_per_kwh: int) -> int:
 def cost_of(gpu_ms: int, micros_per_gpu_hour: int) -> int:
     """Money for `gpu_ms` at a rate, rounded half-even to a micro-unit (the one rounding step)."""
     return divide_round_half_even(gpu_ms * micros_per_gpu_hour, MS_PER_HOUR)
+
+
+def encode_price_book(book: PriceBook) -> str:
+    """`book` as JSON text (integers only), for a process that cannot read the configuration."""
+    return json.dumps(
+        {
+            "prices": [
+                [p.model, p.micros_per_gpu_hour, p.effective_us, p.pool] for p in book.prices
+            ],
+            "energy": [[e.micros_per_kwh, e.effective_us, e.pool] for e in book.energy],
+        },
+        separators=(",", ":"),
+    )
+
+
+def decode_price_book(text: str) -> PriceBook:
+    """The book `encode_price_book` wrote. Raises ValueError for anything else."""
+    try:
+        data = json.loads(text)
+        prices = tuple(
+            Price(str(m), _integer(r), _integer(t), None if p is None else str(p))
+            for m, r, t, p in data["prices"]
+        )
+        energy = tuple(
+            EnergyPrice(_integer(r), _integer(t), None if p is None else str(p))
+            for r, t, p in data["energy"]
+        )
+    except (TypeError, KeyError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not a price book: {exc}") from exc
+    return PriceBook(prices, energy)
+
+
+def _integer(value: object) -> int:
+    if type(value) is not int:
+        raise ValueError(f"{value!r} is not an integer")
+    return value

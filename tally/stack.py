@@ -33,6 +33,7 @@ from pathlib import Path
 
 import click
 
+from ledger.pricing import encode_price_book
 from ledger.store.layout import has_ledger
 from streams.topics import ensure_topic_specs
 from tally.broker import EmbeddedBroker
@@ -57,14 +58,15 @@ class Child:
 
 def ledger_env(config: TallyConfig, config_path: Path) -> dict[str, str]:
     """What a child (the dashboard above all) learns of the configuration from its
-    environment: the config file, the ledger's directory and currency, the jobs topic and the
-    fair-share half-life."""
+    environment: the config file, the ledger's directory and currency, the jobs topic, the
+    fair-share half-life and the price book (for the FOCUS export's unit prices)."""
     return {
         "TALLY_CONFIG": str(config_path),
         "TALLY_DATA_DIR": str(config.ledger.data_dir.resolve()),
         "TALLY_CURRENCY": config.ledger.currency,
         "TALLY_JOBS_TOPIC": config.topics.jobs,
         "TALLY_FAIR_SHARE_HALF_LIFE_HOURS": str(config.scheduler.fair_share_half_life_hours),
+        "TALLY_PRICES": encode_price_book(config.price_book()),
     }
 
 

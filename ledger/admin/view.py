@@ -83,12 +83,12 @@ class AdminView:
 
     def price_book(self, default: PriceBook) -> PriceBook:
         """`default` plus every applied price; an applied price wins a tie with the default,
-        a later one a tie with an earlier one."""
+        a later one a tie with an earlier one. Energy prices come from `default` only."""
         applied = tuple(
             Price(p.model, p.micros_per_gpu_hour, p.effective_us, p.pool)
             for p in reversed(self.prices)
         )
-        return PriceBook(applied + default.prices)
+        return PriceBook(applied + default.prices, default.energy)
 
     def latest_price(
         self, model: str, pool: str | None, ignore: Collection[tuple[int, int]] = ()

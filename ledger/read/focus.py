@@ -3,34 +3,49 @@
 This module owns the mapping from sealed postings to FOCUS rows.
 
 Row grain. One row per ledger account (consumer or unallocated) × dimensions (team, project,
-user, job, cost centre) × GPU × idle flag × charge period, summed from the postings *booked
-into* the billing period (`period`):
+user, job, cost centre) × GPU × idle flag × charge period × price, summed from the postings
+*booked into* the billing period (`period`):
 - usage (`kind = usage`): the charge period is the UTC hour in which the sample's interval
-  starts (`[hour, hour + 1h)`), the same rule that puts a posting in a period;
+  starts (`[hour, hour + 1h)`), the same rule that puts a posting in a period; the price is the
+  price-list entry in force at the sample's start (`ledger.read.focus_prices`). Energy is a
+  row of its own (PricingUnit "kWh") beside the GPU-time row, when the price book prices it;
 - every other kind (adjustments, reversals, …): one row per transaction and account, its charge
   period the transaction's own interval widened to whole seconds; `x_TransactionId` names it.
-Rows whose GPU time and money both sum to zero are left out. Budget, capacity and any other
-accounts are not costs and never appear. So BilledCost (and EffectiveCost, ListCost,
-ContractedCost: there are no discounts or commitments) sums exactly to the money debited to
-consumer and unallocated accounts in the period, which for usage is the capacity accounts' total.
+Rows whose GPU time, energy and money all sum to zero are left out. Budget, capacity and any
+other accounts are not costs and never appear. So BilledCost (and EffectiveCost: there are no
+discounts or commitments) sums exactly to the money debited to consumer and unallocated accounts
+in the period, which for usage is the capacity accounts' total.
+
+Energy. The ledger folds a sample's energy cost into its money posting. An energy row's cost is
+its price × its kWh (below); the GPU-time row beside it carries the rest of the money, so
+the two still sum exactly to what the ledger posted.
 
 Column mapping (the 21 mandatory columns, then conditional/recommended ones, then `x_` ones):
-- BilledCost = EffectiveCost = ListCost = ContractedCost: the row's money, exact, from
-  micro-units (Decimal(38, 6));
+- BilledCost = EffectiveCost: the row's money, exact, from micro-units (Decimal(38, 6));
+- ListUnitPrice = ContractedUnitPrice: the price-list rate per GPU-hour or kWh (no negotiated
+  prices), null on non-usage rows; ListCost = ContractedCost = unit price × PricingQuantity
+  rounded half-even to the micro-unit, exactly (BilledCost where there is no unit price). On a
+  GPU-time row ListCost differs from BilledCost only by the ledger's rounding of each sample
+  (at most half a micro-unit per sample) and the energy row's rounding;
+- SkuId, SkuPriceId, SkuMeter: the price-list entry (`ledger.read.focus_prices`);
+  PricingCategory "Standard" where there is a unit price;
+- InvoiceId: `<BillingAccountId>:<YYYY-MM>`, one chargeback per account and month;
 - BillingAccountId/Name, InvoiceIssuerName, ProviderName, PublisherName, ServiceName: from
   `FocusContext` (the organisation running Tally); BillingCurrency: the ledger currency;
 - BillingPeriodStart/End: the month, `[first instant, first instant of the next month)`;
-- ChargeCategory: "Usage" for usage; otherwise "Credit" when the row's money is negative, else
-  "Adjustment"; ChargeClass: "Correction" when the row's interval began before the billing
+- ChargeCategory: "Usage" for usage; "Adjustment" for every ledger correction (reversals and
+  adjustments, of either sign: they amend charges, they are not credits granted);
+  ChargeClass: "Correction" when the row's interval began before the billing
   period (late usage or a correction booked into a later open period), else null — its
   ChargePeriod then lies in the period in which the cost was incurred, as the spec requires;
 - ChargePeriodStart/End: as above, always Start < End;
 - PricingQuantity / PricingUnit: GPU-hours / "GPU-Hours" (null only for adjustments carrying
-  no GPU time); ConsumedQuantity / ConsumedUnit: the same, on "Usage" rows only (null
-  otherwise, as the spec requires). Hours are GPU-ms / 3,600,000 rounded half-even to 9 places
-  (a GPU-ms is not a finite decimal number of hours); `x_GpuMilliseconds` carries the exact
-  integer;
-- ResourceId: the GPU UUID (ResourceType "GPU"); the job is in Tags;
+  no GPU time), or kWh / "kWh" on energy rows; ConsumedQuantity / ConsumedUnit: the same, on
+  "Usage" rows only (null otherwise, as the spec requires). Hours are GPU-ms / 3,600,000 and
+  kWh are mJ / 3,600,000,000, rounded half-even to 9 places; `x_GpuMilliseconds` and
+  `x_EnergyMillijoules` carry the exact integers;
+- ResourceId: the GPU UUID (ResourceType "GPU", ResourceName "<model> <UUID>"); the job is in
+  Tags;
 - ServiceCategory "AI and Machine Learning", ServiceSubcategory "Machine Learning";
 - SubAccountId/Name: the team; unallocated capacity is "tally:unallocated" /
   "Unallocated capacity" (team names cannot contain ':');
@@ -39,7 +54,8 @@ Column mapping (the 21 mandatory columns, then conditional/recommended ones, the
   `tally/idle` (allocated-but-idle, consumer rows) and `tally/unallocated` (capacity rows).
 Date/times are UTC: `YYYY-MM-DDTHH:MM:SSZ` in CSV, `timestamp[ms, UTC]` holding whole seconds in
 Parquet. Decimals are plain decimal text in CSV (no exponent, no sign for positives) and
-Decimal128 in Parquet.
+Decimal128 in Parquet. `FocusVersion` 1.0 writes the same rows in 1.0's columns
+(`ledger.read.focus_versions`).
 """
 
 from __future__ import annotations
@@ -58,10 +74,22 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ledger.periods import Period
+from ledger.pricing import PriceBook
+from ledger.read.focus_prices import (
+    ENERGY_SKU,
+    energy_price_pieces,
+    gpu_price_pieces,
+    gpu_sku,
+    ledger_price_book,
+    usage_combos,
+)
+from ledger.read.focus_versions import FocusVersion, project_version
 from ledger.read.reports import ReportQueries
 
-FOCUS_VERSION = "1.2"
+FOCUS_VERSION = FocusVersion.V1_2
 GPU_HOURS_UNIT = "GPU-Hours"
+ENERGY_UNIT = "kWh"
+GPU_SKU_PREFIX = gpu_sku("")
 UNALLOCATED_SUB_ACCOUNT = "tally:unallocated"
 DATETIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 COST_TYPE = pa.decimal128(38, 6)
@@ -126,6 +154,7 @@ DATETIME_COLUMNS = (
     "ChargePeriodEnd",
 )
 COST_COLUMNS = ("BilledCost", "ContractedCost", "EffectiveCost", "ListCost")
+UNIT_PRICE_COLUMNS = ("ContractedUnitPrice", "ListUnitPrice")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +186,7 @@ class FocusExport:
     rows: int
     billed_micros: int
     gpu_ms: int
+    version: FocusVersion = FOCUS_VERSION
 
 
 def _cost(column: str) -> str:
@@ -173,18 +203,39 @@ _NANO_HOURS = (
     "(CAST(gpu_ms AS HUGEINT) * 2500 // 9 + CASE WHEN 2 * abs(CAST(gpu_ms AS HUGEINT) * 2500 % 9)"
     " > 9 THEN sign(gpu_ms) ELSE 0 END)"
 )
-_HOURS = (
-    f"CAST(CAST({_NANO_HOURS} AS DECIMAL(38, 0)) * CAST(0.000000001 AS DECIMAL(38, 9)) "
-    "AS DECIMAL(38, 9))"
-)
 _PRICED = "(kind = 'usage' OR gpu_ms <> 0)"
+
+
+def _round_div(numerator: str, denominator: int) -> str:
+    """SQL: integer `numerator / denominator` rounded half-even (any sign), as HUGEINT."""
+    n = f"CAST({numerator} AS HUGEINT)"
+    return (
+        f"({n} // {denominator} + CASE WHEN 2 * abs({n} % {denominator}) > {denominator} "
+        f"OR (2 * abs({n} % {denominator}) = {denominator} AND ({n} // {denominator}) % 2 <> 0) "
+        f"THEN sign({n}) ELSE 0 END)"
+    )
+
+
+def _decimal9(column: str) -> str:
+    """SQL: an integer count of 10^-9 units as an exact DECIMAL(38, 9)."""
+    return (
+        f"CAST(CAST({column} AS DECIMAL(38, 0)) * CAST(0.000000001 AS DECIMAL(38, 9)) "
+        "AS DECIMAL(38, 9))"
+    )
+
+
+# Energy: millijoules → nano-kWh = mJ × 10^9 / 3.6 × 10^9 = mJ × 5 / 18, half-even.
+_NANO_KWH = _round_div("energy_mj * 5", 18)
+# Price × quantity: micro-units per unit × nano-units → micro-units (half-even).
+_LIST_COST = _round_div("rate * nano_qty", 1_000_000_000)
+_ENERGY_MONEY = _round_div("energy_rate * nano_kwh", 1_000_000_000)
 
 # Braces are doubled: `ReportQueries` formats `{postings}` into the text.
 _FOCUS_SQL = f"""
 WITH ctx AS (
     SELECT ? AS label, ?::BIGINT AS start_us, ?::BIGINT AS end_us, ? AS account_id,
         ? AS account_name, ? AS currency, ? AS issuer, ? AS provider, ? AS publisher,
-        ? AS service_category, ? AS service_name, ? AS service_subcategory
+        ? AS service_category, ? AS service_name, ? AS service_subcategory, ? AS invoice_id
 ), legs AS (
     SELECT p.account, p.kind,
         coalesce(p.team, CASE WHEN p.account LIKE 'consumer:%'
@@ -201,32 +252,64 @@ WITH ctx AS (
         CASE WHEN p.kind = 'usage' THEN p.start_us - p.start_us % 3600000000 + 3600000000
             ELSE greatest(p.end_us + (1000000 - p.end_us % 1000000) % 1000000,
                           p.start_us - p.start_us % 1000000 + 1000000) END AS charge_end_us,
+        g.rate AS gpu_rate, g.price_id AS gpu_price_id,
+        e.rate AS energy_rate, e.price_id AS energy_price_id,
         p.unit, p.amount
-    FROM {{postings}} AS p, ctx
+    FROM {{postings}} AS p CROSS JOIN ctx
+    LEFT JOIN focus_gpu_prices AS g ON p.kind = 'usage' AND g.model = p.model
+        AND g.pool = p.pool AND p.start_us >= g.from_us AND p.start_us < g.to_us
+    LEFT JOIN focus_energy_prices AS e ON p.kind = 'usage' AND e.pool = p.pool
+        AND p.start_us >= e.from_us AND p.start_us < e.to_us
     WHERE p.period = ctx.label
         AND (p.account LIKE 'consumer:%' OR p.account LIKE 'unallocated:%')
-        AND p.unit IN ('gpu_ms', 'money_micros')
+        AND p.unit IN ('gpu_ms', 'money_micros', 'energy_mj')
 ), grain AS (
     SELECT account, kind, team, project, "user", job_id, cost_centre, gpu_uuid, model, pool,
         unallocated, idle, prior, txn_id, charge_start_us, charge_end_us,
+        gpu_rate, gpu_price_id, energy_rate, energy_price_id,
         coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0) AS gpu_ms,
-        coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) AS money
+        coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) AS money,
+        coalesce(sum(amount) FILTER (unit = 'energy_mj'), 0) AS energy_mj
     FROM legs
     GROUP BY ALL
     HAVING coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0) <> 0
         OR coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) <> 0
+        OR coalesce(sum(amount) FILTER (unit = 'energy_mj'), 0) <> 0
+), quantities AS (
+    SELECT *, {_NANO_HOURS} AS nano_hours, {_NANO_KWH} AS nano_kwh,
+        kind = 'usage' AND energy_rate IS NOT NULL AND energy_mj <> 0 AS energy_line
+    FROM grain
+), split AS (
+    SELECT *, CASE WHEN energy_line THEN {_ENERGY_MONEY} ELSE 0 END AS energy_money
+    FROM quantities
+), lines AS (
+    SELECT *, 'gpu' AS line, nano_hours AS nano_qty, gpu_rate AS rate,
+        gpu_price_id AS price_id, money - energy_money AS cost, gpu_ms AS line_ms,
+        CASE WHEN energy_line THEN 0 ELSE energy_mj END AS line_mj
+    FROM split
+    WHERE kind <> 'usage' OR gpu_ms <> 0 OR money - energy_money <> 0 OR NOT energy_line
+    UNION ALL
+    SELECT *, 'energy' AS line, nano_kwh AS nano_qty, energy_rate AS rate,
+        energy_price_id AS price_id, energy_money AS cost, 0 AS line_ms, energy_mj AS line_mj
+    FROM split
+    WHERE energy_line
+), costed AS (
+    SELECT *, CASE WHEN rate IS NOT NULL THEN {_LIST_COST} ELSE cost END AS list_cost
+    FROM lines
 )
 SELECT
-    {_cost("money")} AS BilledCost,
+    {_cost("cost")} AS BilledCost,
     ctx.account_id AS BillingAccountId,
     ctx.account_name AS BillingAccountName,
     ctx.currency AS BillingCurrency,
-    ctx.start_us // 1000000 AS BillingPeriodStart,
     ctx.end_us // 1000000 AS BillingPeriodEnd,
-    CASE WHEN kind = 'usage' THEN 'Usage' WHEN money < 0 THEN 'Credit' ELSE 'Adjustment' END
-        AS ChargeCategory,
+    ctx.start_us // 1000000 AS BillingPeriodStart,
+    CASE WHEN kind = 'usage' THEN 'Usage' ELSE 'Adjustment' END AS ChargeCategory,
     CASE WHEN prior THEN 'Correction' END AS ChargeClass,
     CASE
+        WHEN line = 'energy' AND unallocated THEN 'Energy of unallocated GPU capacity'
+        WHEN line = 'energy' AND idle THEN 'Energy of allocated but idle GPU time'
+        WHEN line = 'energy' THEN 'Energy of GPU time'
         WHEN kind = 'usage' AND unallocated THEN 'Unallocated GPU capacity'
         WHEN kind = 'usage' AND idle THEN 'Allocated but idle GPU time'
         WHEN kind = 'usage' THEN 'GPU time'
@@ -237,23 +320,36 @@ SELECT
             ELSE '' END
         AS ChargeDescription,
     CASE WHEN kind = 'usage' THEN 'Usage-Based' ELSE 'One-Time' END AS ChargeFrequency,
-    charge_start_us // 1000000 AS ChargePeriodStart,
     charge_end_us // 1000000 AS ChargePeriodEnd,
-    CASE WHEN kind = 'usage' THEN {_HOURS} END AS ConsumedQuantity,
-    CASE WHEN kind = 'usage' THEN '{GPU_HOURS_UNIT}' END AS ConsumedUnit,
-    {_cost("money")} AS ContractedCost,
-    {_cost("money")} AS EffectiveCost,
+    charge_start_us // 1000000 AS ChargePeriodStart,
+    CASE WHEN kind = 'usage' THEN {_decimal9("nano_qty")} END AS ConsumedQuantity,
+    CASE WHEN kind <> 'usage' THEN NULL WHEN line = 'energy' THEN '{ENERGY_UNIT}'
+        ELSE '{GPU_HOURS_UNIT}' END AS ConsumedUnit,
+    {_cost("list_cost")} AS ContractedCost,
+    {_cost("rate")} AS ContractedUnitPrice,
+    {_cost("cost")} AS EffectiveCost,
+    ctx.invoice_id AS InvoiceId,
     ctx.issuer AS InvoiceIssuerName,
-    {_cost("money")} AS ListCost,
-    CASE WHEN {_PRICED} THEN {_HOURS} END AS PricingQuantity,
-    CASE WHEN {_PRICED} THEN '{GPU_HOURS_UNIT}' END AS PricingUnit,
+    {_cost("list_cost")} AS ListCost,
+    {_cost("rate")} AS ListUnitPrice,
+    CASE WHEN rate IS NOT NULL THEN 'Standard' END AS PricingCategory,
+    CASE WHEN {_PRICED} THEN {_decimal9("nano_qty")} END AS PricingQuantity,
+    CASE WHEN NOT {_PRICED} THEN NULL WHEN line = 'energy' THEN '{ENERGY_UNIT}'
+        ELSE '{GPU_HOURS_UNIT}' END AS PricingUnit,
     ctx.provider AS ProviderName,
     ctx.publisher AS PublisherName,
     gpu_uuid AS ResourceId,
+    CASE WHEN gpu_uuid IS NOT NULL THEN coalesce(model || ' ', '') || gpu_uuid END
+        AS ResourceName,
     CASE WHEN gpu_uuid IS NOT NULL THEN 'GPU' END AS ResourceType,
     ctx.service_category AS ServiceCategory,
     ctx.service_name AS ServiceName,
     ctx.service_subcategory AS ServiceSubcategory,
+    CASE WHEN kind <> 'usage' THEN NULL WHEN line = 'energy' THEN '{ENERGY_SKU}'
+        ELSE '{GPU_SKU_PREFIX}' || model END AS SkuId,
+    CASE WHEN kind <> 'usage' THEN NULL WHEN line = 'energy' THEN 'Energy'
+        ELSE 'GPU time' END AS SkuMeter,
+    price_id AS SkuPriceId,
     CASE WHEN unallocated THEN '{UNALLOCATED_SUB_ACCOUNT}' ELSE team END AS SubAccountId,
     CASE WHEN unallocated THEN 'Unallocated capacity' ELSE team END AS SubAccountName,
     json_merge_patch('{{{{}}}}', json_object(
@@ -267,18 +363,35 @@ SELECT
     pool AS x_Pool,
     model AS x_GpuModel,
     idle AS x_Idle,
-    gpu_ms AS x_GpuMilliseconds,
-    money AS x_CostMicros
-FROM grain, ctx
+    line_ms AS x_GpuMilliseconds,
+    line_mj AS x_EnergyMillijoules,
+    cost AS x_CostMicros
+FROM costed, ctx
 ORDER BY charge_start_us, charge_end_us, account, kind, txn_id NULLS FIRST,
     team NULLS FIRST, project NULLS FIRST, "user" NULLS FIRST, job_id NULLS FIRST,
     cost_centre NULLS FIRST, gpu_uuid NULLS FIRST, model NULLS FIRST, pool NULLS FIRST,
-    idle, prior
+    idle, prior, line DESC, price_id NULLS FIRST
 """
 
 
-def focus_table(queries: ReportQueries, period: Period, context: FocusContext) -> pa.Table:
-    """The FOCUS rows of `period` as an Arrow table in the Parquet representation."""
+def focus_table(
+    queries: ReportQueries,
+    period: Period,
+    context: FocusContext,
+    prices: PriceBook | None = None,
+    version: FocusVersion = FOCUS_VERSION,
+) -> pa.Table:
+    """The FOCUS rows of `period` as an Arrow table in the Parquet representation.
+
+    `prices` is the configuration's price book (None: none configured); the prices applied
+    through the ledger's admin log are added to it, as the ingest adds them.
+    """
+    book = ledger_price_book(queries, prices if prices is not None else PriceBook(()))
+    combos = usage_combos(queries, period)
+    tables = {
+        "focus_gpu_prices": gpu_price_pieces(book, combos),
+        "focus_energy_prices": energy_price_pieces(book, (pool for _, pool in combos)),
+    }
     params: list[Any] = [
         period.label,
         period.start_us,
@@ -292,21 +405,22 @@ def focus_table(queries: ReportQueries, period: Period, context: FocusContext) -
         str(context.service_category),
         context.service_name,
         context.service_subcategory,
+        f"{context.billing_account_id}:{period.label}",
     ]
-    raw = queries.arrow(_FOCUS_SQL, params)
+    raw = queries.arrow(_FOCUS_SQL, params, tables)
     columns: dict[str, pa.Array | pa.ChunkedArray] = {}
     for name in raw.column_names:
         column = raw.column(name)
         if name in DATETIME_COLUMNS:
             column = column.cast(pa.int64()).cast(_SECONDS).cast(DATETIME_TYPE)
-        elif name in COST_COLUMNS:
+        elif name in COST_COLUMNS or name in UNIT_PRICE_COLUMNS:
             column = column.cast(COST_TYPE)
         elif name in ("ConsumedQuantity", "PricingQuantity"):
             column = column.cast(QUANTITY_TYPE)
-        elif name in ("x_GpuMilliseconds", "x_CostMicros"):
+        elif name in ("x_GpuMilliseconds", "x_EnergyMillijoules", "x_CostMicros"):
             column = column.cast(pa.int64())
         columns[name] = column
-    return pa.table(columns)
+    return project_version(pa.table(columns), version)
 
 
 def as_csv_table(table: pa.Table) -> pa.Table:
@@ -359,10 +473,14 @@ def export_focus(
     fmt: ExportFormat,
     context: FocusContext,
     progress: Progress | None = None,
+    prices: PriceBook | None = None,
+    version: FocusVersion = FOCUS_VERSION,
 ) -> FocusExport:
-    """Build the FOCUS rows of `period` and write them to `out`."""
-    table = focus_table(queries, period, context)
+    """Build the FOCUS `version` rows of `period` and write them to `out`."""
+    table = focus_table(queries, period, context, prices, version)
     write_focus(table, out, fmt, progress)
     billed = pc.sum(table.column("x_CostMicros")).as_py() or 0
     gpu_ms = pc.sum(table.column("x_GpuMilliseconds")).as_py() or 0
-    return FocusExport(period.label, Path(out), fmt, table.num_rows, int(billed), int(gpu_ms))
+    return FocusExport(
+        period.label, Path(out), fmt, table.num_rows, int(billed), int(gpu_ms), version
+    )

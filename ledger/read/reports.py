@@ -65,18 +65,31 @@ class ReportQueries(LedgerQueries):
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._query(sql, params)
 
-    def arrow(self, sql: str, params: Sequence[Any] = ()) -> pa.Table:
-        """Like `rows`, as an Arrow table (for exports); retried like `LedgerQueries._query`."""
+    def arrow(
+        self,
+        sql: str,
+        params: Sequence[Any] = (),
+        tables: Mapping[str, pa.Table] | None = None,
+    ) -> pa.Table:
+        """Like `rows`, as an Arrow table (for exports); retried like `LedgerQueries._query`.
+
+        `tables` are Arrow tables the SQL may read by name while it runs."""
         last: Exception | None = None
-        for _ in range(_RETRIES):
-            try:
-                relation = self._con.sql(
-                    sql.format(postings=self._source()), params=list(params) or None
-                )
-                table: pa.Table = relation.to_arrow_table()
-                return table
-            except duckdb.IOException as exc:  # a listed file was compacted away meanwhile
-                last = exc
+        for name, extra in (tables or {}).items():
+            self._con.register(name, extra)
+        try:
+            for _ in range(_RETRIES):
+                try:
+                    relation = self._con.sql(
+                        sql.format(postings=self._source()), params=list(params) or None
+                    )
+                    table: pa.Table = relation.to_arrow_table()
+                    return table
+                except duckdb.IOException as exc:  # a listed file was compacted away meanwhile
+                    last = exc
+        finally:
+            for name in tables or {}:
+                self._con.unregister(name)
         raise LedgerError(f"the sealed ledger could not be read: {last}")
 
 

@@ -9,7 +9,9 @@ from typing import Any
 import click
 
 from ledger.errors import LedgerError
+from ledger.pricing import PriceBook
 from ledger.read.focus import ExportFormat, FocusContext, export_focus
+from ledger.read.focus_versions import FocusVersion
 from ledger.read.reports import ReportQueries, gpu_hours
 from ledger.units import format_micros
 from tally.cli.options import (
@@ -17,6 +19,7 @@ from tally.cli.options import (
     config_option,
     data_dir_option,
     fail,
+    load_or_exit,
     output_option,
     resolve_ledger_dir,
 )
@@ -62,6 +65,14 @@ def export() -> None:
     show_default=True,
     help="FOCUS InvoiceIssuerName, ProviderName and PublisherName.",
 )
+@click.option(
+    "--focus-version",
+    "focus_version",
+    type=click.Choice([v.value for v in FocusVersion]),
+    default=FocusVersion.V1_2.value,
+    show_default=True,
+    help="FOCUS version of the columns (1.0 for tools that ingest only 1.0).",
+)
 @output_option
 def focus(
     config_path: str,
@@ -72,13 +83,15 @@ def focus(
     billing_account_id: str,
     billing_account_name: str,
     issuer: str,
+    focus_version: str,
     output: str,
 ) -> None:
-    """FOCUS 1.2 cost and usage rows of one month, as CSV or Parquet.
+    """FOCUS 1.2 (or 1.0) cost and usage rows of one month, as CSV or Parquet.
 
-    One row per account (team/project or unallocated capacity), user, job, GPU and hour;
-    corrections appear as Adjustment or Credit rows, late usage as ChargeClass Correction.
-    BilledCost sums exactly to the ledger's cost for the month.
+    One row per account (team/project or unallocated capacity), user, job, GPU, price and
+    hour, with energy in rows of its own; ledger corrections appear as Adjustment rows, late
+    usage as ChargeClass Correction. Unit prices come from the configuration's price book and
+    the applied price changes. BilledCost sums exactly to the ledger's cost for the month.
     """
     chosen = parse_period(period)
     assert chosen is not None
@@ -98,6 +111,7 @@ def focus(
         )
     except ValueError as exc:
         fail(str(exc), Exit.USAGE)
+    prices = _configured_prices(config_path)
     directory = resolve_ledger_dir(config_path, data_dir)
     bar: Any = None
 
@@ -113,7 +127,14 @@ def focus(
         click.echo(f"building the FOCUS rows of {chosen.label} …", err=True)
     try:
         result = export_focus(
-            ReportQueries(directory), chosen, target, ExportFormat(fmt), context, progress
+            ReportQueries(directory),
+            chosen,
+            target,
+            ExportFormat(fmt),
+            context,
+            progress,
+            prices,
+            FocusVersion(focus_version),
         )
     except LedgerError as exc:
         fail(str(exc), Exit.LEDGER)
@@ -125,19 +146,29 @@ def focus(
     out_fmt = OutputFormat(output)
     if out_fmt is OutputFormat.TABLE:
         click.echo(
-            f"wrote {result.rows} FOCUS rows for {result.period} to {result.path} "
+            f"wrote {result.rows} FOCUS {result.version} rows for {result.period} to {result.path} "
             f"({result.format}): BilledCost {format_micros(result.billed_micros, 6)} "
             f"{context.currency}, {gpu_hours(result.gpu_ms)} GPU-hours"
         )
         return
-    headers = ["period", "path", "format", "rows", "billed_cost", "currency", "gpu_hours"]
+    headers = [
+        "period", "path", "format", "focus_version", "rows", "billed_cost", "currency", "gpu_hours"
+    ]  # fmt: skip
     row = [
         result.period,
         str(result.path),
         str(result.format),
+        str(result.version),
         result.rows,
         format_micros(result.billed_micros, 6),
         context.currency,
         str(gpu_hours(result.gpu_ms, 6)),
     ]
     click.echo(render(headers, [row], out_fmt))
+
+
+def _configured_prices(config_path: str | None) -> PriceBook | None:
+    """The configuration's price book when there is a configuration file."""
+    if config_path and Path(config_path).is_file():
+        return load_or_exit(config_path).price_book()
+    return None

@@ -22,7 +22,7 @@ from ledger.admin import (
 )
 from ledger.events import encode_batch
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
-from ledger.pricing import Price, PriceBook
+from ledger.pricing import EnergyPrice, Price, PriceBook
 from ledger.read.queries import LedgerQueries
 from ledger.store.hot import DuckDBStore
 from ledger.store.side_files import load_admin_log
@@ -306,7 +306,8 @@ def test_prices_teams_and_quotas_are_recorded_in_the_admin_log(store):
         ("quota_set", "applied"),
         ("team_defined", "unchanged"),
     ]
-    book = store.price_book(PriceBook((Price("*", 1_000_000),)))
+    book = store.price_book(PriceBook((Price("*", 1_000_000),), (EnergyPrice(150_000),)))
+    assert book.energy_rate_at("h100", WHEN) == 150_000  # the config's energy prices are kept
     assert book.rate_at("H100", "h100", WHEN) == 3_200_000
     assert book.rate_at("H100", "a100", WHEN) == 1_000_000  # the H100 price of every pool …
     assert book.rate_at("H100", "a100", WHEN + DAY_US) == 4_000_000  # … from its effective time

@@ -231,7 +231,7 @@ def test_export_focus_table_summary_and_billing_account(fleet_dir, tmp_path):
         "--billing-account-id", "acme-gpu", "--issuer", "ACME Platform",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "wrote 11 FOCUS rows for 2026-11" in result.output
+    assert "wrote 11 FOCUS 1.2 rows for 2026-11" in result.output
     assert "BilledCost 0.878001 USD" in result.output
     table = pq.read_table(out)
     assert set(table.column("BillingAccountId").to_pylist()) == {"acme-gpu"}
@@ -290,10 +290,36 @@ def test_export_focus_from_ingested_samples(tmp_path):
                  "-o", "csv")  # fmt: skip
     assert result.exit_code == 0, result.output
     # nine 10-second samples at one micro-unit per GPU-ms: 90,000 µ; one row per owner (one hour)
-    assert result.output.strip().splitlines()[1].split(",")[3:5] == ["3", "0.090000"]
+    assert result.output.strip().splitlines()[1].split(",")[3:6] == ["1.2", "3", "0.090000"]
     header, *rows = out.read_text().splitlines()
     assert header.startswith('"BilledCost","BillingAccountId"')
     assert sorted(Decimal(r.split(",", 1)[0]) for r in rows) == [Decimal("0.030000")] * 3
+
+
+@pytest.mark.parametrize(
+    ("version", "present", "absent"),
+    [
+        pytest.param("1.2", "InvoiceId", "RegionId", id="focus-1.2"),
+        pytest.param("1.0", "RegionId", "InvoiceId", id="focus-1.0"),
+    ],
+)
+def test_export_focus_versions_price_from_the_config(tmp_path, version, present, absent):
+    data_dir = tmp_path / "ledger"
+    with DuckDBStore(data_dir) as store:
+        envelope = an_envelope(sample_time_us=T0_US + INTERVAL_US)
+        message = ConsumedMessage("s", 0, 0, encode_batch([envelope]))
+        Ingestor(store, "c", PriceBook((Price("*", 3_200_000),)), {}).apply([message])
+        store.seal()
+    config = write_config(tmp_path / "tally.yaml", a_config_dict())
+    out = tmp_path / "nov.parquet"
+    result = run("export", "focus", "--config", config, "--data-dir", data_dir, "--period",
+                 "2026-11", "--out", out, "--focus-version", version)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert f"FOCUS {version} rows" in result.output
+    table = pq.read_table(out)
+    assert present in table.column_names and absent not in table.column_names
+    assert table.column("ListUnitPrice").to_pylist() == [Decimal("3.200000")]
+    assert table.column("BilledCost").to_pylist() == [Decimal("0.008889")]  # 10 s at 3.20/h
 
 
 def test_export_of_an_empty_ledger_writes_only_a_header(tmp_path):
@@ -302,5 +328,5 @@ def test_export_of_an_empty_ledger_writes_only_a_header(tmp_path):
     result = run("export", "focus", "--data-dir", tmp_path / "fresh", "--period", "2026-11",
                  "--out", out)  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "wrote 0 FOCUS rows" in result.output
+    assert "wrote 0 FOCUS 1.2 rows" in result.output
     assert len(out.read_text().splitlines()) == 1

@@ -3,18 +3,25 @@ shown equal the ledger queries, and the filters change them as they should."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from dashboard import common
+from ledger.pricing import Price, PriceBook, decode_price_book, encode_price_book
 from ledger.read import rollups
+from ledger.read.focus import ExportFormat, FocusContext
 from ledger.read.reports import IdleSharing, ReportQueries, cost_report
 from ledger.read.statements import team_statement
-from tests.conftest import REPO
-from tests.unit.test_dashboard_seed import END_US, H100, seed_ledger
+from tally.config import load_config
+from tally.stack import ledger_env
+from tests.builders import a_config_dict
+from tests.conftest import REPO, write_config
+from tests.unit.test_dashboard_seed import A100, END_US, H100, seed_ledger
 
 APP = str(REPO / "dashboard" / "app.py")
 PLATFORM = "page_platform.py"
@@ -163,6 +170,29 @@ def test_top_jobs_and_idle_waste(monkeypatch, seeded, q):
     assert round(pools["cost"].sum(), 6) == _money(waste.unallocated_micros)
 
 
+@pytest.mark.parametrize(
+    ("env", "priced"),
+    [
+        pytest.param(None, False, id="no-price-book"),
+        pytest.param("not json", False, id="unreadable-price-book"),
+        pytest.param("book", True, id="the-configs-price-book"),
+    ],
+)
+def test_the_focus_download_prices_with_the_configs_book(monkeypatch, q, env, priced):
+    book = PriceBook((Price(H100, 3_000_000), Price(A100, 2_000_000)))
+    if env is None:
+        monkeypatch.delenv("TALLY_PRICES", raising=False)
+    else:
+        monkeypatch.setenv("TALLY_PRICES", encode_price_book(book) if env == "book" else env)
+    data, rows = common.QUERIES["focus"](q, "2026-11", "parquet", "USD")
+    table = pq.read_table(io.BytesIO(data))
+    usage = [r for r in table.to_pylist() if r["ChargeCategory"] == "Usage"]
+    assert rows == table.num_rows and usage
+    assert all((r["ListUnitPrice"] is not None) is priced for r in usage)
+    with_book = rollups.focus_bytes(q, "2026-11", ExportFormat.PARQUET, FocusContext(), book)
+    assert (pq.read_table(io.BytesIO(with_book[0])) == table) is priced
+
+
 def test_exports_offer_focus_and_the_team_statement(monkeypatch, seeded, q):
     app = _app(monkeypatch, seeded)
     labels = [b.label for b in app.get("download_button")]
@@ -289,3 +319,11 @@ def test_top_jobs_equal_one_aggregate_over_every_job(q, filters, limit):
     )
     assert rollups.top_jobs(q, filters, limit) == expected
     assert len(expected) <= limit
+
+
+def test_the_stack_hands_the_dashboard_the_configs_price_book(tmp_path):
+    data = a_config_dict(energy_prices=[{"per_kwh": "0.15"}])
+    path = write_config(tmp_path / "tally.yaml", data)
+    config = load_config(path)
+    book = decode_price_book(ledger_env(config, path)["TALLY_PRICES"])
+    assert book == config.price_book() and book.energy and book.prices

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ledger.periods import Period
+from ledger.pricing import Price, PriceBook
 from ledger.read.focus import (
     COST_COLUMNS,
     DATETIME_COLUMNS,
@@ -33,6 +34,8 @@ from tests.builders import T0_US
 from tests.unit.test_reports import ADA, CY, HOUR_US, NOV, NOV_TOTAL, LedgerBuilder, build_fleet
 
 PERIOD = Period.month(NOV)
+# The fleet's money per GPU-ms: H100 1 µ, A100 2 µ, L4 500,000 µ per 3,600,000 ms.
+PRICES = PriceBook((Price("H100", 3_600_000), Price("A100", 7_200_000), Price("L4", 500_000)))
 DATETIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
 DECIMAL = re.compile(r"^-?\d+(\.\d+)?$")  # no sign for positives, no exponent, no separators
 NOT_NULL = (
@@ -85,8 +88,12 @@ def exported(tmp_path_factory):
     data_dir = build_fleet(root / "ledger").seal()
     queries = ReportQueries(data_dir)
     context = FocusContext(currency="EUR")
-    csv_result = export_focus(queries, PERIOD, root / "nov.csv", ExportFormat.CSV, context)
-    pq_result = export_focus(queries, PERIOD, root / "nov.parquet", ExportFormat.PARQUET, context)
+    csv_result = export_focus(
+        queries, PERIOD, root / "nov.csv", ExportFormat.CSV, context, prices=PRICES
+    )
+    pq_result = export_focus(
+        queries, PERIOD, root / "nov.parquet", ExportFormat.PARQUET, context, prices=PRICES
+    )
     parquet = pq.read_table(root / "nov.parquet")
     text = pacsv.read_csv(
         root / "nov.csv",
@@ -118,7 +125,8 @@ def test_every_mandatory_column_is_present(exported):
 def test_custom_columns_carry_the_x_prefix(exported):
     focus = {*MANDATORY_COLUMNS, "ChargeFrequency", "ConsumedQuantity", "ConsumedUnit",
              "ResourceId", "ResourceType", "ServiceSubcategory", "SubAccountId", "SubAccountName",
-             "Tags"}  # fmt: skip
+             "Tags", "ContractedUnitPrice", "InvoiceId", "ListUnitPrice", "PricingCategory",
+             "ResourceName", "SkuId", "SkuMeter", "SkuPriceId"}  # fmt: skip
     others = [c for c in exported["parquet"].column_names if c not in focus]
     assert others and all(c.startswith("x_") for c in others)
 
@@ -197,9 +205,13 @@ def test_pricing_and_consumed_quantity_nullability(exported):
 def test_costs_sum_exactly_to_the_ledger(exported):
     total = Decimal(NOV_TOTAL) / 1_000_000
     assert ledger_money_total(exported["queries"], NOV) == NOV_TOTAL
-    for column in COST_COLUMNS:
+    for column in ("BilledCost", "EffectiveCost"):
         assert sum(r[column] for r in exported["rows"]) == total
         assert sum(Decimal(r[column]) for r in exported["csv_rows"]) == total
+    # list and contracted cost are price × quantity: the unallocated H100 sample's 54,001 µ
+    # is 54,000 µ at the list price
+    for column in ("ListCost", "ContractedCost"):
+        assert sum(r[column] for r in exported["rows"]) == total - Decimal("0.000001")
     assert sum(r["x_CostMicros"] for r in exported["rows"]) == NOV_TOTAL
     assert exported["csv_result"].billed_micros == exported["pq_result"].billed_micros == NOV_TOTAL
     assert exported["csv_result"].gpu_ms == 202_000 + 3_684_000
@@ -208,7 +220,9 @@ def test_costs_sum_exactly_to_the_ledger(exported):
 def test_costs_are_the_posted_micro_units_exactly(exported):
     for row in exported["rows"]:
         assert row["BilledCost"] == Decimal(row["x_CostMicros"]).scaleb(-6)
-        assert row["EffectiveCost"] == row["ListCost"] == row["ContractedCost"] == row["BilledCost"]
+        assert row["EffectiveCost"] == row["BilledCost"]
+        if row["ListUnitPrice"] is None:
+            assert row["ListCost"] == row["ContractedCost"] == row["BilledCost"]
 
 
 def test_gpu_hours_are_gpu_ms_rounded_to_nine_places(exported):
@@ -231,9 +245,9 @@ def _rows_of(exported, account):
                 # two samples in the same hour, same owner and GPU: one row
                 ("Usage", None, "2026-11-01T00:00:00Z", "2026-11-01T01:00:00Z", 36_000, False),
                 ("Usage", None, "2026-11-01T00:00:00Z", "2026-11-01T01:00:00Z", 18_000, True),
-                ("Credit", None, "2026-11-01T05:00:00Z", "2026-11-01T06:00:00Z", -6_000, False),
+                ("Adjustment", None, "2026-11-01T05:00:00Z", "2026-11-01T06:00:00Z", -6_000, False),
             ],
-            id="vision-detection-usage-idle-and-a-credit",
+            id="vision-detection-usage-idle-and-a-negative-adjustment",
         ),
         pytest.param(
             "consumer:language/pretraining",
@@ -274,7 +288,7 @@ def test_row_grain_and_charge_categories(exported, account, expected):
 
 
 def test_corrections_name_their_transaction_and_carry_no_consumed_quantity(exported):
-    credit = next(r for r in exported["rows"] if r["ChargeCategory"] == "Credit")
+    credit = next(r for r in exported["rows"] if r["x_CostMicros"] == -6_000)
     assert credit["x_TransactionKind"] == "adjustment"
     assert credit["x_TransactionId"] is not None
     assert credit["PricingQuantity"] is None and credit["ConsumedQuantity"] is None
@@ -341,7 +355,8 @@ def test_csv_and_parquet_agree(exported):
 
 def test_exports_are_deterministic(exported, tmp_path):
     again = tmp_path / "again.csv"
-    export_focus(exported["queries"], PERIOD, again, ExportFormat.CSV, FocusContext(currency="EUR"))
+    context = FocusContext(currency="EUR")
+    export_focus(exported["queries"], PERIOD, again, ExportFormat.CSV, context, prices=PRICES)
     assert again.read_bytes() == exported["csv_path"].read_bytes()
 
 
@@ -352,7 +367,12 @@ def test_large_amounts_stay_exact(tmp_path):
         .adjustment(ADA, -987_654_321_098_765, -1_000, at_us=T0_US + HOUR_US)
         .seal()
     )
-    table = focus_table(ReportQueries(data_dir), PERIOD, FocusContext())
+    prices = PriceBook((Price("H100", 99_999_999_999),))
+    table = focus_table(ReportQueries(data_dir), PERIOD, FocusContext(), prices)
+    assert table.column("ListCost").to_pylist() == [
+        Decimal("699999.999993"),
+        Decimal("-987654321.098765"),
+    ]
     assert table.column("BilledCost").to_pylist() == [
         Decimal("123456789.012345"),
         Decimal("-987654321.098765"),
@@ -362,7 +382,7 @@ def test_large_amounts_stay_exact(tmp_path):
         Decimal("7.000000000"),
         Decimal("-0.000277778"),
     ]
-    assert table.column("ChargeCategory").to_pylist() == ["Usage", "Credit"]
+    assert table.column("ChargeCategory").to_pylist() == ["Usage", "Adjustment"]
 
 
 def test_an_empty_period_exports_a_header_and_no_rows(tmp_path):

@@ -2,7 +2,14 @@ import pytest
 
 from ledger.errors import PricingError, TransactionError
 from ledger.postings import Posting, Transaction, TransactionKind, check, validate
-from ledger.pricing import Price, PriceBook, cost_of
+from ledger.pricing import (
+    EnergyPrice,
+    Price,
+    PriceBook,
+    cost_of,
+    decode_price_book,
+    encode_price_book,
+)
 from ledger.units import Unit
 
 H100 = "H100"
@@ -132,3 +139,25 @@ def test_balanced_transaction_passes():
 )
 def test_rates_between(start, end, pieces):
     assert BOOK.rates_between(H100, "std", start, end) == pieces
+
+
+def test_a_price_book_survives_its_json_encoding():
+    book = PriceBook(
+        (Price("*", 1_000_000), Price("H100", 3_200_000, 5, "h100")),
+        (EnergyPrice(150_000), EnergyPrice(90_000, 7, "a100")),
+    )
+    assert decode_price_book(encode_price_book(book)) == book
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("", id="empty"),
+        pytest.param('{"prices": []}', id="no-energy-key"),
+        pytest.param('{"prices": [["H100", 1.5, 0, null]], "energy": []}', id="float-rate"),
+        pytest.param('{"prices": [["H100", 1]], "energy": []}', id="short-entry"),
+    ],
+)
+def test_anything_else_is_not_a_price_book(text):
+    with pytest.raises(ValueError):
+        decode_price_book(text)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from ledger.pricing import PriceBook
 from ledger.read.focus import ExportFormat, FocusContext, focus_table, write_focus
 from ledger.read.reports import (
     CONSUMER_SQL,
@@ -382,12 +383,17 @@ def budget_burn(
 
 
 def focus_bytes(
-    q: ReportQueries, period: str, fmt: ExportFormat, context: FocusContext
+    q: ReportQueries,
+    period: str,
+    fmt: ExportFormat,
+    context: FocusContext,
+    prices: PriceBook | None = None,
 ) -> tuple[bytes, int]:
-    """The FOCUS export of `period` as the bytes `tally export focus` writes, and its rows."""
+    """The FOCUS export of `period` as the bytes `tally export focus` writes, and its rows;
+    `prices` is the configuration's price book."""
     chosen = period_of(period)
     assert chosen is not None
-    table = focus_table(q, chosen, context)
+    table = focus_table(q, chosen, context, prices)
     with tempfile.TemporaryDirectory(prefix="tally-focus-") as tmp:
         path = Path(tmp) / f"focus.{fmt.value}"
         write_focus(table, path, fmt)
