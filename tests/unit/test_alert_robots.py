@@ -327,3 +327,33 @@ def _now_us() -> int:
     import time
 
     return time.time_ns() // 1_000
+
+
+def test_alerts_test_command_signs_for_the_robots(robots, tmp_path, monkeypatch):
+    import yaml
+    from click.testing import CliRunner
+
+    from tally.cli import cli
+    from tests.builders import a_config_dict
+
+    ding = _robot(robots, "dingtalk")
+    wecom = _robot(robots, "wecom")
+    sinks = [
+        {"name": "ding", "kind": "dingtalk", "url": ding.url, "secret_env": "DING_SECRET"},
+        {"name": "wecom", "kind": "wecom", "url": wecom.url},
+        {"name": "bad", "kind": "feishu", "url": _robot(robots, "feishu").url},  # unsigned
+    ]
+    monkeypatch.setenv("DING_SECRET", SECRET)
+    path = tmp_path / "tally.yaml"
+    data = a_config_dict(ledger={"data_dir": str(tmp_path / "data")}, alerts={"sinks": sinks})
+    path.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(cli, ["alerts", "test", "--config", str(path)])
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    assert any(line.startswith("ok      ding (dingtalk): HTTP 200") for line in lines)
+    assert any(line.startswith("ok      wecom (wecom): HTTP 200") for line in lines)
+    assert any(
+        line.startswith("FAILED  bad (feishu): HTTP 200, error 19021: sign match fail")
+        for line in lines
+    )
+    assert "GPU-TEST" in ding.messages[0]["markdown"]["text"]
