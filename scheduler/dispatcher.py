@@ -21,7 +21,7 @@ Inputs from the ledger: `on_balance` takes `balances` messages (`budget:<team>` 
 `consumer:<team>/…` GPU-ms totals → metered usage for fair share; a message no newer, by `seq`,
 than the last one of its account is ignored), `on_alert` the alerts topic
 (`IdleGpuDetected`/`IdleGpuResolved`: open alerts drive idle reclaim by queue policy,
-`scheduler.reclaim`).
+`scheduler.reclaim`; its own `tally.job.*` alerts rebuild `scheduler.job_alerts`' memory).
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ledger.alerts import AlertKind, decode_alert
+from ledger.alerts import Alert, AlertKind
 from ledger.balances import BalanceUpdate, BudgetStatus, account_team
 from ledger.errors import EventError
+from ledger.fleet_alerts import JobAlert, decode_any_alert
 from ledger.holds import HoldEvent, HoldPlaced, HoldReleased
 from ledger.job_events import (
     FailReason,
@@ -60,6 +61,7 @@ from scheduler.executors.errors import ExecutorError, JobAlreadyStarted, StopTim
 from scheduler.explain import explain
 from scheduler.hold_acks import HoldAcknowledgements
 from scheduler.idempotency import RequestKeys
+from scheduler.job_alerts import JobAlertWatch
 from scheduler.jobs_topic import Consumed, Outgoing, hold_message, job_message, replay_order
 from scheduler.lifecycle import cancel, fail, overdue, runtime_limit
 from scheduler.model import NO_HOLD, Balance, PendingJob, Policy, RunningJob
@@ -102,6 +104,7 @@ class Dispatcher:
         default_estimate_us: int = US_PER_HOUR,
         run_files: bool = True,
         priority_bounds: Mapping[str, PriorityBounds] | None = None,
+        job_alerts: JobAlertWatch | None = None,
     ) -> None:
         self.state = state
         self.executor = executor
@@ -126,6 +129,8 @@ class Dispatcher:
         self._consumer_totals: dict[str, int] = {}
         self._idle: dict[str, tuple[int, str | None]] = {}  # GPU → (idle since, owning job)
         self._alerted: set[tuple[str, int]] = set()
+        self._idle_found: list[IdleAlert] = []
+        self.job_alerts = job_alerts  # job idle / pending alerts (`scheduler.job_alerts`)
         self._waiting: Counter[str] = Counter()  # queue → its records in state PENDING
 
     # ------------------------------------------------------------------ publication
@@ -339,8 +344,14 @@ class Dispatcher:
         if not value:
             return
         try:
-            alert = decode_alert(value)
+            alert = decode_any_alert(value)
         except EventError:
+            return
+        if isinstance(alert, JobAlert):
+            if self.job_alerts is not None:
+                self.job_alerts.observe(alert)
+            return
+        if not isinstance(alert, Alert):
             return
         if alert.kind is AlertKind.RESOLVED:
             self._idle.pop(alert.gpu_uuid, None)
@@ -433,6 +444,8 @@ class Dispatcher:
             if not result.admitted and not result.preempted:
                 break
             self._refresh_balances()
+        if self.job_alerts is not None:  # queued in its outbox for the alerts topic
+            self.job_alerts.after_tick(self.now_us(), self._idle_found, self.state)
         return events
 
     def _observe(self) -> Iterator[tuple[JobEvent, ...]]:
@@ -454,6 +467,7 @@ class Dispatcher:
             self.runs.record(status.job_id, status.native_id)
 
     def _reclaim(self, now: int) -> list[JobEvent]:
+        self._idle_found = []
         if not self._idle:
             return []
         idle = []
@@ -465,6 +479,7 @@ class Dispatcher:
         events: list[JobEvent] = []
         for decision in decisions:
             if isinstance(decision, IdleAlert):
+                self._idle_found.append(decision)
                 key = (decision.job_id, decision.idle_since_us)
                 if key not in self._alerted:
                     self._alerted.add(key)

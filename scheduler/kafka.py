@@ -98,6 +98,7 @@ class KafkaPublisher:
         from aiokafka import AIOKafkaProducer
 
         self.topic = settings.jobs_topic
+        self.alerts_topic = settings.alerts_topic
         self.producer = AIOKafkaProducer(
             bootstrap_servers=",".join(settings.bootstrap),
             client_id=f"{settings.client_id}-scheduler",
@@ -159,6 +160,18 @@ class KafkaPublisher:
             else:
                 out[i] = (answer.partition, answer.offset)
         return out
+
+    async def publish_alerts(self, messages: Sequence[tuple[bytes, bytes]]) -> None:
+        """Job alerts (`scheduler.job_alerts`) on the alerts topic, keyed by job id."""
+
+        async def send() -> None:
+            futures = [
+                await self.producer.send(self.alerts_topic, value, key=key)
+                for key, value in messages
+            ]
+            await asyncio.gather(*futures)
+
+        await _kafka(f"publishing to {self.alerts_topic}", send())
 
 
 def _refused(exc: BaseException) -> Refused:

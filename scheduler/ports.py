@@ -220,6 +220,14 @@ class Publisher(Protocol):
         ...
 
 
+class AlertPublisher(Protocol):
+    """Publishes the scheduler's job alerts ((key, value) messages) on the alerts topic."""
+
+    async def publish_alerts(self, messages: Sequence[tuple[bytes, bytes]]) -> None:
+        """Send and wait for every acknowledgement; raises `BrokerUnavailable` if not."""
+        ...
+
+
 class MemoryPublisher:
     """The `Publisher`'s in-memory fake (tests, and a service run without a broker): keeps
     every message it acknowledged, in order, all in partition 0 at offsets 0, 1, 2, …;
@@ -231,6 +239,7 @@ class MemoryPublisher:
         self, partitions: int = 1, refuse: Callable[[Outgoing], str | None] | None = None
     ) -> None:
         self.messages: list[Outgoing] = []
+        self.alert_messages: list[tuple[bytes, bytes]] = []
         self.partitions = partitions
         self.refuse = refuse
         self.offered: Counter[int] = Counter()
@@ -250,6 +259,12 @@ class MemoryPublisher:
             out.append((0, len(self.messages)))
             self.messages.append(m)
         return out
+
+    async def publish_alerts(self, messages: Sequence[tuple[bytes, bytes]]) -> None:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise BrokerUnavailable("the test broker is down")
+        self.alert_messages.extend(messages)
 
     def events(self) -> list[JobEvent | HoldEvent]:
         return [m.event for m in self.messages]

@@ -23,7 +23,11 @@ Consumes
     balances  compacted, read from the start: `budget:<team>` → the team's budget, and
               `consumer:<team>/…` GPU-ms totals → metered usage for fair share.
     alerts    `IdleGpuDetected`/`IdleGpuResolved`, read from the start: the open alerts drive
-              idle reclaim by queue policy (`scheduler.reclaim`).
+              idle reclaim by queue policy (`scheduler.reclaim`); its own `tally.job.*` alerts
+              rebuild what `scheduler.job_alerts` has open.
+Produces, on `alerts` (when the dispatcher has a `JobAlertWatch`)
+    `tally.job.idle` / `tally.job.pending` and their resolutions, keyed by job id, after each
+    tick; best effort: kept for the next tick while the broker does not take them.
 Produces, on `jobs`
     JobSubmitted, JobAdmitted, JobWaiting{reason}, JobStarted, JobPreempted{by, reason},
     JobReclaimed, JobFinished, JobFailed — keyed by job id; GpuAssigned/GpuReleased keyed by GPU
@@ -66,12 +70,13 @@ from scheduler.errors import BrokerUnavailable, MessageRefused, Rejected, Reject
 from scheduler.jobs_topic import Outgoing
 from scheduler.kafka import Feeds, KafkaPublisher, read_topic
 from scheduler.model import Policy
-from scheduler.ports import Publisher, Refused, SchedulerObserver
+from scheduler.ports import AlertPublisher, Publisher, Refused, SchedulerObserver
 from scheduler.records import JobRecord, SubmitRequest
 from scheduler.undeliverable import FILE_NAME as UNDELIVERABLE_FILE
 from scheduler.undeliverable import UndeliverableLog
 
 log = logging.getLogger("tally.scheduler")
+MAX_WAITING_ALERTS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,9 +135,11 @@ class SchedulerService:
         tick_publish_timeout_s: float = 5.0,
         observer: SchedulerObserver | None = None,
         undeliverable_log: UndeliverableLog | None = None,
+        alert_publisher: AlertPublisher | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.publisher = publisher
+        self.alert_publisher = alert_publisher
         self.observer = observer
         self.undeliverable_log = undeliverable_log
         self.undeliverable = 0  # messages the broker refused for their content
@@ -238,8 +245,22 @@ class SchedulerService:
             events = self.dispatcher.decide()
             self._report(events)
             await self._commit(events, self.tick_publish_timeout_s)
+            await self._publish_alerts()
             self.ticks += 1
             return events
+
+    async def _publish_alerts(self) -> None:
+        """The job alerts the tick raised, on the alerts topic; kept for the next tick when the
+        broker does not take them (at most `MAX_WAITING_ALERTS`, the oldest dropped)."""
+        watch = self.dispatcher.job_alerts
+        if watch is None or self.alert_publisher is None or not watch.outbox:
+            return
+        messages = watch.take()
+        try:
+            await self.alert_publisher.publish_alerts(messages)
+        except (BrokerUnavailable, MessageRefused) as exc:
+            watch.outbox[:0] = messages[-MAX_WAITING_ALERTS:]
+            log.warning("job alerts not published (%s); %d wait", exc, len(watch.outbox))
 
     def wake(self) -> None:
         self._wake.set()
@@ -368,6 +389,7 @@ async def run_service(
         publish_timeout_s=settings.publish_timeout_s,
         observer=observer,
         undeliverable_log=UndeliverableLog(settings.work_dir / UNDELIVERABLE_FILE),
+        alert_publisher=publisher,
     )
     stopping = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()

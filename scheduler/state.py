@@ -126,6 +126,9 @@ class SchedulerState:
     def running_jobs(self) -> tuple[RunningJob, ...]:
         return tuple(self._running.values())
 
+    def pending_jobs(self) -> tuple[PendingJob, ...]:
+        return tuple(self._pending.values())
+
     def holder(self, gpu_uuid: str) -> str | None:
         return self._holder.get(gpu_uuid)
 

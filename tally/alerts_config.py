@@ -1,10 +1,11 @@
-"""The `alerts:` section of the configuration: which webhooks idle-GPU alerts go to, validated,
+"""The `alerts:` section of the configuration: which webhooks alerts go to, validated,
 and its translation into the plain settings alert delivery runs on
 (`streams.alerts.settings.SinkSettings`).
 
 Delivery (`streams.alerts`) never reads configuration; `tally` hands it `sink_settings(...)`.
 A webhook URL (Slack's carries its secret) and header values (an `Authorization`) can come
-from environment variables instead (`url_env`, `headers_env`), read by `sink_settings`.
+from environment variables instead (`url_env`, `headers_env`), read by `sink_settings`; so does
+the signing secret of a DingTalk or Feishu robot (`secret_env`: there is no literal form).
 """
 
 from __future__ import annotations
@@ -14,8 +15,14 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, model_validator
 
+from ledger.alert_rules import BudgetRules
+from ledger.units import MS_PER_HOUR, US_PER_SECOND
+from scheduler.job_alerts import PendingRules
 from streams.alerts.settings import DEFAULT_GROUP_ID, SinkKind, SinkSettings
+from streams.alerts.watch import WatchRules
 from tally.config_fields import ConfigError, EnvName, Name, Strict, secret_from_env
+
+SIGNED_KINDS = frozenset({SinkKind.DINGTALK, SinkKind.FEISHU})
 
 
 def _url(value: Any) -> str:
@@ -25,10 +32,13 @@ def _url(value: Any) -> str:
 
 
 class AlertSinkConfig(Strict):
-    """One webhook. `url` is the Slack (or compatible) incoming-webhook URL, or Alertmanager's
-    base URL (`http://host:9093`; Tally posts to `/api/v2/alerts` under it); `url_env` names
-    the environment variable holding it instead (give exactly one). `headers_env`: header →
-    the variable holding its value (wins over `headers`)."""
+    """One webhook. `url` is the Slack (or compatible) incoming-webhook URL, Alertmanager's
+    base URL (`http://host:9093`; Tally posts to `/api/v2/alerts` under it), or a robot's
+    webhook URL as DingTalk, Feishu/Lark or WeCom gives it (with its `access_token`, hook id or
+    `key`); `url_env` names the environment variable holding it instead (give exactly one).
+    `headers_env`: header → the variable holding its value (wins over `headers`).
+    `secret_env`: the variable holding a DingTalk or Feishu robot's signing secret (its
+    "signature" security setting); without it requests are not signed."""
 
     name: Name
     kind: SinkKind
@@ -43,11 +53,14 @@ class AlertSinkConfig(Strict):
     headers_env: dict[str, EnvName] = Field(default_factory=dict)
     resend_interval_s: float = Field(60.0, ge=0, le=86_400)
     dashboard_url: str | None = None
+    secret_env: EnvName | None = None
 
     @model_validator(mode="after")
     def _one_url(self) -> AlertSinkConfig:
         if (self.url is None) == (self.url_env is None):
             raise ValueError("give exactly one of url or url_env")
+        if self.secret_env is not None and self.kind not in SIGNED_KINDS:
+            raise ValueError(f"secret_env: a {self.kind.value} sink does not sign its requests")
         return self
 
     def settings(self, environ: Mapping[str, str] | None = None) -> SinkSettings:
@@ -65,6 +78,9 @@ class AlertSinkConfig(Strict):
         headers = dict(self.headers)
         for header, variable in self.headers_env.items():
             headers[header] = secret_from_env(f"{where}.headers_env.{header}", variable, environ)
+        secret = None
+        if self.secret_env is not None:
+            secret = secret_from_env(f"{where}.secret_env", self.secret_env, environ)
         return SinkSettings(
             name=self.name,
             kind=self.kind,
@@ -77,14 +93,60 @@ class AlertSinkConfig(Strict):
             resend_interval_s=self.resend_interval_s,
             headers=headers,
             dashboard_url=self.dashboard_url,
+            secret=secret,
+        )
+
+
+class BudgetAlertsConfig(Strict):
+    """`alerts.rules.budget`: thresholds in percent of a period's budget (each fires once per
+    team, period and unit) and the burn-rate forecast."""
+
+    thresholds_pct: tuple[Annotated[int, Field(ge=1, le=1000)], ...] = (50, 80, 100)
+    forecast: bool = True
+    forecast_after_pct: int = Field(10, ge=0, le=100)
+
+    def rules(self) -> BudgetRules:
+        return BudgetRules(self.thresholds_pct, self.forecast, self.forecast_after_pct)
+
+
+class PendingAlertsConfig(Strict):
+    """`alerts.rules.pending`: minutes a job may wait, per queue (`queues`) or for every queue
+    (`after_min`); neither: no pending alerts."""
+
+    after_min: int | None = Field(None, ge=1, le=525_600)
+    queues: dict[Name, Annotated[int, Field(ge=1, le=525_600)]] = Field(default_factory=dict)
+
+    def rules(self) -> PendingRules:
+        after = None if self.after_min is None else self.after_min * 60 * US_PER_SECOND
+        return PendingRules(after, {q: m * 60 * US_PER_SECOND for q, m in self.queues.items()})
+
+
+class AlertRulesConfig(Strict):
+    """`alerts.rules`: which alerts besides idle GPUs are raised. `budget: null` turns budget
+    alerts off; `team_idle_gpu_hours`: a team's allocated-but-idle GPU-hours in one UTC day
+    above which it is reported (none: off); `job_idle`: the scheduler reports jobs holding GPUs
+    idle past their queue's `idle_reclaim` allowance (queues that reclaim or alert)."""
+
+    budget: BudgetAlertsConfig | None = Field(default_factory=BudgetAlertsConfig)
+    team_idle_gpu_hours: int | None = Field(None, ge=1, le=1_000_000)
+    job_idle: bool = True
+    pending: PendingAlertsConfig = Field(default_factory=PendingAlertsConfig)
+
+    def watch_rules(self) -> WatchRules:
+        """What `tally alerts run` watches (budgets, team idle time)."""
+        idle = self.team_idle_gpu_hours
+        return WatchRules(
+            self.budget.rules() if self.budget is not None else None,
+            None if idle is None else idle * MS_PER_HOUR,
         )
 
 
 class AlertsConfig(Strict):
-    """The `alerts:` section: where idle-GPU alerts go."""
+    """The `alerts:` section: where alerts go, and the rules that raise them."""
 
     sinks: tuple[AlertSinkConfig, ...] = ()
     group_id: Name = DEFAULT_GROUP_ID
+    rules: AlertRulesConfig = Field(default_factory=AlertRulesConfig)
 
     @model_validator(mode="after")
     def _unique_names(self) -> AlertsConfig:

@@ -27,6 +27,7 @@ import yaml
 from ledger.units import US_PER_SECOND
 from scheduler.api import Tokens
 from scheduler.dispatcher import Dispatcher, TeamBudgetRules
+from scheduler.job_alerts import JobAlertWatch
 from scheduler.model import (
     DEFAULT_IDLE_POLICY,
     US_PER_MINUTE,
@@ -300,6 +301,7 @@ def build_dispatcher(
     (devices by index) or Slurm (`sbatch --gres=gpu:N`), unless another executor is given."""
     inventory = inventory_of(config)
     s = config.scheduler
+    rules = config.alerts.rules  # job idle / pending alerts (`scheduler.job_alerts`)
     chosen = executor or configured_executor(config, inventory)
     return Dispatcher(
         scheduler_state(config, inventory),
@@ -311,4 +313,5 @@ def build_dispatcher(
         budget_rules=budget_rules(config),
         priority_bounds=priority_bounds_of(config),
         default_estimate_us=int(s.default_estimated_runtime_hours * US_PER_HOUR),
+        job_alerts=JobAlertWatch(rules.pending.rules(), idle=rules.job_idle),
     )

@@ -1,11 +1,11 @@
 """The alerts-topic consumer: reads alerts and hands them to the dispatcher, committing offsets
 only after the dispatcher recorded them (consumer group `tally-alerts` by default).
 
-Messages that are not idle-GPU alerts are skipped (`read_alert`): their offsets are committed,
-they can never be delivered. The GPU health events that share the topic
-(`ledger.events.encode_health`, type `tally.gpu.health`) are expected there and skipped quietly
-(a debug line); anything else (junk, a malformed alert) is logged as an error. aiokafka's
-errors are translated here into `streams.kafka.BrokerError`.
+Messages that are not alerts (`ledger.fleet_alerts.decode_any_alert`) are skipped
+(`read_alert`): their offsets are committed, they can never be delivered. The GPU health
+events that share the topic (`ledger.events.encode_health`, type `tally.gpu.health`) are
+expected there and skipped quietly (a debug line); anything else (junk, a malformed alert) is
+logged as an error. aiokafka's errors are translated here into `streams.kafka.BrokerError`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import orjson
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
-from ledger.alerts import Alert, decode_alert
 from ledger.errors import EventError
 from ledger.events import EventType
+from ledger.fleet_alerts import AnyAlert, decode_any_alert
 from streams.alerts.dispatcher import AlertDispatcher
 from streams.alerts.settings import DEFAULT_GROUP_ID
 from streams.kafka import DEFAULT_GROUP_OPTIONS, BrokerError
@@ -40,11 +40,11 @@ def _is_health_event(value: bytes) -> bool:
     return type(doc) is dict and doc.get("type") == EventType.GPU_HEALTH
 
 
-def read_alert(value: bytes | None, where: str) -> Alert | None:
-    """The idle-GPU alert in one message, or None (logged) for anything else. `where` names the
+def read_alert(value: bytes | None, where: str) -> AnyAlert | None:
+    """The alert in one message, or None (logged) for anything else. `where` names the
     message in the log (topic[partition]@offset)."""
     try:
-        return decode_alert(value or b"")
+        return decode_any_alert(value or b"")
     except EventError as exc:
         if value and _is_health_event(value):
             log.debug("%s: a GPU health event, not an idle-GPU alert: skipped", where)
@@ -83,7 +83,7 @@ async def consume_alerts(
         await consumer.start()
         while stop is None or not stop.is_set():
             batches = await consumer.getmany(timeout_ms=500, max_records=500)
-            alerts: list[Alert] = []
+            alerts: list[AnyAlert] = []
             for partition, messages in batches.items():
                 for message in messages:
                     where = f"{partition.topic}[{partition.partition}]@{message.offset}"

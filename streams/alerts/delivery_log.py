@@ -19,8 +19,8 @@ from pathlib import Path
 
 import orjson
 
-from ledger.alerts import Alert, alert_to_dict, decode_alert
 from ledger.errors import EventError
+from ledger.fleet_alerts import AnyAlert, any_alert_to_dict, decode_any_alert, one_shot
 
 log = logging.getLogger("tally.alerts")
 
@@ -44,7 +44,7 @@ class DropReason(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Delivery:
     sink: str
-    alert: Alert
+    alert: AnyAlert
     state: DeliveryState
     reason: str | None = None
 
@@ -75,7 +75,7 @@ class DeliveryLog:
         for line in lines:
             try:
                 doc = orjson.loads(line)
-                alert = decode_alert(orjson.dumps(doc["alert"]))
+                alert = decode_any_alert(orjson.dumps(doc["alert"]))
                 entry = Delivery(
                     str(doc["sink"]), alert, DeliveryState(doc["state"]), doc.get("reason")
                 )
@@ -86,7 +86,9 @@ class DeliveryLog:
 
     def _compact(self, now_us: int) -> None:
         open_episodes = {
-            (d.sink, d.alert.episode) for d in self._entries.values() if not d.alert.resolved
+            (d.sink, d.alert.episode)
+            for d in self._entries.values()
+            if not d.alert.resolved and not one_shot(d.alert)
         } - {(d.sink, d.alert.episode) for d in self._entries.values() if d.alert.resolved}
         keep = {
             key: d
@@ -120,7 +122,7 @@ class DeliveryLog:
                 self._handle.flush()
                 os.fsync(self._handle.fileno())
 
-    def pending(self, sink: str) -> list[Alert]:
+    def pending(self, sink: str) -> list[AnyAlert]:
         """Alerts queued for `sink` and neither sent nor dropped, oldest first."""
         with self._lock:
             found = [
@@ -130,8 +132,9 @@ class DeliveryLog:
             ]
         return sorted(found, key=lambda a: (a.at_us, a.id))
 
-    def firing(self, sink: str) -> list[Alert]:
-        """Detections sent to `sink` whose resolution has not been sent."""
+    def firing(self, sink: str) -> list[AnyAlert]:
+        """Detections sent to `sink` whose resolution has not been sent (one-shot alerts, which
+        are never resolved, are not firing)."""
         with self._lock:
             sent = [
                 d.alert
@@ -139,7 +142,7 @@ class DeliveryLog:
                 if d.sink == sink and d.state is DeliveryState.SENT
             ]
         resolved = {a.episode for a in sent if a.resolved}
-        return [a for a in sent if not a.resolved and a.episode not in resolved]
+        return [a for a in sent if not a.resolved and not one_shot(a) and a.episode not in resolved]
 
     def state(self, sink: str, alert_id: str) -> Delivery | None:
         with self._lock:
@@ -155,6 +158,6 @@ def _line(d: Delivery) -> bytes:
         "sink": d.sink,
         "state": d.state.value,
         "reason": d.reason,
-        "alert": alert_to_dict(d.alert),
+        "alert": any_alert_to_dict(d.alert),
     }
     return orjson.dumps(doc) + b"\n"

@@ -14,7 +14,7 @@ from typing import Any
 
 import requests
 
-from ledger.alerts import Alert
+from ledger.fleet_alerts import AnyAlert
 from streams.alerts.delivery_log import Delivery, DeliveryLog, DeliveryState
 from streams.alerts.settings import SinkSettings
 from streams.alerts.sinks import DeliveryMetrics, NoMetrics, SinkWorker
@@ -43,13 +43,13 @@ class AlertDispatcher:
             worker.start()
         return self
 
-    def submit(self, alerts: Iterable[Alert]) -> int:
+    def submit(self, alerts: Iterable[AnyAlert]) -> int:
         """Queue `alerts` for every sink that has not seen them; how many copies were queued.
 
         Returns once the copies are durably recorded as queued (so the caller may commit the
         topic offset); delivery happens in the background.
         """
-        fresh: list[tuple[SinkWorker, Alert]] = []
+        fresh: list[tuple[SinkWorker, AnyAlert]] = []
         for alert in alerts:
             for worker in self.workers:
                 if self.log.known(worker.name, alert.id) or any(

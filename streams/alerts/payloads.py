@@ -1,160 +1,190 @@
-"""Alert payloads: what a Slack incoming webhook and Alertmanager's `POST /api/v2/alerts` receive
-for an alert, and the one-line summary a person reads in both.
+"""Alert payloads: what each kind of sink receives for an alert — a Slack incoming webhook,
+Alertmanager's `POST /api/v2/alerts`, and the DingTalk, Feishu/Lark and WeCom robots — built
+from the words in `streams.alerts.texts`.
 
-Pure functions of the alert, the currency and the sink's settings; nothing here sends anything.
+Pure functions of the alerts, the currency, the sink's settings and the time; nothing here
+sends anything. `request_for` is what delivery calls: where to post and what, signed at the
+time of the try for the robots that sign (`streams.alerts.chat`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from datetime import UTC, datetime
-from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
 from ledger.alerts import Alert
-from ledger.units import MICROS_PER_UNIT, MS_PER_HOUR
-from streams.alerts.settings import SinkKind, SinkSettings
+from ledger.fleet_alerts import ONE_DAY_US, AnyAlert, BudgetAlert, FleetKind, JobAlert, one_shot
+from streams.alerts.chat import chat_body, signed
+from streams.alerts.settings import CHAT_KINDS, SinkKind, SinkSettings
+from streams.alerts.texts import facts, hours, iso, money, summary, title, when
 
 ALERT_NAME = "TallyGpuAllocatedIdle"
+ALERT_NAMES = {
+    FleetKind.BUDGET_THRESHOLD: "TallyBudgetThreshold",
+    FleetKind.BUDGET_FORECAST: "TallyBudgetForecast",
+    FleetKind.BUDGET_FORECAST_RESOLVED: "TallyBudgetForecast",
+    FleetKind.TEAM_IDLE: "TallyTeamIdleGpuHours",
+    FleetKind.JOB_IDLE: "TallyJobIdle",
+    FleetKind.JOB_IDLE_RESOLVED: "TallyJobIdle",
+    FleetKind.JOB_PENDING: "TallyJobPending",
+    FleetKind.JOB_PENDING_RESOLVED: "TallyJobPending",
+}
 
 
-def _iso(time_us: int) -> str:
-    moment = datetime.fromtimestamp(time_us // 1_000_000, tz=UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+def _icon(alert: AnyAlert) -> str:
+    return ":white_check_mark:" if alert.resolved else ":warning:"
 
 
-def _when(time_us: int) -> str:
-    return datetime.fromtimestamp(time_us // 1_000_000, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _money(micros: int, currency: str) -> str:
-    value = (Decimal(micros) / MICROS_PER_UNIT).quantize(Decimal("0.01"), ROUND_HALF_EVEN)
-    return f"{value:,.2f} {currency}"
-
-
-def _hours(gpu_ms: int) -> str:
-    return f"{Decimal(gpu_ms) / MS_PER_HOUR:.2f}"
-
-
-def _owner(alert: Alert) -> str:
-    who = "/".join(p for p in (alert.team, alert.project) if p) or "unknown owner"
-    extra = ", ".join(
-        part
-        for part in (alert.user and f"user {alert.user}", alert.job and f"job {alert.job}")
-        if part
-    )
-    return f"{who} ({extra})" if extra else who
-
-
-def _reason(reason: str | None) -> str:
-    return {
-        "busy_again": "it is busy again",
-        "owner_changed": "it changed owner",
-        "released": "its owner released it",
-    }.get(reason or "", "it is no longer idle")
-
-
-def summary(alert: Alert, currency: str) -> str:
-    """One line a person understands, for both kinds."""
-    gpu = f"GPU {alert.gpu_uuid} on {alert.node} ({alert.pool}, {alert.model})"
-    waste = f"{_money(alert.waste_micros, currency)} for {_hours(alert.waste_gpu_ms)} GPU-hours"
-    if alert.resolved:
-        return (
-            f"Resolved: {gpu} held by {_owner(alert)} is no longer idle: {_reason(alert.reason)} "
-            f"({_when(alert.at_us)}). Idle since {_when(alert.since_us)}; waste {waste}."
-        )
-    return (
-        f"{gpu} is allocated but idle since {_when(alert.since_us)}, held by {_owner(alert)}. "
-        f"Waste so far: {waste}."
-    )
-
-
-def slack_payload(alert: Alert, currency: str, dashboard_url: str | None = None) -> dict[str, Any]:
+def slack_payload(
+    alert: AnyAlert, currency: str, dashboard_url: str | None = None
+) -> dict[str, Any]:
     """A Slack incoming-webhook message (`text` for notifications, `blocks` for the layout)."""
-    icon = ":white_check_mark:" if alert.resolved else ":warning:"
-    text = f"{icon} {summary(alert, currency)}"
-    fields = [
-        ("GPU", f"`{alert.gpu_uuid}`"),
-        ("Node", alert.node),
-        ("Pool / model", f"{alert.pool} / {alert.model}"),
-        ("Owner", _owner(alert)),
-        ("Idle since", _when(alert.since_us)),
-        ("Waste", _money(alert.waste_micros, currency)),
-    ]
+    text = f"{_icon(alert)} {summary(alert, currency)}"
+    if isinstance(alert, Alert):
+        fields = [(k, f"`{v}`" if k == "GPU" else v) for k, v in facts(alert, currency)]
+        context = f"Tally idle-GPU alert `{alert.id}`"
+    else:
+        fields = facts(alert, currency)
+        context = f"Tally alert {alert.kind.value} `{alert.id}`"
     blocks: list[dict[str, Any]] = [
         {"type": "section", "text": {"type": "mrkdwn", "text": text}},
         {
             "type": "section",
-            "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{v}"} for k, v in fields],
+            "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{v}"} for k, v in fields[:10]],
         },
     ]
-    context = f"Tally idle-GPU alert `{alert.id}`"
     if dashboard_url:
         context += f" · <{dashboard_url}|open the dashboard>"
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
     return {"text": text, "blocks": blocks}
 
 
-def alertmanager_labels(alert: Alert) -> dict[str, str]:
+def alertmanager_labels(alert: AnyAlert) -> dict[str, str]:
     """The alert's identity in Alertmanager: the same for its detection and its resolution."""
-    labels = {
-        "alertname": ALERT_NAME,
-        "severity": "warning",
-        "source": "tally",
-        "subject": alert.subject,
-        "gpu_uuid": alert.gpu_uuid,
-        "node": alert.node,
-        "pool": alert.pool,
-        "model": alert.model,
-        "team": alert.team,
-        "project": alert.project,
-        "user": alert.user,
-        "job": alert.job,
-    }
+    labels: dict[str, str | None]
+    if isinstance(alert, Alert):
+        labels = {
+            "alertname": ALERT_NAME,
+            "severity": "warning",
+            "source": "tally",
+            "subject": alert.subject,
+            "gpu_uuid": alert.gpu_uuid,
+            "node": alert.node,
+            "pool": alert.pool,
+            "model": alert.model,
+            "team": alert.team,
+            "project": alert.project,
+            "user": alert.user,
+            "job": alert.job,
+        }
+    else:
+        labels = {
+            "alertname": ALERT_NAMES[alert.kind],
+            "severity": "warning",
+            "source": "tally",
+            "team": alert.team,
+        }
+        if isinstance(alert, BudgetAlert):
+            labels |= {"period": alert.period, "unit": alert.unit}
+            if alert.threshold_pct is not None:
+                labels["threshold_pct"] = str(alert.threshold_pct)
+        elif isinstance(alert, JobAlert):
+            labels |= {"job": alert.job, "queue": alert.queue}
+        else:
+            labels["day"] = iso(alert.day_start_us)[:10]
     return {k: v for k, v in labels.items() if v}
 
 
+def _starts_us(alert: AnyAlert) -> int:
+    if isinstance(alert, Alert):
+        return alert.since_us
+    if isinstance(alert, JobAlert):
+        return alert.since_us + alert.limit_us
+    if isinstance(alert, BudgetAlert) and not one_shot(alert):
+        return alert.period_start_us
+    return alert.at_us
+
+
 def alertmanager_payload(
-    alerts: Iterable[Alert],
+    alerts: Iterable[AnyAlert],
     currency: str,
     dashboard_url: str | None = None,
     firing_ends_us: int | None = None,
 ) -> list[dict[str, Any]]:
     """The body of `POST /api/v2/alerts`. Resolved alerts carry `endsAt` (their resolve
-    time); firing ones carry `firing_ends_us` when given (their expiry unless re-sent)."""
+    time); one-shot alerts (a threshold crossed, a day over) end a day after they fired;
+    firing ones carry `firing_ends_us` when given (their expiry unless re-sent)."""
     out = []
     for alert in alerts:
+        annotations = {"summary": summary(alert, currency), "alert_id": alert.id}
+        if isinstance(alert, Alert):
+            annotations |= {
+                "idle_since": iso(alert.since_us),
+                "waste": money(alert.waste_micros, currency),
+                "waste_gpu_hours": hours(alert.waste_gpu_ms),
+            }
         item: dict[str, Any] = {
             "labels": alertmanager_labels(alert),
-            "annotations": {
-                "summary": summary(alert, currency),
-                "idle_since": _iso(alert.since_us),
-                "waste": _money(alert.waste_micros, currency),
-                "waste_gpu_hours": _hours(alert.waste_gpu_ms),
-                "alert_id": alert.id,
-            },
-            "startsAt": _iso(alert.since_us),
+            "annotations": annotations,
+            "startsAt": iso(_starts_us(alert)),
         }
         if alert.resolved:
-            item["endsAt"] = _iso(alert.at_us)
+            item["endsAt"] = iso(alert.at_us)
+        elif one_shot(alert):
+            item["endsAt"] = iso(alert.at_us + ONE_DAY_US)
         elif firing_ends_us is not None:
-            item["endsAt"] = _iso(firing_ends_us)
+            item["endsAt"] = iso(firing_ends_us)
         if dashboard_url:
             item["generatorURL"] = dashboard_url
         out.append(item)
     return out
 
 
+def chat_payload(
+    kind: SinkKind, alert: AnyAlert, currency: str, dashboard_url: str | None = None
+) -> dict[str, Any]:
+    """The unsigned body for a DingTalk, Feishu or WeCom robot: title, summary, then facts."""
+    head = title(alert)
+    line = summary(alert, currency)
+    rows = facts(alert, currency)
+    markdown = [f"#### {head}", "", line, ""]
+    markdown += [f"- **{label}**: {value}" for label, value in rows]
+    plain = [head, line, ""] + [f"{label}: {value}" for label, value in rows]
+    tail = f"alert {alert.id} · {when(alert.at_us)}"
+    markdown += ["", f"> {tail}"]
+    plain += ["", tail]
+    if dashboard_url:
+        markdown.append(f"> [Open the dashboard]({dashboard_url})")
+        plain.append(f"Dashboard: {dashboard_url}")
+    return chat_body(kind, head, "\n".join(markdown), "\n".join(plain))
+
+
 def payload_for(
-    sink: SinkSettings, alerts: list[Alert], currency: str, now_us: int | None = None
+    sink: SinkSettings, alerts: list[AnyAlert], currency: str, now_us: int | None = None
 ) -> Any:
-    """The body to post to `sink` for `alerts` (Slack: exactly one alert per message)."""
+    """The unsigned body to post to `sink` for `alerts` (every kind but Alertmanager: exactly
+    one alert per message)."""
     if sink.kind is SinkKind.SLACK:
         assert len(alerts) == 1
         return slack_payload(alerts[0], currency, sink.dashboard_url)
+    if sink.kind in CHAT_KINDS:
+        assert len(alerts) == 1
+        return chat_payload(sink.kind, alerts[0], currency, sink.dashboard_url)
     ends = None
     if sink.resend_interval_s > 0:
         now = now_us if now_us is not None else time.time_ns() // 1_000
         ends = now + int(4 * sink.resend_interval_s * 1_000_000)
     return alertmanager_payload(alerts, currency, sink.dashboard_url, ends)
+
+
+def request_for(
+    sink: SinkSettings, alerts: list[AnyAlert], currency: str, now_us: int | None = None
+) -> tuple[str, Any]:
+    """Where to post and what, for one try now: the payload, signed at `now_us` (default: the
+    clock) when the sink signs."""
+    now = now_us if now_us is not None else time.time_ns() // 1_000
+    body = payload_for(sink, alerts, currency, now)
+    if sink.kind in CHAT_KINDS:
+        return signed(sink.kind, sink.endpoint, body, sink.secret, now)
+    return sink.endpoint, body

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import requests
 
 from ledger.alerts import Alert, AlertKind
-from streams.alerts.payloads import payload_for
+from streams.alerts.payloads import request_for
 from streams.alerts.settings import SinkKind, SinkSettings
 from streams.alerts.webhook import Attempt, post_json
 
@@ -67,14 +67,14 @@ def send_test(
     outcome = Attempt(False, True, "not tried")
     used = 0
     for used in range(1, tries + 1):
-        body = payload_for(sink, [alert], currency)
-        outcome = post_json(http, sink.endpoint, body, sink.timeout_s, sink.headers)
+        url, body = request_for(sink, [alert], currency)
+        outcome = post_json(http, url, body, sink.timeout_s, sink.headers, sink.kind)
         if outcome.ok or not outcome.retry or used == tries:
             break
         sleep(delay)
         delay = min(delay * 2, sink.backoff_max_s)
     if outcome.ok and sink.kind is SinkKind.ALERTMANAGER:
         resolved = replace(alert, kind=AlertKind.RESOLVED, id=alert.id + "-resolved")
-        body = payload_for(sink, [resolved], currency)
-        post_json(http, sink.endpoint, body, sink.timeout_s, sink.headers)
+        url, body = request_for(sink, [resolved], currency)
+        post_json(http, url, body, sink.timeout_s, sink.headers)
     return SendResult(sink.name, sink.kind, outcome.ok, outcome.detail, used)

@@ -19,6 +19,12 @@ class SinkKind(StrEnum):
 
     SLACK = "slack"
     ALERTMANAGER = "alertmanager"
+    DINGTALK = "dingtalk"  # DingTalk custom robot (`oapi.dingtalk.com/robot/send?access_token=…`)
+    FEISHU = "feishu"  # Feishu / Lark custom bot (`open.feishu.cn/open-apis/bot/v2/hook/…`)
+    WECOM = "wecom"  # WeCom group robot (`qyapi.weixin.qq.com/cgi-bin/webhook/send?key=…`)
+
+
+CHAT_KINDS = frozenset({SinkKind.DINGTALK, SinkKind.FEISHU, SinkKind.WECOM})
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +35,8 @@ class SinkSettings:
     (`http://host:9093`; alerts are posted to `/api/v2/alerts` under it). Failed tries are
     retried after `backoff_initial_s`, doubling up to `backoff_max_s`, for at most
     `max_attempts` tries. Firing alerts are re-posted to Alertmanager every
-    `resend_interval_s` (0: never).
+    `resend_interval_s` (0: never). `secret` is the signing secret of a DingTalk or Feishu
+    robot whose security setting is "signature" (None: requests are not signed).
     """
 
     name: str
@@ -43,6 +50,7 @@ class SinkSettings:
     resend_interval_s: float
     headers: Mapping[str, str] = field(default_factory=dict)
     dashboard_url: str | None = None
+    secret: str | None = None
 
     @property
     def endpoint(self) -> str:

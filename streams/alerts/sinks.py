@@ -18,9 +18,9 @@ from typing import Protocol
 
 import requests
 
-from ledger.alerts import Alert
+from ledger.fleet_alerts import AnyAlert
 from streams.alerts.delivery_log import Delivery, DeliveryLog, DeliveryState, DropReason
-from streams.alerts.payloads import payload_for
+from streams.alerts.payloads import request_for
 from streams.alerts.settings import SinkKind, SinkSettings
 from streams.alerts.webhook import Attempt, post_json
 
@@ -72,7 +72,7 @@ class SinkWorker:
         self.currency = currency
         self.metrics = metrics
         self.session = session or requests.Session()
-        self.queue: queue.Queue[Alert] = queue.Queue(maxsize=settings.queue_size)
+        self.queue: queue.Queue[AnyAlert] = queue.Queue(maxsize=settings.queue_size)
         self.up = True
         self.consecutive_failures = 0
         self.last_error: str | None = None
@@ -93,7 +93,7 @@ class SinkWorker:
         self._thread.start()
         return self
 
-    def offer(self, alert: Alert) -> bool:
+    def offer(self, alert: AnyAlert) -> bool:
         """Queue `alert` without waiting; on a full queue drop it (recorded, logged, counted)."""
         try:
             self.queue.put_nowait(alert)
@@ -124,15 +124,17 @@ class SinkWorker:
                 self.queue.task_done()
                 self.metrics.alert_queue(self.name, self.queue.qsize())
 
-    def _deliver(self, alert: Alert) -> None:
+    def _deliver(self, alert: AnyAlert) -> None:
         delay = self.settings.backoff_initial_s
         for attempt in range(1, self.settings.max_attempts + 1):
+            url, body = request_for(self.settings, [alert], self.currency)  # signed per try
             outcome = post_json(
                 self.session,
-                self.settings.endpoint,
-                payload_for(self.settings, [alert], self.currency),
+                url,
+                body,
                 self.settings.timeout_s,
                 self.settings.headers,
+                self.settings.kind,
             )
             self._note(outcome)
             if outcome.ok:
@@ -157,7 +159,7 @@ class SinkWorker:
             delay = min(delay * 2, self.settings.backoff_max_s)
         self._drop(alert, DropReason.GAVE_UP, self.last_error or "")
 
-    def _drop(self, alert: Alert, reason: DropReason, detail: str) -> None:
+    def _drop(self, alert: AnyAlert, reason: DropReason, detail: str) -> None:
         self.log.record([Delivery(self.name, alert, DeliveryState.DROPPED, reason.value)])
         self.metrics.alert_dropped(self.name, reason)
         log.error(
@@ -191,13 +193,8 @@ class SinkWorker:
         firing = self.log.firing(self.name)
         if not firing:
             return
-        outcome = post_json(
-            self.session,
-            self.settings.endpoint,
-            payload_for(self.settings, firing, self.currency),
-            self.settings.timeout_s,
-            self.settings.headers,
-        )
+        url, body = request_for(self.settings, firing, self.currency)
+        outcome = post_json(self.session, url, body, self.settings.timeout_s, self.settings.headers)
         self._note(outcome)
         if not outcome.ok:
             log.warning(

@@ -1,4 +1,5 @@
-"""`tally alerts …`: deliver idle-GPU alerts to the configured webhooks, or test them."""
+"""`tally alerts …`: deliver alerts to the configured webhooks (and watch budgets and idle
+time for the alerts they raise), or test the webhooks."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def _load(config_path: str) -> tuple[TallyConfig, AlertsConfig]:
 
 @click.group()
 def alerts() -> None:
-    """Idle-GPU alerts to webhooks (Slack-compatible, Alertmanager)."""
+    """Alerts to webhooks (Slack, Alertmanager, DingTalk, Feishu/Lark, WeCom)."""
 
 
 @alerts.command()
@@ -85,13 +86,15 @@ def run(
     metrics_host: str | None,
     log_level: str,
 ) -> None:
-    """Deliver alerts from the alerts topic to every sink until Ctrl-C.
+    """Deliver alerts from the alerts topic to every sink until Ctrl-C; also watch the
+    balances and alerts topics for budget burn and teams' daily idle GPU time (alerts.rules).
 
     Deliveries are deduplicated by alert id across restarts (the log is under the ledger data
     directory); a sink that is down never holds up the others.
     """
     from streams.alerts.consumer import consume_alerts
     from streams.alerts.dispatcher import AlertDispatcher
+    from streams.alerts.watch import AlertWatch, run_watch
     from streams.kafka import BrokerError, wait_for_broker
     from streams.progress import ConsumerProgress
     from tally.components import NoBrokerError, bootstrap_servers
@@ -134,8 +137,9 @@ def run(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        try:
-            await consume_alerts(
+        rules = section.rules.watch_rules()
+        tasks = [
+            consume_alerts(
                 servers,
                 config.topics.alerts,
                 dispatcher,
@@ -145,7 +149,16 @@ def run(
                 kafka_options=kafka.security,
                 group_options=kafka.group,
             )
+        ]
+        if rules.enabled:
+            watch = AlertWatch(rules)
+            tasks.append(
+                run_watch(servers, config.topics.balances, config.topics.alerts, watch, stop)
+            )
+        try:
+            await asyncio.gather(*tasks)
         finally:
+            stop.set()
             beating.cancel()
 
     try:
