@@ -40,7 +40,7 @@ from ledger.envelope import (
     family_to_dict,
 )
 from ledger.errors import EventError
-from ledger.excerpts import ID_LIMIT, bounded_or_none, excerpt
+from ledger.excerpts import ID_LIMIT, bounded_or_none, excerpt, shown
 
 __all__ = [
     "CURRENT_SCHEMA",
@@ -370,7 +370,7 @@ def sample_data_from_dict(kind: EventType, data: Any) -> GpuSample:
         raise EventError("data: expected an object")
     source = _SOURCES.get(data.get("source"))  # a dict: calling the enum is slow
     if source is None:
-        raise EventError(f"source: unknown sample source {data.get('source')!r}")
+        raise EventError(f"source: unknown sample source {shown(data.get('source'))}")
     processes = data.get("processes") or ()
     if type(processes) not in (list, tuple):
         raise EventError("processes: expected an array")
