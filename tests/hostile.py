@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import hypothesis
 import orjson
 from hypothesis import strategies as st
 
@@ -277,10 +278,12 @@ def _not_json(token: str) -> Any:
     raise ValueError(f"{token} is not JSON")
 
 
-def letters(value: bytes) -> int:
+def letters(value: bytes | None) -> int:
     """How many dead letters a garbage value is: one per element of a non-empty array, else
     one (computed from the text, not by the decoders under test). `NaN` and `Infinity` are
     not JSON (the standard library reads them; the wire's decoder must not)."""
+    if not value:  # an empty message or a tombstone
+        return 1
     try:
         parsed = json.loads(value, parse_constant=_not_json)
     except (ValueError, RecursionError):
@@ -357,3 +360,27 @@ def hostile_admin(draw: st.DrawFn) -> bytes:
         draw(st.sampled_from((T0_US, 1, YEAR_9999_US))),
     )
     return orjson.dumps(admin_envelope_to_dict(admin_envelope(event)))
+
+
+# ---------------------------------------------------------------------------- fixed draws
+
+
+def draw_many(strategy: st.SearchStrategy[Any], count: int, seed: int) -> list[Any]:
+    """`count` values of `strategy`, the same ones on every run (`seed`): for an end-to-end
+    test that sends them all at once rather than one example at a time."""
+    found: list[Any] = []
+
+    @hypothesis.seed(seed)
+    @hypothesis.settings(
+        max_examples=count,
+        database=None,
+        deadline=None,
+        phases=[hypothesis.Phase.generate],
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )
+    @hypothesis.given(strategy)
+    def collect(value: Any) -> None:
+        found.append(value)
+
+    collect()
+    return found[:count]
