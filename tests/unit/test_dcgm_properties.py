@@ -151,7 +151,8 @@ hostile_label_values = st.one_of(
 def test_hostile_label_values_yield_samples_or_problems(name: str, data: st.DataObject) -> None:
     """Any label (UUID, gpu, modelName, Hostname, pod, namespace, GPU_I_ID, …) of any rows set
     to a hostile value: empty, 300 characters, 64 KiB, escapes, control characters, not a
-    number where one is expected. Every sample is still one the ledger accepts."""
+    number where one is expected. Every sample is still one the ledger accepts, and a UUID, host
+    or model name with control characters (escaped in the text) is refused, never carried."""
     lines = list(LINES[name])
     rows = [i for i, line in enumerate(lines) if LABEL.search(line)]
     label = data.draw(
@@ -168,3 +169,6 @@ def test_hostile_label_values_yield_samples_or_problems(name: str, data: st.Data
 
     assert_valid(result)
     assert all(sample.gpu_uuid in text for sample in result.samples)
+    for sample in result.samples:
+        assert sample.gpu_uuid.isprintable() and sample.node.isprintable()
+        assert sample.model.isprintable()
