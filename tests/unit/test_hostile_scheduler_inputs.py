@@ -5,7 +5,8 @@
   exception; well-formed updates with hostile content (negative and 2⁶⁴ sequence numbers,
   times before 1970 and in 9999, balances of ±2⁶³, unknown accounts and teams, control
   characters) never raise in `on_balance`; afterwards a valid budget still admits a job;
-- `alerts`: any value is an idle alert or ignored;
+- `alerts`: any value is an idle alert or ignored, by the scheduler and by alert delivery
+  (`streams.alerts.consumer.read_alert`);
 - `jobs` replay: garbage values and `tally-seq` headers (missing, non-numeric, repeated, 2⁶⁴)
   interleaved with the topic's real messages rebuild exactly the state the real messages alone
   rebuild; well-formed job events that make no sense (a start before any submit, a finish of
@@ -25,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.alerts import decode_alert
+from ledger.alerts import AlertKind, decode_alert
 from ledger.balances import (
     BalanceRow,
     BalanceUpdate,
@@ -45,12 +46,14 @@ from ledger.job_events import (
 from scheduler.executors.fake import FakeExecutor
 from scheduler.jobs_topic import Consumed
 from scheduler.records import JobState
+from streams.alerts.consumer import read_alert
 from tally.scheduling import build_dispatcher
 from tests.hostile import YEAR_9999_US, dumps, nested, not_json, wrong_shapes
 from tests.scheduler_builders import a_spec
 from tests.unit.test_scheduler_service_support import T0_US, Rig, budget_update, idle_alert
 
 BALANCE_EXAMPLES = 200  # garbage values decoded
+ALERT_EXAMPLES = 200  # garbage values read by alert delivery
 HOSTILE_BALANCE_EXAMPLES = 60  # lists of 1-8 hostile updates folded into a dispatcher
 REPLAY_EXAMPLES = 40  # replays of the real messages with 1-10 garbage messages among them
 SETTINGS = settings(
@@ -97,6 +100,12 @@ def test_balance_garbage_is_an_event_error_or_an_update(value):
     except EventError:
         return
     assert isinstance(update, BalanceUpdate)
+
+
+@settings(SETTINGS, max_examples=ALERT_EXAMPLES)
+@given(value=st.one_of(not_json(), wrong_shapes(), st.just(nested(1000)), st.none()))
+def test_alert_delivery_skips_garbage(value):
+    assert read_alert(value, "tally.alerts[0]@0") is None
 
 
 NASTY_INT = st.sampled_from((-1, 0, 1, 2**62, 2**63 - 1, -(2**63), 2**64 - 1))
@@ -237,3 +246,14 @@ def test_replay_with_garbage_rebuilds_the_same_jobs(with_nonsense, data, tmp_pat
     else:  # the nonsense is refused event by event; the real jobs are all there
         for job_id, record in alone.records.items():
             assert dataclasses.asdict(fresh.records[job_id]) == dataclasses.asdict(record)
+
+
+def test_an_alert_nested_1000_levels_deep_is_refused_not_a_crash():
+    """Regression: `str()` of a field nested 1,000 levels deep raised RecursionError out of
+    `decode_alert`, past the scheduler's and alert delivery's `EventError` handlers. (Hypothesis
+    raises the recursion limit while it runs, so this is a plain test.)"""
+    head = dumps({"id": "a", "type": AlertKind.DETECTED.value, "subject": "GPU-1"})[:-1]
+    value = head + b', "data": {"gpu_uuid": "GPU-1", "node": ' + nested(990) + b"}}"
+    with pytest.raises(EventError):
+        decode_alert(value)
+    assert read_alert(value, "tally.alerts[0]@0") is None
