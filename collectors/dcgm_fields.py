@@ -249,6 +249,8 @@ def new_gpu(
     model = labels.get("modelName") or model_default
     if max(len(uuid), len(node), len(model)) > MAX_LABEL_CHARS:
         return f"UUID, host or model longer than {MAX_LABEL_CHARS} characters"
+    if not (uuid.isprintable() and node.isprintable() and model.isprintable()):
+        return "UUID, host or model with control characters"  # names, not a GPU's
     index = _small_int(labels.get("gpu", ""), 1023)
     if index is None:
         device = _DEVICE.fullmatch(labels.get("device", ""))

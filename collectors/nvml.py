@@ -76,6 +76,7 @@ from collectors.nvml_device import (
     Problems,
     classify,
     describe,
+    identity_problem,
     nvml_text,
     pct,
 )
@@ -220,7 +221,9 @@ class NvmlCollector:
             self._shutdown_quietly()
             raise NvmlUnavailableError("the NVIDIA driver is loaded but sees no GPU on this node")
         self._by_handle.clear()
-        self._gpus = [self._open_gpu(index) for index in range(count)]
+        self._gpus = []
+        for index in range(count):  # one by one: each GPU's UUID must differ from the others'
+            self._gpus.append(self._open_gpu(index))
         try:
             self._event_set = nvml.nvmlEventSetCreate()
         except pynvml.NVMLError as exc:
@@ -255,9 +258,12 @@ class NvmlCollector:
                 uuid=nvml_text(nvml.nvmlDeviceGetUUID(handle)),
                 model=nvml_text(nvml.nvmlDeviceGetName(handle)),
             )
+            problem = identity_problem(gpu.uuid, gpu.model, {g.uuid for g in self._gpus})
         except pynvml.NVMLError as exc:
+            problem = describe(exc)
+        if problem is not None:
             # Its UUID is unknown, so no health event names it; it is probed every round.
-            self._problems.report(f"open/{index}", f"GPU {index} cannot be read: {describe(exc)}")
+            self._problems.report(f"open/{index}", f"GPU {index} cannot be read: {problem}")
             return GpuState(index=index, handle=None, uuid="", model="", lost=True)
         self._by_handle[_handle_key(handle)] = index
         return gpu
@@ -514,6 +520,9 @@ class NvmlCollector:
             uuid = nvml_text(nvml.nvmlDeviceGetUUID(handle))
             model = gpu.model or nvml_text(nvml.nvmlDeviceGetName(handle))
         except pynvml.NVMLError:
+            return None
+        others = {g.uuid for i, g in enumerate(self._gpus) if i != position}
+        if identity_problem(uuid, model, others) is not None:
             return None
         if gpu.uuid and uuid != gpu.uuid:
             self._problems.report(

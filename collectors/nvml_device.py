@@ -20,14 +20,15 @@ Rules (the collector's docstring, `collectors.nvml`, has the rest):
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
 import pynvml
 
-from ledger.events import MigInstance
+from ledger.events import MAX_ENERGY_DELTA_MJ, MAX_SLICES, MAX_TEXT, MigInstance
+from ledger.excerpts import shown
 
 NOT_AVAILABLE_U32 = 0xFFFFFFFF
 MIB = 1 << 20
@@ -199,13 +200,28 @@ def nvml_text(value: str | bytes) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+def identity_problem(uuid: str, model: str, taken: Collection[str] = ()) -> str | None:
+    """Why a UUID or model name NVML gave cannot name a GPU's samples (empty, longer than a
+    sample carries, with control characters, or another GPU's UUID: a driver fault, not a
+    name), or None."""
+    for what, text in (("UUID", uuid), ("name", model)):
+        if not text or len(text) > MAX_TEXT or not text.isprintable():
+            return f"its {what} {shown(text, 80)} is not usable"
+    if uuid in taken:
+        return f"it answers with the UUID of another GPU, {uuid}"
+    return None
+
+
 def pct(value: Any) -> int:
     return min(100, max(0, int(value)))
 
 
 def _profile_of(mig_name: str) -> str:
     match = _MIG_PROFILE.search(mig_name)
-    return match.group(1) if match else mig_name.strip() or "unknown"
+    profile = match.group(1) if match else mig_name.strip()
+    if not profile or len(profile) > MAX_TEXT or not profile.isprintable():
+        return "unknown"  # no name a sample can carry
+    return profile
 
 
 def _slices_of(profile: str) -> int | None:
@@ -285,6 +301,15 @@ class DeviceReader:
             )
         else:
             delta = raw - previous
+        if delta > MAX_ENERGY_DELTA_MJ:
+            # A rise no GPU makes in one interval: a glitch. Rebased, so nothing is added.
+            gpu.energy_base -= delta
+            delta = 0
+            self._problems.report(
+                f"{gpu.uuid}/energy-jump/{round_no}",
+                f"GPU {gpu.index} ({gpu.uuid}): energy counter jumped from {previous} to "
+                f"{raw} mJ; counted as a glitch",
+            )
         gpu.energy_raw = raw
         return gpu.energy_base + raw, delta
 
@@ -343,6 +368,6 @@ class DeviceReader:
                 if classify(exc) is Failure.LOST:
                     raise GpuLost(describe(exc)) from exc
                 continue
-            if int(info.sliceCount) > 0:
+            if 0 < int(info.sliceCount) <= MAX_SLICES:  # else no count a GPU has
                 return int(info.sliceCount)
         return DEFAULT_TOTAL_SLICES

@@ -180,7 +180,14 @@ def decode_alert(value: bytes | str) -> Alert:
             waste_micros=int(data["waste_micros"]),
             reason=data.get("reason"),
         )
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (
+        orjson.JSONDecodeError,
+        KeyError,
+        TypeError,
+        ValueError,
+        AttributeError,
+        RecursionError,  # `str` of a value nested too deep (JSON may nest 1,024 levels)
+    ) as exc:
         raise EventError(bounded(f"not an idle-GPU alert: {exc!r}")) from exc
 
 

@@ -38,7 +38,7 @@ from typing import Any, Generic, TypeVar
 import orjson
 
 from ledger.errors import EventError, UnknownSchemaError
-from ledger.excerpts import ID_LIMIT, TEXT_LIMIT, bounded, bounded_or_none
+from ledger.excerpts import ID_LIMIT, TEXT_LIMIT, bounded, bounded_or_none, shown
 
 SPEC_VERSION = "1.0"
 MAX_SOURCE = 256
@@ -243,7 +243,7 @@ def decode_envelope(
     raw_type = obj.get("type")
     kind = family.kinds.get(raw_type) if type(raw_type) is str else None
     if kind is None:
-        raise UnknownSchemaError(f"type: unknown {family.label} {raw_type!r}")
+        raise UnknownSchemaError(f"type: unknown {family.label} {shown(raw_type)}")
     schema = obj.get("schema")
     if type(schema) is not int:
         raise EventError("schema: expected an integer version")
@@ -269,20 +269,13 @@ def excerpt(raw: Any) -> str:
     return bounded(text, MAX_EXCERPT)
 
 
-def _repr_excerpt(item: Any) -> str:
-    try:
-        return excerpt(repr(item).encode())
-    except ValueError:  # an integer too long for `repr`
-        return f"<{type(item).__name__} that cannot be shown>"
-
-
 def dead_letter(item: Any, exc: Exception) -> DeadLetter:
     """The dead letter of one undecodable element of a message."""
     eid = item.get("id") if type(item) is dict and type(item.get("id")) is str else None
     try:
         payload = excerpt(orjson.dumps(item))
-    except (TypeError, ValueError):  # integers beyond 64 bits cannot be re-encoded
-        payload = _repr_excerpt(item)
+    except (TypeError, ValueError):  # beyond 64-bit integers, or 255 levels of nesting
+        payload = shown(item, MAX_EXCERPT)
     return DeadLetter(reason=str(exc), payload=payload, event_id=eid)
 
 

@@ -42,7 +42,7 @@ from ledger.envelope import (
     family_to_dict,
 )
 from ledger.errors import EventError
-from ledger.excerpts import bounded
+from ledger.excerpts import shown
 
 __all__ = [
     "CURRENT_SCHEMA",
@@ -79,6 +79,9 @@ __all__ = [
 ]
 
 MAX_INTERVAL_US = 3_600_000_000  # one sample never covers more than an hour
+MAX_ENERGY_DELTA_MJ = 10**12  # energy of one sample: far above any GPU's for an hour
+MAX_TEXT = 256  # a sample's names (node, GPU UUID, model, pool, owner fields)
+MAX_SLICES = 64  # MIG slices of one GPU
 MAX_TIME_US = 7_258_118_400_000_000  # 2200-01-01: anything later is a broken clock
 
 
@@ -297,8 +300,8 @@ def _str(data: Mapping[str, Any], key: str) -> str:
     value = data.get(key)
     if type(value) is not str or not value:
         raise EventError(f"{key}: expected a non-empty string")
-    if len(value) > 256:
-        raise EventError(f"{key}: longer than 256 characters")
+    if len(value) > MAX_TEXT:
+        raise EventError(f"{key}: longer than {MAX_TEXT} characters")
     return value
 
 
@@ -340,7 +343,7 @@ def _mig(data: Any) -> MigInstance | None:
         return None
     if type(data) is not dict:
         raise EventError("mig: expected an object")
-    total = _int(data, "total_slices", 1, 64)
+    total = _int(data, "total_slices", 1, MAX_SLICES)
     return MigInstance(
         gpu_instance_id=_int(data, "gi"),
         compute_instance_id=_int(data, "ci"),
@@ -481,7 +484,7 @@ def _checked_sample(data: Any) -> GpuSample:
     raw_source = data.get("source")  # a dict: calling the enum is slow
     source = _SOURCES.get(raw_source) if type(raw_source) is str else None
     if source is None:
-        raise EventError(f"source: unknown sample source {bounded(repr(raw_source), 64)}")
+        raise EventError(f"source: unknown sample source {shown(raw_source)}")
     processes = data.get("processes") or ()
     if type(processes) not in (list, tuple):
         raise EventError("processes: expected an array")
@@ -510,7 +513,7 @@ def _checked_sample(data: Any) -> GpuSample:
         temperature_c=_opt_int(data, "temperature_c", 0, 200),
         sm_clock_mhz=_opt_int(data, "sm_clock_mhz", 0, 10_000),
         xid_errors=_opt_int(data, "xid_errors"),
-        energy_delta_mj=_opt_int(data, "energy_delta_mj", 0, 10**12),
+        energy_delta_mj=_opt_int(data, "energy_delta_mj", 0, MAX_ENERGY_DELTA_MJ),
     )
 
 

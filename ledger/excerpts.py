@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 ID_LIMIT = 256  # an event id, a topic, an incarnation: what names a thing
 TEXT_LIMIT = 2048  # a reason, a payload: what explains a thing
@@ -69,3 +70,14 @@ def bounded(text: str, limit: int = TEXT_LIMIT) -> str:
 
 def bounded_or_none(text: str | None, limit: int = ID_LIMIT) -> str | None:
     return None if text is None else bounded(text, limit)
+
+
+def shown(value: Any, limit: int = ID_LIMIT) -> str:
+    """At most `limit` characters of `repr(value)`, for a message about an untrusted value.
+    Never raises: a value nested too deep for `repr` (JSON may nest 1,024 levels) or an integer
+    too long for it is named by its type instead."""
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):
+        return f"<{type(value).__name__} that cannot be shown>"
+    return bounded(text, limit)

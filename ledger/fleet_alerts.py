@@ -315,7 +315,8 @@ def decode_any_alert(value: bytes | str) -> AnyAlert:
     through `ledger.alerts.decode_alert`, the others here. EventError for anything else."""
     try:
         doc = orjson.loads(value)
-        kind = FleetKind(doc["type"]) if type(doc) is dict and doc.get("type") in _FLEET else None
+        raw = doc.get("type") if type(doc) is dict else None
+        kind = FleetKind(raw) if type(raw) is str and raw in _FLEET else None
     except orjson.JSONDecodeError:
         kind = None
     if kind is None:

@@ -44,7 +44,10 @@ def parse_micros(text: str | int | Decimal) -> int:
         raise ValueError(f"{text!r} is not a decimal amount") from exc
     if not value.is_finite():
         raise ValueError(f"{text!r} is not a finite amount")
-    micros = value * MICROS_PER_UNIT
+    try:
+        micros = value * MICROS_PER_UNIT
+    except ArithmeticError:  # decimal.Overflow: beyond the decimal context's exponent
+        raise ValueError("too large an amount") from None
     if micros != micros.to_integral_value():
         raise ValueError(f"{text!r} has more than six decimal places")
     return int(micros)

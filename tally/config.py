@@ -25,6 +25,9 @@ from pydantic import (
     model_validator,
 )
 
+from ledger.admin import MAX_AMOUNT
+from ledger.events import MAX_TIME_US
+from ledger.excerpts import bounded
 from ledger.idle import IdlePolicy
 from ledger.periods import Period
 from ledger.pricing import ANY_MODEL, EnergyPrice, Price, PriceBook
@@ -33,6 +36,7 @@ from tally import config_fields
 from tally.alerts_config import AlertsConfig
 from tally.broker_config import BrokerConfig, TlsConfig, TopicsConfig
 from tally.config_fields import EnvName, Micros, Name, Strict
+from tally.config_yaml import YamlRefused, read_yaml
 from tally.metrics_config import MetricsConfig
 
 ConfigError = config_fields.ConfigError  # defined beside the field types, which raise it too
@@ -124,7 +128,7 @@ class PriceConfig(Strict):
     model: str = Field(min_length=1, max_length=64)
     per_gpu_hour: Micros
     pool: Name | None = None
-    effective_from: Annotated[int, Field(ge=0)] = 0
+    effective_from: Annotated[int, Field(ge=0, le=MAX_TIME_US // 1_000_000)] = 0
 
     @field_validator("per_gpu_hour")
     @classmethod
@@ -139,7 +143,7 @@ class EnergyPriceConfig(Strict):
 
     per_kwh: Micros
     pool: Name | None = None
-    effective_from: Annotated[int, Field(ge=0)] = 0
+    effective_from: Annotated[int, Field(ge=0, le=MAX_TIME_US // 1_000_000)] = 0
 
     @field_validator("per_kwh")
     @classmethod
@@ -161,9 +165,14 @@ def _gpu_hours(value: Any) -> int:
         raise ValueError(f"{value!r} is not a number of GPU-hours") from None
     if not hours.is_finite() or hours < 0:
         raise ValueError("GPU-hours must be a finite, non-negative number")
-    ms = hours * MS_PER_HOUR
+    try:
+        ms = hours * MS_PER_HOUR
+    except ArithmeticError:  # decimal.Overflow: beyond the decimal context's exponent
+        raise ValueError(f"at most {MAX_AMOUNT // MS_PER_HOUR:,} GPU-hours") from None
     if ms != ms.to_integral_value():
         raise ValueError(f"{value} GPU-hours is not a whole number of GPU-milliseconds")
+    if ms > MAX_AMOUNT:  # the ledger books no amount beyond this
+        raise ValueError(f"at most {MAX_AMOUNT // MS_PER_HOUR:,} GPU-hours")
     return int(ms)
 
 
@@ -466,7 +475,8 @@ def _location(loc: tuple[int | str, ...]) -> str:
 def format_validation_error(source: str, exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        message = err["msg"].removeprefix("Value error, ")
+        # bounded: a message may quote the value, and a value may be a 1 MiB string
+        message = bounded(err["msg"].removeprefix("Value error, "), 512)
         lines.append(f"{source}: {_location(tuple(err['loc']))}: {message}")
     return "\n".join(lines)
 
@@ -527,7 +537,9 @@ def load_config(path: Path | str, relative_to: Path | None = None) -> TallyConfi
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = read_yaml(text)
+    except YamlRefused as exc:
+        raise ConfigError(f"{path}: refused: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

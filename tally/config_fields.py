@@ -21,6 +21,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from ledger.admin import MAX_AMOUNT
 from ledger.units import parse_micros
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -35,7 +36,10 @@ def _money(value: Any) -> int:
     if isinstance(value, float):
         value = Decimal(repr(value))  # YAML `2.5`: its shortest repr is the text that was written
     if isinstance(value, int | str | Decimal) and not isinstance(value, bool):
-        return parse_micros(value)
+        micros = parse_micros(value)
+        if abs(micros) > MAX_AMOUNT:  # the ledger books no amount beyond this
+            raise ValueError(f"at most {MAX_AMOUNT // 1_000_000:,} in magnitude")
+        return micros
     raise ValueError('expected a decimal amount such as "2.50"')
 
 

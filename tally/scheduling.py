@@ -49,6 +49,7 @@ from scheduler.state import SchedulerState
 from tally.components import simulated_fleet
 from tally.config import ConfigError, QueueConfig, TallyConfig
 from tally.config_fields import secret_from_env
+from tally.config_yaml import YamlRefused, read_yaml
 
 US_PER_HOUR = 3_600 * US_PER_SECOND
 MIN_TOKEN_LENGTH = 16
@@ -157,10 +158,10 @@ def projects_of(config: TallyConfig) -> dict[str, tuple[str, ...]]:
 
 def _read_tokens_file(path: Path) -> tuple[str | None, dict[str, str]]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = read_yaml(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such tokens file") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, YamlRefused) as exc:
         raise ConfigError(f"{path}: cannot read the tokens file: {exc}") from None
     if data is None:
         return None, {}

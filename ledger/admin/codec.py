@@ -44,6 +44,7 @@ from ledger.envelope import (
 )
 from ledger.errors import EventError
 from ledger.events import MAX_TIME_US
+from ledger.excerpts import shown
 from ledger.periods import Period
 from ledger.units import Unit
 
@@ -136,7 +137,7 @@ def _period(name: str, value: Any) -> str:
 def _unit(name: str, value: Any) -> Unit:
     if type(value) is str and value in _UNITS:
         return Unit(value)
-    raise EventError(f"{name}: unknown unit {value!r}; one of {', '.join(sorted(_UNITS))}")
+    raise EventError(f"{name}: unknown unit {shown(value)}; one of {', '.join(sorted(_UNITS))}")
 
 
 def _account(name: str, value: Any) -> str:

@@ -136,3 +136,39 @@ def test_a_garbage_value_in_a_known_family_is_reported(name: str, data: st.DataO
     assert_valid(result)
     reported = [p for p in result.problems if p.kind is ProblemKind.NOT_A_NUMBER]
     assert any(lines[index].strip() in p.lines for p in reported)
+
+
+LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+hostile_label_values = st.one_of(
+    st.sampled_from(["", " ", "G" * 300, "GPU-\\n\\t", '\\"', "\\\\", "ü" * 200, "N/A", "-1"]),
+    st.just(64 * 1024).map(lambda size: "x" * size),
+    st.text(alphabet=st.characters(blacklist_characters='"\\\n'), max_size=40),
+)
+
+
+@PROPERTY
+@given(st.sampled_from(FIXTURE_NAMES), st.data())
+def test_hostile_label_values_yield_samples_or_problems(name: str, data: st.DataObject) -> None:
+    """Any label (UUID, gpu, modelName, Hostname, pod, namespace, GPU_I_ID, …) of any rows set
+    to a hostile value: empty, 300 characters, 64 KiB, escapes, control characters, not a
+    number where one is expected. Every sample is still one the ledger accepts, and a UUID, host
+    or model name with control characters (escaped in the text) is refused, never carried."""
+    lines = list(LINES[name])
+    rows = [i for i, line in enumerate(lines) if LABEL.search(line)]
+    label = data.draw(
+        st.sampled_from(sorted({m.group(1) for i in rows for m in LABEL.finditer(lines[i])}))
+    )
+    value = data.draw(hostile_label_values)
+    for index in data.draw(st.lists(st.sampled_from(rows), min_size=1, max_size=6)):
+        lines[index] = LABEL.sub(
+            lambda m: f'{label}="{value}"' if m.group(1) == label else m.group(0), lines[index]
+        )
+    text = "\n".join(lines)
+
+    result = parse(text)
+
+    assert_valid(result)
+    assert all(sample.gpu_uuid in text for sample in result.samples)
+    for sample in result.samples:
+        assert sample.gpu_uuid.isprintable() and sample.node.isprintable()
+        assert sample.model.isprintable()
