@@ -32,6 +32,7 @@ from ledger.units import MS_PER_HOUR
 from tally import config_fields
 from tally.alerts_config import AlertsConfig
 from tally.config_fields import EnvName, Micros, Name, Strict
+from tally.inventory_config import InventoryConfig
 from tally.metrics_config import MetricsConfig
 
 ConfigError = config_fields.ConfigError  # defined beside the field types, which raise it too
@@ -62,7 +63,13 @@ class TopicsConfig(Strict):
     balances: Name = "tally.balances"
     alerts: Name = "tally.alerts"
     deadletter: Name = "tally.deadletter"
+    inventory_reports: Name = "tally.inventory-reports"
+    inventory: Name = "tally.inventory"
     partitions: int = Field(8, ge=1, le=256)
+
+    def compacted(self) -> list[str]:
+        """The topics whose newest message per key is all that matters."""
+        return [self.balances, self.inventory]
 
     def all(self) -> dict[str, str]:
         return {
@@ -72,6 +79,8 @@ class TopicsConfig(Strict):
             "balances": self.balances,
             "alerts": self.alerts,
             "deadletter": self.deadletter,
+            "inventory_reports": self.inventory_reports,
+            "inventory": self.inventory,
         }
 
 
@@ -426,6 +435,7 @@ class TallyConfig(Strict):
     scheduler: SchedulerConfig = SchedulerConfig()
     alerts: AlertsConfig = AlertsConfig()
     metrics: MetricsConfig = MetricsConfig()
+    inventory: InventoryConfig = InventoryConfig()
 
     @model_validator(mode="after")
     def _budgets_and_quotas_name_teams(self) -> TallyConfig:

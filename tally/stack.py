@@ -198,7 +198,7 @@ class Stack:
                 servers[0],
                 list(topics.all().values()),
                 topics.partitions,
-                compacted=[topics.balances],
+                compacted=topics.compacted(),
             )
         )
         return servers

@@ -130,7 +130,7 @@ def worker(
                 servers[0],
                 list(config.topics.all().values()),
                 config.topics.partitions,
-                compacted=[config.topics.balances],
+                compacted=config.topics.compacted(),
             )
         )
     except BrokerError as exc:

@@ -1,0 +1,152 @@
+"""Inventory reports from what a collector sampled: one `InventoryReport` per node, sent when
+the collector starts, whenever what it sees of a node changes, and every `every_rounds`
+sampling intervals otherwise (so the ledger can tell a silent node from a quiet one).
+
+The report of a node is built from the round's samples, whatever the source (NVML,
+dcgm-exporter, the simulated fleet): each GPU once, by UUID, with its index, model and memory;
+a GPU sampled per MIG instance is `mig_mode` with those instances (its memory is the sum of its
+instances' memory: what can be handed out). A GPU that answered nothing this round (lost, not
+scraped) is left out of the report, so it goes stale in the inventory. The pool is the
+samples'; labels (`--label`, the collector's configuration) and driver and CUDA versions (NVML
+gives them) are the collector's.
+
+`InventoryReporter.after_round` decides and sends; a report is a message keyed by node for the
+`inventory-reports` topic, buffered in the producer with the round's samples (and spooled with
+them while the broker is away). Time is passed in (`clock`): report times are wall-clock
+times, so staleness is judged against the clock whatever speed a simulation runs at.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ledger.events import GpuSample
+from ledger.inventory import InventoryReport, ReportedGpu, encode_report
+
+Sender = Callable[[bytes, bytes], object]
+MIN_REPORT_INTERVAL_US = 1_000_000  # a fast simulation still reports at most once a second
+
+
+def _wall_clock_us() -> int:
+    return time.time_ns() // 1_000
+
+
+def reports_from_samples(
+    samples: Sequence[GpuSample],
+    time_us: int,
+    interval_us: int,
+    labels: Mapping[str, str] | None = None,
+    versions: tuple[str | None, str | None] = (None, None),
+) -> list[InventoryReport]:
+    """One report per node of `samples`, its GPUs in index order (pure)."""
+    nodes: dict[str, dict[str, list[GpuSample]]] = {}
+    for sample in samples:
+        nodes.setdefault(sample.node, {}).setdefault(sample.gpu_uuid, []).append(sample)
+    reports = []
+    for node, gpus in nodes.items():
+        reported = []
+        for uuid, parts in gpus.items():
+            first = parts[0]
+            slices = tuple(
+                sorted(
+                    (s.mig for s in parts if s.mig is not None),
+                    key=lambda m: (m.gpu_instance_id, m.compute_instance_id),
+                )
+            )
+            memory = (
+                sum(s.memory_total_bytes for s in parts if s.mig is not None)
+                if slices
+                else first.memory_total_bytes
+            )
+            reported.append(
+                ReportedGpu(uuid, first.gpu_index, first.model, memory, bool(slices), slices)
+            )
+        reported.sort(key=lambda g: (g.index, g.uuid))
+        first_sample = next(iter(gpus.values()))[0]
+        reports.append(
+            InventoryReport(
+                node=node,
+                pool=first_sample.pool,
+                source=first_sample.source,
+                time_us=time_us,
+                interval_us=interval_us,
+                gpus=tuple(reported),
+                labels=tuple(sorted((labels or {}).items())),
+                driver_version=versions[0],
+                cuda_version=versions[1],
+            )
+        )
+    return reports
+
+
+def _content(report: InventoryReport) -> InventoryReport:
+    """What a report says apart from when: a change of it is sent at once."""
+    return replace(report, time_us=0)
+
+
+class InventoryReporter:
+    """Sends each node's report when it is due: first seen, changed, or `every_rounds`
+    intervals (wall clock) after the node's previous report."""
+
+    def __init__(
+        self,
+        send: Sender,
+        every_rounds: int,
+        labels: Mapping[str, str] | None = None,
+        versions: tuple[str | None, str | None] = (None, None),
+        clock: Callable[[], int] = _wall_clock_us,
+    ) -> None:
+        if every_rounds < 1:
+            raise ValueError("every_rounds must be at least 1")
+        self.send = send
+        self.every_rounds = every_rounds
+        self.labels = dict(labels or {})
+        self.versions = versions
+        self.clock = clock
+        self._sent: dict[str, tuple[InventoryReport, int]] = {}  # node → (content, sent at)
+        self.reports_sent = 0
+
+    def after_round(
+        self, samples: Sequence[GpuSample], interval_us: int, periodic: bool = True
+    ) -> int:
+        """Send the reports due after a round whose samples are `samples`; how many were sent.
+        `interval_us`: the sampling interval in wall-clock time; `periodic=False` sends only
+        first and changed reports (a backfill racing through history)."""
+        now = self.clock()
+        interval = max(interval_us, MIN_REPORT_INTERVAL_US)
+        sent = 0
+        for report in reports_from_samples(samples, now, interval, self.labels, self.versions):
+            content = _content(report)
+            previous = self._sent.get(report.node)
+            due = (
+                previous is None
+                or previous[0] != content
+                or (periodic and now - previous[1] >= self.every_rounds * interval)
+            )
+            if due:
+                self.send(report.node.encode(), encode_report(report))
+                self._sent[report.node] = (content, now)
+                sent += 1
+        self.reports_sent += sent
+        return sent
+
+
+def nvml_versions(nvml: Any) -> tuple[str | None, str | None]:
+    """The driver and CUDA driver versions NVML reports ("550.54.15", "12.4"), None where it
+    does not answer."""
+    driver: str | None = None
+    cuda: str | None = None
+    try:
+        raw = nvml.nvmlSystemGetDriverVersion()
+        driver = raw.decode() if isinstance(raw, bytes) else str(raw)
+    except Exception:  # best effort: the inventory does without
+        driver = None
+    try:
+        version = int(nvml.nvmlSystemGetCudaDriverVersion())
+        cuda = f"{version // 1000}.{version % 1000 // 10}"
+    except Exception:  # best effort
+        cuda = None
+    return driver, cuda

@@ -1,0 +1,121 @@
+"""Collectors' inventory reports: one per node built from a round's samples, and sent when they
+are due (first, on change, every N intervals) by the real-time loop and the simulated fleet."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from collectors.inventory import InventoryReporter, reports_from_samples
+from collectors.runner import RunPlan, run_simulated
+from collectors.simulated import PoolSpec, SimulatedFleet, TeamSpec, WorkloadKind
+from ledger.events import GpuSample, SampleSource
+from ledger.inventory import decode_report_message
+from tests.builders import GIB, INTERVAL_US, T0_US, a_mig, a_sample
+from tests.unit.test_runner import FakeClock, FakeSink, Reader, run
+
+
+def _sample(uuid: str, index: int = 0, node: str = "node-01", **kw: object) -> GpuSample:
+    return a_sample(gpu_uuid=uuid, gpu_index=index, node=node, **kw)
+
+
+def test_one_report_per_node_each_gpu_once_and_mig_gpus_with_their_slices() -> None:
+    samples = [
+        _sample("GPU-b", 1),
+        _sample("GPU-a", 0),
+        _sample("GPU-m", 2, mig=a_mig("3g.40gb", 3, gi=2), memory_total_bytes=40 * GIB),
+        _sample("GPU-m", 2, mig=a_mig("4g.40gb", 4, gi=1), memory_total_bytes=40 * GIB),
+        _sample("GPU-z", 0, node="node-02"),
+    ]
+    one, two = reports_from_samples(samples, T0_US, INTERVAL_US, {"rack": "r1"}, ("550", "12.4"))
+    assert (one.node, two.node) == ("node-01", "node-02")
+    assert [g.uuid for g in one.gpus] == ["GPU-a", "GPU-b", "GPU-m"]
+    mig = one.gpus[2]
+    assert (mig.mig_mode, [m.gpu_instance_id for m in mig.mig]) == (True, [1, 2])
+    assert mig.memory_total_bytes == 80 * GIB  # what its instances can hand out
+    assert not one.gpus[0].mig_mode and one.gpus[0].memory_total_bytes == 80 * GIB
+    assert (one.pool, one.labels, one.driver_version, one.cuda_version) == (
+        "h100",
+        (("rack", "r1"),),
+        "550",
+        "12.4",
+    )
+
+
+@dataclass
+class Step:
+    after_us: int  # since the previous round
+    gpus: tuple[str, ...]
+    periodic: bool
+    sent: bool
+
+
+SCHEDULES = {
+    "first-round-then-every-three-intervals": [
+        Step(0, ("GPU-a",), True, True),
+        Step(INTERVAL_US, ("GPU-a",), True, False),
+        Step(INTERVAL_US, ("GPU-a",), True, False),
+        Step(INTERVAL_US, ("GPU-a",), True, True),
+    ],
+    "a-change-is-sent-at-once": [
+        Step(0, ("GPU-a", "GPU-b"), True, True),
+        Step(INTERVAL_US, ("GPU-a",), True, True),  # GPU-b answered nothing
+        Step(INTERVAL_US, ("GPU-a", "GPU-b"), True, True),  # back
+    ],
+    "a-backfill-sends-only-first-and-changed": [
+        Step(0, ("GPU-a",), False, True),
+        Step(10 * INTERVAL_US, ("GPU-a",), False, False),
+        Step(INTERVAL_US, ("GPU-a", "GPU-b"), False, True),
+    ],
+}
+
+
+@pytest.mark.parametrize("steps", SCHEDULES.values(), ids=SCHEDULES.keys())
+def test_reports_are_sent_when_due(steps: list[Step]) -> None:
+    now = [T0_US]
+    sent: list[tuple[bytes, bytes]] = []
+    reporter = InventoryReporter(lambda k, v: sent.append((k, v)), 3, clock=lambda: now[0])
+    for step in steps:
+        now[0] += step.after_us
+        before = len(sent)
+        samples = [_sample(u, i) for i, u in enumerate(step.gpus)]
+        reporter.after_round(samples, INTERVAL_US, periodic=step.periodic)
+        assert (len(sent) > before) == step.sent
+    key, value = sent[-1]
+    (envelope,), dead = decode_report_message(value)
+    assert (key, dead, envelope.data.time_us) == (b"node-01", [], now[0])
+
+
+def test_the_real_time_loop_sends_the_reports_with_the_round() -> None:
+    clock = FakeClock(T0_US - 1)
+    reader = Reader(clock, stop_after=4, fail_on=set())
+    sent: list[bytes] = []
+    reporter = InventoryReporter(lambda k, v: sent.append(v), 2, clock=clock)
+    run(reader, FakeSink(), reporter=reporter)
+    times = [decode_report_message(v)[0][0].data.time_us for v in sent]
+    # after rounds 1 and 3 (each read takes an interval of the clock): every two intervals
+    assert times == [T0_US + INTERVAL_US, T0_US + 3 * INTERVAL_US]
+
+
+def test_the_simulated_fleet_reports_its_nodes_at_wall_clock_time() -> None:
+    fleet = SimulatedFleet(
+        3,
+        [PoolSpec("a100", "A100", 2, 4, 80)],
+        [TeamSpec("vision", ("detection",))],
+        [(WorkloadKind.TRAINING, 1)],
+        INTERVAL_US,
+    )
+    wall = T0_US + 123
+    sent: list[bytes] = []
+    reporter = InventoryReporter(lambda k, v: sent.append(v), 2, clock=lambda: wall)
+    plan = RunPlan(start_us=T0_US, backfill_us=5 * INTERVAL_US, speed=10.0, max_rounds=4)
+    asyncio.run(run_simulated(fleet, FakeSink(), plan, asyncio.Event(), reporter=reporter))
+    reports = [decode_report_message(v)[0][0].data for v in sent]
+    assert sorted(r.node for r in reports) == ["a100-node-00", "a100-node-01"]  # once: backfill
+    assert {(r.time_us, r.source, r.pool) for r in reports} == {
+        (wall, SampleSource.SIMULATED, "a100")
+    }
+    assert {g.uuid for r in reports for g in r.gpus} == {g.uuid for g in fleet.gpus}
+    assert {r.interval_us for r in reports} == {1_000_000}  # 10 s at speed 10, wall clock
