@@ -5,7 +5,8 @@ sampling intervals otherwise (so the ledger can tell a silent node from a quiet 
 The report of a node is built from the round's samples, whatever the source (NVML,
 dcgm-exporter, the simulated fleet): each GPU once, by UUID, with its index, model and memory;
 a GPU sampled per MIG instance is `mig_mode` with those instances (its memory is the sum of its
-instances' memory: what can be handed out). A GPU that answered nothing this round (lost, not
+instances' memory: what can be handed out; the collectors' `unconfigured` pseudo-instance of
+free slices is not an instance and is left out). A GPU that answered nothing this round (lost, not
 scraped) is left out of the report, so it goes stale in the inventory. The pool is the
 samples'; labels (`--label`, the collector's configuration) and driver and CUDA versions (NVML
 gives them) are the collector's.
@@ -23,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from ledger.attribution import UNCONFIGURED_PROFILE
 from ledger.events import GpuSample
 from ledger.inventory import InventoryReport, ReportedGpu, encode_report
 
@@ -50,19 +52,19 @@ def reports_from_samples(
         reported = []
         for uuid, parts in gpus.items():
             first = parts[0]
+            instances = [s for s in parts if s.mig is not None]
+            real = [s for s in instances if s.mig and s.mig.profile != UNCONFIGURED_PROFILE]
             slices = tuple(
                 sorted(
-                    (s.mig for s in parts if s.mig is not None),
+                    (s.mig for s in real if s.mig is not None),
                     key=lambda m: (m.gpu_instance_id, m.compute_instance_id),
                 )
             )
             memory = (
-                sum(s.memory_total_bytes for s in parts if s.mig is not None)
-                if slices
-                else first.memory_total_bytes
+                sum(s.memory_total_bytes for s in real) if instances else first.memory_total_bytes
             )
             reported.append(
-                ReportedGpu(uuid, first.gpu_index, first.model, memory, bool(slices), slices)
+                ReportedGpu(uuid, first.gpu_index, first.model, memory, bool(instances), slices)
             )
         reported.sort(key=lambda g: (g.index, g.uuid))
         first_sample = next(iter(gpus.values()))[0]

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from collectors.inventory import InventoryReporter, reports_from_samples
+from collectors.inventory import InventoryReporter, nvml_versions, reports_from_samples
 from collectors.runner import RunPlan, run_simulated
 from collectors.simulated import PoolSpec, SimulatedFleet, TeamSpec, WorkloadKind
 from ledger.events import GpuSample, SampleSource
 from ledger.inventory import decode_report_message
 from tests.builders import GIB, INTERVAL_US, T0_US, a_mig, a_sample
+from tests.unit.test_nvml_collector import collector, gpu_uuid, mixed_node
 from tests.unit.test_runner import FakeClock, FakeSink, Reader, run
 
 
@@ -119,3 +120,44 @@ def test_the_simulated_fleet_reports_its_nodes_at_wall_clock_time() -> None:
     }
     assert {g.uuid for r in reports for g in r.gpus} == {g.uuid for g in fleet.gpus}
     assert {r.interval_us for r in reports} == {1_000_000}  # 10 s at speed 10, wall clock
+
+
+def test_an_nvml_round_reports_its_mig_gpu_with_the_instances_it_sampled() -> None:
+    fake = mixed_node()
+    samples = collector(fake).collect_round().samples
+    (report,) = reports_from_samples(samples, T0_US, INTERVAL_US)
+    by_uuid = {g.uuid: g for g in report.gpus}
+    mig = by_uuid[gpu_uuid(2)]
+    assert (mig.mig_mode, sorted(m.profile for m in mig.mig)) == (
+        True,
+        ["1g.10gb", "2g.20gb", "3g.40gb"],
+    )
+    assert [g.index for g in report.gpus] == sorted(g.index for g in report.gpus)
+    assert report.source is SampleSource.NVML and len(by_uuid) == len(fake.gpus)
+
+
+class _Nvml:
+    def __init__(self, driver: object, cuda: object) -> None:
+        self.driver, self.cuda = driver, cuda
+
+    def nvmlSystemGetDriverVersion(self) -> object:
+        if isinstance(self.driver, Exception):
+            raise self.driver
+        return self.driver
+
+    def nvmlSystemGetCudaDriverVersion(self) -> object:
+        if isinstance(self.cuda, Exception):
+            raise self.cuda
+        return self.cuda
+
+
+@pytest.mark.parametrize(
+    ("nvml", "versions"),
+    [
+        pytest.param(_Nvml(b"550.54.15", 12040), ("550.54.15", "12.4"), id="bytes-and-12040"),
+        pytest.param(_Nvml("535.1", 12020), ("535.1", "12.2"), id="text"),
+        pytest.param(_Nvml(RuntimeError("no"), RuntimeError("no")), (None, None), id="none"),
+    ],
+)
+def test_nvml_versions(nvml: _Nvml, versions: tuple[str | None, str | None]) -> None:
+    assert nvml_versions(nvml) == versions
