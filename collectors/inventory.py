@@ -8,8 +8,9 @@ a GPU sampled per MIG instance is `mig_mode` with those instances (its memory is
 instances' memory: what can be handed out; the collectors' `unconfigured` pseudo-instance of
 free slices is not an instance and is left out). A GPU that answered nothing this round (lost, not
 scraped) is left out of the report, so it goes stale in the inventory. The pool is the
-samples'; labels (`--label`, the collector's configuration) and driver and CUDA versions (NVML
-gives them) are the collector's.
+samples'; labels are the collector's (`--label`, `inventory.labels`) over the source's
+(dcgm-exporter's labels common to a node's rows, `collectors.dcgm_nodes`); driver and CUDA
+versions come from NVML, the driver version from dcgm-exporter's `DCGM_FI_DRIVER_VERSION`.
 
 `InventoryReporter.after_round` decides and sends; a report is a message keyed by node for the
 `inventory-reports` topic, buffered in the producer with the round's samples (and spooled with
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ledger.attribution import UNCONFIGURED_PROFILE
@@ -29,6 +30,17 @@ from ledger.events import GpuSample
 from ledger.inventory import InventoryReport, ReportedGpu, encode_report
 
 Sender = Callable[[bytes, bytes], object]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What a source says about a node besides its GPUs (dcgm-exporter: its labels and driver
+    version, `collectors.dcgm_nodes`)."""
+
+    labels: tuple[tuple[str, str], ...] = ()
+    driver_version: str | None = None
+
+
 MIN_REPORT_INTERVAL_US = 1_000_000  # a fast simulation still reports at most once a second
 
 
@@ -100,6 +112,7 @@ class InventoryReporter:
         labels: Mapping[str, str] | None = None,
         versions: tuple[str | None, str | None] = (None, None),
         clock: Callable[[], int] = _wall_clock_us,
+        node_facts: Mapping[str, NodeFacts] | None = None,
     ) -> None:
         if every_rounds < 1:
             raise ValueError("every_rounds must be at least 1")
@@ -108,6 +121,7 @@ class InventoryReporter:
         self.labels = dict(labels or {})
         self.versions = versions
         self.clock = clock
+        self.node_facts = node_facts if node_facts is not None else {}  # read at each round
         self._sent: dict[str, tuple[InventoryReport, int]] = {}  # node → (content, sent at)
         self.reports_sent = 0
 
@@ -120,7 +134,8 @@ class InventoryReporter:
         now = self.clock()
         interval = max(interval_us, MIN_REPORT_INTERVAL_US)
         sent = 0
-        for report in reports_from_samples(samples, now, interval, self.labels, self.versions):
+        built = reports_from_samples(samples, now, interval, self.labels, self.versions)
+        for report in map(self._with_facts, built):
             content = _content(report)
             previous = self._sent.get(report.node)
             due = (
@@ -134,6 +149,19 @@ class InventoryReporter:
                 sent += 1
         self.reports_sent += sent
         return sent
+
+    def _with_facts(self, report: InventoryReport) -> InventoryReport:
+        """The source's labels and driver version of the node, under the collector's own
+        labels (which win) and versions."""
+        facts = self.node_facts.get(report.node)
+        if facts is None:
+            return report
+        labels = dict(facts.labels) | self.labels
+        return replace(
+            report,
+            labels=tuple(sorted(labels.items()))[:64],
+            driver_version=report.driver_version or facts.driver_version,
+        )
 
 
 def nvml_versions(nvml: Any) -> tuple[str | None, str | None]:

@@ -170,7 +170,7 @@ def collect(
             node_labels,
         )
         return
-    read_round, versions = _real_source(
+    read_round, versions, node_facts = _real_source(
         source,
         config,
         url,
@@ -218,6 +218,7 @@ def collect(
                 config.inventory.report_every_rounds,
                 node_labels,
                 versions,
+                node_facts=node_facts,
             ),
         )
 
@@ -278,9 +279,10 @@ def _real_source(
     password_env: str,
     ca_bundle: str | None,
     insecure: bool,
-) -> tuple[Callable[[], Any], tuple[str | None, str | None]]:
-    """A function that reads one round from NVML or dcgm-exporter, and the driver and CUDA
-    versions the source gives (NVML does; dcgm-exporter's samples do not carry them)."""
+) -> tuple[Callable[[], Any], tuple[str | None, str | None], dict[str, Any]]:
+    """A function that reads one round from NVML or dcgm-exporter; the driver and CUDA versions
+    NVML gives; and what dcgm-exporter says of each node (its labels, the driver version),
+    updated by every scrape, for the inventory reports."""
     if source == "nvml":
         import pynvml
 
@@ -297,7 +299,7 @@ def _real_source(
             fail(str(exc), Exit.USAGE)
         from collectors.inventory import nvml_versions
 
-        return collector.collect_round, nvml_versions(pynvml)
+        return collector.collect_round, nvml_versions(pynvml), {}
 
     from collectors.dcgm import DcgmCollector
     from collectors.dcgm_http import DcgmConfig
@@ -331,9 +333,12 @@ def _real_source(
         except DcgmScrapeError as exc:
             raise RuntimeError(str(exc)) from exc
         problems = tuple(letter.reason for letter in result.dead_letters)
+        node_facts.clear()
+        node_facts.update(result.nodes)
         return RoundResult(tuple(e.data for e in result.envelopes), result.health, problems)
 
-    return read, (None, None)
+    node_facts: dict[str, Any] = {}
+    return read, (None, None), node_facts
 
 
 def _with_producer(

@@ -1,5 +1,6 @@
-"""Collectors' inventory reports: one per node built from a round's samples, and sent when they
-are due (first, on change, every N intervals) by the real-time loop and the simulated fleet."""
+"""Collectors' inventory reports: one per node built from a round's samples (NVML's MIG GPUs,
+dcgm-exporter's node labels and driver), and sent when they are due (first, on change, every N
+intervals) by the real-time loop and the simulated fleet."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from collectors.inventory import InventoryReporter, nvml_versions, reports_from_samples
+from collectors.dcgm import DcgmCollector
+from collectors.dcgm_http import DcgmConfig
+from collectors.inventory import (
+    InventoryReporter,
+    NodeFacts,
+    nvml_versions,
+    reports_from_samples,
+)
 from collectors.runner import RunPlan, run_simulated
 from collectors.simulated import PoolSpec, SimulatedFleet, TeamSpec, WorkloadKind
 from ledger.events import GpuSample, SampleSource
@@ -161,3 +169,42 @@ class _Nvml:
 )
 def test_nvml_versions(nvml: _Nvml, versions: tuple[str | None, str | None]) -> None:
     assert nvml_versions(nvml) == versions
+
+
+def _dcgm_row(gpu: int, **extra: str) -> str:
+    labels = {
+        "gpu": str(gpu),
+        "UUID": f"GPU-{gpu}",
+        "device": f"nvidia{gpu}",
+        "modelName": "NVIDIA H100 80GB HBM3",
+        "Hostname": "dgx-01",
+        "DCGM_FI_DRIVER_VERSION": "550.90.07",
+        **extra,
+    }
+    text = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return f"DCGM_FI_DEV_GPU_UTIL{{{text}}} 50\nDCGM_FI_DEV_FB_USED{{{text}}} 1024\n"
+
+
+def test_dcgm_exporter_labels_common_to_a_node_and_its_driver_go_into_its_report() -> None:
+    payload = _dcgm_row(0, cluster="c1", zone="a", pod="train-0", namespace="ml") + _dcgm_row(
+        1, cluster="c1", zone="b"
+    )
+    scraped = DcgmCollector(DcgmConfig(url="http://x/metrics", pool="h100", node="x")).ingest(
+        payload, T0_US
+    )
+    assert scraped.nodes == {"dgx-01": NodeFacts((("cluster", "c1"),), "550.90.07")}
+    sent: list[bytes] = []
+    reporter = InventoryReporter(
+        lambda k, v: sent.append(v),
+        2,
+        {"rack": "r9"},
+        clock=lambda: T0_US,
+        node_facts=scraped.nodes,
+    )
+    reporter.after_round([e.data for e in scraped.envelopes], INTERVAL_US)
+    (report,) = [decode_report_message(v)[0][0].data for v in sent]
+    assert (report.labels, report.driver_version) == (
+        (("cluster", "c1"), ("rack", "r9")),
+        "550.90.07",
+    )
+    assert [g.uuid for g in report.gpus] == ["GPU-0", "GPU-1"]
