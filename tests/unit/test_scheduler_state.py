@@ -177,3 +177,15 @@ def test_jobs_that_can_never_run_are_parked_out_of_the_heads() -> None:
     assert [h.spec.job_id for h in cluster.snapshot().heads] == ["huge0", "huge1"]
     cluster.cycle()
     assert [h.spec.job_id for h in cluster.snapshot().heads] == []
+
+
+def test_a_new_fleet_keeps_held_gpus_held_and_frees_a_released_gpu_only_if_placeable() -> None:
+    state = a_cluster().state
+    state.apply(_assigned("GPU-a100-00-0", job_id="one"))
+    state.set_fleet(())  # every GPU went stale
+    assert state.free_total(A100) == 0 and state.holder("GPU-a100-00-0") == "one"
+    state.apply(_released("GPU-a100-00-0", job_id="one"))
+    assert state.free_total(A100) == 0 and state.used("vision", A100) == 0
+    state.set_fleet([Node("a100-00", A100.pool, A100.model, ("GPU-a100-00-0", "GPU-a100-00-1"))])
+    assert state.free_total(A100) == 2 and state.placeable("GPU-a100-00-1")
+    assert A100 in state.known_flavors()
