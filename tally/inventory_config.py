@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from tally.config_fields import Strict
+from tally.config_fields import Name, Strict
 
 
 class InventoryConfig(Strict):
@@ -14,11 +14,14 @@ class InventoryConfig(Strict):
     intervals is stale and gets no new placements; `report_every_rounds`: a collector reports
     each node at least this often (besides at start and on every change), at most half the
     stale window so one late report never makes a GPU stale; `labels`: this collector's node
-    labels (`tally collect --label key=value` adds to them)."""
+    labels (`tally collect --label key=value` adds to them); `pool`: the pool of this host's
+    GPUs for NVML and dcgm-exporter (`tally collect --pool` wins; the simulated fleet's GPUs
+    are in their configured pools)."""
 
     stale_after_intervals: int = Field(6, ge=2, le=100_000)
     report_every_rounds: int = Field(2, ge=1, le=50_000)
     labels: dict[str, str] = Field(default_factory=dict)
+    pool: Name = "default"
 
     @model_validator(mode="after")
     def _reports_within_the_window(self) -> InventoryConfig:

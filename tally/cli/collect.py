@@ -41,7 +41,11 @@ SOURCES = ("auto", "nvml", "dcgm", "sim")
     "fleet.",
 )
 @click.option("--url", default=None, help="dcgm-exporter /metrics URL (with --source dcgm).")
-@click.option("--pool", default="default", show_default=True, help="Pool of these GPUs.")
+@click.option(
+    "--pool",
+    default=None,
+    help="Pool of these GPUs (default: inventory.pool of the config, else `default`).",
+)
 @click.option("--node", default=None, help="Node name (default: this host's name).")
 @click.option(
     "--label",
@@ -122,7 +126,7 @@ def collect(
     bootstrap: str | None,
     source: str,
     url: str | None,
-    pool: str,
+    pool: str | None,
     node: str | None,
     labels: tuple[str, ...],
     interval_s: float | None,
@@ -147,6 +151,7 @@ def collect(
     """
     config = load_or_exit(config_path)
     node_labels = _labels(config, labels)
+    pool = pool or config.inventory.pool
     metrics_at = _metrics_address(config, metrics_port, metrics_host)
     interval = interval_s or config.sampling.interval_s
     node = node or socket.gethostname()

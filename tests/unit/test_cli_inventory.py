@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 
 import orjson
@@ -19,6 +20,7 @@ from tally.config import ConfigError, parse_config
 from tests.builders import T0_US, a_config_dict
 from tests.conftest import write_config
 from tests.inventory_builders import a_gpu, a_mig_slice, a_report
+from tests.unit.test_dcgm_scrape import Exporter, _serve
 
 
 @pytest.fixture
@@ -96,3 +98,23 @@ def test_a_label_that_is_not_key_value_is_refused(tmp_path):
         cli, ["collect", "--config", str(path), "--source", "sim", "--label", "rack", "--once"]
     )
     assert result.exit_code == 2 and "KEY=VALUE" in result.output
+
+
+@pytest.fixture
+def dcgm() -> Iterator[Exporter]:
+    """A real `/metrics` endpoint serving a dcgm-exporter payload."""
+    yield from _serve(Exporter())
+
+
+def test_the_pool_comes_from_the_option_else_the_config(tmp_path, dcgm):
+    path = write_config(tmp_path / "tally.yaml", a_config_dict(inventory={"pool": "rack-7"}))
+    pools = []
+    for extra in ((), ("--pool", "spot")):
+        result = CliRunner().invoke(
+            cli,
+            ["collect", "--config", str(path), "--source", "dcgm", "--url", dcgm.url, "--once"]
+            + list(extra),
+        )
+        assert result.exit_code == 0, result.output
+        pools.append({e["data"]["pool"] for e in orjson.loads(result.stdout)})
+    assert pools == [{"rack-7"}, {"spot"}]
