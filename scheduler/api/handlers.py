@@ -35,7 +35,13 @@ from scheduler.api.models import (
 )
 from scheduler.api.pagination import Cursors, JobFilter, page, parse_since
 from scheduler.api.responses import ApiError, json_response
-from scheduler.api.views import balance_view, inventory_views, job_view, queue_views
+from scheduler.api.views import (
+    balance_view,
+    inventory_views,
+    job_view,
+    node_views,
+    queue_views,
+)
 from scheduler.dispatcher import Dispatcher
 from scheduler.executors.errors import InvalidWork
 from scheduler.ports import Work
@@ -268,4 +274,4 @@ class Api:
             self.dispatcher.clock.now_us(),
             query.pool,
         )
-        return json_response(dumped(InventoryAnswer(gpus=gpus)))
+        return json_response(dumped(InventoryAnswer(nodes=node_views(gpus), gpus=gpus)))

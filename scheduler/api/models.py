@@ -283,7 +283,24 @@ class InventoryGpuView(Response):
     last_seen_at: str
 
 
+class InventoryNodeView(Response):
+    """A node as its GPUs' records say: its pool(s), labels and versions as its newest report
+    gave them, how many of its GPUs are live and stale, and when it was last seen."""
+
+    node: str
+    pools: list[str]
+    labels: dict[str, str]
+    driver_version: str | None
+    cuda_version: str | None
+    gpus: int
+    live: int
+    stale: int
+    last_seen_us: int
+    last_seen_at: str
+
+
 class InventoryAnswer(Response):
+    nodes: list[InventoryNodeView]
     gpus: list[InventoryGpuView]
 
 

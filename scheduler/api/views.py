@@ -15,6 +15,7 @@ from scheduler.api.models import (
     BudgetUnit,
     Hold,
     InventoryGpuView,
+    InventoryNodeView,
     JobView,
     MigSliceView,
     Overdraft,
@@ -204,3 +205,31 @@ def inventory_views(
         for g in gpus
         if pool is None or g.pool == pool
     ]
+
+
+def node_views(gpus: list[InventoryGpuView]) -> list[InventoryNodeView]:
+    """The nodes of `gpus` (as `inventory_views` gives them), by name; a node's labels and
+    versions are those of its most recently seen GPU's record."""
+    by_node: dict[str, list[InventoryGpuView]] = {}
+    for gpu in gpus:
+        by_node.setdefault(gpu.node, []).append(gpu)
+    views = []
+    for node in sorted(by_node):
+        members = by_node[node]
+        newest = max(members, key=lambda g: g.last_seen_us)
+        live = sum(g.status == "live" for g in members)
+        views.append(
+            InventoryNodeView(
+                node=node,
+                pools=sorted({g.pool for g in members}),
+                labels=newest.labels,
+                driver_version=newest.driver_version,
+                cuda_version=newest.cuda_version,
+                gpus=len(members),
+                live=live,
+                stale=len(members) - live,
+                last_seen_us=newest.last_seen_us,
+                last_seen_at=newest.last_seen_at,
+            )
+        )
+    return views

@@ -156,6 +156,11 @@ def test_every_token_reads_the_inventory_with_status_and_pool_filter(api: Api) -
         ("GPU-h", "live", True),
         ("GPU-old", "stale", False),
     ]
+    assert [(n["node"], n["gpus"], n["live"], n["stale"]) for n in body["nodes"]] == [
+        ("node-01", 2, 2, 0),
+        ("node-09", 1, 0, 1),
+    ]
+    assert body["nodes"][0]["pools"] == ["a100", "h100"] and body["nodes"][0]["cuda_version"]
     status, body = api.call("GET", "/v1/inventory?pool=h100", ADMIN)
     assert status == 200 and [g["uuid"] for g in body["gpus"]] == ["GPU-h"]
     assert body["gpus"][0]["labels"] == {"rack": "r1"} and body["gpus"][0]["health"] == "healthy"
