@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import requests
@@ -37,6 +37,7 @@ import requests
 from collectors.dcgm_exposition import DcgmProblem, problem_dead_letter
 from collectors.dcgm_http import DcgmConfig, Sleep, fetch_metrics, make_session
 from collectors.dcgm_parse import GpuActivity, parse_metrics
+from collectors.inventory import NodeFacts
 from ledger.events import (
     MAX_INTERVAL_US,
     DeadLetter,
@@ -88,6 +89,7 @@ class ScrapeResult:
     dead_letters: tuple[DeadLetter, ...]
     problems: tuple[DcgmProblem, ...] = ()
     activity: tuple[GpuActivity, ...] = ()
+    nodes: Mapping[str, NodeFacts] = field(default_factory=dict)  # labels, driver per node
 
 
 def _wall_clock_us() -> int:
@@ -165,6 +167,7 @@ class DcgmCollector:
             dead_letters=tuple(problem_dead_letter(p) for p in parsed.problems),
             problems=parsed.problems,
             activity=parsed.activity,
+            nodes=parsed.nodes,
         )
 
     def close(self) -> None:

@@ -28,12 +28,14 @@ Rules this module guarantees (and the tests pin); families, units and labels are
   per slice). The same XID twice in a row is indistinguishable from no new error.
 - Energy: samples carry `energy_mj=None`; the cumulative counters come back as
   `EnergyReading`s for the collector, which alone knows the previous payload.
+- Nodes: the labels common to a node's used rows and its driver version come back as `nodes`
+  (`collectors.dcgm_nodes`), for its inventory report.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from collectors.dcgm_exposition import (
     DcgmProblem,
@@ -56,6 +58,8 @@ from collectors.dcgm_fields import (
     owner_from_labels,
     owner_too_long,
 )
+from collectors.dcgm_nodes import NodeLabelLog
+from collectors.inventory import NodeFacts
 from ledger.attribution import unconfigured_slices
 from ledger.events import (
     MAX_INTERVAL_US,
@@ -100,6 +104,7 @@ class ParseResult:
     problems: tuple[DcgmProblem, ...]
     energy: tuple[EnergyReading, ...] = ()
     activity: tuple[GpuActivity, ...] = ()
+    nodes: Mapping[str, NodeFacts] = field(default_factory=dict)
 
 
 def parse_metrics(
@@ -126,6 +131,7 @@ def parse_metrics(
     if not 1 <= interval_us <= MAX_INTERVAL_US or time_us < 1:
         raise ValueError("time_us must be positive and interval_us in [1, MAX_INTERVAL_US]")
     problems = ProblemLog()
+    nodes = NodeLabelLog()
     lines = split_sample_lines(text, FAMILIES, problems)
     gpus: dict[tuple[str, str, str], GpuRows | str] = {}
     for line, sample in parse_lines(lines, problems):
@@ -145,6 +151,7 @@ def parse_metrics(
         if isinstance(gpu, str):
             problems.add(ProblemKind.BAD_LABEL, name, gpu, line)
             continue
+        nodes.add(gpu.node, labels)
         value, kind = convert(sample.value, UNITS[field_])
         if value is None:
             assert kind is not None
@@ -160,7 +167,7 @@ def parse_metrics(
                 continue
             gpu.owner = owner
         gpu.values[field_] = value
-    return _assemble(
+    parsed = _assemble(
         [gpu for gpu in gpus.values() if not isinstance(gpu, str) and gpu.values],
         problems.result(),
         pool=pool,
@@ -168,6 +175,7 @@ def parse_metrics(
         interval_us=interval_us,
         previous_xid=previous_xid or {},
     )
+    return replace(parsed, nodes=nodes.facts())
 
 
 def _assemble(

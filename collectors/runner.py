@@ -1,11 +1,14 @@
 """The collection loops: rounds on the sampling grid, wrapped in envelopes, packed and sent.
 
 - `run_simulated` drives the simulated fleet. A run first backfills `backfill_us` of history as
-  fast as the broker takes it, then keeps up with the clock at `speed` (1 = real time).
+  fast as the broker takes it, then keeps up with the clock at `speed` (1 = real time). Its
+  nodes' inventory reports go out like any collector's: at the first round, on change, and
+  periodically once it keeps up with the clock.
 - `run_rounds` drives a real-time reader (NVML, dcgm-exporter, or anything whose `read_round()`
   returns samples and health events): one round per `interval_s` on the sampling grid, its
   samples added to the producer and flushed, its health events sent to the alerts topic keyed
-  by GPU UUID. A read that raises is counted and logged and the loop goes on; a round that is
+  by GPU UUID, and the inventory reports that are due (`collectors.inventory`) with them. A
+  read that raises is counted and logged and the loop goes on; a round that is
   due while the previous one is still being handled is skipped, never run in a burst.
 
 Time is passed in (`clock`) so the loops run in real time, faster than real time, or
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from collectors.errors import ProducerError
+from collectors.inventory import InventoryReporter
 from collectors.metrics import CollectorMetrics, ErrorKind
 from collectors.producer import SampleProducer
 from collectors.simulated import SimulatedFleet, align
@@ -58,8 +62,11 @@ async def run_simulated(
     stop: asyncio.Event,
     clock: Clock = wall_clock_us,
     on_flush: Callable[[int], None] | None = None,
+    reporter: InventoryReporter | None = None,
 ) -> int:
-    """Produce rounds until `stop` is set or `max_rounds` are done; returns the rounds produced."""
+    """Produce rounds until `stop` is set or `max_rounds` are done; returns the rounds produced.
+    `reporter` sends the fleet's inventory reports (their interval: the sampling interval in
+    wall-clock time, `interval / speed`)."""
     interval = fleet.interval_us
     t = align(plan.start_us - plan.backfill_us, interval) + interval
     rounds = 0
@@ -80,7 +87,10 @@ async def run_simulated(
                     break
                 except TimeoutError:
                     pass
-        producer.add(envelope_for(s, sources[s.node]) for s in fleet.sample_round(t))
+        samples = fleet.sample_round(t)
+        producer.add(envelope_for(s, sources[s.node]) for s in samples)
+        if reporter is not None:
+            reporter.after_round(samples, int(interval / plan.speed), periodic=not backfilling)
         rounds += 1
         packed += 1
         if packed >= plan.pack_rounds or not backfilling:
@@ -143,8 +153,10 @@ async def run_rounds(
     once: bool = False,
     source_of: Callable[[GpuSample], str] = sample_source,
     sleep: Callable[[float], Awaitable[object]] | None = None,
+    reporter: InventoryReporter | None = None,
 ) -> int:
-    """Read, wrap and send a round every `interval_s` until `stop` is set.
+    """Read, wrap and send a round every `interval_s` until `stop` is set (with the inventory
+    reports `reporter` finds due).
 
     Returns the rounds read (a read that raised is not one).
 
@@ -171,7 +183,9 @@ async def run_rounds(
         if wait_s > 0:
             await sleep(wait_s)
             continue
-        if await _one_round(read_round, producer, health_topic_sender, metrics, source_of):
+        if await _one_round(
+            read_round, producer, health_topic_sender, metrics, source_of, reporter, interval_us
+        ):
             rounds += 1
         if once:
             break
@@ -190,6 +204,8 @@ async def _one_round(
     health_topic_sender: HealthSender | None,
     metrics: CollectorMetrics,
     source_of: Callable[[GpuSample], str],
+    reporter: InventoryReporter | None = None,
+    interval_us: int = 0,
 ) -> bool:
     """Read one round and hand it to the producer; False when the read failed."""
     try:
@@ -204,6 +220,8 @@ async def _one_round(
     for problem in getattr(result, "problems", ()):
         log.warning("%s", problem)
     producer.add(envelope_for(s, source_of(s)) for s in result.samples)
+    if reporter is not None:
+        reporter.after_round(result.samples, interval_us)
     for health in result.health:
         if health_topic_sender is None:
             log.warning("GPU %s: %s (%s)", health.gpu_uuid, health.kind.value, health.detail)

@@ -3,8 +3,9 @@
 - `read_topic`: every message of a topic up to its end offsets at the time of the call (the
   replay of `jobs` at start);
 - `KafkaPublisher`: the `Publisher` port (`scheduler.ports`) on the `jobs` topic, `acks=all`;
-- `Feeds`: the `balances` and `alerts` consumers, read from the start without a consumer group
-  (every instance folds all of both into its dispatcher), and the ledger group's committed
+- `Feeds`: the `balances`, `alerts` and (when the service follows one) `inventory` consumers,
+  read from the start without a consumer group (every instance folds all of them into its
+  dispatcher and inventory), and the ledger group's committed
   `jobs` offsets, which move the scheduler's holds towards acknowledgement
   (`scheduler.hold_acks`).
 
@@ -28,6 +29,7 @@ from ledger.errors import EventError
 from ledger.excerpts import bounded
 from scheduler.dispatcher import Dispatcher
 from scheduler.errors import BrokerUnavailable, MessageRefused
+from scheduler.inventory import FleetInventory
 from scheduler.jobs_topic import Consumed, Outgoing, seq_of
 from scheduler.ports import Placement, Refused
 
@@ -231,12 +233,18 @@ class Feeds:
     """The `balances` and `alerts` consumers (no consumer group: every instance reads all of
     both from the start) and the ledger group's committed `jobs` offsets."""
 
-    def __init__(self, settings: ServiceSettings, dispatcher: Dispatcher) -> None:
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        dispatcher: Dispatcher,
+        inventory: FleetInventory | None = None,
+    ) -> None:
         from aiokafka import AIOKafkaConsumer
         from aiokafka.admin import AIOKafkaAdminClient
 
         self.settings = settings
         self.dispatcher = dispatcher
+        self.inventory = inventory
         servers = ",".join(settings.bootstrap)
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=servers,
@@ -261,20 +269,17 @@ class Feeds:
         from aiokafka import TopicPartition
 
         s = self.settings
+        followed = [s.balances_topic, s.alerts_topic]
+        if self.inventory is not None:
+            followed.append(s.inventory_topic)
 
         async def go() -> None:
             await self.consumer.start()
             await self.admin.start()
             parts = await topic_partitions(
-                ",".join(s.bootstrap),
-                [s.balances_topic, s.alerts_topic, s.jobs_topic],
-                s.kafka_options,
+                ",".join(s.bootstrap), [*followed, s.jobs_topic], s.kafka_options
             )
-            tps = [
-                TopicPartition(topic, p)
-                for topic in (s.balances_topic, s.alerts_topic)
-                for p in parts.get(topic, [])
-            ]
+            tps = [TopicPartition(topic, p) for topic in followed for p in parts.get(topic, [])]
             self.consumer.assign(tps)
             await self.consumer.seek_to_beginning(*tps)
             self._balance_parts = [tp for tp in tps if tp.topic == s.balances_topic]
@@ -308,6 +313,9 @@ class Feeds:
                         self.dispatcher.on_balance(decode_balance_update(m.value))
                     except EventError as exc:
                         log.warning("ignored a balances message: %s", exc)
+                elif tp.topic == self.settings.inventory_topic:
+                    if self.inventory is not None:
+                        self.inventory.on_record(m.value)
                 else:
                     self.alert_messages += 1
                     self.dispatcher.on_alert(m.value)

@@ -25,6 +25,10 @@ Consumes
     alerts    `IdleGpuDetected`/`IdleGpuResolved`, read from the start: the open alerts drive
               idle reclaim by queue policy (`scheduler.reclaim`); its own `tally.job.*` alerts
               rebuild what `scheduler.job_alerts` has open.
+    inventory compacted, read to its end at start (before the jobs topic) and followed after:
+              the GPUs the collectors report (`scheduler.inventory`). Before every decision the
+              placeable ones — healthy, not stale at that moment — become the state's fleet; a
+              GPU no collector reported is never placed on.
 Produces, on `alerts` (when the dispatcher has a `JobAlertWatch`)
     `tally.job.idle` / `tally.job.pending` and their resolutions, keyed by job id, after each
     tick; best effort: kept for the next tick while the broker does not take them.
@@ -67,6 +71,7 @@ from ledger.job_events import JobAdmitted, JobEvent, JobPreempted
 from ledger.units import US_PER_HOUR
 from scheduler.dispatcher import DEFAULT_POLICY, Dispatcher
 from scheduler.errors import BrokerUnavailable, MessageRefused, Rejected, RejectKind
+from scheduler.inventory import FleetInventory
 from scheduler.jobs_topic import Outgoing
 from scheduler.kafka import Feeds, KafkaPublisher, read_topic
 from scheduler.model import Policy
@@ -98,6 +103,7 @@ class ServiceSettings:
     stop_jobs_on_exit: bool = True
     publish_timeout_s: float = 30.0
     kafka_options: Mapping[str, Any] = field(default_factory=dict)  # security: SASL, TLS
+    inventory_topic: str = "tally.inventory"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +142,7 @@ class SchedulerService:
         observer: SchedulerObserver | None = None,
         undeliverable_log: UndeliverableLog | None = None,
         alert_publisher: AlertPublisher | None = None,
+        inventory: FleetInventory | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.publisher = publisher
@@ -143,6 +150,7 @@ class SchedulerService:
         self.observer = observer
         self.undeliverable_log = undeliverable_log
         self.undeliverable = 0  # messages the broker refused for their content
+        self.inventory = inventory
         self.cycle_interval_s = cycle_interval_s
         self.publish_timeout_s = publish_timeout_s
         self.tick_publish_timeout_s = tick_publish_timeout_s
@@ -240,8 +248,15 @@ class SchedulerService:
         except Exception:  # monitoring must never stop scheduling
             log.exception("the scheduler observer failed")
 
+    def sync_fleet(self) -> None:
+        """Make the inventory's GPUs placeable at this moment the state's fleet (a GPU gone
+        stale since the last decision is placed on no more)."""
+        if self.inventory is not None:
+            self.inventory.sync(self.dispatcher.state, self.dispatcher.clock.now_us())
+
     async def tick(self) -> list[JobEvent]:
         async with self.lock:
+            self.sync_fleet()
             events = self.dispatcher.decide()
             self._report(events)
             await self._commit(events, self.tick_publish_timeout_s)
@@ -268,6 +283,7 @@ class SchedulerService:
     async def start(self) -> None:
         """Recover after a replay: lost jobs fail; their events are published."""
         async with self.lock:
+            self.sync_fleet()
             events = self.dispatcher.recover()
             self._report(events)
             await self._commit(events, self.publish_timeout_s)
@@ -358,13 +374,25 @@ async def run_service(
     stop_event: asyncio.Event | None = None,
     observer: SchedulerObserver | None = None,
     status: ServiceStatus | None = None,
+    inventory: FleetInventory | None = None,
 ) -> None:
     """Replay the jobs topic, recover, then run feeds, ticks and the API until stopped
     (SIGTERM/SIGINT, or `stop_event`). `serve_api` starts the API and returns its closer;
     `observer` hears the service's decisions and queue lengths (see `SchedulerService`);
-    `status` follows the start-up (health checks)."""
+    `status` follows the start-up (health checks); `inventory`, when given, is read from the
+    inventory topic first and followed after (the GPUs to place on)."""
     status = status if status is not None else ServiceStatus()
     bootstrap = settings.bootstrap[0]
+    if inventory is not None:
+        reported = await read_topic(
+            bootstrap,
+            settings.inventory_topic,
+            f"{settings.client_id}-inventory",
+            settings.kafka_options,
+        )
+        for message in reported:
+            inventory.on_record(message.value)
+        log.info("read %d GPUs from %s", len(inventory.gpus), settings.inventory_topic)
     messages = await read_topic(
         bootstrap, settings.jobs_topic, f"{settings.client_id}-replay", settings.kafka_options
     )
@@ -380,7 +408,7 @@ async def run_service(
     status.replayed = True
     publisher = KafkaPublisher(settings)
     await publisher.start()
-    feeds = Feeds(settings, dispatcher)
+    feeds = Feeds(settings, dispatcher, inventory)
     status.feeds = feeds
     service = SchedulerService(
         dispatcher,
@@ -390,6 +418,7 @@ async def run_service(
         observer=observer,
         undeliverable_log=UndeliverableLog(settings.work_dir / UNDELIVERABLE_FILE),
         alert_publisher=publisher,
+        inventory=inventory,
     )
     stopping = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,6 +1,10 @@
 """The scheduler's state: a projection of the `jobs` topic, plus config, balances and metered
 usage. It is the one mutable thing in the scheduler; it applies events and hands out snapshots.
 
+The fleet (the GPUs new placements may use) is set with `set_fleet`, from the inventory the
+collectors report (`scheduler.inventory`); a GPU an event names that the fleet does not (a
+replayed assignment, a GPU gone stale) is still held and released as the events say.
+
 It owns the backlogs (one per (team, queue), in order of priority then submit time; a job
 told it can never run — no matching GPUs, unknown queue or team — is parked outside its backlog
 so it cannot hide the jobs behind it from the heads phase, until `unpark`), the
@@ -80,19 +84,13 @@ class SchedulerState:
         if half_life_us <= 0:
             raise ConfigError("fair share: the half-life must be positive")
         self.quotas = QuotaBook.of(teams)
-        self.fleet = Fleet.of(nodes)
         self.prices = prices
         self.half_life_us = half_life_us
-        self._home: dict[str, tuple[str, Flavor]] = {}
+        self._home: dict[str, tuple[str, Flavor]] = {}  # every GPU known: its node and flavor
+        self._placeable: frozenset[str] = frozenset()
+        self._held_as: dict[str, tuple[str, Flavor]] = {}  # a held GPU: where it was assigned
         self._free: dict[Flavor, dict[str, tuple[str, ...]]] = {}
         self._free_total: dict[Flavor, int] = {}
-        for node in self.fleet.nodes.values():
-            self._free.setdefault(node.flavor, {})[node.name] = tuple(sorted(node.gpu_uuids))
-            self._free_total[node.flavor] = self._free_total.get(node.flavor, 0) + len(
-                node.gpu_uuids
-            )
-            for uuid in node.gpu_uuids:
-                self._home[uuid] = (node.name, node.flavor)
         self._holder: dict[str, str] = {}
         self._usage: dict[tuple[str, Flavor], int] = {}
         self._backlogs: dict[tuple[str, str], list[BacklogKey]] = {}
@@ -106,6 +104,32 @@ class SchedulerState:
         self._metered: dict[str, DecayedUsage] = {}
         self._preemptible: dict[Flavor, Counter[int]] = {}  # priorities of preemptible jobs
         self._over_budget: dict[Flavor, int] = {}
+        self.fleet = Fleet.of(())
+        self.set_fleet(nodes)
+
+    def set_fleet(self, nodes: Iterable[Node]) -> None:
+        """The GPUs new placements may use from now on (the inventory's placeable GPUs, or a
+        fixed fleet). A GPU a job holds stays held; released, it is free again only if it is
+        placeable then. Parked jobs get another look."""
+        fleet = Fleet.of(nodes)
+        free: dict[Flavor, dict[str, tuple[str, ...]]] = {}
+        totals: dict[Flavor, int] = {}
+        for node in fleet.nodes.values():
+            for uuid in node.gpu_uuids:
+                self._home[uuid] = (node.name, node.flavor)
+            idle = tuple(sorted(u for u in node.gpu_uuids if u not in self._holder))
+            per_node = free.setdefault(node.flavor, {})
+            if idle:
+                per_node[node.name] = idle
+            totals[node.flavor] = totals.get(node.flavor, 0) + len(idle)
+        self.fleet = fleet
+        self._placeable = frozenset(u for n in fleet.nodes.values() for u in n.gpu_uuids)
+        self._free, self._free_total = free, totals
+        self.unpark()
+
+    def known_flavors(self) -> frozenset[Flavor]:
+        """The (pool, model) of every GPU ever known, placeable now or not."""
+        return frozenset(flavor for _, flavor in self._home.values())
 
     # ------------------------------------------------------------------ queries
 
@@ -134,6 +158,10 @@ class SchedulerState:
 
     def used(self, team: str, flavor: Flavor) -> int:
         return self._usage.get((team, flavor), 0)
+
+    def placeable(self, gpu_uuid: str) -> bool:
+        """Whether new placements may use the GPU now."""
+        return gpu_uuid in self._placeable
 
     def free_total(self, flavor: Flavor) -> int:
         return self._free_total.get(flavor, 0)
@@ -327,33 +355,37 @@ class SchedulerState:
             self._done.add(event.job_id)
 
     def _assign(self, event: GpuAssigned) -> None:
-        home = self._home.get(event.gpu_uuid)
-        if home is None:
-            raise StateError(f"GPU {event.gpu_uuid} is not in the fleet")
-        holder = self._holder.get(event.gpu_uuid)
+        uuid = event.gpu_uuid
+        holder = self._holder.get(uuid)
         if holder is not None:
-            raise StateError(f"GPU {event.gpu_uuid} assigned to {event.job_id}, held by {holder}")
+            raise StateError(f"GPU {uuid} assigned to {event.job_id}, held by {holder}")
+        # A GPU the inventory has not (yet) named, e.g. while the jobs topic is replayed, is
+        # where the event says it is.
+        home = self._home.setdefault(uuid, (event.node, Flavor(event.pool, event.model)))
         node, flavor = home
-        free = self._free[flavor]
-        free[node] = tuple(u for u in free[node] if u != event.gpu_uuid)
-        if not free[node]:
-            del free[node]
-        self._free_total[flavor] -= 1
-        self._holder[event.gpu_uuid] = event.job_id
+        free = self._free.get(flavor, {})
+        if uuid in free.get(node, ()):
+            free[node] = tuple(u for u in free[node] if u != uuid)
+            if not free[node]:
+                del free[node]
+            self._free_total[flavor] -= 1
+        self._holder[uuid] = event.job_id
+        self._held_as[uuid] = home
         key = (event.team, flavor)
         self._usage[key] = self._usage.get(key, 0) + 1
 
     def _release(self, event: GpuReleased) -> None:
-        holder = self._holder.get(event.gpu_uuid)
+        uuid = event.gpu_uuid
+        holder = self._holder.get(uuid)
         if holder != event.job_id:
-            raise StateError(
-                f"GPU {event.gpu_uuid} released by {event.job_id}, held by {holder or 'nobody'}"
-            )
-        node, flavor = self._home[event.gpu_uuid]
-        del self._holder[event.gpu_uuid]
-        free = self._free[flavor]
-        free[node] = tuple(sorted((*free.get(node, ()), event.gpu_uuid)))
-        self._free_total[flavor] += 1
+            raise StateError(f"GPU {uuid} released by {event.job_id}, held by {holder or 'nobody'}")
+        del self._holder[uuid]
+        _, flavor = self._held_as.pop(uuid)
+        if uuid in self._placeable:
+            node, home_flavor = self._home[uuid]
+            free = self._free.setdefault(home_flavor, {})
+            free[node] = tuple(sorted((*free.get(node, ()), uuid)))
+            self._free_total[home_flavor] = self._free_total.get(home_flavor, 0) + 1
         key = (event.team, flavor)
         left = self._usage[key] - 1
         if left:

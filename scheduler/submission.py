@@ -37,8 +37,9 @@ def check_names(
             RejectKind.UNKNOWN,
             f"team {request.team} has no project {request.project!r} ({', '.join(allowed)})",
         )
-    models = {f.model for f in state.fleet.flavors}
-    pools = {f.pool for f in state.fleet.flavors}
+    flavors = state.known_flavors()  # reported by a collector, placeable now or not
+    models = {f.model for f in flavors}
+    pools = {f.pool for f in flavors}
     if request.model is not None and request.model not in models:
         raise Rejected(RejectKind.UNKNOWN, f"no GPUs of model {request.model!r} in the fleet")
     if request.pool is not None and request.pool not in pools:

@@ -1,12 +1,13 @@
-"""The ledger worker: a Faust app that folds batches of samples, admin events and holds into
-the ledger store, and publishes what the commits queued (alerts, dead letters, balances).
+"""The ledger worker: a Faust app that folds batches of samples, admin events, holds and
+inventory reports into the ledger store, and publishes what the commits queued (alerts, dead
+letters, balances, inventory records).
 
 Exactly-once effect:
 - the samples topic is read in batches by a group consumer of its own
-  (`streams.sample_batches`); the admin and jobs topics by Faust agents taking batches
-  (`take_events`). Each batch goes to `ledger.ingest.Ingestor`, which commits postings, event
-  ids, source offsets and the projections they change in one DuckDB transaction; the routes
-  take turns on the one store;
+  (`streams.sample_batches`); the admin, jobs and inventory-reports topics by Faust agents
+  taking batches (`take_events`). Each batch goes to `ledger.ingest.Ingestor`, which commits
+  postings, event ids, source offsets and the projections they change in one DuckDB
+  transaction; the routes take turns on the one store;
 - a batch's offsets are committed to the broker (Faust acks its events) only after that commit
   returns, never before;
 - offsets the store already holds for the broker incarnation are skipped, so a restarted worker
@@ -19,7 +20,8 @@ Exactly-once effect:
   raw-event archive by the same commit, so `tally ledger rebuild` can replay them later: the
   embedded broker keeps nothing across restarts;
 - after each batch the outbox is published: changed balances go to the compacted `balances`
-  topic keyed by account, at least once, after the commit that changed them;
+  topic keyed by account, changed inventory records to the compacted `inventory` topic keyed by
+  GPU UUID, at least once, after the commit that changed them;
 - a message the broker refuses for its content (too large, corrupt: `content_refusal`) never
   stops the worker: it leaves the outbox, is kept in the store as undeliverable with the
   broker's reason, counted (`WorkerStats.undeliverable`, `tally_worker_undeliverable_total`) and
@@ -97,6 +99,8 @@ class WorkerSettings:
     admin_topic: str = "tally.admin"  # read by Faust agents (the samples topic is not:
     jobs_topic: str = "tally.jobs"  # `streams.sample_batches`)
     balances_topic: str | None = None  # and balances are not published
+    inventory_reports_topic: str = "tally.inventory-reports"  # a Faust agent too
+    inventory_topic: str | None = None  # None: inventory records are not published
 
 
 def faust_group_options(group: Mapping[str, int]) -> dict[str, Any]:
@@ -246,6 +250,8 @@ class LedgerWorker:
         outputs = [s.deadletter_topic, s.alerts_topic]
         if s.balances_topic is not None:
             outputs.append(s.balances_topic)
+        if s.inventory_topic is not None:
+            outputs.append(s.inventory_topic)
         self._outputs = {
             name: app.topic(name, key_serializer="raw", value_serializer="raw") for name in outputs
         }
@@ -296,6 +302,7 @@ class LedgerWorker:
 
         batches(s.admin_topic, "ledger-admin", 100)
         batches(s.jobs_topic, "ledger-jobs", s.batch_max_messages)
+        batches(s.inventory_reports_topic, "ledger-inventory", 500)
 
         @app.timer(interval=HEARTBEAT_S)  # type: ignore[untyped-decorator]
         async def heartbeat() -> None:
@@ -337,10 +344,12 @@ class LedgerWorker:
                         alerts=s.alerts_topic,
                         deadletter=s.deadletter_topic,
                         balances=s.balances_topic,
+                        inventory=s.inventory_topic,
                     ),
                     InputTopics(
                         admin=s.admin_topic,
                         jobs=s.jobs_topic,
+                        inventory=s.inventory_reports_topic,
                     ),
                 )
 

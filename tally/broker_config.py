@@ -33,7 +33,9 @@ from tally.config_fields import EnvName, Name, Strict
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
-TopicKey = Literal["samples", "jobs", "admin", "balances", "alerts", "deadletter"]
+TopicKey = Literal[
+    "samples", "jobs", "admin", "balances", "alerts", "deadletter", "inventory_reports", "inventory"
+]
 MS_PER_HOUR = 3_600_000
 
 
@@ -160,6 +162,8 @@ class TopicsConfig(Strict):
     balances: Name = "tally.balances"
     alerts: Name = "tally.alerts"
     deadletter: Name = "tally.deadletter"
+    inventory_reports: Name = "tally.inventory-reports"
+    inventory: Name = "tally.inventory"
     partitions: int = Field(8, ge=1, le=256)
     replication_factor: int = Field(1, ge=1, le=32)
     min_insync_replicas: int = Field(1, ge=1, le=32)
@@ -186,7 +190,13 @@ class TopicsConfig(Strict):
             "balances": self.balances,
             "alerts": self.alerts,
             "deadletter": self.deadletter,
+            "inventory_reports": self.inventory_reports,
+            "inventory": self.inventory,
         }
+
+    def compacted(self) -> list[str]:
+        """The topics whose newest message per key is all that matters."""
+        return [self.balances, self.inventory]
 
     def replication_of(self, key: str) -> tuple[int, int]:
         """(replication factor, min.insync.replicas) of the topic `key` (samples, jobs, …)."""
@@ -206,6 +216,9 @@ class TopicsConfig(Strict):
             "balances": {"cleanup.policy": "compact"},
             "alerts": _time_bounded(r.alerts_hours),
             "deadletter": _time_bounded(r.deadletter_hours),
+            # a node's reports: the worker folds and archives them, the newest one counts
+            "inventory_reports": _time_bounded(r.samples_hours),
+            "inventory": {"cleanup.policy": "compact"},
         }
         specs = []
         for key, name in self.all().items():

@@ -74,6 +74,8 @@ def worker_settings(
         admin_topic=config.topics.admin,
         jobs_topic=config.topics.jobs,
         balances_topic=config.topics.balances,
+        inventory_reports_topic=config.topics.inventory_reports,
+        inventory_topic=config.topics.inventory,
         deadletter_topic=config.topics.deadletter,
         alerts_topic=config.topics.alerts,
         idle_policy=config.idle.policy(),

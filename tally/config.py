@@ -37,6 +37,7 @@ from tally.alerts_config import AlertsConfig
 from tally.broker_config import BrokerConfig, TlsConfig, TopicsConfig
 from tally.config_fields import EnvName, Micros, Name, Strict
 from tally.config_yaml import YamlRefused, read_yaml
+from tally.inventory_config import InventoryConfig
 from tally.metrics_config import MetricsConfig
 
 ConfigError = config_fields.ConfigError  # defined beside the field types, which raise it too
@@ -398,6 +399,7 @@ class TallyConfig(Strict):
     scheduler: SchedulerConfig = SchedulerConfig()
     alerts: AlertsConfig = AlertsConfig()
     metrics: MetricsConfig = MetricsConfig()
+    inventory: InventoryConfig = InventoryConfig()
 
     @model_validator(mode="after")
     def _budgets_and_quotas_name_teams(self) -> TallyConfig:

@@ -7,8 +7,11 @@ itself imports only `ledger`).
   (what a team's token may ask for);
 - teams: every team of the organisation, with its `quotas:` per (pool, model) and its
   `scheduler.teams` entry (cohort, weight); a team with no quota cannot run jobs;
-- inventory: the simulated fleet's GPUs (node, UUID, index) — `CUDA_VISIBLE_DEVICES` gets the
-  GPU's index on its node;
+- inventory: `tally scheduler run` places only on the GPUs the collectors report, read from
+  the `inventory` topic (`scheduler.inventory.FleetInventory`, stale after
+  `inventory.stale_after_intervals` sampling intervals); `CUDA_VISIBLE_DEVICES` gets the GPU's
+  reported index on its node. `inventory_of` (the simulated fleet's GPUs, fixed) is only for
+  what runs without collectors: the scheduler simulation and tests;
 - tokens: from `scheduler.tokens` (environment variables win over the file); never from the
   configuration file itself.
 """
@@ -27,6 +30,7 @@ import yaml
 from ledger.units import US_PER_SECOND
 from scheduler.api import Tokens
 from scheduler.dispatcher import Dispatcher, TeamBudgetRules
+from scheduler.inventory import FleetInventory
 from scheduler.job_alerts import JobAlertWatch
 from scheduler.model import (
     DEFAULT_IDLE_POLICY,
@@ -116,14 +120,15 @@ def teams_of(config: TallyConfig) -> tuple[Team, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Inventory:
-    """The GPUs the scheduler hands out, and what `CUDA_VISIBLE_DEVICES` calls each."""
+    """A fixed set of GPUs to hand out, and what `CUDA_VISIBLE_DEVICES` calls each."""
 
     nodes: tuple[Node, ...]
     device_ids: Mapping[str, str]
 
 
 def inventory_of(config: TallyConfig) -> Inventory:
-    """The simulated fleet's GPUs: one `Node` per simulated node, devices by index."""
+    """The simulated fleet's GPUs, fixed: one `Node` per simulated node, devices by index (for
+    the scheduler simulation and tests; the service reads the inventory topic instead)."""
     by_node: dict[str, list[Any]] = {}
     for gpu in simulated_fleet(config).gpus:
         by_node.setdefault(gpu.node, []).append(gpu)
@@ -261,12 +266,18 @@ def service_settings(
         api_host=s.host,
         api_port=s.port,
         max_body_bytes=s.max_body_kib * 1024,
+        inventory_topic=config.topics.inventory,
     )
+
+
+def fleet_inventory(config: TallyConfig) -> FleetInventory:
+    """The service's copy of the inventory topic, with the configured staleness."""
+    return FleetInventory(config.inventory.stale_after_intervals)
 
 
 def scheduler_state(config: TallyConfig, inventory: Inventory | None = None) -> SchedulerState:
     """The core's state from config: queues, teams and quotas, the fleet, prices, half-life."""
-    chosen = inventory or inventory_of(config)
+    chosen = inventory if inventory is not None else inventory_of(config)
     return SchedulerState(
         queues_of(config),
         teams_of(config),
@@ -276,8 +287,9 @@ def scheduler_state(config: TallyConfig, inventory: Inventory | None = None) -> 
     )
 
 
-def configured_executor(config: TallyConfig, inventory: Inventory) -> Executor:
-    """The executor `scheduler.executor` names."""
+def configured_executor(config: TallyConfig, inventory: Inventory | FleetInventory) -> Executor:
+    """The executor `scheduler.executor` names (the local one reads `inventory.device_ids` as
+    it changes)."""
     s = config.scheduler
     if s.executor == "slurm":
         from scheduler.executors.slurm import SlurmExecutor
@@ -297,15 +309,18 @@ def build_dispatcher(
     config: TallyConfig,
     executor: Executor | None = None,
     clock: Clock | None = None,
+    inventory: FleetInventory | None = None,
 ) -> Dispatcher:
     """The service's dispatcher with the configured executor (logs in `work_dir/logs`): local
-    (devices by index) or Slurm (`sbatch --gres=gpu:N`), unless another executor is given."""
-    inventory = inventory_of(config)
+    (devices by index) or Slurm (`sbatch --gres=gpu:N`), unless another executor is given.
+    With `inventory` its fleet starts empty and follows the inventory (what the service does);
+    without, it is the simulated fleet, fixed (the simulation, tests)."""
+    fixed = inventory_of(config) if inventory is None else Inventory((), {})
     s = config.scheduler
     rules = config.alerts.rules  # job idle / pending alerts (`scheduler.job_alerts`)
-    chosen = executor or configured_executor(config, inventory)
+    chosen = executor or configured_executor(config, inventory or fixed)
     return Dispatcher(
-        scheduler_state(config, inventory),
+        scheduler_state(config, fixed),
         chosen,
         clock or WallClock(),
         s.work_dir,

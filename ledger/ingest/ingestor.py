@@ -1,6 +1,7 @@
 """The Ingestor: applies a batch of consumed messages to a store, exactly once.
 
-For each route of the batch (admin events, then the jobs topic, then samples), in one store
+For each route of the batch (admin events, then the jobs topic, then inventory reports, then
+samples), in one store
 commit each: skip offsets the store has applied for this broker incarnation → decode (bad input
 becomes a dead letter, never an exception) → load the route's view from the store once → fold
 (pure) → give derived transactions ids the ledger has not applied → validate every transaction
@@ -18,9 +19,11 @@ from ledger.holds import LEDGER_HOLDS_SOURCE
 from ledger.idle import IdleAlert, IdlePolicy, encode_alert
 from ledger.ingest.admin import admin_keys, closes_a_period, fold_admin
 from ledger.ingest.batch import Folded, FoldRules, decode_all
+from ledger.ingest.inventory import INVENTORY_KEYS, fold_inventory
 from ledger.ingest.jobs import DecodedJobs, fold_jobs
 from ledger.ingest.samples import fold_samples, sample_keys
 from ledger.ingest.validation import validate_batch, validate_columns
+from ledger.inventory import decode_report_message, encode_record, record_id
 from ledger.posting_columns import PostingColumns
 from ledger.pricing import PriceBook
 from ledger.store.port import (
@@ -45,23 +48,28 @@ class IngestResult:
     alerts: tuple[IdleAlert, ...] = ()
     admin_events: int = 0
     hold_events: int = 0
+    inventory_reports: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class OutputTopics:
-    """Where the ingest's own outputs go: idle alerts, dead letters and, when set, balances."""
+    """Where the ingest's own outputs go: idle alerts, dead letters and, when set, balances and
+    inventory records (keyed by GPU UUID)."""
 
     alerts: str = "tally.alerts"
     deadletter: str = "tally.deadletter"
     balances: str | None = None
+    inventory: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class InputTopics:
-    """Which consumed topics carry admin events and holds (every other one carries samples)."""
+    """Which consumed topics carry admin events, holds and inventory reports (every other one
+    carries samples)."""
 
     admin: str = "tally.admin"
     jobs: str = "tally.jobs"
+    inventory: str = "tally.inventory-reports"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,13 +131,16 @@ class Ingestor:
         fresh = [m for m in messages if m.offset >= self._next.get((m.topic, m.partition), 0)]
         admin = [m for m in fresh if m.topic == self.inputs.admin]
         jobs = [m for m in fresh if m.topic == self.inputs.jobs]
-        samples = [m for m in fresh if m.topic not in (self.inputs.admin, self.inputs.jobs)]
+        reports = [m for m in fresh if m.topic == self.inputs.inventory]
+        routed = (self.inputs.admin, self.inputs.jobs, self.inputs.inventory)
+        samples = [m for m in fresh if m.topic not in routed]
         admin_part = self._apply_admin(admin) if admin else None
         if admin_part is not None:
             self.rules = self._current_rules()
         jobs_part = self._apply_jobs(jobs) if jobs else None
+        inventory_part = self._apply_inventory(reports) if reports else None
         sample_part = self._apply_samples(samples) if samples else None
-        parts = [p for p in (admin_part, jobs_part, sample_part) if p is not None]
+        parts = [p for p in (admin_part, jobs_part, inventory_part, sample_part) if p is not None]
         commit = NO_COMMIT
         for part in parts:
             commit = commit + part.commit
@@ -142,6 +153,7 @@ class Ingestor:
             alerts=sample_part.alerts if sample_part else (),
             admin_events=admin_part.decoded if admin_part else 0,
             hold_events=jobs_part.decoded if jobs_part else 0,
+            inventory_reports=inventory_part.decoded if inventory_part else 0,
         )
 
     # ------------------------------------------------------------------ the routes
@@ -157,6 +169,12 @@ class Ingestor:
         view = self.store.load_view(batch.keys())
         folded = fold_jobs(batch, view, fresh[-1])
         return self._commit(fresh, folded, batch.dead, batch.count, view.closed)
+
+    def _apply_inventory(self, fresh: Sequence[ConsumedMessage]) -> _Part:
+        decoded, dead = decode_all(fresh, decode_report_message)
+        view = self.store.load_view(INVENTORY_KEYS)
+        folded = fold_inventory(decoded, view)
+        return self._commit(fresh, folded, dead, len(decoded), view.closed)
 
     def _apply_admin(self, fresh: Sequence[ConsumedMessage]) -> _Part:
         decoded, dead = decode_all(fresh, decode_admin_message)
@@ -195,6 +213,12 @@ class Ingestor:
             )
             for index, d in enumerate(dead)
         ]
+        inventory = self.topics.inventory
+        if inventory is not None:
+            outbox.extend(
+                OutboxMessage(record_id(g), inventory, g.uuid.encode(), encode_record(g))
+                for g in folded.changes.inventory.values()
+            )
         ranges = ranges_from_offsets((m.topic, m.partition, m.offset) for m in fresh)
         commit = self.store.commit(
             self.incarnation,

@@ -508,6 +508,7 @@ class DuckDBStore(HotReads):
             self._segments.remove_unlisted_files()
             self.export_closed_periods()  # after sealing: a closed period's rows are all sealed
             self.export_refused()
+            self.export_inventory()
             if not self._admin_log_exported:
                 self.export_admin_log()
         except OSError as exc:  # a side file, a manifest or a directory could not be written

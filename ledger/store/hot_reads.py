@@ -1,7 +1,8 @@
 """What the writer's store answers about committed postings and the admin state: balances
 (the projection, and the fold recomputed from every posting, hot and sealed), budgets, closed
 periods, the admin log, reversals, transactions by id; and the readers' copies of the admin log,
-of closed periods and of the dead-letter summary it writes beside the segments. A base class of
+of closed periods, of the dead-letter summary and of the GPU inventory it writes beside the
+segments. A base class of
 `DuckDBStore`, over its connection."""
 
 from __future__ import annotations
@@ -17,17 +18,20 @@ from ledger.accounts import budget_account
 from ledger.admin import AdminView, AppliedAdmin, applied_from_dict
 from ledger.balances import BalanceRow, current_period, fold_rows
 from ledger.closing import ClosedPeriod
+from ledger.inventory import InventoryGpu, record_from_json
 from ledger.postings import Transaction
 from ledger.pricing import PriceBook
 from ledger.store.layout import first_row, sql_list
 from ledger.store.schema import POSTING_COLUMNS_SQL, transaction_from_rows
 from ledger.store.segments import Manifest
 from ledger.store.side_files import (
+    INVENTORY_NAME,
     REFUSED_NAME,
     REFUSED_SQL,
     RefusedGroup,
     write_admin_log,
     write_closed_period,
+    write_inventory,
     write_refused,
 )
 from ledger.units import Unit
@@ -43,6 +47,7 @@ class HotReads:
     _closed_cache: frozenset[str] | None
     _admin_log_exported: bool
     _refused_exported: int | None = None  # dead letters in the last summary written
+    _inventory_exported: tuple[int, int] | None = None  # (records, content hash) last written
 
     def _sealed_sql(self) -> str | None:
         files = self.manifest.files()
@@ -192,4 +197,23 @@ class HotReads:
         ]
         write_refused(self.segments_root, groups)
         self._refused_exported = count
+        return True
+
+    def inventory(self) -> dict[str, InventoryGpu]:
+        """The GPU inventory by UUID (`inventory_gpus`)."""
+        rows = self._con.execute("SELECT uuid, record FROM inventory_gpus").fetchall()
+        return {str(uuid): record_from_json(str(record)) for uuid, record in rows}
+
+    def export_inventory(self) -> bool:
+        """Write the readers' copy of the inventory (`segments/inventory.json`) when it changed
+        since the last one (or it is missing); whether it was written."""
+        row = first_row(
+            self._con.execute("SELECT count(*), coalesce(sum(hash(record)), 0) FROM inventory_gpus")
+        )
+        mark = (int(row[0]), int(row[1])) if row else (0, 0)
+        path = self.segments_root / INVENTORY_NAME
+        if mark == self._inventory_exported and (path.exists() or not mark[0]):
+            return False
+        write_inventory(self.segments_root, self.inventory().values())
+        self._inventory_exported = mark
         return True

@@ -18,6 +18,7 @@ from ledger.assignments import Holding
 from ledger.events import Owner
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState, state_from_row
+from ledger.inventory import record_json
 from ledger.store.layout import first_row
 from ledger.store.port import StateChanges
 from ledger.store.schema import USAGE_POSTINGS_SQL
@@ -97,6 +98,7 @@ CREATE TABLE IF NOT EXISTS raw_events (
     prune_window_us BIGINT
 );
 ALTER TABLE raw_events ADD COLUMN IF NOT EXISTS prune_window_us BIGINT;
+CREATE TABLE IF NOT EXISTS inventory_gpus (uuid VARCHAR PRIMARY KEY, record VARCHAR NOT NULL);
 CREATE TABLE IF NOT EXISTS reversals (txn_id VARCHAR PRIMARY KEY, reversed_by VARCHAR NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
 CREATE SEQUENCE IF NOT EXISTS publish_seq;
@@ -130,6 +132,15 @@ def insert_rows(
 
 def write_changes(con: duckdb.DuckDBPyConnection, changes: StateChanges, now: int) -> None:
     """Write what a batch changes besides postings (see `StateChanges`)."""
+    if changes.inventory:
+        con.execute(
+            "DELETE FROM inventory_gpus WHERE list_contains(?, uuid)", [list(changes.inventory)]
+        )
+        insert_rows(
+            con,
+            "inventory_gpus",
+            [(uuid, record_json(gpu)) for uuid, gpu in sorted(changes.inventory.items())],
+        )
     if changes.timelines:
         con.execute(
             "DELETE FROM gpu_holdings WHERE list_contains(?, gpu_uuid)",

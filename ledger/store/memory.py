@@ -43,6 +43,7 @@ from ledger.events import DeadLetter
 from ledger.excerpts import bounded
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState
+from ledger.inventory import InventoryGpu
 from ledger.posting_columns import PostingColumns
 from ledger.postings import Transaction
 from ledger.pricing import PriceBook
@@ -113,6 +114,7 @@ class _State:
     undeliverable: list[Undeliverable] = field(default_factory=list)
     # dedupe scope → (newest applied time, forgotten-before cutoff), as `dedupe_scopes`
     scopes: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    inventory: dict[str, InventoryGpu] = field(default_factory=dict)
 
     def copy(self) -> _State:
         return _State(
@@ -135,6 +137,7 @@ class _State:
             self.batch_seq,
             list(self.undeliverable),
             dict(self.scopes),
+            dict(self.inventory),
         )
 
 
@@ -338,6 +341,7 @@ class MemoryStore:
 
     @staticmethod
     def _apply_changes(s: _State, changes: StateChanges) -> None:
+        s.inventory.update(changes.inventory)
         for uuid, timeline in changes.timelines.items():
             if timeline:  # a timeline replaces the GPU's whole one; an empty one removes it
                 s.timelines[uuid] = tuple(sorted(timeline, key=lambda h: h.from_us))
@@ -438,6 +442,9 @@ class MemoryStore:
 
     def reversed_by(self, txn_id: str) -> str | None:
         return self._s.reversals.get(txn_id)
+
+    def inventory(self) -> dict[str, InventoryGpu]:
+        return dict(self._s.inventory)
 
     def find_transaction(self, txn_id: str) -> Transaction | None:
         return self._s.transactions.get(txn_id)

@@ -4,9 +4,10 @@ exchange with it.
 A store keeps one ledger: postings, the exactly-once bookkeeping (applied event ids, consumed
 offset ranges per broker incarnation), the projections a batch's fold reads (open holds, idle
 states, GPU assignment timelines, the admin log, reversals, closed periods, balances) and an
-outbox of messages owed to the broker. Two implementations keep the same contract
-(`tests/contract/test_store_contract.py`): `ledger.store.hot.DuckDBStore` (DuckDB + Parquet
-segments, the production one) and `ledger.store.memory.MemoryStore`.
+outbox of messages owed to the broker, and the GPU inventory folded from collectors' reports
+(`ledger.inventory`: one record per GPU, replaced as reports change it). Two implementations
+keep the same contract (`tests/contract/test_store_contract.py`): `ledger.store.hot.DuckDBStore`
+(DuckDB + Parquet segments, the production one) and `ledger.store.memory.MemoryStore`.
 
 Ingest talks to a store in three steps: `load_view` reads, at once, everything a batch's fold
 needs (a `LedgerView`, selected by the batch's `ViewKeys`); the fold is pure; `commit` writes
@@ -32,6 +33,7 @@ from ledger.closing import ClosedPeriod
 from ledger.events import DeadLetter
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState
+from ledger.inventory import InventoryGpu
 from ledger.posting_columns import PostingColumns
 from ledger.postings import Transaction
 from ledger.pricing import PriceBook
@@ -128,7 +130,8 @@ class StateChanges:
     - `reversals`: (reversed transaction, reversing transaction);
     - `seen`: (id, event time, dedupe scope) of events applied without a transaction of their
       own (`ledger.dedupe`);
-    - `timelines`: GPUs whose assignment timeline changed, each with its whole new timeline.
+    - `timelines`: GPUs whose assignment timeline changed, each with its whole new timeline;
+    - `inventory`: inventory records that changed, each replacing the GPU's record.
     """
 
     holds: Sequence[OpenHold] = ()
@@ -136,6 +139,7 @@ class StateChanges:
     reversals: Sequence[tuple[str, str]] = ()
     seen: Sequence[tuple[str, int, str]] = ()
     timelines: Mapping[str, tuple[Holding, ...]] = field(default_factory=dict)
+    inventory: Mapping[str, InventoryGpu] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -158,7 +162,8 @@ class ViewKeys:
     - `txn_ids`: transactions a reversal names (the transaction and who reversed it, if anyone);
     - `scopes`: dedupe scopes of the batch's events, whose forgotten-before cutoffs it checks;
     - `holds`: whether the fold needs the open holds;
-    - `admin`: whether the fold needs the admin state (`AdminView`).
+    - `admin`: whether the fold needs the admin state (`AdminView`);
+    - `inventory`: whether the fold needs the GPU inventory.
     """
 
     event_ids: Sequence[str] = ()
@@ -170,6 +175,7 @@ class ViewKeys:
     scopes: frozenset[str] = frozenset()
     holds: bool = False
     admin: bool = False
+    inventory: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +195,7 @@ class LedgerView:
     transactions: Mapping[str, Transaction] = field(default_factory=dict)
     reversed_by: Mapping[str, str] = field(default_factory=dict)
     forgotten_before: Mapping[str, int] = field(default_factory=dict)
+    inventory: Mapping[str, InventoryGpu] = field(default_factory=dict)
 
 
 class ViewLookups(Protocol):
@@ -216,6 +223,8 @@ class ViewLookups(Protocol):
 
     def forgotten_before(self, scopes: Collection[str]) -> dict[str, int]: ...
 
+    def inventory(self) -> dict[str, InventoryGpu]: ...
+
 
 def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
     """The `LedgerView` for `keys`, from a store's per-key reads (both stores answer so)."""
@@ -233,6 +242,7 @@ def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
         transactions=found,
         reversed_by={t: r for t in txn_ids if (r := store.reversed_by(t)) is not None},
         forgotten_before=store.forgotten_before(keys.scopes) if keys.scopes else {},
+        inventory=store.inventory() if keys.inventory else {},
     )
 
 
@@ -327,6 +337,10 @@ class LedgerStore(Protocol):
     def price_book(self, default: PriceBook) -> PriceBook: ...
 
     def find_transaction(self, txn_id: str) -> Transaction | None: ...
+
+    def inventory(self) -> dict[str, InventoryGpu]:
+        """The GPU inventory: every GPU reported, by UUID, as the reports committed left it."""
+        ...
 
     def dead_letters(self) -> list[tuple[object, ...]]: ...
 

@@ -20,7 +20,9 @@ both). `compare` is pure and returns differences as values:
 - postings: per (account, unit, period) the number of postings, their sum and a fingerprint of
   their full rows (the order-independent sum of a hash per posting row, every column);
 - balances: the rebuilt writer's balances table against the fold of the live sealed postings;
-- closed periods: every field of each closed period's record, its rows and checksum included.
+- closed periods: every field of each closed period's record, its rows and checksum included;
+- the GPU inventory: every field of each GPU's record (the live side is `inventory.json`, which
+  each seal writes from the same state it seals).
 `rebuild` adds where the archive and the sealed postings cover different offsets (a rebuild
 cannot see what was never archived) and anything the replay itself refused.
 
@@ -43,13 +45,14 @@ from ledger.closing import ClosedPeriod
 from ledger.errors import StoreError
 from ledger.idle import IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
+from ledger.inventory import InventoryGpu
 from ledger.pricing import PriceBook
 from ledger.read.balances import FOLD_SQL
 from ledger.store.hot import DuckDBStore
 from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR
 from ledger.store.schema import POSTINGS_SCHEMA, archived_value
 from ledger.store.segments import Manifest
-from ledger.store.side_files import load_closed_periods
+from ledger.store.side_files import load_closed_periods, load_inventory
 from ledger.store.verify import archive_coverage
 
 Progress = Callable[[int], None]  # batches replayed since the last call
@@ -86,6 +89,7 @@ class DifferenceKind(StrEnum):
     CLOSED_PERIOD = "closed-period"
     ARCHIVE = "archive"
     REPLAY = "replay"
+    INVENTORY = "inventory"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +119,7 @@ class LedgerSnapshot:
     postings: Mapping[BalanceKey, PostingsDigest]
     balances: Mapping[BalanceKey, int]
     closed: Mapping[str, ClosedPeriod]
+    inventory: Mapping[str, InventoryGpu] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +129,7 @@ class ReplayResult:
     balances: tuple[BalanceRow, ...]
     closed: tuple[ClosedPeriod, ...]
     problems: tuple[Difference, ...] = ()
+    inventory: tuple[InventoryGpu, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +300,7 @@ def replay(
             tuple(store.balance_rows()),
             tuple(store.closed_periods()),
             tuple(problems),
+            tuple(store.inventory().values()),
         )
 
 
@@ -310,9 +317,11 @@ def sealed_snapshot(
     data_dir: Path | str,
     balances: Iterable[BalanceRow] | None = None,
     closed: Iterable[ClosedPeriod] | None = None,
+    inventory: Iterable[InventoryGpu] | None = None,
 ) -> LedgerSnapshot:
-    """The sealed ledger in `data_dir`, read with a connection of its own. `balances` and
-    `closed` default to the fold of the sealed postings and the closed-period records."""
+    """The sealed ledger in `data_dir`, read with a connection of its own. `balances`,
+    `closed` and `inventory` default to the fold of the sealed postings, the closed-period
+    records and the inventory the last seal wrote."""
     root = Path(data_dir) / SEGMENTS_DIR
     files = Manifest(root).files()
     digests: dict[BalanceKey, PostingsDigest] = {}
@@ -335,6 +344,7 @@ def sealed_snapshot(
         digests,
         {(r.account, r.unit, r.period): r.balance for r in rows},
         {c.period: c for c in records},
+        {g.uuid: g for g in (load_inventory(root) if inventory is None else inventory)},
     )
 
 
@@ -391,6 +401,12 @@ def compare(live: LedgerSnapshot, rebuilt: LedgerSnapshot) -> tuple[Difference, 
                 note=note,
             )
         )
+    for uuid in sorted(live.inventory.keys() | rebuilt.inventory.keys()):
+        g, h = live.inventory.get(uuid), rebuilt.inventory.get(uuid)
+        if g != h:
+            where = "only in the live" if h is None else "only in the rebuilt" if g is None else ""
+            note = f"{where} inventory" if where else "the GPU's records differ"
+            found.append(Difference(DifferenceKind.INVENTORY, uuid, note=note))
     return tuple(found)
 
 
@@ -429,7 +445,7 @@ def rebuild(
         archive_batches(data_dir) if batches is None else batches, into, settings, progress
     )
     live = sealed_snapshot(data_dir)
-    rebuilt = sealed_snapshot(into, result.balances, result.closed)
+    rebuilt = sealed_snapshot(into, result.balances, result.closed, result.inventory)
     differences = (
         *coverage,
         *source_differences,

@@ -1,7 +1,8 @@
 """The store's side files beside the segments: the readers' copy of the admin log, the record
 and checksum of each closed period (the rules of a close are in `ledger.closing`), and the
 summary of the dead letters (`refused.json`: what the ledger refused, grouped by reason and
-topic, for `tally report refused`)."""
+topic, for `tally report refused`) and the GPU inventory (`inventory.json`: every GPU record as the
+last seal found it, for `tally inventory list`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import orjson
 from ledger.admin import AppliedAdmin, applied_from_dict, applied_to_dict
 from ledger.closing import CHECKSUM_COLUMNS, ClosedPeriod
 from ledger.errors import EventError, SegmentError
+from ledger.inventory import InventoryGpu
+from ledger.inventory.state import record_from_dict, record_to_dict
 from ledger.periods import Period
 from ledger.store.segments import atomic_write_bytes
 
@@ -24,6 +27,8 @@ ADMIN_LOG_NAME = "admin-log.json"
 ADMIN_LOG_VERSION = 1
 REFUSED_NAME = "refused.json"
 REFUSED_VERSION = 1
+INVENTORY_NAME = "inventory.json"
+INVENTORY_VERSION = 1
 CLOSED_DIR = "closed"
 _BATCH_ROWS = 65_536
 
@@ -129,3 +134,22 @@ def load_refused(segments_root: Path) -> list[RefusedGroup]:
         return [RefusedGroup(**group) for group in json.loads(raw)["groups"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise SegmentError(f"{path}: unreadable dead-letter summary: {exc}") from exc
+
+
+def write_inventory(segments_root: Path, gpus: Iterable[InventoryGpu]) -> None:
+    doc = {"version": INVENTORY_VERSION, "gpus": [record_to_dict(g) for g in gpus]}
+    atomic_write_bytes(segments_root / INVENTORY_NAME, orjson.dumps(doc))
+
+
+def load_inventory(segments_root: Path) -> list[InventoryGpu]:
+    """The GPU inventory as of the last seal (none: nothing reported yet), by node and index."""
+    path = segments_root / INVENTORY_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    try:
+        gpus = [record_from_dict(g) for g in orjson.loads(raw)["gpus"]]
+    except (ValueError, KeyError, TypeError, EventError) as exc:
+        raise SegmentError(f"{path}: unreadable inventory: {exc}") from exc
+    return sorted(gpus, key=lambda g: (g.node, g.index, g.uuid))

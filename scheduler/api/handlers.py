@@ -21,6 +21,8 @@ from scheduler.api.models import (
     Balances,
     Explanation,
     Health,
+    InventoryAnswer,
+    InventoryQuery,
     JobAnswer,
     JobsPage,
     JobsQuery,
@@ -33,7 +35,13 @@ from scheduler.api.models import (
 )
 from scheduler.api.pagination import Cursors, JobFilter, page, parse_since
 from scheduler.api.responses import ApiError, json_response
-from scheduler.api.views import balance_view, job_view, queue_views
+from scheduler.api.views import (
+    balance_view,
+    inventory_views,
+    job_view,
+    node_views,
+    queue_views,
+)
 from scheduler.dispatcher import Dispatcher
 from scheduler.executors.errors import InvalidWork
 from scheduler.ports import Work
@@ -255,3 +263,15 @@ class Api:
         teams = [team] if team is not None else sorted(self.dispatcher.state.quotas.teams)
         views = [balance_view(self.dispatcher, t) for t in teams]
         return json_response(dumped(Balances(balances=views)))
+
+    async def inventory(self, request: web.Request) -> web.Response:
+        """Every token may read the inventory: it names GPUs and nodes, no team's jobs."""
+        authenticate(request, self.tokens)
+        query = read_query(request, InventoryQuery)
+        gpus = inventory_views(
+            self.service.inventory,
+            self.dispatcher.state,
+            self.dispatcher.clock.now_us(),
+            query.pool,
+        )
+        return json_response(dumped(InventoryAnswer(nodes=node_views(gpus), gpus=gpus)))

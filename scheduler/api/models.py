@@ -104,6 +104,14 @@ class TeamQuery(BaseModel):
     team: Name | None = None
 
 
+class InventoryQuery(BaseModel):
+    """`?pool=`: only the GPUs of one pool."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pool: Name | None = None
+
+
 class NoQuery(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -237,6 +245,63 @@ class BalanceView(Response):
 
 class Balances(Response):
     balances: list[BalanceView]
+
+
+class MigSliceView(Response):
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str
+    slices: int
+    total_slices: int
+
+
+class InventoryGpuView(Response):
+    """A GPU as the collectors report it. `status`: `live`, or `stale` when no report named it
+    for more than the configured number of sampling intervals; `placeable`: whether new jobs
+    may be placed on it now (healthy and live); `in_use`: whether a job holds it."""
+
+    uuid: str
+    node: str
+    index: int
+    pool: str
+    model: str
+    memory_total_bytes: int
+    mig_mode: bool
+    mig: list[MigSliceView]
+    labels: dict[str, str]
+    driver_version: str | None
+    cuda_version: str | None
+    source: str
+    health: str
+    status: str
+    placeable: bool
+    in_use: bool
+    interval_us: int
+    first_seen_us: int
+    first_seen_at: str
+    last_seen_us: int
+    last_seen_at: str
+
+
+class InventoryNodeView(Response):
+    """A node as its GPUs' records say: its pool(s), labels and versions as its newest report
+    gave them, how many of its GPUs are live and stale, and when it was last seen."""
+
+    node: str
+    pools: list[str]
+    labels: dict[str, str]
+    driver_version: str | None
+    cuda_version: str | None
+    gpus: int
+    live: int
+    stale: int
+    last_seen_us: int
+    last_seen_at: str
+
+
+class InventoryAnswer(Response):
+    nodes: list[InventoryNodeView]
+    gpus: list[InventoryGpuView]
 
 
 class Health(Response):

@@ -13,6 +13,7 @@ cannot differ.
     GET    /v1/jobs/{job_id}/explain   why it waits, runs or ended                        200
     GET    /v1/queues                  the queues, their bounds and load                  200
     GET    /v1/balances[?team=]        budget and quota of a team (admin: all teams)      200
+    GET    /v1/inventory[?pool=]       the GPUs collectors report (any token)             200
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from scheduler.api.models import (
     Balances,
     Explanation,
     Health,
+    InventoryAnswer,
+    InventoryQuery,
     JobAnswer,
     JobsPage,
     JobsQuery,
@@ -84,4 +87,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/balances", "balances",
           "Budget and quota of the caller's team (the admin: every team, or ?team=)",
           response=Balances, query=TeamQuery, errors=(*AUTH_ERRORS, 403, 422)),
+    Route("GET", "/v1/inventory", "inventory",
+          "The GPUs the collectors report: live or stale, placeable, in use (any token)",
+          response=InventoryAnswer, query=InventoryQuery),
 )  # fmt: skip

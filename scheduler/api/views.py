@@ -1,5 +1,6 @@
-"""What the API shows of the scheduler's records: a job (`job_view`), a queue (`queue_views`)
-and a team's budget and quotas (`balance_view`), as the response models of
+"""What the API shows of the scheduler's records: a job (`job_view`), a queue (`queue_views`),
+a team's budget and quotas (`balance_view`) and the GPU inventory (`inventory_views`), as the
+response models of
 `scheduler.api.models`. Times go out as µs and as RFC 3339 in UTC (`rfc3339`).
 """
 
@@ -13,15 +14,20 @@ from scheduler.api.models import (
     BalanceView,
     BudgetUnit,
     Hold,
+    InventoryGpuView,
+    InventoryNodeView,
     JobView,
+    MigSliceView,
     Overdraft,
     PriorityRange,
     QueueView,
     QuotaView,
 )
 from scheduler.dispatcher import Dispatcher
+from scheduler.inventory import FleetInventory, placeable
 from scheduler.model import IdleAction
 from scheduler.records import JobRecord, JobState
+from scheduler.state import SchedulerState
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -154,3 +160,76 @@ def balance_view(d: Dispatcher, team: str) -> BalanceView:
         else Overdraft(gpu_ms=balance.overdraft_gpu_ms, money_micros=balance.overdraft_micros),
         quotas=quotas,
     )
+
+
+def inventory_views(
+    inventory: FleetInventory | None, state: SchedulerState, now_us: int, pool: str | None
+) -> list[InventoryGpuView]:
+    """The inventory's GPUs (of `pool`, if given) by node and index, as seen at `now_us`."""
+    if inventory is None:
+        return []
+    gpus = sorted(inventory.gpus.values(), key=lambda g: (g.node, g.index, g.uuid))
+    return [
+        InventoryGpuView(
+            uuid=g.uuid,
+            node=g.node,
+            index=g.index,
+            pool=g.pool,
+            model=g.model,
+            memory_total_bytes=g.memory_total_bytes,
+            mig_mode=g.mig_mode,
+            mig=[
+                MigSliceView(
+                    gpu_instance_id=m.gpu_instance_id,
+                    compute_instance_id=m.compute_instance_id,
+                    profile=m.profile,
+                    slices=m.slices,
+                    total_slices=m.total_slices,
+                )
+                for m in g.mig
+            ],
+            labels=dict(g.labels),
+            driver_version=g.driver_version,
+            cuda_version=g.cuda_version,
+            source=g.source.value,
+            health=g.health.value,
+            status=inventory.status(g, now_us).value,
+            placeable=placeable(g, now_us, inventory.stale_after_intervals),
+            in_use=state.holder(g.uuid) is not None,
+            interval_us=g.interval_us,
+            first_seen_us=g.first_seen_us,
+            first_seen_at=rfc3339(g.first_seen_us),
+            last_seen_us=g.last_seen_us,
+            last_seen_at=rfc3339(g.last_seen_us),
+        )
+        for g in gpus
+        if pool is None or g.pool == pool
+    ]
+
+
+def node_views(gpus: list[InventoryGpuView]) -> list[InventoryNodeView]:
+    """The nodes of `gpus` (as `inventory_views` gives them), by name; a node's labels and
+    versions are those of its most recently seen GPU's record."""
+    by_node: dict[str, list[InventoryGpuView]] = {}
+    for gpu in gpus:
+        by_node.setdefault(gpu.node, []).append(gpu)
+    views = []
+    for node in sorted(by_node):
+        members = by_node[node]
+        newest = max(members, key=lambda g: g.last_seen_us)
+        live = sum(g.status == "live" for g in members)
+        views.append(
+            InventoryNodeView(
+                node=node,
+                pools=sorted({g.pool for g in members}),
+                labels=newest.labels,
+                driver_version=newest.driver_version,
+                cuda_version=newest.cuda_version,
+                gpus=len(members),
+                live=live,
+                stale=len(members) - live,
+                last_seen_us=newest.last_seen_us,
+                last_seen_at=newest.last_seen_at,
+            )
+        )
+    return views

@@ -80,7 +80,8 @@ class LocalExecutor:
     """Runs jobs as process groups on this machine; see the module's invariants.
 
     `device_ids` maps GPU UUIDs to what `CUDA_VISIBLE_DEVICES` should say (indices such as
-    "0"); unmapped GPUs appear by UUID. `env`: the environment jobs start from (default: this
+    "0"); unmapped GPUs appear by UUID. It is read at each start, so a mapping that changes
+    (the inventory's) is followed. `env`: the environment jobs start from (default: this
     process's environment when the job starts).
     """
 
@@ -96,7 +97,7 @@ class LocalExecutor:
     ) -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.device_ids = dict(device_ids or {})
+        self.device_ids: Mapping[str, str] = device_ids if device_ids is not None else {}
         self.grace_s = grace_s
         self.kill_timeout_s = kill_timeout_s
         self.env = None if env is None else dict(env)

@@ -29,7 +29,18 @@ from typing import Any, NoReturn
 
 import click
 
-from tally.cli import admin, alerts, collect, config, export, job, ledger, report, stack
+from tally.cli import (
+    admin,
+    alerts,
+    collect,
+    config,
+    export,
+    inventory,
+    job,
+    ledger,
+    report,
+    stack,
+)
 from tally.cli import dashboard as dashboard_cli
 from tally.cli import scheduler as scheduler_cli
 from tally.cli.options import Exit
@@ -92,6 +103,7 @@ cli.add_command(alerts.alerts)
 cli.add_command(scheduler_cli.scheduler)
 cli.add_command(job.job)
 cli.add_command(job.queue)
+cli.add_command(inventory.inventory)
 
 
 def internal_error(exc: BaseException, debug: bool) -> NoReturn:

@@ -1,5 +1,6 @@
 """`tally collect`: run a collector (NVML, dcgm-exporter or the simulated fleet) and send its
-samples to the samples topic, with a disk spool for broker outages and a `/metrics`, `/healthz`,
+samples to the samples topic and its nodes' inventory reports (`collectors.inventory`) to the
+inventory-reports topic, with a disk spool for broker outages and a `/metrics`, `/healthz`,
 `/readyz` endpoint."""
 
 from __future__ import annotations
@@ -43,8 +44,19 @@ SOURCES = ("auto", "nvml", "dcgm", "sim")
     "fleet.",
 )
 @click.option("--url", default=None, help="dcgm-exporter /metrics URL (with --source dcgm).")
-@click.option("--pool", default="default", show_default=True, help="Pool of these GPUs.")
+@click.option(
+    "--pool",
+    default=None,
+    help="Pool of these GPUs (default: inventory.pool of the config, else `default`).",
+)
 @click.option("--node", default=None, help="Node name (default: this host's name).")
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A label of this node in the inventory (repeatable; adds to inventory.labels).",
+)
 @click.option(
     "--interval",
     "interval_s",
@@ -118,8 +130,9 @@ def collect(
     bootstrap: str | None,
     source: str,
     url: str | None,
-    pool: str,
+    pool: str | None,
     node: str | None,
+    labels: tuple[str, ...],
     interval_s: float | None,
     once: bool,
     rounds: int | None,
@@ -142,6 +155,8 @@ def collect(
     While the broker is unreachable, samples go to a disk spool and are replayed in order.
     """
     config = load_or_exit(config_path)
+    node_labels = _labels(config, labels)
+    pool = pool or config.inventory.pool
     metrics_at = _metrics_address(config, metrics_port, metrics_host)
     configure_logging("collector", log_level)
     interval = interval_s or config.sampling.interval_s
@@ -163,9 +178,10 @@ def collect(
             spool_dir,
             spool_max_mib,
             metrics_at,
+            node_labels,
         )
         return
-    read_round = _real_source(
+    read_round, versions, node_facts = _real_source(
         source,
         config,
         url,
@@ -188,6 +204,7 @@ def collect(
     servers = _servers(config, bootstrap)
 
     async def run(producer: Any, stop: asyncio.Event) -> int:
+        from collectors.inventory import InventoryReporter
         from collectors.runner import run_rounds
 
         loop = asyncio.get_running_loop()
@@ -207,10 +224,30 @@ def collect(
             interval,
             stop,
             health_topic_sender=producer.topic_sender(config.topics.alerts),
+            reporter=InventoryReporter(
+                producer.topic_sender(config.topics.inventory_reports),
+                config.inventory.report_every_rounds,
+                node_labels,
+                versions,
+                node_facts=node_facts,
+            ),
         )
 
     produced = _with_producer(config, servers, spool_dir, spool_max_mib, metrics_at, run)
     click.echo(f"collected {produced} rounds from {source}", err=True)
+
+
+def _labels(config: TallyConfig, options: tuple[str, ...]) -> dict[str, str]:
+    """`inventory.labels`, then each `--label KEY=VALUE`."""
+    labels = dict(config.inventory.labels)
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep or not key or len(key) > 256 or len(value) > 256:
+            fail(f"--label {option!r}: expected KEY=VALUE", Exit.USAGE)
+        labels[key] = value
+    if len(labels) > 64:
+        fail("at most 64 labels", Exit.USAGE)
+    return labels
 
 
 def _metrics_address(
@@ -253,8 +290,10 @@ def _real_source(
     password_env: str,
     ca_bundle: str | None,
     insecure: bool,
-) -> Callable[[], Any]:
-    """A function that reads one round from NVML or dcgm-exporter."""
+) -> tuple[Callable[[], Any], tuple[str | None, str | None], dict[str, Any]]:
+    """A function that reads one round from NVML or dcgm-exporter; the driver and CUDA versions
+    NVML gives; and what dcgm-exporter says of each node (its labels, the driver version),
+    updated by every scrape, for the inventory reports."""
     if source == "nvml":
         import pynvml
 
@@ -269,7 +308,9 @@ def _real_source(
             collector.start()
         except NvmlUnavailableError as exc:
             fail(str(exc), Exit.USAGE)
-        return collector.collect_round
+        from collectors.inventory import nvml_versions
+
+        return collector.collect_round, nvml_versions(pynvml), {}
 
     from collectors.dcgm import DcgmCollector
     from collectors.dcgm_http import DcgmConfig
@@ -303,9 +344,12 @@ def _real_source(
         except DcgmScrapeError as exc:
             raise RuntimeError(str(exc)) from exc
         problems = tuple(letter.reason for letter in result.dead_letters)
+        node_facts.clear()
+        node_facts.update(result.nodes)
         return RoundResult(tuple(e.data for e in result.envelopes), result.health, problems)
 
-    return read
+    node_facts: dict[str, Any] = {}
+    return read, (None, None), node_facts
 
 
 def _with_producer(
@@ -388,7 +432,9 @@ def _collect_simulated(
     spool_dir: str | None,
     spool_max_mib: int,
     metrics_at: tuple[str, int] | None,
+    labels: dict[str, str],
 ) -> None:
+    from collectors.inventory import InventoryReporter
     from collectors.runner import RunPlan, run_simulated, source_name, wall_clock_us
     from collectors.simulated import align
     from ledger.events import envelope_for, envelope_to_dict
@@ -414,7 +460,12 @@ def _collect_simulated(
     )
 
     async def run(producer: Any, stop: asyncio.Event) -> int:
-        return await run_simulated(fleet, producer, plan, stop)
+        reporter = InventoryReporter(
+            producer.topic_sender(config.topics.inventory_reports),
+            config.inventory.report_every_rounds,
+            labels,
+        )
+        return await run_simulated(fleet, producer, plan, stop, reporter=reporter)
 
     produced = _with_producer(config, servers, spool_dir, spool_max_mib, metrics_at, run)
     click.echo(f"produced {produced} rounds of {len(fleet.gpus)} GPUs", err=True)

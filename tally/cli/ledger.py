@@ -352,7 +352,11 @@ def replay_settings(config: TallyConfig) -> ReplaySettings:
         prices=config.price_book(),
         cost_centres=config.organisation.cost_centre_of(),
         idle_policy=config.idle.policy(),
-        inputs=InputTopics(admin=config.topics.admin, jobs=config.topics.jobs),
+        inputs=InputTopics(
+            admin=config.topics.admin,
+            jobs=config.topics.jobs,
+            inventory=config.topics.inventory_reports,
+        ),
     )
 
 

@@ -44,7 +44,13 @@ def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: i
     from tally.health_http import Heartbeat
     from tally.health_sources import scheduler_probes
     from tally.metrics import TallyMetrics
-    from tally.scheduling import api_url, build_dispatcher, load_tokens, service_settings
+    from tally.scheduling import (
+        api_url,
+        build_dispatcher,
+        fleet_inventory,
+        load_tokens,
+        service_settings,
+    )
 
     config = load_or_exit(config_path)
     try:
@@ -66,8 +72,9 @@ def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: i
         logger.warning("no API tokens are configured: every API call will be refused (401)")
     ensure_topics_or_exit(config, servers, kafka)
     settings = service_settings(config, servers, kafka.security)
+    inventory = fleet_inventory(config)
     try:
-        dispatcher = build_dispatcher(config)
+        dispatcher = build_dispatcher(config, inventory=inventory)
     except SchedulerError as exc:
         fail(f"scheduler configuration: {exc}", Exit.USAGE)
     serve = api_server(tokens, settings.api_host, settings.api_port, settings.max_body_bytes)
@@ -79,7 +86,13 @@ def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: i
         beating = asyncio.create_task(heartbeat.run())
         try:
             await run_service(
-                settings, dispatcher, serve, ready=ready, observer=metrics, status=status
+                settings,
+                dispatcher,
+                serve,
+                ready=ready,
+                observer=metrics,
+                status=status,
+                inventory=inventory,
             )
         finally:
             beating.cancel()

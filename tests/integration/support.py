@@ -299,3 +299,40 @@ async def send_messages(
             await producer.send_and_wait(topic, value, key=key)
     finally:
         await producer.stop()
+
+
+class CollectorProcess:
+    """`tally collect --source sim` (no backfill) in a child process, with its log in a file;
+    `rounds` stops it after that many rounds (its GPUs then fall silent)."""
+
+    def __init__(
+        self, config_path: Path, bootstrap: str, log: Path, rounds: int | None = None
+    ) -> None:
+        self.argv = tally_command(
+            "collect", "--config", str(config_path), "--bootstrap", bootstrap,
+            "--source", "sim", "--backfill-hours", "0",
+            *(("--rounds", str(rounds)) if rounds is not None else ()),
+        )  # fmt: skip
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> CollectorProcess:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=child_env(),
+                start_new_session=True,
+            )
+        return self
+
+    def stop(self, timeout_s: float = 30) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise

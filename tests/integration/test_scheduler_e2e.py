@@ -1,6 +1,7 @@
 """End to end against a real tansu broker: `tally admin apply` → the ledger worker (a child
 process) → the compacted `balances` topic → the scheduler service (`tally scheduler run`, a child
-process) → the local executor runs a real command. A job that waits with `budget_exhausted`
+process) → the local executor runs a real command, on a GPU the simulated collector (a child
+process) reported on the inventory topic. A job that waits with `budget_exhausted`
 is admitted after a budget grant; its decisions are on the `jobs` topic in order; the ledger
 books and releases its hold; `tally job explain` says why it waited; a restarted scheduler
 rebuilds the job from the topic, its idempotency key included."""
@@ -29,6 +30,7 @@ from streams.kafka import ensure_topics
 from tally.broker import free_port
 from tests.conftest import child_env, tally_command, write_config
 from tests.integration.support import (
+    CollectorProcess,
     WorkerProcess,
     latest_balances,
     load,
@@ -109,6 +111,11 @@ def test_a_budget_grant_on_the_balances_topic_admits_a_waiting_job(broker, tmp_p
     data["budgets"] = [{"team": "vision", "period": period, "gpu_hours": "0.01"}]  # 36 GPU-s
     data["quotas"] = [{"team": "vision", "pool": "a100", "model": "A100", "nominal": 4}]
     data["queues"] = [{"name": "dev", "class": "dev"}]
+    # the collector reports the fleet for two rounds and stops (its samples, nobody's, come
+    # before the job's assignment); its GPUs stay placeable for a day of silence
+    data["sampling"] = {"interval_s": 1}
+    data["inventory"] = {"stale_after_intervals": 86_400}
+    data["fleet"]["workloads"] = {"training": 0, "inference": 0, "notebook": 0, "unallocated": 1}
     data["scheduler"] = {
         "port": port,
         "cycle_interval_s": 0.2,
@@ -122,10 +129,18 @@ def test_a_budget_grant_on_the_balances_topic_admits_a_waiting_job(broker, tmp_p
     assert applied.returncode == 0, applied.stderr
 
     worker = WorkerProcess(path, broker.bootstrap, tmp_path / "worker.log").start()
+    collector = CollectorProcess(path, broker.bootstrap, tmp_path / "collect.log", rounds=2)
+    collector.start()
     scheduler = SchedulerProcess(path, broker.bootstrap, tmp_path / "scheduler.log", api).start()
     cli = ("--api", api, "--token", VISION)
     release = tmp_path / "release-the-job"
     try:
+        wait_until(
+            lambda: len(scheduler.get("/v1/inventory")["gpus"]) == 16,
+            90,
+            "the scheduler to read the collector's inventory",
+            worker,
+        )
 
         def budget_known() -> bool:
             (vision,) = scheduler.get("/v1/balances")["balances"]
@@ -216,6 +231,7 @@ def test_a_budget_grant_on_the_balances_topic_admits_a_waiting_job(broker, tmp_p
         assert [type(e).__name__ for e in events].count("JobSubmitted") == 1
     finally:
         code = scheduler.stop()
+        collector.stop()
         assert worker.stop() == 0
     assert code == 0, (tmp_path / "scheduler.log").read_text()[-3000:]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -59,6 +60,17 @@ def _api_ok(url: str, token: str) -> bool:
         return False
 
 
+def _live_gpus(url: str, token: str) -> int:
+    """How many GPUs the scheduler's inventory holds as live (0 while it cannot answer)."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            gpus = json.loads(response.read())["gpus"]
+    except OSError:
+        return 0
+    return sum(g["status"] == "live" for g in gpus)
+
+
 def test_up_runs_the_stack_and_ctrl_c_stops_every_process(tmp_path):
     port = free_port()
     scheduler_port = free_port()
@@ -105,6 +117,11 @@ def test_up_runs_the_stack_and_ctrl_c_stops_every_process(tmp_path):
             return len(rows) >= 2 and all(r.money_micros > 0 for r in rows)
 
         wait_until(teams_have_cost, 60, "cost by team within a minute")
+        wait_until(  # the simulated collector reports its fleet: 2 pools × 1 node × 8 GPUs
+            lambda: _live_gpus(f"http://127.0.0.1:{scheduler_port}/v1/inventory", admin) == 16,
+            60,
+            "the scheduler to see the simulated fleet in the inventory",
+        )
         wait_until(
             lambda: _http_ok(f"http://127.0.0.1:{port}/_stcore/health"),
             60,

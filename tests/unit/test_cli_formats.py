@@ -53,7 +53,7 @@ IDLE = (
     "scope,pool,model,team,allocated_gpu_hours,idle_gpu_hours,idle_waste,unallocated_gpu_hours,"
     "unallocated_cost,shared_unallocated"
 )
-FOCUS = "period,path,format,rows,billed_cost,currency,gpu_hours"
+FOCUS = "period,path,format,focus_version,rows,billed_cost,currency,gpu_hours"
 CASES: dict[str, Case] = {
     "admin apply": case(
         "admin apply {config} --dry-run --data-dir {ledger}", "event,entity,change"
@@ -80,6 +80,12 @@ CASES: dict[str, Case] = {
         f"report statement --team vision --period {PERIOD} --data-dir {{ledger}}",
         "section,name,gpu_hours,cost,idle_gpu_hours,idle_waste",
         keys="team,period,currency,gpu_ms,cost,total,by_project,by_user",
+    ),
+    "inventory list": case(
+        "inventory list --data-dir {ledger}",
+        "node,index,uuid,pool,model,memory_mib,mig,labels,driver,cuda,health,status,first_seen,"
+        "last_seen",
+        rows=0,  # the small ledger was fed samples, not inventory reports
     ),
     "job submit": case("job submit -q dev -p detection -- true", JOB, keys=JOB_KEYS),
     "job list": case("job list", JOB, keys=JOB_KEYS),

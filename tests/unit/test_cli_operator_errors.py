@@ -165,6 +165,7 @@ LEDGER_USE: dict[str, str] = {
     "config check": "none",
     "dashboard": "reads",  # exit 4 at once; on a ledger it runs Streamlit (test_dashboard_command)
     "export focus": "reads",
+    "inventory list": "reads",
     "job cancel": "none",
     "job explain": "none",
     "job list": "none",
@@ -198,6 +199,7 @@ LEDGER_COMMANDS: dict[str, list[str]] = {
     "ledger close": ["ledger", "close", "2026-10", "--dry-run"],
     "admin apply": ["admin", "apply", "{config}", "--dry-run"],
     "report cost": ["report", "cost"],
+    "inventory list": ["inventory", "list"],
     "report idle": ["report", "idle"],
     "report statement": ["report", "statement", "--team", "vision", "--period", "2026-11"],
     "report balances": ["report", "balances"],

@@ -15,11 +15,14 @@ from urllib.parse import quote
 import pytest
 from jsonschema import Draft202012Validator
 
+from ledger.inventory import encode_record
 from scheduler.api.views import EPOCH
 from scheduler.executors.fake import RUNS_FOREVER
+from scheduler.inventory import FleetInventory
 from scheduler.ports import Work
 from scheduler.records import SubmitRequest
 from tally.config import ConfigError, parse_config
+from tests.inventory_builders import a_mig_slice, a_record
 from tests.unit.test_scheduler_api_support import ADMIN, LANGUAGE, VISION, Api, a_job
 from tests.unit.test_scheduler_service_support import Rig, config_data
 
@@ -58,7 +61,7 @@ def test_the_document_lists_exactly_the_live_routes(api):
     live = {(r.method, r.resource.canonical) for r in api.server.app.router.routes()}
     documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
     assert documented == live
-    assert ("GET", "/v1/openapi.json") in live and len(live) == 10
+    assert ("GET", "/v1/openapi.json") in live and len(live) == 11
     for schema in doc["components"]["schemas"].values():
         Draft202012Validator.check_schema(schema)
     for path, ops in doc["paths"].items():
@@ -102,6 +105,9 @@ def test_every_answer_of_a_run_matches_the_document(api):
     api.call("GET", f"/v1/jobs/{jobs[0]}/explain", VISION)
     api.call("GET", "/v1/queues", VISION)
     api.call("GET", "/v1/balances", ADMIN)
+    api.rig.service.inventory = FleetInventory(6)
+    api.rig.service.inventory.on_record(encode_record(a_record(mig=(a_mig_slice(),))))
+    api.call("GET", "/v1/inventory?pool=h100", VISION)
     api.call("POST", f"/v1/jobs/{jobs[0]}/cancel", VISION)
     api.call("DELETE", f"/v1/jobs/{jobs[1]}", ADMIN)
     for method, path, token, body in (

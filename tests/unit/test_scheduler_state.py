@@ -54,9 +54,14 @@ def test_only_the_holder_releases_a_gpu() -> None:
         cluster.state.apply(_released(uuid="GPU-a100-00-1", job_id="one"))
 
 
-def test_an_unknown_gpu_is_refused() -> None:
-    with pytest.raises(StateError, match="not in the fleet"):
-        a_cluster().state.apply(_assigned(uuid="GPU-elsewhere"))
+def test_a_gpu_outside_the_fleet_is_held_where_the_event_says_and_never_freed() -> None:
+    state = a_cluster().state
+    free = state.free_total(A100)
+    state.apply(_assigned(uuid="GPU-elsewhere"))  # e.g. replayed before the inventory is read
+    assert state.holder("GPU-elsewhere") == "j" and state.used("vision", A100) == 1
+    state.apply(_released(uuid="GPU-elsewhere"))
+    assert state.holder("GPU-elsewhere") is None and state.used("vision", A100) == 0
+    assert state.free_total(A100) == free and not state.placeable("GPU-elsewhere")
 
 
 def test_admitting_a_job_that_is_not_pending_is_refused() -> None:
@@ -172,3 +177,15 @@ def test_jobs_that_can_never_run_are_parked_out_of_the_heads() -> None:
     assert [h.spec.job_id for h in cluster.snapshot().heads] == ["huge0", "huge1"]
     cluster.cycle()
     assert [h.spec.job_id for h in cluster.snapshot().heads] == []
+
+
+def test_a_new_fleet_keeps_held_gpus_held_and_frees_a_released_gpu_only_if_placeable() -> None:
+    state = a_cluster().state
+    state.apply(_assigned("GPU-a100-00-0", job_id="one"))
+    state.set_fleet(())  # every GPU went stale
+    assert state.free_total(A100) == 0 and state.holder("GPU-a100-00-0") == "one"
+    state.apply(_released("GPU-a100-00-0", job_id="one"))
+    assert state.free_total(A100) == 0 and state.used("vision", A100) == 0
+    state.set_fleet([Node("a100-00", A100.pool, A100.model, ("GPU-a100-00-0", "GPU-a100-00-1"))])
+    assert state.free_total(A100) == 2 and state.placeable("GPU-a100-00-1")
+    assert A100 in state.known_flavors()

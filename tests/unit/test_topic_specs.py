@@ -30,6 +30,8 @@ def test_the_default_topics_suit_the_embedded_broker_and_keep_jobs_and_admin_for
         "balances": ("tally.balances", 8, 1),
         "alerts": ("tally.alerts", 8, 1),
         "deadletter": ("tally.deadletter", 8, 1),
+        "inventory_reports": ("tally.inventory-reports", 8, 1),
+        "inventory": ("tally.inventory", 8, 1),
     }
     forever = {
         "retention.ms": "-1",
@@ -39,11 +41,17 @@ def test_the_default_topics_suit_the_embedded_broker_and_keep_jobs_and_admin_for
     }
     assert dict(specs["jobs"].configs) == forever
     assert dict(specs["admin"].configs) == forever
-    assert dict(specs["balances"].configs) == {
-        "cleanup.policy": "compact",
-        "min.insync.replicas": "1",
-    }
-    for key, hours in (("samples", 168), ("alerts", 168), ("deadletter", 720)):
+    for compacted in ("balances", "inventory"):
+        assert dict(specs[compacted].configs) == {
+            "cleanup.policy": "compact",
+            "min.insync.replicas": "1",
+        }, compacted
+    for key, hours in (
+        ("samples", 168),
+        ("inventory_reports", 168),
+        ("alerts", 168),
+        ("deadletter", 720),
+    ):
         assert dict(specs[key].configs) == {
             "retention.ms": str(hours * HOUR_MS),
             "cleanup.policy": "delete",
@@ -91,8 +99,8 @@ def test_production_replication_and_retention_come_from_the_config():
             id="override-above-replicas",
         ),
         pytest.param(
-            {"settings": {"inventory": {"replication_factor": 3}}},
-            "topics.settings.inventory",
+            {"settings": {"metrics": {"replication_factor": 3}}},
+            "topics.settings.metrics",
             id="unknown-topic",
         ),
         pytest.param(

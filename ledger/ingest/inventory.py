@@ -1,0 +1,26 @@
+"""The inventory route's fold: collectors' node reports → the GPU records they change.
+
+Pure: the decoded reports (each with the message it came from) and the view's inventory in,
+a `Folded` out whose only effect is `StateChanges.inventory`. No postings, no dedupe ids: a
+report folded twice changes nothing the second time (`ledger.inventory.fold_reports`), so a
+redelivered or resent report is harmless without them. The ingestor publishes each changed
+record on the `inventory` topic through the outbox, in the same commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ledger.ingest.batch import Folded
+from ledger.inventory import InventoryEnvelope, fold_reports
+from ledger.store.port import ConsumedMessage, LedgerView, StateChanges, ViewKeys
+
+INVENTORY_KEYS = ViewKeys(inventory=True)
+
+
+def fold_inventory(
+    decoded: Sequence[tuple[InventoryEnvelope, ConsumedMessage]], view: LedgerView
+) -> Folded:
+    """The records the batch's reports change, in the batch's order."""
+    changed = fold_reports([envelope.data for envelope, _ in decoded], view.inventory)
+    return Folded(changes=StateChanges(inventory=changed))

@@ -1,0 +1,230 @@
+"""The inventory: every GPU the collectors have reported, folded from their reports; whether a
+GPU is stale; and its record on the compacted `inventory` topic.
+
+- `fold_reports(reports, current)` (pure) returns the GPU records the reports change. A report
+  newer than a GPU's record replaces what the record says of the GPU and its node (node, index,
+  model, memory, MIG, pool, labels, versions, interval) and moves `last_seen_us`; an older one
+  (a resend, a spool replayed late) can only move `first_seen_us` back. Folding the same reports
+  again changes nothing, so redelivery needs no dedupe set. A GPU missing from its node's newest
+  report keeps its record: it is simply not seen any more, and goes stale.
+- `status_of(last_seen, interval, now, stale_after_intervals)` (pure): a GPU silent for more
+  than `stale_after_intervals` sampling intervals is `stale`; it is `live` again as soon as a
+  report names it.
+- On the `inventory` topic (keyed by GPU UUID) each record travels as a `tally.inventory.gpu`
+  envelope (`encode_record` / `decode_record`); its id is a digest of the record, so a record
+  published again unchanged is the same message.
+
+`health` is `healthy` for every GPU for now (health events do not fold into the inventory yet).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+from ledger.envelope import Envelope, encode_data
+from ledger.errors import EventError
+from ledger.events import MAX_TIME_US, MigInstance, SampleSource
+from ledger.inventory.events import (
+    MAX_INTERVAL_US,
+    InventoryReport,
+    integer,
+    labels_of,
+    mig_of,
+    mig_to_dict,
+    optional_text,
+    text,
+)
+
+RECORD_TYPE = "tally.inventory.gpu"
+RECORD_SCHEMA = 1
+INVENTORY_SOURCE = "tally://inventory"
+
+
+class GpuHealthState(StrEnum):
+    HEALTHY = "healthy"
+
+
+class GpuStatus(StrEnum):
+    LIVE = "live"
+    STALE = "stale"
+
+
+class _RecordType(StrEnum):
+    GPU = RECORD_TYPE
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryGpu:
+    """One GPU of the inventory: what its node's newest report says, and when it was first and
+    last reported."""
+
+    uuid: str
+    node: str
+    index: int
+    model: str
+    memory_total_bytes: int
+    pool: str
+    source: SampleSource
+    interval_us: int
+    first_seen_us: int
+    last_seen_us: int
+    mig_mode: bool = False
+    mig: tuple[MigInstance, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    health: GpuHealthState = GpuHealthState.HEALTHY
+
+
+def fold_reports(
+    reports: Sequence[InventoryReport], current: Mapping[str, InventoryGpu]
+) -> dict[str, InventoryGpu]:
+    """The records `reports` change (by GPU UUID), folded in order over `current`."""
+    changed: dict[str, InventoryGpu] = {}
+    for report in reports:
+        for gpu in report.gpus:
+            old = changed.get(gpu.uuid) or current.get(gpu.uuid)
+            if old is not None and report.time_us < old.last_seen_us:
+                if report.time_us < old.first_seen_us:
+                    changed[gpu.uuid] = replace(old, first_seen_us=report.time_us)
+                continue
+            new = InventoryGpu(
+                uuid=gpu.uuid,
+                node=report.node,
+                index=gpu.index,
+                model=gpu.model,
+                memory_total_bytes=gpu.memory_total_bytes,
+                pool=report.pool,
+                source=report.source,
+                interval_us=report.interval_us,
+                first_seen_us=report.time_us if old is None else old.first_seen_us,
+                last_seen_us=report.time_us,
+                mig_mode=gpu.mig_mode,
+                mig=gpu.mig,
+                labels=report.labels,
+                driver_version=report.driver_version,
+                cuda_version=report.cuda_version,
+            )
+            if new != old:
+                changed[gpu.uuid] = new
+    return {u: r for u, r in changed.items() if r != current.get(u)}
+
+
+def status_of(
+    last_seen_us: int, interval_us: int, now_us: int, stale_after_intervals: int
+) -> GpuStatus:
+    """`stale` when nothing was heard for more than `stale_after_intervals` intervals."""
+    if now_us - last_seen_us > stale_after_intervals * interval_us:
+        return GpuStatus.STALE
+    return GpuStatus.LIVE
+
+
+# ---------------------------------------------------------------------------- the record
+
+
+def record_to_dict(gpu: InventoryGpu) -> dict[str, Any]:
+    return {
+        "uuid": gpu.uuid,
+        "node": gpu.node,
+        "index": gpu.index,
+        "model": gpu.model,
+        "memory_total_bytes": gpu.memory_total_bytes,
+        "pool": gpu.pool,
+        "source": gpu.source.value,
+        "interval_us": gpu.interval_us,
+        "first_seen_us": gpu.first_seen_us,
+        "last_seen_us": gpu.last_seen_us,
+        "mig_mode": gpu.mig_mode,
+        "mig": [mig_to_dict(m) for m in gpu.mig],
+        "labels": dict(gpu.labels),
+        "driver_version": gpu.driver_version,
+        "cuda_version": gpu.cuda_version,
+        "health": gpu.health.value,
+    }
+
+
+_SOURCES: dict[Any, SampleSource] = {s.value: s for s in SampleSource}
+_HEALTH: dict[Any, GpuHealthState] = {h.value: h for h in GpuHealthState}
+
+
+def record_from_dict(data: Any) -> InventoryGpu:
+    """Decode a record's JSON object; raises EventError."""
+    if type(data) is not dict:
+        raise EventError("inventory record: expected an object")
+    source = _SOURCES.get(data.get("source"))
+    health = _HEALTH.get(data.get("health"))
+    mig = data.get("mig") or []
+    if source is None or health is None or type(mig) is not list:
+        raise EventError("inventory record: bad source, health or mig")
+    mode = data.get("mig_mode")
+    if type(mode) is not bool:
+        raise EventError("mig_mode: expected true or false")
+    return InventoryGpu(
+        uuid=text(data, "uuid"),
+        node=text(data, "node"),
+        index=integer(data, "index", 0, 1023),
+        model=text(data, "model"),
+        memory_total_bytes=integer(data, "memory_total_bytes", 0, 1 << 50),
+        pool=text(data, "pool"),
+        source=source,
+        interval_us=integer(data, "interval_us", 1, MAX_INTERVAL_US),
+        first_seen_us=integer(data, "first_seen_us", 0, MAX_TIME_US),
+        last_seen_us=integer(data, "last_seen_us", 0, MAX_TIME_US),
+        mig_mode=mode,
+        mig=tuple(mig_of(m) for m in mig),
+        labels=labels_of(data.get("labels")),
+        driver_version=optional_text(data, "driver_version"),
+        cuda_version=optional_text(data, "cuda_version"),
+        health=health,
+    )
+
+
+def record_json(gpu: InventoryGpu) -> str:
+    """The record as JSON text (what the stores keep)."""
+    return orjson.dumps(record_to_dict(gpu)).decode()
+
+
+def record_from_json(value: str | bytes) -> InventoryGpu:
+    return record_from_dict(orjson.loads(value))
+
+
+def record_id(gpu: InventoryGpu) -> str:
+    """The message id of a record: a digest of its content."""
+    return hashlib.blake2b(record_json(gpu).encode(), digest_size=16).hexdigest()
+
+
+def encode_record(gpu: InventoryGpu) -> bytes:
+    """The `inventory` topic's message value for one GPU."""
+    return encode_data(
+        Envelope(
+            id=record_id(gpu),
+            type=_RecordType.GPU,
+            source=INVENTORY_SOURCE,
+            subject=gpu.uuid,
+            time_us=gpu.last_seen_us,
+            schema=RECORD_SCHEMA,
+            data=record_to_dict(gpu),
+        )
+    )
+
+
+def decode_record(value: bytes) -> InventoryGpu:
+    """A record read back from the `inventory` topic; raises EventError."""
+    try:
+        obj = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise EventError(f"inventory record: not JSON: {exc}") from exc
+    if type(obj) is not dict or obj.get("type") != RECORD_TYPE:
+        raise EventError("inventory record: not a tally.inventory.gpu envelope")
+    if obj.get("schema") != RECORD_SCHEMA:
+        raise EventError(f"inventory record: schema {obj.get('schema')!r} is not read here")
+    gpu = record_from_dict(obj.get("data"))
+    if obj.get("subject") != gpu.uuid:
+        raise EventError("inventory record: subject is not the GPU's UUID")
+    return gpu
