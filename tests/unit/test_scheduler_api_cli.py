@@ -238,3 +238,25 @@ def test_list_follows_the_cursors_and_takes_filters(served, monkeypatch):
     assert [j["job_id"] for j in orjson.loads(ada.output)] == jobs[::2]
     since = tally(served, "job", "list", "--since", "2026-11-01T00:00:02Z", "-o", "json")
     assert [j["job_id"] for j in orjson.loads(since.output)] == jobs[2:]
+
+
+@pytest.mark.parametrize(
+    ("models", "code", "text"),
+    [
+        pytest.param("A100|V100", 2, "no GPUs of model 'V100'", id="each-model-reaches-the-api"),
+        pytest.param("A100|", 2, "expected MODEL or MODEL|MODEL", id="empty-name-is-a-usage-error"),
+    ],
+)
+def test_gpu_model_takes_several_models(served, models, code, text):
+    got = tally(served, "job", "submit", "-q", "dev", "-p", "detection", "--gpu-model", models,
+                "--", "true")  # fmt: skip
+    assert got.exit_code == code and text in got.output, got.output
+    assert not served.rig.events()
+
+
+def test_gpu_model_with_one_model_submits_it_as_before(served):
+    got = tally(served, "job", "submit", "-q", "dev", "-p", "detection", "--gpu-model", "A100",
+                "--", "true")  # fmt: skip
+    assert got.exit_code == 0, got.output
+    record = served.rig.dispatcher.records[got.output.strip()]
+    assert (record.spec.model, record.spec.models) == ("A100", None)
