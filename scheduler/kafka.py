@@ -3,8 +3,9 @@
 - `read_topic`: every message of a topic up to its end offsets at the time of the call (the
   replay of `jobs` at start);
 - `KafkaPublisher`: the `Publisher` port (`scheduler.ports`) on the `jobs` topic, `acks=all`;
-- `Feeds`: the `balances` and `alerts` consumers, read from the start without a consumer group
-  (every instance folds all of both into its dispatcher), and the ledger group's committed
+- `Feeds`: the `balances`, `alerts` and `admin` (price changes) consumers, read from the start
+  without a consumer group (every instance folds all of them into its dispatcher), and the
+  ledger group's committed
   `jobs` offsets, which move the scheduler's holds towards acknowledgement
   (`scheduler.hold_acks`).
 
@@ -26,10 +27,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ledger.balances import decode_balance_update
 from ledger.errors import EventError
 from ledger.excerpts import bounded
+from ledger.pricing import PriceBook
 from scheduler.dispatcher import Dispatcher
 from scheduler.errors import BrokerUnavailable, MessageRefused
 from scheduler.jobs_topic import Consumed, Outgoing, seq_of
 from scheduler.ports import Placement, Refused
+from scheduler.price_feed import PriceFeed
 
 if TYPE_CHECKING:
     from scheduler.service import ServiceSettings
@@ -228,8 +231,9 @@ async def read_topic(
 
 
 class Feeds:
-    """The `balances` and `alerts` consumers (no consumer group: every instance reads all of
-    both from the start) and the ledger group's committed `jobs` offsets."""
+    """The `balances`, `alerts` and `admin` consumers (no consumer group: every instance reads
+    all of them from the start; `admin` for price changes, `scheduler.price_feed`) and the
+    ledger group's committed `jobs` offsets."""
 
     def __init__(self, settings: ServiceSettings, dispatcher: Dispatcher) -> None:
         from aiokafka import AIOKafkaConsumer
@@ -249,6 +253,7 @@ class Feeds:
         self.admin = AIOKafkaAdminClient(
             bootstrap_servers=servers, request_timeout_ms=5_000, **settings.kafka_options
         )
+        self.prices = PriceFeed(dispatcher.state.prices or PriceBook(()))
         self._balance_parts: list[Any] = []
         self._jobs_parts: list[Any] = []
         self._last_ack_check = 0.0
@@ -265,16 +270,11 @@ class Feeds:
         async def go() -> None:
             await self.consumer.start()
             await self.admin.start()
+            feeds = [s.balances_topic, s.alerts_topic, *([s.admin_topic] if s.admin_topic else [])]
             parts = await topic_partitions(
-                ",".join(s.bootstrap),
-                [s.balances_topic, s.alerts_topic, s.jobs_topic],
-                s.kafka_options,
+                ",".join(s.bootstrap), [*feeds, s.jobs_topic], s.kafka_options
             )
-            tps = [
-                TopicPartition(topic, p)
-                for topic in (s.balances_topic, s.alerts_topic)
-                for p in parts.get(topic, [])
-            ]
+            tps = [TopicPartition(topic, p) for topic in feeds for p in parts.get(topic, [])]
             self.consumer.assign(tps)
             await self.consumer.seek_to_beginning(*tps)
             self._balance_parts = [tp for tp in tps if tp.topic == s.balances_topic]
@@ -300,7 +300,10 @@ class Feeds:
         for tp, messages in batch.items():
             for m in messages:
                 count += 1
-                if tp.topic == self.settings.balances_topic:
+                if tp.topic == self.settings.admin_topic:
+                    if self.prices.on_admin(m.value):
+                        self.dispatcher.state.prices = self.prices.book
+                elif tp.topic == self.settings.balances_topic:
                     self.balance_messages += 1
                     if m.value is None:
                         continue

@@ -98,6 +98,7 @@ class ServiceSettings:
     stop_jobs_on_exit: bool = True
     publish_timeout_s: float = 30.0
     kafka_options: Mapping[str, Any] = field(default_factory=dict)  # security: SASL, TLS
+    admin_topic: str | None = None  # price changes (`scheduler.price_feed`); None: config only
 
 
 @dataclass(frozen=True, slots=True)

@@ -252,6 +252,7 @@ def service_settings(
         client_id=config.broker.client_id,
         jobs_topic=config.topics.jobs,
         balances_topic=config.topics.balances,
+        admin_topic=config.topics.admin,
         alerts_topic=config.topics.alerts,
         ledger_group=config.worker.group_id,
         cycle_interval_s=s.cycle_interval_s,

@@ -26,7 +26,9 @@ from tally.config import parse_config
 from tests.unit.test_scheduler_service_support import HOUR_US, Rig, budget_update, config_data
 
 
-def _config(tmp: Path) -> dict[str, Any]:
+def two_model_config(tmp: Path) -> dict[str, Any]:
+    """The support config with an H100 and an A100 pool (3.20 and 1.80 per GPU-hour) and a dev
+    queue that forbids H100."""
     data = config_data(tmp)
     data["fleet"]["pools"] = [
         {"name": "h100", "model": "H100", "nodes": 1, "gpus_per_node": 4},
@@ -46,7 +48,7 @@ def _config(tmp: Path) -> dict[str, Any]:
 
 
 def test_jobs_land_on_the_cheapest_acceptable_model_and_say_why(tmp_path):
-    rig = Rig(tmp_path, _config(tmp_path))
+    rig = Rig(tmp_path, two_model_config(tmp_path))
     rig.dispatcher.on_balance(budget_update("vision", 1, money_granted=1_000_000_000))
     either = ("A100", "H100")
 
@@ -84,7 +86,7 @@ def test_jobs_land_on_the_cheapest_acceptable_model_and_say_why(tmp_path):
 
 
 def test_a_queue_policy_that_leaves_no_requested_model_refuses_the_submission(tmp_path):
-    rig = Rig(tmp_path, _config(tmp_path))
+    rig = Rig(tmp_path, two_model_config(tmp_path))
     with pytest.raises(Rejected) as refused:
         asyncio.run(rig.submit(queue="dev", models=("H100",)))
     assert refused.value.kind is RejectKind.UNKNOWN  # a 422 from the API
@@ -107,7 +109,7 @@ def test_a_queue_policy_that_leaves_no_requested_model_refuses_the_submission(tm
 def test_a_queue_model_policy_is_validated_against_the_configured_models(
     tmp_path, policy: dict[str, Any], message: str
 ):
-    data = _config(tmp_path)
+    data = two_model_config(tmp_path)
     data["queues"][1].update(policy)
     with pytest.raises(Exception, match=r"(?s)" + message.replace("(", r"\(").replace(")", r"\)")):
         parse_config(data, "test.yaml")
