@@ -214,6 +214,8 @@ class QueueView(Response):
     max_runtime_s: float | None
     retry_limit: int
     over_budget: str
+    allowed_models: list[str] | None = Field(description="GPU models its jobs may use (null: any)")
+    forbidden_models: list[str] = Field(description="GPU models its jobs may never use")
     pending: int
     running: int
 

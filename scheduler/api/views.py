@@ -108,6 +108,8 @@ def queue_views(d: Dispatcher) -> list[QueueView]:
                 else q.max_runtime_us / US_PER_SECOND,
                 retry_limit=q.max_retries,
                 over_budget=q.over_budget.value,
+                allowed_models=None if q.allowed_models is None else list(q.allowed_models),
+                forbidden_models=list(q.forbidden_models),
                 pending=pending.get(q.name, 0),
                 running=running.get(q.name, 0),
             )

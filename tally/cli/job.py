@@ -380,9 +380,16 @@ QUEUE_COLUMNS = (
     "max_runtime",
     "retry_limit",
     "over_budget",
+    "models",
     "pending",
     "running",
 )
+
+
+def model_policy_text(allowed: list[str] | None, forbidden: list[str]) -> str:
+    """A queue's model policy: `any`, `A100|L40S`, `any, not H100`."""
+    text = "|".join(allowed) if allowed is not None else "any"
+    return f"{text}, not {'|'.join(forbidden)}" if forbidden else text
 
 
 @queue.command("list")
@@ -413,6 +420,7 @@ def list_queues(config_path: str, api: str | None, token: str | None, output: st
                 runtime if fmt is not OutputFormat.TABLE or runtime is None else _hours(runtime),
                 q["retry_limit"],
                 q["over_budget"],
+                model_policy_text(q["allowed_models"], q["forbidden_models"]),
                 q["pending"],
                 q["running"],
             ]

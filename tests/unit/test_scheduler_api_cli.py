@@ -19,7 +19,7 @@ from scheduler.api import Tokens, build_app
 from scheduler.executors.fake import RUNS_FOREVER
 from tally.broker import free_port
 from tally.cli import cli
-from tally.cli.job import parse_duration
+from tally.cli.job import model_policy_text, parse_duration
 from tests.unit.test_scheduler_service_support import Rig
 
 VISION = "vision-cli-token-0123456789"
@@ -260,3 +260,15 @@ def test_gpu_model_with_one_model_submits_it_as_before(served):
     assert got.exit_code == 0, got.output
     record = served.rig.dispatcher.records[got.output.strip()]
     assert (record.spec.model, record.spec.models) == ("A100", None)
+
+
+@pytest.mark.parametrize(
+    ("allowed", "forbidden", "shown"),
+    [
+        pytest.param(None, [], "any", id="no-policy"),
+        pytest.param(["A100", "L40S"], [], "A100|L40S", id="allowed-list"),
+        pytest.param(None, ["H100"], "any, not H100", id="forbidden-list"),
+    ],
+)
+def test_queue_list_shows_the_model_policy(allowed, forbidden, shown):
+    assert model_policy_text(allowed, forbidden) == shown

@@ -18,6 +18,7 @@ from ledger.holds import HoldPlaced
 from ledger.job_events import JobAdmitted, JobSubmitted, JobWaiting, WaitReason
 from ledger.pricing import cost_of
 from ledger.units import Unit
+from scheduler.api.views import queue_views
 from scheduler.errors import Rejected, RejectKind
 from scheduler.idempotency import request_digest
 from scheduler.ports import Work
@@ -152,3 +153,9 @@ def test_the_digest_of_several_models_ignores_their_order():
                                             models=models))  # fmt: skip
 
     assert digest(("H100", "A100")) == digest(("A100", "H100")) != digest(("A100",))
+
+
+def test_queues_show_their_model_policy(tmp_path):
+    views = {v.name: v for v in queue_views(Rig(tmp_path, two_model_config(tmp_path)).dispatcher)}
+    assert (views["dev"].allowed_models, views["dev"].forbidden_models) == (None, ["H100"])
+    assert (views["train"].allowed_models, views["train"].forbidden_models) == (None, [])
