@@ -38,7 +38,13 @@ from scheduler.model import (
     Policy,
     RunningJob,
 )
-from scheduler.model_choice import cheapest_first, forbidden_detail, placement_note, split_by_queue
+from scheduler.model_choice import (
+    cheapest_first,
+    clip,
+    forbidden_detail,
+    placement_note,
+    split_by_queue,
+)
 from scheduler.ordering import Nomination
 from scheduler.placement import place
 from scheduler.quota import (
@@ -358,8 +364,8 @@ def evaluate(n: Nomination, ws: Workspace, policy: Policy) -> Fit | Blocked:
     detail = first[1]
     if len(n.flavors) > 1:
         others = "; ".join(f"{f}: {why.value}" for f, why in tried[1:])
-        detail += f" (cheapest acceptable first; then {others})"
+        detail += f" (then {others})"
     if n.dropped:
         detail += f"; {forbidden_detail(n.dropped, n.queue)}"
     options_in = tuple(options) if policy.preemption else ()
-    return Blocked(first[0], detail, options_in, tuple(tried))
+    return Blocked(first[0], clip(detail), options_in, tuple(tried))

@@ -45,7 +45,7 @@ def split_by_queue(models: Sequence[str], queue: Queue) -> tuple[tuple[str, ...]
 
 
 def forbidden_detail(dropped: Sequence[str], queue: Queue) -> str:
-    return f"queue {queue.name} does not allow model(s) {', '.join(dropped)}"
+    return clip(f"queue {queue.name} does not allow model(s) {', '.join(dropped)}")
 
 
 def rate_of(prices: PriceBook | None, flavor: Flavor, now_us: int) -> int | None:
@@ -117,5 +117,9 @@ def placement_note(
         parts.append(", ".join(priced(f) for f in spare) + " not needed")
     if dropped and queue is not None:
         parts.append(forbidden_detail(dropped, queue))
-    note = "; ".join(parts)
-    return note if len(note) <= MAX_DETAIL else note[: MAX_DETAIL - 1] + "…"
+    return clip("; ".join(parts))
+
+
+def clip(text: str) -> str:
+    """`text` cut to what an event's detail may hold (`MAX_DETAIL`)."""
+    return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 1] + "…"

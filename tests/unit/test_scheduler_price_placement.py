@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ledger.job_events import JobAdmitted, JobSpec, WaitReason
+from ledger.job_events import (
+    MAX_DETAIL,
+    JobAdmitted,
+    JobSpec,
+    JobWaiting,
+    WaitReason,
+    decode_job_event,
+    encode_job_event,
+)
 from ledger.pricing import Price, PriceBook
 from scheduler.explain import explain
 from scheduler.model import Balance, Flavor, Node, Policy, Queue, Quota, Team
@@ -275,3 +283,16 @@ def test_explain_says_why_the_model_was_chosen() -> None:
     assert "1 GPU(s) of A100|H100" in text
     assert "now: running on main/A100 — placed on A100: cheapest acceptable at 1.80/GPU-h" in text
     assert "H100 3.20/GPU-h not needed" in text
+
+
+def test_a_wait_detail_over_many_flavors_still_fits_an_event() -> None:
+    pools = [Flavor(f"pool-{i:03d}", "A100") for i in range(200)]
+    fleet = [n for f in pools for n in nodes(f, count=1, gpus=1, prefix=f.pool)]
+    team = Team("vision", tuple(Quota(f, 1) for f in pools))
+    cluster = a_cluster(teams=(team,), fleet=fleet, price_book=PRICES)
+    cluster.run(*(a_spec(f"b{i}", "vision", pool=f.pool) for i, f in enumerate(pools)))
+    cluster.submit(a_spec("j", "vision"))
+    cluster.cycle()
+    (wait,) = [e for e in cluster.log if isinstance(e, JobWaiting)]
+    assert wait.reason is WaitReason.QUOTA_EXHAUSTED and len(wait.detail) == MAX_DETAIL
+    assert decode_job_event(encode_job_event(wait, "test")).data == wait
