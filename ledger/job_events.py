@@ -17,7 +17,8 @@ Schemas of job and GPU-assignment event data (every `JobEventType`):
   `JobSubmitted` gained three optional fields (`idempotency_key`, `requested_by`,
   `request_digest`) and `JobFailed` two (`idempotency_key`, `requested_by`), written only when
   a key was given: a message without them is the same v1 it always was, and decodes with them
-  None;
+  None. Likewise `JobSpec.models` (a job that accepts several GPU models) is written only when
+  set, and `JobAdmitted.placement` (why that model was chosen) only when not empty;
 - v0: the first scheduler stamped events in milliseconds, `time_ms`, where v1 has `time_us`
   (other times were already in µs); `job_v0_to_v1` upcasts it. The envelope's `time` was in
   µs in both. An upcast event's id is the one its v1 form derives.
@@ -111,6 +112,10 @@ class JobSpec:
     Every job is admitted all-or-nothing (a gang): it gets all `gpus` GPUs in one decision or
     none. `span_nodes` says whether those GPUs may lie on several nodes (a multi-node gang) or
     must share one node (a single process).
+
+    GPU models: `model` names the one model a job accepts (None: any); a job that accepts
+    several names them all in `models` (sorted, at least two, `model` then None). Read both
+    through `accepted_models`.
     """
 
     job_id: str
@@ -126,16 +131,42 @@ class JobSpec:
     pool: str | None = None
     span_nodes: bool = True
     priority: int | None = field(default=None, metadata=SIGNED)
+    models: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not (self.job_id and self.team and self.project and self.user and self.queue):
             raise EventError("job: job_id, team, project, user and queue are required")
+        if self.models is not None and (
+            self.model is not None
+            or len(self.models) < 2
+            or list(self.models) != sorted(set(self.models))
+        ):
+            raise EventError(
+                f"job {self.job_id}: models holds two or more distinct models, sorted, and "
+                "then model is None"
+            )
         if not 1 <= self.gpus <= MAX_GPUS_PER_JOB:
             raise EventError(f"job {self.job_id}: gpus must be in [1, {MAX_GPUS_PER_JOB}]")
         if self.estimated_runtime_us < 0 or self.submit_us < 0:
             raise EventError(f"job {self.job_id}: times must not be negative")
         if self.max_runtime_us is not None and self.max_runtime_us <= 0:
             raise EventError(f"job {self.job_id}: max_runtime_us must be positive")
+
+    @property
+    def accepted_models(self) -> tuple[str, ...]:
+        """The GPU models the job accepts; empty: any model."""
+        if self.models is not None:
+            return self.models
+        return () if self.model is None else (self.model,)
+
+
+def model_fields(models: tuple[str, ...]) -> dict[str, Any]:
+    """`JobSpec` keywords for a job accepting `models` (empty: any): one model goes in `model`,
+    as it always did; several, deduplicated and sorted, in `models`."""
+    distinct = tuple(sorted(set(models)))
+    if len(distinct) == 1:
+        return {"model": distinct[0], "models": None}
+    return {"model": None, "models": distinct or None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +193,8 @@ class JobAdmitted:
 
     `borrowed_gpus` of them count against cohort members' unused quota; `preemptible` is true
     when the queue allows preemption or the job runs as an over-budget borrower; the hold is
-    the expected usage reserved against the team's budget until the job ends.
+    the expected usage reserved against the team's budget until the job ends. `placement` says
+    why this GPU model was chosen when the job accepted more than one (empty otherwise).
     """
 
     KIND: ClassVar[JobEventType] = JobEventType.ADMITTED
@@ -181,6 +213,7 @@ class JobAdmitted:
     attempt: int
     time_us: int
     over_budget: bool = False
+    placement: str = field(default="", metadata=DETAIL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,12 +390,29 @@ def job_envelope(event: JobEvent, source: str) -> JobEnvelope:
 # ---------------------------------------------------------------------------- encoding
 
 
+def _without(event: Any, *names: str) -> dict[str, Any]:
+    data = {f.name: getattr(event, f.name) for f in fields(event)}
+    for name in names:
+        del data[name]
+    return data
+
+
+def _spec_data(spec: JobSpec) -> Any:
+    return spec if spec.models is not None else _without(spec, "models")
+
+
 def _as_data(event: JobEvent) -> Any:
     """The event itself: orjson writes a dataclass as its fields in order, tuples as arrays. A
     `JobSubmitted` or `JobFailed` without an idempotency key is written without the key's
-    fields, exactly as before they existed."""
-    if isinstance(event, JobSubmitted) and event.idempotency_key is None:
-        return {"spec": event.spec, "time_us": event.time_us}
+    fields, a `JobSpec` without `models` and a `JobAdmitted` with no `placement` without
+    those, exactly as before they existed."""
+    if isinstance(event, JobSubmitted):
+        data = _without(event, "spec")
+        if event.idempotency_key is None:
+            del data["idempotency_key"], data["requested_by"], data["request_digest"]
+        return {"spec": _spec_data(event.spec), **data}
+    if isinstance(event, JobAdmitted) and not event.placement:
+        return _without(event, "placement")
     if isinstance(event, JobFailed) and event.idempotency_key is None:
         data = {f.name: getattr(event, f.name) for f in fields(JobFailed)}
         del data["idempotency_key"], data["requested_by"]

@@ -1,11 +1,12 @@
 """Phases 3 and 5 of a cycle: nominate the heads, and admit them one by one.
 
 Nominate (3): a head whose team or queue is unknown, or that no flavor could ever hold (model,
-pool, size, single-node size, or more than the team's quota plus all it may borrow), waits at
-once with that reason; every other
+pool, size, single-node size, more than the team's quota plus all it may borrow, or only models
+its queue forbids), waits at once with that reason; every other
 head becomes a `Nomination` with its effective priority (the job's, else its queue's) and its
-candidate flavors — the team's quota flavors in quota order that match the model and pool
-constraint (every matching flavor of the fleet when quotas are not enforced).
+candidate flavors — the team's quota flavors that match the accepted models (those its queue
+permits) and pool (every matching flavor of the fleet when quotas are not enforced), cheapest
+first when the policy is price-aware (`scheduler.model_choice`), else in quota order.
 
 Admit (5): a nomination is admitted in the first candidate flavor where, in this order,
 1. quota allows it (`scheduler.quota`): within nominal, or borrowing within the team's
@@ -15,6 +16,8 @@ Admit (5): a nomination is admitted in the first candidate flavor where, in this
 3. the budget covers the hold (`scheduler.budget`); if not, the job waits with
    `budget_exhausted`, or, where its queue says `run_preemptible`, runs with no hold as a
    preemptible over-budget borrower.
+The checks are per flavor, exactly as for a job of one model; a job with a choice of flavors
+gets a placement note saying why the chosen one (`model_choice.placement_note`).
 Admission takes the GPUs in the cycle's `Workspace`, so later jobs see them taken.
 """
 
@@ -34,6 +37,13 @@ from scheduler.model import (
     PendingJob,
     Policy,
     RunningJob,
+)
+from scheduler.model_choice import (
+    cheapest_first,
+    clip,
+    forbidden_detail,
+    placement_note,
+    split_by_queue,
 )
 from scheduler.ordering import Nomination
 from scheduler.placement import place
@@ -175,18 +185,23 @@ def nominate(
         if queue is None:
             verdicts.append(Verdict(job, WaitReason.UNKNOWN_QUEUE, f"no queue {spec.queue!r}"))
             continue
-        if policy.enforce_quota:
-            if spec.team not in book.teams:
-                verdicts.append(Verdict(job, WaitReason.UNKNOWN_QUEUE, f"no team {spec.team!r}"))
-                continue
-            candidates = tuple(
-                f
-                for f in book.flavors_of(spec.team)
-                if (spec.model is None or f.model == spec.model)
-                and (spec.pool is None or f.pool == spec.pool)
+        if policy.enforce_quota and spec.team not in book.teams:
+            verdicts.append(Verdict(job, WaitReason.UNKNOWN_QUEUE, f"no team {spec.team!r}"))
+            continue
+        accepted = spec.accepted_models
+        kept, dropped = split_by_queue(accepted, queue)
+        if accepted and not kept:
+            verdicts.append(
+                Verdict(job, WaitReason.NO_MATCHING_GPUS, forbidden_detail(dropped, queue))
             )
-        else:
-            candidates = snap.fleet.matching(spec.model, spec.pool)
+            continue
+        universe = book.flavors_of(spec.team) if policy.enforce_quota else snap.fleet.flavors
+        candidates = tuple(
+            f
+            for f in universe
+            if (f.model in kept if kept else queue.permits(f.model))
+            and (spec.pool is None or f.pool == spec.pool)
+        )
         may_borrow = policy.borrowing and queue.may_borrow
         flavors = tuple(
             f
@@ -199,23 +214,25 @@ def nominate(
                 Verdict(
                     job,
                     WaitReason.NO_MATCHING_GPUS,
-                    _no_match_detail(spec.gpus, spec.model, spec.pool, spec.span_nodes, candidates),
+                    _no_match_detail(spec.gpus, kept, spec.pool, spec.span_nodes, candidates),
                 )
             )
             continue
+        if policy.price_aware and len(flavors) > 1:
+            flavors = cheapest_first(flavors, snap.prices, snap.now_us)
         priority = queue.priority if spec.priority is None else spec.priority
         borrows = False
         if policy.enforce_quota:
             q = book.quota[(spec.team, flavors[0])]
             borrows = snap.used(spec.team, flavors[0]) + spec.gpus > q.nominal
-        nominations.append(Nomination(job, queue, priority, flavors, borrows))
+        nominations.append(Nomination(job, queue, priority, flavors, borrows, dropped))
     return nominations, verdicts
 
 
 def _no_match_detail(
-    gpus: int, model: str | None, pool: str | None, span: bool, candidates: tuple[Flavor, ...]
+    gpus: int, models: tuple[str, ...], pool: str | None, span: bool, candidates: tuple[Flavor, ...]
 ) -> str:
-    wanted = f"{gpus} GPU(s) of model {model or 'any'} in pool {pool or 'any'}"
+    wanted = f"{gpus} GPU(s) of model {'|'.join(models) or 'any'} in pool {pool or 'any'}"
     if not candidates:
         return f"{wanted}: no such GPUs in the team's quota or the fleet"
     where = ", ".join(str(f) for f in candidates)
@@ -237,16 +254,19 @@ class Fit:
     borrowed: int
     hold: Holds
     over_budget: bool
+    note: str = ""  # why this flavor, for a job that had a choice (`JobAdmitted.placement`)
 
 
 @dataclass(frozen=True, slots=True)
 class Blocked:
     """Why a nomination did not fit, and the flavors where preemption might make room
-    (the quota check there; the budget already covers the job)."""
+    (the quota check there; the budget already covers the job); `tried`: every flavor with
+    why it did not admit the job."""
 
     reason: WaitReason
     detail: str
     preemptible_in: tuple[tuple[Flavor, QuotaCheck], ...] = ()
+    tried: tuple[tuple[Flavor, WaitReason], ...] = ()
 
 
 _QUOTA_REASON = {
@@ -296,6 +316,7 @@ def evaluate(n: Nomination, ws: Workspace, policy: Policy) -> Fit | Blocked:
     balance = snap.balances.get(team)
     first: tuple[WaitReason, str] | None = None
     options: list[tuple[Flavor, QuotaCheck]] = []
+    tried: list[tuple[Flavor, WaitReason]] = []
     for flavor in n.flavors:
         blocked: tuple[WaitReason, str] | None = None
         quota = QuotaCheck(QuotaOutcome.FITS)
@@ -330,10 +351,21 @@ def evaluate(n: Nomination, ws: Workspace, policy: Policy) -> Fit | Blocked:
             gpus = place(free, spec.gpus, spec.span_nodes)
             if gpus is not None:
                 hold = NO_HOLD if over_budget else budget.hold
-                return Fit(flavor, gpus, quota.borrowed, hold, over_budget)
+                note = placement_note(
+                    flavor, n.flavors, tried, snap.prices, snap.now_us, n.dropped, n.queue
+                )
+                return Fit(flavor, gpus, quota.borrowed, hold, over_budget, note)
             blocked = (WaitReason.NO_CAPACITY, f"no placement for {spec.gpus} GPU(s) of {flavor}")
         if blocked[0] in _PREEMPTION_HELPS and budget.fits:
             options.append((flavor, quota))
+        tried.append((flavor, blocked[0]))
         first = first or blocked
     assert first is not None  # a nomination has at least one flavor
-    return Blocked(first[0], first[1], tuple(options) if policy.preemption else ())
+    detail = first[1]
+    if len(n.flavors) > 1:
+        others = "; ".join(f"{f}: {why.value}" for f, why in tried[1:])
+        detail += f" (then {others})"
+    if n.dropped:
+        detail += f"; {forbidden_detail(n.dropped, n.queue)}"
+    options_in = tuple(options) if policy.preemption else ()
+    return Blocked(first[0], clip(detail), options_in, tuple(tried))

@@ -6,8 +6,9 @@
 3. nominate  — unknown queues/teams and jobs the fleet can never hold wait at once; the rest
                get their candidate flavors (`scheduler.admission.nominate`);
 4. order     — priority, then fair share, then age (`scheduler.ordering`);
-5. admit     — in order, each job is admitted in the first flavor where quota, free GPUs and
-               budget allow (`scheduler.admission.evaluate`);
+5. admit     — in order, each job is admitted in the first flavor (cheapest first when
+               price-aware) where quota, free GPUs and budget allow
+               (`scheduler.admission.evaluate`);
 6. preempt   — a job blocked by capacity or quota that preemption can help gets its victims
                (`scheduler.preemption`) before the next job is looked at, and is admitted on
                the GPUs they free, so no later job can take them; at most
@@ -30,6 +31,7 @@ from ledger.job_events import JobEvent, JobWaiting, WaitReason
 from scheduler.admission import Blocked, Fit, Verdict, Workspace, evaluate, nominate
 from scheduler.decisions import admission_events, preemption_events
 from scheduler.model import Flavor, Policy
+from scheduler.model_choice import placement_note
 from scheduler.ordering import Nomination, order
 from scheduler.preemption import plan_preemption
 from scheduler.snapshot import ClusterSnapshot
@@ -76,7 +78,14 @@ def _preempt_and_fit(
             ws.release(victim.job)
             events.extend(preemption_events(victim.job, spec, victim.reason, ws.snap.now_us))
             preempted.append(victim.job.job_id)
-        return evaluate(replace(n, flavors=(flavor,)), ws, policy)
+        outcome = evaluate(replace(n, flavors=(flavor,)), ws, policy)
+        if isinstance(outcome, Fit):
+            snap = ws.snap
+            note = placement_note(
+                flavor, n.flavors, blocked.tried, snap.prices, snap.now_us, n.dropped, n.queue, True
+            )
+            outcome = replace(outcome, note=note)
+        return outcome
     return blocked
 
 
@@ -116,6 +125,7 @@ def run_cycle(snap: ClusterSnapshot, policy: Policy) -> CycleResult:
                     attempt=n.job.attempt,
                     over_budget=outcome.over_budget,
                     now_us=snap.now_us,
+                    placement=outcome.note,
                 )
             )
             admitted.append(spec.job_id)

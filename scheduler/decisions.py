@@ -31,6 +31,7 @@ def admission_events(
     attempt: int,
     over_budget: bool,
     now_us: int,
+    placement: str = "",
 ) -> tuple[JobEvent, ...]:
     admitted = JobAdmitted(
         job_id=spec.job_id,
@@ -48,6 +49,7 @@ def admission_events(
         attempt=attempt,
         time_us=now_us,
         over_budget=over_budget,
+        placement=placement,
     )
     assigned = tuple(
         GpuAssigned(

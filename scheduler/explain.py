@@ -1,7 +1,8 @@
 """`explain`: why is my job waiting, why was it preempted — answered from the job's events.
 
 The answer is plain text for people (the CLI's `tally job explain`): what the job asked for,
-where it stands now, the reason and detail of its latest wait, and its history.
+where it stands now, the reason and detail of its latest wait, and its history — including,
+for a job that accepted several GPU models, why it was placed on the one it got.
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ def _line(event: JobEvent) -> str | None:
     if isinstance(event, JobAdmitted):
         how = " over budget, preemptible" if event.over_budget else ""
         borrowed = f", {event.borrowed_gpus} borrowed" if event.borrowed_gpus else ""
+        placement = f"\n    {event.placement}" if event.placement else ""
         return (
             f"{at}  admitted (attempt {event.attempt}) on {len(event.gpu_uuids)} GPU(s) of "
-            f"{event.pool}/{event.model}{borrowed}{how}"
+            f"{event.pool}/{event.model}{borrowed}{how}{placement}"
         )
     if isinstance(event, JobStarted):
         return f"{at}  started"
@@ -96,7 +98,7 @@ def explain(job_id: str, events: Iterable[JobEvent]) -> str:
     lines: list[str] = []
     spec = next((e.spec for e in mine if isinstance(e, JobSubmitted)), None)
     if spec is not None:
-        model = spec.model or "any model"
+        model = "|".join(spec.accepted_models) or "any model"
         lines.append(
             f"job {job_id}: team {spec.team}, project {spec.project}, user {spec.user}, "
             f"queue {spec.queue}, {spec.gpus} GPU(s) of {model}"
@@ -113,12 +115,16 @@ def explain(job_id: str, events: Iterable[JobEvent]) -> str:
 def _status(events: Sequence[JobEvent]) -> str:
     last_wait: JobWaiting | None = None
     last_preempt: JobPreempted | None = None
+    placed = ""
     state = "waiting"
     for event in events:
         if isinstance(event, JobWaiting):
             last_wait = event
         elif isinstance(event, JobAdmitted):
             state, last_wait = "running", None
+            placed = f" on {event.pool}/{event.model}" + (
+                f" — {event.placement}" if event.placement else ""
+            )
         elif isinstance(event, JobPreempted):
             state, last_preempt, last_wait = "waiting", event, None
         elif isinstance(event, JobFinished):
@@ -130,6 +136,8 @@ def _status(events: Sequence[JobEvent]) -> str:
                 state, last_wait = "waiting", None
             else:
                 state = "cancelled" if event.reason is FailReason.CANCELLED else "failed"
+    if state == "running":
+        return f"now: running{placed}"
     if state != "waiting":
         return f"now: {state}"
     if last_wait is not None:

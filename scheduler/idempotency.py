@@ -16,7 +16,7 @@ Pure bookkeeping: no I/O, no clock.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 
 import orjson
 
@@ -28,8 +28,19 @@ MAX_KEY = 128
 
 
 def request_digest(request: SubmitRequest) -> str:
-    """A digest of everything a submission asks for (not its key)."""
-    canonical = orjson.dumps(replace(request, idempotency_key=None))
+    """A digest of everything a submission asks for (not its key). The models are written as
+    the single `model` requests were before a job could accept several (null, a name, or the
+    sorted names), so a key's digest stays what it was."""
+    models = sorted(set(request.models))
+    model: str | list[str] | None = models[0] if len(models) == 1 else (models or None)
+    data: dict[str, object] = {}
+    for f in fields(request):
+        value = getattr(request, f.name)
+        if f.name == "models":
+            data["model"] = model
+        else:
+            data[f.name] = None if f.name == "idempotency_key" else value
+    canonical = orjson.dumps(data)
     return hashlib.blake2b(canonical, digest_size=16).hexdigest()
 
 

@@ -3,9 +3,9 @@
 - `read_topic`: every message of a topic up to its end offsets at the time of the call (the
   replay of `jobs` at start);
 - `KafkaPublisher`: the `Publisher` port (`scheduler.ports`) on the `jobs` topic, `acks=all`;
-- `Feeds`: the `balances`, `alerts` and (when the service follows one) `inventory` consumers,
-  read from the start without a consumer group (every instance folds all of them into its
-  dispatcher and inventory), and the ledger group's committed
+- `Feeds`: the `balances`, `alerts`, `admin` (price changes) and (when the service follows one)
+  `inventory` consumers, read from the start without a consumer group (every instance folds
+  all of them into its dispatcher and inventory), and the ledger group's committed
   `jobs` offsets, which move the scheduler's holds towards acknowledgement
   (`scheduler.hold_acks`).
 
@@ -27,11 +27,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ledger.balances import decode_balance_update
 from ledger.errors import EventError
 from ledger.excerpts import bounded
+from ledger.pricing import PriceBook
 from scheduler.dispatcher import Dispatcher
 from scheduler.errors import BrokerUnavailable, MessageRefused
 from scheduler.inventory import FleetInventory
 from scheduler.jobs_topic import Consumed, Outgoing, seq_of
 from scheduler.ports import Placement, Refused
+from scheduler.price_feed import PriceFeed
 
 if TYPE_CHECKING:
     from scheduler.service import ServiceSettings
@@ -230,8 +232,10 @@ async def read_topic(
 
 
 class Feeds:
-    """The `balances` and `alerts` consumers (no consumer group: every instance reads all of
-    both from the start) and the ledger group's committed `jobs` offsets."""
+    """The `balances`, `alerts`, `admin` and `inventory` consumers (no consumer group: every
+    instance reads all of them from the start; `admin` for price changes,
+    `scheduler.price_feed`; `inventory` when the service follows one) and the ledger group's
+    committed `jobs` offsets."""
 
     def __init__(
         self,
@@ -257,6 +261,7 @@ class Feeds:
         self.admin = AIOKafkaAdminClient(
             bootstrap_servers=servers, request_timeout_ms=5_000, **settings.kafka_options
         )
+        self.prices = PriceFeed(dispatcher.state.prices or PriceBook(()))
         self._balance_parts: list[Any] = []
         self._jobs_parts: list[Any] = []
         self._last_ack_check = 0.0
@@ -269,7 +274,7 @@ class Feeds:
         from aiokafka import TopicPartition
 
         s = self.settings
-        followed = [s.balances_topic, s.alerts_topic]
+        followed = [s.balances_topic, s.alerts_topic, *([s.admin_topic] if s.admin_topic else [])]
         if self.inventory is not None:
             followed.append(s.inventory_topic)
 
@@ -305,7 +310,10 @@ class Feeds:
         for tp, messages in batch.items():
             for m in messages:
                 count += 1
-                if tp.topic == self.settings.balances_topic:
+                if tp.topic == self.settings.admin_topic:
+                    if self.prices.on_admin(m.value):
+                        self.dispatcher.state.prices = self.prices.book
+                elif tp.topic == self.settings.balances_topic:
                     self.balance_messages += 1
                     if m.value is None:
                         continue

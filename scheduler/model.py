@@ -82,6 +82,9 @@ class Queue:
 
     Jobs of a non-preemptible queue are never preempted, so they may only run within their
     team's nominal quota: borrowed quota must always be reclaimable.
+
+    Model policy: `allowed_models` (None: every model) and `forbidden_models` say which GPU
+    models the queue's jobs may be placed on (e.g. dev never on H100).
     """
 
     name: str
@@ -92,10 +95,14 @@ class Queue:
     max_runtime_us: int | None = None
     over_budget: OverBudget = OverBudget.WAIT
     max_retries: int = 0
+    allowed_models: tuple[str, ...] | None = None
+    forbidden_models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ConfigError("queue: a name is required")
+        if self.allowed_models is not None and not self.allowed_models:
+            raise ConfigError(f"queue {self.name}: allowed_models must name a model")
         if self.max_runtime_us is not None and self.max_runtime_us <= 0:
             raise ConfigError(f"queue {self.name}: max_runtime_us must be positive")
         if self.max_retries < 0:
@@ -108,6 +115,12 @@ class Queue:
     @property
     def may_borrow(self) -> bool:
         return self.preemptible
+
+    def permits(self, model: str) -> bool:
+        """Whether the queue's jobs may be placed on GPUs of `model`."""
+        if model in self.forbidden_models:
+            return False
+        return self.allowed_models is None or model in self.allowed_models
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +283,8 @@ class Policy:
     `heads_per_queue`: how many jobs of each (team, queue) backlog a cycle considers.
     `strict_fifo`: the first job waiting for free GPUs blocks every job ordered after it.
     `max_preemption_plans`: how many jobs per cycle may preempt others.
+    `price_aware`: a job that more than one flavor can hold tries them cheapest first (price
+    per GPU-hour now, then model and pool name); otherwise in the team's quota order.
     """
 
     ordering: Ordering = Ordering.METERED_FAIR_SHARE
@@ -279,6 +294,7 @@ class Policy:
     strict_fifo: bool = False
     heads_per_queue: int = 8
     max_preemption_plans: int = 4
+    price_aware: bool = True
 
     def __post_init__(self) -> None:
         if self.heads_per_queue < 1:

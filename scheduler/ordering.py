@@ -27,13 +27,15 @@ OrderKey = tuple[int, int, int, int, str]
 @dataclass(frozen=True, slots=True)
 class Nomination:
     """A head that may be admitted: its queue, effective priority and candidate flavors
-    (in preference order), and whether it would borrow in its first flavor."""
+    (in preference order), whether it would borrow in its first flavor, and the models it
+    named that its queue does not allow."""
 
     job: PendingJob
     queue: Queue
     priority: int
     flavors: tuple[Flavor, ...]
     borrows: bool
+    dropped: tuple[str, ...] = ()
 
     @property
     def spec(self) -> JobSpec:

@@ -31,7 +31,7 @@ from scheduler.ports import Work
 @dataclass(frozen=True, slots=True)
 class SubmitRequest:
     """A validated submission (shape and ranges checked by the API, names by
-    `Dispatcher.submit`)."""
+    `Dispatcher.submit`). `models`: the GPU models the job accepts (empty: any)."""
 
     team: str
     project: str
@@ -41,7 +41,7 @@ class SubmitRequest:
     work: Work
     estimated_runtime_us: int | None = None
     max_runtime_us: int | None = None
-    model: str | None = None
+    models: tuple[str, ...] = ()
     pool: str | None = None
     span_nodes: bool = True
     priority: int | None = None
@@ -107,6 +107,7 @@ class JobRecord:
     hold_gpu_ms: int = 0
     hold_micros: int = 0
     over_budget: bool = False
+    placement: str = ""  # why its GPU model was chosen, for a job that accepted several
 
     @property
     def job_id(self) -> str:
@@ -137,6 +138,7 @@ def advance(record: JobRecord, event: JobEvent) -> JobRecord:
             hold_gpu_ms=event.hold_gpu_ms,
             hold_micros=event.hold_micros,
             over_budget=event.over_budget,
+            placement=event.placement,
         )
     if isinstance(event, JobStarted):
         return replace(record, started_us=event.time_us)

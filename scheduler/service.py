@@ -104,6 +104,7 @@ class ServiceSettings:
     publish_timeout_s: float = 30.0
     kafka_options: Mapping[str, Any] = field(default_factory=dict)  # security: SASL, TLS
     inventory_topic: str = "tally.inventory"
+    admin_topic: str | None = None  # price changes (`scheduler.price_feed`); None: config only
 
 
 @dataclass(frozen=True, slots=True)

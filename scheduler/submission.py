@@ -1,7 +1,9 @@
 """What a submission must satisfy before it becomes a job (`submitted`): names the
-configuration knows (team, queue, the team's project, GPU model, pool), a priority within its
-queue's bounds when a team's token asks, and a valid `JobSpec` — then the `JobSubmitted` that
-makes it a job, with the request's idempotency key (`scheduler.idempotency`).
+configuration knows (team, queue, the team's project, GPU models, pool), at least one of the
+GPU models it names allowed by its queue's model policy (those the policy forbids are kept in
+the spec and dropped by every cycle, which says so), a priority within its queue's bounds when
+a team's token asks, and a valid `JobSpec` — then the `JobSubmitted` that makes it a job, with
+the request's idempotency key (`scheduler.idempotency`).
 
 Pure: the state, projects, bounds, job id and time are passed in; refusals are `Rejected`.
 """
@@ -11,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ledger.errors import EventError
-from ledger.job_events import JobSpec, JobSubmitted
+from ledger.job_events import JobSpec, JobSubmitted, model_fields
 from scheduler.errors import Rejected, RejectKind
 from scheduler.idempotency import request_digest
+from scheduler.model_choice import forbidden_detail, split_by_queue
 from scheduler.records import PriorityBounds, SubmitRequest
 from scheduler.state import SchedulerState
 
@@ -40,8 +43,16 @@ def check_names(
     flavors = state.known_flavors()  # reported by a collector, placeable now or not
     models = {f.model for f in flavors}
     pools = {f.pool for f in flavors}
-    if request.model is not None and request.model not in models:
-        raise Rejected(RejectKind.UNKNOWN, f"no GPUs of model {request.model!r} in the fleet")
+    for model in request.models:
+        if model not in models:
+            raise Rejected(RejectKind.UNKNOWN, f"no GPUs of model {model!r} in the fleet")
+    queue = state.queues[request.queue]
+    kept, dropped = split_by_queue(request.models, queue)
+    if request.models and not kept:
+        raise Rejected(
+            RejectKind.UNKNOWN,
+            f"{forbidden_detail(dropped, queue)}, which leaves no model this job accepts",
+        )
     if request.pool is not None and request.pool not in pools:
         raise Rejected(RejectKind.UNKNOWN, f"no pool {request.pool!r} in the fleet")
     queue_bounds = bounds.get(request.queue)
@@ -75,7 +86,7 @@ def submitted(
             submit_us=now_us,
             estimated_runtime_us=estimate,
             max_runtime_us=request.max_runtime_us,
-            model=request.model,
+            **model_fields(request.models),
             pool=request.pool,
             span_nodes=request.span_nodes,
             priority=request.priority,

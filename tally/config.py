@@ -214,6 +214,7 @@ class QuotaConfig(Strict):
 
 
 QueueClassName = Literal["training", "inference", "dev"]
+ModelName = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 class IdleReclaimAfter(Strict):
@@ -247,7 +248,9 @@ class PriorityBoundsConfig(Strict):
 class QueueConfig(Strict):
     """A scheduler queue. `idle_reclaim` left out takes the class's default (dev: reclaim after
     60 min, training: alert after 60 min, inference: never). `priority` is the priority of jobs
-    that name none; `priority_bounds` the priorities a team's token may name (default 0–100)."""
+    that name none; `priority_bounds` the priorities a team's token may name (default 0–100).
+    `allowed_models` (left out: every model) and `forbidden_models` are the queue's model
+    policy: the GPU models its jobs may be placed on (e.g. dev never on H100)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -260,6 +263,8 @@ class QueueConfig(Strict):
     max_runtime_hours: float | None = Field(None, gt=0, le=366 * 24)
     retry_limit: int = Field(0, ge=0, le=100)
     run_preemptible_when_over_budget: bool = False
+    allowed_models: tuple[ModelName, ...] | None = Field(None, min_length=1)
+    forbidden_models: tuple[ModelName, ...] = ()
 
     @model_validator(mode="after")
     def _over_budget_needs_preemptible(self) -> QueueConfig:
@@ -435,6 +440,25 @@ class TallyConfig(Strict):
         for name in self.scheduler.tokens.team_env:
             if name not in teams:
                 raise ValueError(f"scheduler.tokens.team_env: unknown team {name!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _queue_models_configured(self) -> TallyConfig:
+        """A queue's model policy names only models the config knows (its fleet, quotas and
+        prices), and leaves its jobs at least one of them."""
+        known = {p.model for p in self.fleet.pools} | {q.model for q in self.quotas}
+        known |= {p.model for p in self.prices if p.model != ANY_MODEL}
+        for queue in self.queues:
+            named = (*(queue.allowed_models or ()), *queue.forbidden_models)
+            unknown = sorted({m for m in named if m not in known})
+            if unknown:
+                raise ValueError(
+                    f"queue {queue.name!r}: unknown GPU model(s) {', '.join(unknown)} "
+                    f"(configured: {', '.join(sorted(known))})"
+                )
+            allowed = set(queue.allowed_models or known) - set(queue.forbidden_models)
+            if not allowed:
+                raise ValueError(f"queue {queue.name!r}: its model policy allows no model")
         return self
 
     @model_validator(mode="after")

@@ -2,9 +2,9 @@
 tokens and the service settings (the one place config becomes `scheduler` objects; `scheduler`
 itself imports only `ledger`).
 
-- queues: `queues:`; an `idle_reclaim` left out takes the class default
-  (`scheduler.model.DEFAULT_IDLE_POLICY`); `priority_bounds` → `scheduler.records.PriorityBounds`
-  (what a team's token may ask for);
+- queues: `queues:`, with their model policy (`allowed_models`, `forbidden_models`); an
+  `idle_reclaim` left out takes the class default (`scheduler.model.DEFAULT_IDLE_POLICY`);
+  `priority_bounds` → `scheduler.records.PriorityBounds` (what a team's token may ask for);
 - teams: every team of the organisation, with its `quotas:` per (pool, model) and its
   `scheduler.teams` entry (cohort, weight); a team with no quota cannot run jobs;
 - inventory: `tally scheduler run` places only on the GPUs the collectors report, read from
@@ -92,6 +92,8 @@ def queues_of(config: TallyConfig) -> tuple[Queue, ...]:
                 if q.run_preemptible_when_over_budget
                 else OverBudget.WAIT,
                 max_retries=q.retry_limit,
+                allowed_models=q.allowed_models,
+                forbidden_models=q.forbidden_models,
             )
         )
     return tuple(out)
@@ -256,6 +258,7 @@ def service_settings(
         client_id=config.broker.client_id,
         jobs_topic=config.topics.jobs,
         balances_topic=config.topics.balances,
+        admin_topic=config.topics.admin,
         alerts_topic=config.topics.alerts,
         ledger_group=config.worker.group_id,
         cycle_interval_s=s.cycle_interval_s,

@@ -64,6 +64,8 @@ def a_queue(
     max_runtime_us: int | None = None,
     over_budget: OverBudget = OverBudget.WAIT,
     max_retries: int = 0,
+    allowed_models: tuple[str, ...] | None = None,
+    forbidden_models: tuple[str, ...] = (),
 ) -> Queue:
     return Queue(
         name=name,
@@ -74,6 +76,8 @@ def a_queue(
         max_runtime_us=max_runtime_us,
         over_budget=over_budget,
         max_retries=max_retries,
+        allowed_models=allowed_models,
+        forbidden_models=forbidden_models,
     )
 
 

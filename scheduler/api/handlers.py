@@ -105,7 +105,7 @@ def to_request(body: SubmitBody, principal: Principal, key: str | None) -> Submi
         work=work,
         estimated_runtime_us=_us(body.estimated_runtime_s),
         max_runtime_us=_us(body.max_runtime_s),
-        model=body.model,
+        models=body.models,
         pool=body.pool,
         span_nodes=body.span_nodes,
         priority=body.priority,

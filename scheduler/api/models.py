@@ -22,6 +22,7 @@ MAX_ENV = 256
 MAX_PATH = 4096
 MAX_PRIORITY = 1_000_000
 MAX_PAGE = 1000
+MAX_MODELS = 64
 DEFAULT_PAGE = 100
 
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=NAME_PATTERN)]
@@ -64,10 +65,27 @@ class SubmitBody(Request):
     cwd: str | None = Field(None, min_length=1, max_length=MAX_PATH)
     estimated_runtime_s: Seconds | None = None
     max_runtime_s: Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)] | None = None
-    model: Text | None = None
+    model: Text | list[Text] | None = Field(
+        None,
+        description="the GPU model, or a list of acceptable models (placed on the cheapest "
+        "that admits the job); null: any model",
+    )
     pool: Name | None = None
     span_nodes: bool = True
     priority: int | None = Field(None, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+
+    @model_validator(mode="after")
+    def _models_listed(self) -> SubmitBody:
+        if isinstance(self.model, list) and not 1 <= len(self.model) <= MAX_MODELS:
+            raise ValueError(f"model: a list of 1 to {MAX_MODELS} models")
+        return self
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The acceptable models (empty: any)."""
+        if self.model is None:
+            return ()
+        return (self.model,) if isinstance(self.model, str) else tuple(self.model)
 
     @model_validator(mode="after")
     def _one_kind_of_work(self) -> SubmitBody:
@@ -120,10 +138,13 @@ class NoQuery(BaseModel):
 
 
 class Assigned(Response):
+    """Where the job runs; `placement`: why that GPU model, when it accepted several."""
+
     pool: str | None
     model: str | None
     gpu_uuids: list[str]
     nodes: list[str]
+    placement: str
 
 
 class Hold(Response):
@@ -140,7 +161,8 @@ class JobView(Response):
     user: str
     queue: str
     gpus: int
-    model: str | None
+    model: str | None = Field(description="the one GPU model it accepts (null: several or any)")
+    models: list[str] = Field(description="every GPU model it accepts (empty: any)")
     pool: str | None
     span_nodes: bool
     priority: int | None
@@ -200,6 +222,8 @@ class QueueView(Response):
     max_runtime_s: float | None
     retry_limit: int
     over_budget: str
+    allowed_models: list[str] | None = Field(description="GPU models its jobs may use (null: any)")
+    forbidden_models: list[str] = Field(description="GPU models its jobs may never use")
     pending: int
     running: int
 

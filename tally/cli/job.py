@@ -162,6 +162,16 @@ def job() -> None:
     """Submit, list, cancel and explain jobs (through the scheduler's API)."""
 
 
+def _models(text: str | None) -> str | list[str] | None:
+    """`--gpu-model`: one model as a string (as always), several (`A100|H100`) as a list."""
+    if text is None:
+        return None
+    models = [m.strip() for m in text.split("|")]
+    if not all(models):
+        fail(f"--gpu-model {text!r}: expected MODEL or MODEL|MODEL|...", Exit.USAGE)
+    return models[0] if len(models) == 1 else models
+
+
 @job.command("submit", context_settings={"ignore_unknown_options": True})
 @config_option
 @api_option
@@ -171,7 +181,13 @@ def job() -> None:
 @click.option("--project", "-p", required=True, help="Project the usage is charged to.")
 @click.option("--team", default=None, help="Team (only with the admin token).")
 @click.option("--user", default=None, help="User (default: your login).")
-@click.option("--model", default=None, help="GPU model (default: any).")
+@click.option(
+    "--gpu-model",
+    "--model",
+    "model",
+    default=None,
+    help="GPU model, or acceptable models cheapest first, e.g. 'A100|H100' (default: any).",
+)
 @click.option("--pool", default=None, help="Pool (default: any).")
 @click.option("--estimate", default=None, help="Expected runtime, e.g. 2h (sets the hold).")
 @click.option("--max-runtime", default=None, help="Stop the job after this long, e.g. 1d.")
@@ -231,7 +247,7 @@ def submit(
         body["script"] = script.read()
     optional = {
         "team": team,
-        "model": model,
+        "model": _models(model),
         "pool": pool,
         "priority": priority,
         "cwd": cwd,
@@ -364,9 +380,16 @@ QUEUE_COLUMNS = (
     "max_runtime",
     "retry_limit",
     "over_budget",
+    "models",
     "pending",
     "running",
 )
+
+
+def model_policy_text(allowed: list[str] | None, forbidden: list[str]) -> str:
+    """A queue's model policy: `any`, `A100|L40S`, `any, not H100`."""
+    text = "|".join(allowed) if allowed is not None else "any"
+    return f"{text}, not {'|'.join(forbidden)}" if forbidden else text
 
 
 @queue.command("list")
@@ -397,6 +420,7 @@ def list_queues(config_path: str, api: str | None, token: str | None, output: st
                 runtime if fmt is not OutputFormat.TABLE or runtime is None else _hours(runtime),
                 q["retry_limit"],
                 q["over_budget"],
+                model_policy_text(q["allowed_models"], q["forbidden_models"]),
                 q["pending"],
                 q["running"],
             ]

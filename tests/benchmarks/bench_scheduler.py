@@ -27,7 +27,9 @@ Figures per policy:
   per-tenant share versus quota: at every sample where some tenant waits, each tenant's GPUs
   held divided by its entitlement — the fleet divided by weighted max-min fairness with quota
   as weight and GPUs wanted (held + pending) as cap — averaged over those samples; also over
-  the window's totals per tenant, and the worst tenant's total share / entitlement.
+  the window's totals per tenant, and the worst tenant's total share / entitlement;
+- price-aware placement (`tests.benchmarks.scheduler_price`): utilisation and cost per team
+  with and without it, on the same replay over a two-model (A100/H100) split of the fleet.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from scheduler.model import (
 from scheduler.simulation import SimJob, SimReport, Simulation
 from scheduler.state import SchedulerState
 from tests.benchmarks.harness import Figure, Progress
+from tests.benchmarks.scheduler_price import price_figures
 
 BENCH = "scheduler"
 TRACES = Path(__file__).resolve().parents[3] / "shared/data/traces"
@@ -287,7 +290,19 @@ def run(progress: Progress) -> list[Figure]:
             f"{results[name]['util']:.2f}; Jain {instant:.3f}/{overall:.3f}; "
             f"{report.preemptions} preemptions; {time.monotonic() - began:.1f} s"
         )
-    return _figures(results, len(window), fleet)
+    figures = _figures(results, len(window), fleet)
+    return figures + price_figures(
+        BENCH,
+        QUEUE,
+        nodes,
+        teams,
+        sim_jobs(replayed),
+        TALLY_POLICY,
+        half_life_us=HALF_LIFE_US,
+        sample_us=SAMPLE_US,
+        utilisation=lambda report: utilisation(report, fleet, start, end),
+        progress=progress,
+    )
 
 
 def _figures(results: Mapping[str, Mapping[str, float]], jobs: int, fleet: int) -> list[Figure]:

@@ -26,6 +26,7 @@ from ledger.job_events import (
     encode_job_event,
     job_envelope,
     job_event_id,
+    model_fields,
 )
 from tests.scheduler_builders import T0_US, a_spec
 
@@ -69,6 +70,19 @@ EVERY_EVENT: list[Any] = [
         id="submitted-with-constraints",
     ),
     pytest.param(ADMITTED, id="admitted"),
+    pytest.param(
+        JobSubmitted(spec=a_spec(model=None, models=("A100", "H100")), time_us=T0_US),
+        id="submitted-accepting-several-models",
+    ),
+    pytest.param(
+        JobAdmitted(
+            **{
+                **{f.name: getattr(ADMITTED, f.name) for f in fields(ADMITTED)},
+                "placement": "placed on A100: cheapest acceptable at 1.80/GPU-h",
+            }
+        ),
+        id="admitted-with-placement",
+    ),
     pytest.param(JobWaiting("job-1", WaitReason.BUDGET_EXHAUSTED, T0_US, "money: …"), id="waiting"),
     pytest.param(JobStarted("job-1", T0_US), id="started"),
     pytest.param(
@@ -246,8 +260,39 @@ def _spec_fields() -> dict[str, Any]:
         pytest.param({"team": ""}, id="no-team"),
         pytest.param({"estimated_runtime_us": -1}, id="negative-estimate"),
         pytest.param({"max_runtime_us": 0}, id="zero-maximum-runtime"),
+        pytest.param({"models": ("A100",)}, id="models-with-one-model"),
+        pytest.param({"models": ("H100", "A100")}, id="models-unsorted"),
+        pytest.param({"models": ("A100", "A100")}, id="models-repeated"),
+        pytest.param({"model": "A100", "models": ("A100", "H100")}, id="model-and-models"),
     ],
 )
 def test_an_invalid_job_spec_cannot_be_built(changes: dict[str, Any]) -> None:
     with pytest.raises(EventError):
         JobSpec(**{**_spec_fields(), **changes})
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        pytest.param(JobSubmitted(spec=a_spec(model="A100"), time_us=T0_US), id="one-model-spec"),
+        pytest.param(ADMITTED, id="admission-without-placement"),
+    ],
+)
+def test_events_without_the_new_fields_are_written_as_before(event: JobEvent) -> None:
+    """A spec without `models` and an admission without `placement` are the same bytes as
+    before those fields existed, so old and new events decode alike."""
+    data = orjson.loads(encode_job_event(event, SOURCE))["data"]
+    new = {"placement", "idempotency_key", "requested_by", "request_digest"}
+    assert set(data) == {f.name for f in fields(event)} - new  # type: ignore[arg-type]
+    if "spec" in data:
+        assert set(data["spec"]) == {f.name for f in fields(JobSpec)} - {"models"}
+    assert decode_job_event(encode_job_event(event, SOURCE)).data == event
+
+
+def test_accepted_models() -> None:
+    assert a_spec(model=None).accepted_models == ()
+    assert a_spec(model="A100").accepted_models == ("A100",)
+    several = a_spec(**model_fields(("H100", "A100", "H100")))
+    assert several.model is None and several.accepted_models == ("A100", "H100")
+    assert model_fields(("A100",)) == {"model": "A100", "models": None}
+    assert model_fields(()) == {"model": None, "models": None}

@@ -164,6 +164,9 @@ CASES: list[tuple[str, dict[str, Any], int, str]] = [
     ("unknown-queue", {"json": a_job(queue="nope")}, 422, "unknown queue"),
     ("unknown-project", {"json": a_job(project="astrology")}, 422, "no project"),
     ("unknown-model", {"json": a_job(model="V100")}, 422, "no GPUs of model"),
+    ("unknown-model-in-a-list", {"json": a_job(model=["A100", "V100"])}, 422, "'V100'"),
+    ("empty-model-list", {"json": a_job(model=[])}, 400, "model"),
+    ("model-as-number", {"json": a_job(model=7)}, 400, "model"),
     ("admin-unknown-team", {"token": ADMIN, "json": a_job(team="ghosts")}, 422, "unknown team"),
     (
         "admin-lists-unknown-team",

@@ -19,7 +19,7 @@ from scheduler.api import Tokens, build_app
 from scheduler.executors.fake import RUNS_FOREVER
 from tally.broker import free_port
 from tally.cli import cli
-from tally.cli.job import parse_duration
+from tally.cli.job import model_policy_text, parse_duration
 from tests.unit.test_scheduler_service_support import Rig
 
 VISION = "vision-cli-token-0123456789"
@@ -238,3 +238,37 @@ def test_list_follows_the_cursors_and_takes_filters(served, monkeypatch):
     assert [j["job_id"] for j in orjson.loads(ada.output)] == jobs[::2]
     since = tally(served, "job", "list", "--since", "2026-11-01T00:00:02Z", "-o", "json")
     assert [j["job_id"] for j in orjson.loads(since.output)] == jobs[2:]
+
+
+@pytest.mark.parametrize(
+    ("models", "code", "text"),
+    [
+        pytest.param("A100|V100", 2, "no GPUs of model 'V100'", id="each-model-reaches-the-api"),
+        pytest.param("A100|", 2, "expected MODEL or MODEL|MODEL", id="empty-name-is-a-usage-error"),
+    ],
+)
+def test_gpu_model_takes_several_models(served, models, code, text):
+    got = tally(served, "job", "submit", "-q", "dev", "-p", "detection", "--gpu-model", models,
+                "--", "true")  # fmt: skip
+    assert got.exit_code == code and text in got.output, got.output
+    assert not served.rig.events()
+
+
+def test_gpu_model_with_one_model_submits_it_as_before(served):
+    got = tally(served, "job", "submit", "-q", "dev", "-p", "detection", "--gpu-model", "A100",
+                "--", "true")  # fmt: skip
+    assert got.exit_code == 0, got.output
+    record = served.rig.dispatcher.records[got.output.strip()]
+    assert (record.spec.model, record.spec.models) == ("A100", None)
+
+
+@pytest.mark.parametrize(
+    ("allowed", "forbidden", "shown"),
+    [
+        pytest.param(None, [], "any", id="no-policy"),
+        pytest.param(["A100", "L40S"], [], "A100|L40S", id="allowed-list"),
+        pytest.param(None, ["H100"], "any, not H100", id="forbidden-list"),
+    ],
+)
+def test_queue_list_shows_the_model_policy(allowed, forbidden, shown):
+    assert model_policy_text(allowed, forbidden) == shown

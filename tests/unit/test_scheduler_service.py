@@ -120,10 +120,18 @@ def test_decisions_wait_for_a_broker_that_is_down_and_are_carried_out_when_it_re
         ("queue", "nope", "unknown queue"),
         ("team", "ghosts", "unknown team"),
         ("project", "astrology", "no project"),
-        ("model", "V100", "no GPUs of model"),
+        ("models", ("V100",), "no GPUs of model"),
+        ("models", ("A100", "V100"), "no GPUs of model 'V100'"),
         ("pool", "h100", "no pool"),
     ],
-    ids=["unknown-queue", "unknown-team", "unknown-project", "unknown-model", "unknown-pool"],
+    ids=[
+        "unknown-queue",
+        "unknown-team",
+        "unknown-project",
+        "unknown-model",
+        "unknown-model-among-several",
+        "unknown-pool",
+    ],
 )
 def test_submissions_naming_what_is_not_configured_are_rejected(tmp_path, field, value, message):
     rig = Rig(tmp_path)
