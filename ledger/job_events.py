@@ -14,10 +14,11 @@ Invariants:
 
 Schemas of job and GPU-assignment event data (every `JobEventType`):
 - v1 (current): the fields of the event's dataclass, as orjson writes the dataclass;
-  `JobSubmitted` gained three optional fields (`idempotency_key`, `requested_by`,
-  `request_digest`) and `JobFailed` two (`idempotency_key`, `requested_by`), written only when
-  a key was given: a message without them is the same v1 it always was, and decodes with them
-  None;
+  `JobSubmitted` gained optional fields (`idempotency_key`, `requested_by`, `request_digest`,
+  `client`) and `JobFailed` too (`idempotency_key`, `requested_by`, `client`), each written
+  only when set: a message without them is the same v1 it always was, and decodes with them
+  None. `requested_by` (`admin` or `team:<name>`, the API token's name) and `client` (the
+  caller's address) say who made an API submission or cancel, for the audit trail;
 - v0: the first scheduler stamped events in milliseconds, `time_ms`, where v1 has `time_us`
   (other times were already in µs); `job_v0_to_v1` upcasts it. The envelope's `time` was in
   µs in both. An upcast event's id is the one its v1 form derives.
@@ -142,7 +143,9 @@ class JobSpec:
 class JobSubmitted:
     """A job entered its queue. A submission made with an `Idempotency-Key` carries the key,
     who made it (`requested_by`: `admin` or `team:<name>`, the key's scope) and a digest of the
-    request, so a scheduler rebuilt from the topic still answers a repeat with this job."""
+    request, so a scheduler rebuilt from the topic still answers a repeat with this job. One
+    made through the API says who made it and from where (`requested_by`, `client`) with or
+    without a key."""
 
     KIND: ClassVar[JobEventType] = JobEventType.SUBMITTED
     spec: JobSpec
@@ -150,6 +153,7 @@ class JobSubmitted:
     idempotency_key: str | None = None
     requested_by: str | None = None
     request_digest: str | None = None
+    client: str | None = None
 
     @property
     def job_id(self) -> str:
@@ -235,7 +239,8 @@ class JobFinished:
 @dataclass(frozen=True, slots=True)
 class JobFailed:
     """A job ended without finishing; `retry` says whether it goes back to its queue. A cancel
-    made with an `Idempotency-Key` carries the key and who sent it (`requested_by`)."""
+    made with an `Idempotency-Key` carries the key; one made through the API says who sent it
+    and from where (`requested_by`, `client`)."""
 
     KIND: ClassVar[JobEventType] = JobEventType.FAILED
     job_id: str
@@ -247,6 +252,7 @@ class JobFailed:
     detail: str = field(default="", metadata=DETAIL)
     idempotency_key: str | None = None
     requested_by: str | None = None
+    client: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,17 +363,21 @@ def job_envelope(event: JobEvent, source: str) -> JobEnvelope:
 # ---------------------------------------------------------------------------- encoding
 
 
+_ADDED: Mapping[type[Any], frozenset[str]] = {
+    JobSubmitted: frozenset({"idempotency_key", "requested_by", "request_digest", "client"}),
+    JobFailed: frozenset({"idempotency_key", "requested_by", "client"}),
+}  # optional fields added to v1: written only when set
+
+
 def _as_data(event: JobEvent) -> Any:
     """The event itself: orjson writes a dataclass as its fields in order, tuples as arrays. A
-    `JobSubmitted` or `JobFailed` without an idempotency key is written without the key's
-    fields, exactly as before they existed."""
-    if isinstance(event, JobSubmitted) and event.idempotency_key is None:
-        return {"spec": event.spec, "time_us": event.time_us}
-    if isinstance(event, JobFailed) and event.idempotency_key is None:
-        data = {f.name: getattr(event, f.name) for f in fields(JobFailed)}
-        del data["idempotency_key"], data["requested_by"]
-        return data
-    return event
+    `JobSubmitted` or `JobFailed` is written without its added fields that are unset, exactly
+    as before they existed."""
+    added = _ADDED.get(type(event))
+    if added is None:
+        return event
+    values = {f.name: getattr(event, f.name) for f in fields(event)}
+    return {k: v for k, v in values.items() if v is not None or k not in added}
 
 
 def job_envelope_to_dict(envelope: JobEnvelope) -> dict[str, Any]:

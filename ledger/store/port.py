@@ -27,6 +27,7 @@ from typing import Protocol
 
 from ledger.admin import AdminView, AppliedAdmin, BudgetKey
 from ledger.assignments import Holding
+from ledger.audit import AuditEntry, AuditRecord
 from ledger.balances import BalanceRow
 from ledger.closing import ClosedPeriod
 from ledger.events import DeadLetter
@@ -128,7 +129,9 @@ class StateChanges:
     - `reversals`: (reversed transaction, reversing transaction);
     - `seen`: (id, event time, dedupe scope) of events applied without a transaction of their
       own (`ledger.dedupe`);
-    - `timelines`: GPUs whose assignment timeline changed, each with its whole new timeline.
+    - `timelines`: GPUs whose assignment timeline changed, each with its whole new timeline;
+    - `audit`: audit entries to append to the trail, in order (`ledger.audit`); the store
+      numbers and chains them, and leaves out any whose event the trail holds already.
     """
 
     holds: Sequence[OpenHold] = ()
@@ -136,6 +139,7 @@ class StateChanges:
     reversals: Sequence[tuple[str, str]] = ()
     seen: Sequence[tuple[str, int, str]] = ()
     timelines: Mapping[str, tuple[Holding, ...]] = field(default_factory=dict)
+    audit: Sequence[AuditEntry] = ()
 
 
 @dataclass(slots=True)
@@ -157,6 +161,7 @@ class ViewKeys:
     - `budget_keys`: (team, period, unit) whose granted total a grant is checked against;
     - `txn_ids`: transactions a reversal names (the transaction and who reversed it, if anyone);
     - `scopes`: dedupe scopes of the batch's events, whose forgotten-before cutoffs it checks;
+    - `audit_ids`: event ids whose place in the audit trail matters (kept for good);
     - `holds`: whether the fold needs the open holds;
     - `admin`: whether the fold needs the admin state (`AdminView`).
     """
@@ -168,6 +173,7 @@ class ViewKeys:
     budget_keys: frozenset[BudgetKey] = frozenset()
     txn_ids: frozenset[str] = frozenset()
     scopes: frozenset[str] = frozenset()
+    audit_ids: Sequence[str] = ()
     holds: bool = False
     admin: bool = False
 
@@ -189,6 +195,7 @@ class LedgerView:
     transactions: Mapping[str, Transaction] = field(default_factory=dict)
     reversed_by: Mapping[str, str] = field(default_factory=dict)
     forgotten_before: Mapping[str, int] = field(default_factory=dict)
+    audited: frozenset[str] = frozenset()
 
 
 class ViewLookups(Protocol):
@@ -216,6 +223,8 @@ class ViewLookups(Protocol):
 
     def forgotten_before(self, scopes: Collection[str]) -> dict[str, int]: ...
 
+    def audited_ids(self, ids: Sequence[str]) -> set[str]: ...
+
 
 def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
     """The `LedgerView` for `keys`, from a store's per-key reads (both stores answer so)."""
@@ -233,6 +242,7 @@ def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
         transactions=found,
         reversed_by={t: r for t in txn_ids if (r := store.reversed_by(t)) is not None},
         forgotten_before=store.forgotten_before(keys.scopes) if keys.scopes else {},
+        audited=frozenset(store.audited_ids(keys.audit_ids)) if keys.audit_ids else frozenset(),
     )
 
 
@@ -323,6 +333,14 @@ class LedgerStore(Protocol):
     def admin_entries(self) -> list[AppliedAdmin]: ...
 
     def admin_view(self) -> AdminView: ...
+
+    def audit_records(self) -> list[AuditRecord]:
+        """The audit trail, oldest first (`ledger.audit`): every record ever appended."""
+        ...
+
+    def audited_ids(self, ids: Sequence[str]) -> set[str]:
+        """Which of `ids` are events the audit trail holds (kept for good)."""
+        ...
 
     def price_book(self, default: PriceBook) -> PriceBook: ...
 
