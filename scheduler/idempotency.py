@@ -16,7 +16,7 @@ Pure bookkeeping: no I/O, no clock.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import orjson
 
@@ -28,8 +28,12 @@ MAX_KEY = 128
 
 
 def request_digest(request: SubmitRequest) -> str:
-    """A digest of everything a submission asks for (not its key)."""
-    canonical = orjson.dumps(replace(request, idempotency_key=None))
+    """A digest of everything a submission asks for (not its key, nor where it came from:
+    the fields as builds before `client` wrote them, so their digests still match)."""
+    asked = replace(request, idempotency_key=None)
+    canonical = orjson.dumps(
+        {f.name: getattr(asked, f.name) for f in fields(asked) if f.name != "client"}
+    )
     return hashlib.blake2b(canonical, digest_size=16).hexdigest()
 
 
