@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 
 import click
 
-from tally.cli import admin, alerts, collect, config, export, job, ledger, report, stack
+from tally.cli import admin, alerts, audit, collect, config, export, job, ledger, report, stack
 from tally.cli import dashboard as dashboard_cli
 from tally.cli import scheduler as scheduler_cli
 from tally.cli.options import Exit
@@ -88,6 +88,7 @@ cli.add_command(report.report)
 cli.add_command(config.config)
 cli.add_command(export.export)
 cli.add_command(admin.admin)
+cli.add_command(audit.audit)
 cli.add_command(alerts.alerts)
 cli.add_command(scheduler_cli.scheduler)
 cli.add_command(job.job)
