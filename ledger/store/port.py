@@ -16,7 +16,9 @@ the batch's effect in one atomic step. Invariants every implementation keeps:
 - applied ids are remembered per dedupe scope (`ledger.dedupe`) until a prune forgets those
   older than the scope's cutoff, which the store keeps for good;
 - nothing is booked into a closed period, and a close is committed only with nothing unsealed;
-- balances are the fold of the postings, per (account, unit, period).
+- balances are the fold of the postings, per (account, unit, period);
+- the audit trail only grows: each commit chains its entries after the last record
+  (`ledger.audit`), an event at most once, and nothing is ever pruned from it.
 """
 
 from __future__ import annotations
