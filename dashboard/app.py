@@ -45,6 +45,12 @@ PAGES = [
         icon=":material/trending_up:",
         url_path="capacity",
     ),
+    st.Page(
+        HERE / "page_audit.py",
+        title="Audit",
+        icon=":material/policy:",
+        url_path="audit",
+    ),
 ]
 
 page = st.navigation(PAGES)

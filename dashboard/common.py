@@ -20,8 +20,10 @@ from typing import Any
 
 import streamlit as st
 
+from ledger.audit import AuditRecord, verify_chain
 from ledger.pricing import PriceBook, decode_price_book
 from ledger.read import job_history, rollups
+from ledger.read.audit import audit_trail
 from ledger.read.focus import ExportFormat, FocusContext
 from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
 from ledger.read.statements import team_statement
@@ -130,6 +132,21 @@ def _cached(name: str, directory: str, version: str, args: tuple[Any, ...]) -> A
         return QUERIES[name](queries, *args)
     finally:
         queries.close()
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _audit(directory: str, version: str) -> tuple[tuple[AuditRecord, ...], str | None]:
+    del version  # part of the cache key only
+    records = tuple(audit_trail(directory))
+    broken = verify_chain(records)
+    return records, None if broken is None else str(broken)
+
+
+def audit() -> tuple[tuple[AuditRecord, ...], str | None]:
+    """The sealed audit trail, and where its hash chain breaks (None: intact), cached per
+    ledger version (the trail grows only at a seal, which rewrites the archive manifest)."""
+    directory = data_dir()
+    return _audit(str(directory), rollups.ledger_version(directory))
 
 
 def query(name: str, *args: Any) -> Any:

@@ -25,6 +25,7 @@ family. Schemas of hold event data:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -59,6 +60,7 @@ MAX_HOLD = 1 << 62
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ASSIGNMENT_TYPES = frozenset({JobEventType.GPU_ASSIGNED.value, JobEventType.GPU_RELEASED.value})
 _JOB_TYPES = frozenset(kind.value for kind in JobEventType) - _ASSIGNMENT_TYPES
+_AUDITED_TYPES = frozenset({JobEventType.SUBMITTED.value, JobEventType.FAILED.value})
 
 HoldKey = tuple[str, Unit]  # (job id, unit)
 BookPeriod = Callable[[int], str]  # time → the open period a posting at that time is booked into
@@ -245,13 +247,16 @@ def hold_envelope_from_dict(obj: Any) -> HoldEnvelope:
 @dataclass(frozen=True, slots=True)
 class JobsMessage:
     """One jobs-topic message as the ledger reads it: its holds, the scheduler's GPU
-    assignments (`GpuAssigned` / `GpuReleased`), its bad parts, and how many job events it
-    carried that are not the ledger's business."""
+    assignments (`GpuAssigned` / `GpuReleased`), its bad parts, how many job events it
+    carried that are not the ledger's business, and the submissions and failures among them
+    (`audited`: the audit trail records submissions and cancellations; one that does not
+    decode is passed over like any other job event, never a dead letter)."""
 
     holds: tuple[HoldEnvelope, ...]
     dead: tuple[DeadLetter, ...]
     ignored: int = 0
     assignments: tuple[JobEnvelope, ...] = ()
+    audited: tuple[JobEnvelope, ...] = ()
 
 
 def decode_jobs_message(value: bytes | None) -> JobsMessage:
@@ -263,6 +268,7 @@ def decode_jobs_message(value: bytes | None) -> JobsMessage:
     holds: list[HoldEnvelope] = []
     assignments: list[JobEnvelope] = []
     dead: list[DeadLetter] = []
+    audited: list[JobEnvelope] = []
     ignored = 0
     for item in items:
         kind = item.get("type") if type(item) is dict else None
@@ -270,6 +276,9 @@ def decode_jobs_message(value: bytes | None) -> JobsMessage:
             kind = None  # a list or an object is no type (and cannot be looked up)
         if kind in _JOB_TYPES:
             ignored += 1
+            if kind in _AUDITED_TYPES:
+                with contextlib.suppress(*DECODE_ERRORS):
+                    audited.append(decode_envelope(item, JOBS))
             continue
         try:
             if kind in _ASSIGNMENT_TYPES:
@@ -278,7 +287,7 @@ def decode_jobs_message(value: bytes | None) -> JobsMessage:
                 holds.append(decode_envelope(item, HOLDS))
         except DECODE_ERRORS as exc:
             dead.append(dead_letter(item, exc))
-    return JobsMessage(tuple(holds), tuple(dead), ignored, tuple(assignments))
+    return JobsMessage(tuple(holds), tuple(dead), ignored, tuple(assignments), tuple(audited))
 
 
 # ---------------------------------------------------------------------------- the fold

@@ -14,11 +14,13 @@ Invariants:
 
 Schemas of job and GPU-assignment event data (every `JobEventType`):
 - v1 (current): the fields of the event's dataclass, as orjson writes the dataclass;
-  `JobSubmitted` gained three optional fields (`idempotency_key`, `requested_by`,
-  `request_digest`) and `JobFailed` two (`idempotency_key`, `requested_by`), written only when
-  a key was given: a message without them is the same v1 it always was, and decodes with them
-  None. Likewise `JobSpec.models` (a job that accepts several GPU models) is written only when
-  set, and `JobAdmitted.placement` (why that model was chosen) only when not empty;
+  `JobSubmitted` gained optional fields (`idempotency_key`, `requested_by`, `request_digest`,
+  `client`) and `JobFailed` too (`idempotency_key`, `requested_by`, `client`), each written
+  only when set: a message without them is the same v1 it always was, and decodes with them
+  None. `requested_by` (`admin` or `team:<name>`, the API token's name) and `client` (the
+  caller's address) say who made an API submission or cancel, for the audit trail. Likewise
+  `JobSpec.models` (a job that accepts several GPU models) is written only when set, and
+  `JobAdmitted.placement` (why that model was chosen) only when not empty;
 - v0: the first scheduler stamped events in milliseconds, `time_ms`, where v1 has `time_us`
   (other times were already in µs); `job_v0_to_v1` upcasts it. The envelope's `time` was in
   µs in both. An upcast event's id is the one its v1 form derives.
@@ -173,7 +175,9 @@ def model_fields(models: tuple[str, ...]) -> dict[str, Any]:
 class JobSubmitted:
     """A job entered its queue. A submission made with an `Idempotency-Key` carries the key,
     who made it (`requested_by`: `admin` or `team:<name>`, the key's scope) and a digest of the
-    request, so a scheduler rebuilt from the topic still answers a repeat with this job."""
+    request, so a scheduler rebuilt from the topic still answers a repeat with this job. One
+    made through the API says who made it and from where (`requested_by`, `client`) with or
+    without a key."""
 
     KIND: ClassVar[JobEventType] = JobEventType.SUBMITTED
     spec: JobSpec
@@ -181,6 +185,7 @@ class JobSubmitted:
     idempotency_key: str | None = None
     requested_by: str | None = None
     request_digest: str | None = None
+    client: str | None = None
 
     @property
     def job_id(self) -> str:
@@ -268,7 +273,8 @@ class JobFinished:
 @dataclass(frozen=True, slots=True)
 class JobFailed:
     """A job ended without finishing; `retry` says whether it goes back to its queue. A cancel
-    made with an `Idempotency-Key` carries the key and who sent it (`requested_by`)."""
+    made with an `Idempotency-Key` carries the key; one made through the API says who sent it
+    and from where (`requested_by`, `client`)."""
 
     KIND: ClassVar[JobEventType] = JobEventType.FAILED
     job_id: str
@@ -280,6 +286,7 @@ class JobFailed:
     detail: str = field(default="", metadata=DETAIL)
     idempotency_key: str | None = None
     requested_by: str | None = None
+    client: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,23 +408,30 @@ def _spec_data(spec: JobSpec) -> Any:
     return spec if spec.models is not None else _without(spec, "models")
 
 
+_ADDED: Mapping[type[Any], frozenset[str]] = {
+    JobSubmitted: frozenset({"idempotency_key", "requested_by", "request_digest", "client"}),
+    JobFailed: frozenset({"idempotency_key", "requested_by", "client"}),
+}  # optional fields added to v1: written only when set
+
+
 def _as_data(event: JobEvent) -> Any:
     """The event itself: orjson writes a dataclass as its fields in order, tuples as arrays. A
-    `JobSubmitted` or `JobFailed` without an idempotency key is written without the key's
-    fields, a `JobSpec` without `models` and a `JobAdmitted` with no `placement` without
-    those, exactly as before they existed."""
+    `JobSubmitted` or `JobFailed` is written without its added fields that are unset, a `JobSpec`
+    without `models` and a `JobAdmitted` with no `placement` without those, exactly as before
+    they existed."""
     if isinstance(event, JobSubmitted):
-        data = _without(event, "spec")
-        if event.idempotency_key is None:
-            del data["idempotency_key"], data["requested_by"], data["request_digest"]
+        data = _unset_added_left_out(event, _without(event, "spec"))
         return {"spec": _spec_data(event.spec), **data}
     if isinstance(event, JobAdmitted) and not event.placement:
         return _without(event, "placement")
-    if isinstance(event, JobFailed) and event.idempotency_key is None:
-        data = {f.name: getattr(event, f.name) for f in fields(JobFailed)}
-        del data["idempotency_key"], data["requested_by"]
-        return data
+    if isinstance(event, JobFailed):
+        return _unset_added_left_out(event, _without(event))
     return event
+
+
+def _unset_added_left_out(event: Any, data: dict[str, Any]) -> dict[str, Any]:
+    added = _ADDED[type(event)]
+    return {k: v for k, v in data.items() if v is not None or k not in added}
 
 
 def job_envelope_to_dict(envelope: JobEnvelope) -> dict[str, Any]:

@@ -401,9 +401,14 @@ class Dispatcher:
                 return job_id
 
     def cancel(
-        self, job_id: str, detail: str = "", key: tuple[str, str] | None = None
+        self,
+        job_id: str,
+        detail: str = "",
+        key: tuple[str, str] | None = None,
+        by: tuple[str, str] | None = None,
     ) -> tuple[JobRecord, list[JobEvent]]:
-        """Cancel a pending or running job; `key` (scope, idempotency key) goes in its event."""
+        """Cancel a pending or running job; `key` (scope, idempotency key) and `by` (who and
+        from where, for the audit trail) go in its event."""
         record = self.records.get(job_id)
         if record is None:
             raise Rejected(RejectKind.NOT_FOUND, f"no job {job_id}")
@@ -414,9 +419,14 @@ class Dispatcher:
         if target is None:
             raise Rejected(RejectKind.CONFLICT, f"job {job_id} has already ended ({record.state})")
         decided = cancel(target, now, detail=detail or "cancelled through the API")
-        if key is not None:
+        if key is not None or by is not None:
             decided = tuple(
-                replace(e, requested_by=key[0], idempotency_key=key[1])
+                replace(
+                    e,
+                    requested_by=key[0] if key else by[0] if by else None,
+                    idempotency_key=key[1] if key else None,
+                    client=by[1] if by else None,
+                )
                 if isinstance(e, JobFailed)
                 else e
                 for e in decided

@@ -28,13 +28,16 @@ MAX_KEY = 128
 
 
 def request_digest(request: SubmitRequest) -> str:
-    """A digest of everything a submission asks for (not its key). The models are written as
-    the single `model` requests were before a job could accept several (null, a name, or the
-    sorted names), so a key's digest stays what it was."""
+    """A digest of everything a submission asks for (not its key, nor where it came from). The
+    models are written as the single `model` requests were before a job could accept several
+    (null, a name, or the sorted names), and `client` is left out, so a key's digest stays what
+    earlier builds wrote."""
     models = sorted(set(request.models))
     model: str | list[str] | None = models[0] if len(models) == 1 else (models or None)
     data: dict[str, object] = {}
     for f in fields(request):
+        if f.name == "client":
+            continue
         value = getattr(request, f.name)
         if f.name == "models":
             data["model"] = model

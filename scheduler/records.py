@@ -47,6 +47,7 @@ class SubmitRequest:
     priority: int | None = None
     admin: bool = False  # made with the admin's token (may exceed a queue's priority bounds)
     idempotency_key: str | None = None
+    client: str | None = None  # the API caller's address: an API request says who and where
 
     @property
     def requested_by(self) -> str:

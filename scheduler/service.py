@@ -326,21 +326,28 @@ class SchedulerService:
         return Accepted(self.dispatcher.records[job_id], published, replayed=earlier is not None)
 
     async def cancel(
-        self, job_id: str, team: str | None, idempotency_key: str | None = None
+        self,
+        job_id: str,
+        team: str | None,
+        idempotency_key: str | None = None,
+        client: str | None = None,
     ) -> Accepted:
         """Cancel a job `team` (None: the admin) may see. The same idempotency key again answers
-        with the cancelled job (a repeat), not a conflict."""
+        with the cancelled job (a repeat), not a conflict. `client` (the caller's address) goes
+        in the event with who cancelled, for the audit trail."""
         async with self.lock:
             record = self.dispatcher.visible(job_id, team)
             if record is None:
                 raise Rejected(RejectKind.NOT_FOUND, f"no job {job_id}")
             key = None
+            who = "admin" if team is None else f"team:{team}"
             if idempotency_key is not None:
-                key = ("admin" if team is None else f"team:{team}", idempotency_key)
+                key = (who, idempotency_key)
                 if self.dispatcher.keys.cancelled(*key, job_id):
                     published = await self._commit((), self.publish_timeout_s)
                     return Accepted(record, published, replayed=True)
-            record, events = self.dispatcher.cancel(job_id, key=key)
+            by = None if client is None else (who, client)
+            record, events = self.dispatcher.cancel(job_id, key=key, by=by)
             self._report(events)
             published = await self._commit(events, self.publish_timeout_s)
         self.wake()

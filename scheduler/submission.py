@@ -94,10 +94,12 @@ def submitted(
     except EventError as exc:
         raise Rejected(RejectKind.INVALID, str(exc)) from None
     key = request.idempotency_key
+    via_api = key is not None or request.client is not None
     return JobSubmitted(
         spec=spec,
         time_us=now_us,
         idempotency_key=key,
-        requested_by=None if key is None else request.requested_by,
+        requested_by=request.requested_by if via_api else None,
         request_digest=None if key is None else request_digest(request),
+        client=request.client,
     )

@@ -6,6 +6,10 @@ A grant into a closed period, a stale grant (its `expected_total` is not the led
 reversal of an unknown, unreversible or already reversed transaction are refused as dead
 letters. A period closed by the batch takes nothing afterwards: later entries of the batch are
 booked into the next open period.
+
+Every event applied (not one that changed nothing) is also an audit entry
+(`ledger.ingest.audit`) with the value it replaced: the previous price, team definition, quota,
+granted total, or the period still open.
 """
 
 from __future__ import annotations
@@ -19,14 +23,25 @@ from ledger.admin import (
     AppliedAdmin,
     BudgetGranted,
     PeriodClosed,
+    PriceSet,
     QuotaSet,
     TeamDefined,
     adjustment_transaction,
     grant_transaction,
     reversal_transaction,
 )
+from ledger.audit import AuditEntry
 from ledger.closing import booking_period
 from ledger.events import DeadLetter
+from ledger.ingest.audit import (
+    adjustment_state,
+    admin_entry,
+    close_states,
+    grant_states,
+    price_state,
+    quota_state,
+    team_state,
+)
 from ledger.ingest.batch import Folded, refused
 from ledger.ingest.validation import check_transaction
 from ledger.postings import Transaction
@@ -87,7 +102,7 @@ def fold_admin(
     return Folded(
         transactions=tuple(fold.transactions),
         dead=tuple(dead),
-        changes=StateChanges(admin=fold.entries, reversals=fold.reversals),
+        changes=StateChanges(admin=fold.entries, reversals=fold.reversals, audit=fold.audit),
         duplicates=duplicates,
         derived_from=len(fold.transactions),
     )
@@ -104,18 +119,31 @@ class _AdminFold:
         }
         self.teams = dict(view.admin.teams)
         self.quotas = dict(view.admin.quotas)
+        self.prices: dict[tuple[str, str | None], PriceSet] = {}
+        for price in view.admin.prices:
+            self._price_in_force(price)
         self.totals = dict(view.budget_totals)
         self.pending: dict[str, Transaction] = {}
         self.reversed: set[str] = set()
         self.transactions: list[SourcedTransaction] = []
         self.entries: list[AppliedAdmin] = []
         self.reversals: list[tuple[str, str]] = []
+        self.audit: list[AuditEntry] = []
+
+    def _price_in_force(self, price: PriceSet) -> None:
+        """Keep the latest effective price per (model, pool), as `AdminView.latest_price`."""
+        key = (price.model, price.pool)
+        known = self.prices.get(key)
+        if known is None or price.effective_us >= known.effective_us:
+            self.prices[key] = price
 
     def apply(self, envelope: AdminEnvelope, message: ConsumedMessage) -> str | None:
         """Fold one event; the reason it is refused, or None."""
         event = envelope.data
         outcome = "applied"
         txn: Transaction | None = None
+        before: dict[str, object] | None = None
+        after: dict[str, object] | None = None
         if isinstance(event, BudgetGranted):
             if event.period in self.closed:
                 return f"budget for {event.period} refused: the period is closed"
@@ -131,11 +159,13 @@ class _AdminFold:
             if problem is not None:
                 return problem
             self.totals[key] = total + event.amount
+            before, after = grant_states(event, total)
         elif isinstance(event, AdjustmentRecorded) and event.reverses_txn is not None:
             result = self._reversal(envelope, event.reverses_txn)
             if isinstance(result, str):
                 return result
             txn = result
+            after = {"reverses_txn": event.reverses_txn, "booked_period": txn.period}
         elif isinstance(event, AdjustmentRecorded):
             assert event.period is not None
             period = booking_period(event.period, self.closed)
@@ -143,22 +173,34 @@ class _AdminFold:
             problem = check_transaction(txn, self.closed)
             if problem is not None:
                 return problem
+            after = adjustment_state(event, period)
         elif isinstance(event, PeriodClosed):
             if event.period in self.closed:
                 outcome = "unchanged: already closed"
             self.closed.add(event.period)
+            before, after = close_states(event)
         elif isinstance(event, TeamDefined):
-            before = self.teams.get(event.team)
-            if before is not None and before.definition == event.definition:
+            team = self.teams.get(event.team)
+            if team is not None and team.definition == event.definition:
                 outcome = "unchanged"
             self.teams[event.team] = event
             self.centres[event.team] = event.cost_centre
+            before, after = team_state(team), team_state(event)
         elif isinstance(event, QuotaSet):
             quota = self.quotas.get((event.team, event.pool, event.model))
             if quota is not None and quota.limits == event.limits:
                 outcome = "unchanged"
             self.quotas[(event.team, event.pool, event.model)] = event
+            before, after = quota_state(quota), quota_state(event)
+        elif isinstance(event, PriceSet):
+            before, after = (
+                price_state(self.prices.get((event.model, event.pool))),
+                price_state(event),
+            )
+            self._price_in_force(event)
         self.entries.append(AppliedAdmin(envelope, outcome))
+        if outcome == "applied":
+            self.audit.append(admin_entry(envelope, before, after))
         if txn is not None:
             self.pending[txn.txn_id] = txn
             self.transactions.append(

@@ -1,6 +1,8 @@
 """The jobs route's fold: the scheduler's holds (placed, released, expired) into hold
 transactions, and its GPU assignments (`GpuAssigned` / `GpuReleased`) into each GPU's timeline
-(`ledger.assignments`); the topic's other job events are passed over. An event not seen before
+(`ledger.assignments`); job submissions and cancellations become audit entries
+(`ledger.ingest.audit`), each event once however often it is delivered; the topic's other job
+events are passed over. An event not seen before
 whose time is before its job's (holds) or GPU's (assignments) dedupe cutoff is a dead letter
 (`ledger.dedupe`: too late to deduplicate). Pure: the batch, the ledger's view and nothing
 else."""
@@ -10,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ledger.assignments import HOLDING_MEMORY_US, Holding, assign, forget_before, release
+from ledger.audit import AuditEntry
 from ledger.dedupe import assignment_scope, job_scope, too_late
 from ledger.events import DeadLetter, Owner
 from ledger.holds import HoldBook, HoldEnvelope, HoldPlaced, decode_jobs_message
+from ledger.ingest.audit import job_entry
 from ledger.ingest.batch import Folded, booker, located, refused, sourced
 from ledger.ingest.validation import check_transaction
 from ledger.job_events import GpuAssigned, GpuReleased, JobEnvelope
@@ -31,12 +35,14 @@ class DecodedJobs:
     def __init__(self, messages: Sequence[ConsumedMessage]) -> None:
         self.holds: list[tuple[HoldEnvelope, ConsumedMessage]] = []
         self.assignments: list[tuple[JobEnvelope, ConsumedMessage]] = []
+        self.audited: list[AuditEntry] = []
         self.dead: list[DeadLetter] = []
         for message in messages:
             read = decode_jobs_message(message.value)
             self.dead.extend(located(letter, message) for letter in read.dead)
             self.holds.extend((envelope, message) for envelope in read.holds)
             self.assignments.extend((envelope, message) for envelope in read.assignments)
+            self.audited.extend(e for a in read.audited if (e := job_entry(a)) is not None)
 
     @property
     def count(self) -> int:
@@ -50,6 +56,7 @@ class DecodedJobs:
             scopes=frozenset(job_scope(e.data.job_id) for e, _ in self.holds)
             | {assignment_scope(g) for g in gpus},
             holds=True,
+            audit_ids=[e.event_id for e in self.audited],
         )
 
 
@@ -113,13 +120,21 @@ def fold_jobs(batch: DecodedJobs, view: LedgerView, last: ConsumedMessage | None
         newest = change.time_us if newest is None else max(newest, change.time_us)
         without_postings.append((change.id, change.time_us, scope))
         timelines[gpu] = fold_assignment(timelines.get(gpu, view.timelines.get(gpu, ())), change)
+    audit: list[AuditEntry] = []
+    audited = set(view.audited)
+    for entry in batch.audited:
+        if entry.event_id not in audited:
+            audited.add(entry.event_id)
+            audit.append(entry)
     derived = len(transactions)
     if newest is not None and last is not None:
         transactions.extend(sourced(holds.expire(newest), last))
     return Folded(
         transactions=tuple(transactions),
         dead=tuple(dead),
-        changes=StateChanges(holds=holds.changed(), seen=without_postings, timelines=timelines),
+        changes=StateChanges(
+            holds=holds.changed(), seen=without_postings, timelines=timelines, audit=audit
+        ),
         duplicates=duplicates,
         derived_from=derived,
     )

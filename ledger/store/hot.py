@@ -13,8 +13,8 @@ transaction holding, together:
 - the projections that follow from the batch: the running `balances` per (account, unit,
   period), the open holds per job, each GPU's assignment timeline (`gpu_holdings`, who the
   scheduler says holds it: `ledger.assignments`), the applied admin events (`admin_log`), reversed
-  transactions, closed periods with their checksums, and the outbox messages to publish
-  (alerts, dead letters, changed balances).
+  transactions, closed periods with their checksums, the audit trail (`ledger.store.hot_audit`)
+  and the outbox messages to publish (alerts, dead letters, changed balances).
 So after a crash either all of a batch is in the store or none of it is, and `applied_offsets`
 tells a restarted consumer exactly where the store stands.
 
@@ -61,6 +61,7 @@ from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState, state_to_row
 from ledger.posting_columns import PostingColumns
 from ledger.store.balance_outbox import queue_balance_messages
+from ledger.store.hot_audit import AUDIT_DDL, HotAudit
 from ledger.store.hot_dedupe import DedupeSet, Pruned
 from ledger.store.hot_reads import BALANCES_VERSION, HotReads
 from ledger.store.hot_tables import (
@@ -94,11 +95,7 @@ from ledger.store.port import (
     assemble_view,
     ranges_from_offsets,
 )
-from ledger.store.schema import (
-    archive_to_arrow,
-    transactions_to_arrow,
-    usage_to_arrow,
-)
+from ledger.store.schema import archive_to_arrow, transactions_to_arrow, usage_to_arrow
 from ledger.store.sealing import Segmenter, io_reason
 from ledger.store.segments import SegmentInfo
 from ledger.store.side_files import period_checksum
@@ -115,7 +112,7 @@ def _now_us() -> int:
     return time.time_ns() // 1_000
 
 
-class DuckDBStore(HotReads):
+class DuckDBStore(HotReads, HotAudit):
     """The single writer of one ledger data directory: the DuckDB implementation of the store
     port (`ledger.store.port.LedgerStore`)."""
 
@@ -131,7 +128,7 @@ class DuckDBStore(HotReads):
             self._con = duckdb.connect(str(db))
         except duckdb.IOException as exc:
             raise StoreError(f"cannot open the ledger store {db}: {exc}") from exc
-        self._con.execute(HOT_TABLES_DDL)
+        self._con.execute(HOT_TABLES_DDL + AUDIT_DDL)
         self._segments = Segmenter(self._con, self.segments_root, self.archive_root)
         self.manifest = self._segments.postings.manifest
         self.archive_manifest = self._segments.archive.manifest
@@ -248,6 +245,7 @@ class DuckDBStore(HotReads):
                 )
                 insert_rows(self._con, "idle_state", [state_to_row(s) for s in idle_states])
             self._apply_changes(changes, now)
+            self._append_audit(changes.audit)
             closed = tuple(self._close(entry, now) for entry in closing)
             insert_rows(
                 self._con,
@@ -511,6 +509,7 @@ class DuckDBStore(HotReads):
             self.export_inventory()
             if not self._admin_log_exported:
                 self.export_admin_log()
+            self.export_audit()
         except OSError as exc:  # a side file, a manifest or a directory could not be written
             raise SealError(str(exc.filename or self.segments_root), io_reason(exc)) from exc
         return result

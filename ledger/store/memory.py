@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from ledger.accounts import AccountKind, budget_account
 from ledger.admin import AdminView, AppliedAdmin, PeriodClosed
 from ledger.assignments import Holding
+from ledger.audit import AuditRecord, chain, new_entries
 from ledger.balances import (
     BalanceRow,
     account_team,
@@ -115,6 +116,8 @@ class _State:
     # dedupe scope → (newest applied time, forgotten-before cutoff), as `dedupe_scopes`
     scopes: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     inventory: dict[str, InventoryGpu] = field(default_factory=dict)
+    audit: list[AuditRecord] = field(default_factory=list)  # the trail, chained
+    audit_ids: set[str] = field(default_factory=set)
 
     def copy(self) -> _State:
         return _State(
@@ -138,6 +141,8 @@ class _State:
             list(self.undeliverable),
             dict(self.scopes),
             dict(self.inventory),
+            list(self.audit),
+            set(self.audit_ids),
         )
 
 
@@ -356,6 +361,9 @@ class MemoryStore:
         s.admin_ids.update(e.envelope.id for e in changes.admin)
         _once((t for t, _ in changes.reversals), "reversal of", s.reversals)
         s.reversals.update(changes.reversals)
+        fresh = list(new_entries(changes.audit, s.audit_ids))
+        s.audit.extend(chain(s.audit[-1] if s.audit else None, fresh))
+        s.audit_ids.update(e.event_id for e in fresh)
 
     @staticmethod
     def _close(s: _State, entry: AppliedAdmin) -> str:
@@ -496,6 +504,12 @@ class MemoryStore:
 
     def admin_view(self) -> AdminView:
         return AdminView.from_log(self._s.admin)
+
+    def audit_records(self) -> list[AuditRecord]:
+        return list(self._s.audit)
+
+    def audited_ids(self, ids: Sequence[str]) -> set[str]:
+        return {i for i in ids if i in self._s.audit_ids}
 
     def price_book(self, default: PriceBook) -> PriceBook:
         return self.admin_view().price_book(default)

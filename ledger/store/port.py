@@ -17,7 +17,9 @@ the batch's effect in one atomic step. Invariants every implementation keeps:
 - applied ids are remembered per dedupe scope (`ledger.dedupe`) until a prune forgets those
   older than the scope's cutoff, which the store keeps for good;
 - nothing is booked into a closed period, and a close is committed only with nothing unsealed;
-- balances are the fold of the postings, per (account, unit, period).
+- balances are the fold of the postings, per (account, unit, period);
+- the audit trail only grows: each commit chains its entries after the last record
+  (`ledger.audit`), an event at most once, and nothing is ever pruned from it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Protocol
 
 from ledger.admin import AdminView, AppliedAdmin, BudgetKey
 from ledger.assignments import Holding
+from ledger.audit import AuditEntry, AuditRecord
 from ledger.balances import BalanceRow
 from ledger.closing import ClosedPeriod
 from ledger.events import DeadLetter
@@ -132,6 +135,8 @@ class StateChanges:
       own (`ledger.dedupe`);
     - `timelines`: GPUs whose assignment timeline changed, each with its whole new timeline;
     - `inventory`: inventory records that changed, each replacing the GPU's record.
+    - `audit`: audit entries to append to the trail, in order (`ledger.audit`); the store
+      numbers and chains them, and leaves out any whose event the trail holds already.
     """
 
     holds: Sequence[OpenHold] = ()
@@ -140,6 +145,7 @@ class StateChanges:
     seen: Sequence[tuple[str, int, str]] = ()
     timelines: Mapping[str, tuple[Holding, ...]] = field(default_factory=dict)
     inventory: Mapping[str, InventoryGpu] = field(default_factory=dict)
+    audit: Sequence[AuditEntry] = ()
 
 
 @dataclass(slots=True)
@@ -161,6 +167,7 @@ class ViewKeys:
     - `budget_keys`: (team, period, unit) whose granted total a grant is checked against;
     - `txn_ids`: transactions a reversal names (the transaction and who reversed it, if anyone);
     - `scopes`: dedupe scopes of the batch's events, whose forgotten-before cutoffs it checks;
+    - `audit_ids`: event ids whose place in the audit trail matters (kept for good);
     - `holds`: whether the fold needs the open holds;
     - `admin`: whether the fold needs the admin state (`AdminView`);
     - `inventory`: whether the fold needs the GPU inventory.
@@ -173,6 +180,7 @@ class ViewKeys:
     budget_keys: frozenset[BudgetKey] = frozenset()
     txn_ids: frozenset[str] = frozenset()
     scopes: frozenset[str] = frozenset()
+    audit_ids: Sequence[str] = ()
     holds: bool = False
     admin: bool = False
     inventory: bool = False
@@ -196,6 +204,7 @@ class LedgerView:
     reversed_by: Mapping[str, str] = field(default_factory=dict)
     forgotten_before: Mapping[str, int] = field(default_factory=dict)
     inventory: Mapping[str, InventoryGpu] = field(default_factory=dict)
+    audited: frozenset[str] = frozenset()
 
 
 class ViewLookups(Protocol):
@@ -224,6 +233,7 @@ class ViewLookups(Protocol):
     def forgotten_before(self, scopes: Collection[str]) -> dict[str, int]: ...
 
     def inventory(self) -> dict[str, InventoryGpu]: ...
+    def audited_ids(self, ids: Sequence[str]) -> set[str]: ...
 
 
 def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
@@ -243,6 +253,7 @@ def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
         reversed_by={t: r for t in txn_ids if (r := store.reversed_by(t)) is not None},
         forgotten_before=store.forgotten_before(keys.scopes) if keys.scopes else {},
         inventory=store.inventory() if keys.inventory else {},
+        audited=frozenset(store.audited_ids(keys.audit_ids)) if keys.audit_ids else frozenset(),
     )
 
 
@@ -333,6 +344,14 @@ class LedgerStore(Protocol):
     def admin_entries(self) -> list[AppliedAdmin]: ...
 
     def admin_view(self) -> AdminView: ...
+
+    def audit_records(self) -> list[AuditRecord]:
+        """The audit trail, oldest first (`ledger.audit`): every record ever appended."""
+        ...
+
+    def audited_ids(self, ids: Sequence[str]) -> set[str]:
+        """Which of `ids` are events the audit trail holds (kept for good)."""
+        ...
 
     def price_book(self, default: PriceBook) -> PriceBook: ...
 

@@ -23,6 +23,8 @@ both). `compare` is pure and returns differences as values:
 - closed periods: every field of each closed period's record, its rows and checksum included;
 - the GPU inventory: every field of each GPU's record (the live side is `inventory.json`, which
   each seal writes from the same state it seals).
+- the audit trail (`segments/audit.jsonl`): record by record, hashes included; the first
+  record that differs is named (the chain differs from there on).
 `rebuild` adds where the archive and the sealed postings cover different offsets (a rebuild
 cannot see what was never archived) and anything the replay itself refused.
 
@@ -40,6 +42,7 @@ from pathlib import Path
 
 import duckdb
 
+from ledger.audit import AuditRecord
 from ledger.balances import BalanceRow, fold_rows
 from ledger.closing import ClosedPeriod
 from ledger.errors import StoreError
@@ -52,7 +55,7 @@ from ledger.store.hot import DuckDBStore
 from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR
 from ledger.store.schema import POSTINGS_SCHEMA, archived_value
 from ledger.store.segments import Manifest
-from ledger.store.side_files import load_closed_periods, load_inventory
+from ledger.store.side_files import load_audit_file, load_closed_periods, load_inventory
 from ledger.store.verify import archive_coverage
 
 Progress = Callable[[int], None]  # batches replayed since the last call
@@ -87,6 +90,7 @@ class DifferenceKind(StrEnum):
     POSTINGS = "postings"
     BALANCE = "balance"
     CLOSED_PERIOD = "closed-period"
+    AUDIT = "audit"
     ARCHIVE = "archive"
     REPLAY = "replay"
     INVENTORY = "inventory"
@@ -120,6 +124,7 @@ class LedgerSnapshot:
     balances: Mapping[BalanceKey, int]
     closed: Mapping[str, ClosedPeriod]
     inventory: Mapping[str, InventoryGpu] = field(default_factory=dict)
+    audit: tuple[AuditRecord, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +350,7 @@ def sealed_snapshot(
         {(r.account, r.unit, r.period): r.balance for r in rows},
         {c.period: c for c in records},
         {g.uuid: g for g in (load_inventory(root) if inventory is None else inventory)},
+        tuple(load_audit_file(root)),
     )
 
 
@@ -407,7 +413,40 @@ def compare(live: LedgerSnapshot, rebuilt: LedgerSnapshot) -> tuple[Difference, 
             where = "only in the live" if h is None else "only in the rebuilt" if g is None else ""
             note = f"{where} inventory" if where else "the GPU's records differ"
             found.append(Difference(DifferenceKind.INVENTORY, uuid, note=note))
+    found.extend(_audit_differences(live.audit, rebuilt.audit))
     return tuple(found)
+
+
+def _audit_differences(
+    live: Sequence[AuditRecord], rebuilt: Sequence[AuditRecord]
+) -> list[Difference]:
+    """The first audit record that differs (the chain differs from there on), if any."""
+    for index in range(max(len(live), len(rebuilt))):
+        a = live[index] if index < len(live) else None
+        b = rebuilt[index] if index < len(rebuilt) else None
+        if a == b:
+            continue
+        if a is None or b is None:
+            note = f"{abs(len(live) - len(rebuilt))} record(s) only in the "
+            note += "live" if a else "rebuilt"
+            note += " trail"
+        else:
+            fields = [
+                n
+                for n in ("event_id", "kind", "actor", "subject")
+                if getattr(a.entry, n) != getattr(b.entry, n)
+            ]
+            note = "different " + (", ".join(fields) if fields else "content or chain")
+        return [
+            Difference(
+                DifferenceKind.AUDIT,
+                f"audit record {index + 1}",
+                live=len(live),
+                rebuilt=len(rebuilt),
+                note=note,
+            )
+        ]
+    return []
 
 
 def coverage_differences(data_dir: Path | str) -> tuple[Difference, ...]:

@@ -1,13 +1,15 @@
 """The store's side files beside the segments: the readers' copy of the admin log, the record
-and checksum of each closed period (the rules of a close are in `ledger.closing`), and the
+and checksum of each closed period (the rules of a close are in `ledger.closing`), the
 summary of the dead letters (`refused.json`: what the ledger refused, grouped by reason and
-topic, for `tally report refused`) and the GPU inventory (`inventory.json`: every GPU record as the
-last seal found it, for `tally inventory list`)."""
+topic, for `tally report refused`), the GPU inventory (`inventory.json`: every GPU record as the
+last seal found it, for `tally inventory list`), and the readers' copy of the audit trail
+(`audit.jsonl`: one record per line, oldest first, only ever appended; `ledger.audit`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,7 +17,9 @@ from pathlib import Path
 import duckdb
 import orjson
 
+from ledger import audit
 from ledger.admin import AppliedAdmin, applied_from_dict, applied_to_dict
+from ledger.audit import AuditRecord
 from ledger.closing import CHECKSUM_COLUMNS, ClosedPeriod
 from ledger.errors import EventError, SegmentError
 from ledger.inventory import InventoryGpu
@@ -30,6 +34,7 @@ REFUSED_VERSION = 1
 INVENTORY_NAME = "inventory.json"
 INVENTORY_VERSION = 1
 CLOSED_DIR = "closed"
+AUDIT_NAME = "audit.jsonl"
 _BATCH_ROWS = 65_536
 
 
@@ -50,6 +55,46 @@ def load_admin_log(segments_root: Path) -> list[AppliedAdmin]:
         return [applied_from_dict(entry) for entry in doc["events"]]
     except (ValueError, KeyError, TypeError, EventError) as exc:
         raise SegmentError(f"{path}: unreadable admin log: {exc}") from exc
+
+
+def append_audit_file(segments_root: Path, records: Iterable[AuditRecord], held: int | None) -> int:
+    """Append to the readers' copy of the audit trail the records it does not hold yet, and
+    return how many it holds. `held`: how many it holds, as the writer last left it; None
+    (unknown, e.g. after a restart) reads the file to count them, cutting off a line torn by a
+    crash first."""
+    path = segments_root / AUDIT_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("ab+") as handle:
+        if held is None:
+            handle.seek(0)
+            raw = handle.read()
+            whole = raw.rfind(b"\n") + 1
+            if whole != len(raw):
+                handle.truncate(whole)
+            held = raw.count(b"\n")
+        fresh = [r for r in records if r.seq > held]
+        if fresh:
+            handle.write(b"".join(orjson.dumps(audit.record_to_dict(r)) + b"\n" for r in fresh))
+            handle.flush()
+            os.fsync(handle.fileno())
+        return held + len(fresh)
+
+
+def load_audit_file(segments_root: Path) -> list[AuditRecord]:
+    """The audit trail as the readers' copy holds it (none yet: empty); raises SegmentError
+    naming the line that is not a record."""
+    path = segments_root / AUDIT_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    records = []
+    for number, line in enumerate(raw.splitlines(), start=1):
+        try:
+            records.append(audit.record_from_dict(orjson.loads(line)))
+        except (orjson.JSONDecodeError, EventError, TypeError) as exc:
+            raise SegmentError(f"{path}: line {number} is not an audit record: {exc}") from exc
+    return records
 
 
 def period_checksum(con: duckdb.DuckDBPyConnection, source: str, period: str) -> tuple[int, str]:

@@ -13,7 +13,9 @@ Problems are returned as values (a `VerifyReport`), one readable line each:
   overlap nor leave gaps, and they cover exactly the offsets the postings segments cover (a
   rebuild can replay everything sealed, and nothing more); the message of every sealed posting
   is archived; every batch is whole (positions 0..n-1, one incarnation) and, per partition,
-  batch numbers never go down as offsets go up.
+  batch numbers never go down as offsets go up;
+- the audit trail (`segments/audit.jsonl`, `ledger.audit`) is an unbroken hash chain: the first
+  record that was altered, inserted, dropped or moved is named with its seq and what differs.
 
 A damaged file is named with the damage: missing, or its checksum does not match and why (not
 a Parquet file — bad magic, cut short — or valid Parquet whose bytes changed); a manifest that
@@ -32,12 +34,13 @@ from pathlib import Path
 
 import duckdb
 
+from ledger.audit import verify_chain
 from ledger.closing import CHECKSUM_ALGORITHM
 from ledger.errors import SegmentError
 from ledger.store.integrity import segment_damage
 from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR
 from ledger.store.segments import Manifest, SegmentInfo, summarise_segment
-from ledger.store.side_files import load_closed_periods, period_checksum
+from ledger.store.side_files import load_audit_file, load_closed_periods, period_checksum
 
 Progress = Callable[[int, int], None]
 
@@ -52,6 +55,7 @@ class VerifyReport:
     archive_segments: int = 0
     archived_messages: int = 0
     notes: tuple[str, ...] = ()  # findings that are not damage (files no manifest lists)
+    audit_records: int = 0
 
     @property
     def ok(self) -> bool:
@@ -111,6 +115,7 @@ def verify_ledger(data_dir: Path | str, progress: Progress | None = None) -> Ver
     with contextlib.suppress(SegmentError):  # an unreadable manifest: `_check_archive` says so
         notes += _strays(Manifest(archive_root), problems)
     con.close()
+    audit_records = _check_audit(root, problems)
     return VerifyReport(
         len(segments),
         rows,
@@ -120,7 +125,21 @@ def verify_ledger(data_dir: Path | str, progress: Progress | None = None) -> Ver
         archive_segments,
         archived,
         tuple(notes),
+        audit_records,
     )
+
+
+def _check_audit(root: Path, problems: list[str]) -> int:
+    """Check the audit trail's hash chain; the number of its records."""
+    try:
+        records = load_audit_file(root)
+    except SegmentError as exc:
+        problems.append(str(exc))
+        return 0
+    broken = verify_chain(records)
+    if broken is not None:
+        problems.append(f"{root.name}/audit.jsonl: {broken}")
+    return len(records)
 
 
 def _strays(manifest: Manifest, problems: list[str]) -> list[str]:

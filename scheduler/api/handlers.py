@@ -78,7 +78,15 @@ def idempotency_key(request: web.Request) -> str | None:
     return key
 
 
-def to_request(body: SubmitBody, principal: Principal, key: str | None) -> SubmitRequest:
+def client_of(request: web.Request) -> str:
+    """The caller's address, as the audit trail records it (`unknown` when the transport
+    does not say)."""
+    return request.remote or "unknown"
+
+
+def to_request(
+    body: SubmitBody, principal: Principal, key: str | None, client: str | None = None
+) -> SubmitRequest:
     """A validated body → `SubmitRequest` for `principal`; raises ApiError (400, 403)."""
     team = body.team
     if principal.team is not None:
@@ -111,6 +119,7 @@ def to_request(body: SubmitBody, principal: Principal, key: str | None) -> Submi
         priority=body.priority,
         admin=principal.is_admin,
         idempotency_key=key,
+        client=client,
     )
 
 
@@ -211,7 +220,7 @@ class Api:
             body = SubmitBody.model_validate(data)
         except ValidationError as exc:
             raise ApiError(400, problem(exc)) from None
-        accepted = await self.service.submit(to_request(body, principal, key))
+        accepted = await self.service.submit(to_request(body, principal, key, client_of(request)))
         return _answer(accepted, 201)
 
     async def list_jobs(self, request: web.Request) -> web.Response:
@@ -240,7 +249,7 @@ class Api:
         principal = authenticate(request, self.tokens)
         key = idempotency_key(request)
         record = self._job(request, principal)
-        accepted = await self.service.cancel(record.job_id, principal.team, key)
+        accepted = await self.service.cancel(record.job_id, principal.team, key, client_of(request))
         return _answer(accepted, 200)
 
     async def explain(self, request: web.Request) -> web.Response:

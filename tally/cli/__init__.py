@@ -32,6 +32,7 @@ import click
 from tally.cli import (
     admin,
     alerts,
+    audit,
     collect,
     config,
     export,
@@ -99,6 +100,7 @@ cli.add_command(report.report)
 cli.add_command(config.config)
 cli.add_command(export.export)
 cli.add_command(admin.admin)
+cli.add_command(audit.audit)
 cli.add_command(alerts.alerts)
 cli.add_command(scheduler_cli.scheduler)
 cli.add_command(job.job)

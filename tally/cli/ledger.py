@@ -78,8 +78,9 @@ def ledger() -> None:
 @data_dir_option
 @output_option
 def verify(config_path: str, data_dir: str | None, output: str) -> None:
-    """Check zero-sum, segment integrity, closed-period checksums, and that no offset range is
-    missing or doubled, in the segments or in the raw-event archive.
+    """Check zero-sum, segment integrity, closed-period checksums, that no offset range is
+    missing or doubled, in the segments or in the raw-event archive, and the audit trail's hash
+    chain (the first broken record is named).
 
     A damaged file is named with its damage (missing, checksum mismatch and why, a manifest cut
     short at a byte); segment files no manifest lists are notes, which do not fail the check.
@@ -107,6 +108,7 @@ def verify(config_path: str, data_dir: str | None, output: str) -> None:
         "closed_periods": report.closed_periods,
         "archive_segments": report.archive_segments,
         "archived_messages": report.archived_messages,
+        "audit_records": report.audit_records,
         "problems": list(report.problems),
         "notes": list(report.notes),
     }
@@ -125,7 +127,7 @@ def verify(config_path: str, data_dir: str | None, output: str) -> None:
             f"{report.segments} segments, {report.rows} postings, "
             f"{report.transactions} transactions, {report.closed_periods} closed periods, "
             f"{report.archived_messages} archived messages in {report.archive_segments} "
-            "archive segments checked"
+            f"archive segments, {report.audit_records} audit records checked"
         )
         for problem in report.problems:
             click.secho(f"problem: {problem}", fg="red")

@@ -25,6 +25,7 @@ PAGES = {
     "platform": ("Platform: the GPU fleet", 4, 3),
     "capacity": ("Capacity planning", 3, 2),
     "team": ("Team: jobs, budget and quota", 7, 0),
+    "audit": ("Audit: who changed what", 1, 0),
 }
 
 
@@ -51,7 +52,9 @@ def _settle(page: Any, title: str, tables: int, charts: int) -> None:
     )
 
 
-@pytest.mark.parametrize("path", list(PAGES), ids=["finance", "platform", "capacity", "team"])
+@pytest.mark.parametrize(
+    "path", list(PAGES), ids=["finance", "platform", "capacity", "team", "audit"]
+)
 def test_page_renders_without_an_exception(chromium, dashboard_url, path):
     title, tables, charts = PAGES[path]
     page = _open(chromium, f"{dashboard_url}/{path}")

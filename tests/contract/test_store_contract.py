@@ -10,6 +10,7 @@ import pytest
 
 from ledger.admin import AppliedAdmin, PeriodClosed, TeamDefined, admin_envelope
 from ledger.assignments import Holding
+from ledger.audit import AuditEntry
 from ledger.balances import decode_balance_update
 from ledger.closing import CHECKSUM_ALGORITHM
 from ledger.errors import StoreError
@@ -135,6 +136,7 @@ def observable(store) -> tuple[object, ...]:
         store.open_holds(),
         store.admin_entries(),
         store.closed_periods(),
+        store.audit_records(),
         store.load_view(ViewKeys(gpu_uuids=frozenset({"GPU-1"}), subjects=frozenset({"GPU-1"}))),
     )
 
@@ -237,8 +239,10 @@ def test_nothing_is_booked_into_a_closed_period(store):
     commit(store, changes=StateChanges(admin=[closing(NOV)]), offset=1)
     before = observable(store)
     with pytest.raises(StoreError, match="closed"):
-        commit(store, a_txn("b", at_us=DEC_US + INTERVAL_US), a_txn("late"), offset=2)
-    assert observable(store) == before  # the open-period transaction did not go in either
+        entry = AuditEntry("refused", T0_US, "admin.price_set", "alice", "admin", "cli", "H100")
+        late = (a_txn("b", at_us=DEC_US + INTERVAL_US), a_txn("late"))
+        commit(store, *late, offset=2, changes=StateChanges(audit=[entry]))
+    assert observable(store) == before  # nor the open-period one, nor its audit entry
     assert commit(store, a_txn("b", at_us=DEC_US + INTERVAL_US), offset=2).transactions == 1
 
 

@@ -4,11 +4,14 @@ process) → the local executor runs a real command, on a GPU the simulated coll
 process) reported on the inventory topic. A job that waits with `budget_exhausted`
 is admitted after a budget grant; its decisions are on the `jobs` topic in order; the ledger
 books and releases its hold; `tally job explain` says why it waited; a restarted scheduler
-rebuilds the job from the topic, its idempotency key included."""
+rebuilds the job from the topic, its idempotency key included; `tally audit` shows the admin's
+grants and the team's submission with who made them, and `tally ledger verify` names an audit
+record altered on disk."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -22,12 +25,14 @@ import yaml
 
 from ledger.holds import HoldPlaced, HoldReleased
 from ledger.periods import period_label
+from ledger.read.audit import audit_trail
 from ledger.store.layout import SEGMENTS_DIR
-from ledger.store.side_files import load_admin_log
+from ledger.store.side_files import AUDIT_NAME, load_admin_log
 from scheduler.jobs_topic import decode_jobs_value
 from scheduler.kafka import read_topic
 from streams.kafka import ensure_topics
 from tally.broker import free_port
+from tally.cli.admin import default_actor
 from tests.conftest import child_env, tally_command, write_config
 from tests.integration.support import (
     CollectorProcess,
@@ -229,11 +234,51 @@ def test_a_budget_grant_on_the_balances_topic_admits_a_waiting_job(broker, tmp_p
         assert (again.returncode, again.stdout.strip()) == (0, job), again.stderr
         events = _job_events(broker.bootstrap, topics.jobs, job)
         assert [type(e).__name__ for e in events].count("JobSubmitted") == 1
+        wait_until(
+            lambda: any(r.entry.kind == "job.submit" for r in audit_trail(config.ledger.data_dir)),
+            60,
+            "the submission's audit record to be sealed",
+            worker,
+        )
     finally:
         code = scheduler.stop()
         collector.stop()
         assert worker.stop() == 0
     assert code == 0, (tmp_path / "scheduler.log").read_text()[-3000:]
+    _check_audit(path, config.ledger.data_dir, job)
+
+
+def _check_audit(path: Path, data_dir: Path, job: str) -> None:
+    """`tally audit` names who granted and who submitted; an altered record fails verify."""
+    shown = tally("audit", "--config", str(path), "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    trail = json.loads(shown.stdout)
+    grants = [
+        (r["actor"], r["role"], r["after"]["granted"])
+        for r in trail
+        if r["kind"] == "admin.budget_granted"
+    ]
+    assert grants == [(default_actor(), "admin", 36_000), (default_actor(), "admin", 360_000_000)]
+    [submit] = [r for r in trail if r["kind"] == "job.submit"]
+    assert (submit["subject"], submit["actor"], submit["client"]) == (
+        job,
+        "team:vision",
+        "127.0.0.1",
+    )
+    assert tally("ledger", "verify", "--config", str(path)).returncode == 0
+
+    audit_file = data_dir / SEGMENTS_DIR / AUDIT_NAME
+    lines = audit_file.read_bytes().splitlines(keepends=True)
+    record = json.loads(lines[submit["seq"] - 1])
+    record["actor"] = "team:language"  # blame another team
+    lines[submit["seq"] - 1] = json.dumps(record).encode() + b"\n"
+    audit_file.write_bytes(b"".join(lines))
+    checked = tally("ledger", "verify", "--config", str(path))
+    assert checked.returncode == 1, checked.stdout
+    assert (
+        f"audit record {submit['seq']} (position {submit['seq']})"
+        in checked.stdout + checked.stderr
+    )
 
 
 def _job_events(bootstrap: str, topic: str, job: str) -> list[Any]:

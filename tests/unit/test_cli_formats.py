@@ -47,7 +47,8 @@ def case(
 JOB = tuple(JOB_COLUMNS)
 JOB_KEYS = "job_id,team,queue,gpus,state,reason,submitted_us"  # JSON: the API's job records
 VERIFY = (
-    "ok,segments,rows,transactions,closed_periods,archive_segments,archived_messages,problems,notes"
+    "ok,segments,rows,transactions,closed_periods,archive_segments,archived_messages,"
+    "audit_records,problems,notes"
 )
 IDLE = (
     "scope,pool,model,team,allocated_gpu_hours,idle_gpu_hours,idle_waste,unallocated_gpu_hours,"
@@ -57,6 +58,11 @@ FOCUS = "period,path,format,focus_version,rows,billed_cost,currency,gpu_hours"
 CASES: dict[str, Case] = {
     "admin apply": case(
         "admin apply {config} --dry-run --data-dir {ledger}", "event,entity,change"
+    ),
+    "audit": case(
+        "audit --data-dir {ledger}",
+        "seq,time,time_us,kind,actor,role,client,subject,reason,before,after,event_id,record_hash",
+        rows=0,  # the small ledger has samples only: nothing in its audit trail
     ),
     "export focus": case(
         f"export focus --period {PERIOD} --out {{tmp}}/f.csv --data-dir {{ledger}}", FOCUS

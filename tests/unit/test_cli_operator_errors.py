@@ -161,6 +161,7 @@ LEDGER_USE: dict[str, str] = {
     "admin apply": "reads",  # the admin state applied so far (--initial: none yet is fine)
     "alerts run": "none",  # its delivery log lives under the data dir, created if missing
     "alerts test": "none",
+    "audit": "reads",
     "collect": "none",
     "config check": "none",
     "dashboard": "reads",  # exit 4 at once; on a ledger it runs Streamlit (test_dashboard_command)
@@ -204,6 +205,7 @@ LEDGER_COMMANDS: dict[str, list[str]] = {
     "report statement": ["report", "statement", "--team", "vision", "--period", "2026-11"],
     "report balances": ["report", "balances"],
     "report refused": ["report", "refused"],
+    "audit": ["audit"],
     "export focus": ["export", "focus", "--period", "2026-11", "--out", "{tmp}/focus.csv"],
 }
 # ...and what exits 4 without a ledger but does not succeed on a fresh one

@@ -282,7 +282,7 @@ def test_events_without_the_new_fields_are_written_as_before(event: JobEvent) ->
     """A spec without `models` and an admission without `placement` are the same bytes as
     before those fields existed, so old and new events decode alike."""
     data = orjson.loads(encode_job_event(event, SOURCE))["data"]
-    new = {"placement", "idempotency_key", "requested_by", "request_digest"}
+    new = {"placement", "idempotency_key", "requested_by", "request_digest", "client"}
     assert set(data) == {f.name for f in fields(event)} - new  # type: ignore[arg-type]
     if "spec" in data:
         assert set(data["spec"]) == {f.name for f in fields(JobSpec)} - {"models"}

@@ -21,6 +21,7 @@ from ledger.admin import (
 from ledger.events import encode_batch
 from ledger.holds import HoldPlaced, HoldReleased, encode_hold, hold_envelope
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
+from ledger.job_events import FailReason, JobFailed, JobSpec, JobSubmitted, encode_job_event
 from ledger.store.hot import DuckDBStore
 from ledger.store.rebuild import (
     ArchivedBatch,
@@ -34,6 +35,7 @@ from ledger.store.rebuild import (
 )
 from ledger.store.schema import archived_value
 from ledger.store.segments import Manifest, file_sha256
+from ledger.store.side_files import AUDIT_NAME
 from ledger.store.verify import archive_coverage, verify_ledger
 from ledger.units import Unit
 from tally.cli import cli
@@ -106,8 +108,14 @@ class Feed:
         key, value = encode_hold(hold_envelope(event))
         return self.message(JOBS, value, key=key)
 
+    def job(self, event):
+        return self.message(JOBS, encode_job_event(event, "tally://scheduler"), key=b"job-1")
+
     def apply(self, *messages):
         return self.ingestor.apply(list(messages))
+
+
+SPEC = JobSpec("job-1", "vision", "detection", "ada", "dev", 1, T0_US, 3_600_000_000)
 
 
 def build_live(store):
@@ -120,6 +128,7 @@ def build_live(store):
             BudgetGranted("vision", "2026-11", Unit.MONEY, 50_000_000, *META),
             BudgetGranted("language", "2026-11", Unit.GPU_MS, 9_000_000, *META),
         ),
+        feed.job(JobSubmitted(SPEC, T0_US, requested_by="team:vision", client="10.1.2.3")),
         feed.hold(HoldPlaced("job-1", "vision", "detection", Unit.GPU_MS, 25_000, DEC_US, T0_US)),
         feed.samples(usage(1), usage(2), partition=0),
         feed.samples(usage(1, gpu="GPU-2", team="language", job="job-2"), partition=1),
@@ -136,7 +145,14 @@ def build_live(store):
             PriceSet("NVIDIA H100 80GB HBM3", None, 4_000_000, *META[:2], T0_US + 5 * INTERVAL_US),
         )
     )
-    feed.apply(feed.samples(usage(6), usage(7)), feed.hold(HoldReleased("job-1", T0_US + 1)))
+    cancelled = JobFailed(
+        "job-1", FailReason.CANCELLED, 1, False, T0_US + 1, None, "", None, "admin"
+    )
+    feed.apply(
+        feed.samples(usage(6), usage(7)),
+        feed.job(cancelled),
+        feed.hold(HoldReleased("job-1", T0_US + 1)),
+    )
     store.seal(compact_min_segments=2)
     feed.apply(feed.admin(PeriodClosed("2026-11", *META)))
     feed.switch("cluster-b")  # the broker restarted empty: offsets from 0 again
@@ -222,7 +238,8 @@ def test_the_archive_is_sealed_with_the_postings_ranges(live):
     report = verify_ledger(live.data_dir)
     assert report.ok, report.problems
     assert report.archive_segments == len(archive)
-    assert report.archived_messages == sum(s.rows for s in archive) == 14
+    assert report.archived_messages == sum(s.rows for s in archive) == 16
+    assert report.audit_records == 9
 
 
 def test_a_failed_commit_archives_nothing(tmp_path, monkeypatch):
@@ -319,8 +336,14 @@ class TestVerifyFindsArchiveDamage:
 def test_rebuild_equals_live(live, tmp_path):
     report = rebuild(live.data_dir, tmp_path / "rebuilt", SETTINGS)
     assert report.differences == ()
-    assert (report.batches, report.messages) == (live.batch_seq, 14)
+    assert (report.batches, report.messages) == (live.batch_seq, 16)
     rebuilt = sealed_snapshot(tmp_path / "rebuilt")
+    # the audit trail, record for record: grants, adjustment, reversal, price, the job's
+    # submission and cancellation, the close and the December grant
+    assert rebuilt.audit == sealed_snapshot(live.data_dir).audit == tuple(live.audit_records())
+    kinds = [r.entry.kind for r in rebuilt.audit]
+    assert kinds.count("job.submit") == kinds.count("job.cancel") == 1
+    assert len(kinds) == 9, kinds
     assert set(rebuilt.closed) == {"2026-11"}
     assert rebuilt.balances == {
         (r.account, r.unit, r.period): r.balance for r in live.balance_rows()
@@ -371,6 +394,21 @@ def test_a_tampered_live_segment_is_a_difference(live, tmp_path):
     kinds = {d.kind for d in report.differences}
     assert {DifferenceKind.POSTINGS, DifferenceKind.BALANCE} <= kinds
     assert all(d.unit == "money_micros" for d in report.differences if d.unit)
+
+
+def test_an_altered_audit_record_is_a_difference_and_verify_names_it(live, tmp_path):
+    path = live.segments_root / AUDIT_NAME
+    lines = path.read_bytes().splitlines(keepends=True)
+    record = orjson.loads(lines[2])
+    record["actor"] = "mallory"
+    lines[2] = orjson.dumps(record) + b"\n"
+    path.write_bytes(b"".join(lines))
+    report = rebuild(live.data_dir, tmp_path / "rebuilt", SETTINGS)
+    [difference] = report.differences
+    assert (difference.kind, difference.subject) == (DifferenceKind.AUDIT, "audit record 3")
+    assert "actor" in difference.note
+    [problem] = verify_ledger(live.data_dir).problems
+    assert "audit record 3 (position 3)" in problem and "altered" in problem
 
 
 def test_a_missing_archive_range_is_a_difference(live, tmp_path):

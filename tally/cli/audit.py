@@ -1,0 +1,123 @@
+"""`tally audit`: the audit trail of the sealed ledger (who changed what, when, from where),
+filtered by actor, kind and time, as a table, JSON or CSV. `tally ledger verify` checks its
+hash chain."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
+import orjson
+
+from ledger.audit import AuditFilter, AuditRecord
+from ledger.errors import LedgerError
+from ledger.read.audit import audit_trail
+from tally.cli.admin import parse_effective
+from tally.cli.options import (
+    Exit,
+    config_option,
+    data_dir_option,
+    fail,
+    output_option,
+    resolve_ledger_dir,
+)
+from tally.output import OutputFormat, render
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+TABLE_COLUMNS = ("seq", "time", "kind", "actor", "role", "client", "subject", "before", "after")
+COLUMNS = (
+    "seq",
+    "time",
+    "time_us",
+    "kind",
+    "actor",
+    "role",
+    "client",
+    "subject",
+    "reason",
+    "before",
+    "after",
+    "event_id",
+    "record_hash",
+)
+
+
+def _utc(time_us: int) -> str:
+    return (_EPOCH + timedelta(microseconds=time_us)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _time_option(name: str, text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return parse_effective(text)
+    except (ValueError, OverflowError):
+        fail(f"{name}: {text!r} is not `now`, microseconds or an ISO-8601 time", Exit.USAGE)
+
+
+def _row(record: AuditRecord, fmt: OutputFormat) -> list[Any]:
+    e = record.entry
+    values: dict[str, Any] = {
+        "seq": record.seq,
+        "time": _utc(e.time_us),
+        "time_us": e.time_us,
+        "kind": e.kind,
+        "actor": e.actor,
+        "role": e.role,
+        "client": e.client,
+        "subject": e.subject,
+        "reason": e.reason,
+        "before": e.before,
+        "after": e.after,
+        "event_id": e.event_id,
+        "record_hash": record.record_hash,
+    }
+    if fmt is OutputFormat.JSON:  # what changed, as objects rather than JSON text
+        for name in ("before", "after"):
+            text = values[name]
+            values[name] = None if text is None else orjson.loads(text)
+    elif fmt is OutputFormat.TABLE:
+        values["before"] = values["before"] or "-"
+        values["after"] = values["after"] or "-"
+    columns = TABLE_COLUMNS if fmt is OutputFormat.TABLE else COLUMNS
+    return [values[c] for c in columns]
+
+
+@click.command()
+@config_option
+@data_dir_option
+@click.option("--actor", default=None, help="Only this actor's actions (e.g. alice, team:ml).")
+@click.option(
+    "--kind", default=None, help="Only this kind (admin.price_set) or family (admin, job)."
+)
+@click.option("--since", default=None, help="From this time on: ISO-8601 (UTC if no zone) or µs.")
+@click.option("--until", default=None, help="Before this time: ISO-8601 (UTC if no zone) or µs.")
+@output_option
+def audit(
+    config_path: str,
+    data_dir: str | None,
+    actor: str | None,
+    kind: str | None,
+    since: str | None,
+    until: str | None,
+    output: str,
+) -> None:
+    """Who changed what: every state-changing action the ledger recorded, oldest first.
+
+    Admin events (grants, prices, teams, quotas, adjustments, reversals, closes) with the value
+    before and after, and job submissions and cancellations with the API token that made them
+    and the caller's address. As of the last seal; `tally ledger verify` checks the trail's
+    hash chain. Exit 4 when there is no ledger."""
+    directory = resolve_ledger_dir(config_path, data_dir)
+    where = AuditFilter(actor, kind, _time_option("--since", since), _time_option("--until", until))
+    try:
+        records = audit_trail(directory, where)
+    except LedgerError as exc:
+        fail(str(exc), Exit.LEDGER)
+    fmt = OutputFormat(output)
+    if not records and fmt is OutputFormat.TABLE:
+        click.echo("no audit records match")
+        return
+    columns = TABLE_COLUMNS if fmt is OutputFormat.TABLE else COLUMNS
+    click.echo(render(list(columns), [_row(r, fmt) for r in records], fmt))
