@@ -194,8 +194,10 @@ else:
         who = f"team {filters.team}" if filters.team else "any team"
         st.info(
             f"No money budget was granted to {who} for {filters.period}. Budgets come from "
-            f"budget grants (`budget_grant` postings on `budget:<team>`); once one is granted, "
-            "its burn-down appears here. Spend and the month-end forecast are shown below."
+            "budget grants (`budget_grant` postings on `budget:<team>`): one-off grants for a "
+            "month, or a recurring budget (`every: month` in the config's `budgets:`) that the "
+            "ledger grants each month; once one is granted, its burn-down appears here. Spend "
+            "and the month-end forecast are shown below."
         )
     st.dataframe(
         pd.DataFrame(
@@ -203,6 +205,14 @@ else:
                 "team": [b.team for b in burns],
                 "budget": [
                     None if b.granted_micros is None else common.amount(b.granted_micros)
+                    for b in burns
+                ],
+                "allowance": [
+                    None if b.allowance_micros is None else common.amount(b.allowance_micros)
+                    for b in burns
+                ],
+                "carried": [
+                    None if b.carried_micros is None else common.amount(b.carried_micros)
                     for b in burns
                 ],
                 "spent": [common.amount(b.spent_micros) for b in burns],
@@ -218,6 +228,17 @@ else:
         column_config={
             "team": st.column_config.TextColumn("Team"),
             "budget": st.column_config.NumberColumn(f"Budget ({cur})", format="%.2f"),
+            "allowance": st.column_config.NumberColumn(
+                f"Allowance ({cur})",
+                format="%.2f",
+                help="What the team's recurring budget granted for this month.",
+            ),
+            "carried": st.column_config.NumberColumn(
+                f"Carried over ({cur})",
+                format="%.2f",
+                help="Unspent budget of the previous month carried into this one by the "
+                "recurring budget's carry-over rule (part of the budget).",
+            ),
             "spent": st.column_config.NumberColumn(f"Spent to date ({cur})", format="%.2f"),
             "remaining": st.column_config.NumberColumn(f"Remaining ({cur})", format="%.2f"),
             "forecast": st.column_config.NumberColumn(f"Month-end forecast ({cur})", format="%.2f"),
@@ -255,7 +276,16 @@ else:
         ) + alt.Chart(budget_rule).mark_rule(color="red").encode(y="budget:Q")
         st.altair_chart(chart, width="stretch")
         c = st.columns(3)
-        c[0].metric("Budget", common.money(burn.granted_micros))
+        budget_help = None
+        if burn.allowance_micros is not None:
+            carried = burn.carried_micros or 0
+            one_off = burn.granted_micros - burn.allowance_micros - carried
+            budget_help = (
+                f"Allowance {common.money(burn.allowance_micros)} + carried over "
+                f"{common.money(carried)}"
+                + (f" + one-off grants {common.money(one_off)}" if one_off else "")
+            )
+        c[0].metric("Budget", common.money(burn.granted_micros), help=budget_help)
         c[1].metric(
             "Spent to date",
             common.money(burn.spent_micros),

@@ -93,13 +93,23 @@ def worker_settings(
 
 def desired_admin_state(config: TallyConfig) -> admin.DesiredState:
     """What `tally admin apply` makes the ledger's admin state: the config's teams, prices,
-    quotas and budgets."""
+    quotas, one-off budgets and recurring budget policies."""
     budgets: list[admin.BudgetSpec] = []
+    policies: list[admin.PolicySpec] = []
     for b in config.budgets:
-        if b.money is not None:
-            budgets.append(admin.BudgetSpec(b.team, b.period, Unit.MONEY, b.money))
-        if b.gpu_hours is not None:
-            budgets.append(admin.BudgetSpec(b.team, b.period, Unit.GPU_MS, b.gpu_hours))
+        for unit, amount in ((Unit.MONEY, b.money), (Unit.GPU_MS, b.gpu_hours)):
+            if amount is None:
+                continue
+            if b.period is not None:
+                budgets.append(admin.BudgetSpec(b.team, b.period, unit, amount))
+            else:
+                assert b.every is not None
+                rule, limit = b.carry(unit)
+                policies.append(
+                    admin.PolicySpec(
+                        b.team, unit, amount, admin.Cadence(b.every), b.start, b.end, rule, limit
+                    )
+                )
     return admin.DesiredState(
         teams=tuple(
             admin.TeamSpec(team.name, centre.name, team.projects, team.users)
@@ -115,4 +125,5 @@ def desired_admin_state(config: TallyConfig) -> admin.DesiredState:
             for q in config.quotas
         ),
         budgets=tuple(budgets),
+        policies=tuple(policies),
     )

@@ -11,13 +11,11 @@ Amounts of money are decimal text ("2.50") and become integer micro-units here (
 
 from __future__ import annotations
 
-from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -25,17 +23,15 @@ from pydantic import (
     model_validator,
 )
 
-from ledger.admin import MAX_AMOUNT
 from ledger.events import MAX_TIME_US
 from ledger.excerpts import bounded
 from ledger.idle import IdlePolicy
-from ledger.periods import Period
 from ledger.pricing import ANY_MODEL, EnergyPrice, Price, PriceBook
-from ledger.units import MS_PER_HOUR
 from tally import config_fields
 from tally.alerts_config import AlertsConfig
 from tally.broker_config import BrokerConfig, TlsConfig, TopicsConfig
-from tally.config_fields import EnvName, Micros, Name, Strict
+from tally.budgets_config import BudgetConfig
+from tally.config_fields import EnvName, GpuMs, Micros, Name, Strict
 from tally.config_yaml import YamlRefused, read_yaml
 from tally.inventory_config import InventoryConfig
 from tally.metrics_config import MetricsConfig
@@ -152,54 +148,6 @@ class EnergyPriceConfig(Strict):
         if value < 0:
             raise ValueError("a price cannot be negative")
         return value
-
-
-def _gpu_hours(value: Any) -> int:
-    """GPU-hours as decimal text (or a YAML number) → integer GPU-milliseconds, exactly."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
-        raise ValueError('expected GPU-hours such as 500 or "12.5"')
-    if isinstance(value, float):
-        value = Decimal(repr(value))
-    try:
-        hours = Decimal(value)
-    except ArithmeticError:
-        raise ValueError(f"{value!r} is not a number of GPU-hours") from None
-    if not hours.is_finite() or hours < 0:
-        raise ValueError("GPU-hours must be a finite, non-negative number")
-    try:
-        ms = hours * MS_PER_HOUR
-    except ArithmeticError:  # decimal.Overflow: beyond the decimal context's exponent
-        raise ValueError(f"at most {MAX_AMOUNT // MS_PER_HOUR:,} GPU-hours") from None
-    if ms != ms.to_integral_value():
-        raise ValueError(f"{value} GPU-hours is not a whole number of GPU-milliseconds")
-    if ms > MAX_AMOUNT:  # the ledger books no amount beyond this
-        raise ValueError(f"at most {MAX_AMOUNT // MS_PER_HOUR:,} GPU-hours")
-    return int(ms)
-
-
-GpuMs = Annotated[int, BeforeValidator(_gpu_hours)]
-
-
-class BudgetConfig(Strict):
-    """A team's budget for one month: money, GPU-hours, or both (each a separate grant)."""
-
-    team: Name
-    period: str
-    money: Micros | None = None
-    gpu_hours: GpuMs | None = None
-
-    @field_validator("period")
-    @classmethod
-    def _month(cls, value: str) -> str:
-        return Period.month(value).label
-
-    @model_validator(mode="after")
-    def _some_amount(self) -> BudgetConfig:
-        if self.money is None and self.gpu_hours is None:
-            raise ValueError("a budget needs money, gpu_hours, or both")
-        if self.money is not None and self.money < 0:
-            raise ValueError("a budget cannot be negative")
-        return self
 
 
 class QuotaConfig(Strict):
@@ -413,9 +361,12 @@ class TallyConfig(Strict):
         for budget in self.budgets:
             if budget.team not in teams:
                 raise ValueError(f"budget for unknown team {budget.team!r}")
-            if (budget.team, budget.period) in seen_budgets:
-                raise ValueError(f"two budgets for team {budget.team!r} in {budget.period}")
-            seen_budgets.add((budget.team, budget.period))
+            if (budget.team, budget.period or "every") in seen_budgets:
+                raise ValueError(
+                    f"two budgets for team {budget.team!r} "
+                    + (f"in {budget.period}" if budget.period else "that recur")
+                )
+            seen_budgets.add((budget.team, budget.period or "every"))
         seen_quotas: set[tuple[str, str, str]] = set()
         for quota in self.quotas:
             if quota.team not in teams:

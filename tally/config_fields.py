@@ -1,5 +1,6 @@
 """Field types the configuration models share: names (`Name`), amounts of money (`Micros`),
 environment variable names (`EnvName`) and the secrets they hold (`secret_from_env`), the
+GPU-hours (`GpuMs`), the
 `Strict` base model (unknown keys are errors, values are frozen) and `ConfigError`.
 
 Secrets never sit in the configuration file: a secret field has an `*_env` twin naming the
@@ -22,7 +23,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from ledger.admin import MAX_AMOUNT
-from ledger.units import parse_micros
+from ledger.units import MS_PER_HOUR, parse_micros
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -78,3 +79,29 @@ def secret_from_env(field: str, variable: str, environ: Mapping[str, str] | None
     if not value:
         raise ConfigError(f"{field}: environment variable {variable} is not set")
     return value
+
+
+def _gpu_hours(value: Any) -> int:
+    """GPU-hours as decimal text (or a YAML number) → integer GPU-milliseconds, exactly."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+        raise ValueError('expected GPU-hours such as 500 or "12.5"')
+    if isinstance(value, float):
+        value = Decimal(repr(value))
+    try:
+        hours = Decimal(value)
+    except ArithmeticError:
+        raise ValueError(f"{value!r} is not a number of GPU-hours") from None
+    if not hours.is_finite() or hours < 0:
+        raise ValueError("GPU-hours must be a finite, non-negative number")
+    try:
+        ms = hours * MS_PER_HOUR
+    except ArithmeticError:  # decimal.Overflow: beyond the decimal context's exponent
+        raise ValueError(f"at most {MAX_AMOUNT // MS_PER_HOUR:,} GPU-hours") from None
+    if ms != ms.to_integral_value():
+        raise ValueError(f"{value} GPU-hours is not a whole number of GPU-milliseconds")
+    if ms > MAX_AMOUNT:  # the ledger books no amount beyond this
+        raise ValueError(f"at most {MAX_AMOUNT // MS_PER_HOUR:,} GPU-hours")
+    return int(ms)
+
+
+GpuMs = Annotated[int, BeforeValidator(_gpu_hours)]

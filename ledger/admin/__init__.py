@@ -20,7 +20,8 @@ Invariants:
   so applying the same file twice emits nothing the second time.
 
 Modules: `events` (the types and limits), `codec` (encoding, decoding, `ADMIN`), `effects`
-(transactions), `view` (`AppliedAdmin`, `AdminView`) and `plan` (`plan_admin`, `describe`);
+(transactions), `recurring` (the grants recurring budget policies make, and carry-over),
+`view` (`AppliedAdmin`, `AdminView`) and `plan` (`plan_admin`, `describe`);
 this package re-exports their public names, so callers import from `ledger.admin`.
 
 Schemas of admin event data (every `tally.admin.*` type):
@@ -60,7 +61,11 @@ from ledger.admin.events import (
     AdminEnvelope,
     AdminEvent,
     AdminKind,
+    BudgetAllowanceGranted,
     BudgetGranted,
+    BudgetPolicySet,
+    Cadence,
+    CarryOver,
     PeriodClosed,
     PriceSet,
     QuotaSet,
@@ -70,11 +75,19 @@ from ledger.admin.plan import (
     AdminPlan,
     BudgetSpec,
     DesiredState,
+    PolicySpec,
     PriceSpec,
     QuotaSpec,
     TeamSpec,
     describe,
     plan_admin,
+)
+from ledger.admin.recurring import (
+    AppliedPolicy,
+    allowance_transaction,
+    budget_figures,
+    carry_amount,
+    plan_allowances,
 )
 from ledger.admin.view import (
     AdminView,
@@ -105,12 +118,18 @@ __all__ = [
     "AdminPlan",
     "AdminView",
     "AppliedAdmin",
+    "AppliedPolicy",
+    "BudgetAllowanceGranted",
     "BudgetGranted",
     "BudgetKey",
+    "BudgetPolicySet",
     "BudgetSpec",
+    "Cadence",
+    "CarryOver",
     "Decoder",
     "DesiredState",
     "PeriodClosed",
+    "PolicySpec",
     "PriceSet",
     "PriceSpec",
     "QuotaKey",
@@ -125,13 +144,17 @@ __all__ = [
     "admin_event_from_dict",
     "admin_event_to_dict",
     "admin_v0_to_v1",
+    "allowance_transaction",
     "applied_from_dict",
     "applied_to_dict",
+    "budget_figures",
+    "carry_amount",
     "decode_admin_message",
     "describe",
     "encode_admin",
     "grant_transaction",
     "plan_admin",
+    "plan_allowances",
     "reversal_transaction",
     "validate_admin",
 ]

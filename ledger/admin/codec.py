@@ -30,7 +30,11 @@ from ledger.admin.events import (
     AdminEnvelope,
     AdminEvent,
     AdminKind,
+    BudgetAllowanceGranted,
     BudgetGranted,
+    BudgetPolicySet,
+    Cadence,
+    CarryOver,
 )
 from ledger.envelope import (
     REGISTRY,
@@ -140,6 +144,17 @@ def _unit(name: str, value: Any) -> Unit:
     raise EventError(f"{name}: unknown unit {shown(value)}; one of {', '.join(sorted(_UNITS))}")
 
 
+def _choice(kind: type[StrEnum]) -> Decoder:
+    values = tuple(k.value for k in kind)
+
+    def decode(name: str, value: Any) -> Any:
+        if type(value) is str and value in values:
+            return kind(value)
+        raise EventError(f"{name}: expected one of {', '.join(values)}, got {value!r}")
+
+    return decode
+
+
 def _account(name: str, value: Any) -> str:
     text = str(_text(256)(name, value))
     try:
@@ -223,6 +238,28 @@ _FIELDS: Mapping[AdminKind, tuple[tuple[str, Decoder, bool], ...]] = {
         ("job_id", _optional(_text(256)), False),
     ),
     AdminKind.PERIOD_CLOSED: (("period", _period, True), *_META),
+    AdminKind.BUDGET_POLICY_SET: (
+        ("team", _name, True),
+        ("unit", _unit, True),
+        ("amount", _integer(0, MAX_AMOUNT), True),
+        ("every", _choice(Cadence), True),
+        ("start", _optional(_period), False),
+        ("end", _optional(_period), False),
+        ("carry_over", _choice(CarryOver), True),
+        ("carry_limit", _optional(_integer(0, MAX_AMOUNT)), False),
+        *_META,
+    ),
+    AdminKind.BUDGET_ALLOWANCE_GRANTED: (
+        ("team", _name, True),
+        ("unit", _unit, True),
+        ("period", _period, True),
+        ("allowance", _integer(0, MAX_AMOUNT), True),
+        ("carried", _integer(0, MAX_AMOUNT), True),
+        ("remainder", _optional(_SIGNED), False),
+        ("policy", _text(256), True),
+        ("every", _choice(Cadence), True),
+        *_META,
+    ),
 }
 
 
@@ -234,6 +271,21 @@ def validate_admin(event: AdminEvent) -> tuple[str, ...]:
             problems.append(f"unit: budgets are in {' or '.join(BUDGET_UNITS)}, not {event.unit}")
         if event.amount == 0:
             problems.append("amount: a grant of zero changes nothing")
+    elif isinstance(event, BudgetPolicySet):
+        if event.unit not in BUDGET_UNITS:
+            problems.append(f"unit: budgets are in {' or '.join(BUDGET_UNITS)}, not {event.unit}")
+        limited = event.carry_over in (CarryOver.PERCENT, CarryOver.AMOUNT)
+        if limited and event.carry_limit is None:
+            problems.append(f"carry_limit: carry-over {event.carry_over} needs one")
+        if not limited and event.carry_limit is not None:
+            problems.append(f"carry_limit: carry-over {event.carry_over} takes none")
+        if event.carry_over is CarryOver.PERCENT and (event.carry_limit or 0) > 100:
+            problems.append("carry_limit: a percentage of at most 100")
+        if event.start is not None and event.end is not None and event.end < event.start:
+            problems.append(f"end: {event.end} is before the start {event.start}")
+    elif isinstance(event, BudgetAllowanceGranted):
+        if event.unit not in BUDGET_UNITS:
+            problems.append(f"unit: budgets are in {' or '.join(BUDGET_UNITS)}, not {event.unit}")
     elif isinstance(event, AdjustmentRecorded):
         if event.reverses_txn is not None:
             extra = [

@@ -1,5 +1,6 @@
-"""The vocabulary of the `admin` topic: the admin event types (budgets, prices, teams, quotas,
-adjustments, period closes), their kinds, the `AdminEvent` union and envelope, and the limits and
+"""The vocabulary of the `admin` topic: the admin event types (budgets, recurring budget
+policies, prices, teams, quotas, adjustments, period closes), the allowance records the ledger
+derives from policies, their kinds, the `AdminEvent` union and envelope, and the limits and
 account rules every admin event obeys.
 
 Every dataclass here is frozen and slotted and holds tuples, never lists; every event carries who
@@ -42,6 +43,26 @@ class AdminKind(StrEnum):
     QUOTA_SET = "tally.admin.quota_set"
     ADJUSTMENT_RECORDED = "tally.admin.adjustment_recorded"
     PERIOD_CLOSED = "tally.admin.period_closed"
+    BUDGET_POLICY_SET = "tally.admin.budget_policy_set"
+    BUDGET_ALLOWANCE_GRANTED = "tally.admin.budget_allowance_granted"
+
+
+class Cadence(StrEnum):
+    """How often a recurring budget renews: every month, or every calendar quarter."""
+
+    MONTH = "month"
+    QUARTER = "quarter"
+
+
+class CarryOver(StrEnum):
+    """What a recurring budget carries into a new allowance period of the previous period's
+    unspent remainder: nothing, all of it, at most `carry_limit` percent of the allowance, or
+    at most `carry_limit` (in the budget's unit)."""
+
+    NONE = "none"
+    ALL = "all"
+    PERCENT = "percent"
+    AMOUNT = "amount"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +86,65 @@ class BudgetGranted:
     @property
     def entity(self) -> str:
         return self.team
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetPolicySet:
+    """A recurring budget: `amount` of `unit` for `team` every month or quarter (`every`), from
+    month `start` (None: the month the policy is set in) to month `end` (inclusive; None: no
+    end), with a carry-over rule. It replaces, from its start, every policy set before it for
+    (team, unit); the ledger turns it into grants (`ledger.admin.recurring`)."""
+
+    KIND: ClassVar[AdminKind] = AdminKind.BUDGET_POLICY_SET
+    team: str
+    unit: Unit
+    amount: int
+    every: Cadence
+    start: str | None
+    end: str | None
+    carry_over: CarryOver
+    carry_limit: int | None
+    actor: str
+    reason: str
+    effective_us: int
+
+    @property
+    def entity(self) -> str:
+        return self.team
+
+    @property
+    def terms(self) -> tuple[int, Cadence, str | None, str | None, CarryOver, int | None]:
+        """What the policy says, for "has it changed?"."""
+        return (self.amount, self.every, self.start, self.end, self.carry_over, self.carry_limit)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetAllowanceGranted:
+    """The ledger's record of what a recurring budget granted `team` for `period`: `allowance`
+    (the policy's amount at the start of an allowance period, else 0) and `carried` (of the
+    previous month's `remainder`). Derived by the ledger, never accepted on the `admin` topic;
+    `policy` is the id of the `BudgetPolicySet` in force, `every` its cadence."""
+
+    KIND: ClassVar[AdminKind] = AdminKind.BUDGET_ALLOWANCE_GRANTED
+    team: str
+    unit: Unit
+    period: str
+    allowance: int
+    carried: int
+    remainder: int | None
+    policy: str
+    every: Cadence
+    actor: str
+    reason: str
+    effective_us: int
+
+    @property
+    def entity(self) -> str:
+        return self.team
+
+    @property
+    def granted(self) -> int:
+        return self.allowance + self.carried
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,11 +258,31 @@ class PeriodClosed:
         return self.period
 
 
-AdminEvent = BudgetGranted | PriceSet | TeamDefined | QuotaSet | AdjustmentRecorded | PeriodClosed
+AdminEvent = (
+    BudgetGranted
+    | PriceSet
+    | TeamDefined
+    | QuotaSet
+    | AdjustmentRecorded
+    | PeriodClosed
+    | BudgetPolicySet
+    | BudgetAllowanceGranted
+)
 EVENT_CLASSES: Mapping[AdminKind, type[AdminEvent]] = {
     cls.KIND: cls
-    for cls in (BudgetGranted, PriceSet, TeamDefined, QuotaSet, AdjustmentRecorded, PeriodClosed)
+    for cls in (
+        BudgetGranted,
+        PriceSet,
+        TeamDefined,
+        QuotaSet,
+        AdjustmentRecorded,
+        PeriodClosed,
+        BudgetPolicySet,
+        BudgetAllowanceGranted,
+    )
 }
+LEDGER_BUDGETS_SOURCE = "tally://ledger/budgets"  # the source of allowance records
+LEDGER_ACTOR = "tally-ledger"
 CURRENT_ADMIN_SCHEMA = 1
 V0_REASON = "(recorded by admin schema 0, which kept no reason)"
 

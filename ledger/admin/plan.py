@@ -11,7 +11,11 @@ from ledger.admin.events import (
     DEFAULT_ADJUSTMENTS,
     AdjustmentRecorded,
     AdminEvent,
+    BudgetAllowanceGranted,
     BudgetGranted,
+    BudgetPolicySet,
+    Cadence,
+    CarryOver,
     PriceSet,
     QuotaSet,
     TeamDefined,
@@ -59,11 +63,31 @@ class BudgetSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class PolicySpec:
+    """A team's recurring budget of `unit`: `amount` every month or quarter (see
+    `ledger.admin.recurring`); `start` None means from the month it is applied in."""
+
+    team: str
+    unit: Unit
+    amount: int
+    every: Cadence = Cadence.MONTH
+    start: str | None = None
+    end: str | None = None
+    carry_over: CarryOver = CarryOver.NONE
+    carry_limit: int | None = None
+
+    @property
+    def terms(self) -> tuple[int, Cadence, str | None, str | None, CarryOver, int | None]:
+        return (self.amount, self.every, self.start, self.end, self.carry_over, self.carry_limit)
+
+
+@dataclass(frozen=True, slots=True)
 class DesiredState:
     teams: tuple[TeamSpec, ...] = ()
     prices: tuple[PriceSpec, ...] = ()
     quotas: tuple[QuotaSpec, ...] = ()
     budgets: tuple[BudgetSpec, ...] = ()
+    policies: tuple[PolicySpec, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +105,9 @@ def plan_admin(
     desired state; a price without a date changes from `effective_us` on, never retroactively;
     a budget changes by a grant of the difference, checked against the total it was computed
     from (`expected_total`), so planning twice before the first plan is applied cannot grant
-    twice."""
+    twice. A recurring budget (`PolicySpec`) is set again when its terms differ from the policy
+    applied last for its team and unit; it is never ended because the file no longer names it
+    (give it an `end` instead)."""
     meta = (actor, reason, effective_us)
     events: list[AdminEvent] = []
     notes: list[str] = []
@@ -145,6 +171,10 @@ def plan_admin(
                 expected_total=applied,
             )
         )
+    for spec in desired.policies:
+        now_p = view.policy(spec.team, spec.unit)
+        if now_p is None or now_p.terms != spec.terms:
+            events.append(BudgetPolicySet(spec.team, spec.unit, *spec.terms, *meta))
     return AdminPlan(tuple(events), tuple(notes))
 
 
@@ -170,6 +200,21 @@ def describe(event: AdminEvent) -> str:
         return (
             f"adjust {event.account} by {event.amount:+d} {event.unit} in {event.period} "
             f"against {event.counter_account or DEFAULT_ADJUSTMENTS}"
+        )
+    if isinstance(event, BudgetPolicySet):
+        limit = "" if event.carry_limit is None else f" {event.carry_limit}"
+        if event.carry_over is CarryOver.PERCENT:
+            limit += "%"
+        return (
+            f"recurring budget {event.amount} {event.unit} every {event.every} for "
+            f"{event.team} from {event.start or 'this month'}"
+            + (f" to {event.end}" if event.end else "")
+            + f", carry-over {event.carry_over}{limit}"
+        )
+    if isinstance(event, BudgetAllowanceGranted):
+        return (
+            f"allowance {event.allowance} + carried {event.carried} {event.unit} to "
+            f"{event.team} for {event.period}"
         )
     return f"close {event.period}"
 

@@ -1,5 +1,6 @@
 """The applied admin log and what it adds up to: `AppliedAdmin` (an event and its outcome), its
-dict form for the log file, and `AdminView` (prices, teams, quotas, budgets, closed periods).
+dict form for the log file, and `AdminView` (prices, teams, quotas, one-off budgets, recurring
+budget policies and the allowances they granted, closed periods).
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ from typing import Any
 from ledger.admin.codec import admin_envelope_from_dict, admin_envelope_to_dict
 from ledger.admin.events import (
     AdminEnvelope,
+    BudgetAllowanceGranted,
     BudgetGranted,
+    BudgetPolicySet,
     PeriodClosed,
     PriceSet,
     QuotaSet,
     TeamDefined,
 )
+from ledger.admin.recurring import AppliedPolicy, PolicyKey
 from ledger.errors import EventError
 from ledger.pricing import Price, PriceBook
 from ledger.units import Unit
@@ -56,6 +60,9 @@ class AdminView:
     quotas: Mapping[QuotaKey, QuotaSet] = field(default_factory=dict)
     budgets: Mapping[BudgetKey, int] = field(default_factory=dict)
     closed: frozenset[str] = frozenset()
+    policies: Mapping[PolicyKey, tuple[AppliedPolicy, ...]] = field(default_factory=dict)
+    allowances: Mapping[tuple[str, Unit, str], BudgetAllowanceGranted] = field(default_factory=dict)
+    latest_allowance: Mapping[PolicyKey, BudgetAllowanceGranted] = field(default_factory=dict)
 
     @classmethod
     def from_log(cls, entries: Iterable[AppliedAdmin]) -> AdminView:
@@ -64,6 +71,9 @@ class AdminView:
         quotas: dict[QuotaKey, QuotaSet] = {}
         budgets: dict[BudgetKey, int] = {}
         closed: set[str] = set()
+        policies: dict[PolicyKey, list[AppliedPolicy]] = {}
+        allowances: dict[tuple[str, Unit, str], BudgetAllowanceGranted] = {}
+        latest: dict[PolicyKey, BudgetAllowanceGranted] = {}
         for entry in entries:
             if entry.outcome != "applied":
                 continue
@@ -79,7 +89,29 @@ class AdminView:
                 budgets[key] = budgets.get(key, 0) + event.amount
             elif isinstance(event, PeriodClosed):
                 closed.add(event.period)
-        return cls(tuple(prices), teams, quotas, budgets, frozenset(closed))
+            elif isinstance(event, BudgetPolicySet):
+                applied = AppliedPolicy(entry.envelope.id, event)
+                policies.setdefault((event.team, event.unit), []).append(applied)
+            elif isinstance(event, BudgetAllowanceGranted):
+                allowances[(event.team, event.unit, event.period)] = event
+                now = latest.get((event.team, event.unit))
+                if now is None or event.period > now.period:
+                    latest[(event.team, event.unit)] = event
+        return cls(
+            tuple(prices),
+            teams,
+            quotas,
+            budgets,
+            frozenset(closed),
+            {key: tuple(chain) for key, chain in policies.items()},
+            allowances,
+            latest,
+        )
+
+    def policy(self, team: str, unit: Unit) -> BudgetPolicySet | None:
+        """The policy for (team, unit) applied last, whatever its start."""
+        chain = self.policies.get((team, unit))
+        return chain[-1].policy if chain else None
 
     def price_book(self, default: PriceBook) -> PriceBook:
         """`default` plus every applied price; an applied price wins a tie with the default,

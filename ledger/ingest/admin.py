@@ -2,7 +2,9 @@
 applied admin event (prices, teams, quotas, closes) into the admin log, in offset order. Pure:
 the batch, the ledger's view and the configured cost centres.
 
-A grant into a closed period, a stale grant (its `expected_total` is not the ledger's), a
+A budget policy is recorded in the log (the samples route grants from it,
+`ledger.ingest.allowances`); an allowance record sent on the topic is refused. A grant into a
+closed period, a stale grant (its `expected_total` is not the ledger's), a
 reversal of an unknown, unreversible or already reversed transaction are refused as dead
 letters. A period closed by the batch takes nothing afterwards: later entries of the batch are
 booked into the next open period.
@@ -21,6 +23,7 @@ from ledger.admin import (
     AdjustmentRecorded,
     AdminEnvelope,
     AppliedAdmin,
+    BudgetAllowanceGranted,
     BudgetGranted,
     PeriodClosed,
     PriceSet,
@@ -61,9 +64,6 @@ def admin_keys(decoded: Sequence[DecodedAdmin]) -> ViewKeys:
     events = [e.data for e, _ in decoded]
     return ViewKeys(
         admin_ids=[e.id for e, _ in decoded],
-        budget_keys=frozenset(
-            (e.team, e.period, e.unit) for e in events if isinstance(e, BudgetGranted)
-        ),
         txn_ids=frozenset(
             e.reverses_txn
             for e in events
@@ -122,7 +122,8 @@ class _AdminFold:
         self.prices: dict[tuple[str, str | None], PriceSet] = {}
         for price in view.admin.prices:
             self._price_in_force(price)
-        self.totals = dict(view.budget_totals)
+        # One-off grants are checked against the one-off total (allowances are not in it).
+        self.totals = dict(view.admin.budgets)
         self.pending: dict[str, Transaction] = {}
         self.reversed: set[str] = set()
         self.transactions: list[SourcedTransaction] = []
@@ -160,6 +161,8 @@ class _AdminFold:
                 return problem
             self.totals[key] = total + event.amount
             before, after = grant_states(event, total)
+        elif isinstance(event, BudgetAllowanceGranted):
+            return "allowance records are made by the ledger from budget policies, not sent"
         elif isinstance(event, AdjustmentRecorded) and event.reverses_txn is not None:
             result = self._reversal(envelope, event.reverses_txn)
             if isinstance(result, str):

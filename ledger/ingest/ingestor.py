@@ -18,12 +18,14 @@ from ledger.events import DeadLetter, decode_message, encode_dead_letter, event_
 from ledger.holds import LEDGER_HOLDS_SOURCE
 from ledger.idle import IdleAlert, IdlePolicy, encode_alert
 from ledger.ingest.admin import admin_keys, closes_a_period, fold_admin
+from ledger.ingest.allowances import allowances_due, with_allowances
 from ledger.ingest.batch import Folded, FoldRules, decode_all
 from ledger.ingest.inventory import INVENTORY_KEYS, fold_inventory
 from ledger.ingest.jobs import DecodedJobs, fold_jobs
 from ledger.ingest.samples import fold_samples, sample_keys
 from ledger.ingest.validation import validate_batch, validate_columns
 from ledger.inventory import decode_report_message, encode_record, record_id
+from ledger.periods import period_label
 from ledger.posting_columns import PostingColumns
 from ledger.pricing import PriceBook
 from ledger.store.port import (
@@ -104,6 +106,10 @@ class Ingestor:
         self.topics = topics or OutputTopics()
         self.inputs = inputs or InputTopics()
         self._next: dict[PartitionKey, int] = store.applied_offsets(incarnation)
+        # The newest month whose allowances are all granted (`None`: not known since the start
+        # or since the last admin batch). Only skips work: planning again would grant nothing,
+        # so a restarted worker and a rebuild grant exactly what this one does.
+        self._granted_through: str | None = None
 
     @property
     def prices(self) -> PriceBook:
@@ -137,6 +143,7 @@ class Ingestor:
         admin_part = self._apply_admin(admin) if admin else None
         if admin_part is not None:
             self.rules = self._current_rules()
+            self._granted_through = None
         jobs_part = self._apply_jobs(jobs) if jobs else None
         inventory_part = self._apply_inventory(reports) if reports else None
         sample_part = self._apply_samples(samples) if samples else None
@@ -162,7 +169,29 @@ class Ingestor:
         decoded, dead = decode_all(fresh, decode_message)
         view = self.store.load_view(sample_keys(decoded))
         folded = fold_samples(decoded, view, self.rules)
-        return self._commit(fresh, folded, dead, len(decoded), view.closed)
+        through = None
+        if decoded:
+            through = period_label(max(envelope.time_us for envelope, _ in decoded))
+            if self._granted_through is not None and through <= self._granted_through:
+                through = None
+        if through is not None:
+            admin = self.store.admin_view()
+            if allowances_due(admin, through):
+                folded, complete = with_allowances(
+                    folded,
+                    admin,
+                    through,
+                    view.closed,
+                    self.store.balance_rows(),
+                    self.rules.cost_centres,
+                    decoded[-1][1],
+                )
+                if not complete:
+                    through = None  # more months are due: plan again with the next batch
+        part = self._commit(fresh, folded, dead, len(decoded), view.closed)
+        if through is not None:
+            self._granted_through = through
+        return part
 
     def _apply_jobs(self, fresh: Sequence[ConsumedMessage]) -> _Part:
         batch = DecodedJobs(fresh)

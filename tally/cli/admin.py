@@ -245,7 +245,8 @@ def _unit_header(unit: str, fmt: OutputFormat) -> str:
 @click.option(
     "--budgets",
     is_flag=True,
-    help="Budgets instead of accounts: granted − consumed − open holds (default: current period).",
+    help="Budgets instead of accounts: granted (of which a recurring budget's allowance and "
+    "carry-over) − consumed − open holds (default: current period).",
 )
 @output_option
 def balances(
@@ -268,25 +269,37 @@ def balances(
     directory = resolve_ledger_dir(config_path, data_dir)
     try:
         rows = sealed_balances(directory)
+        applied = AdminView.from_log(load_admin_log(Path(directory) / SEGMENTS_DIR))
     except LedgerError as exc:
         fail(str(exc), Exit.LEDGER)
     fmt = OutputFormat(output)
     if budgets:
         statuses = [s for s in budget_statuses(rows, period) if team in (None, s.team)]
-        headers = ["team", "period", "unit", "granted", "consumed", "open_holds", "remaining"]
-        table = [
-            [
-                s.team,
-                s.period,
-                _unit_header(line.unit, fmt),
-                *(
-                    _amount(v, line.unit, fmt)
-                    for v in (line.granted, line.consumed, line.open_holds, line.remaining)
-                ),
-            ]
-            for s in statuses
-            for line in s.lines
+        headers = [
+            "team",
+            "period",
+            "unit",
+            "granted",
+            "allowance",
+            "carried",
+            "consumed",
+            "open_holds",
+            "remaining",
         ]
+        table: list[list[str | int]] = []
+        for s in statuses:
+            for line in s.lines:
+                record = applied.allowances.get((s.team, Unit(line.unit), s.period))
+                recurring = (record.allowance, record.carried) if record else (0, 0)
+                amounts = (line.granted, *recurring, line.consumed, line.open_holds)
+                table.append(
+                    [
+                        s.team,
+                        s.period,
+                        _unit_header(line.unit, fmt),
+                        *(_amount(v, line.unit, fmt) for v in (*amounts, line.remaining)),
+                    ]
+                )
     else:
         chosen = [
             r

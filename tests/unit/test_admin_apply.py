@@ -12,6 +12,10 @@ from click.testing import CliRunner
 from ledger.admin import (
     AdminView,
     BudgetGranted,
+    BudgetPolicySet,
+    Cadence,
+    CarryOver,
+    PolicySpec,
     PriceSet,
     QuotaSet,
     TeamDefined,
@@ -290,3 +294,96 @@ def test_ledger_adjust_cli_dry_run(tmp_path):
         "adjust consumer:vision/detection by -12500000 money_micros in 2026-11 "
         "against adjustments:manual"
     ) in result.output
+
+
+# ---------------------------------------------------------------------------- recurring budgets
+
+RECURRING = [
+    {"team": "vision", "every": "month", "money": "2500.00", "gpu_hours": 100, "carry_over": "25%"},
+    {
+        "team": "language",
+        "every": "quarter",
+        "gpu_hours": "12.5",
+        "start": "2027-01",
+        "end": "2027-12",
+        "carry_over": {"gpu_hours": 2},
+    },
+]
+
+
+def test_recurring_budgets_become_one_policy_per_unit():
+    desired = desired_admin_state(config(budgets=RECURRING))
+    assert desired.budgets == ()
+    assert desired.policies == (
+        PolicySpec(
+            "vision", Unit.MONEY, 2_500_000_000, Cadence.MONTH, None, None, CarryOver.PERCENT, 25
+        ),
+        PolicySpec(
+            "vision", Unit.GPU_MS, 360_000_000, Cadence.MONTH, None, None, CarryOver.PERCENT, 25
+        ),
+        PolicySpec(
+            "language",
+            Unit.GPU_MS,
+            45_000_000,
+            Cadence.QUARTER,
+            "2027-01",
+            "2027-12",
+            CarryOver.AMOUNT,
+            7_200_000,
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("budget", "message"),
+    [
+        ({"period": "2026-11", "every": "month"}, "either a period"),
+        ({}, "either a period"),
+        ({"period": "2026-11", "carry_over": "all"}, "belong to a recurring budget"),
+        ({"every": "week"}, "'month' or 'quarter'"),
+        ({"every": "month", "carry_over": "150%"}, "at most 100"),
+        ({"every": "month", "carry_over": "some"}, "a percentage such as"),
+        ({"every": "month", "carry_over": {"gpu_hours": 1}}, "exactly the budgeted units"),
+        ({"every": "month", "start": "2027-02", "end": "2027-01"}, "before start"),
+    ],
+    ids=[
+        "period-and-every",
+        "neither",
+        "carry-on-a-one-off",
+        "weekly",
+        "over-100-percent",
+        "unknown-carry",
+        "cap-of-another-unit",
+        "ends-before-start",
+    ],
+)
+def test_invalid_recurring_budgets_are_config_errors(budget, message):
+    entry = {"team": "vision", "money": "10.00", **budget}
+    with pytest.raises(ConfigError, match=message):
+        parse_config(a_config_dict(budgets=[entry]))
+
+
+def test_two_recurring_budgets_of_one_team_are_refused():
+    twice = [{"team": "vision", "every": "month", "money": 1}] * 2
+    with pytest.raises(ConfigError, match="two budgets for team 'vision' that recur"):
+        parse_config(a_config_dict(budgets=twice))
+
+
+def test_a_policy_is_planned_once_and_again_when_its_terms_change(ledger):
+    first = plan(config(budgets=RECURRING), ledger.view()).events
+    assert [describe(e) for e in first if isinstance(e, BudgetPolicySet)] == [
+        "recurring budget 2500000000 money_micros every month for vision from this month, "
+        "carry-over percent 25%",
+        "recurring budget 360000000 gpu_ms every month for vision from this month, "
+        "carry-over percent 25%",
+        "recurring budget 45000000 gpu_ms every quarter for language from 2027-01 to 2027-12, "
+        "carry-over amount 7200000",
+    ]
+    ledger.send(first)
+    assert plan(config(budgets=RECURRING), ledger.view()).events == ()
+    changed = [{**RECURRING[0], "carry_over": "all"}, RECURRING[1]]
+    again = plan(config(budgets=changed), ledger.view()).events
+    assert [(e.unit, e.carry_over, e.carry_limit) for e in again] == [
+        (Unit.MONEY, CarryOver.ALL, None),
+        (Unit.GPU_MS, CarryOver.ALL, None),
+    ]

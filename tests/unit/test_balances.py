@@ -216,9 +216,9 @@ def test_report_balances(store):
     )
     assert budgets.exit_code == 0, budgets.output
     assert budgets.output.splitlines() == [
-        "team,period,unit,granted,consumed,open_holds,remaining",
-        "vision,2026-11,gpu_ms,1000000,30000,50000,920000",
-        "vision,2026-11,money_micros,500000,25000,0,475000",
+        "team,period,unit,granted,allowance,carried,consumed,open_holds,remaining",
+        "vision,2026-11,gpu_ms,1000000,0,0,30000,50000,920000",
+        "vision,2026-11,money_micros,500000,0,0,25000,0,475000",
     ]
     table = CliRunner().invoke(
         cli, ["report", "balances", "--data-dir", str(store.data_dir), "--budgets"]

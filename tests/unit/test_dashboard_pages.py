@@ -22,6 +22,7 @@ from tally.stack import ledger_env
 from tests.builders import a_config_dict
 from tests.conftest import REPO, write_config
 from tests.unit.test_dashboard_seed import A100, END_US, H100, seed_ledger
+from tests.unit.test_recurring_ingest import ALLOWANCE, recurring_ledger
 
 APP = str(REPO / "dashboard" / "app.py")
 PLATFORM = "page_platform.py"
@@ -327,3 +328,17 @@ def test_the_stack_hands_the_dashboard_the_configs_price_book(tmp_path):
     config = load_config(path)
     book = decode_price_book(ledger_env(config, path)["TALLY_PRICES"])
     assert book == config.price_book() and book.energy and book.prices
+
+
+def test_finance_shows_a_recurring_budgets_allowance_and_carry(monkeypatch, tmp_path):
+    november, december = recurring_ledger(tmp_path / "ledger")
+    app = _app(monkeypatch, tmp_path / "ledger")
+    assert app.selectbox(key="period").value == "2026-12"
+    vision = _frame(app, "allowance").iloc[0]
+    carried = ALLOWANCE - november.consumed
+    assert (round(vision.allowance, 6), round(vision.carried, 6), round(vision.budget, 6)) == (
+        _money(ALLOWANCE),
+        _money(carried),
+        _money(december.granted),
+    )
+    assert round(vision.spent, 6) == _money(december.consumed)

@@ -3,7 +3,8 @@
 
 A simulated broker holds per-partition logs of the samples, admin and jobs topics. Rules
 produce samples (owners or none, shared GPUs, MIG slices, malformed messages), admin events
-(grants, adjustments, reversals, price changes, period closes), holds and collector resends;
+(grants, recurring budget policies, adjustments, reversals, price changes, period closes),
+holds and collector resends;
 consume batches in Kafka's order (per partition, interleaved across partitions); redeliver
 what was applied; crash inside a commit and restart; restart the broker empty (a new
 incarnation); seal and compact, and prune the dedupe window as the worker does after a seal.
@@ -49,6 +50,9 @@ from hypothesis.stateful import (
 from ledger.admin import (
     AdjustmentRecorded,
     BudgetGranted,
+    BudgetPolicySet,
+    Cadence,
+    CarryOver,
     PeriodClosed,
     PriceSet,
     admin_envelope,
@@ -164,6 +168,26 @@ ADMIN = st.one_of(
         st.integers(0, TIMES),
     ),
     st.builds(lambda period: PeriodClosed(period, *META, DEC_US + 86_400_000_000), PERIODS),
+    # recurring budgets: the samples reaching a month grant their allowances and carry-over
+    st.builds(
+        lambda team, unit, amount, carry, when: BudgetPolicySet(
+            team,
+            unit,
+            amount,
+            Cadence.MONTH,
+            None,
+            None,
+            carry,
+            50 if carry is CarryOver.PERCENT else None,
+            *META,
+            at(when),
+        ),
+        st.sampled_from(("vision", "language")),
+        st.sampled_from((Unit.MONEY, Unit.GPU_MS)),
+        st.integers(0, 1_000_000),
+        st.sampled_from((CarryOver.NONE, CarryOver.ALL, CarryOver.PERCENT)),
+        st.integers(0, TIMES),
+    ),
 )
 HOLDS = st.one_of(
     st.builds(

@@ -1,5 +1,6 @@
 """Rollups behind the Finance page: cost over time and by dimension, the top jobs, idle waste,
-budget burn-down with its month-end forecast, and the FOCUS export's bytes.
+budget burn-down (with a recurring budget's allowance and carry-over) and its month-end
+forecast, and the FOCUS export's bytes.
 
 Money is booked money: a period filter selects postings booked into the period (as
 `ledger.read.reports` does).
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from ledger.admin import AdminView
+from ledger.errors import LedgerError
 from ledger.pricing import PriceBook
 from ledger.read.focus import ExportFormat, FocusContext, focus_table, write_focus
 from ledger.read.reports import (
@@ -26,6 +29,8 @@ from ledger.read.reports import (
     period_of,
 )
 from ledger.read.rollups.shared import DAY_US, Filters
+from ledger.store.side_files import load_admin_log
+from ledger.units import Unit
 
 BUDGET_GRANT_KIND = "budget_grant"
 BUDGET_PREFIX = "budget:"
@@ -265,8 +270,11 @@ class BudgetStatus(StrEnum):
 class BudgetBurn:
     """A team's month: money budget granted, spent so far, and the month-end forecast.
 
-    `granted_micros` is None when no money budget was granted for the period. `daily` holds the
-    cumulative spend at the end of each day that had postings (day start µs, cumulative µ).
+    `granted_micros` is None when no money budget was granted for the period. Of it, a recurring
+    budget granted `allowance_micros` and carried `carried_micros` over from the previous month
+    (both None without a recurring money budget that month; the rest are one-off grants).
+    `daily` holds the cumulative spend at the end of each day that had postings (day start µs,
+    cumulative µ).
     """
 
     team: str
@@ -278,6 +286,8 @@ class BudgetBurn:
     daily: tuple[tuple[int, int], ...]
     rate_window_us: int
     rate_window_micros: int
+    allowance_micros: int | None = None  # a recurring budget's allowance for the period
+    carried_micros: int | None = None  # what it carried over from the previous month
 
     @property
     def remaining_micros(self) -> int | None:
@@ -322,6 +332,9 @@ def budget_burn(
     it): what `ledger.read.statements` calls *used*. Grants are `budget_grant` postings on
     `budget:<team>`, whose credit is negative by the ledger's sign convention.
 
+    Allowance and carry-over come from the admin log's allowance records
+    (`ledger.admin.recurring`); an unreadable log leaves them None.
+
     The forecast is a run rate in integers: spend in the last `window_days` before `as_of_us`
     (clipped to the period) × time left ÷ window length, rounded down.
     """
@@ -354,6 +367,10 @@ def budget_burn(
         if name is not None:
             per_day[name].append((int(day), int(amount)))
     granted = {str(name): int(amount) for name, amount in grants}
+    try:
+        recurring = AdminView.from_log(load_admin_log(q.root)).allowances
+    except LedgerError:
+        recurring = {}
     in_window = {name: int(amount) for name, amount in recent if name is not None}
     remaining_us = chosen.end_us - now
     window_us = now - window_start
@@ -365,6 +382,7 @@ def budget_burn(
             running += amount
             cumulative.append((day, running))
         rate_micros = in_window.get(name, 0)
+        record = recurring.get((name, Unit.MONEY, chosen.label))
         extra = rate_micros * remaining_us // window_us if window_us > 0 else 0
         burns.append(
             BudgetBurn(
@@ -377,6 +395,8 @@ def budget_burn(
                 daily=tuple(cumulative),
                 rate_window_us=window_us,
                 rate_window_micros=rate_micros,
+                allowance_micros=record.allowance if record else None,
+                carried_micros=record.carried if record else None,
             )
         )
     return tuple(burns)
