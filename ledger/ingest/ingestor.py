@@ -23,7 +23,8 @@ from ledger.ingest.inventory import INVENTORY_KEYS, fold_inventory
 from ledger.ingest.jobs import DecodedJobs, fold_jobs
 from ledger.ingest.samples import fold_samples, sample_keys
 from ledger.ingest.validation import validate_batch, validate_columns
-from ledger.inventory import decode_report_message, encode_record, record_id
+from ledger.inventory import encode_record, record_id
+from ledger.inventory.health_events import decode_inventory_message
 from ledger.posting_columns import PostingColumns
 from ledger.pricing import PriceBook
 from ledger.store.port import (
@@ -171,7 +172,7 @@ class Ingestor:
         return self._commit(fresh, folded, batch.dead, batch.count, view.closed)
 
     def _apply_inventory(self, fresh: Sequence[ConsumedMessage]) -> _Part:
-        decoded, dead = decode_all(fresh, decode_report_message)
+        decoded, dead = decode_all(fresh, decode_inventory_message)
         view = self.store.load_view(INVENTORY_KEYS)
         folded = fold_inventory(decoded, view)
         return self._commit(fresh, folded, dead, len(decoded), view.closed)

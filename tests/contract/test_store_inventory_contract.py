@@ -10,8 +10,9 @@ from dataclasses import replace
 
 import pytest
 
+from ledger.events import GpuHealth, HealthKind, SampleSource, encode_health
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
-from ledger.inventory import decode_record, encode_report
+from ledger.inventory import GpuHealthState, decode_record, encode_report
 from ledger.pricing import Price, PriceBook
 from ledger.store.hot import DuckDBStore
 from ledger.store.layout import SEGMENTS_DIR
@@ -149,3 +150,60 @@ def test_the_duckdb_inventory_outlives_a_restart_is_copied_at_each_seal_and_rebu
         ("inventory", "GPU-0"),
         ("inventory", "GPU-1"),
     }
+
+
+def a_health_message(offset: int, health: GpuHealth) -> ConsumedMessage:
+    return ConsumedMessage(
+        REPORTS, 0, offset, encode_health(health, "nvml://node-01"), health.node.encode()
+    )
+
+
+def xid(code: int, at_us: int, uuid: str = "GPU-0") -> GpuHealth:
+    return GpuHealth(
+        "node-01", uuid, 0, HealthKind.XID_ERROR, f"XID {code}", at_us, SampleSource.NVML, code
+    )
+
+
+def test_health_events_fold_into_the_record_and_are_published_once(store):
+    ingest = an_ingestor(store)
+    ingest.apply([a_message(0, a_report())])
+    store.mark_sent([m.id for m in store.pending_outbox()])
+    result = ingest.apply([a_health_message(1, xid(79, T0_US + 1))])
+    assert result.dead_letters == ()
+    record = store.inventory()["GPU-0"]
+    assert (record.health, record.health_since_us, record.faults) == (
+        GpuHealthState.UNHEALTHY,
+        T0_US + 1,
+        1,
+    )
+    ((message,),) = [store.pending_outbox()]
+    assert decode_record(message.value) == record
+    store.mark_sent([message.id])
+    ingest.apply([a_health_message(2, xid(79, T0_US + 1))])  # the collector's resend
+    assert store.pending_outbox() == [] and store.inventory()["GPU-0"] == record
+
+
+def test_both_stores_fold_health_alike_and_the_rebuild_is_identical(tmp_path):
+    batches = [
+        [a_message(0, a_report("node-01", a_gpu("GPU-0"), a_gpu("GPU-1", 1)))],
+        [a_health_message(1, xid(74, T0_US + 1)), a_health_message(2, xid(79, T0_US + 2, "GPU-1"))],
+        [a_message(3, a_report("node-01", a_gpu("GPU-0"), a_gpu("GPU-1", 1), at_us=LATER))],
+    ]
+    seen = []
+    for store in (DuckDBStore(tmp_path / "ledger"), MemoryStore()):
+        ingest = an_ingestor(store)
+        for batch in batches:
+            ingest.apply(batch)
+        seen.append(store.inventory())
+        if isinstance(store, DuckDBStore):
+            store.seal()
+        store.close()
+    duck, memory = seen
+    assert memory == duck
+    assert (duck["GPU-0"].health, duck["GPU-1"].health) == (
+        GpuHealthState.DEGRADED,
+        GpuHealthState.UNHEALTHY,
+    )
+    settings = ReplaySettings(PRICES, {}, inputs=InputTopics(inventory=REPORTS))
+    report = rebuild(tmp_path / "ledger", tmp_path / "rebuilt", settings)
+    assert report.identical, report.differences
