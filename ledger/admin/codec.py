@@ -223,6 +223,8 @@ _FIELDS: Mapping[AdminKind, tuple[tuple[str, Decoder, bool], ...]] = {
         ("job_id", _optional(_text(256)), False),
     ),
     AdminKind.PERIOD_CLOSED: (("period", _period, True), *_META),
+    AdminKind.GPU_CORDONED: (("target", _text(256), True), *_META),
+    AdminKind.GPU_UNCORDONED: (("target", _text(256), True), *_META),
 }
 
 

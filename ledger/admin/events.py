@@ -1,6 +1,6 @@
 """The vocabulary of the `admin` topic: the admin event types (budgets, prices, teams, quotas,
-adjustments, period closes), their kinds, the `AdminEvent` union and envelope, and the limits and
-account rules every admin event obeys.
+adjustments, period closes, GPU cordons), their kinds, the `AdminEvent` union and envelope, and
+the limits and account rules every admin event obeys.
 
 Every dataclass here is frozen and slotted and holds tuples, never lists; every event carries who
 (`actor`), why (`reason`) and from when (`effective_us`).
@@ -42,6 +42,8 @@ class AdminKind(StrEnum):
     QUOTA_SET = "tally.admin.quota_set"
     ADJUSTMENT_RECORDED = "tally.admin.adjustment_recorded"
     PERIOD_CLOSED = "tally.admin.period_closed"
+    GPU_CORDONED = "tally.admin.gpu_cordoned"
+    GPU_UNCORDONED = "tally.admin.gpu_uncordoned"
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,10 +180,59 @@ class PeriodClosed:
         return self.period
 
 
-AdminEvent = BudgetGranted | PriceSet | TeamDefined | QuotaSet | AdjustmentRecorded | PeriodClosed
+@dataclass(frozen=True, slots=True)
+class GpuCordoned:
+    """No new placements on `target` (a GPU UUID, or a node: all its GPUs, also those it
+    reports later) until it is uncordoned; jobs running there keep running."""
+
+    KIND: ClassVar[AdminKind] = AdminKind.GPU_CORDONED
+    target: str
+    actor: str
+    reason: str
+    effective_us: int
+
+    @property
+    def entity(self) -> str:
+        return self.target
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUncordoned:
+    """`target` (a GPU UUID or a node) takes new placements again (if it is not unhealthy)."""
+
+    KIND: ClassVar[AdminKind] = AdminKind.GPU_UNCORDONED
+    target: str
+    actor: str
+    reason: str
+    effective_us: int
+
+    @property
+    def entity(self) -> str:
+        return self.target
+
+
+AdminEvent = (
+    BudgetGranted
+    | PriceSet
+    | TeamDefined
+    | QuotaSet
+    | AdjustmentRecorded
+    | PeriodClosed
+    | GpuCordoned
+    | GpuUncordoned
+)
 EVENT_CLASSES: Mapping[AdminKind, type[AdminEvent]] = {
     cls.KIND: cls
-    for cls in (BudgetGranted, PriceSet, TeamDefined, QuotaSet, AdjustmentRecorded, PeriodClosed)
+    for cls in (
+        BudgetGranted,
+        PriceSet,
+        TeamDefined,
+        QuotaSet,
+        AdjustmentRecorded,
+        PeriodClosed,
+        GpuCordoned,
+        GpuUncordoned,
+    )
 }
 CURRENT_ADMIN_SCHEMA = 1
 V0_REASON = "(recorded by admin schema 0, which kept no reason)"

@@ -12,6 +12,8 @@ from ledger.admin.events import (
     AdjustmentRecorded,
     AdminEvent,
     BudgetGranted,
+    GpuCordoned,
+    GpuUncordoned,
     PriceSet,
     QuotaSet,
     TeamDefined,
@@ -171,6 +173,10 @@ def describe(event: AdminEvent) -> str:
             f"adjust {event.account} by {event.amount:+d} {event.unit} in {event.period} "
             f"against {event.counter_account or DEFAULT_ADJUSTMENTS}"
         )
+    if isinstance(event, GpuCordoned):
+        return f"cordon {event.target}: {event.reason}"
+    if isinstance(event, GpuUncordoned):
+        return f"uncordon {event.target}: {event.reason}"
     return f"close {event.period}"
 
 

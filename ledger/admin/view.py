@@ -1,5 +1,6 @@
 """The applied admin log and what it adds up to: `AppliedAdmin` (an event and its outcome), its
-dict form for the log file, and `AdminView` (prices, teams, quotas, budgets, closed periods).
+dict form for the log file, and `AdminView` (prices, teams, quotas, budgets, closed periods,
+standing GPU cordons).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from ledger.admin.codec import admin_envelope_from_dict, admin_envelope_to_dict
 from ledger.admin.events import (
     AdminEnvelope,
     BudgetGranted,
+    GpuCordoned,
+    GpuUncordoned,
     PeriodClosed,
     PriceSet,
     QuotaSet,
@@ -56,6 +59,7 @@ class AdminView:
     quotas: Mapping[QuotaKey, QuotaSet] = field(default_factory=dict)
     budgets: Mapping[BudgetKey, int] = field(default_factory=dict)
     closed: frozenset[str] = frozenset()
+    cordons: Mapping[str, GpuCordoned] = field(default_factory=dict)  # standing, by target
 
     @classmethod
     def from_log(cls, entries: Iterable[AppliedAdmin]) -> AdminView:
@@ -64,6 +68,7 @@ class AdminView:
         quotas: dict[QuotaKey, QuotaSet] = {}
         budgets: dict[BudgetKey, int] = {}
         closed: set[str] = set()
+        cordons: dict[str, GpuCordoned] = {}
         for entry in entries:
             if entry.outcome != "applied":
                 continue
@@ -79,7 +84,11 @@ class AdminView:
                 budgets[key] = budgets.get(key, 0) + event.amount
             elif isinstance(event, PeriodClosed):
                 closed.add(event.period)
-        return cls(tuple(prices), teams, quotas, budgets, frozenset(closed))
+            elif isinstance(event, GpuCordoned):
+                cordons[event.target] = event
+            elif isinstance(event, GpuUncordoned):
+                cordons.pop(event.target, None)
+        return cls(tuple(prices), teams, quotas, budgets, frozenset(closed), cordons)
 
     def price_book(self, default: PriceBook) -> PriceBook:
         """`default` plus every applied price; an applied price wins a tie with the default,

@@ -1,5 +1,6 @@
-"""The admin route's fold: budget grants, adjustments and reversals into transactions, and every
-applied admin event (prices, teams, quotas, closes) into the admin log, in offset order. Pure:
+"""The admin route's fold: budget grants, adjustments and reversals into transactions, GPU
+cordons into the inventory records they change, and every applied admin event (prices, teams,
+quotas, closes, cordons) into the admin log, in offset order. Pure:
 the batch, the ledger's view and the configured cost centres.
 
 A grant into a closed period, a stale grant (its `expected_total` is not the ledger's), a
@@ -18,6 +19,8 @@ from ledger.admin import (
     AdminEnvelope,
     AppliedAdmin,
     BudgetGranted,
+    GpuCordoned,
+    GpuUncordoned,
     PeriodClosed,
     QuotaSet,
     TeamDefined,
@@ -29,6 +32,7 @@ from ledger.closing import booking_period
 from ledger.events import DeadLetter
 from ledger.ingest.batch import Folded, refused
 from ledger.ingest.validation import check_transaction
+from ledger.inventory import InventoryGpu, cordon_records
 from ledger.postings import Transaction
 from ledger.store.port import (
     ConsumedMessage,
@@ -55,6 +59,7 @@ def admin_keys(decoded: Sequence[DecodedAdmin]) -> ViewKeys:
             if isinstance(e, AdjustmentRecorded) and e.reverses_txn is not None
         ),
         admin=True,
+        inventory=any(isinstance(e, GpuCordoned | GpuUncordoned) for e in events),
     )
 
 
@@ -87,7 +92,9 @@ def fold_admin(
     return Folded(
         transactions=tuple(fold.transactions),
         dead=tuple(dead),
-        changes=StateChanges(admin=fold.entries, reversals=fold.reversals),
+        changes=StateChanges(
+            admin=fold.entries, reversals=fold.reversals, inventory=fold.inventory_changes()
+        ),
         duplicates=duplicates,
         derived_from=len(fold.transactions),
     )
@@ -110,6 +117,10 @@ class _AdminFold:
         self.transactions: list[SourcedTransaction] = []
         self.entries: list[AppliedAdmin] = []
         self.reversals: list[tuple[str, str]] = []
+        self.inventory = dict(view.inventory)
+
+    def inventory_changes(self) -> dict[str, InventoryGpu]:
+        return {u: g for u, g in self.inventory.items() if g != self.view.inventory.get(u)}
 
     def apply(self, envelope: AdminEnvelope, message: ConsumedMessage) -> str | None:
         """Fold one event; the reason it is refused, or None."""
@@ -153,6 +164,12 @@ class _AdminFold:
                 outcome = "unchanged"
             self.teams[event.team] = event
             self.centres[event.team] = event.cost_centre
+        elif isinstance(event, GpuCordoned | GpuUncordoned):
+            cordon = (event.actor, event.reason) if isinstance(event, GpuCordoned) else None
+            changed = cordon_records(self.inventory, event.target, cordon)
+            if not changed:
+                outcome = "unchanged: no GPU of the inventory changed"
+            self.inventory.update(changed)
         elif isinstance(event, QuotaSet):
             quota = self.quotas.get((event.team, event.pool, event.model))
             if quota is not None and quota.limits == event.limits:

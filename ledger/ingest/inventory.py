@@ -18,12 +18,14 @@ from ledger.inventory import fold_inventory as fold_records
 from ledger.inventory.health_events import InventoryEvent
 from ledger.store.port import ConsumedMessage, LedgerView, StateChanges, ViewKeys
 
-INVENTORY_KEYS = ViewKeys(inventory=True)
+INVENTORY_KEYS = ViewKeys(inventory=True, admin=True)  # admin: the standing cordons
 
 
 def fold_inventory(
     decoded: Sequence[tuple[InventoryEvent, ConsumedMessage]], view: LedgerView
 ) -> Folded:
     """The records the batch's events change, in the batch's order."""
-    changed = fold_records([envelope.data for envelope, _ in decoded], view.inventory)
+    cordons = {t: (c.actor, c.reason) for t, c in view.admin.cordons.items()}
+    events = [envelope.data for envelope, _ in decoded]
+    changed = fold_records(events, view.inventory, cordons=cordons)
     return Folded(changes=StateChanges(inventory=changed))

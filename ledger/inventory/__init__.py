@@ -18,6 +18,7 @@ from ledger.inventory.gpu import Fault, GpuHealthState, InventoryGpu, Severity
 from ledger.inventory.health import XID_CODES, severity_of, xid_meaning
 from ledger.inventory.state import (
     GpuStatus,
+    cordon_records,
     decode_record,
     encode_record,
     fold_inventory,
@@ -40,6 +41,7 @@ __all__ = [
     "InventoryType",
     "ReportedGpu",
     "Severity",
+    "cordon_records",
     "decode_record",
     "decode_report_message",
     "encode_record",

@@ -14,6 +14,10 @@ GPU is stale; and its record on the compacted `inventory` topic.
   envelope (`encode_record` / `decode_record`); its id is a digest of the record, so a record
   published again unchanged is the same message.
 
+Cordons (admin events, `ledger.ingest.admin`) set `cordoned`, `cordoned_by` and
+`cordon_reason` of the GPUs they name (`cordon_records`); a node's standing cordon also covers
+GPUs it reports later (`fold_inventory(cordons=…)`).
+
 Health events travel on the same `inventory-reports` topic (`ledger.inventory.health_events`)
 and fold into the same records (`ledger.inventory.health`); `fold_inventory` folds a batch of
 both in order. A report keeps the record's health and cordon; a report a healthy window after
@@ -68,13 +72,18 @@ def fold_reports(
     return fold_inventory(reports, current)
 
 
+Cordon = tuple[str, str]  # (actor, reason) of a standing cordon
+
+
 def fold_inventory(
     events: Sequence[InventoryReport | GpuHealth],
     current: Mapping[str, InventoryGpu],
     window_us: int = HEALTHY_WINDOW_US,
+    cordons: Mapping[str, Cordon] | None = None,
 ) -> dict[str, InventoryGpu]:
     """The records a batch of reports and health events changes (by GPU UUID), folded in
-    order over `current`."""
+    order over `current`. A GPU reported for the first time is cordoned when `cordons` (the
+    standing cordons, by GPU UUID or node) names it or its node."""
     changed: dict[str, InventoryGpu] = {}
     for event in events:
         if isinstance(event, GpuHealth):
@@ -83,9 +92,31 @@ def fold_inventory(
             for gpu in event.gpus:
                 old = changed.get(gpu.uuid) or current.get(gpu.uuid)
                 new = _reported(event, gpu, old, window_us)
+                standing = (cordons or {}).get(gpu.uuid) or (cordons or {}).get(event.node)
+                if old is None and standing is not None:
+                    new = replace(new, cordoned=True, cordoned_by=standing[0])
+                    new = replace(new, cordon_reason=standing[1])
                 if new != old:
                     changed[gpu.uuid] = new
     return {u: r for u, r in changed.items() if r != current.get(u)}
+
+
+def cordon_records(
+    current: Mapping[str, InventoryGpu], target: str, cordon: Cordon | None
+) -> dict[str, InventoryGpu]:
+    """The records a cordon (`cordon` = (actor, reason)) or an uncordon (`None`) of `target` —
+    a GPU UUID or a node — changes."""
+    changed = {}
+    for uuid, gpu in current.items():
+        if target not in (uuid, gpu.node):
+            continue
+        if cordon is None:
+            new = replace(gpu, cordoned=False, cordoned_by=None, cordon_reason=None)
+        else:
+            new = replace(gpu, cordoned=True, cordoned_by=cordon[0], cordon_reason=cordon[1])
+        if new != gpu:
+            changed[uuid] = new
+    return changed
 
 
 def _reported(

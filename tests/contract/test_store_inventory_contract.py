@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from ledger.admin import GpuCordoned, GpuUncordoned, admin_envelope, encode_admin
 from ledger.events import GpuHealth, HealthKind, SampleSource, encode_health
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
 from ledger.inventory import GpuHealthState, decode_record, encode_report
@@ -26,6 +27,7 @@ from tests.inventory_builders import a_gpu, a_record, a_report
 INC = "cluster-a"
 REPORTS = "tally.inventory-reports"
 INVENTORY = "tally.inventory"
+ADMIN = "tally.admin"
 LATER = T0_US + 2 * INTERVAL_US
 PRICES = PriceBook((Price("*", 3_600_000),))
 
@@ -207,3 +209,69 @@ def test_both_stores_fold_health_alike_and_the_rebuild_is_identical(tmp_path):
     settings = ReplaySettings(PRICES, {}, inputs=InputTopics(inventory=REPORTS))
     report = rebuild(tmp_path / "ledger", tmp_path / "rebuilt", settings)
     assert report.identical, report.differences
+
+
+def cordon_message(offset: int, event) -> ConsumedMessage:
+    key, value = encode_admin(admin_envelope(event))
+    return ConsumedMessage(ADMIN, 0, offset, value, key)
+
+
+def a_full_ingestor(store) -> Ingestor:
+    return Ingestor(
+        store,
+        INC,
+        PRICES,
+        {},
+        topics=OutputTopics(inventory=INVENTORY),
+        inputs=InputTopics(inventory=REPORTS, admin=ADMIN),
+    )
+
+
+def cordoned(store) -> dict[str, tuple[bool, str | None, str | None]]:
+    return {u: (g.cordoned, g.cordoned_by, g.cordon_reason) for u, g in store.inventory().items()}
+
+
+def test_a_cordon_marks_the_gpus_it_names_and_covers_a_nodes_later_gpus(store):
+    ingest = a_full_ingestor(store)
+    ingest.apply([a_message(0, a_report("node-01", a_gpu("GPU-0"), a_gpu("GPU-1", 1)))])
+    ingest.apply([a_message(1, a_report("node-02", a_gpu("GPU-2")))])
+    store.mark_sent([m.id for m in store.pending_outbox()])
+    ingest.apply([cordon_message(0, GpuCordoned("node-01", "ops", "fan", T0_US + 1))])
+    assert {m.key for m in store.pending_outbox()} == {b"GPU-0", b"GPU-1"}
+    ingest.apply([cordon_message(1, GpuCordoned("GPU-2", "ops", "flaky", T0_US + 2))])
+    assert cordoned(store) == {
+        "GPU-0": (True, "ops", "fan"),
+        "GPU-1": (True, "ops", "fan"),
+        "GPU-2": (True, "ops", "flaky"),
+    }
+    # node-01 reports a new GPU: the node's standing cordon covers it
+    later = a_report("node-01", a_gpu("GPU-0"), a_gpu("GPU-1", 1), a_gpu("GPU-3", 3), at_us=LATER)
+    ingest.apply([a_message(2, later)])
+    assert cordoned(store)["GPU-3"] == (True, "ops", "fan")
+    ingest.apply([cordon_message(2, GpuUncordoned("GPU-2", "bob", "fixed", T0_US + 3))])
+    assert cordoned(store)["GPU-2"] == (False, None, None)
+    log = [(e.envelope.data.KIND.value, e.outcome) for e in store.admin_entries()]
+    assert log[-1] == ("tally.admin.gpu_uncordoned", "applied")
+
+
+def test_cordons_fold_alike_in_both_stores_and_the_rebuild_replays_them(tmp_path):
+    batches = [
+        [a_message(0, a_report("node-01", a_gpu("GPU-0"), a_gpu("GPU-1", 1)))],
+        [cordon_message(0, GpuCordoned("node-01", "ops", "fan", T0_US + 1))],
+        [cordon_message(1, GpuUncordoned("GPU-1", "ops", "one is fine", T0_US + 2))],
+    ]
+    seen = []
+    for store in (DuckDBStore(tmp_path / "ledger"), MemoryStore()):
+        ingest = a_full_ingestor(store)
+        for batch in batches:
+            ingest.apply(batch)
+        seen.append(cordoned(store))
+        if isinstance(store, DuckDBStore):
+            store.seal()
+        store.close()
+    assert seen[0] == seen[1] == {"GPU-0": (True, "ops", "fan"), "GPU-1": (False, None, None)}
+    settings = ReplaySettings(PRICES, {}, inputs=InputTopics(inventory=REPORTS, admin=ADMIN))
+    report = rebuild(tmp_path / "ledger", tmp_path / "rebuilt", settings)
+    assert report.identical, report.differences
+    with DuckDBStore(tmp_path / "rebuilt") as rebuilt:
+        assert cordoned(rebuilt) == seen[0]
