@@ -2,11 +2,12 @@
 records they change,.
 
 Pure: the decoded events (each with the message it came from) and the view's inventory in,
-a `Folded` out whose only effect is `StateChanges.inventory`. No postings, no
+a `Folded` out: `StateChanges.inventory` and the health alerts the changes raise or resolve
+(`ledger.inventory.alerts`). No postings, no
 dedupe ids: a report or health event folded twice changes nothing the second time
 (`ledger.inventory.fold_inventory`), so a redelivered or resent one is harmless without them.
-The ingestor publishes each changed record on the `inventory` topic through the outbox, in
-the same commit.
+The ingestor publishes each changed record on the `inventory` topic and each alert on the
+alerts topic through the outbox, in the same commit: exactly once.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 
 from ledger.ingest.batch import Folded
 from ledger.inventory import fold_inventory as fold_records
+from ledger.inventory.alerts import health_alerts
 from ledger.inventory.health_events import InventoryEvent
 from ledger.store.port import ConsumedMessage, LedgerView, StateChanges, ViewKeys
 
@@ -28,4 +30,5 @@ def fold_inventory(
     cordons = {t: (c.actor, c.reason) for t, c in view.admin.cordons.items()}
     events = [envelope.data for envelope, _ in decoded]
     changed = fold_records(events, view.inventory, cordons=cordons)
-    return Folded(changes=StateChanges(inventory=changed))
+    alerts = health_alerts(view.inventory, changed)
+    return Folded(changes=StateChanges(inventory=changed), fleet_alerts=alerts)

@@ -12,7 +12,8 @@ Severity (`severity_of`), by event kind:
 
 The fold (`fold_health`, pure) per GPU record:
 - a fault raises the state to its severity (never lowers it), sets `health_reason` to the
-  event's meaning, `health_since_us` when the state changes, `last_fault_us`, counts it in
+  event's meaning, `health_since_us` when the GPU stops being healthy (the episode's start: a
+  GPU getting worse keeps it; back to healthy, it is when it healed), `last_fault_us`, counts it in
   `faults` and keeps it among the `RECENT_FAULTS` newest `recent_faults`;
 - recovery: a report naming the GPU at least `window_us` after its last fault (and, for a lost
   GPU, after a `recovered`) makes it `healthy` again (`heal`);
@@ -110,7 +111,8 @@ def apply_health(record: InventoryGpu, event: GpuHealth) -> InventoryGpu:
     state = GpuHealthState(severity.value)
     new = replace(new, last_fault_us=event.time_us)
     if RANK[state] > RANK[record.health]:
-        return replace(new, health=state, health_since_us=event.time_us, health_reason=meaning)
+        since = event.time_us if record.health is GpuHealthState.HEALTHY else record.health_since_us
+        return replace(new, health=state, health_since_us=since, health_reason=meaning)
     if state is record.health:
         return replace(new, health_reason=meaning)
     return new

@@ -12,6 +12,7 @@ import pytest
 
 from ledger.admin import GpuCordoned, GpuUncordoned, admin_envelope, encode_admin
 from ledger.events import GpuHealth, HealthKind, SampleSource, encode_health
+from ledger.fleet_alerts import HealthAlert, decode_any_alert
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
 from ledger.inventory import GpuHealthState, decode_record, encode_report
 from ledger.pricing import Price, PriceBook
@@ -178,9 +179,12 @@ def test_health_events_fold_into_the_record_and_are_published_once(store):
         T0_US + 1,
         1,
     )
-    ((message,),) = [store.pending_outbox()]
+    message, alert = sorted(store.pending_outbox(), key=lambda m: m.topic != INVENTORY)
     assert decode_record(message.value) == record
-    store.mark_sent([message.id])
+    raised = decode_any_alert(alert.value)
+    assert isinstance(raised, HealthAlert) and alert.key == b"GPU-0"
+    assert (raised.state, raised.reason) == ("unhealthy", "XID 79: GPU has fallen off the bus")
+    store.mark_sent([message.id, alert.id])
     ingest.apply([a_health_message(2, xid(79, T0_US + 1))])  # the collector's resend
     assert store.pending_outbox() == [] and store.inventory()["GPU-0"] == record
 

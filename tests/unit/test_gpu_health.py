@@ -124,7 +124,7 @@ def test_since_and_recent_faults_follow_the_events() -> None:
     current = {"GPU-0": a_record()}
     events = [xid(74, 1), xid(13, 2), xid(79, 3)]
     record = fold_inventory(events, current)["GPU-0"]
-    assert record.health_since_us == T0_US + 3 * S
+    assert record.health_since_us == T0_US + 1 * S  # the episode began with the XID 74
     assert record.last_fault_us == T0_US + 3 * S
     assert [(f.xid, f.severity) for f in record.recent_faults] == [
         (74, Severity.DEGRADED),
