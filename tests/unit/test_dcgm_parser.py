@@ -693,3 +693,42 @@ def test_energy_tracker_deltas_resets_and_forget() -> None:
     tracker.forget("g")
     assert tracker.observe("g", 900) is None
     assert tracker.observe("other", 5) is None
+
+
+ECC_ROWS = """\
+DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="GPU-e",modelName="NVIDIA H100",Hostname="n1"}} 10
+DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{gpu="0",UUID="GPU-e",modelName="NVIDIA H100",Hostname="n1"}} {dbe}
+DCGM_FI_DEV_RETIRED_PENDING{{gpu="0",UUID="GPU-e",modelName="NVIDIA H100",Hostname="n1"}} {pend}
+"""
+
+
+@pytest.mark.parametrize(
+    ("payloads", "kinds"),
+    [
+        pytest.param([(0, 0), (2, 0), (2, 0)], [[], ["ecc_dbe"], []], id="dbe-rise-once"),
+        pytest.param([(1, 0)], [["ecc_dbe"]], id="dbe-at-the-first-payload"),
+        pytest.param(
+            [(0, 0), (0, 1), (0, 1), (0, 0), (0, 1)],
+            [[], ["retired_pages"], [], [], ["retired_pages"]],
+            id="pending-on-each-rising-edge",
+        ),
+    ],
+)
+def test_ecc_and_retired_page_families_raise_health_on_rising_edges(
+    payloads: list[tuple[int, int]], kinds: list[list[str]]
+) -> None:
+    state: dict[str, tuple[int, int]] = {}
+    seen = []
+    for dbe, pending in payloads:
+        result = parse_metrics(
+            ECC_ROWS.format(dbe=dbe, pend=pending),
+            host_default="h",
+            pool="p",
+            time_us=T_US,
+            interval_us=INTERVAL_US,
+            previous_health=state,
+        )
+        state = dict(result.health_state)
+        seen.append([h.kind.value for h in result.health])
+        assert all(h.gpu_uuid == "GPU-e" and h.node == "n1" for h in result.health)
+    assert seen == kinds
