@@ -121,6 +121,7 @@ class DcgmCollector:
         self._last_time_us: dict[str, int] = {}
         self._energy = EnergyTracker()
         self._xid: dict[str, int] = {}
+        self._health_state: dict[str, tuple[int, int]] = {}  # ECC DBE total, pages pending
 
     def scrape(self) -> ScrapeResult:
         """Read the exporter once; raises DcgmScrapeError when it cannot be read."""
@@ -138,6 +139,7 @@ class DcgmCollector:
             interval_us=config.scrape_interval_us,
             namespaces=config.namespaces,
             previous_xid=self._xid,
+            previous_health=self._health_state,
             model_default=config.model_default,
         )
         counters = {reading.gpu_uuid: reading.counter_mj for reading in parsed.energy}
@@ -161,6 +163,7 @@ class DcgmCollector:
         self._xid.update(
             {s.gpu_uuid: s.xid_errors for s in parsed.samples if s.xid_errors is not None}
         )
+        self._health_state.update(parsed.health_state)
         return ScrapeResult(
             envelopes=tuple(envelopes),
             health=parsed.health,

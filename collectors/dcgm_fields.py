@@ -58,6 +58,8 @@ class Field(StrEnum):
     TEMPERATURE = "temperature"
     SM_CLOCK = "sm_clock"
     XID = "xid"
+    ECC_DBE = "ecc_dbe"
+    RETIRED_PENDING = "retired_pending"
     GR_ENGINE_ACTIVE = "gr_engine_active"
     SM_ACTIVE = "sm_active"
     SM_OCCUPANCY = "sm_occupancy"
@@ -76,6 +78,8 @@ FAMILIES: Mapping[str, Field] = MappingProxyType(
         "DCGM_FI_DEV_GPU_TEMP": Field.TEMPERATURE,
         "DCGM_FI_DEV_SM_CLOCK": Field.SM_CLOCK,
         "DCGM_FI_DEV_XID_ERRORS": Field.XID,
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": Field.ECC_DBE,
+        "DCGM_FI_DEV_RETIRED_PENDING": Field.RETIRED_PENDING,
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE": Field.GR_ENGINE_ACTIVE,
         "DCGM_FI_PROF_SM_ACTIVE": Field.SM_ACTIVE,
         "DCGM_FI_PROF_SM_OCCUPANCY": Field.SM_OCCUPANCY,
@@ -116,6 +120,8 @@ UNITS: Mapping[Field, Unit] = MappingProxyType(
         Field.TEMPERATURE: Unit(scale=1, hi=200, device_scoped=True),
         Field.SM_CLOCK: Unit(scale=1, hi=10_000, device_scoped=True),
         Field.XID: Unit(scale=1, hi=(1 << 31) - 1, device_scoped=True),
+        Field.ECC_DBE: Unit(scale=1, hi=(1 << 62), device_scoped=True),
+        Field.RETIRED_PENDING: Unit(scale=1, hi=(1 << 31) - 1, device_scoped=True),
         Field.GR_ENGINE_ACTIVE: _RATIO,
         Field.SM_ACTIVE: _RATIO,
         Field.SM_OCCUPANCY: _RATIO,

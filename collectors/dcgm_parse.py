@@ -26,6 +26,8 @@ Rules this module guarantees (and the tests pin); families, units and labels are
 - XID: `DCGM_FI_DEV_XID_ERRORS` is the last XID seen. A `GpuHealth(kind=XID_ERROR)` is emitted
   when it is non-zero and differs from the previous payload's value (one event per GPU, never
   per slice). The same XID twice in a row is indistinguishable from no new error.
+- ECC and retired pages (where the exporter publishes them): `collectors.dcgm_health`, one
+  event per rising edge; `health_state` is what the next payload compares with.
 - Energy: samples carry `energy_mj=None`; the cumulative counters come back as
   `EnergyReading`s for the collector, which alone knows the previous payload.
 - Nodes: the labels common to a node's used rows and its driver version come back as `nodes`
@@ -58,6 +60,7 @@ from collectors.dcgm_fields import (
     owner_from_labels,
     owner_too_long,
 )
+from collectors.dcgm_health import HealthState, dcgm_health
 from collectors.dcgm_nodes import NodeLabelLog
 from collectors.inventory import NodeFacts
 from ledger.attribution import unconfigured_slices
@@ -105,6 +108,7 @@ class ParseResult:
     energy: tuple[EnergyReading, ...] = ()
     activity: tuple[GpuActivity, ...] = ()
     nodes: Mapping[str, NodeFacts] = field(default_factory=dict)
+    health_state: Mapping[str, HealthState] = field(default_factory=dict)  # ECC, retired pages
 
 
 def parse_metrics(
@@ -117,12 +121,14 @@ def parse_metrics(
     namespaces: NamespaceOwners | None = None,
     previous_xid: Mapping[str, int] | None = None,
     model_default: str = "unknown",
+    previous_health: Mapping[str, HealthState] | None = None,
 ) -> ParseResult:
-    """Map one dcgm-exporter payload to samples, XID health events and problems.
+    """Map one dcgm-exporter payload to samples, health events and problems.
 
     Pure: no I/O, no clock. Every sample has `sample_time_us=time_us` and
     `interval_us=interval_us`. `previous_xid` is each GPU's XID value from the previous payload
-    (absent: 0). Raises ValueError only for invalid arguments, never for the text.
+    (absent: 0); `previous_health` its ECC and retired-page state (`collectors.dcgm_health`).
+    Raises ValueError only for invalid arguments, never for the text.
     """
     if not pool or len(pool) > MAX_LABEL_CHARS:
         raise ValueError("pool must be a non-empty name of at most 256 characters")
@@ -174,6 +180,7 @@ def parse_metrics(
         time_us=time_us,
         interval_us=interval_us,
         previous_xid=previous_xid or {},
+        previous_health=previous_health or {},
     )
     return replace(parsed, nodes=nodes.facts())
 
@@ -186,6 +193,7 @@ def _assemble(
     time_us: int,
     interval_us: int,
     previous_xid: Mapping[str, int],
+    previous_health: Mapping[str, HealthState],
 ) -> ParseResult:
     by_uuid: dict[str, list[GpuRows]] = {}
     for gpu in gpus:
@@ -194,6 +202,7 @@ def _assemble(
     health: list[GpuHealth] = []
     energy: list[EnergyReading] = []
     activity: list[GpuActivity] = []
+    health_state: dict[str, HealthState] = {}
     for uuid, rows in by_uuid.items():
         whole = next((gpu for gpu in rows if gpu.mig is None), None)
         slices = sorted(
@@ -211,6 +220,12 @@ def _assemble(
             samples.append(_sample(spare, {}, pool, time_us, interval_us))
         if Field.ENERGY in device:
             energy.append(EnergyReading(gpu_uuid=uuid, counter_mj=device[Field.ENERGY]))
+        more, state = dcgm_health(
+            parent.node, uuid, parent.index, device, previous_health.get(uuid), time_us
+        )
+        health.extend(more)
+        if state is not None:
+            health_state[uuid] = state
         xid = device.get(Field.XID, 0)
         if xid and xid != previous_xid.get(uuid, 0):
             meaning = XID_MEANING.get(xid)
@@ -232,6 +247,7 @@ def _assemble(
         problems=problems,
         energy=tuple(energy),
         activity=tuple(activity),
+        health_state=health_state,
     )
 
 

@@ -124,6 +124,9 @@ class FakeGpu:
     energy_mj: int = 1_000_000
     temperature_c: int = 35
     sm_clock_mhz: int = 1410
+    ecc_dbe: int = 0  # volatile uncorrected ECC errors
+    retired_pending: bool = False
+    clock_reasons: int = 0  # nvmlClocksEventReason* bits
     mig_capable: bool = True
     mig_enabled: bool = False
     max_mig_devices: int = 7
@@ -308,6 +311,25 @@ class FakeNvml:
         if clock_type != pynvml.NVML_CLOCK_SM:
             _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return gpu.sm_clock_mhz
+
+    def nvmlDeviceGetTotalEccErrors(
+        self, handle: FakeHandle, error_type: int, counter_type: int
+    ) -> int:
+        gpu = self._gpu("nvmlDeviceGetTotalEccErrors", handle)
+        if error_type != pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if counter_type != pynvml.NVML_VOLATILE_ECC:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.ecc_dbe
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: FakeHandle) -> int:
+        gpu = self._gpu("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        return int(
+            pynvml.NVML_FEATURE_ENABLED if gpu.retired_pending else pynvml.NVML_FEATURE_DISABLED
+        )
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeHandle) -> int:
+        return self._gpu("nvmlDeviceGetCurrentClocksEventReasons", handle).clock_reasons
 
     def nvmlDeviceGetMigMode(self, handle: FakeHandle) -> list[int]:
         gpu = self._gpu("nvmlDeviceGetMigMode", handle)

@@ -80,6 +80,7 @@ from collectors.nvml_device import (
     nvml_text,
     pct,
 )
+from collectors.nvml_health import HealthWatch
 from collectors.nvml_processes import ProcessOwnerResolver, ProcessReader, occupancy_util
 from ledger.attribution import unconfigured_slices
 from ledger.events import (
@@ -182,6 +183,7 @@ class NvmlCollector:
         self._event_set: Any = None
         self._problems = Problems()
         self._device = DeviceReader(nvml, self._problems)
+        self._health = HealthWatch(self._device, node)
         self._processes = ProcessReader(
             self._device, self._problems, owner_resolver, owner_refresh_rounds
         )
@@ -333,6 +335,7 @@ class NvmlCollector:
             gpu, "temperature", nvml.nvmlDeviceGetTemperature, h, _TEMP_GPU
         )
         sm_clock = self._device.call(gpu, "SM clock", nvml.nvmlDeviceGetClockInfo, h, _CLOCK_SM)
+        ctx.health.extend(self._health.read(gpu, now))
         power = self._device.call(gpu, "power", nvml.nvmlDeviceGetPowerUsage, h)
         energy, energy_delta = self._device.energy(gpu, self._round)
         gpu.last_time_us = now

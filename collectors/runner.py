@@ -6,8 +6,9 @@
   periodically once it keeps up with the clock.
 - `run_rounds` drives a real-time reader (NVML, dcgm-exporter, or anything whose `read_round()`
   returns samples and health events): one round per `interval_s` on the sampling grid, its
-  samples added to the producer and flushed, its health events sent to the alerts topic keyed
-  by GPU UUID, and the inventory reports that are due (`collectors.inventory`) with them. A
+  samples added to the producer and flushed, its health events sent after the inventory
+  reports that are due (`collectors.inventory`), on the same `inventory-reports` topic keyed
+  by node (the worker folds them into the GPU's inventory record). A
   read that raises is counted and logged and the loop goes on; a round that is
   due while the previous one is still being handled is skipped, never run in a burst.
 
@@ -163,8 +164,8 @@ async def run_rounds(
     `read_round` runs in a worker thread (NVML and HTTP reads block). `once` reads one round
     now, sends it and returns. `metrics` defaults to the producer's, so one `/metrics` shows
     both. Health events go to `health_topic_sender(key, value)` (e.g.
-    `producer.topic_sender(alerts_topic)`) when given, else they are only logged. `sleep(s)`
-    waits up to s seconds of `clock` time (default: real time, cut short by `stop`).
+    `producer.topic_sender(inventory_reports_topic)`) when given, else they are only logged.
+    `sleep(s)` waits up to s seconds of `clock` time (default: real time, cut short by `stop`).
     """
     if interval_s <= 0:
         raise ValueError(f"interval_s must be positive, got {interval_s}")
@@ -226,7 +227,7 @@ async def _one_round(
         if health_topic_sender is None:
             log.warning("GPU %s: %s (%s)", health.gpu_uuid, health.kind.value, health.detail)
             continue
-        health_topic_sender(health.gpu_uuid.encode(), encode_health(health, _health_source(health)))
+        health_topic_sender(health.node.encode(), encode_health(health, _health_source(health)))
     try:
         await producer.flush()
     except ProducerError as exc:  # no spool: the producer keeps the messages for next time

@@ -93,6 +93,7 @@ def _idle_report(q: ReportQueries, period: str | None, sharing: str) -> Any:
 
 # The queries a page may call, by name (the cache key names the query, never a closure).
 QUERIES: dict[str, Callable[..., Any]] = {
+    "fleet_health": rollups.fleet_health,
     "extent": rollups.extent,
     "cost_over_time": rollups.cost_over_time,
     "cost_table": rollups.cost_table,

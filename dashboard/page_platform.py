@@ -1,4 +1,5 @@
-"""Platform: the fleet now and over the last hours — utilisation, idle GPUs, occupancy.
+"""Platform: the fleet now and over the last hours — utilisation, idle GPUs, occupancy, GPU
+health (per GPU and node, recent faults with meaning, failure counts, cordons).
 
 Every figure comes from `ledger.read.rollups` over the sealed ledger; "now" is the newest sealed
 sample.
@@ -302,13 +303,87 @@ else:
     st.info("No samples in this window.")
 
 # ---------------------------------------------------------------------- nodes
+st.header("GPU health")
+health: rollups.FleetHealth = common.query("fleet_health", filters.pool)
+if not health.gpus:
+    st.info("No GPU inventory sealed yet: health appears once collectors report their nodes.")
+else:
+    h = st.columns(5)
+    h[0].metric("Healthy", f"{health.count('healthy'):,}")
+    h[1].metric("Degraded", f"{health.count('degraded'):,}")
+    h[2].metric(
+        "Unhealthy",
+        f"{health.count('unhealthy'):,}",
+        help="No new jobs are placed on an unhealthy GPU; jobs running there are requeued.",
+    )
+    h[3].metric("Cordoned", f"{health.cordoned:,}", help="tally inventory cordon NODE_OR_GPU")
+    h[4].metric("Faults", f"{health.fault_total:,}", help="Every fault recorded, all GPUs.")
+    st.subheader("By node")
+    st.dataframe(
+        pd.DataFrame(
+            {
+                "node": [n.node for n in health.nodes],
+                "pool": [n.pool for n in health.nodes],
+                "state": [n.state for n in health.nodes],
+                "gpus": [n.gpus for n in health.nodes],
+                "degraded": [n.degraded for n in health.nodes],
+                "unhealthy": [n.unhealthy for n in health.nodes],
+                "cordoned": [n.cordoned for n in health.nodes],
+                "faults": [n.faults for n in health.nodes],
+            }
+        ),
+        hide_index=True,
+        column_config={"state": st.column_config.TextColumn("State", help="worst GPU state")},
+    )
+    troubled = [g for g in health.gpus if g.health != "healthy" or g.cordoned or g.faults]
+    st.subheader("GPUs with faults or a cordon")
+    if troubled:
+        st.dataframe(
+            pd.DataFrame(
+                {
+                    "node": [g.node for g in troubled],
+                    "index": [g.index for g in troubled],
+                    "uuid": [g.uuid for g in troubled],
+                    "health": [g.health for g in troubled],
+                    "reason": [g.reason for g in troubled],
+                    "since": [
+                        common.timestamp(g.since_us) if g.since_us else None for g in troubled
+                    ],
+                    "faults": [g.faults for g in troubled],
+                    "cordon": [g.cordon for g in troubled],
+                }
+            ),
+            hide_index=True,
+            column_config={
+                "since": st.column_config.DatetimeColumn("Since (UTC)", format="YYYY-MM-DD HH:mm"),
+            },
+        )
+    else:
+        st.caption("Every GPU is healthy, with no fault recorded and no cordon.")
+    st.subheader("Recent faults")
+    if health.faults:
+        st.dataframe(
+            pd.DataFrame(
+                {
+                    "time": [common.timestamp(f.time_us) for f in health.faults],
+                    "node": [f.node for f in health.faults],
+                    "uuid": [f.uuid for f in health.faults],
+                    "xid": [f.xid for f in health.faults],
+                    "meaning": [f.meaning for f in health.faults],
+                    "severity": [f.severity for f in health.faults],
+                }
+            ),
+            hide_index=True,
+            column_config={
+                "time": st.column_config.DatetimeColumn("Time (UTC)", format="YYYY-MM-DD HH:mm"),
+                "xid": st.column_config.NumberColumn("XID", format="%d"),
+            },
+        )
+    else:
+        st.caption("No faults recorded.")
+
 st.header("Nodes")
-st.info(
-    "The ledger records GPU usage and utilisation only: node health signals (XID errors, "
-    "temperatures, clocks) are not stored in it yet, so they are not shown here. What the ledger "
-    "does show is when each node last reported.",
-    icon=":material/info:",
-)
+st.caption("When each node last sent a sample that reached the sealed ledger.")
 nodes: tuple[rollups.NodeSeen, ...] = common.query("nodes_last_seen", filters.pool)
 if nodes:
     newest = extent.newest_us

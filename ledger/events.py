@@ -98,6 +98,10 @@ class HealthKind(StrEnum):
     GPU_LOST = "gpu_lost"
     XID_ERROR = "xid_error"
     RECOVERED = "recovered"
+    ECC_DBE = "ecc_dbe"  # a double-bit (uncorrectable) ECC error counted
+    RETIRED_PAGES = "retired_pages"  # pages retired or rows remapped, or pending retirement
+    THERMAL_THROTTLE = "thermal_throttle"
+    POWER_THROTTLE = "power_throttle"
 
 
 class SampleSource(StrEnum):
@@ -559,7 +563,8 @@ def decode_message(
 
 
 def encode_health(health: GpuHealth, source: str) -> bytes:
-    """A health event in its envelope (published on the alerts topic, keyed by GPU UUID)."""
+    """A health event in its envelope (published on the `inventory-reports` topic, keyed by node;
+    the worker folds it into the GPU's inventory record: `ledger.inventory.health`)."""
     return encode_data(
         Envelope(
             id=event_id(source, f"{health.gpu_uuid}/{health.kind.value}", health.time_us),

@@ -7,6 +7,9 @@
   when the forecast no longer exceeds it).
 - `TeamIdleAlert`: a team's allocated-but-idle GPU time in one UTC day went over a threshold
   (`tally.team.idle`, once per team and day).
+- `HealthAlert`: a GPU went degraded or unhealthy (`tally.gpu.health.alert`, raised by the
+  ledger worker from the inventory's health fold, `ledger.health_alerts`), resolved by
+  `tally.gpu.health.resolved` when it is healthy again.
 - `JobAlert`: a job holds GPUs idle longer than its queue allows (`tally.job.idle`, resolved by
   `tally.job.idle.resolved`), or waits longer than its queue's threshold
   (`tally.job.pending`, resolved by `tally.job.pending.resolved` once admitted or ended).
@@ -15,7 +18,7 @@ Ids are content-derived and never include the time an alert was noticed, only wh
 the same alert (the team, period, unit and threshold; the team and day; the job and the start
 of its idle or waiting episode): whoever emits an alert again emits the same id, and delivery
 deduplicates it. `AnyAlert` is every alert the topic carries; `decode_any_alert` reads each of
-them (and raises `EventError` for anything else, the GPU health events included) and
+them (and raises `EventError` for anything else, raw GPU health events included) and
 `any_alert_to_dict` is its inverse.
 """
 
@@ -46,6 +49,8 @@ class FleetKind(StrEnum):
     JOB_IDLE_RESOLVED = "tally.job.idle.resolved"
     JOB_PENDING = "tally.job.pending"
     JOB_PENDING_RESOLVED = "tally.job.pending.resolved"
+    GPU_HEALTH = "tally.gpu.health.alert"
+    GPU_HEALTH_RESOLVED = "tally.gpu.health.resolved"
 
 
 RESOLVING = frozenset(
@@ -53,6 +58,7 @@ RESOLVING = frozenset(
         FleetKind.BUDGET_FORECAST_RESOLVED,
         FleetKind.JOB_IDLE_RESOLVED,
         FleetKind.JOB_PENDING_RESOLVED,
+        FleetKind.GPU_HEALTH_RESOLVED,
     }
 )
 ONE_SHOT = frozenset({FleetKind.BUDGET_THRESHOLD, FleetKind.TEAM_IDLE})
@@ -185,7 +191,46 @@ class JobAlert:
         return self.kind in RESOLVING
 
 
-FleetAlert = BudgetAlert | TeamIdleAlert | JobAlert
+@dataclass(frozen=True, slots=True)
+class HealthAlert:
+    """A GPU went degraded or unhealthy (`tally.gpu.health.alert`, raised again when it gets
+    worse), or is healthy again (`tally.gpu.health.resolved`).
+
+    `since_us` starts the episode (when it stopped being healthy); `state` is the state
+    raised (`degraded` / `unhealthy`; `healthy` when resolved); `reason` the fault's meaning
+    (an XID's words for the common codes, `ledger.inventory.health`); `faults` the GPU's
+    fault count so far.
+    """
+
+    kind: FleetKind
+    gpu_uuid: str
+    node: str
+    pool: str
+    model: str
+    state: str
+    reason: str
+    since_us: int
+    at_us: int
+    faults: int = 0
+
+    @property
+    def subject(self) -> str:
+        return self.gpu_uuid
+
+    @property
+    def episode(self) -> tuple[str, int]:
+        return f"gpu-health/{self.gpu_uuid}", self.since_us
+
+    @property
+    def id(self) -> str:
+        return _id(f"{self.episode[0]}/{self.state}", self.kind, self.since_us)
+
+    @property
+    def resolved(self) -> bool:
+        return self.kind in RESOLVING
+
+
+FleetAlert = BudgetAlert | TeamIdleAlert | JobAlert | HealthAlert
 AnyAlert = Alert | FleetAlert
 
 
@@ -209,6 +254,18 @@ def _data(alert: FleetAlert) -> dict[str, Any]:
             "threshold_pct": alert.threshold_pct,
             "forecast": alert.forecast,
             "exceed_at_us": alert.exceed_at_us,
+        }
+    if isinstance(alert, HealthAlert):
+        return {
+            "gpu_uuid": bounded(alert.gpu_uuid, ID_LIMIT),
+            "node": bounded(alert.node, ID_LIMIT),
+            "pool": bounded(alert.pool, ID_LIMIT),
+            "model": bounded(alert.model, ID_LIMIT),
+            "state": alert.state,
+            "reason": bounded(alert.reason, ID_LIMIT),
+            "since_us": alert.since_us,
+            "at_us": alert.at_us,
+            "faults": alert.faults,
         }
     if isinstance(alert, TeamIdleAlert):
         return {
@@ -247,7 +304,10 @@ def encode_fleet_alert(alert: FleetAlert) -> bytes:
 
 
 def alert_key(alert: FleetAlert) -> bytes:
-    """The message key: the team for team alerts, the job for job alerts."""
+    """The message key: the team for team alerts, the job for job alerts, the GPU for health
+    alerts."""
+    if isinstance(alert, HealthAlert):
+        return alert.gpu_uuid.encode()
     return (alert.job if isinstance(alert, JobAlert) else alert.team).encode()
 
 
@@ -286,6 +346,19 @@ def _fleet_from(doc: dict[str, Any], kind: FleetKind) -> FleetAlert:
             threshold_pct=_opt_int(data, "threshold_pct"),
             forecast=_opt_int(data, "forecast"),
             exceed_at_us=_opt_int(data, "exceed_at_us"),
+        )
+    if kind in (FleetKind.GPU_HEALTH, FleetKind.GPU_HEALTH_RESOLVED):
+        return HealthAlert(
+            kind=kind,
+            gpu_uuid=_str(data, "gpu_uuid"),
+            node=_str(data, "node"),
+            pool=_str(data, "pool"),
+            model=_str(data, "model"),
+            state=_str(data, "state"),
+            reason=_str(data, "reason"),
+            since_us=_int(data, "since_us"),
+            at_us=_int(data, "at_us"),
+            faults=_int(data, "faults"),
         )
     if kind is FleetKind.TEAM_IDLE:
         return TeamIdleAlert(

@@ -92,6 +92,7 @@ class PreemptReason(StrEnum):
     RECLAIM_LENT_QUOTA = "reclaim_lent_quota"  # a team takes back nominal quota it lent
     HIGHER_PRIORITY = "higher_priority"  # a higher-priority job needs the GPUs
     OVER_BUDGET = "over_budget"  # the job ran over budget, preemptible by anyone
+    GPU_UNHEALTHY = "gpu_unhealthy"  # a GPU it holds went unhealthy (`by` names the GPU)
 
 
 class FailReason(StrEnum):
@@ -241,7 +242,8 @@ class JobStarted:
 
 @dataclass(frozen=True, slots=True)
 class JobPreempted:
-    """A running job was stopped for job `by`; it goes back to its queue."""
+    """A running job was stopped for job `by` (for `gpu_unhealthy`: the GPU's UUID); it goes
+    back to its queue with the same attempt number (a preemption is no failed attempt)."""
 
     KIND: ClassVar[JobEventType] = JobEventType.PREEMPTED
     job_id: str

@@ -45,6 +45,7 @@ PREEMPT_TEXT: dict[PreemptReason, str] = {
     PreemptReason.RECLAIM_LENT_QUOTA: "its team was borrowing quota the lender took back",
     PreemptReason.HIGHER_PRIORITY: "a higher-priority job needed the GPUs",
     PreemptReason.OVER_BUDGET: "it ran over budget, and another job needed the GPUs",
+    PreemptReason.GPU_UNHEALTHY: "a GPU it held went unhealthy (it does not count as a retry)",
 }
 
 
@@ -72,7 +73,7 @@ def _line(event: JobEvent) -> str | None:
         return f"{at}  started"
     if isinstance(event, JobPreempted):
         return (
-            f"{at}  preempted by job {event.by}: {event.reason.value} — "
+            f"{at}  preempted by {_preempter(event)}: {event.reason.value} — "
             f"{PREEMPT_TEXT[event.reason]}" + (f" ({event.detail})" if event.detail else "")
         )
     if isinstance(event, JobReclaimed):
@@ -154,3 +155,9 @@ def _status(events: Sequence[JobEvent]) -> str:
             f"{PREEMPT_TEXT[last_preempt.reason]}"
         )
     return why
+
+
+def _preempter(event: JobPreempted) -> str:
+    if event.reason is PreemptReason.GPU_UNHEALTHY:
+        return f"GPU {event.by}"
+    return f"job {event.by}"

@@ -4,12 +4,15 @@ GPUs new placements may use.
 - `FleetInventory.on_record(value)` folds one message of the topic (a GPU's newest record, by
   UUID; an older record than the one held is ignored, so a replay in any order ends the same);
 - `placeable_nodes(gpus, now, stale_after_intervals)` (pure): the nodes, as the core's `Node`s,
-  of the GPUs that are healthy and not stale at `now` (`ledger.inventory.status_of`). A node
+  of the GPUs that are not unhealthy, not cordoned and not stale at `now`
+  (`ledger.inventory.status_of`; a degraded GPU still takes work). A node
   whose GPUs are of several (pool, model) flavors becomes one `Node` per flavor, named
   `<node>/<model>`. A GPU that no collector has reported does not exist for the scheduler;
 - `FleetInventory.sync(state, now)` hands the placeable nodes to the state
   (`SchedulerState.set_fleet`) when they differ from the last ones it handed over. Running
   jobs keep GPUs that went stale; only new placements avoid them;
+- `unhealthy(gpus)` (pure): the unhealthy GPUs and why; the service stops and requeues the jobs
+  running there (`scheduler.health`). A cordoned GPU only gets no new placements;
 - `device_ids`: GPU UUID → its index on its node, what `CUDA_VISIBLE_DEVICES` says (the local
   executor reads this mapping as it changes).
 
@@ -31,9 +34,18 @@ log = logging.getLogger("tally.scheduler")
 
 
 def placeable(gpu: InventoryGpu, now_us: int, stale_after_intervals: int) -> bool:
-    """Whether new placements may use `gpu` at `now_us`: healthy and not stale."""
+    """Whether new placements may use `gpu` at `now_us`: not unhealthy (a degraded GPU still
+    takes work), not cordoned, not stale."""
     live = status_of(gpu.last_seen_us, gpu.interval_us, now_us, stale_after_intervals)
-    return gpu.health is GpuHealthState.HEALTHY and live is GpuStatus.LIVE
+    usable = gpu.health is not GpuHealthState.UNHEALTHY and not gpu.cordoned
+    return usable and live is GpuStatus.LIVE
+
+
+def unhealthy(gpus: Iterable[InventoryGpu]) -> dict[str, str]:
+    """The unhealthy GPUs (UUID → why): the jobs running there are stopped and requeued."""
+    return {
+        g.uuid: g.health_reason or "unhealthy" for g in gpus if g.health is GpuHealthState.UNHEALTHY
+    }
 
 
 def placeable_nodes(
@@ -82,6 +94,9 @@ class FleetInventory:
             return
         self.gpus[gpu.uuid] = gpu
         self.device_ids[gpu.uuid] = str(gpu.index)
+
+    def unhealthy(self) -> dict[str, str]:
+        return unhealthy(self.gpus.values())
 
     def nodes(self, now_us: int) -> tuple[Node, ...]:
         return placeable_nodes(self.gpus.values(), now_us, self.stale_after_intervals)

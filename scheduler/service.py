@@ -27,8 +27,10 @@ Consumes
               rebuild what `scheduler.job_alerts` has open.
     inventory compacted, read to its end at start (before the jobs topic) and followed after:
               the GPUs the collectors report (`scheduler.inventory`). Before every decision the
-              placeable ones — healthy, not stale at that moment — become the state's fleet; a
-              GPU no collector reported is never placed on.
+              placeable ones — not unhealthy, not cordoned, not stale at that moment — become
+              the state's fleet; a GPU no collector reported is never placed on. A job running
+              on a GPU gone unhealthy is preempted (`gpu_unhealthy`) and requeued
+              (`scheduler.health`), before each tick's decisions.
 Produces, on `alerts` (when the dispatcher has a `JobAlertWatch`)
     `tally.job.idle` / `tally.job.pending` and their resolutions, keyed by job id, after each
     tick; best effort: kept for the next tick while the broker does not take them.
@@ -71,6 +73,7 @@ from ledger.job_events import JobAdmitted, JobEvent, JobPreempted
 from ledger.units import US_PER_HOUR
 from scheduler.dispatcher import DEFAULT_POLICY, Dispatcher
 from scheduler.errors import BrokerUnavailable, MessageRefused, Rejected, RejectKind
+from scheduler.health import unhealthy_decisions
 from scheduler.inventory import FleetInventory
 from scheduler.jobs_topic import Outgoing
 from scheduler.kafka import Feeds, KafkaPublisher, read_topic
@@ -255,10 +258,21 @@ class SchedulerService:
         if self.inventory is not None:
             self.inventory.sync(self.dispatcher.state, self.dispatcher.clock.now_us())
 
+    def stop_on_unhealthy(self) -> list[JobEvent]:
+        """Preempt the jobs running on GPUs the inventory calls unhealthy (`gpu_unhealthy`)."""
+        if self.inventory is None:
+            return []
+        bad = self.inventory.unhealthy()
+        if not bad:
+            return []
+        snap = self.dispatcher.state.snapshot(self.dispatcher.clock.now_us(), 1)
+        return self.dispatcher.apply(unhealthy_decisions(bad, snap))
+
     async def tick(self) -> list[JobEvent]:
         async with self.lock:
             self.sync_fleet()
-            events = self.dispatcher.decide()
+            events = self.stop_on_unhealthy()
+            events += self.dispatcher.decide()
             self._report(events)
             await self._commit(events, self.tick_publish_timeout_s)
             await self._publish_alerts()

@@ -1,14 +1,14 @@
 """Admin events: the vocabulary of the `admin` topic, its strict codec, and their ledger effects.
 
-Budgets, prices, teams, quotas, adjustments and period closes are events like any other, so the
-configuration's history is itself in the ledger. Every event carries who (`actor`), why
-(`reason`) and from when (`effective_us`).
+Budgets, prices, teams, quotas, adjustments, period closes and GPU cordons are events like any
+other, so the configuration's history is itself in the ledger. Every event carries who
+(`actor`), why (`reason`) and from when (`effective_us`).
 
 Invariants:
 - every dataclass here is frozen and slotted and holds tuples, never lists;
 - an envelope's `id` is derived from its content (type, entity, data and effective time) with
   `ledger.events.event_id`, so a resend is the same event; its `subject` is the entity it is
-  keyed by on the topic (team, model, account or transaction, period);
+  keyed by on the topic (team, model, account or transaction, period, cordoned GPU or node);
 - decoding is strict (unknown or missing fields, a float, bool or string where an integer
   belongs, an unknown unit, an invalid name or period are errors) and never raises: bad input
   becomes a `DeadLetter`; it goes through the generic codec (`ledger.envelope`), `ADMIN` being
@@ -66,6 +66,8 @@ from ledger.admin.events import (
     BudgetPolicySet,
     Cadence,
     CarryOver,
+    GpuCordoned,
+    GpuUncordoned,
     PeriodClosed,
     PriceSet,
     QuotaSet,
@@ -128,6 +130,8 @@ __all__ = [
     "CarryOver",
     "Decoder",
     "DesiredState",
+    "GpuCordoned",
+    "GpuUncordoned",
     "PeriodClosed",
     "PolicySpec",
     "PriceSet",

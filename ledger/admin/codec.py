@@ -260,6 +260,8 @@ _FIELDS: Mapping[AdminKind, tuple[tuple[str, Decoder, bool], ...]] = {
         ("every", _choice(Cadence), True),
         *_META,
     ),
+    AdminKind.GPU_CORDONED: (("target", _text(256), True), *_META),
+    AdminKind.GPU_UNCORDONED: (("target", _text(256), True), *_META),
 }
 
 

@@ -1,7 +1,7 @@
 """The vocabulary of the `admin` topic: the admin event types (budgets, recurring budget
-policies, prices, teams, quotas, adjustments, period closes), the allowance records the ledger
-derives from policies, their kinds, the `AdminEvent` union and envelope, and the limits and
-account rules every admin event obeys.
+policies, prices, teams, quotas, adjustments, period closes, GPU cordons), the allowance records
+the ledger derives from policies, their kinds, the `AdminEvent` union and envelope, and the
+limits and account rules every admin event obeys.
 
 Every dataclass here is frozen and slotted and holds tuples, never lists; every event carries who
 (`actor`), why (`reason`) and from when (`effective_us`).
@@ -45,6 +45,8 @@ class AdminKind(StrEnum):
     PERIOD_CLOSED = "tally.admin.period_closed"
     BUDGET_POLICY_SET = "tally.admin.budget_policy_set"
     BUDGET_ALLOWANCE_GRANTED = "tally.admin.budget_allowance_granted"
+    GPU_CORDONED = "tally.admin.gpu_cordoned"
+    GPU_UNCORDONED = "tally.admin.gpu_uncordoned"
 
 
 class Cadence(StrEnum):
@@ -258,6 +260,37 @@ class PeriodClosed:
         return self.period
 
 
+@dataclass(frozen=True, slots=True)
+class GpuCordoned:
+    """No new placements on `target` (a GPU UUID, or a node: all its GPUs, also those it
+    reports later) until it is uncordoned; jobs running there keep running."""
+
+    KIND: ClassVar[AdminKind] = AdminKind.GPU_CORDONED
+    target: str
+    actor: str
+    reason: str
+    effective_us: int
+
+    @property
+    def entity(self) -> str:
+        return self.target
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUncordoned:
+    """`target` (a GPU UUID or a node) takes new placements again (if it is not unhealthy)."""
+
+    KIND: ClassVar[AdminKind] = AdminKind.GPU_UNCORDONED
+    target: str
+    actor: str
+    reason: str
+    effective_us: int
+
+    @property
+    def entity(self) -> str:
+        return self.target
+
+
 AdminEvent = (
     BudgetGranted
     | PriceSet
@@ -267,6 +300,8 @@ AdminEvent = (
     | PeriodClosed
     | BudgetPolicySet
     | BudgetAllowanceGranted
+    | GpuCordoned
+    | GpuUncordoned
 )
 EVENT_CLASSES: Mapping[AdminKind, type[AdminEvent]] = {
     cls.KIND: cls
@@ -279,6 +314,8 @@ EVENT_CLASSES: Mapping[AdminKind, type[AdminEvent]] = {
         PeriodClosed,
         BudgetPolicySet,
         BudgetAllowanceGranted,
+        GpuCordoned,
+        GpuUncordoned,
     )
 }
 LEDGER_BUDGETS_SOURCE = "tally://ledger/budgets"  # the source of allowance records

@@ -16,6 +16,8 @@ from ledger.admin.events import (
     BudgetPolicySet,
     Cadence,
     CarryOver,
+    GpuCordoned,
+    GpuUncordoned,
     PriceSet,
     QuotaSet,
     TeamDefined,
@@ -216,6 +218,10 @@ def describe(event: AdminEvent) -> str:
             f"allowance {event.allowance} + carried {event.carried} {event.unit} to "
             f"{event.team} for {event.period}"
         )
+    if isinstance(event, GpuCordoned):
+        return f"cordon {event.target}: {event.reason}"
+    if isinstance(event, GpuUncordoned):
+        return f"uncordon {event.target}: {event.reason}"
     return f"close {event.period}"
 
 

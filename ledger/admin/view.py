@@ -1,6 +1,6 @@
 """The applied admin log and what it adds up to: `AppliedAdmin` (an event and its outcome), its
 dict form for the log file, and `AdminView` (prices, teams, quotas, one-off budgets, recurring
-budget policies and the allowances they granted, closed periods).
+budget policies and the allowances they granted, closed periods, standing GPU cordons).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from ledger.admin.events import (
     BudgetAllowanceGranted,
     BudgetGranted,
     BudgetPolicySet,
+    GpuCordoned,
+    GpuUncordoned,
     PeriodClosed,
     PriceSet,
     QuotaSet,
@@ -63,6 +65,7 @@ class AdminView:
     policies: Mapping[PolicyKey, tuple[AppliedPolicy, ...]] = field(default_factory=dict)
     allowances: Mapping[tuple[str, Unit, str], BudgetAllowanceGranted] = field(default_factory=dict)
     latest_allowance: Mapping[PolicyKey, BudgetAllowanceGranted] = field(default_factory=dict)
+    cordons: Mapping[str, GpuCordoned] = field(default_factory=dict)  # standing, by target
 
     @classmethod
     def from_log(cls, entries: Iterable[AppliedAdmin]) -> AdminView:
@@ -74,6 +77,7 @@ class AdminView:
         policies: dict[PolicyKey, list[AppliedPolicy]] = {}
         allowances: dict[tuple[str, Unit, str], BudgetAllowanceGranted] = {}
         latest: dict[PolicyKey, BudgetAllowanceGranted] = {}
+        cordons: dict[str, GpuCordoned] = {}
         for entry in entries:
             if entry.outcome != "applied":
                 continue
@@ -97,6 +101,10 @@ class AdminView:
                 now = latest.get((event.team, event.unit))
                 if now is None or event.period > now.period:
                     latest[(event.team, event.unit)] = event
+            elif isinstance(event, GpuCordoned):
+                cordons[event.target] = event
+            elif isinstance(event, GpuUncordoned):
+                cordons.pop(event.target, None)
         return cls(
             tuple(prices),
             teams,
@@ -106,6 +114,7 @@ class AdminView:
             {key: tuple(chain) for key, chain in policies.items()},
             allowances,
             latest,
+            cordons,
         )
 
     def policy(self, team: str, unit: Unit) -> BudgetPolicySet | None:

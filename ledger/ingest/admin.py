@@ -1,5 +1,6 @@
-"""The admin route's fold: budget grants, adjustments and reversals into transactions, and every
-applied admin event (prices, teams, quotas, closes) into the admin log, in offset order. Pure:
+"""The admin route's fold: budget grants, adjustments and reversals into transactions, GPU
+cordons into the inventory records they change, and every applied admin event (prices, teams,
+quotas, closes, cordons) into the admin log, in offset order. Pure:
 the batch, the ledger's view and the configured cost centres.
 
 A budget policy is recorded in the log (the samples route grants from it,
@@ -25,6 +26,8 @@ from ledger.admin import (
     AppliedAdmin,
     BudgetAllowanceGranted,
     BudgetGranted,
+    GpuCordoned,
+    GpuUncordoned,
     PeriodClosed,
     PriceSet,
     QuotaSet,
@@ -47,6 +50,7 @@ from ledger.ingest.audit import (
 )
 from ledger.ingest.batch import Folded, refused
 from ledger.ingest.validation import check_transaction
+from ledger.inventory import InventoryGpu, cordon_records
 from ledger.postings import Transaction
 from ledger.store.port import (
     ConsumedMessage,
@@ -70,6 +74,7 @@ def admin_keys(decoded: Sequence[DecodedAdmin]) -> ViewKeys:
             if isinstance(e, AdjustmentRecorded) and e.reverses_txn is not None
         ),
         admin=True,
+        inventory=any(isinstance(e, GpuCordoned | GpuUncordoned) for e in events),
     )
 
 
@@ -102,7 +107,12 @@ def fold_admin(
     return Folded(
         transactions=tuple(fold.transactions),
         dead=tuple(dead),
-        changes=StateChanges(admin=fold.entries, reversals=fold.reversals, audit=fold.audit),
+        changes=StateChanges(
+            admin=fold.entries,
+            reversals=fold.reversals,
+            audit=fold.audit,
+            inventory=fold.inventory_changes(),
+        ),
         duplicates=duplicates,
         derived_from=len(fold.transactions),
     )
@@ -130,6 +140,7 @@ class _AdminFold:
         self.entries: list[AppliedAdmin] = []
         self.reversals: list[tuple[str, str]] = []
         self.audit: list[AuditEntry] = []
+        self.inventory = dict(view.inventory)
 
     def _price_in_force(self, price: PriceSet) -> None:
         """Keep the latest effective price per (model, pool), as `AdminView.latest_price`."""
@@ -137,6 +148,9 @@ class _AdminFold:
         known = self.prices.get(key)
         if known is None or price.effective_us >= known.effective_us:
             self.prices[key] = price
+
+    def inventory_changes(self) -> dict[str, InventoryGpu]:
+        return {u: g for u, g in self.inventory.items() if g != self.view.inventory.get(u)}
 
     def apply(self, envelope: AdminEnvelope, message: ConsumedMessage) -> str | None:
         """Fold one event; the reason it is refused, or None."""
@@ -189,6 +203,12 @@ class _AdminFold:
             self.teams[event.team] = event
             self.centres[event.team] = event.cost_centre
             before, after = team_state(team), team_state(event)
+        elif isinstance(event, GpuCordoned | GpuUncordoned):
+            cordon = (event.actor, event.reason) if isinstance(event, GpuCordoned) else None
+            changed = cordon_records(self.inventory, event.target, cordon)
+            if not changed:
+                outcome = "unchanged: no GPU of the inventory changed"
+            self.inventory.update(changed)
         elif isinstance(event, QuotaSet):
             quota = self.quotas.get((event.team, event.pool, event.model))
             if quota is not None and quota.limits == event.limits:

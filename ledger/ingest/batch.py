@@ -9,6 +9,7 @@ from typing import TypeVar
 
 from ledger.closing import booking_period
 from ledger.events import DeadLetter
+from ledger.fleet_alerts import FleetAlert
 from ledger.holds import BookPeriod
 from ledger.idle import GpuIdleState, IdleAlert, IdlePolicy
 from ledger.periods import period_label
@@ -47,6 +48,7 @@ class Folded:
     duplicates: int = 0
     derived_from: int = 0
     columns: PostingColumns | None = None  # usage built column by column (the common case)
+    fleet_alerts: tuple[FleetAlert, ...] = ()  # other alerts for the alerts topic (GPU health)
 
 
 def decode_all(

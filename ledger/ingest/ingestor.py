@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from ledger.admin import decode_admin_message
 from ledger.events import DeadLetter, decode_message, encode_dead_letter, event_id
+from ledger.fleet_alerts import alert_key, encode_fleet_alert
 from ledger.holds import LEDGER_HOLDS_SOURCE
 from ledger.idle import IdleAlert, IdlePolicy, encode_alert
 from ledger.ingest.admin import admin_keys, closes_a_period, fold_admin
@@ -24,7 +25,8 @@ from ledger.ingest.inventory import INVENTORY_KEYS, fold_inventory
 from ledger.ingest.jobs import DecodedJobs, fold_jobs
 from ledger.ingest.samples import fold_samples, sample_keys
 from ledger.ingest.validation import validate_batch, validate_columns
-from ledger.inventory import decode_report_message, encode_record, record_id
+from ledger.inventory import encode_record, record_id
+from ledger.inventory.health_events import decode_inventory_message
 from ledger.periods import period_label
 from ledger.posting_columns import PostingColumns
 from ledger.pricing import PriceBook
@@ -200,7 +202,7 @@ class Ingestor:
         return self._commit(fresh, folded, batch.dead, batch.count, view.closed)
 
     def _apply_inventory(self, fresh: Sequence[ConsumedMessage]) -> _Part:
-        decoded, dead = decode_all(fresh, decode_report_message)
+        decoded, dead = decode_all(fresh, decode_inventory_message)
         view = self.store.load_view(INVENTORY_KEYS)
         folded = fold_inventory(decoded, view)
         return self._commit(fresh, folded, dead, len(decoded), view.closed)
@@ -230,18 +232,25 @@ class Ingestor:
         valid = transactions[:start] + derived
         columns, refused_columns = _checked_columns(folded.columns, closed)
         dead = [*decode_dead, *folded.dead, *refused, *refused_columns]
-        outbox = [
-            OutboxMessage(a.id, self.topics.alerts, a.gpu_uuid.encode(), encode_alert(a))
-            for a in folded.alerts
-        ] + [
-            OutboxMessage(
-                event_id("tally://deadletter", f"{d.topic}/{d.partition}/{d.offset}", index),
-                self.topics.deadletter,
-                None,
-                encode_dead_letter(d, self.incarnation),
-            )
-            for index, d in enumerate(dead)
-        ]
+        outbox = (
+            [
+                OutboxMessage(a.id, self.topics.alerts, a.gpu_uuid.encode(), encode_alert(a))
+                for a in folded.alerts
+            ]
+            + [
+                OutboxMessage(a.id, self.topics.alerts, alert_key(a), encode_fleet_alert(a))
+                for a in folded.fleet_alerts
+            ]
+            + [
+                OutboxMessage(
+                    event_id("tally://deadletter", f"{d.topic}/{d.partition}/{d.offset}", index),
+                    self.topics.deadletter,
+                    None,
+                    encode_dead_letter(d, self.incarnation),
+                )
+                for index, d in enumerate(dead)
+            ]
+        )
         inventory = self.topics.inventory
         if inventory is not None:
             outbox.extend(

@@ -281,8 +281,10 @@ class MigSliceView(Response):
 
 class InventoryGpuView(Response):
     """A GPU as the collectors report it. `status`: `live`, or `stale` when no report named it
-    for more than the configured number of sampling intervals; `placeable`: whether new jobs
-    may be placed on it now (healthy and live); `in_use`: whether a job holds it."""
+    for more than the configured number of sampling intervals; `health`: `healthy`, `degraded`
+    or `unhealthy` (with why, since when and the faults counted); `cordoned`: an operator keeps
+    new jobs off it (by whom, why); `placeable`: whether new jobs may be placed on it now (not
+    unhealthy, not cordoned, live); `in_use`: whether a job holds it."""
 
     uuid: str
     node: str
@@ -297,6 +299,12 @@ class InventoryGpuView(Response):
     cuda_version: str | None
     source: str
     health: str
+    health_reason: str | None
+    health_since_us: int | None
+    faults: int
+    cordoned: bool
+    cordoned_by: str | None
+    cordon_reason: str | None
     status: str
     placeable: bool
     in_use: bool

@@ -2,10 +2,12 @@
 only after the dispatcher recorded them (consumer group `tally-alerts` by default).
 
 Messages that are not alerts (`ledger.fleet_alerts.decode_any_alert`) are skipped
-(`read_alert`): their offsets are committed, they can never be delivered. The GPU health
-events that share the topic (`ledger.events.encode_health`, type `tally.gpu.health`) are
-expected there and skipped quietly (a debug line); anything else (junk, a malformed alert) is
-logged as an error. aiokafka's errors are translated here into `streams.kafka.BrokerError`.
+(`read_alert`): their offsets are committed, they can never be delivered. Raw GPU health
+events (`ledger.events.encode_health`, type `tally.gpu.health`) belong on `inventory-reports`
+now (the worker folds them and raises `tally.gpu.health.alert` here); one a collector of an
+older build still sends here is skipped quietly (a debug line); anything else (junk, a
+malformed alert) is logged as an error. aiokafka's errors are translated here into
+`streams.kafka.BrokerError`.
 """
 
 from __future__ import annotations

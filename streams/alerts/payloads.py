@@ -14,7 +14,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from ledger.alerts import Alert
-from ledger.fleet_alerts import ONE_DAY_US, AnyAlert, BudgetAlert, FleetKind, JobAlert, one_shot
+from ledger.fleet_alerts import (
+    ONE_DAY_US,
+    AnyAlert,
+    BudgetAlert,
+    FleetKind,
+    HealthAlert,
+    JobAlert,
+    one_shot,
+)
 from streams.alerts.chat import chat_body, signed
 from streams.alerts.settings import CHAT_KINDS, SinkKind, SinkSettings
 from streams.alerts.texts import facts, hours, iso, money, summary, title, when
@@ -29,6 +37,8 @@ ALERT_NAMES = {
     FleetKind.JOB_IDLE_RESOLVED: "TallyJobIdle",
     FleetKind.JOB_PENDING: "TallyJobPending",
     FleetKind.JOB_PENDING_RESOLVED: "TallyJobPending",
+    FleetKind.GPU_HEALTH: "TallyGpuHealth",
+    FleetKind.GPU_HEALTH_RESOLVED: "TallyGpuHealth",
 }
 
 
@@ -78,6 +88,16 @@ def alertmanager_labels(alert: AnyAlert) -> dict[str, str]:
             "user": alert.user,
             "job": alert.job,
         }
+    elif isinstance(alert, HealthAlert):
+        labels = {
+            "alertname": ALERT_NAMES[alert.kind],
+            "severity": "warning",  # constant: the resolution must name the same alert
+            "source": "tally",
+            "gpu_uuid": alert.gpu_uuid,
+            "node": alert.node,
+            "pool": alert.pool,
+            "model": alert.model,
+        }
     else:
         labels = {
             "alertname": ALERT_NAMES[alert.kind],
@@ -101,6 +121,8 @@ def _starts_us(alert: AnyAlert) -> int:
         return alert.since_us
     if isinstance(alert, JobAlert):
         return alert.since_us + alert.limit_us
+    if isinstance(alert, HealthAlert):
+        return alert.since_us
     if isinstance(alert, BudgetAlert) and not one_shot(alert):
         return alert.period_start_us
     return alert.at_us
@@ -124,6 +146,8 @@ def alertmanager_payload(
                 "waste": money(alert.waste_micros, currency),
                 "waste_gpu_hours": hours(alert.waste_gpu_ms),
             }
+        elif isinstance(alert, HealthAlert):
+            annotations |= {"state": alert.state, "reason": alert.reason}
         item: dict[str, Any] = {
             "labels": alertmanager_labels(alert),
             "annotations": annotations,

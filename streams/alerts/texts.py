@@ -12,7 +12,14 @@ from datetime import UTC, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from ledger.alerts import Alert
-from ledger.fleet_alerts import AnyAlert, BudgetAlert, FleetKind, JobAlert, TeamIdleAlert
+from ledger.fleet_alerts import (
+    AnyAlert,
+    BudgetAlert,
+    FleetKind,
+    HealthAlert,
+    JobAlert,
+    TeamIdleAlert,
+)
 from ledger.units import MICROS_PER_UNIT, MS_PER_HOUR, Unit
 
 TITLES = {
@@ -26,6 +33,8 @@ TITLES = {
     FleetKind.JOB_IDLE_RESOLVED: "Tally: idle job resolved",
     FleetKind.JOB_PENDING: "Tally: job pending too long",
     FleetKind.JOB_PENDING_RESOLVED: "Tally: pending job no longer waiting",
+    FleetKind.GPU_HEALTH: "Tally: GPU health",
+    FleetKind.GPU_HEALTH_RESOLVED: "Tally: GPU healthy again",
 }
 
 
@@ -166,6 +175,18 @@ def summary(alert: AnyAlert, currency: str) -> str:
         return _idle_summary(alert, currency)
     if isinstance(alert, BudgetAlert):
         return _budget_summary(alert, currency)
+    if isinstance(alert, HealthAlert):
+        gpu = f"GPU {alert.gpu_uuid} on {alert.node} ({alert.pool} / {alert.model})"
+        if alert.resolved:
+            return (
+                f"Resolved: {gpu} is healthy again ({when(alert.at_us)}), after trouble since "
+                f"{when(alert.since_us)}."
+            )
+        placements = "no new jobs go there" if alert.state == "unhealthy" else "it still runs jobs"
+        return (
+            f"{gpu} is {alert.state}: {alert.reason} (since {when(alert.since_us)}; "
+            f"{alert.faults} fault(s) so far; {placements})."
+        )
     if isinstance(alert, TeamIdleAlert):
         return (
             f"Team {alert.team} held {hours(alert.idle_gpu_ms)} allocated-but-idle GPU-hours on "
@@ -198,6 +219,16 @@ def facts(alert: AnyAlert, currency: str) -> list[tuple[str, str]]:
         if alert.forecast is not None:
             found.append(("Forecast by period end", amount(alert.forecast, alert.unit, currency)))
         return found
+    if isinstance(alert, HealthAlert):
+        return [
+            ("GPU", alert.gpu_uuid),
+            ("Node", alert.node),
+            ("Pool / model", f"{alert.pool} / {alert.model}"),
+            ("State", alert.state),
+            ("Reason", alert.reason),
+            ("Since", when(alert.since_us)),
+            ("Faults", str(alert.faults)),
+        ]
     if isinstance(alert, TeamIdleAlert):
         return [
             ("Team", alert.team),

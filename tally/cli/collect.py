@@ -223,7 +223,7 @@ def collect(
             producer,
             interval,
             stop,
-            health_topic_sender=producer.topic_sender(config.topics.alerts),
+            health_topic_sender=producer.topic_sender(config.topics.inventory_reports),
             reporter=InventoryReporter(
                 producer.topic_sender(config.topics.inventory_reports),
                 config.inventory.report_every_rounds,

@@ -1,22 +1,41 @@
 """`tally inventory list`: the GPUs the collectors report, as the ledger's last seal recorded
 them (`segments/inventory.json`, `ledger.store.side_files`), with each GPU's status now (`live`
-or `stale` after `inventory.stale_after_intervals` silent sampling intervals)."""
+or `stale` after `inventory.stale_after_intervals` silent sampling intervals), its health and
+cordon; `tally inventory cordon|uncordon NODE_OR_GPU --reason …`: the admin events that keep
+new placements off a node or GPU, and let them back."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ledger.errors import LedgerError
+from ledger.admin import (
+    GpuCordoned,
+    GpuUncordoned,
+    admin_event_from_dict,
+    admin_event_to_dict,
+)
+from ledger.errors import EventError, LedgerError
 from ledger.inventory import InventoryGpu, status_of
 from ledger.store.layout import SEGMENTS_DIR
 from ledger.store.side_files import load_inventory
+from tally.cli.admin import (
+    actor_option,
+    applied_admin,
+    default_actor,
+    dry_run_option,
+    echo_events,
+    now_us,
+    send_admin_events,
+)
 from tally.cli.options import (
     Exit,
+    bootstrap_option,
     config_option,
     data_dir_option,
     fail,
@@ -39,6 +58,9 @@ HEADERS = [
     "driver",
     "cuda",
     "health",
+    "health_reason",
+    "faults",
+    "cordoned",
     "status",
     "first_seen",
     "last_seen",
@@ -71,6 +93,9 @@ def inventory_rows(
                 g.driver_version,
                 g.cuda_version,
                 g.health.value,
+                g.health_reason,
+                g.faults,
+                f"{g.cordoned_by}: {g.cordon_reason}" if g.cordoned else None,
                 status.value,
                 _utc(g.first_seen_us),
                 _utc(g.last_seen_us),
@@ -112,3 +137,96 @@ def list_gpus(config_path: str, data_dir: str | None, output: str, pool: str | N
     now = time.time_ns() // 1000
     rows = inventory_rows(gpus, now, stale_after, fmt)
     click.echo(render(HEADERS, rows, fmt))
+
+
+# ---------------------------------------------------------------------------- cordons
+
+
+def _cordon(
+    target: str,
+    config_path: str,
+    bootstrap: str | None,
+    data_dir: str | None,
+    reason: str,
+    actor: str | None,
+    dry_run: bool,
+    on: bool,
+) -> None:
+    config = load_or_exit(config_path)
+    directory = resolve_ledger_dir(config_path, data_dir)  # exit 4 without a ledger
+    try:
+        gpus = [g for g in load_inventory(directory / SEGMENTS_DIR) if target in (g.uuid, g.node)]
+    except LedgerError as exc:
+        fail(str(exc), Exit.LEDGER)
+    if not gpus:
+        fail(f"no GPU or node {target!r} in the inventory (as of the last seal)", Exit.USAGE)
+    standing = target in applied_admin(directory).cordons
+    if on and standing:
+        click.echo(f"{target} is already cordoned")
+        return
+    if not on and not standing and not any(g.cordoned for g in gpus):
+        click.echo(f"{target} is not cordoned")
+        return
+    who = actor or default_actor()
+    kind = GpuCordoned if on else GpuUncordoned
+    try:
+        event = admin_event_from_dict(
+            kind.KIND, admin_event_to_dict(kind(target, who, reason, now_us()))
+        )
+    except EventError as exc:
+        fail(str(exc), Exit.USAGE)
+    echo_events([event], OutputFormat.TABLE)
+    if dry_run:
+        click.echo("dry run: not sent", err=True)
+        return
+    (sent,) = send_admin_events(config, bootstrap, [event])
+    click.echo(f"sent {sent} to {config.topics.admin}", err=True)
+
+
+def cordon_options(command: Callable[..., None]) -> Callable[..., None]:
+    for decorate in (
+        dry_run_option,
+        actor_option,
+        click.option("--reason", required=True, help="Why (recorded with the event)."),
+        data_dir_option,
+        bootstrap_option,
+        config_option,
+        click.argument("target", metavar="NODE_OR_GPU"),
+    ):
+        command = decorate(command)
+    return command
+
+
+@inventory.command()
+@cordon_options
+def cordon(
+    target: str,
+    config_path: str,
+    bootstrap: str | None,
+    data_dir: str | None,
+    reason: str,
+    actor: str | None,
+    dry_run: bool,
+) -> None:
+    """Cordon NODE_OR_GPU (a node name or a GPU UUID): the scheduler places nothing new on it
+    (a node: on each of its GPUs, also those it reports later); running jobs keep running.
+
+    An admin event with the actor and reason, applied by the worker. Exit 2 for a target the
+    inventory does not know, 3 when the broker does not take it, 4 without a ledger."""
+    _cordon(target, config_path, bootstrap, data_dir, reason, actor, dry_run, on=True)
+
+
+@inventory.command()
+@cordon_options
+def uncordon(
+    target: str,
+    config_path: str,
+    bootstrap: str | None,
+    data_dir: str | None,
+    reason: str,
+    actor: str | None,
+    dry_run: bool,
+) -> None:
+    """Uncordon NODE_OR_GPU: it takes new placements again (unless it is unhealthy). Exit
+    codes as for `cordon`."""
+    _cordon(target, config_path, bootstrap, data_dir, reason, actor, dry_run, on=False)

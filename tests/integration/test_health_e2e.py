@@ -1,162 +1,193 @@
-"""End to end against a real tansu broker: `tally worker` and `tally collect` serve `/healthz`
-and `/readyz` beside `/metrics`. Started with a backlog on the samples topic, the worker is
-alive at once, not ready while it has not joined the group or is behind, and ready once
-everything on the topic is applied (its own metrics agree). The collector serves on the host
-the config (or `--metrics-host`) names, and is ready once connected with an empty spool."""
+"""End to end with real processes on a real tansu broker: the simulated collector reports a
+node of three GPUs; an XID 79 published for the GPU a job runs on (as a collector sends it, on
+`inventory-reports`) → the worker folds it (unhealthy) and raises a health alert → the
+scheduler requeues the job with `gpu_unhealthy` (same attempt) onto another GPU and places
+nothing new on the sick one; `tally inventory cordon` of another GPU stops placements there
+too and `uncordon` brings it back; `tally alerts run` delivers the alert, with the XID's
+meaning, to a webhook receiver on loopback."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-import requests
-from aiokafka import AIOKafkaConsumer, TopicPartition
+import yaml
 
-from tests.conftest import child_env, create_topics, tally_command
-from tests.integration.support import fleet_of, load, pipeline_config, produce, rounds, wait_until
-from tests.integration.test_metrics_e2e import MetricsWorker, scrape, value
+from ledger.events import GpuHealth, HealthKind, SampleSource, encode_health
+from ledger.store.layout import SEGMENTS_DIR
+from ledger.store.side_files import load_inventory
+from streams.kafka import ensure_topics
+from tally.broker import free_port
+from tests.conftest import child_env, tally_command
+from tests.integration.support import (
+    CollectorProcess,
+    WorkerProcess,
+    load,
+    pipeline_config,
+    wait_until,
+)
+from tests.integration.test_scheduler_e2e import ADMIN, VISION, SchedulerProcess, tally
+from tests.unit.test_alerting import Receiver, _start_receiver
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
-async def _end_offsets(bootstrap: str, topic: str, partitions: int) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
-    await consumer.start()
-    try:
-        ends = await consumer.end_offsets([TopicPartition(topic, p) for p in range(partitions)])
-    finally:
-        await consumer.stop()
-    return sum(ends.values())
+@pytest.fixture
+def hook() -> Iterator[Receiver]:
+    """A Slack-style webhook receiver on 127.0.0.1."""
+    r = _start_receiver()
+    yield r
+    r.server.shutdown()
 
 
-def test_worker_turns_ready_once_its_backlog_is_applied(broker, tmp_path):
+def _config(tmp_path: Path, port: int, hook: str) -> dict[str, Any]:
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(yaml.safe_dump({"admin": ADMIN, "teams": {"vision": VISION}}))
     data = pipeline_config(tmp_path, nodes=1, partitions=2)
-    data["worker"] = {"batch_max_messages": 50, "batch_within_s": 0.05, "ready_max_lag": 0}
-    config, path = load(tmp_path, data)
-    topics = config.topics
-    create_topics(broker.bootstrap, list(topics.all().values()), 2)
-    produced = rounds(fleet_of(config), 0, 30)
-    asyncio.run(produce(broker.bootstrap, topics.samples, produced))
-    on_topic = asyncio.run(_end_offsets(broker.bootstrap, topics.samples, 2))
-    assert on_topic > 100  # a backlog of several batches of 50
-
-    worker = MetricsWorker(path, broker.bootstrap, tmp_path / "worker.log").start()
-    try:
-        base = worker.url().removesuffix("/metrics")
-        first = requests.get(f"{base}/readyz", timeout=5)
-        assert first.status_code == 503
-        assert first.json()["status"] == "not_ready"
-        assert requests.get(f"{base}/healthz", timeout=5).status_code == 200
-
-        answers: list[requests.Response] = []
-
-        def ready() -> bool:
-            answers.append(requests.get(f"{base}/readyz", timeout=5))
-            return answers[-1].status_code == 200
-
-        wait_until(ready, 90, "the worker to be ready", worker, interval_s=0.05)
-        applied = value(scrape(f"{base}/metrics"), "tally_worker_batch_messages_sum")
-        body = answers[-1].json()
-        live = requests.get(f"{base}/healthz", timeout=5)
-    finally:
-        assert worker.stop() == 0
-
-    assert body["status"] == "ready"
-    assert body["checks"]["broker"] == {"ok": True, "detail": "connected"}
-    assert body["checks"]["assigned"] == {"ok": True, "detail": "2 samples partitions assigned"}
-    assert body["checks"]["lag"] == {"ok": True, "detail": "0 messages behind (limit 0)"}
-    # ready means every sample on the topic is in the ledger
-    assert applied == sum(len(r) for r in produced)
-    # before that, it said why not: no partition yet, or messages behind
-    reasons = {
-        name
-        for answer in answers[:-1]
-        for name, check in answer.json()["checks"].items()
-        if not check["ok"]
+    data["fleet"]["pools"] = [data["fleet"]["pools"][0] | {"gpus_per_node": 3}]  # a100 only
+    data["fleet"]["workloads"] = {"training": 0, "inference": 0, "notebook": 0, "unallocated": 1}
+    data["sampling"] = {"interval_s": 1}
+    data["inventory"] = {"stale_after_intervals": 30, "report_every_rounds": 1}
+    data["quotas"] = [{"team": "vision", "pool": "a100", "model": "A100", "nominal": 8}]
+    data["queues"] = [{"name": "dev", "class": "dev"}]
+    data["scheduler"] = {
+        "port": port,
+        "cycle_interval_s": 0.2,
+        "work_dir": str(tmp_path / "scheduler"),
+        "tokens": {"file": str(tokens), "admin_env": None},
     }
-    assert reasons & {"assigned", "lag"}
-    assert live.status_code == 200
-    assert live.json()["status"] == "alive"
-    assert live.json()["checks"]["loop"]["ok"] is True
+    data["alerts"] = {"sinks": [{"name": "ops", "kind": "slack", "url": hook}]}
+    return data
 
 
-COLLECTOR_URL = re.compile(r"collector metrics on (http://\S+)/metrics")
+async def _publish(bootstrap: str, topic: str, health: GpuHealth) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        source = f"{health.source.value}://{health.node}"
+        await producer.send_and_wait(topic, encode_health(health, source), key=health.node.encode())
+    finally:
+        await producer.stop()
 
 
-def _collector(tmp_path: Path, bootstrap: str, *extra: str) -> tuple[subprocess.Popen, Path]:
-    data = pipeline_config(tmp_path, nodes=1)
-    data["metrics"] = {"collector_port": 0, "collector_host": "127.0.0.2"}
-    _, path = load(tmp_path, data)
-    log = tmp_path / "collector.log"
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            tally_command(
-                *("collect", "--source", "sim", "--config", str(path)),
-                *("--bootstrap", bootstrap, "--spool-dir", str(tmp_path / "spool")),
-                *extra,
-            ),
+def test_an_xid_79_requeues_the_job_and_cordons_keep_placements_off(
+    broker,
+    hook: Receiver,
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    api = f"http://127.0.0.1:{port}"
+    config, path = load(tmp_path, _config(tmp_path, port, hook.url))
+    topics = config.topics
+    asyncio.run(ensure_topics(broker.bootstrap, list(topics.all().values()), 2, topics.compacted()))
+    worker = WorkerProcess(path, broker.bootstrap, tmp_path / "worker.log").start()
+    collector = CollectorProcess(path, broker.bootstrap, tmp_path / "collect.log").start()
+    scheduler = SchedulerProcess(path, broker.bootstrap, tmp_path / "scheduler.log", api).start()
+    alerts_log = tmp_path / "alerts.log"
+    with alerts_log.open("ab") as out:
+        alerts = subprocess.Popen(
+            tally_command("alerts", "run", "--config", str(path), "--bootstrap", broker.bootstrap),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=child_env(),
             start_new_session=True,
         )
-    return proc, log
+    cli = ("--api", api, "--token", VISION)
+    release = tmp_path / "release"
+    wait = ("sh", "-c", f"while [ ! -e {release} ]; do sleep 0.1; done")
 
+    def gpus() -> dict[str, dict[str, Any]]:
+        return {g["uuid"]: g for g in scheduler.get("/v1/inventory", VISION)["gpus"]}
 
-def _base_url(proc: subprocess.Popen, log: Path) -> str:
-    found: list[str] = []
+    def submit(*command: str) -> str:
+        args = ("job", "submit", *cli, "-q", "dev", "-p", "detection", "--gpus", "1")
+        done = tally(*args, "--", *command)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
 
-    def logged() -> bool:
-        assert proc.poll() is None, log.read_text(errors="replace")
-        found.extend(COLLECTOR_URL.findall(log.read_text(errors="replace")))
-        return bool(found)
+    def job(job_id: str) -> dict[str, Any]:
+        return dict(scheduler.get(f"/v1/jobs/{job_id}")["job"])
 
-    wait_until(logged, 60, "the collector to log its metrics URL")
-    return found[-1]
+    def on(job_id: str) -> str:
+        (uuid,) = job(job_id)["assigned"]["gpu_uuids"]
+        return str(uuid)
 
-
-def _stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-    return proc.wait(30)
-
-
-def test_collector_serves_health_on_its_configured_host(broker, tmp_path):
-    create_topics(broker.bootstrap, ["tally.samples", "tally.alerts"], 2)
-    proc, log = _collector(tmp_path, broker.bootstrap)
     try:
-        base = _base_url(proc, log)
-        assert base.startswith("http://127.0.0.2:")  # metrics.collector_host, not 127.0.0.1
-        answers: list[requests.Response] = []
+        wait_until(lambda: len(gpus()) == 3, 60, "the collector's three GPUs", worker)
+        node = next(iter(gpus().values()))["node"]
+        first = submit(*wait)
+        wait_until(lambda: job(first)["state"] == "running", 30, "the first job to run", worker)
+        sick = on(first)
+        index = gpus()[sick]["index"]
 
-        def ready() -> bool:
-            answers.append(requests.get(f"{base}/readyz", timeout=5))
-            return answers[-1].status_code == 200
+        xid = GpuHealth(
+            node,
+            sick,
+            index,
+            HealthKind.XID_ERROR,
+            "XID 79",
+            time.time_ns() // 1000,
+            SampleSource.SIMULATED,
+            79,
+        )
+        asyncio.run(_publish(broker.bootstrap, topics.inventory_reports, xid))
+        wait_until(
+            lambda: gpus()[sick]["health"] == "unhealthy", 30, "the GPU to be unhealthy", worker
+        )
+        wait_until(
+            lambda: job(first)["state"] == "running" and on(first) != sick,
+            30,
+            "the job to run again on another GPU",
+            worker,
+        )
+        explained = tally("job", "explain", *cli, first)
+        assert f"preempted by GPU {sick}: gpu_unhealthy" in explained.stdout, explained.stdout
+        assert job(first)["attempt"] == 1  # a preemption, not a retry
+        assert not gpus()[sick]["placeable"]
+        assert "fallen off the bus" in (gpus()[sick]["health_reason"] or "")
 
-        wait_until(ready, 60, "the collector to be ready")
-        assert answers[-1].json()["checks"] == {
-            "broker": {"ok": True, "detail": "connected"},
-            "spool": {"ok": True, "detail": "empty"},
-        }
-        assert requests.get(f"{base}/healthz", timeout=5).status_code == 200
-        assert "tally_collector_broker_up 1.0" in requests.get(f"{base}/metrics", timeout=5).text
+        # cordon the last free GPU: the next job waits (sick and cordoned, the third busy)
+        free = next(u for u in gpus() if u not in (sick, on(first)))
+        wait_until(
+            lambda: free in {g.uuid for g in load_inventory(config.ledger.data_dir / SEGMENTS_DIR)},
+            30,
+            "the sealed inventory to list the GPU",
+            worker,
+        )
+        base = ("--config", str(path), "--bootstrap", broker.bootstrap, "--reason", "fan")
+        done = tally("inventory", "cordon", free, *base, "--actor", "ops")
+        assert done.returncode == 0, done.stderr
+        wait_until(lambda: gpus()[free]["cordoned"], 30, "the cordon to reach the scheduler")
+        assert gpus()[free]["cordoned_by"] == "ops" and not gpus()[free]["placeable"]
+        second = submit("true")
+        wait_until(lambda: job(second)["reason"] is not None, 30, "the second job to wait")
+        assert job(second)["state"] == "pending"
+        time.sleep(1)  # a few cycles: still nothing for it
+        assert job(second)["state"] == "pending"
+
+        done = tally("inventory", "uncordon", free, *base)
+        assert done.returncode == 0, done.stderr
+        wait_until(lambda: job(second)["state"] == "finished", 30, "the second job to run")
+        assert on(second) == free
+
+        posts = hook.wait_for(1, 30)
+        texts = [body["text"] for _, body in posts]
+        assert any(sick in t and "fallen off the bus" in t for t in texts), texts
     finally:
-        assert _stop(proc) == 0, log.read_text(errors="replace")
-
-
-def test_collector_without_a_broker_is_alive_but_not_ready(tmp_path):
-    proc, log = _collector(tmp_path, "127.0.0.1:1", "--metrics-host", "127.0.0.3")
-    try:
-        base = _base_url(proc, log)
-        assert base.startswith("http://127.0.0.3:")  # --metrics-host wins over the config
-        answer = requests.get(f"{base}/readyz", timeout=5)
-        assert requests.get(f"{base}/healthz", timeout=5).status_code == 200
-    finally:
-        _stop(proc)
-    assert answer.status_code == 503
-    assert answer.json()["checks"]["broker"]["ok"] is False
+        release.touch()
+        if alerts.poll() is None:
+            os.killpg(alerts.pid, signal.SIGTERM)
+        alerts.wait(30)
+        code = scheduler.stop()
+        collector.stop()
+        assert worker.stop() == 0
+    assert code == 0, (tmp_path / "scheduler.log").read_text()[-3000:]

@@ -11,6 +11,8 @@ from ledger.admin import (
     AdjustmentRecorded,
     AdminView,
     BudgetGranted,
+    GpuCordoned,
+    GpuUncordoned,
     PeriodClosed,
     PriceSet,
     QuotaSet,
@@ -48,6 +50,8 @@ EVENTS = {
     ),
     "reversal": AdjustmentRecorded.reversal("some-txn", *META),
     "period-closed": PeriodClosed("2026-10", *META),
+    "gpu-cordoned": GpuCordoned("node-01", *META),
+    "gpu-uncordoned": GpuUncordoned("GPU-0", *META),
 }
 
 

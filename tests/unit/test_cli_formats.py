@@ -89,8 +89,8 @@ CASES: dict[str, Case] = {
     ),
     "inventory list": case(
         "inventory list --data-dir {ledger}",
-        "node,index,uuid,pool,model,memory_mib,mig,labels,driver,cuda,health,status,first_seen,"
-        "last_seen",
+        "node,index,uuid,pool,model,memory_mib,mig,labels,driver,cuda,health,health_reason,faults,"
+        "cordoned,status,first_seen,last_seen",
         rows=0,  # the small ledger was fed samples, not inventory reports
     ),
     "job submit": case("job submit -q dev -p detection -- true", JOB, keys=JOB_KEYS),

@@ -118,3 +118,24 @@ def test_the_pool_comes_from_the_option_else_the_config(tmp_path, dcgm):
         assert result.exit_code == 0, result.output
         pools.append({e["data"]["pool"] for e in orjson.loads(result.stdout)})
     assert pools == [{"rack-7"}, {"spot"}]
+
+
+def cordon(*args: str):
+    return CliRunner().invoke(cli, ["inventory", *args])
+
+
+def test_cordon_and_uncordon_check_their_target_before_sending(ledger):
+    dry = cordon("cordon", "node-01", "--config", str(ledger), "--reason", "fan", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "gpu_cordoned" in dry.output and "cordon node-01: fan" in dry.output
+    gpu = cordon("uncordon", "GPU-0", "--config", str(ledger), "--reason", "ok", "--dry-run")
+    assert gpu.exit_code == 0 and "GPU-0 is not cordoned" in gpu.output
+    unknown = cordon("cordon", "node-77", "--config", str(ledger), "--reason", "x")
+    assert unknown.exit_code == 2 and "no GPU or node 'node-77'" in unknown.output
+    missing = cordon("cordon", "node-01", "--config", str(ledger))
+    assert missing.exit_code == 2 and "--reason" in missing.output
+
+
+def test_cordon_without_a_ledger_is_exit_4(tmp_path):
+    result = cordon("cordon", "node-01", "--data-dir", str(tmp_path / "nowhere"), "--reason", "x")
+    assert result.exit_code == 4 and "no ledger" in result.output

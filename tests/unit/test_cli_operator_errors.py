@@ -166,7 +166,9 @@ LEDGER_USE: dict[str, str] = {
     "config check": "none",
     "dashboard": "reads",  # exit 4 at once; on a ledger it runs Streamlit (test_dashboard_command)
     "export focus": "reads",
+    "inventory cordon": "reads",  # the sealed inventory names the target; sends an admin event
     "inventory list": "reads",
+    "inventory uncordon": "reads",
     "job cancel": "none",
     "job explain": "none",
     "job list": "none",
@@ -212,6 +214,16 @@ LEDGER_COMMANDS: dict[str, list[str]] = {
 NO_LEDGER_ONLY: dict[str, list[str]] = {
     "ledger adjust --reverse": ["ledger", "adjust", "--reverse", "t1", "--reason", "typo"],
     "dashboard": ["dashboard", "--config", "{config}"],
+    "inventory cordon": ["inventory", "cordon", "GPU-x", "--reason", "r", "--config", "{config}"],
+    "inventory uncordon": [
+        "inventory",
+        "uncordon",
+        "GPU-x",
+        "--reason",
+        "r",
+        "--config",
+        "{config}",
+    ],
 }
 
 

@@ -22,9 +22,10 @@ from ledger.envelope import (
     to_dict,
 )
 from ledger.errors import UnknownSchemaError
-from ledger.events import SAMPLES, SampleSource, envelope_for
+from ledger.events import SAMPLES, EventType, GpuHealth, HealthKind, SampleSource, envelope_for
 from ledger.holds import HOLDS, HoldPlaced, HoldReleased, hold_envelope
 from ledger.inventory import INVENTORY, InventoryReport, InventoryType, ReportedGpu, wrap_report
+from ledger.inventory.health_events import HEALTH, wrap_health
 from ledger.job_events import JOBS, GpuAssigned, JobSpec, JobSubmitted, job_envelope
 from ledger.units import Unit
 from tests.builders import T0_US, a_sample
@@ -111,8 +112,16 @@ def _inventory_case() -> Case:
     return Case(INVENTORY, wrap_report(report, "nvml://node-01"), None)
 
 
+def _health_case() -> Case:
+    health = GpuHealth(
+        "node-01", "GPU-1", 0, HealthKind.XID_ERROR, "XID 79", T0_US, SampleSource.NVML, 79
+    )
+    return Case(HEALTH, wrap_health(health, "nvml://node-01"), None)
+
+
 CASES = [
     pytest.param(_sample_case(), id="samples"),
+    pytest.param(_health_case(), id="gpu-health"),
     pytest.param(_admin_case(), id="admin-budget-granted"),
     pytest.param(_hold_case(), id="holds-placed"),
     pytest.param(_hold_released_case(), id="holds-released"),
@@ -121,7 +130,7 @@ CASES = [
     pytest.param(_inventory_case(), id="inventory-report"),
 ]
 V0_CASES = [p for p in CASES if p.values[0].v0 is not None]
-BEGAN_AT_V1 = {InventoryType.REPORT}
+BEGAN_AT_V1 = {InventoryType.REPORT, EventType.GPU_HEALTH}
 
 
 @pytest.mark.parametrize("case", CASES)

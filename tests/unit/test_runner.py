@@ -144,7 +144,7 @@ def test_rounds_follow_the_grid_and_a_failed_read_does_not_stop_the_loop():
     assert m.value("samples_read_total") == 8
     assert m.value("rounds_total") == 4
     ((key, value),) = alerts
-    assert key == b"GPU-b"
+    assert key == b"node-01"
     event = orjson.loads(value)
     assert (event["type"], event["data"]["xid"], event["source"]) == (
         "tally.gpu.health",
@@ -278,7 +278,7 @@ def fake_broker(monkeypatch) -> FakeBroker:
     monkeypatch.setattr(
         producer_module,
         "new_kafka_producer",
-        lambda bootstrap, client_id, linger_ms, compression, idempotent: FakeKafka(
+        lambda bootstrap, client_id, linger_ms, compression, idempotent, options=None: FakeKafka(
             broker, idempotent
         ),
     )

@@ -96,6 +96,7 @@ PREEMPT_PLAIN: Mapping[PreemptReason, str] = {
     PreemptReason.HIGHER_PRIORITY: "a job with a higher priority needed the GPUs",
     PreemptReason.OVER_BUDGET: "it was running beyond your team's budget, so any other job may "
     "take its GPUs",
+    PreemptReason.GPU_UNHEALTHY: "a GPU it ran on became unhealthy; this does not count as a retry",
 }
 
 FAIL_PLAIN: Mapping[FailReason, str] = {
@@ -166,7 +167,15 @@ def job_name(job_id: str) -> str:
     return job_id if job_id.lower().startswith("job") else f"job {job_id}"
 
 
-def _by(job_id: str, teams: Mapping[str, str]) -> str:
+def _stopped(by: str, teams: Mapping[str, str], reason: PreemptReason) -> str:
+    if reason is PreemptReason.GPU_UNHEALTHY:
+        return f"Stopped because of GPU {by}"
+    return f"Stopped to make room for {_by(by, teams)}"
+
+
+def _by(job_id: str, teams: Mapping[str, str], reason: PreemptReason | None = None) -> str:
+    if reason is PreemptReason.GPU_UNHEALTHY:  # `by` names the GPU
+        return f"GPU {job_id}"
     team = teams.get(job_id)
     return job_name(job_id) + (f" of team {team}" if team else "")
 
@@ -214,7 +223,7 @@ def _event_text(event: JobEvent, teams: Mapping[str, str]) -> str | None:
     if isinstance(event, JobPreempted):
         note = f" (scheduler's note: {event.detail})" if event.detail else ""
         return (
-            f"Stopped to make room for {_by(event.by, teams)}: {PREEMPT_PLAIN[event.reason]}"
+            f"{_stopped(event.by, teams, event.reason)}: {PREEMPT_PLAIN[event.reason]}"
             f"{note}. It went back to its queue."
         )
     if isinstance(event, JobReclaimed):
@@ -253,7 +262,8 @@ def _headline(row: JobRow, as_of_us: int, teams: Mapping[str, str]) -> tuple[str
         if row.preemptions:
             last = row.preemptions[-1]
             text += (
-                f" It was last stopped at {when_text(last.time_us)} by {_by(last.by, teams)} "
+                f" It was last stopped at {when_text(last.time_us)} "
+                f"by {_by(last.by, teams, last.reason)} "
                 f"because {PREEMPT_PLAIN[last.reason]}."
             )
         return text, advice

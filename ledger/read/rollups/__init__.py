@@ -26,6 +26,7 @@ Modules, one per page, over what they share:
   `extent` and the jobs topic's messages (`archived_job_log`);
 - `finance`: cost over time and by dimension, top jobs, idle waste, budget burn, FOCUS bytes;
 - `platform`: the fleet now, utilisation, occupancy, nodes last seen;
+- `health`: GPU and node health, cordons, recent faults with meaning (the sealed inventory);
 - `capacity`: daily usage, trends and forecasts, demand, Erlang-C sizing, queue waits;
 - `team`: job history and explanations, job costs, team budget, quotas, fair share.
 This package re-exports their public names (and `IdleSharing` and `period_of` from
@@ -75,6 +76,14 @@ from ledger.read.rollups.finance import (
     forecast_method,
     idle_waste,
     top_jobs,
+)
+from ledger.read.rollups.health import (
+    FaultRow,
+    FleetHealth,
+    GpuHealthRow,
+    NodeHealth,
+    fleet_health,
+    health_of,
 )
 from ledger.read.rollups.platform import (
     FleetNow,
@@ -145,9 +154,12 @@ __all__ = [
     "Extent",
     "FairShare",
     "FairShareRow",
+    "FaultRow",
     "Filters",
+    "FleetHealth",
     "FleetNow",
     "Forecast",
+    "GpuHealthRow",
     "GpuState",
     "HeatCell",
     "IdleGpu",
@@ -157,6 +169,7 @@ __all__ = [
     "JobCost",
     "JobHistory",
     "ModelTrend",
+    "NodeHealth",
     "NodeSeen",
     "Occupancy",
     "QuotaLine",
@@ -178,10 +191,12 @@ __all__ = [
     "erlang_c",
     "extent",
     "fair_share",
+    "fleet_health",
     "fleet_now",
     "focus_bytes",
     "forecast_daily",
     "forecast_method",
+    "health_of",
     "idle_waste",
     "job_costs",
     "job_explanation",

@@ -14,7 +14,7 @@ from ledger.read import job_history
 from ledger.read.reports import ReportQueries, period_clause, period_of
 from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR
 from ledger.store.segments import MANIFEST_NAME
-from ledger.store.side_files import ADMIN_LOG_NAME, load_closed_periods
+from ledger.store.side_files import ADMIN_LOG_NAME, INVENTORY_NAME, load_closed_periods
 
 HOUR_US = 3_600_000_000
 DAY_US = 24 * HOUR_US
@@ -52,8 +52,8 @@ class Filters:
 
 
 def ledger_version(data_dir: Path | str) -> str:
-    """A key that changes whenever the sealed ledger, its raw-event archive, its admin log or
-    its closed periods change.
+    """A key that changes whenever the sealed ledger, its raw-event archive, its admin log, its
+    inventory copy or its closed periods change.
 
     The manifests are replaced atomically by every seal and compaction, the admin log by every
     batch of admin events, and closed-period records are written once, so their bytes identify
@@ -65,6 +65,7 @@ def ledger_version(data_dir: Path | str) -> str:
         root / MANIFEST_NAME,
         Path(data_dir) / ARCHIVE_DIR / MANIFEST_NAME,
         root / ADMIN_LOG_NAME,
+        root / INVENTORY_NAME,
     ):
         try:
             digest.update(path.read_bytes())
