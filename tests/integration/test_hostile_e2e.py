@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 from collections import Counter
 from typing import Any
 
@@ -28,6 +29,7 @@ import yaml
 from hypothesis import strategies as st
 
 from ledger.events import encode_envelope
+from ledger.inventory import encode_record
 from ledger.read.queries import LedgerQueries
 from tally.broker import free_port
 from tests.conftest import child_env, create_topics, tally_command
@@ -43,6 +45,7 @@ from tests.integration.support import (
     wait_until,
 )
 from tests.integration.test_scheduler_e2e import ADMIN, VISION, SchedulerProcess
+from tests.inventory_builders import a_record
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -163,9 +166,25 @@ def test_the_scheduler_replays_a_jobs_topic_with_garbage_and_ignores_balances_ga
         "work_dir": str(tmp_path / "scheduler"),
         "tokens": {"file": str(tokens), "admin_env": None},
     }
+    data["inventory"] = {"stale_after_intervals": 86_400}
     config, path = load(tmp_path, data)
     topics = config.topics
     create_topics(broker.bootstrap, list(topics.all().values()), 1)
+    now = time.time_ns() // 1000
+    reported = [  # what a worker would have published for a collector's node: 4 fresh A100s
+        a_record(
+            f"GPU-a100-{i}", node="a100-node-00", index=i, model="A100", pool="a100",
+            interval_us=1_000_000, first_seen_us=now, last_seen_us=now,
+        )
+        for i in range(4)
+    ]  # fmt: skip
+    asyncio.run(
+        _send(
+            broker.bootstrap,
+            topics.inventory,
+            [(g.uuid.encode(), encode_record(g)) for g in reported],
+        )
+    )
     jobs_garbage = _garbage(garbage("jobs"), 4)
     balance_garbage = _garbage(st.one_of(not_json(), wrong_shapes()), 5)
     asyncio.run(_send(broker.bootstrap, topics.jobs, [(b"g", v) for v in jobs_garbage]))
