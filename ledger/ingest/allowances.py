@@ -1,6 +1,7 @@
 """The grants recurring budgets make, added to a samples batch's commit: GPU samples are the
-ledger's clock, so the first batch holding a sample in a month grants every budget policy's
-allowance and carry-over due up to that month (`ledger.admin.recurring` holds the rules).
+ledger's clock, so the first batch holding a sample new to the ledger (a resent one changes
+nothing) in a month grants every budget policy's allowance and carry-over due up to that month
+(`ledger.admin.recurring` holds the rules).
 
 Pure: the fold of the batch, the month it reaches, the admin state, the ledger's balances before
 the batch and the cost centres in; the same fold with the grant transactions (derived, so

@@ -172,8 +172,10 @@ class Ingestor:
         view = self.store.load_view(sample_keys(decoded))
         folded = fold_samples(decoded, view, self.rules)
         through = None
-        if decoded:
-            through = period_label(max(envelope.time_us for envelope, _ in decoded))
+        # Only samples new to the ledger move its clock: a resent one changes nothing.
+        new = [envelope.time_us for envelope, _ in decoded if envelope.id not in view.seen]
+        if new:
+            through = period_label(max(new))
             if self._granted_through is not None and through <= self._granted_through:
                 through = None
         if through is not None:
