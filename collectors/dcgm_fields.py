@@ -130,28 +130,6 @@ UNITS: Mapping[Field, Unit] = MappingProxyType(
     }
 )
 
-XID_MEANING: Mapping[int, str] = MappingProxyType(
-    {
-        13: "graphics engine exception",
-        31: "GPU memory page fault",
-        32: "invalid or corrupted push buffer stream",
-        43: "GPU stopped processing",
-        45: "preemptive cleanup",
-        48: "double-bit ECC error",
-        61: "internal micro-controller breakpoint/warning",
-        62: "internal micro-controller halt",
-        63: "ECC page retirement or row remapping recorded",
-        64: "ECC page retirement or row remapping failed",
-        74: "NVLink error",
-        79: "GPU has fallen off the bus",
-        92: "high single-bit ECC error rate",
-        94: "contained ECC error",
-        95: "uncontained ECC error",
-        119: "GSP RPC timeout",
-        120: "GSP error",
-    }
-)
-
 _FOUR_SLICE_MODELS = ("A30", "RTX PRO 6000")
 _MIG_PROFILE = re.compile(r"(?:\d+c\.)?(\d+)g\.\d+gb(?:\+[a-z0-9.]+)*", re.ASCII | re.IGNORECASE)
 _DEVICE = re.compile(r"nvidia(\d{1,4})", re.ASCII)

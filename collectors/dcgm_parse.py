@@ -51,7 +51,6 @@ from collectors.dcgm_fields import (
     MAX_LABEL_CHARS,
     PROBLEM_DETAIL,
     UNITS,
-    XID_MEANING,
     Field,
     GpuRows,
     NamespaceOwners,
@@ -71,6 +70,7 @@ from ledger.events import (
     HealthKind,
     SampleSource,
 )
+from ledger.inventory.health import xid_meaning
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,14 +228,13 @@ def _assemble(
             health_state[uuid] = state
         xid = device.get(Field.XID, 0)
         if xid and xid != previous_xid.get(uuid, 0):
-            meaning = XID_MEANING.get(xid)
             health.append(
                 GpuHealth(
                     node=parent.node,
                     gpu_uuid=uuid,
                     gpu_index=parent.index,
                     kind=HealthKind.XID_ERROR,
-                    detail=f"XID {xid}" + (f": {meaning}" if meaning else ""),
+                    detail=xid_meaning(xid),
                     time_us=time_us,
                     source=SampleSource.DCGM,
                     xid=xid,

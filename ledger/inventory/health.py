@@ -47,6 +47,7 @@ class XidCode:
 XID_CODES: Mapping[int, XidCode] = {
     13: XidCode("graphics engine exception (usually the application)", Severity.RECORDED),
     31: XidCode("GPU memory page fault (usually the application)", Severity.RECORDED),
+    32: XidCode("invalid or corrupted push buffer stream", Severity.RECORDED),
     43: XidCode("GPU stopped processing (usually the application)", Severity.RECORDED),
     45: XidCode("preemptive cleanup after earlier errors", Severity.RECORDED),
     48: XidCode("double-bit ECC error", Severity.UNHEALTHY),
@@ -59,6 +60,8 @@ XID_CODES: Mapping[int, XidCode] = {
     92: XidCode("high single-bit ECC error rate", Severity.DEGRADED),
     94: XidCode("contained ECC error", Severity.DEGRADED),
     95: XidCode("uncontained ECC error", Severity.UNHEALTHY),
+    119: XidCode("GSP RPC timeout", Severity.UNHEALTHY),
+    120: XidCode("GSP error", Severity.UNHEALTHY),
 }
 
 KIND_SEVERITY: Mapping[HealthKind, tuple[str, Severity]] = {
