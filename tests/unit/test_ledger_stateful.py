@@ -71,7 +71,7 @@ from ledger.store.verify import verify_ledger
 from ledger.units import Unit
 from tests.builders import INTERVAL_US, a_process, an_envelope
 
-EXAMPLES = int(os.environ.get("TALLY_STATEFUL_EXAMPLES", "100"))
+EXAMPLES = int(os.environ.get("TALLY_STATEFUL_EXAMPLES", "75"))
 STEPS = 100
 MODEL = "NVIDIA H100 80GB HBM3"
 DEC_US = 1_796_083_200_000_000  # 2026-12-01T00:00:00Z
