@@ -18,6 +18,7 @@ from ledger.admin.events import (
 )
 from ledger.periods import Period
 from ledger.postings import Posting, Transaction, TransactionKind
+from ledger.units import Unit
 
 
 def _within(time_us: int, period: Period) -> int:
@@ -34,28 +35,44 @@ def grant_transaction(envelope: AdminEnvelope, cost_centre: str | None) -> Trans
     event = envelope.data
     assert isinstance(event, BudgetGranted)
     start = _within(event.effective_us, Period.month(event.period))
-    team = event.team
+    return budget_transaction(
+        envelope.id, event.team, event.unit, event.amount, event.period, start, cost_centre
+    )
+
+
+def budget_transaction(
+    txn_id: str,
+    team: str,
+    unit: Unit,
+    amount: int,
+    period: str,
+    start_us: int,
+    cost_centre: str | None,
+    cause: tuple[str, ...] = (),
+) -> Transaction:
+    """`amount` of `unit` into `budget:<team>` from `funding:<cost centre>` at `start_us`: what a
+    one-off grant and a recurring allowance both book (`cause` after the transaction's own id)."""
     return Transaction(
-        txn_id=envelope.id,
+        txn_id=txn_id,
         kind=TransactionKind.BUDGET_GRANT,
-        start_us=start,
-        end_us=start + 1,
+        start_us=start_us,
+        end_us=start_us + 1,
         gpu_uuid="",
         model="",
         pool="",
         node="",
         postings=(
-            Posting(budget_account(team), event.unit, -event.amount, team, cost_centre=cost_centre),
+            Posting(budget_account(team), unit, -amount, team, cost_centre=cost_centre),
             Posting(
                 funding_account(cost_centre or DEFAULT_FUNDING),
-                event.unit,
-                event.amount,
+                unit,
+                amount,
                 team,
                 cost_centre=cost_centre,
             ),
         ),
-        cause=(envelope.id,),
-        period=event.period,
+        cause=(txn_id, *cause),
+        period=period,
     )
 
 

@@ -39,9 +39,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ledger.accounts import AccountKind, budget_account, funding_account
+from ledger.accounts import AccountKind
+from ledger.admin.effects import budget_transaction
 from ledger.admin.events import (
-    DEFAULT_FUNDING,
     LEDGER_ACTOR,
     AdminEnvelope,
     BudgetAllowanceGranted,
@@ -51,7 +51,7 @@ from ledger.admin.events import (
 )
 from ledger.balances import BalanceRow
 from ledger.periods import Period, period_label
-from ledger.postings import Posting, Transaction, TransactionKind
+from ledger.postings import Transaction
 from ledger.units import Unit
 
 MAX_MONTHS = 36
@@ -210,26 +210,13 @@ def allowance_transaction(envelope: AdminEnvelope, cost_centre: str | None) -> T
     if amount == 0:
         return None
     start = Period.month(record.period).start_us
-    team = record.team
-    return Transaction(
-        txn_id=envelope.id,
-        kind=TransactionKind.BUDGET_GRANT,
-        start_us=start,
-        end_us=start + 1,
-        gpu_uuid="",
-        model="",
-        pool="",
-        node="",
-        postings=(
-            Posting(budget_account(team), record.unit, -amount, team, cost_centre=cost_centre),
-            Posting(
-                funding_account(cost_centre or DEFAULT_FUNDING),
-                record.unit,
-                amount,
-                team,
-                cost_centre=cost_centre,
-            ),
-        ),
-        cause=(envelope.id, record.policy),
-        period=record.period,
+    return budget_transaction(
+        envelope.id,
+        record.team,
+        record.unit,
+        amount,
+        record.period,
+        start,
+        cost_centre,
+        (record.policy,),
     )
