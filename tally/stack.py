@@ -15,7 +15,8 @@ and alerts when configured) are checked (a port in use raises `tally.metrics.Met
 and a port 0 becomes a free one; each child is given its port (`--metrics-port`), so a
 restarted child serves `/metrics`, `/healthz` and `/readyz` where the banner says.
 
-Every child is given `up`'s `--log-level` (the dashboard as Streamlit's `--logger.level`); a data
+Every child is given `up`'s `--log-level` and `--log-format` (the dashboard only its level, as
+Streamlit's `--logger.level`: Streamlit writes its own lines); a data
 directory without a ledger gets a new one (the worker creates it), and the banner says so.
 """
 
@@ -100,6 +101,7 @@ class Stack:
         config_path: Path,
         dashboard: bool = True,
         log_level: str = "info",
+        log_format: str = "text",
         kafka: KafkaClients | None = None,
     ) -> None:
         self.config = config
@@ -107,6 +109,7 @@ class Stack:
         self.config_path = config_path
         self.dashboard = dashboard
         self.log_level = log_level
+        self.log_format = log_format
         self.new_ledger = not has_ledger(config.ledger.data_dir)
         self.run_dir = config.ledger.data_dir.parent / "run"
         self.broker: EmbeddedBroker | None = None
@@ -142,7 +145,10 @@ class Stack:
 
     def _children(self) -> list[Child]:
         py = sys.executable
-        cfg = ("--config", str(self.config_path), "--log-level", self.log_level)
+        cfg = (
+            *("--config", str(self.config_path)),
+            *("--log-level", self.log_level, "--log-format", self.log_format),
+        )
         logs = self.run_dir
         children = [
             Child(

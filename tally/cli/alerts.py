@@ -17,6 +17,7 @@ from tally.cli.options import (
     config_option,
     fail,
     kafka_or_exit,
+    log_format_option,
     log_level_option,
 )
 from tally.config import ConfigError, TallyConfig, load_config
@@ -79,12 +80,14 @@ def test(config_path: str) -> None:
     help="Address to serve them on (default: metrics.alerts_host, else metrics.host).",
 )
 @log_level_option
+@log_format_option
 def run(
     config_path: str,
     bootstrap: str | None,
     metrics_port: int | None,
     metrics_host: str | None,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Deliver alerts from the alerts topic to every sink until Ctrl-C; also watch the
     balances and alerts topics for budget burn and teams' daily idle GPU time (alerts.rules).
@@ -109,7 +112,7 @@ def run(
         servers = bootstrap_servers(config, bootstrap)
     except NoBrokerError as exc:
         fail(str(exc), Exit.USAGE)
-    configure_logging("alerts", log_level)
+    configure_logging("alerts", log_level, log_format)
     kafka = kafka_or_exit(config)
     metrics = TallyMetrics(config.ledger.data_dir)
     progress, heartbeat = ConsumerProgress(), Heartbeat()

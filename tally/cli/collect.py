@@ -24,6 +24,7 @@ from tally.cli.options import (
     fail,
     kafka_or_exit,
     load_or_exit,
+    log_format_option,
     log_level_option,
 )
 from tally.components import NoBrokerError, bootstrap_servers, simulated_fleet
@@ -125,6 +126,7 @@ SOURCES = ("auto", "nvml", "dcgm", "sim")
 )
 @click.option("--insecure", is_flag=True, help="dcgm: do not verify TLS certificates.")
 @log_level_option
+@log_format_option
 def collect(
     config_path: str,
     bootstrap: str | None,
@@ -148,6 +150,7 @@ def collect(
     ca_bundle: str | None,
     insecure: bool,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Run a collector and send its samples to the samples topic.
 
@@ -158,7 +161,7 @@ def collect(
     node_labels = _labels(config, labels)
     pool = pool or config.inventory.pool
     metrics_at = _metrics_address(config, metrics_port, metrics_host)
-    configure_logging("collector", log_level)
+    configure_logging("collector", log_level, log_format)
     interval = interval_s or config.sampling.interval_s
     node = node or socket.gethostname()
     if source == "auto":

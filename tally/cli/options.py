@@ -108,6 +108,19 @@ log_level_option = click.option(
     "log warnings and errors only, everything at debug.",
 )
 
+LOG_FORMATS = ("text", "json")
+LOG_FORMAT_ENV = "TALLY_LOG_FORMAT"
+log_format_option = click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS, case_sensitive=False),
+    envvar=LOG_FORMAT_ENV,
+    default="text",
+    show_default=True,
+    show_envvar=True,
+    help="How each log record is written to stderr: a line of text, or one JSON object per "
+    "line (time, level, component, logger, message, exception) for a log pipeline.",
+)
+
 
 def kafka_or_exit(config: TallyConfig) -> KafkaClients:
     """The Kafka client settings of `config` (`tally.kafka_clients`); a secret not set or a TLS

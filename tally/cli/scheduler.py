@@ -18,6 +18,7 @@ from tally.cli.options import (
     fail,
     kafka_or_exit,
     load_or_exit,
+    log_format_option,
     log_level_option,
 )
 from tally.cli.stack import metrics_port_option, start_metrics
@@ -34,8 +35,15 @@ def scheduler() -> None:
 @config_option
 @bootstrap_option
 @log_level_option
+@log_format_option
 @metrics_port_option("scheduler_port")
-def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: int | None) -> None:
+def run(
+    config_path: str,
+    bootstrap: str | None,
+    log_level: str,
+    log_format: str,
+    metrics_port: int | None,
+) -> None:
     """Run the scheduler: rebuild from the jobs topic, then schedule and serve the API until
     Ctrl-C or SIGTERM (which stop the local jobs it runs)."""
     from scheduler.api import api_server
@@ -66,7 +74,7 @@ def run(config_path: str, bootstrap: str | None, log_level: str, metrics_port: i
     status, heartbeat = ServiceStatus(), Heartbeat()
     probes = scheduler_probes(status, heartbeat)
     start_metrics(metrics, config, "scheduler_port", metrics_port, "scheduler", probes)
-    configure_logging("scheduler", log_level)
+    configure_logging("scheduler", log_level, log_format)
     logger = logging.getLogger("tally.scheduler")
     if tokens.admin is None and not tokens.teams:
         logger.warning("no API tokens are configured: every API call will be refused (401)")

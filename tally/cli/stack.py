@@ -24,6 +24,7 @@ from tally.cli.options import (
     fail,
     kafka_or_exit,
     load_or_exit,
+    log_format_option,
     log_level_option,
 )
 from tally.components import NoBrokerError, bootstrap_servers, worker_settings
@@ -90,11 +91,12 @@ def embedded_broker_or_exit() -> None:
 @config_option
 @click.option("--no-dashboard", is_flag=True, help="Do not start the Streamlit dashboard.")
 @log_level_option
-def up(config_path: str, no_dashboard: bool, log_level: str) -> None:
+@log_format_option
+def up(config_path: str, no_dashboard: bool, log_level: str, log_format: str) -> None:
     """Run the whole stack: broker, collector, worker and dashboard, until Ctrl-C.
 
     A data directory without a ledger gets a new one (the worker creates it). --log-level is
-    passed on to every process of the stack."""
+    and --log-format are passed on to every process of the stack (the dashboard: its level)."""
     from tally.metrics import MetricsPortError
     from tally.stack import Stack
 
@@ -103,7 +105,7 @@ def up(config_path: str, no_dashboard: bool, log_level: str) -> None:
         config.alerts.sink_settings()  # every secret's variable is set, before anything starts
     except ConfigError as exc:
         fail(str(exc), Exit.USAGE)
-    configure_logging("up", log_level)
+    configure_logging("up", log_level, log_format)
     kafka = kafka_or_exit(config)
     if config.broker.mode == "embedded":
         embedded_broker_or_exit()
@@ -112,6 +114,7 @@ def up(config_path: str, no_dashboard: bool, log_level: str) -> None:
         Path(config_path).resolve(),
         dashboard=not no_dashboard,
         log_level=log_level,
+        log_format=log_format,
         kafka=kafka,
     )
     try:
@@ -127,9 +130,14 @@ def up(config_path: str, no_dashboard: bool, log_level: str) -> None:
 @config_option
 @bootstrap_option
 @log_level_option
+@log_format_option
 @metrics_port_option("worker_port")
 def worker(
-    config_path: str, bootstrap: str | None, log_level: str, metrics_port: int | None
+    config_path: str,
+    bootstrap: str | None,
+    log_level: str,
+    log_format: str,
+    metrics_port: int | None,
 ) -> None:
     """Run the ledger worker: consume samples, commit postings, seal segments.
 
@@ -139,7 +147,7 @@ def worker(
     from tally.metrics import TallyMetrics
 
     config = load_or_exit(config_path)
-    logs = configure_logging("worker", log_level)
+    logs = configure_logging("worker", log_level, log_format)
     try:
         servers = bootstrap_servers(config, bootstrap)
     except NoBrokerError as exc:

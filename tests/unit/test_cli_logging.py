@@ -1,9 +1,11 @@
 """One log-level vocabulary for every long-running command: the same `--log-level` (choices,
-default, $TALLY_LOG_LEVEL, case-insensitive), the same format, one translation for Faust, and
-`tally up` passing its level on to every process it starts."""
+default, $TALLY_LOG_LEVEL, case-insensitive), the same format (text, or JSON lines with
+`--log-format json`), one translation for Faust, and `tally up` passing its level and format on
+to every process it starts."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,13 @@ import pytest
 from click.testing import CliRunner
 
 from tally.cli import cli
-from tally.cli.logs import LOG_FORMAT, faust_loglevel, library_level, logging_config
+from tally.cli.logs import (
+    LOG_FORMAT,
+    configure_logging,
+    faust_loglevel,
+    library_level,
+    logging_config,
+)
 from tally.config import parse_config
 from tally.stack import Stack
 from tests.builders import a_config_dict
@@ -144,6 +152,70 @@ def test_every_component_logs_in_one_format(component):
     assert config["loggers"]["tally"]["propagate"] is True
 
 
+JSON_LOGGING = {k: v for k, v in LONG_RUNNING.items() if k != "dashboard"}  # Streamlit's own
+
+
+@pytest.mark.parametrize("command", list(JSON_LOGGING))
+def test_every_long_running_command_offers_json_lines(command):
+    text = _help(JSON_LOGGING[command])
+    assert "--log-format [text|json]" in text
+    assert "[env var: TALLY_LOG_FORMAT; default: text]" in text
+
+
+@pytest.mark.parametrize("where", ["option", "env"])
+def test_an_unknown_log_format_is_a_usage_error(where):
+    args = ["worker", "--config", "/nonexistent/tally.yaml"]
+    if where == "option":
+        result = CliRunner().invoke(cli, [*args, "--log-format", "xml"])
+    else:
+        result = CliRunner().invoke(cli, args, env={"TALLY_LOG_FORMAT": "xml"})
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--log-format'" in result.output
+
+
+def _json_lines(capsys: pytest.CaptureFixture[str]) -> list[dict[str, str]]:
+    return [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+
+
+def test_json_lines_carry_the_record_and_its_traceback(capsys):
+    configure_logging("worker", "info", "json")
+    logger = logging.getLogger("tally.worker.test")
+    logger.info("batch of %d samples from %s", 3, 'node "a"\nb')
+    try:
+        raise ValueError("bad")
+    except ValueError:
+        logger.exception("commit failed")
+    logging.getLogger("aiokafka").info("not shown at info")
+    first, second = _json_lines(capsys)
+    assert set(first) == {"time", "level", "component", "logger", "message"}
+    assert first["message"] == 'batch of 3 samples from node "a"\nb'
+    assert (first["level"], first["component"], first["logger"]) == (
+        "INFO",
+        "worker",
+        "tally.worker.test",
+    )
+    assert first["time"].endswith("Z") and len(first["time"]) == len("2026-12-01T19:20:43.123Z")
+    assert second["level"] == "ERROR"
+    assert second["exception"].startswith("Traceback") and "ValueError: bad" in second["exception"]
+
+
+def test_a_message_that_is_not_a_string_still_makes_a_json_line(capsys):
+    configure_logging("collector", "debug", "json")
+    logging.getLogger("tally.collector").debug({"gpu": b"\xff", "n": 1})
+    (line,) = _json_lines(capsys)
+    assert line["message"] == str({"gpu": b"\xff", "n": 1})
+
+
+def test_faust_applying_the_same_config_again_keeps_json_lines(capsys):
+    import logging.config
+
+    config = configure_logging("worker", "info", "json")
+    logging.config.dictConfig(config)  # what Faust's worker does with the config it is handed
+    logging.getLogger("tally.worker").warning("rebalanced")
+    (line,) = _json_lines(capsys)
+    assert (line["component"], line["message"]) == ("worker", "rebalanced")
+
+
 # --------------------------------------------------------------------- tally up passes it on
 
 
@@ -161,6 +233,19 @@ def test_up_passes_its_level_to_every_process(tmp_path):
     for name, argv in children.items():
         flag = "--logger.level" if name == "dashboard" else "--log-level"
         assert argv[argv.index(flag) + 1] == "debug", (name, argv)
+        if name != "dashboard":
+            assert argv[argv.index("--log-format") + 1] == "text", (name, argv)
+
+
+def test_up_passes_its_log_format_to_every_process_but_streamlit(tmp_path):
+    data = a_config_dict(ledger={"data_dir": str(tmp_path / "ledger")}, scheduler={"enabled": True})
+    path = write_config(tmp_path / "tally.yaml", data)
+    stack = Stack(parse_config(data, str(path)), path, log_format="json")
+    children = {child.name: child.argv for child in stack._children()}
+    for name, argv in children.items():
+        assert ("--log-format" in argv) is (name != "dashboard"), (name, argv)
+        if name != "dashboard":
+            assert argv[argv.index("--log-format") + 1] == "json"
 
 
 @pytest.mark.parametrize("exists", [False, True], ids=["no-ledger", "a-ledger"])
