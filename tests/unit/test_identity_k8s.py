@@ -15,8 +15,10 @@ import pytest
 from collectors.dcgm import DcgmCollector
 from collectors.dcgm_fields import owner_from_labels
 from collectors.dcgm_http import DcgmConfig
+from collectors.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from collectors.k8s_identity import Pod, PodRules, parse_pod_list, pod_owner
 from collectors.kubelet import KubeletPods
+from collectors.nvml import NvmlCollector
 from collectors.ownership import OwnerResolver
 from ledger.events import Owner
 from tests.conftest import REPO
@@ -234,24 +236,24 @@ def test_nvml_pod_uid_through_the_kubelet(
 
 
 def test_one_pod_identity_across_dcgm_and_nvml(tmp_path: Path, kubelet: Kubelet) -> None:
+    """The same pod through both collectors: dcgm-exporter's rows name it, NVML's process
+    (pid 42 on the fake NVML, its /proc under tmp_path) names its uid."""
     _pod_proc(tmp_path, 42, LLM_UID)
+    fake = FakeNvml([FakeGpu(GPU, util_gpu=80, processes=[FakeProcess(42)])])
     with (
         KubeletPods(kubelet.url) as pods,
         DcgmCollector(DcgmConfig(url="http://dcgm.invalid/metrics", pod_rules=RULES)) as dcgm,
     ):
         result = dcgm.ingest(DCGM_PODS, 1_700_000_000_000_000, pods.index().by_name)
-        nvml = _resolver(tmp_path, pods)(42, GPU)
+        resolver = _resolver(tmp_path, pods)
+        nvml = NvmlCollector(fake, "dgx-h100-03", "h100", owner_resolver=resolver)  # type: ignore[arg-type]
+        (sample,) = nvml.collect_round().samples
     by_gpu = {e.data.gpu_index: e.data.owner for e in result.envelopes}  # type: ignore[union-attr]
-    assert nvml is not None
     assert by_gpu[0] == Owner("language", "pretraining", None, "k8s:llm/pretrain-70b-worker-0")
-    assert (by_gpu[0].team, by_gpu[0].project, by_gpu[0].job_id) == (
-        nvml.team,
-        nvml.project,
-        nvml.job_id,
-    )
-    assert by_gpu[4] == Owner(
-        "vision", "segmentation", None, "k8s:vision/detector-7c9f8b6d54-xk2lp"
-    )
+    assert [p.owner for p in sample.processes] == [
+        Owner("language", "pretraining", "root", "k8s:llm/pretrain-70b-worker-0")
+    ]
+    assert by_gpu[4] == Owner("vision", "segmentation", None, DETECTOR)
     assert by_gpu[7] is None
 
 
