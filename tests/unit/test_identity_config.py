@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,6 +114,14 @@ def test_invalid_identity(identity: dict[str, Any], message: str) -> None:
     assert message in str(raised.value)
 
 
+def _wait_exec(pid: int, argv0: bytes) -> None:
+    deadline = time.monotonic() + 10
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    while not cmdline.read_bytes().startswith(argv0):
+        assert time.monotonic() < deadline, f"{pid} never ran {argv0!r}"
+        time.sleep(0.005)
+
+
 def test_the_collector_wiring_reads_a_real_process() -> None:
     """`tally collect`'s resolver on this host's /proc: a Slurm job's account from its env."""
     config = parse_config(a_config_dict(identity=IDENTITY))
@@ -124,6 +134,7 @@ def test_the_collector_wiring_reads_a_real_process() -> None:
     env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "77", "SLURM_JOB_ACCOUNT": "nlp"}
     with subprocess.Popen(["sleep", "30"], env=env) as job:
         try:
+            _wait_exec(job.pid, b"sleep")  # before exec, the child's environ is still ours
             owner = resolver(job.pid, "GPU-0")
         finally:
             job.kill()
