@@ -22,6 +22,8 @@ Rules this module guarantees (and the tests pin):
 - XID: each GPU's last XID value is kept between scrapes, so an XID health event is emitted
   once when the value changes (see `collectors.dcgm_parse`).
 - Every dropped row of a payload becomes a dead letter (`problem_dead_letter`).
+- Pods: a row's pod is named `k8s:<namespace>/<pod>`, the id the NVML collector gives the same
+  pod; with a kubelet (`collectors.kubelet`) the pod's labels name its team and project too.
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ from typing import Any
 import requests
 
 from collectors.dcgm_exposition import DcgmProblem, problem_dead_letter
+from collectors.dcgm_fields import PodsByName
 from collectors.dcgm_http import DcgmConfig, Sleep, fetch_metrics, make_session
 from collectors.dcgm_parse import GpuActivity, parse_metrics
 from collectors.inventory import NodeFacts
+from collectors.kubelet import KubeletPods
 from ledger.events import (
     MAX_INTERVAL_US,
     DeadLetter,
@@ -101,7 +105,8 @@ class DcgmCollector:
     its energy counter and its last XID.
 
     The session is created here (`make_session`) unless one is passed in; a passed-in session
-    is not closed by `close()`.
+    is not closed by `close()`. `kubelet`, when given, is read (through its cache) before each
+    scrape for the labels of the pods the rows name.
     """
 
     def __init__(
@@ -111,8 +116,10 @@ class DcgmCollector:
         session: requests.Session | None = None,
         clock: Clock = _wall_clock_us,
         sleep: Sleep = time.sleep,
+        kubelet: KubeletPods | None = None,
     ) -> None:
         self.config = config
+        self._kubelet = kubelet
         self._session = session if session is not None else make_session()
         self._owns_session = session is None
         self._clock = clock
@@ -126,10 +133,12 @@ class DcgmCollector:
     def scrape(self) -> ScrapeResult:
         """Read the exporter once; raises DcgmScrapeError when it cannot be read."""
         text = fetch_metrics(self._session, self.config, sleep=self._sleep)
-        return self.ingest(text, self._clock())
+        pods = self._kubelet.index().by_name if self._kubelet is not None else None
+        return self.ingest(text, self._clock(), pods)
 
-    def ingest(self, text: str, time_us: int) -> ScrapeResult:
-        """Turn one payload read at `time_us` into envelopes, updating the state across scrapes."""
+    def ingest(self, text: str, time_us: int, pods: PodsByName | None = None) -> ScrapeResult:
+        """Turn one payload read at `time_us` into envelopes, updating the state across scrapes;
+        `pods` are the kubelet's pods by (namespace, name), for their labels."""
         config = self.config
         parsed = parse_metrics(
             text,
@@ -137,7 +146,8 @@ class DcgmCollector:
             pool=config.pool,
             time_us=time_us,
             interval_us=config.scrape_interval_us,
-            namespaces=config.namespaces,
+            pod_rules=config.pod_rules,
+            pods=pods,
             previous_xid=self._xid,
             previous_health=self._health_state,
             model_default=config.model_default,

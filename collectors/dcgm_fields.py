@@ -14,10 +14,11 @@ Rules this module guarantees (and the tests pin):
   are the slice's own.
 - Host: the `Hostname` (or `hostname`) label, else the caller's `host_default`. GPU index: the
   `gpu` label, else the `device` label's `nvidiaN`.
-- Owner (`owner_from_labels`): a non-empty `pod` (`pod_name` on 1.x) gives
-  `Owner(team=<namespace>, project=None, job_id="k8s:<namespace>/<pod>")`; a caller's
-  `namespaces` mapping replaces (team, project) for the namespaces it names. Without a pod, a
-  non-empty `hpc_job` gives `Owner(job_id="slurm:<hpc_job>")`. Empty labels mean no owner.
+- Owner (`owner_from_labels`): a non-empty `pod` (`pod_name` on 1.x) gives the pod's owner
+  by `collectors.k8s_identity.pod_owner`: job id `k8s:<namespace>/<pod>`, team and project
+  from the caller's `PodRules` (namespace map, then the pod's labels as the kubelet reports
+  them in `pods`, then the namespace's name). Without a pod, a non-empty `hpc_job` gives
+  `Owner(job_id="slurm:<hpc_job>")`. Empty labels mean no owner.
 - MIG (`mig_slices`, `new_gpu`): rows carrying `GPU_I_ID`/`GPU_I_PROFILE` describe one GPU
   instance; `total_slices` is 4 on the 4-slice models (A30, RTX PRO 6000) and 7 otherwise.
 - Labels longer than `MAX_LABEL_CHARS` cannot be carried by an event and make the row unusable.
@@ -34,13 +35,14 @@ from enum import StrEnum
 from types import MappingProxyType
 
 from collectors.dcgm_exposition import ProblemKind
+from collectors.k8s_identity import Pod, PodRules, pod_owner
 from ledger.events import MigInstance, Owner
 
 MIB = 1 << 20
 MAX_LABEL_CHARS = 256  # the event decoder rejects longer strings
 
-NamespaceOwners = Mapping[str, tuple[str, str | None]]
-"""namespace → (team, project) for pods in that namespace."""
+PodsByName = Mapping[tuple[str, str], Pod]
+"""(namespace, name) → the pod as the kubelet reports it (for its labels)."""
 
 
 # ---------------------------------------------------------------------------- families
@@ -166,18 +168,14 @@ PROBLEM_DETAIL: Mapping[ProblemKind, str] = MappingProxyType(
 
 
 def owner_from_labels(
-    labels: Mapping[str, str], namespaces: NamespaceOwners | None = None
+    labels: Mapping[str, str], rules: PodRules | None = None, pods: PodsByName | None = None
 ) -> Owner | None:
     """The GPU's owner from its row's pod or HPC-job labels (see the module's rules)."""
     pod = labels.get("pod") or labels.get("pod_name") or ""
     if pod:
         namespace = labels.get("namespace") or labels.get("pod_namespace") or ""
-        team: str | None = namespace or None
-        project: str | None = None
-        if namespaces is not None and namespace in namespaces:
-            team, project = namespaces[namespace]
-        job_id = f"k8s:{namespace}/{pod}" if namespace else f"k8s:{pod}"
-        return Owner(team=team or None, project=project or None, job_id=job_id)
+        known = pods.get((namespace, pod)) if pods is not None else None
+        return pod_owner(namespace, pod, known.labels if known is not None else {}, rules)
     hpc_job = labels.get("hpc_job") or ""
     if hpc_job:
         return Owner(job_id=f"slurm:{hpc_job}")

@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 import requests
 
-from collectors.dcgm_fields import MAX_LABEL_CHARS, NamespaceOwners
+from collectors.dcgm_fields import MAX_LABEL_CHARS
 from collectors.errors import DcgmScrapeError
+from collectors.k8s_identity import PodRules
 from ledger.events import MAX_INTERVAL_US
 
 Sleep = Callable[[float], None]
@@ -30,6 +30,7 @@ class DcgmConfig:
 
     `verify` is True (system CAs), False (no verification) or the path of a CA bundle.
     `node` is the node name for rows without a host label (default: this machine's hostname).
+    `pod_rules` name a pod's team and project (`collectors.k8s_identity`).
     """
 
     url: str
@@ -44,7 +45,7 @@ class DcgmConfig:
     basic_auth: tuple[str, str] | None = field(default=None, repr=False)
     verify: bool | str = True
     max_bytes: int = 32 << 20
-    namespaces: NamespaceOwners = field(default_factory=lambda: MappingProxyType({}))
+    pod_rules: PodRules = field(default_factory=PodRules)
     model_default: str = "unknown"
 
     def __post_init__(self) -> None:
@@ -65,7 +66,6 @@ class DcgmConfig:
                 ":".join(self.basic_auth).encode("latin-1")
             except UnicodeEncodeError as exc:
                 raise ValueError("basic_auth must be latin-1 text (HTTP basic auth)") from exc
-        object.__setattr__(self, "namespaces", MappingProxyType(dict(self.namespaces)))
 
 
 def make_session() -> requests.Session:

@@ -53,7 +53,7 @@ from collectors.dcgm_fields import (
     UNITS,
     Field,
     GpuRows,
-    NamespaceOwners,
+    PodsByName,
     convert,
     new_gpu,
     owner_from_labels,
@@ -62,6 +62,7 @@ from collectors.dcgm_fields import (
 from collectors.dcgm_health import HealthState, dcgm_health
 from collectors.dcgm_nodes import NodeLabelLog
 from collectors.inventory import NodeFacts
+from collectors.k8s_identity import PodRules
 from ledger.attribution import unconfigured_slices
 from ledger.events import (
     MAX_INTERVAL_US,
@@ -118,7 +119,8 @@ def parse_metrics(
     pool: str,
     time_us: int,
     interval_us: int,
-    namespaces: NamespaceOwners | None = None,
+    pod_rules: PodRules | None = None,
+    pods: PodsByName | None = None,
     previous_xid: Mapping[str, int] | None = None,
     model_default: str = "unknown",
     previous_health: Mapping[str, HealthState] | None = None,
@@ -127,7 +129,8 @@ def parse_metrics(
 
     Pure: no I/O, no clock. Every sample has `sample_time_us=time_us` and
     `interval_us=interval_us`. `previous_xid` is each GPU's XID value from the previous payload
-    (absent: 0); `previous_health` its ECC and retired-page state (`collectors.dcgm_health`).
+    (absent: 0); `previous_health` its ECC and retired-page state (`collectors.dcgm_health`);
+    `pod_rules` and `pods` (the kubelet's pods by namespace and name) name a pod's owner.
     Raises ValueError only for invalid arguments, never for the text.
     """
     if not pool or len(pool) > MAX_LABEL_CHARS:
@@ -167,7 +170,7 @@ def parse_metrics(
             problems.add(ProblemKind.DUPLICATE, name, "a second row; the first is kept", line)
             continue
         if gpu.owner is None:
-            owner = owner_from_labels(labels, namespaces)
+            owner = owner_from_labels(labels, pod_rules, pods)
             if owner is not None and owner_too_long(owner):
                 problems.add(ProblemKind.BAD_LABEL, name, "pod labels too long to carry", line)
                 continue

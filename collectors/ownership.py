@@ -11,10 +11,18 @@ Precedence of the job identity (first that is known wins):
    container (`docker:<first 12 hex>`);
 3. the GPU's current assignment from the scheduler (`assignment(gpu_uuid)`), taken as a whole.
 
+A Kubernetes pod is resolved through `pods(uid)` (the kubelet, `collectors.kubelet`) to its
+canonical job id `k8s:<namespace>/<name>` and the team and project of its namespace and labels
+(`collectors.k8s_identity`); a pod the kubelet does not know stays `k8s-pod:<uid>`.
+
 Team, project and user: the registry `lookup(job_id)` wins field by field (the environment is
-under the user's control, the registry is not); missing fields come from `TALLY_TEAM`,
-`TALLY_PROJECT`, `TALLY_USER` (or `SLURM_JOB_USER`, `USER`) in the environment; a still-missing
-user comes from the `Uid:` line of `/proc/<pid>/status` through `pwd`.
+under the user's control, the registry is not); then the workload manager's word: the pod's
+owner, or for a Slurm job without `TALLY_JOB_ID` (one Tally did not submit) its account
+(`SLURM_JOB_ACCOUNT` in the environment, else `slurm_account(job id)`, i.e. scontrol) mapped
+through `accounts` (an unknown account is the team `unmapped:<account>`,
+`collectors.slurm_account`); missing fields then come from `TALLY_TEAM`, `TALLY_PROJECT`,
+`TALLY_USER` (or `SLURM_JOB_USER`, `USER`) in the environment; a still-missing user comes from
+the `Uid:` line of `/proc/<pid>/status` through `pwd`.
 
 Unreadable `/proc` files (another user's process, a process that just exited) are skipped, never
 raised. PIDs are host PIDs: the collector must run in the host PID namespace.
@@ -29,12 +37,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from collectors.slurm_account import AccountOwners, account_owner
 from ledger.events import Owner
 
 OwnerLookup = Callable[[str], Owner | None]
+PodOwnerLookup = Callable[[str], Owner | None]  # pod uid → owner with `k8s:<ns>/<name>`
+SlurmAccountLookup = Callable[[str], str | None]  # Slurm job id → account
 Assignment = Callable[[str], Owner | None]
 UserName = Callable[[int], str | None]
 
+_POD_PREFIX = "k8s-pod:"
+_SLURM_PREFIX = "slurm:"
 _MAX_PROC_READ = 1 << 20  # environ is bounded by ARG_MAX; never read more than 1 MiB
 
 
@@ -73,6 +86,7 @@ class EnvOwner:
     team: str | None = None
     project: str | None = None
     user: str | None = None
+    slurm_account: str | None = None
 
     @property
     def job_id(self) -> str | None:
@@ -92,6 +106,7 @@ _ENV_KEYS = {
     b"TALLY_TEAM": "team",
     b"TALLY_PROJECT": "project",
     b"TALLY_USER": "user",
+    b"SLURM_JOB_ACCOUNT": "slurm_account",
 }
 _USER_FALLBACK_KEYS = (b"SLURM_JOB_USER", b"USER")
 _MAX_VALUE = 256
@@ -208,12 +223,15 @@ def merge_owner(
     registry: Owner | None,
     env: EnvOwner | None,
     user: str | None,
+    workload: Owner | None = None,
 ) -> Owner | None:
-    """Combine the sources field by field: registry, then environment, then the uid's name."""
+    """Combine the sources field by field: registry, then the workload manager (pod, Slurm
+    account), then environment, then the uid's name."""
     reg = registry or Owner()
+    work = workload or Owner()
     owner = Owner(
-        team=reg.team or (env.team if env else None),
-        project=reg.project or (env.project if env else None),
+        team=reg.team or work.team or (env.team if env else None),
+        project=reg.project or work.project or (env.project if env else None),
         user=reg.user or (env.user if env else None) or user,
         job_id=reg.job_id or job_id,
     )
@@ -244,10 +262,13 @@ class OwnerResolver:
 
     Call it as `resolver(pid, gpu_uuid)`. `lookup(job_id)` is the registry of jobs and pods
     (default: none, so owners carry the job id only); `assignment(gpu_uuid)` is the scheduler's
-    current owner of the GPU, used only when the process itself names no job.
+    current owner of the GPU, used only when the process itself names no job. `pods(uid)`
+    resolves a pod uid (default: none, pods stay `k8s-pod:<uid>`); `slurm_account(job id)`
+    asks Slurm for a job's account when the environment does not name it, and `accounts` maps
+    accounts to (team, project).
     """
 
-    __slots__ = ("_assignment", "_lookup", "_root", "_user_name")
+    __slots__ = ("_accounts", "_assignment", "_lookup", "_pods", "_root", "_slurm", "_user_name")
 
     def __init__(
         self,
@@ -255,11 +276,18 @@ class OwnerResolver:
         lookup: OwnerLookup | None = None,
         assignment: Assignment | None = None,
         user_name: UserName = user_name_from_passwd,
+        *,
+        pods: PodOwnerLookup | None = None,
+        slurm_account: SlurmAccountLookup | None = None,
+        accounts: AccountOwners | None = None,
     ) -> None:
         self._root = Path(proc_root)
         self._lookup = lookup
         self._assignment = assignment
         self._user_name = user_name
+        self._pods = pods
+        self._slurm = slurm_account
+        self._accounts: AccountOwners = accounts or {}
 
     def __call__(self, pid: int, gpu_uuid: str) -> Owner | None:
         base = self._root / str(pid)
@@ -274,11 +302,31 @@ class OwnerResolver:
             assigned = self._assignment(gpu_uuid)
             if assigned is not None:
                 return assigned
+        workload = None
+        if job_id is not None and job_id.startswith(_POD_PREFIX) and self._pods is not None:
+            workload = self._pods(job_id.removeprefix(_POD_PREFIX))
+            job_id = workload.job_id if workload is not None and workload.job_id else job_id
         registry = self._lookup(job_id) if job_id is not None and self._lookup else None
+        if workload is None and (registry is None or registry.team is None):
+            workload = self._slurm_owner(job_id, env)
         user = None
         if (registry is None or registry.user is None) and (env is None or env.user is None):
             user = self._uid_user(base)
-        return merge_owner(job_id, registry, env, user)
+        return merge_owner(job_id, registry, env, user, workload)
+
+    def _slurm_owner(self, job_id: str | None, env: EnvOwner | None) -> Owner | None:
+        """Team and project of a Slurm job Tally did not submit, from its account."""
+        if job_id is None or not job_id.startswith(_SLURM_PREFIX):
+            return None
+        if env is not None and env.tally_job_id:
+            return None  # Tally's own job: the ledger knows its team
+        account = env.slurm_account if env is not None else None
+        if account is None and self._slurm is not None:
+            account = self._slurm(job_id.removeprefix(_SLURM_PREFIX))
+        if account is None:
+            return None
+        team, project = account_owner(account, self._accounts)
+        return Owner(team=team, project=project)
 
     def _uid_user(self, base: Path) -> str | None:
         status = _read(base / "status")

@@ -13,6 +13,9 @@ from tally.config import TallyConfig
 if TYPE_CHECKING:
     # Importing `streams.worker` imports Faust, which parses the process's argv for its own
     # `-L/--loop` option: only the command that runs the worker may import it (see below).
+    from collectors.kubelet import KubeletPods
+    from collectors.ownership import OwnerResolver
+    from ledger.events import Owner
     from streams.worker import WorkerSettings
     from tally.kafka_clients import KafkaClients
 
@@ -126,4 +129,38 @@ def desired_admin_state(config: TallyConfig) -> admin.DesiredState:
         ),
         budgets=tuple(budgets),
         policies=tuple(policies),
+    )
+
+
+def kubelet_pods(config: TallyConfig, node: str) -> KubeletPods | None:
+    """The kubelet client of `identity.kubernetes` for this node, or None when none is set."""
+    from collectors.kubelet import KubeletPods
+
+    k8s = config.identity.kubernetes
+    url = k8s.kubelet_url_for(node)
+    if url is None:
+        return None
+    return KubeletPods(url, timeout_s=k8s.kubelet_timeout_s, refresh_s=k8s.kubelet_refresh_s)
+
+
+def owner_resolver(config: TallyConfig, kubelet: KubeletPods | None) -> OwnerResolver:
+    """The NVML collector's process → owner resolver with `identity:`'s Slurm accounts and
+    pods (through `kubelet`, when there is one)."""
+    from collectors.k8s_identity import pod_owner_of
+    from collectors.ownership import OwnerResolver
+    from collectors.slurm_account import SlurmAccounts
+
+    identity = config.identity
+    rules = identity.kubernetes.rules()
+    pods = None
+    if kubelet is not None:
+        client = kubelet
+
+        def pods(uid: str) -> Owner | None:
+            return pod_owner_of(client.by_uid(uid), rules)
+
+    return OwnerResolver(
+        pods=pods,
+        slurm_account=SlurmAccounts(identity.scontrol, timeout_s=identity.scontrol_timeout_s),
+        accounts=identity.account_owners(),
     )

@@ -302,11 +302,10 @@ def _real_source(
 
         from collectors.errors import NvmlUnavailableError
         from collectors.nvml import NvmlCollector
-        from collectors.ownership import OwnerResolver
+        from tally.components import kubelet_pods, owner_resolver
 
-        collector = NvmlCollector(
-            pynvml, node, pool, owner_resolver=OwnerResolver(), interval_s=interval
-        )
+        resolver = owner_resolver(config, kubelet_pods(config, node))
+        collector = NvmlCollector(pynvml, node, pool, owner_resolver=resolver, interval_s=interval)
         try:
             collector.start()
         except NvmlUnavailableError as exc:
@@ -319,6 +318,7 @@ def _real_source(
     from collectors.dcgm_http import DcgmConfig
     from collectors.errors import DcgmScrapeError
     from collectors.nvml import RoundResult
+    from tally.components import kubelet_pods
 
     auth = None
     if basic_auth_user:
@@ -336,7 +336,9 @@ def _real_source(
                 scrape_interval_us=int(interval * 1_000_000),
                 basic_auth=auth,
                 verify=False if insecure else (ca_bundle or True),
-            )
+                pod_rules=config.identity.kubernetes.rules(),
+            ),
+            kubelet=kubelet_pods(config, node),
         )
     except ValueError as exc:
         fail(f"--url: {exc}", Exit.USAGE)

@@ -18,6 +18,7 @@ from collectors.dcgm_exposition import (
 )
 from collectors.dcgm_fields import mig_slices, owner_from_labels
 from collectors.dcgm_parse import GpuActivity, ParseResult, parse_metrics
+from collectors.k8s_identity import PodRules
 from ledger.events import (
     GpuHealth,
     GpuSample,
@@ -525,7 +526,8 @@ def test_xid_health_is_emitted_only_when_the_value_changes() -> None:
 
 
 def test_namespace_mapping_names_team_and_project() -> None:
-    result = parse("v3_hostname.txt", namespaces={"vision": ("computer-vision", "detection")})
+    rules = PodRules(namespaces={"vision": ("computer-vision", "detection")})
+    result = parse("v3_hostname.txt", pod_rules=rules)
 
     assert result.samples[0].owner == Owner(
         team="computer-vision", project="detection", job_id="k8s:vision/trainer-0"
