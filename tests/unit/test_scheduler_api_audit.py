@@ -16,7 +16,7 @@ from scheduler.executors.fake import RUNS_FOREVER
 from scheduler.idempotency import request_digest
 from scheduler.ports import Work
 from scheduler.records import SubmitRequest
-from tests.unit.test_scheduler_api_support import ADMIN, LANGUAGE, VISION, Api, a_job
+from tests.unit.test_scheduler_api_support import ADMIN, LANGUAGE, VIEWER, VISION, Api, a_job
 from tests.unit.test_scheduler_service_support import Rig
 
 
@@ -62,7 +62,9 @@ def test_a_cancel_names_its_token_and_address(api):
 
 def test_a_refused_write_makes_no_event(api):
     status, _ = api.call("POST", "/v1/jobs", LANGUAGE, json=a_job(team="vision"))
-    assert status == 403
+    assert status == 404  # another team's: as if there were no such team
+    status, _ = api.call("POST", "/v1/jobs", VIEWER, json=a_job(team="vision"))
+    assert status == 403  # a viewer submits nothing
     status, _ = api.call("POST", "/v1/jobs", "not-a-token", json=a_job())
     assert status == 401
     assert _submitted(api) == []
