@@ -119,6 +119,7 @@ def to_request(
         admin=principal.role is Role.ADMIN,
         idempotency_key=key,
         client=client,
+        caller=principal.name,
     )
 
 
@@ -258,7 +259,9 @@ class Api:
         principal = authenticate(request, self.tokens)
         key = idempotency_key(request)
         record = self._job(request, principal, Action.JOB_CANCEL)
-        accepted = await self.service.cancel(record.job_id, principal.team, key, client_of(request))
+        accepted = await self.service.cancel(
+            record.job_id, principal.team, key, client_of(request), principal.name
+        )
         return _answer(accepted, 200)
 
     async def explain(self, request: web.Request) -> web.Response:

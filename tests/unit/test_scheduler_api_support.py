@@ -18,10 +18,14 @@ ADMIN = "admin-token-0123456789abcdef"
 VISION = "vision-token-0123456789abcdef"
 LANGUAGE = "language-token-0123456789abcdef"
 VIEWER = "viewer-token-0123456789abcdef"
+MEMBER = "member-ada-token-0123456789abcdef"  # vision's member ada
 TOKENS = Tokens(
     admin=ADMIN,
     teams={"vision": VISION, "language": LANGUAGE},
-    named={VIEWER: Caller(Role.VIEWER, label="dashboards")},
+    named={
+        VIEWER: Caller(Role.VIEWER, label="dashboards"),
+        MEMBER: Caller(Role.MEMBER, "vision", "ada", "ada"),
+    },
 )
 MAX_BODY = 4096
 
