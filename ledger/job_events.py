@@ -17,9 +17,10 @@ Schemas of job and GPU-assignment event data (every `JobEventType`):
   `JobSubmitted` gained optional fields (`idempotency_key`, `requested_by`, `request_digest`,
   `client`) and `JobFailed` too (`idempotency_key`, `requested_by`, `client`), each written
   only when set: a message without them is the same v1 it always was, and decodes with them
-  None. `requested_by` (`admin` or `team:<name>`, the API token's name) and `client` (the
-  caller's address) say who made an API submission or cancel, for the audit trail. Likewise
-  `JobSpec.models` (a job that accepts several GPU models) is written only when set, and
+  None. `requested_by` (the API token's name: `admin`, `team:<name>`, `<role>:<name>`) and
+  `client` (the caller's address) say who made an API submission or cancel, for the audit
+  trail. Likewise `JobSpec.models` (a job that accepts several GPU models) is written only
+  when set, and
   `JobAdmitted.placement` (why that model was chosen) only when not empty;
 - v0: the first scheduler stamped events in milliseconds, `time_ms`, where v1 has `time_us`
   (other times were already in µs); `job_v0_to_v1` upcasts it. The envelope's `time` was in
@@ -175,7 +176,7 @@ def model_fields(models: tuple[str, ...]) -> dict[str, Any]:
 @dataclass(frozen=True, slots=True)
 class JobSubmitted:
     """A job entered its queue. A submission made with an `Idempotency-Key` carries the key,
-    who made it (`requested_by`: `admin` or `team:<name>`, the key's scope) and a digest of the
+    who made it (`requested_by`: the token's name, the key's scope) and a digest of the
     request, so a scheduler rebuilt from the topic still answers a repeat with this job. One
     made through the API says who made it and from where (`requested_by`, `client`) with or
     without a key."""

@@ -1,6 +1,6 @@
 """Idempotency keys of submits and cancels: which request a key, per caller, was first used for.
 
-A key is scoped by who sent it (`admin` or `team:<name>`, `SubmitRequest.requested_by`): two
+A key is scoped by who sent it (`admin`, `team:<name>`, `<role>:<name>`; `requested_by`): two
 callers may use the same key for different requests.
 
 - Submit: the key, its scope and a digest of the request travel in the `JobSubmitted` event, so
@@ -30,13 +30,13 @@ MAX_KEY = 128
 def request_digest(request: SubmitRequest) -> str:
     """A digest of everything a submission asks for (not its key, nor where it came from). The
     models are written as the single `model` requests were before a job could accept several
-    (null, a name, or the sorted names), and `client` is left out, so a key's digest stays what
-    earlier builds wrote."""
+    (null, a name, or the sorted names), and `client` and `caller` are left out, so a key's
+    digest stays what earlier builds wrote."""
     models = sorted(set(request.models))
     model: str | list[str] | None = models[0] if len(models) == 1 else (models or None)
     data: dict[str, object] = {}
     for f in fields(request):
-        if f.name == "client":
+        if f.name in ("client", "caller"):  # who and where: the key's scope, not the request
             continue
         value = getattr(request, f.name)
         if f.name == "models":

@@ -15,6 +15,7 @@ from ledger.admin.codec import decode_admin_message
 from ledger.admin.events import PriceSet
 from ledger.admin.view import AdminView
 from ledger.pricing import PriceBook
+from ledger.roles import Action, admin_event_refusal
 
 
 class PriceFeed:
@@ -31,7 +32,13 @@ class PriceFeed:
     def on_admin(self, value: bytes | None) -> bool:
         """Fold one `admin` message; whether the price book changed."""
         envelopes, _ = decode_admin_message(value)
-        fresh = [e for e in envelopes if isinstance(e.data, PriceSet) and e.id not in self._seen]
+        fresh = [
+            e
+            for e in envelopes
+            if isinstance(e.data, PriceSet)
+            and e.id not in self._seen
+            and admin_event_refusal(Action.PRICE_SET, e.data.role) is None  # as the ledger
+        ]
         for envelope in fresh:
             assert isinstance(envelope.data, PriceSet)
             self._seen.add(envelope.id)

@@ -48,10 +48,14 @@ class SubmitRequest:
     admin: bool = False  # made with the admin's token (may exceed a queue's priority bounds)
     idempotency_key: str | None = None
     client: str | None = None  # the API caller's address: an API request says who and where
+    caller: str | None = None  # the API caller's name (`ledger.roles.Caller.name`)
 
     @property
     def requested_by(self) -> str:
-        """Whose request this is, the scope of its idempotency key: `admin` or `team:<name>`."""
+        """Whose request this is, the scope of its idempotency key: the caller's name (`admin`,
+        `team:<name>`, `<role>:<token name>`); without one `admin` or `team:<name>`."""
+        if self.caller is not None:
+            return self.caller
         return "admin" if self.admin else f"team:{self.team}"
 
 

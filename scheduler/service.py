@@ -345,16 +345,18 @@ class SchedulerService:
         team: str | None,
         idempotency_key: str | None = None,
         client: str | None = None,
+        caller: str | None = None,
     ) -> Accepted:
-        """Cancel a job `team` (None: the admin) may see. The same idempotency key again answers
+        """Cancel a job `team` (None: every team) may see. The same idempotency key again answers
         with the cancelled job (a repeat), not a conflict. `client` (the caller's address) goes
-        in the event with who cancelled, for the audit trail."""
+        in the event with who cancelled (`caller`, else `admin` or `team:<name>`), for the audit
+        trail."""
         async with self.lock:
             record = self.dispatcher.visible(job_id, team)
             if record is None:
                 raise Rejected(RejectKind.NOT_FOUND, f"no job {job_id}")
             key = None
-            who = "admin" if team is None else f"team:{team}"
+            who = caller or ("admin" if team is None else f"team:{team}")
             if idempotency_key is not None:
                 key = (who, idempotency_key)
                 if self.dispatcher.keys.cancelled(*key, job_id):

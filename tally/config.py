@@ -246,7 +246,9 @@ class SchedulerTeamConfig(Strict):
 class TokensConfig(Strict):
     """Where the API's bearer tokens come from — never the configuration file itself.
 
-    `file`: a YAML file `{admin: TOKEN, teams: {TEAM: TOKEN, …}}` (keep it mode 0600);
+    `file`: a YAML file `{admin: TOKEN, teams: {TEAM: TOKEN, …}, tokens: [{name, token, role,
+    team, user}, …]}` (keep it mode 0600): the admin token is the `admin` role, a team's token
+    that team's `team-lead`, `tokens:` names tokens of any role (`ledger.roles`);
     `admin_env` and `team_env` (team → variable name): environment variables, which win over
     the file. A team without a token cannot use the API.
     """

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from ledger.roles import Caller, Role
 from ledger.units import US_PER_SECOND
 from scheduler.api import Tokens
 from scheduler.dispatcher import Dispatcher, TeamBudgetRules
@@ -163,7 +164,44 @@ def projects_of(config: TallyConfig) -> dict[str, tuple[str, ...]]:
 # ---------------------------------------------------------------------------- tokens
 
 
-def _read_tokens_file(path: Path) -> tuple[str | None, dict[str, str]]:
+NamedTokens = dict[str, Caller]  # token → the caller it names
+
+
+def _named_tokens(path: Path, entries: Any) -> NamedTokens:
+    """The file's `tokens:` list: each entry a `name`, a `token`, a `role` and, for `team-lead`
+    and `member`, a `team` (a member also a `user`, whose jobs are its own)."""
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: tokens: expected a list of {{name, token, role, team, user}}")
+    named: NamedTokens = {}
+    names: set[str] = set()
+    for index, entry in enumerate(entries):
+        where = f"{path}: tokens[{index}]"
+        fields = {"name", "token", "role", "team", "user"}
+        if not isinstance(entry, dict) or set(entry) - fields:
+            raise ConfigError(f"{where}: expected a mapping of {', '.join(sorted(fields))}")
+        if not all(isinstance(v, str) for v in entry.values()):
+            raise ConfigError(f"{where}: every field is a string")
+        if not entry.get("name") or not entry.get("token"):
+            raise ConfigError(f"{where}: `name` and `token` are required")
+        roles = ", ".join(Role)
+        if entry.get("role") not in set(Role):
+            raise ConfigError(f"{where}: role: one of {roles}, not {entry.get('role')!r}")
+        try:
+            caller = Caller(
+                Role(entry["role"]), entry.get("team"), entry.get("user"), entry["name"]
+            )
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if caller.label in names:
+            raise ConfigError(f"{where}: the name {caller.label!r} is used twice")
+        if entry["token"] in named:
+            raise ConfigError("scheduler tokens: two principals share a token")
+        names.add(entry["name"])
+        named[entry["token"]] = caller
+    return named
+
+
+def _read_tokens_file(path: Path) -> tuple[str | None, dict[str, str], NamedTokens]:
     try:
         data = read_yaml(path.read_text())
     except FileNotFoundError:
@@ -171,9 +209,9 @@ def _read_tokens_file(path: Path) -> tuple[str | None, dict[str, str]]:
     except (OSError, UnicodeDecodeError, yaml.YAMLError, YamlRefused) as exc:
         raise ConfigError(f"{path}: cannot read the tokens file: {exc}") from None
     if data is None:
-        return None, {}
-    if not isinstance(data, dict) or set(data) - {"admin", "teams"}:
-        raise ConfigError(f"{path}: expected a mapping with `admin` and `teams`")
+        return None, {}, {}
+    if not isinstance(data, dict) or set(data) - {"admin", "teams", "tokens"}:
+        raise ConfigError(f"{path}: expected a mapping with `admin`, `teams` and `tokens`")
     admin = data.get("admin")
     teams = data.get("teams") or {}
     if admin is not None and not isinstance(admin, str):
@@ -182,11 +220,13 @@ def _read_tokens_file(path: Path) -> tuple[str | None, dict[str, str]]:
         isinstance(k, str) and isinstance(v, str) for k, v in teams.items()
     ):
         raise ConfigError(f"{path}: teams: expected a mapping of team → token")
-    return admin, dict(teams)
+    return admin, dict(teams), _named_tokens(path, data.get("tokens") or [])
 
 
 def load_tokens(config: TallyConfig, environ: Mapping[str, str] | None = None) -> Tokens:
-    """The API's tokens: the file's, overridden by the environment. Raises ConfigError for a
+    """The API's tokens: the file's, overridden by the environment. The admin token is the
+    `admin` role, a team's token that team's `team-lead`; the file's `tokens:` list names tokens
+    of any role. Raises ConfigError for a
     token shorter than 16 characters, one shared by two principals, an unknown team, or a
     variable named in `team_env` (or an `admin_env` the config names explicitly) that is not
     set while the tokens file has no token for it either."""
@@ -194,8 +234,9 @@ def load_tokens(config: TallyConfig, environ: Mapping[str, str] | None = None) -
     spec = config.scheduler.tokens
     admin: str | None = None
     teams: dict[str, str] = {}
+    named: NamedTokens = {}
     if spec.file is not None:
-        admin, teams = _read_tokens_file(spec.file)
+        admin, teams, named = _read_tokens_file(spec.file)
     if spec.admin_env and env.get(spec.admin_env):
         admin = env[spec.admin_env]
     elif spec.admin_env and admin is None and "admin_env" in spec.model_fields_set:
@@ -206,15 +247,15 @@ def load_tokens(config: TallyConfig, environ: Mapping[str, str] | None = None) -
         elif team not in teams:  # neither the variable nor the file has it
             secret_from_env(f"scheduler.tokens.team_env.{team}", name, env)
     known = {t.name for t in config.organisation.teams()}
-    unknown = sorted(set(teams) - known)
+    unknown = sorted((set(teams) | {c.team for c in named.values() if c.team}) - known)
     if unknown:
         raise ConfigError(f"scheduler tokens: unknown team(s) {', '.join(unknown)}")
-    every = [admin, *teams.values()] if admin else list(teams.values())
+    every = [*([admin] if admin else []), *teams.values(), *named]
     if any(len(token) < MIN_TOKEN_LENGTH for token in every):
         raise ConfigError(f"scheduler tokens: every token needs {MIN_TOKEN_LENGTH}+ characters")
     if len(set(every)) != len(every):
         raise ConfigError("scheduler tokens: two principals share a token")
-    return Tokens(admin=admin, teams=teams)
+    return Tokens(admin=admin, teams=teams, named=named)
 
 
 def ensure_tokens_file(config: TallyConfig) -> Path | None:

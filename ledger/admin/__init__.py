@@ -46,6 +46,7 @@ from ledger.admin.codec import (
 )
 from ledger.admin.effects import adjustment_transaction, grant_transaction, reversal_transaction
 from ledger.admin.events import (
+    ACTION_OF,
     ADJUSTABLE,
     ADMIN_SOURCE,
     BUDGET_UNITS,
@@ -101,6 +102,7 @@ from ledger.admin.view import (
 )
 
 __all__ = [
+    "ACTION_OF",
     "ADJUSTABLE",
     "ADMIN",
     "ADMIN_SOURCE",

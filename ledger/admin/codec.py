@@ -50,6 +50,7 @@ from ledger.errors import EventError
 from ledger.events import MAX_TIME_US
 from ledger.excerpts import shown
 from ledger.periods import Period
+from ledger.roles import Role
 from ledger.units import Unit
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -62,6 +63,8 @@ def admin_event_to_dict(event: AdminEvent) -> dict[str, Any]:
     for name, _, _ in _FIELDS[event.KIND]:
         value = getattr(event, name)
         out[name] = value.value if isinstance(value, StrEnum) else value
+    if out.get("role") is None:  # an event without a role encodes (and is identified) as before
+        out.pop("role", None)
     return out
 
 
@@ -192,6 +195,7 @@ _META: tuple[tuple[str, Decoder, bool], ...] = (
     ("reason", _text(MAX_REASON), True),
     ("effective_us", _TIME, True),
 )
+_ROLE: tuple[str, Decoder, bool] = ("role", _optional(_choice(Role)), False)
 # Per type: (field, decoder, required) in constructor order.
 _FIELDS: Mapping[AdminKind, tuple[tuple[str, Decoder, bool], ...]] = {
     AdminKind.BUDGET_GRANTED: (
@@ -201,12 +205,14 @@ _FIELDS: Mapping[AdminKind, tuple[tuple[str, Decoder, bool], ...]] = {
         ("amount", _SIGNED, True),
         *_META,
         ("expected_total", _optional(_SIGNED), False),
+        _ROLE,
     ),
     AdminKind.PRICE_SET: (
         ("model", _text(64), True),
         ("pool", _optional(_name), False),
         ("micros_per_gpu_hour", _integer(0, MAX_AMOUNT), True),
         *_META,
+        _ROLE,
     ),
     AdminKind.TEAM_DEFINED: (
         ("team", _name, True),
@@ -214,6 +220,7 @@ _FIELDS: Mapping[AdminKind, tuple[tuple[str, Decoder, bool], ...]] = {
         ("projects", _names, True),
         ("users", _names, True),
         *_META,
+        _ROLE,
     ),
     AdminKind.QUOTA_SET: (
         ("team", _name, True),
@@ -223,6 +230,7 @@ _FIELDS: Mapping[AdminKind, tuple[tuple[str, Decoder, bool], ...]] = {
         ("borrowing_limit", _optional(_COUNT), False),
         ("lending_limit", _optional(_COUNT), False),
         *_META,
+        _ROLE,
     ),
     AdminKind.ADJUSTMENT_RECORDED: (
         ("account", _optional(_account), False),
@@ -236,8 +244,9 @@ _FIELDS: Mapping[AdminKind, tuple[tuple[str, Decoder, bool], ...]] = {
         ("project", _optional(_name), False),
         ("user", _optional(_name), False),
         ("job_id", _optional(_text(256)), False),
+        _ROLE,
     ),
-    AdminKind.PERIOD_CLOSED: (("period", _period, True), *_META),
+    AdminKind.PERIOD_CLOSED: (("period", _period, True), *_META, _ROLE),
     AdminKind.BUDGET_POLICY_SET: (
         ("team", _name, True),
         ("unit", _unit, True),
@@ -248,6 +257,7 @@ _FIELDS: Mapping[AdminKind, tuple[tuple[str, Decoder, bool], ...]] = {
         ("carry_over", _choice(CarryOver), True),
         ("carry_limit", _optional(_integer(0, MAX_AMOUNT)), False),
         *_META,
+        _ROLE,
     ),
     AdminKind.BUDGET_ALLOWANCE_GRANTED: (
         ("team", _name, True),
@@ -259,9 +269,10 @@ _FIELDS: Mapping[AdminKind, tuple[tuple[str, Decoder, bool], ...]] = {
         ("policy", _text(256), True),
         ("every", _choice(Cadence), True),
         *_META,
+        _ROLE,
     ),
-    AdminKind.GPU_CORDONED: (("target", _text(256), True), *_META),
-    AdminKind.GPU_UNCORDONED: (("target", _text(256), True), *_META),
+    AdminKind.GPU_CORDONED: (("target", _text(256), True), *_META, _ROLE),
+    AdminKind.GPU_UNCORDONED: (("target", _text(256), True), *_META, _ROLE),
 }
 
 

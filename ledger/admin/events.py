@@ -4,7 +4,8 @@ the ledger derives from policies, their kinds, the `AdminEvent` union and envelo
 limits and account rules every admin event obeys.
 
 Every dataclass here is frozen and slotted and holds tuples, never lists; every event carries who
-(`actor`), why (`reason`) and from when (`effective_us`).
+(`actor`), why (`reason`) and from when (`effective_us`), and may carry the role its writer acted
+in (`role`, checked against `ledger.roles` through `ACTION_OF`; None: the local operator).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import ClassVar
 from ledger.accounts import AccountKind
 from ledger.envelope import Envelope
 from ledger.postings import TransactionKind
+from ledger.roles import Action, Role
 from ledger.units import Unit
 
 ADMIN_SOURCE = "tally://admin"
@@ -84,6 +86,7 @@ class BudgetGranted:
     reason: str
     effective_us: int
     expected_total: int | None = None
+    role: Role | None = None  # the role the writer acted in (None: the local operator)
 
     @property
     def entity(self) -> str:
@@ -109,6 +112,7 @@ class BudgetPolicySet:
     actor: str
     reason: str
     effective_us: int
+    role: Role | None = None  # the role the writer acted in (None: the local operator)
 
     @property
     def entity(self) -> str:
@@ -139,6 +143,7 @@ class BudgetAllowanceGranted:
     actor: str
     reason: str
     effective_us: int
+    role: Role | None = None  # the role the writer acted in (None: the local operator)
 
     @property
     def entity(self) -> str:
@@ -160,6 +165,7 @@ class PriceSet:
     actor: str
     reason: str
     effective_us: int
+    role: Role | None = None  # the role the writer acted in (None: the local operator)
 
     @property
     def entity(self) -> str:
@@ -178,6 +184,7 @@ class TeamDefined:
     actor: str
     reason: str
     effective_us: int
+    role: Role | None = None  # the role the writer acted in (None: the local operator)
 
     @property
     def entity(self) -> str:
@@ -203,6 +210,7 @@ class QuotaSet:
     actor: str
     reason: str
     effective_us: int
+    role: Role | None = None  # the role the writer acted in (None: the local operator)
 
     @property
     def entity(self) -> str:
@@ -233,6 +241,7 @@ class AdjustmentRecorded:
     project: str | None = None
     user: str | None = None
     job_id: str | None = None
+    role: Role | None = None  # the role the writer acted in (None: the local operator)
 
     @classmethod
     def reversal(
@@ -254,6 +263,7 @@ class PeriodClosed:
     actor: str
     reason: str
     effective_us: int
+    role: Role | None = None  # the role the writer acted in (None: the local operator)
 
     @property
     def entity(self) -> str:
@@ -270,6 +280,7 @@ class GpuCordoned:
     actor: str
     reason: str
     effective_us: int
+    role: Role | None = None  # the role the writer acted in (None: the local operator)
 
     @property
     def entity(self) -> str:
@@ -285,6 +296,7 @@ class GpuUncordoned:
     actor: str
     reason: str
     effective_us: int
+    role: Role | None = None  # the role the writer acted in (None: the local operator)
 
     @property
     def entity(self) -> str:
@@ -317,6 +329,18 @@ EVENT_CLASSES: Mapping[AdminKind, type[AdminEvent]] = {
         GpuCordoned,
         GpuUncordoned,
     )
+}
+# Which permission each event needs (`ledger.roles`); allowance records are the ledger's own.
+ACTION_OF: Mapping[AdminKind, Action] = {
+    AdminKind.BUDGET_GRANTED: Action.BUDGET_GRANT,
+    AdminKind.BUDGET_POLICY_SET: Action.BUDGET_GRANT,
+    AdminKind.PRICE_SET: Action.PRICE_SET,
+    AdminKind.TEAM_DEFINED: Action.TEAM_DEFINE,
+    AdminKind.QUOTA_SET: Action.QUOTA_SET,
+    AdminKind.ADJUSTMENT_RECORDED: Action.LEDGER_ADJUST,
+    AdminKind.PERIOD_CLOSED: Action.PERIOD_CLOSE,
+    AdminKind.GPU_CORDONED: Action.GPU_CORDON,
+    AdminKind.GPU_UNCORDONED: Action.GPU_CORDON,
 }
 LEDGER_BUDGETS_SOURCE = "tally://ledger/budgets"  # the source of allowance records
 LEDGER_ACTOR = "tally-ledger"

@@ -3,6 +3,9 @@ cordons into the inventory records they change, and every applied admin event (p
 quotas, closes, cordons) into the admin log, in offset order. Pure:
 the batch, the ledger's view and the configured cost centres.
 
+An event whose recorded `role` may not make it (`ledger.roles`) is refused as a dead letter
+naming the role and the action; an event without a role is the local operator's and applies.
+
 A budget policy is recorded in the log (the samples route grants from it,
 `ledger.ingest.allowances`); an allowance record sent on the topic is refused. A grant into a
 closed period, a stale grant (its `expected_total` is not the ledger's), a
@@ -20,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ledger.admin import (
+    ACTION_OF,
     REVERSIBLE,
     AdjustmentRecorded,
     AdminEnvelope,
@@ -52,6 +56,7 @@ from ledger.ingest.batch import Folded, refused
 from ledger.ingest.validation import check_transaction
 from ledger.inventory import InventoryGpu, cordon_records
 from ledger.postings import Transaction
+from ledger.roles import admin_event_refusal
 from ledger.store.port import (
     ConsumedMessage,
     LedgerView,
@@ -78,6 +83,14 @@ def admin_keys(decoded: Sequence[DecodedAdmin]) -> ViewKeys:
     )
 
 
+def role_refusal(envelope: AdminEnvelope) -> str | None:
+    """Why the role the event records may not make it (`ledger.roles`), or None."""
+    action = ACTION_OF.get(envelope.data.KIND)
+    if action is None:  # an allowance record: refused by the fold whatever its role
+        return None
+    return admin_event_refusal(action, envelope.data.role)
+
+
 def closes_a_period(decoded: Sequence[DecodedAdmin], view: LedgerView) -> bool:
     """Whether the batch closes a period not closed yet (the store is sealed first then, so the
     close's checksum sees every posting of the period)."""
@@ -101,7 +114,7 @@ def fold_admin(
             duplicates += 1
             continue
         applied.add(envelope.id)
-        problem = fold.apply(envelope, message)
+        problem = role_refusal(envelope) or fold.apply(envelope, message)
         if problem is not None:
             dead.append(refused(problem, envelope.id, message))
     return Folded(

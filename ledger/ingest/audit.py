@@ -20,7 +20,7 @@ from ledger.admin import (
 from ledger.audit import UNRECORDED, AuditEntry, changes
 from ledger.job_events import FailReason, JobEnvelope, JobFailed, JobSubmitted
 
-ADMIN_ROLE = "admin"  # whoever writes the admin topic acts as the admin
+ADMIN_ROLE = "admin"  # an admin event that records no role: the local operator, as the admin
 SCHEDULER = "scheduler"  # the scheduler itself (a cancel it made, e.g. when it stopped)
 
 
@@ -43,7 +43,7 @@ def admin_entry(
         time_us=envelope.time_us,
         kind=admin_kind(envelope),
         actor=event.actor,
-        role=ADMIN_ROLE,
+        role=event.role or ADMIN_ROLE,
         client=envelope.source,
         subject=envelope.subject,
         reason=event.reason,

@@ -8,18 +8,20 @@ Modules: `routes` (the route table: one source for the application and the OpenA
 `openapi` (the document at `/v1/openapi.json`), `responses` (JSON and error answers), `app`
 (middleware, access log, the server).
 
-Authentication: `Authorization: Bearer <token>`. A team's token sees and acts on that team's
-jobs only; the admin's sees all. A team's token may give a job only a priority within its
+Authentication: `Authorization: Bearer <token>`; each token names a role (`ledger.roles`,
+whose permission table decides every route). A team role sees and acts on that team's jobs
+only; organisation-wide roles see all. A team's token may give a job only a priority within its
 queue's bounds (`queues[].priority_bounds`, default 0–100); the admin's may give any.
 
 Errors are JSON, `{"error": {"status", "code", "message"}}`:
     400 bad_request       malformed JSON, a body that is not an object, unknown fields or query
                           parameters, wrong types, values out of range, a bad cursor or key
     401 unauthorized      no token, or a token that is not known (with WWW-Authenticate)
-    403 forbidden         a team's token acting for another team (submit, ?team=), or asking
-                          for a priority beyond its queue's bounds
-    404 not_found         no such route, or no such job *for this caller*: another team's job
-                          is "not found", never "forbidden", so its existence does not leak
+    403 forbidden         an action the caller's role may not do (a member: on a teammate's
+                          job), or a priority beyond its queue's bounds
+    404 not_found         no such route, or no such job or team *for this caller*: another
+                          team's job (or ?team=, or a submission for it) is "not found", never
+                          "forbidden", so its existence does not leak
     405 method_not_allowed
     408 request_timeout   the body was not all sent within the read timeout (connection closed)
     409 conflict          cancelling a job that has ended (without an Idempotency-Key)

@@ -1,6 +1,9 @@
-"""Who is calling: bearer tokens (`Tokens`), the caller they name (`Principal`) and
-`authenticate`, which answers 401 for a missing or unknown token. Tokens are compared in
-constant time and never logged; the access log names the principal (`admin`, `team:<name>`).
+"""Who is calling: bearer tokens (`Tokens`), the caller they name (`Principal`, a
+`ledger.roles.Caller`: a role, its team, its user), `authenticate`, which answers 401 for a
+missing or unknown token, and `authorize`, which answers 403 for an action the caller's role may
+not do and 404 for another team's object (`ledger.roles.decide`). Tokens are compared in
+constant time and never logged; the access log names the principal (`admin`, `team:<name>`,
+`<role>:<token name>`).
 """
 
 from __future__ import annotations
@@ -11,43 +14,38 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from ledger.roles import Action, Caller, Decision, Role, decide
 from scheduler.api.responses import ApiError
 
 PRINCIPAL_KEY = web.RequestKey("principal", str)  # the principal's name, for the access log
 
 
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who is calling: a team, or the admin (team None)."""
-
-    team: str | None
-
-    @property
-    def is_admin(self) -> bool:
-        return self.team is None
-
-    @property
-    def name(self) -> str:
-        """`admin` or `team:<name>`: the scope of its idempotency keys, in the access log."""
-        return "admin" if self.team is None else f"team:{self.team}"
+Principal = Caller  # who is calling, as the API knows it
 
 
 @dataclass(frozen=True, slots=True)
 class Tokens:
-    """The bearer tokens: the admin's and one per team (either may be missing)."""
+    """The bearer tokens: the admin's, one per team (that team's `team-lead`), and named
+    tokens with any role (`named`: token → caller). Any of them may be missing."""
 
     admin: str | None = None
     teams: Mapping[str, str] = field(default_factory=dict)
+    named: Mapping[str, Caller] = field(default_factory=dict)
+
+    def every(self) -> list[tuple[str, Caller]]:
+        """Every (token, caller) pair, the admin's first."""
+        pairs = [(self.admin, Caller(Role.ADMIN))] if self.admin else []
+        pairs += [(t, Caller(Role.TEAM_LEAD, team)) for team, t in sorted(self.teams.items())]
+        pairs += sorted(self.named.items(), key=lambda pair: pair[1].name)
+        return pairs
 
     def principal(self, token: str) -> Principal | None:
         """Who `token` belongs to; every known token is compared, in constant time."""
         given = token.encode("utf-8", "surrogateescape")
         found: Principal | None = None
-        if self.admin and hmac.compare_digest(given, self.admin.encode()):
-            found = Principal(None)
-        for team, secret in sorted(self.teams.items()):
+        for secret, caller in self.every():
             if hmac.compare_digest(given, secret.encode()):
-                found = Principal(team)
+                found = caller
         return found
 
 
@@ -64,3 +62,22 @@ def authenticate(request: web.Request, tokens: Tokens) -> Principal:
         raise ApiError(401, "the token is not valid")
     request[PRINCIPAL_KEY] = principal.name
     return principal
+
+
+def authorize(
+    principal: Principal,
+    action: Action,
+    team: str | None = None,
+    user: str | None = None,
+    missing: str = "not found",
+) -> None:
+    """Raise ApiError 403 if `principal` may not do `action` (to an object of `team` and
+    `user`), 404 (`missing`, the answer for an object that does not exist) if the object is
+    another team's."""
+    decision = decide(principal, action, team, user)
+    if decision is Decision.HIDDEN:
+        raise ApiError(404, missing)
+    if decision is Decision.FORBIDDEN:
+        if team is None or decide(principal, action) is Decision.FORBIDDEN:
+            raise ApiError(403, f"role {principal.role} may not {action}")
+        raise ApiError(403, f"role {principal.role} may {action} only for user {principal.user}")

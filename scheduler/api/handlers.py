@@ -15,8 +15,9 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from ledger.roles import Action, Role, Scope, scope_of
 from ledger.units import US_PER_SECOND
-from scheduler.api.auth import Principal, Tokens, authenticate
+from scheduler.api.auth import Principal, Tokens, authenticate, authorize
 from scheduler.api.models import (
     Balances,
     Explanation,
@@ -87,14 +88,12 @@ def client_of(request: web.Request) -> str:
 def to_request(
     body: SubmitBody, principal: Principal, key: str | None, client: str | None = None
 ) -> SubmitRequest:
-    """A validated body → `SubmitRequest` for `principal`; raises ApiError (400, 403)."""
-    team = body.team
-    if principal.team is not None:
-        if team is not None and team != principal.team:
-            raise ApiError(403, f"this token acts for team {principal.team} only")
-        team = principal.team
+    """A validated body → `SubmitRequest` for `principal`; raises ApiError (400; 403 a member
+    submitting as another user; 404 another team)."""
+    team = body.team if body.team is not None else principal.team
     if team is None:
-        raise ApiError(400, "team: required (with the admin's token)")
+        raise ApiError(400, "team: required (with an organisation-wide token)")
+    authorize(principal, Action.JOB_SUBMIT, team, body.user, missing=f"no team {team}"[:256])
     try:
         work = Work(
             command=tuple(body.command or ()),
@@ -117,9 +116,10 @@ def to_request(
         pool=body.pool,
         span_nodes=body.span_nodes,
         priority=body.priority,
-        admin=principal.is_admin,
+        admin=principal.role is Role.ADMIN,
         idempotency_key=key,
         client=client,
+        caller=principal.name,
     )
 
 
@@ -184,21 +184,29 @@ class Api:
     def dispatcher(self) -> Dispatcher:
         return self.service.dispatcher
 
-    def _team_filter(self, wanted: str | None, principal: Principal) -> str | None:
-        if principal.team is None:
+    def _team_filter(self, wanted: str | None, principal: Principal, action: Action) -> str | None:
+        """The one team `action` reaches for `principal` (None: every team): `wanted` if the
+        caller sees every team, else its own (another team is a 404, as if it did not exist)."""
+        authorize(principal, action)
+        if scope_of(principal.role, action) is Scope.ANY:
             if wanted is not None and wanted not in self.dispatcher.state.quotas.teams:
                 raise ApiError(422, f"unknown team {wanted!r}")
             return wanted
         if wanted is not None and wanted != principal.team:
-            raise ApiError(403, f"this token sees team {principal.team} only")
+            raise ApiError(404, f"no team {wanted[:128]}")
         return principal.team
 
-    def _job(self, request: web.Request, principal: Principal) -> JobRecord:
+    def _job(self, request: web.Request, principal: Principal, action: Action) -> JobRecord:
+        """The job of the path, if `principal` may do `action` to it: 403 if its role may
+        not, 404 for a job that does not exist or is another team's."""
+        authorize(principal, action)
         read_query(request, NoQuery)
         job_id = request.match_info["job_id"]
-        record = self.dispatcher.visible(job_id, principal.team)
+        missing = f"no job {job_id[:128]}"
+        record = self.dispatcher.visible(job_id, None)
         if record is None:
-            raise ApiError(404, f"no job {job_id[:128]}")
+            raise ApiError(404, missing)
+        authorize(principal, action, record.team, record.spec.user, missing)
         return record
 
     async def openapi(self, request: web.Request) -> web.Response:
@@ -211,6 +219,7 @@ class Api:
 
     async def submit(self, request: web.Request) -> web.Response:
         principal = authenticate(request, self.tokens)
+        authorize(principal, Action.JOB_SUBMIT)
         read_query(request, NoQuery)
         key = idempotency_key(request)
         data = await read_json(request, self.max_body_bytes, self.body_timeout_s)
@@ -227,7 +236,7 @@ class Api:
         principal = authenticate(request, self.tokens)
         query = read_query(request, JobsQuery)
         where = JobFilter(
-            team=self._team_filter(query.team, principal),
+            team=self._team_filter(query.team, principal, Action.JOB_READ),
             state=query.state,
             queue=query.queue,
             user=query.user,
@@ -243,39 +252,42 @@ class Api:
 
     async def get_job(self, request: web.Request) -> web.Response:
         principal = authenticate(request, self.tokens)
-        return json_response(dumped(JobAnswer(job=job_view(self._job(request, principal)))))
+        record = self._job(request, principal, Action.JOB_READ)
+        return json_response(dumped(JobAnswer(job=job_view(record))))
 
     async def cancel(self, request: web.Request) -> web.Response:
         principal = authenticate(request, self.tokens)
         key = idempotency_key(request)
-        record = self._job(request, principal)
-        accepted = await self.service.cancel(record.job_id, principal.team, key, client_of(request))
+        record = self._job(request, principal, Action.JOB_CANCEL)
+        accepted = await self.service.cancel(
+            record.job_id, principal.team, key, client_of(request), principal.name
+        )
         return _answer(accepted, 200)
 
     async def explain(self, request: web.Request) -> web.Response:
         principal = authenticate(request, self.tokens)
-        record = self._job(request, principal)
+        record = self._job(request, principal, Action.JOB_READ)
         answer = Explanation(
             job_id=record.job_id, explanation=self.dispatcher.explain(record.job_id)
         )
         return json_response(dumped(answer))
 
     async def queues(self, request: web.Request) -> web.Response:
-        authenticate(request, self.tokens)
+        authorize(authenticate(request, self.tokens), Action.QUEUES_READ)
         read_query(request, NoQuery)
         return json_response(dumped(Queues(queues=queue_views(self.dispatcher))))
 
     async def balances(self, request: web.Request) -> web.Response:
         principal = authenticate(request, self.tokens)
         query = read_query(request, TeamQuery)
-        team = self._team_filter(query.team, principal)
+        team = self._team_filter(query.team, principal, Action.BALANCES_READ)
         teams = [team] if team is not None else sorted(self.dispatcher.state.quotas.teams)
         views = [balance_view(self.dispatcher, t) for t in teams]
         return json_response(dumped(Balances(balances=views)))
 
     async def inventory(self, request: web.Request) -> web.Response:
-        """Every token may read the inventory: it names GPUs and nodes, no team's jobs."""
-        authenticate(request, self.tokens)
+        """Every role may read the inventory: it names GPUs and nodes, no team's jobs."""
+        authorize(authenticate(request, self.tokens), Action.INVENTORY_READ)
         query = read_query(request, InventoryQuery)
         gpus = inventory_views(
             self.service.inventory,

@@ -14,6 +14,9 @@ cannot differ.
     GET    /v1/queues                  the queues, their bounds and load                  200
     GET    /v1/balances[?team=]        budget and quota of a team (admin: all teams)      200
     GET    /v1/inventory[?pool=]       the GPUs collectors report (any token)             200
+
+Who may call which route is the permission table's business (`ledger.roles`): 403 for a role
+that may not, 404 for another team's job or team.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from scheduler.api.models import (
     TeamQuery,
 )
 
-AUTH_ERRORS = (400, 401, 404, 405)
+AUTH_ERRORS = (400, 401, 403, 404, 405)  # 403: the role may not (`ledger.roles`)
 BODY_ERRORS = (408, 413, 415)
 
 
@@ -71,10 +74,10 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/jobs", "submit",
           "Submit a job (201; 200 repeating an Idempotency-Key; 202 broker unavailable)",
           ok=(201, 200, 202), response=JobAnswer, body=SubmitBody,
-          errors=(*AUTH_ERRORS, 403, *BODY_ERRORS, 422), idempotent=True),
+          errors=(*AUTH_ERRORS, *BODY_ERRORS, 422), idempotent=True),
     Route("GET", "/v1/jobs", "list_jobs",
           "A page of the jobs the caller may see, oldest submission first",
-          response=JobsPage, query=JobsQuery, errors=(*AUTH_ERRORS, 403, 422)),
+          response=JobsPage, query=JobsQuery, errors=(*AUTH_ERRORS, 422)),
     Route("GET", JOB, "get_job", "One job", response=JobAnswer),
     Route("POST", f"{JOB}/cancel", "cancel", "Cancel a pending or running job",
           ok=(200, 202), response=JobAnswer, errors=(*AUTH_ERRORS, 409, 422), idempotent=True),
@@ -86,7 +89,7 @@ ROUTES: tuple[Route, ...] = (
           response=Queues),
     Route("GET", "/v1/balances", "balances",
           "Budget and quota of the caller's team (the admin: every team, or ?team=)",
-          response=Balances, query=TeamQuery, errors=(*AUTH_ERRORS, 403, 422)),
+          response=Balances, query=TeamQuery, errors=(*AUTH_ERRORS, 422)),
     Route("GET", "/v1/inventory", "inventory",
           "The GPUs the collectors report: live or stale, placeable, in use (any token)",
           response=InventoryAnswer, query=InventoryQuery),

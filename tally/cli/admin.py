@@ -27,6 +27,7 @@ from ledger.store.layout import SEGMENTS_DIR, has_ledger
 from ledger.store.side_files import load_admin_log
 from ledger.units import Unit, format_micros
 from streams.kafka import BrokerError
+from tally.cli.caller import admin_token_option, as_caller
 from tally.cli.options import (
     Exit,
     bootstrap_option,
@@ -168,6 +169,7 @@ def admin() -> None:
 )
 @dry_run_option
 @output_option
+@admin_token_option
 def apply_config(
     config_file: str,
     bootstrap: str | None,
@@ -178,6 +180,7 @@ def apply_config(
     initial: bool,
     dry_run: bool,
     output: str,
+    token: str | None,
 ) -> None:
     """Send the admin events that bring the ledger to CONFIG_FILE's teams, prices, quotas and
     budgets. Only differences are sent: applying the same file again sends nothing. Nothing is
@@ -200,6 +203,7 @@ def apply_config(
         reason or f"tally admin apply {Path(config_file).name}",
         parse_effective(effective),
     )
+    events = as_caller(config, token, plan.events)
     fmt = OutputFormat(output)
     for note in plan.notes:
         click.secho(f"note: {note}", fg="yellow", err=True)
@@ -209,12 +213,12 @@ def apply_config(
         else:
             echo_events((), fmt)
         return
-    echo_events(plan.events, fmt)
+    echo_events(events, fmt)
     if dry_run:
-        click.echo(f"dry run: {len(plan.events)} event(s) not sent", err=True)
+        click.echo(f"dry run: {len(events)} event(s) not sent", err=True)
         return
-    send_admin_events(config, bootstrap, plan.events)
-    click.echo(f"sent {len(plan.events)} event(s) to {config.topics.admin}", err=True)
+    send_admin_events(config, bootstrap, events)
+    click.echo(f"sent {len(events)} event(s) to {config.topics.admin}", err=True)
 
 
 # ---------------------------------------------------------------------------------- balances

@@ -33,6 +33,7 @@ from tally.cli.admin import (
     now_us,
     send_admin_events,
 )
+from tally.cli.caller import admin_token_option, as_caller
 from tally.cli.options import (
     Exit,
     bootstrap_option,
@@ -151,6 +152,7 @@ def _cordon(
     actor: str | None,
     dry_run: bool,
     on: bool,
+    token: str | None = None,
 ) -> None:
     config = load_or_exit(config_path)
     directory = resolve_ledger_dir(config_path, data_dir)  # exit 4 without a ledger
@@ -175,6 +177,7 @@ def _cordon(
         )
     except EventError as exc:
         fail(str(exc), Exit.USAGE)
+    (event,) = as_caller(config, token, [event])
     echo_events([event], OutputFormat.TABLE)
     if dry_run:
         click.echo("dry run: not sent", err=True)
@@ -185,6 +188,7 @@ def _cordon(
 
 def cordon_options(command: Callable[..., None]) -> Callable[..., None]:
     for decorate in (
+        admin_token_option,
         dry_run_option,
         actor_option,
         click.option("--reason", required=True, help="Why (recorded with the event)."),
@@ -207,13 +211,14 @@ def cordon(
     reason: str,
     actor: str | None,
     dry_run: bool,
+    token: str | None,
 ) -> None:
     """Cordon NODE_OR_GPU (a node name or a GPU UUID): the scheduler places nothing new on it
     (a node: on each of its GPUs, also those it reports later); running jobs keep running.
 
     An admin event with the actor and reason, applied by the worker. Exit 2 for a target the
     inventory does not know, 3 when the broker does not take it, 4 without a ledger."""
-    _cordon(target, config_path, bootstrap, data_dir, reason, actor, dry_run, on=True)
+    _cordon(target, config_path, bootstrap, data_dir, reason, actor, dry_run, True, token)
 
 
 @inventory.command()
@@ -226,7 +231,8 @@ def uncordon(
     reason: str,
     actor: str | None,
     dry_run: bool,
+    token: str | None,
 ) -> None:
     """Uncordon NODE_OR_GPU: it takes new placements again (unless it is unhealthy). Exit
     codes as for `cordon`."""
-    _cordon(target, config_path, bootstrap, data_dir, reason, actor, dry_run, on=False)
+    _cordon(target, config_path, bootstrap, data_dir, reason, actor, dry_run, False, token)

@@ -2,9 +2,10 @@
 HTTP API (`scheduler.api`).
 
 The API is `--api` / $TALLY_API, else the configured `scheduler.host:port`; the token is
-`--token` / $TALLY_TOKEN (a team's token, or the admin's). Exit codes: 0 ok; 1 the job is not
-there (404) or has ended (409, cancel); 2 the request was refused (bad input, unknown queue,
-missing or wrong token); 3 the scheduler could not be reached or failed (5xx).
+`--token` / $TALLY_TOKEN (any role's: the API decides with the permission table,
+`ledger.roles`). Exit codes: 0 ok; 1 the job or team is not there or is another team's (404)
+or the job has ended (409, cancel); 2 the request was refused (bad input, unknown queue, missing
+or wrong token, a role that may not: 403); 3 the scheduler could not be reached or failed (5xx).
 
 `submit` and `cancel` send an `Idempotency-Key` (a fresh UUID, or `--idempotency-key`) and
 retry with the same key when the scheduler cannot be reached or answers 5xx, so a retry never

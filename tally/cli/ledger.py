@@ -51,6 +51,7 @@ from tally.cli.admin import (
     parse_effective,
     send_admin_events,
 )
+from tally.cli.caller import admin_token_option, as_caller
 from tally.cli.options import (
     Exit,
     bootstrap_option,
@@ -210,6 +211,7 @@ def _checked(event: AdminEvent) -> AdminEvent:
 @actor_option
 @effective_option
 @dry_run_option
+@admin_token_option
 def adjust(
     config_path: str,
     bootstrap: str | None,
@@ -228,6 +230,7 @@ def adjust(
     actor: str | None,
     effective: str,
     dry_run: bool,
+    token: str | None,
 ) -> None:
     """Record an adjusting transaction, or (--reverse TXN) the exact negation of one.
 
@@ -288,7 +291,7 @@ def adjust(
             user=user,
             job_id=job_id,
         )
-    event = _checked(event)
+    (event,) = as_caller(config, token, [_checked(event)])
     resolve_ledger_dir(config_path, data_dir)  # the ledger to adjust must exist
     echo_events([event], OutputFormat.TABLE)
     if dry_run:
@@ -307,6 +310,7 @@ def adjust(
 @actor_option
 @click.option("--force", is_flag=True, help="Close a period that has not ended yet.")
 @dry_run_option
+@admin_token_option
 def close(
     period: str,
     config_path: str,
@@ -316,6 +320,7 @@ def close(
     actor: str | None,
     force: bool,
     dry_run: bool,
+    token: str | None,
 ) -> None:
     """Close PERIOD (YYYY-MM): afterwards nothing posts into it, late usage is booked into the
     next open period, and `tally ledger verify` checks the period's checksum."""
@@ -334,6 +339,7 @@ def close(
     event = _checked(
         PeriodClosed(month.label, actor or default_actor(), reason or "month-end close", now)
     )
+    (event,) = as_caller(config, token, [event])
     echo_events([event], OutputFormat.TABLE)
     if dry_run:
         click.echo("dry run: not sent", err=True)

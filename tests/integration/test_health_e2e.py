@@ -2,9 +2,10 @@
 node of three GPUs; an XID 79 published for the GPU a job runs on (as a collector sends it, on
 `inventory-reports`) → the worker folds it (unhealthy) and raises a health alert → the
 scheduler requeues the job with `gpu_unhealthy` (same attempt) onto another GPU and places
-nothing new on the sick one; `tally inventory cordon` of another GPU stops placements there
-too and `uncordon` brings it back; `tally alerts run` delivers the alert, with the XID's
-meaning, to a webhook receiver on loopback."""
+nothing new on the sick one; `tally inventory cordon` of another GPU (an operator's token: a
+viewer's is refused before sending) stops placements there too and `uncordon` brings it back;
+`tally alerts run` delivers the alert, with the XID's meaning, to a webhook receiver on
+loopback."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ from tests.integration.support import (
 from tests.integration.test_scheduler_e2e import ADMIN, VISION, SchedulerProcess, tally
 from tests.unit.test_alerting import Receiver, _start_receiver
 
+OPERATOR = "operator-token-0123456789"
+VIEWER = "viewer-token-0123456789"
+
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
@@ -49,7 +53,13 @@ def hook() -> Iterator[Receiver]:
 
 def _config(tmp_path: Path, port: int, hook: str) -> dict[str, Any]:
     tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({"admin": ADMIN, "teams": {"vision": VISION}}))
+    named = [
+        {"name": "ops", "token": OPERATOR, "role": "operator"},
+        {"name": "board", "token": VIEWER, "role": "viewer"},
+    ]
+    tokens.write_text(
+        yaml.safe_dump({"admin": ADMIN, "teams": {"vision": VISION}, "tokens": named})
+    )
     data = pipeline_config(tmp_path, nodes=1, partitions=2)
     data["fleet"]["pools"] = [data["fleet"]["pools"][0] | {"gpus_per_node": 3}]  # a100 only
     data["fleet"]["workloads"] = {"training": 0, "inference": 0, "notebook": 0, "unallocated": 1}
@@ -164,7 +174,11 @@ def test_an_xid_79_requeues_the_job_and_cordons_keep_placements_off(
             worker,
         )
         base = ("--config", str(path), "--bootstrap", broker.bootstrap, "--reason", "fan")
-        done = tally("inventory", "cordon", free, *base, "--actor", "ops")
+        refused = tally("inventory", "cordon", free, *base, "--token", VIEWER)
+        assert refused.returncode == 2, refused.stderr  # a viewer cordons nothing: not sent
+        assert "refused for viewer:board: role viewer may not gpu.cordon" in refused.stderr
+        # an operator's cordon records its role; the worker checks it and applies it
+        done = tally("inventory", "cordon", free, *base, "--actor", "ops", "--token", OPERATOR)
         assert done.returncode == 0, done.stderr
         wait_until(lambda: gpus()[free]["cordoned"], 30, "the cordon to reach the scheduler")
         assert gpus()[free]["cordoned_by"] == "ops" and not gpus()[free]["placeable"]

@@ -126,7 +126,7 @@ def test_submit_list_explain_cancel_and_queues(served):
          "unknown queue"),
         (("job", "submit", "-q", "dev", "-p", "detection"), VISION, 2, "give a command"),
         (("job", "submit", "-q", "dev", "-p", "detection", "--team", "language", "--", "true"),
-         VISION, 2, "team vision only"),
+         VISION, 1, "no team language"),
         (("job", "submit", "-q", "dev", "-p", "detection", "--estimate", "soon", "--", "true"),
          VISION, 2, "not a duration"),
     ],

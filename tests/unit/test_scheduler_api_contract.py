@@ -23,7 +23,7 @@ from scheduler.ports import Work
 from scheduler.records import SubmitRequest
 from tally.config import ConfigError, parse_config
 from tests.inventory_builders import a_mig_slice, a_record
-from tests.unit.test_scheduler_api_support import ADMIN, LANGUAGE, VISION, Api, a_job
+from tests.unit.test_scheduler_api_support import ADMIN, LANGUAGE, VIEWER, VISION, Api, a_job
 from tests.unit.test_scheduler_service_support import Rig, config_data
 
 
@@ -112,7 +112,8 @@ def test_every_answer_of_a_run_matches_the_document(api):
     api.call("DELETE", f"/v1/jobs/{jobs[1]}", ADMIN)
     for method, path, token, body in (
         ("GET", "/v1/jobs", None, None),  # 401
-        ("GET", "/v1/jobs?team=language", VISION, None),  # 403
+        ("GET", "/v1/jobs?team=language", VISION, None),  # 404: another team
+        ("POST", "/v1/jobs", VIEWER, a_job(team="vision")),  # 403: a viewer submits nothing
         ("GET", "/v1/jobs?limit=0", VISION, None),  # 400
         ("GET", "/v1/jobs/job-nope", VISION, None),  # 404
         ("PUT", "/v1/jobs", VISION, a_job()),  # 405

@@ -9,6 +9,7 @@ import os
 import pytest
 import yaml
 
+from ledger.roles import Role
 from scheduler.model import US_PER_MINUTE, IdleAction, OverBudget, QueueClass
 from tally.config import ConfigError, load_config, parse_config
 from tally.scheduling import (
@@ -148,7 +149,7 @@ def test_tokens_come_from_the_file_and_the_environment_wins(tmp_path):
     assert tokens.admin == "b" * 20
     assert dict(tokens.teams) == {"vision": "v" * 20, "language": "l" * 20}
     assert tokens.principal("v" * 20).team == "vision"
-    assert tokens.principal("b" * 20).is_admin
+    assert tokens.principal("b" * 20).role is Role.ADMIN
     assert tokens.principal("a" * 20) is None  # the file's admin token was overridden
 
 
