@@ -18,6 +18,10 @@ What each order becomes:
             storage is disabled" — from `scontrol show job`, which knows a job for MinJobAge
             (300 s by default) after it ends. A job Slurm no longer knows is reported LOST.
 
+After a restart, `rebuild` takes back the jobs the `jobs` topic shows running or parked
+(`scheduler.executors.slurm_ids`: each `JobStarted` carries the Slurm job id, from the RUNNING
+status), so a restarted scheduler still polls, cancels and restarts the Slurm jobs it submitted.
+
 Invariants:
 - Slurm never reruns a job on its own: one that Slurm requeued (node failure) is cancelled and
   reported LOST, and the core decides whether it runs again;
@@ -34,7 +38,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,6 +53,7 @@ from scheduler.executors.errors import (
 )
 from scheduler.executors.launch import log_file, tally_env
 from scheduler.executors.local import WallClock
+from scheduler.executors.slurm_ids import slurm_jobs
 from scheduler.executors.slurm_text import (
     SACCT_DISABLED,
     Completed,
@@ -66,7 +71,15 @@ from scheduler.executors.slurm_text import (
     squeue_argv,
 )
 from scheduler.model import RunningJob
-from scheduler.ports import Clock, Executor, JobStatus, RunState, StopReason, Work
+from scheduler.ports import (
+    Clock,
+    Executor,
+    JobStatus,
+    RebuildsFromTopic,
+    RunState,
+    StopReason,
+    Work,
+)
 
 # Slurm states in which a job's processes may still be alive
 BUSY = frozenset(("CONFIGURING", "RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"))
@@ -245,6 +258,18 @@ class SlurmExecutor:
     def active(self) -> tuple[str, ...]:
         return tuple(self._tracks)
 
+    def rebuild(self, events: Iterable[object]) -> int:
+        """After a restart: take back the jobs `events` (the replayed `jobs` topic) show
+        running or parked in Slurm; how many. A running one is not reported RUNNING again."""
+        found = slurm_jobs(events)
+        for job_id, slurm_id in found.running.items():
+            if job_id not in self._tracks:
+                self._tracks[job_id] = _Track(job_id, slurm_id, True, True)
+        for job_id, slurm_id in found.parked.items():
+            if job_id not in self._parked:  # parked long ago: no gap to wait out
+                self._parked[job_id] = _Parked(slurm_id, time.monotonic() - self.restart_gap_s)
+        return len(found.running) + len(found.parked)
+
     def log_path(self, job_id: str) -> Path:
         return log_file(self.log_dir, job_id)
 
@@ -330,7 +355,13 @@ class SlurmExecutor:
             track.devices = ()  # it ended between squeue and scontrol: no devices to report
         track.reported_running = True
         return JobStatus(
-            track.job_id, RunState.RUNNING, self._now(), None, track.devices, track.slurm_id
+            track.job_id,
+            RunState.RUNNING,
+            self._now(),
+            None,
+            track.devices,
+            track.slurm_id,
+            slurm_job_id=track.slurm_id,
         )
 
     def _final(self, slurm_id: str) -> SlurmRow | None:
@@ -378,3 +409,4 @@ class SlurmExecutor:
 
 if TYPE_CHECKING:
     _conforms: Executor = SlurmExecutor(Path())
+    _rebuilds: RebuildsFromTopic = SlurmExecutor(Path())
