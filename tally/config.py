@@ -33,6 +33,7 @@ from tally.broker_config import BrokerConfig, TlsConfig, TopicsConfig
 from tally.budgets_config import BudgetConfig
 from tally.config_fields import EnvName, GpuMs, Micros, Name, Strict
 from tally.config_yaml import YamlRefused, read_yaml
+from tally.identity_config import IdentityConfig
 from tally.inventory_config import InventoryConfig
 from tally.metrics_config import MetricsConfig
 
@@ -353,6 +354,7 @@ class TallyConfig(Strict):
     alerts: AlertsConfig = AlertsConfig()
     metrics: MetricsConfig = MetricsConfig()
     inventory: InventoryConfig = InventoryConfig()
+    identity: IdentityConfig = IdentityConfig()
 
     @model_validator(mode="after")
     def _budgets_and_quotas_name_teams(self) -> TallyConfig:

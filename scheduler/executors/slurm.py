@@ -3,8 +3,11 @@ Slurm runs. Parsing and command building live in `scheduler.executors.slurm_text
 
 What each order becomes:
 - start     sbatch --parsable --job-name=<job id> --gres=gpu:N --output=<log> (appended)
-            --requeue --export=ALL,TALLY_JOB_ID,TALLY_ATTEMPT[,Work.env names] [--time=<min>];
-            the script comes on stdin. A job that was preempted (parked, below) is restarted
+            --requeue --export=ALL,TALLY_JOB_ID,TALLY_ATTEMPT[,Work.env names] [--time=<min>]
+            [--account=<the team's account>] [--uid=<user> --gid=<gid>, as root, for the
+            submitter's OS user: `scheduler.executors.run_as`; a job that may not run as its
+            submitter is reported FAILED by the next poll, never submitted]; the script comes
+            on stdin. A job that was preempted (parked, below) is restarted
             instead: `scontrol update StartTime=now` (a requeued job is otherwise not eligible
             for ~120 s) and `scontrol release`, so it is the same Slurm job, with
             SLURM_RESTART_COUNT telling it so;
@@ -53,6 +56,7 @@ from scheduler.executors.errors import (
 )
 from scheduler.executors.launch import log_file, tally_env
 from scheduler.executors.local import WallClock
+from scheduler.executors.run_as import NO_OS_USERS, OsUsers, Refusal, decide
 from scheduler.executors.slurm_ids import slurm_jobs
 from scheduler.executors.slurm_text import (
     SACCT_DISABLED,
@@ -133,7 +137,8 @@ class _Parked:
 
 
 class SlurmExecutor:
-    """Runs each job as a Slurm batch job; see the module."""
+    """Runs each job as a Slurm batch job; see the module. `accounts`: team → Slurm account;
+    `os_users`: the submitter → OS user mapping (`identity.os_users`)."""
 
     def __init__(
         self,
@@ -147,9 +152,13 @@ class SlurmExecutor:
         restart_gap_s: float = 1.1,
         interval_s: float = 0.1,
         clock: Clock | None = None,
+        accounts: Mapping[str, str] | None = None,
+        os_users: OsUsers = NO_OS_USERS,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.accounts = dict(accounts or {})
+        self.os_users = os_users
         self.run: Runner = runner or SubprocessRunner()
         self.partition = partition
         self.pin_nodes = pin_nodes
@@ -172,6 +181,13 @@ class SlurmExecutor:
         if parked is not None:
             self._restart(job.job_id, parked)
             return
+        who = decide(self.os_users, job.spec.user)
+        if isinstance(who, Refusal):
+            detail = f"refused to start: {who.reason}"  # 126, as the local executor says
+            self._reports.append(
+                JobStatus(job.job_id, RunState.FAILED, self._now(), 126, (), "", detail)
+            )
+            return
         argv = sbatch_argv(
             job,
             work,
@@ -180,6 +196,8 @@ class SlurmExecutor:
             partition=self.partition,
             pin_nodes=self.pin_nodes,
             extra_args=self.extra_args,
+            account=self.accounts.get(job.team),
+            run_as=who,
         )
         env = {**tally_env(job), **dict(work.env)}
         try:
