@@ -234,11 +234,13 @@ class JobWaiting:
 
 @dataclass(frozen=True, slots=True)
 class JobStarted:
-    """The executor started the job's processes on its GPUs."""
+    """The executor started the job's processes on its GPUs; `slurm_job_id`: the Slurm job it
+    runs as, under the Slurm executor (what `SLURM_JOB_ID` says in its processes)."""
 
     KIND: ClassVar[JobEventType] = JobEventType.STARTED
     job_id: str
     time_us: int
+    slurm_job_id: str | None = field(default=None, metadata={"max_len": 64})
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,20 +416,21 @@ def _spec_data(spec: JobSpec) -> Any:
 _ADDED: Mapping[type[Any], frozenset[str]] = {
     JobSubmitted: frozenset({"idempotency_key", "requested_by", "request_digest", "client"}),
     JobFailed: frozenset({"idempotency_key", "requested_by", "client"}),
+    JobStarted: frozenset({"slurm_job_id"}),
 }  # optional fields added to v1: written only when set
 
 
 def _as_data(event: JobEvent) -> Any:
     """The event itself: orjson writes a dataclass as its fields in order, tuples as arrays. A
-    `JobSubmitted` or `JobFailed` is written without its added fields that are unset, a `JobSpec`
-    without `models` and a `JobAdmitted` with no `placement` without those, exactly as before
+    `JobSubmitted`, `JobFailed` or `JobStarted` is written without its unset added fields, a
+    `JobSpec` without `models` and a `JobAdmitted` with no `placement` without those, as before
     they existed."""
     if isinstance(event, JobSubmitted):
         data = _unset_added_left_out(event, _without(event, "spec"))
         return {"spec": _spec_data(event.spec), **data}
     if isinstance(event, JobAdmitted) and not event.placement:
         return _without(event, "placement")
-    if isinstance(event, JobFailed):
+    if isinstance(event, JobFailed | JobStarted):
         return _unset_added_left_out(event, _without(event))
     return event
 

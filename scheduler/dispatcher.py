@@ -14,8 +14,9 @@ metered usage per team and the open idle alerts. Invariants:
 - decision times strictly increase (`now_us`: event ids derive from them), and so do the
   messages' `tally-seq` numbers;
 - the state is a projection of the `jobs` topic: `replay` rebuilds it (holds re-derived from
-  the job events), then `recover` fails with `executor_lost` the running jobs the executor
-  does not run and kills what their processes left (`scheduler.work_store`).
+  the job events; an executor that can, its runs: `RebuildsFromTopic`), then `recover` fails
+  with `executor_lost` the running jobs the executor does not run and kills what their
+  processes left (`scheduler.work_store`).
 
 Inputs from the ledger: `on_balance` takes `balances` messages (`budget:<team>` → budgets;
 `consumer:<team>/…` GPU-ms totals → metered usage for fair share; a message no newer, by `seq`,
@@ -65,7 +66,7 @@ from scheduler.job_alerts import JobAlertWatch
 from scheduler.jobs_topic import Consumed, Outgoing, hold_message, job_message, replay_order
 from scheduler.lifecycle import cancel, fail, overdue, runtime_limit
 from scheduler.model import NO_HOLD, Balance, PendingJob, Policy, RunningJob
-from scheduler.ports import Clock, Executor, JobStatus, StopReason, Work
+from scheduler.ports import Clock, Executor, JobStatus, RebuildsFromTopic, StopReason, Work
 from scheduler.reclaim import IdleAlert, IdleGpu, idle_decisions
 from scheduler.records import JobRecord, JobState, PriorityBounds, SubmitRequest, advance
 from scheduler.state import SchedulerState
@@ -271,6 +272,8 @@ class Dispatcher:
                 applied += 1
             else:
                 self.replay_errors += 1
+        if isinstance(self.executor, RebuildsFromTopic):  # Slurm: which Slurm job is whose
+            self.executor.rebuild(event for _, event in replay_order(messages))
         return applied
 
     def recover(self) -> list[JobEvent]:

@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ledger.holds import HoldEvent
 from ledger.job_events import JobEvent
@@ -142,7 +142,9 @@ class JobStatus:
     `exit_code`: for an ended job, its exit status, 128 + N when signal N ended it, None when
     it never launched or the backend does not say. `devices`: for `RUNNING`, the
     `CUDA_VISIBLE_DEVICES` entries the job was given (what Slurm chose, for Slurm).
-    `native_id`: the process id or Slurm job id.
+    `native_id`: the process id or Slurm job id. `slurm_job_id`: the Slurm job id, from the
+    Slurm executor only (published with `JobStarted`, so a process's `SLURM_JOB_ID` names the
+    Tally job and a restarted executor finds its Slurm jobs again).
     """
 
     job_id: str
@@ -152,6 +154,7 @@ class JobStatus:
     devices: tuple[str, ...] = ()
     native_id: str = ""
     detail: str = ""
+    slurm_job_id: str | None = None
 
 
 class Executor(Protocol):
@@ -176,6 +179,16 @@ class Executor(Protocol):
 
     def log_path(self, job_id: str) -> Path | None:
         """Where the job's stdout and stderr go (None: this executor keeps no log)."""
+        ...
+
+
+@runtime_checkable
+class RebuildsFromTopic(Protocol):
+    """An executor that rebuilds what it knows of earlier runs from the replayed `jobs`
+    events (Slurm: its job → Slurm id map), before `Dispatcher.recover` asks what it runs."""
+
+    def rebuild(self, events: Iterable[object]) -> int:
+        """Take back the runs `events` (job events in topic order) show; how many it took."""
         ...
 
 

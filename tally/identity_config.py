@@ -1,8 +1,12 @@
-"""The `identity:` section of the configuration: how collectors name the team and project of
-work Tally did not schedule — Slurm jobs by their account, Kubernetes pods by their namespace
-and labels (see `collectors.slurm_account`, `collectors.k8s_identity`, `collectors.kubelet`).
+"""The `identity:` section of the configuration: who a job or a process is. Collectors name the
+team and project of work Tally did not schedule — Slurm jobs by their account, Kubernetes pods
+by their namespace and labels (see `collectors.slurm_account`, `collectors.k8s_identity`,
+`collectors.kubelet`); the executors run a Tally user's jobs as an OS user (`os_users`,
+`tally.os_users_config`), and the Slurm executor submits a team's jobs with `--account=` the
+first account mapped to that team (`slurm_account_of_team`).
 
     identity:
+      os_users: {users: {ada: ada}, default: null}
       slurm_accounts:
         ml-research: {team: research, project: llm}
       scontrol: [scontrol]            # the command asked for a job's account
@@ -26,6 +30,7 @@ from pydantic import BeforeValidator, Field, field_validator
 
 from collectors.k8s_identity import PodRules
 from tally.config_fields import Name, Strict
+from tally.os_users_config import OsUsersConfig
 
 # A label key: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters.
 _LABEL_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?"
@@ -109,8 +114,10 @@ def _command(value: Any) -> Any:
 class IdentityConfig(Strict):
     """`slurm_accounts`: Slurm account → {team, project} (an account not named here is booked
     to the team `unmapped:<account>`); `scontrol`: the command asked for the account of a job
-    whose environment does not carry `SLURM_JOB_ACCOUNT`; `kubernetes`: pods."""
+    whose environment does not carry `SLURM_JOB_ACCOUNT`; `kubernetes`: pods; `os_users`: the
+    OS user each Tally user's jobs run as."""
 
+    os_users: OsUsersConfig = OsUsersConfig()
     slurm_accounts: dict[Name, OwnerRef] = Field(default_factory=dict)
     scontrol: Annotated[tuple[str, ...], BeforeValidator(_command)] = Field(
         ("scontrol",), min_length=1, max_length=16
@@ -150,3 +157,11 @@ def check_identity_names(identity: IdentityConfig, projects: Mapping[str, tuple[
                 f"{where}: team {ref.team!r} has no project {ref.project!r} "
                 f"(its projects: {', '.join(projects[ref.team])})"
             )
+
+
+def slurm_account_of_team(accounts: Mapping[str, OwnerRef]) -> dict[str, str]:
+    """Team → the first Slurm account (in the file's order) mapped to it."""
+    out: dict[str, str] = {}
+    for account, owner in accounts.items():
+        out.setdefault(owner.team, account)
+    return out

@@ -55,6 +55,7 @@ from tally.components import simulated_fleet
 from tally.config import ConfigError, QueueConfig, TallyConfig
 from tally.config_fields import secret_from_env
 from tally.config_yaml import YamlRefused, read_yaml
+from tally.identity_config import slurm_account_of_team
 
 US_PER_HOUR = 3_600 * US_PER_SECOND
 MIN_TOKEN_LENGTH = 16
@@ -333,8 +334,9 @@ def scheduler_state(config: TallyConfig, inventory: Inventory | None = None) -> 
 
 def configured_executor(config: TallyConfig, inventory: Inventory | FleetInventory) -> Executor:
     """The executor `scheduler.executor` names (the local one reads `inventory.device_ids` as
-    it changes)."""
+    it changes), running jobs as `identity.os_users` says; Slurm's with each team's account."""
     s = config.scheduler
+    os_users = config.identity.os_users.mapping()
     if s.executor == "slurm":
         from scheduler.executors.slurm import SlurmExecutor
 
@@ -343,10 +345,12 @@ def configured_executor(config: TallyConfig, inventory: Inventory | FleetInvento
             partition=s.slurm.partition,
             pin_nodes=s.slurm.pin_nodes,
             extra_args=s.slurm.extra_args,
+            accounts=slurm_account_of_team(config.identity.slurm_accounts),
+            os_users=os_users,
         )
     from scheduler.executors.local import LocalExecutor
 
-    return LocalExecutor(s.work_dir / "logs", device_ids=inventory.device_ids)
+    return LocalExecutor(s.work_dir / "logs", device_ids=inventory.device_ids, os_users=os_users)
 
 
 def build_dispatcher(

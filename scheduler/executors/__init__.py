@@ -8,6 +8,10 @@ decided and report what happened as `JobStatus` values.
                 state from squeue and sacct (scontrol show job without slurmdbd)
     slurm_text  the pure half of the Slurm adapter: argv building, output parsing, the state
                 map and the translation of Slurm's failures into exceptions
+    run_as      which OS user a job runs as (`identity.os_users`): the pure decision, and
+                the host's accounts it reads
+    slurm_ids   which Slurm job each Tally job is, folded from the `jobs` topic: what a
+                restarted Slurm executor rebuilds its map from
     fake        in memory, deterministic, scripted outcomes (scheduler tests, simulation)
     launch      what every adapter launches a job with: environment, devices, log file name
     processes   process groups on Linux: who is still alive, signalling, waiting

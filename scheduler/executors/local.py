@@ -16,11 +16,17 @@ Invariants:
   exception: the next `poll` reports it `FAILED` with exit code 127 (not found) or 126 (cannot
   execute), the shell's conventions, and the reason in its detail and log;
 - exit statuses: 0 → FINISHED; n > 0 → FAILED with n; killed by signal N that no stop sent →
-  FAILED with 128 + N.
+  FAILED with 128 + N;
+- a job runs as its submitter's OS user (`scheduler.executors.run_as`, `identity.os_users`):
+  as root the child drops to it (initgroups, setgid, setuid) before exec, with HOME, USER and
+  LOGNAME set for it, and its script file is chowned to it; a job that may not run as its
+  submitter (not root and another user, unmapped, unknown) is not started: the next `poll`
+  reports it FAILED with exit code 126 and the refusal as its detail.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -29,11 +35,12 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scheduler.executors.errors import ExecutorUnavailable, JobAlreadyStarted, StopTimeout
 from scheduler.executors.launch import job_environment, log_file, log_name, visible_devices
 from scheduler.executors.processes import alive_groups, signal_group, wait_until
+from scheduler.executors.run_as import NO_OS_USERS, OsUsers, Refusal, RunAs, decide
 from scheduler.model import RunningJob
 from scheduler.ports import Clock, Executor, JobStatus, RunState, StopReason, Work
 
@@ -72,6 +79,14 @@ def _signal_name(exit_code: int) -> str:
         return f"signal {exit_code - 128}"
 
 
+def _credentials(who: RunAs | None) -> dict[str, Any]:
+    """`Popen`'s user, group and supplementary groups: the child sets them before exec."""
+    if who is None:
+        return {}
+    account = who.account
+    return {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
+
+
 def _launch_failure(exc: OSError) -> int:
     return 127 if exc.errno == errno.ENOENT else 126
 
@@ -82,7 +97,8 @@ class LocalExecutor:
     `device_ids` maps GPU UUIDs to what `CUDA_VISIBLE_DEVICES` should say (indices such as
     "0"); unmapped GPUs appear by UUID. It is read at each start, so a mapping that changes
     (the inventory's) is followed. `env`: the environment jobs start from (default: this
-    process's environment when the job starts).
+    process's environment when the job starts). `os_users`: the submitter → OS user mapping
+    (`identity.os_users`); none: every job runs as this process's user.
     """
 
     def __init__(
@@ -94,6 +110,7 @@ class LocalExecutor:
         kill_timeout_s: float = 5.0,
         env: Mapping[str, str] | None = None,
         clock: Clock | None = None,
+        os_users: OsUsers = NO_OS_USERS,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -102,6 +119,7 @@ class LocalExecutor:
         self.kill_timeout_s = kill_timeout_s
         self.env = None if env is None else dict(env)
         self.clock: Clock = clock or WallClock()
+        self.os_users = os_users
         self._runs: dict[str, _Run] = {}
         self._reports: list[JobStatus] = []
 
@@ -112,8 +130,14 @@ class LocalExecutor:
         del time_limit_us
         if job.job_id in self._runs:
             raise JobAlreadyStarted(f"job {job.job_id} is already running here")
+        who = decide(self.os_users, job.spec.user)
+        if isinstance(who, Refusal):
+            self._refuse(job, who)
+            return
         devices = visible_devices(job, self.device_ids)
         env = job_environment(job, work, devices, os.environ if self.env is None else self.env)
+        if who is not None:
+            env.update(who.environment())
         path = self.log_path(job.job_id)
         try:
             log = path.open("ab")
@@ -121,7 +145,7 @@ class LocalExecutor:
             raise ExecutorUnavailable(f"cannot open the log {path}: {exc}") from exc
         with log:
             try:
-                argv = self._argv(job, work)
+                argv = self._argv(job, work, who)
                 proc = subprocess.Popen(
                     argv,
                     stdin=subprocess.DEVNULL,
@@ -131,6 +155,7 @@ class LocalExecutor:
                     cwd=work.cwd,
                     start_new_session=True,
                     close_fds=True,
+                    **_credentials(who),
                 )
             except OSError as exc:
                 code = _launch_failure(exc)
@@ -230,13 +255,23 @@ class LocalExecutor:
         run = self._runs.get(job_id)
         return None if run is None else run.pgid
 
-    def _argv(self, job: RunningJob, work: Work) -> list[str]:
+    def _argv(self, job: RunningJob, work: Work, who: RunAs | None) -> list[str]:
         if work.script is None:
             return list(work.command)
         path = self.log_dir / (log_name(job.job_id).removesuffix(".log") + ".script")
         path.write_text(work.script)
         path.chmod(0o700)
+        if who is not None:  # its user runs it (the log directory must be searchable to it)
+            os.chown(path, who.account.uid, who.account.gid)
         return [str(path)]
+
+    def _refuse(self, job: RunningJob, refusal: Refusal) -> None:
+        detail = f"refused to start: {refusal.reason}"
+        with contextlib.suppress(OSError), self.log_path(job.job_id).open("ab") as log:
+            log.write(f"tally: {detail}\n".encode())
+        self._reports.append(
+            JobStatus(job.job_id, RunState.FAILED, self.clock.now_us(), 126, detail=detail)
+        )
 
     def _alive(self, runs: list[_Run]) -> list[_Run]:
         """Runs whose leader is not reaped yet or whose group still has a live process."""

@@ -3,8 +3,11 @@ Slurm runs. Parsing and command building live in `scheduler.executors.slurm_text
 
 What each order becomes:
 - start     sbatch --parsable --job-name=<job id> --gres=gpu:N --output=<log> (appended)
-            --requeue --export=ALL,TALLY_JOB_ID,TALLY_ATTEMPT[,Work.env names] [--time=<min>];
-            the script comes on stdin. A job that was preempted (parked, below) is restarted
+            --requeue --export=ALL,TALLY_JOB_ID,TALLY_ATTEMPT[,Work.env names] [--time=<min>]
+            [--account=<the team's account>] [--uid=<user> --gid=<gid>, as root, for the
+            submitter's OS user: `scheduler.executors.run_as`; a job that may not run as its
+            submitter is reported FAILED by the next poll, never submitted]; the script comes
+            on stdin. A job that was preempted (parked, below) is restarted
             instead: `scontrol update StartTime=now` (a requeued job is otherwise not eligible
             for ~120 s) and `scontrol release`, so it is the same Slurm job, with
             SLURM_RESTART_COUNT telling it so;
@@ -17,6 +20,10 @@ What each order becomes:
             its exit code from `sacct`, or — without slurmdbd, where sacct answers "accounting
             storage is disabled" — from `scontrol show job`, which knows a job for MinJobAge
             (300 s by default) after it ends. A job Slurm no longer knows is reported LOST.
+
+After a restart, `rebuild` takes back the jobs the `jobs` topic shows running or parked
+(`scheduler.executors.slurm_ids`: each `JobStarted` carries the Slurm job id, from the RUNNING
+status), so a restarted scheduler still polls, cancels and restarts the Slurm jobs it submitted.
 
 Invariants:
 - Slurm never reruns a job on its own: one that Slurm requeued (node failure) is cancelled and
@@ -34,7 +41,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,6 +56,8 @@ from scheduler.executors.errors import (
 )
 from scheduler.executors.launch import log_file, tally_env
 from scheduler.executors.local import WallClock
+from scheduler.executors.run_as import NO_OS_USERS, OsUsers, Refusal, decide
+from scheduler.executors.slurm_ids import slurm_jobs
 from scheduler.executors.slurm_text import (
     SACCT_DISABLED,
     Completed,
@@ -66,7 +75,15 @@ from scheduler.executors.slurm_text import (
     squeue_argv,
 )
 from scheduler.model import RunningJob
-from scheduler.ports import Clock, Executor, JobStatus, RunState, StopReason, Work
+from scheduler.ports import (
+    Clock,
+    Executor,
+    JobStatus,
+    RebuildsFromTopic,
+    RunState,
+    StopReason,
+    Work,
+)
 
 # Slurm states in which a job's processes may still be alive
 BUSY = frozenset(("CONFIGURING", "RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"))
@@ -120,7 +137,8 @@ class _Parked:
 
 
 class SlurmExecutor:
-    """Runs each job as a Slurm batch job; see the module."""
+    """Runs each job as a Slurm batch job; see the module. `accounts`: team → Slurm account;
+    `os_users`: the submitter → OS user mapping (`identity.os_users`)."""
 
     def __init__(
         self,
@@ -134,9 +152,13 @@ class SlurmExecutor:
         restart_gap_s: float = 1.1,
         interval_s: float = 0.1,
         clock: Clock | None = None,
+        accounts: Mapping[str, str] | None = None,
+        os_users: OsUsers = NO_OS_USERS,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.accounts = dict(accounts or {})
+        self.os_users = os_users
         self.run: Runner = runner or SubprocessRunner()
         self.partition = partition
         self.pin_nodes = pin_nodes
@@ -159,6 +181,13 @@ class SlurmExecutor:
         if parked is not None:
             self._restart(job.job_id, parked)
             return
+        who = decide(self.os_users, job.spec.user)
+        if isinstance(who, Refusal):
+            detail = f"refused to start: {who.reason}"  # 126, as the local executor says
+            self._reports.append(
+                JobStatus(job.job_id, RunState.FAILED, self._now(), 126, (), "", detail)
+            )
+            return
         argv = sbatch_argv(
             job,
             work,
@@ -167,6 +196,8 @@ class SlurmExecutor:
             partition=self.partition,
             pin_nodes=self.pin_nodes,
             extra_args=self.extra_args,
+            account=self.accounts.get(job.team),
+            run_as=who,
         )
         env = {**tally_env(job), **dict(work.env)}
         try:
@@ -244,6 +275,18 @@ class SlurmExecutor:
 
     def active(self) -> tuple[str, ...]:
         return tuple(self._tracks)
+
+    def rebuild(self, events: Iterable[object]) -> int:
+        """After a restart: take back the jobs `events` (the replayed `jobs` topic) show
+        running or parked in Slurm; how many. A running one is not reported RUNNING again."""
+        found = slurm_jobs(events)
+        for job_id, slurm_id in found.running.items():
+            if job_id not in self._tracks:
+                self._tracks[job_id] = _Track(job_id, slurm_id, True, True)
+        for job_id, slurm_id in found.parked.items():
+            if job_id not in self._parked:  # parked long ago: no gap to wait out
+                self._parked[job_id] = _Parked(slurm_id, time.monotonic() - self.restart_gap_s)
+        return len(found.running) + len(found.parked)
 
     def log_path(self, job_id: str) -> Path:
         return log_file(self.log_dir, job_id)
@@ -330,7 +373,13 @@ class SlurmExecutor:
             track.devices = ()  # it ended between squeue and scontrol: no devices to report
         track.reported_running = True
         return JobStatus(
-            track.job_id, RunState.RUNNING, self._now(), None, track.devices, track.slurm_id
+            track.job_id,
+            RunState.RUNNING,
+            self._now(),
+            None,
+            track.devices,
+            track.slurm_id,
+            slurm_job_id=track.slurm_id,
         )
 
     def _final(self, slurm_id: str) -> SlurmRow | None:
@@ -378,3 +427,4 @@ class SlurmExecutor:
 
 if TYPE_CHECKING:
     _conforms: Executor = SlurmExecutor(Path())
+    _rebuilds: RebuildsFromTopic = SlurmExecutor(Path())

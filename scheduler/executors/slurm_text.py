@@ -41,6 +41,7 @@ from scheduler.executors.errors import (
     SlurmOutputError,
     SlurmRejected,
 )
+from scheduler.executors.run_as import RunAs
 from scheduler.model import RunningJob
 from scheduler.ports import RunState, Work
 
@@ -285,10 +286,14 @@ def sbatch_argv(
     partition: str | None = None,
     pin_nodes: bool = False,
     extra_args: Sequence[str] = (),
+    account: str | None = None,
+    run_as: RunAs | None = None,
 ) -> list[str]:
     """sbatch for one job; the script comes on stdin. Variables are exported by name only
     (`--export=ALL,TALLY_JOB_ID,…`) with their values in sbatch's environment, so no value
-    is ever parsed by Slurm's comma-separated list."""
+    is ever parsed by Slurm's comma-separated list. `account`: the team's Slurm account
+    (`--account=`); `run_as`: the submitter's OS user when the scheduler is root
+    (`--uid=<name> --gid=<gid>`: Slurm runs the job as that user)."""
     exported = ",".join(["ALL", "TALLY_JOB_ID", "TALLY_ATTEMPT", *(n for n, _ in work.env)])
     argv = [
         "sbatch",
@@ -306,6 +311,10 @@ def sbatch_argv(
         argv.append(f"--partition={partition}")
     if work.cwd is not None:
         argv.append(f"--chdir={work.cwd}")
+    if account is not None:
+        argv.append(f"--account={account}")
+    if run_as is not None:
+        argv.extend([f"--uid={run_as.account.name}", f"--gid={run_as.account.gid}"])
     argv.extend(extra_args)
     return argv
 

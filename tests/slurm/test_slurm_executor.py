@@ -1,7 +1,8 @@
 """The Slurm executor beyond the shared contract: preemption as requeue-and-hold and restart as
 release of the same Slurm job, holding a job Slurm has not started, cancelling a parked job,
 sbatch refusals, jobs ended outside Tally, node failure, time limits, the sacct fallback, many
-small jobs — against the real single-node Slurm — and its poll logic on a scripted runner.
+small jobs, a restarted executor rebuilt from job events cancelling the job its predecessor
+submitted — against the real single-node Slurm — and its poll logic on a scripted runner.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ledger.job_events import JobPreempted, JobStarted, PreemptReason
 from scheduler.executors.errors import ExecutorUnavailable
 from scheduler.executors.slurm import SlurmExecutor, SubprocessRunner
 from scheduler.executors.slurm_text import Completed
@@ -108,10 +110,23 @@ def test_preempt_requeues_and_holds_then_start_releases_the_same_job(
 
     executor.start(job, HOLD)  # re-admitted: released, not submitted again
     assert executor.slurm_id("preempted") == slurm_id
-    watch.until("preempted", RunState.RUNNING, after=1)
+    again = watch.until("preempted", RunState.RUNNING, after=1)
     wait_log(log, "run 1")
     assert log.read_text().splitlines()[0] == "run 0", "the log is appended, not replaced"
     assert executor.show(slurm_id).restarts == 1
+
+    # a restarted scheduler: a fresh executor rebuilt from what the jobs topic carries
+    assert again.slurm_job_id == slurm_id  # published with JobStarted
+    events = [
+        JobStarted("preempted", 1, slurm_job_id=slurm_id),
+        JobPreempted("preempted", "other", PreemptReason.RECLAIM_LENT_QUOTA, 2),
+        JobStarted("preempted", 3, slurm_job_id=again.slurm_job_id),
+    ]
+    fresh = SlurmExecutor(executor.log_dir, runner=executor.run, stop_timeout_s=30)
+    assert fresh.rebuild(events) == 1 and fresh.active() == ("preempted",)
+    (cancelled,) = fresh.stop(["preempted"], StopReason.CANCELLED)
+    assert (cancelled.state, cancelled.native_id) == (RunState.STOPPED, slurm_id)
+    assert squeue(slurm_cluster, slurm_id) == "CANCELLED"
 
 
 @pytest.mark.slurm

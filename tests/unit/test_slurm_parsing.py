@@ -16,6 +16,7 @@ from scheduler.executors.errors import (
     SlurmOutputError,
     SlurmRejected,
 )
+from scheduler.executors.run_as import OsAccount, RunAs
 from scheduler.executors.slurm_text import (
     SLURM_STATES,
     Completed,
@@ -511,6 +512,39 @@ def test_sbatch_argv_exports_names_only_and_escapes_percent_in_the_log_path() ->
         "--chdir=/w",
         "--qos=high",
     ]
+
+
+ALICE = RunAs("ada", OsAccount("alice", 1001, 1002, "/home/alice", (1002,)))
+
+
+@pytest.mark.parametrize(
+    ("account", "who", "expected"),
+    [
+        pytest.param(None, None, [], id="neither"),
+        pytest.param("vis-gpu", None, ["--account=vis-gpu"], id="team-account"),
+        pytest.param(None, ALICE, ["--uid=alice", "--gid=1002"], id="as-root-for-a-user"),
+        pytest.param(
+            "vis-gpu",
+            ALICE,
+            ["--account=vis-gpu", "--uid=alice", "--gid=1002"],
+            id="both-before-extra-args",
+        ),
+    ],
+)
+def test_sbatch_argv_account_and_user(
+    account: str | None, who: RunAs | None, expected: list[str]
+) -> None:
+    argv = sbatch_argv(
+        running_job(("n1",)),
+        Work(command=("true",)),
+        log_path="/l.log",
+        time_limit_us=None,
+        extra_args=("--qos=high",),
+        account=account,
+        run_as=who,
+    )
+    base = argv.index("--gres=gpu:1") + 1
+    assert argv[base:] == [*expected, "--qos=high"]
 
 
 @pytest.mark.parametrize(
