@@ -284,7 +284,8 @@ class InventoryGpuView(Response):
     for more than the configured number of sampling intervals; `health`: `healthy`, `degraded`
     or `unhealthy` (with why, since when and the faults counted); `cordoned`: an operator keeps
     new jobs off it (by whom, why); `placeable`: whether new jobs may be placed on it now (not
-    unhealthy, not cordoned, live); `in_use`: whether a job holds it."""
+    unhealthy, not cordoned, live); `in_use`: whether a job holds it; `topology`: its NVLink
+    domain, NUMA node, IB rail and rack where known (`ledger.topology`)."""
 
     uuid: str
     node: str
@@ -297,6 +298,7 @@ class InventoryGpuView(Response):
     labels: dict[str, str]
     driver_version: str | None
     cuda_version: str | None
+    topology: dict[str, str | int]
     source: str
     health: str
     health_reason: str | None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from ledger.topology import topology_to_dict
 from ledger.units import US_PER_SECOND, Unit
 from scheduler.api.models import (
     Assigned,
@@ -195,6 +196,7 @@ def inventory_views(
             labels=dict(g.labels),
             driver_version=g.driver_version,
             cuda_version=g.cuda_version,
+            topology=topology_to_dict(g.topology),
             source=g.source.value,
             health=g.health.value,
             health_reason=g.health_reason,
