@@ -117,6 +117,7 @@ def to_request(
         pool=body.pool,
         span_nodes=body.span_nodes,
         priority=body.priority,
+        topology=body.topology,
         admin=principal.is_admin,
         idempotency_key=key,
         client=client,

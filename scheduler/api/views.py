@@ -56,6 +56,7 @@ def job_view(record: JobRecord) -> JobView:
         models=list(spec.accepted_models),
         pool=spec.pool,
         span_nodes=spec.span_nodes,
+        topology=spec.topology,
         priority=spec.priority,
         estimated_runtime_s=spec.estimated_runtime_us / US_PER_SECOND,
         max_runtime_s=None if spec.max_runtime_us is None else spec.max_runtime_us / US_PER_SECOND,
