@@ -5,7 +5,9 @@ producer that carries samples to Kafka.
                      samples, health)
     nvml_device      NvmlPort, NVML error translation, per-GPU state, MIG layout, energy
     nvml_processes   GPU processes, their SM utilisation and owners
-    fake_nvml        FakeNvml: an NvmlPort for tests and benchmarks
+    nvml_topology    each GPU's NVLink domain and NUMA node, as NVML tells them
+    fake_nvml        FakeNvml: an NvmlPort for tests and benchmarks (topology calls:
+                     fake_nvml_topology)
     ownership        process → owner: the rules that turn a host PID into an Owner
     dcgm             DcgmCollector: one dcgm-exporter, state across scrapes
     dcgm_http        DcgmConfig, fetch_metrics: the HTTP side

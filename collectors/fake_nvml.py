@@ -12,7 +12,10 @@ This module owns the fake side of the NVML port. `FakeNvml` answers every functi
   (`NVMLError_NotSupported`, `NVMLError_GpuIsLost`, …);
 - `nvmlDeviceGetProcessUtilization(handle, ts)` returns samples newer than `ts` (the latest per
   process when `ts` is 0) and raises NotFound when there are none;
-- `nvmlEventSetWait(set, 0)` pops one pending event or raises Timeout.
+- `nvmlEventSetWait(set, 0)` pops one pending event or raises Timeout;
+- the topology queries (PCI info, NVLink state and far ends, NUMA node, common ancestor) are in
+  `collectors.fake_nvml_topology`, from `FakeGpu.pci_bus_id`, `nvlinks`, `numa_node`,
+  `cpu_socket`.
 
 State is plain mutable data (`FakeGpu`, `FakeProcess`, `FakeMig`) that a test changes between
 rounds; `tick(seconds)` advances the fake's clock, integrates energy and records utilisation
@@ -30,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
+
+from collectors.fake_nvml_topology import TopologyCalls
 
 NOT_AVAILABLE_U32 = 0xFFFFFFFF
 GIB = 1 << 30
@@ -139,13 +144,17 @@ class FakeGpu:
     xid_supported: bool = True
     pending_xids: list[tuple[int, int]] = field(default_factory=list)  # (xid, gi)
     util_samples: list[tuple[int, int, int, int]] = field(default_factory=list)  # ts,pid,sm,mem
+    pci_bus_id: str = ""  # "00000000:BB:00.0"; empty: one derived from its position
+    nvlinks: list[str | None] | None = None  # per link, the far end's bus id (None: inactive)
+    numa_node: int | None = None  # what nvmlDeviceGetNumaNodeId says (None: NotSupported)
+    cpu_socket: int = 0  # the socket its PCI tree hangs off (nvmlDeviceGetTopologyCommonAncestor)
 
 
 def _raise(code: int) -> None:
     raise pynvml.NVMLError(code)
 
 
-class FakeNvml:
+class FakeNvml(TopologyCalls):
     """A scripted NVML library; see the module docstring for what it mimics."""
 
     # The binding's constants the collector may read off the module it is given.
@@ -175,6 +184,7 @@ class FakeNvml:
         self._next_set = 1
         for gpu in self.gpus:
             self._name_migs(gpu)
+        self._address_gpus()
 
     # ------------------------------------------------------------------ scripting
 
@@ -492,6 +502,8 @@ def mig_gpu(uuid: str, layout: Iterable[tuple[int, str, int]], **kwargs: Any) ->
 
 def mixed_node() -> FakeNvml:
     """Four GPUs: two busy plain A100s, one MIG A100 (3g + 2g + 1g), one idle V100 (no MIG).
+    GPUs 0 and 1 share an NVLink bridge (links 0–3; 4–11 inactive); the V100, on the second
+    CPU socket, has no NVLink.
 
     Processes have pids 1001.. on GPU 0, 2001.. on GPU 1, 3001.. on GPU 2 (in MIG instances).
     """
@@ -527,6 +539,9 @@ def mixed_node() -> FakeNvml:
         power_mw=40_000,
         unsupported={"nvmlDeviceGetTotalEnergyConsumption"},
     )
+    busy.nvlinks = ["00000000:28:00.0"] * 4 + [None] * 8
+    half.nvlinks = ["00000000:18:00.0"] * 4 + [None] * 8
+    mig.nvlinks, old.cpu_socket = [None] * 12, 1
     fake = FakeNvml([busy, half, mig, old])
     fake.tick(1.0)
     return fake

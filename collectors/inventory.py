@@ -11,6 +11,9 @@ scraped) is left out of the report, so it goes stale in the inventory. The pool 
 samples'; labels are the collector's (`--label`, `inventory.labels`) over the source's
 (dcgm-exporter's labels common to a node's rows, `collectors.dcgm_nodes`); driver and CUDA
 versions come from NVML, the driver version from dcgm-exporter's `DCGM_FI_DRIVER_VERSION`.
+Each GPU's topology (`ledger.topology`) is what NVML discovered of it (`NodeFacts.topology`,
+`collectors.nvml_topology`) under the node's `topology.*` labels, under the collector's per-GPU
+labels (`inventory.gpu_labels`, by GPU index or UUID).
 
 `InventoryReporter.after_round` decides and sends; a report is a message keyed by node for the
 `inventory-reports` topic, buffered in the producer with the round's samples (and spooled with
@@ -28,6 +31,7 @@ from typing import Any
 from ledger.attribution import UNCONFIGURED_PROFILE
 from ledger.events import GpuSample
 from ledger.inventory import InventoryReport, ReportedGpu, encode_report
+from ledger.topology import NO_TOPOLOGY, GpuTopology, from_labels
 
 Sender = Callable[[bytes, bytes], object]
 
@@ -35,10 +39,11 @@ Sender = Callable[[bytes, bytes], object]
 @dataclass(frozen=True, slots=True)
 class NodeFacts:
     """What a source says about a node besides its GPUs (dcgm-exporter: its labels and driver
-    version, `collectors.dcgm_nodes`)."""
+    version, `collectors.dcgm_nodes`; NVML: each GPU's topology, by UUID)."""
 
     labels: tuple[tuple[str, str], ...] = ()
     driver_version: str | None = None
+    topology: tuple[tuple[str, GpuTopology], ...] = ()
 
 
 MIN_REPORT_INTERVAL_US = 1_000_000  # a fast simulation still reports at most once a second
@@ -113,6 +118,7 @@ class InventoryReporter:
         versions: tuple[str | None, str | None] = (None, None),
         clock: Callable[[], int] = _wall_clock_us,
         node_facts: Mapping[str, NodeFacts] | None = None,
+        gpu_labels: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         if every_rounds < 1:
             raise ValueError("every_rounds must be at least 1")
@@ -122,6 +128,7 @@ class InventoryReporter:
         self.versions = versions
         self.clock = clock
         self.node_facts = node_facts if node_facts is not None else {}  # read at each round
+        self.gpu_labels = {k: dict(v) for k, v in (gpu_labels or {}).items()}
         self._sent: dict[str, tuple[InventoryReport, int]] = {}  # node → (content, sent at)
         self.reports_sent = 0
 
@@ -152,16 +159,29 @@ class InventoryReporter:
 
     def _with_facts(self, report: InventoryReport) -> InventoryReport:
         """The source's labels and driver version of the node, under the collector's own
-        labels (which win) and versions."""
+        labels (which win) and versions; each GPU's topology."""
         facts = self.node_facts.get(report.node)
-        if facts is None:
-            return report
-        labels = dict(facts.labels) | self.labels
-        return replace(
-            report,
-            labels=tuple(sorted(labels.items()))[:64],
-            driver_version=report.driver_version or facts.driver_version,
+        if facts is not None:
+            labels = dict(facts.labels) | self.labels
+            report = replace(
+                report,
+                labels=tuple(sorted(labels.items()))[:64],
+                driver_version=report.driver_version or facts.driver_version,
+            )
+        discovered = dict(facts.topology) if facts is not None else {}
+        gpus = tuple(
+            replace(
+                gpu,
+                topology=from_labels(
+                    discovered.get(gpu.uuid, NO_TOPOLOGY),
+                    report.labels,
+                    self.gpu_labels.get(str(gpu.index), {}),
+                    self.gpu_labels.get(gpu.uuid, {}),
+                ),
+            )
+            for gpu in report.gpus
         )
+        return replace(report, gpus=gpus)
 
 
 def nvml_versions(nvml: Any) -> tuple[str | None, str | None]:

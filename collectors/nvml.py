@@ -11,6 +11,7 @@ line in `RoundResult.problems` (each problem is reported once). The reading itse
                      NVML errors (in one place, `classify`), the per-GPU state carried between
                      rounds, DeviceReader: one field under the error rules, MIG layout, energy
     nvml_processes   ProcessReader: processes per GPU instance, their SM utilisation, owners
+    nvml_topology    each GPU's NVLink domain and NUMA node (`NvmlCollector.topology()`)
 
 Rules:
 - A round reads one timestamp from `clock`; a GPU's sample covers the time since its previous
@@ -82,6 +83,7 @@ from collectors.nvml_device import (
 )
 from collectors.nvml_health import HealthWatch
 from collectors.nvml_processes import ProcessOwnerResolver, ProcessReader, occupancy_util
+from collectors.nvml_topology import read_topology
 from ledger.attribution import unconfigured_slices
 from ledger.events import (
     GpuHealth,
@@ -91,6 +93,7 @@ from ledger.events import (
     ProcessUsage,
     SampleSource,
 )
+from ledger.topology import GpuTopology
 
 Clock = Callable[[], int]
 
@@ -245,6 +248,13 @@ class NvmlCollector:
                 self._nvml.nvmlEventSetFree(self._event_set)
             self._event_set = None
         self._shutdown_quietly()
+
+    def topology(self) -> dict[str, GpuTopology]:
+        """Each open GPU's NVLink domain and NUMA node as NVML tells them, by UUID
+        (`collectors.nvml_topology`; best effort, never raises)."""
+        self.start()
+        gpus = [(g.index, g.uuid, g.handle) for g in self._gpus if not g.lost]
+        return read_topology(self._nvml, gpus, self.node)
 
     def _shutdown_quietly(self) -> None:
         with contextlib.suppress(pynvml.NVMLError):  # nothing left to release

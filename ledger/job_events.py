@@ -19,8 +19,8 @@ Schemas of job and GPU-assignment event data (every `JobEventType`):
   only when set: a message without them is the same v1 it always was, and decodes with them
   None. `requested_by` (the API token's name: `admin`, `team:<name>`, `<role>:<name>`) and
   `client` (the caller's address) say who made an API submission or cancel, for the audit
-  trail. Likewise `JobSpec.models` (a job that accepts several GPU models) is written only
-  when set, and
+  trail. Likewise `JobSpec.models` (a job that accepts several GPU models) and
+  `JobSpec.topology` (what a gang requires of where its GPUs sit) are written only when set, and
   `JobAdmitted.placement` (why that model was chosen) only when not empty;
 - v0: the first scheduler stamped events in milliseconds, `time_ms`, where v1 has `time_us`
   (other times were already in µs); `job_v0_to_v1` upcasts it. The envelope's `time` was in
@@ -50,6 +50,7 @@ from ledger.envelope import (
 )
 from ledger.errors import EventError
 from ledger.events import MAX_TIME_US
+from ledger.topology import TopologyNeed
 
 MAX_TEXT = 256
 MAX_DETAIL = 2048
@@ -81,6 +82,7 @@ class WaitReason(StrEnum):
     QUOTA_LENT = "quota_lent"  # within nominal, but that quota is lent out until reclaimed
     BUDGET_EXHAUSTED = "budget_exhausted"  # balance − open holds < hold, beyond the overdraft
     NO_PRICE = "no_price"  # a money budget applies but no price is known for the GPU model
+    TOPOLOGY = "topology_unmet"  # free GPUs enough, but not in the one node/NVLink/rail required
     BEHIND_HEAD = "behind_head"  # strict FIFO: an earlier job waits
     UNKNOWN_QUEUE = "unknown_queue"  # the job names a queue or team that is not configured
     PREEMPTED = "preempted"  # requeued after preemption
@@ -119,7 +121,8 @@ class JobSpec:
 
     GPU models: `model` names the one model a job accepts (None: any); a job that accepts
     several names them all in `models` (sorted, at least two, `model` then None). Read both
-    through `accepted_models`.
+    through `accepted_models`. `topology`: what the gang requires of where its GPUs sit
+    (`ledger.topology.TopologyNeed`; None: preferences only).
     """
 
     job_id: str
@@ -136,6 +139,7 @@ class JobSpec:
     span_nodes: bool = True
     priority: int | None = field(default=None, metadata=SIGNED)
     models: tuple[str, ...] | None = None
+    topology: TopologyNeed | None = None
 
     def __post_init__(self) -> None:
         if not (self.job_id and self.team and self.project and self.user and self.queue):
@@ -410,7 +414,8 @@ def _without(event: Any, *names: str) -> dict[str, Any]:
 
 
 def _spec_data(spec: JobSpec) -> Any:
-    return spec if spec.models is not None else _without(spec, "models")
+    unset = [n for n in ("models", "topology") if getattr(spec, n) is None]
+    return _without(spec, *unset) if unset else spec
 
 
 _ADDED: Mapping[type[Any], frozenset[str]] = {

@@ -17,6 +17,7 @@ API, the CLI and the Kafka wiring plug in through the Protocols in `scheduler.po
     preemption   phase 6, preempt: who may be a victim, the fewest, lowest, newest
     cycle        the seven phases in one pure function, run_cycle
     placement    which free GPUs a job gets (best fit; gangs on the fewest nodes)
+    topology     gangs by NUMA node, NVLink domain, rail, rack; a required topology
     reclaim      allocated-but-idle GPUs handled by queue policy
     lifecycle    finishing, failing and retrying, cancelling, maximum runtime
     decisions    decisions as events (admission, preemption, GPU release)

@@ -1,8 +1,9 @@
 """Phases 3 and 5 of a cycle: nominate the heads, and admit them one by one.
 
 Nominate (3): a head whose team or queue is unknown, or that no flavor could ever hold (model,
-pool, size, single-node size, more than the team's quota plus all it may borrow, or only models
-its queue forbids), waits at once with that reason; every other
+pool, size, single-node size, more than its largest NVLink domain or rail where it requires
+one, more than the team's quota plus all it may borrow, or only models its queue forbids),
+waits at once with that reason; every other
 head becomes a `Nomination` with its effective priority (the job's, else its queue's) and its
 candidate flavors — the team's quota flavors that match the accepted models (those its queue
 permits) and pool (every matching flavor of the fleet when quotas are not enforced), cheapest
@@ -12,7 +13,8 @@ Admit (5): a nomination is admitted in the first candidate flavor where, in this
 1. quota allows it (`scheduler.quota`): within nominal, or borrowing within the team's
    borrowing limit from unused lendable quota of its cohort — only for preemptible queues;
 2. enough GPUs of the flavor are free (all of them: gangs are all-or-nothing; on one node
-   when the job may not span nodes);
+   when the job may not span nodes), placed by topology (`scheduler.topology`): a job whose
+   required topology cannot be met now waits with `topology_unmet`;
 3. the budget covers the hold (`scheduler.budget`); if not, the job waits with
    `budget_exhausted`, or, where its queue says `run_preemptible`, runs with no hold as a
    preemptible over-budget borrower.
@@ -26,7 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ledger.job_events import WaitReason
+from ledger.job_events import JobSpec, WaitReason
+from ledger.topology import TopologyNeed
 from scheduler.budget import BudgetCheck, check_budget
 from scheduler.model import (
     NO_HOLD,
@@ -57,6 +60,7 @@ from scheduler.quota import (
     spare,
 )
 from scheduler.snapshot import ClusterSnapshot
+from scheduler.topology import REQUIRED, largest_group, place_gang, unmet_detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,10 +170,17 @@ class Workspace:
 # ---------------------------------------------------------------------------- nominate
 
 
-def _never_fits(snap: ClusterSnapshot, flavor: Flavor, gpus: int, span_nodes: bool) -> bool:
-    if gpus > snap.fleet.capacity.get(flavor, 0):
+def _never_fits(snap: ClusterSnapshot, flavor: Flavor, spec: JobSpec) -> bool:
+    gpus, fleet = spec.gpus, snap.fleet
+    if gpus > fleet.capacity.get(flavor, 0):
         return True
-    return not span_nodes and gpus > snap.fleet.largest_node.get(flavor, 0)
+    if not spec.span_nodes and gpus > fleet.largest_node.get(flavor, 0):
+        return True
+    if spec.topology in REQUIRED:
+        assert spec.topology is not None
+        nodes = (n for n in fleet.nodes.values() if n.flavor == flavor)
+        return gpus > largest_group(nodes, spec.topology, fleet.where)
+    return False
 
 
 def nominate(
@@ -206,7 +217,7 @@ def nominate(
         flavors = tuple(
             f
             for f in candidates
-            if not _never_fits(snap, f, spec.gpus, spec.span_nodes)
+            if not _never_fits(snap, f, spec)
             and (not policy.enforce_quota or book.ceiling(spec.team, f, may_borrow) >= spec.gpus)
         )
         if not flavors:
@@ -214,7 +225,7 @@ def nominate(
                 Verdict(
                     job,
                     WaitReason.NO_MATCHING_GPUS,
-                    _no_match_detail(spec.gpus, kept, spec.pool, spec.span_nodes, candidates),
+                    _no_match_detail(spec, kept, candidates),
                 )
             )
             continue
@@ -229,15 +240,16 @@ def nominate(
     return nominations, verdicts
 
 
-def _no_match_detail(
-    gpus: int, models: tuple[str, ...], pool: str | None, span: bool, candidates: tuple[Flavor, ...]
-) -> str:
-    wanted = f"{gpus} GPU(s) of model {'|'.join(models) or 'any'} in pool {pool or 'any'}"
+def _no_match_detail(spec: JobSpec, models: tuple[str, ...], candidates: tuple[Flavor, ...]) -> str:
+    wanted = f"{spec.gpus} GPU(s) of model {'|'.join(models) or 'any'} in pool {spec.pool or 'any'}"
     if not candidates:
         return f"{wanted}: no such GPUs in the team's quota or the fleet"
     where = ", ".join(str(f) for f in candidates)
+    together = "" if spec.span_nodes else " on one node"
+    if spec.topology in REQUIRED:
+        together += f" in one {'NVLink domain' if spec.topology is TopologyNeed.NVLINK else 'rail'}"
     return (
-        f"{wanted}{'' if span else ' on one node'}: more than the fleet, or the team's quota "
+        f"{wanted}{together}: more than the fleet, or the team's quota "
         f"with all it may borrow, can ever hold ({where})"
     )
 
@@ -348,7 +360,8 @@ def evaluate(n: Nomination, ws: Workspace, policy: Policy) -> Fit | Blocked:
             else:
                 blocked = (WaitReason.BUDGET_EXHAUSTED, budget.detail)
         if blocked is None:
-            gpus = place(free, spec.gpus, spec.span_nodes)
+            where = snap.fleet.where
+            gpus = place_gang(free, spec.gpus, spec.span_nodes, spec.topology, where)
             if gpus is not None:
                 hold = NO_HOLD if over_budget else budget.hold
                 note = placement_note(
@@ -356,6 +369,9 @@ def evaluate(n: Nomination, ws: Workspace, policy: Policy) -> Fit | Blocked:
                 )
                 return Fit(flavor, gpus, quota.borrowed, hold, over_budget, note)
             blocked = (WaitReason.NO_CAPACITY, f"no placement for {spec.gpus} GPU(s) of {flavor}")
+            if spec.topology is not None and place(free, spec.gpus, spec.span_nodes) is not None:
+                detail = unmet_detail(free, spec.gpus, spec.topology, where, flavor)
+                blocked = (WaitReason.TOPOLOGY, detail)
         if blocked[0] in _PREEMPTION_HELPS and budget.fits:
             options.append((flavor, quota))
         tried.append((flavor, blocked[0]))

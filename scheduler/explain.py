@@ -35,6 +35,8 @@ WAIT_TEXT: dict[WaitReason, str] = {
     WaitReason.QUOTA_LENT: "the team's quota is lent to its cohort and not yet taken back",
     WaitReason.BUDGET_EXHAUSTED: "the team's budget cannot cover the job's expected cost",
     WaitReason.NO_PRICE: "the team has a money budget but the GPU model has no price",
+    WaitReason.TOPOLOGY: "enough GPUs are free, but not in the one node, NVLink domain or rail "
+    "the job requires",
     WaitReason.BEHIND_HEAD: "an earlier job waits first (first in, first out)",
     WaitReason.UNKNOWN_QUEUE: "the job names a queue or team that is not configured",
     WaitReason.PREEMPTED: "it was preempted and is back in its queue",

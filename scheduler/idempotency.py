@@ -30,13 +30,13 @@ MAX_KEY = 128
 def request_digest(request: SubmitRequest) -> str:
     """A digest of everything a submission asks for (not its key, nor where it came from). The
     models are written as the single `model` requests were before a job could accept several
-    (null, a name, or the sorted names), and `client` and `caller` are left out, so a key's
-    digest stays what earlier builds wrote."""
+    (null, a name, or the sorted names), and `client` and `caller` are left out, as is
+    `topology` when unset, so a key's digest stays what earlier builds wrote."""
     models = sorted(set(request.models))
     model: str | list[str] | None = models[0] if len(models) == 1 else (models or None)
     data: dict[str, object] = {}
     for f in fields(request):
-        if f.name in ("client", "caller"):  # who and where: the key's scope, not the request
+        if f.name in ("client", "caller") or (f.name == "topology" and request.topology is None):
             continue
         value = getattr(request, f.name)
         if f.name == "models":

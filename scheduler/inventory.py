@@ -7,7 +7,8 @@ GPUs new placements may use.
   of the GPUs that are not unhealthy, not cordoned and not stale at `now`
   (`ledger.inventory.status_of`; a degraded GPU still takes work). A node
   whose GPUs are of several (pool, model) flavors becomes one `Node` per flavor, named
-  `<node>/<model>`. A GPU that no collector has reported does not exist for the scheduler;
+  `<node>/<model>`, and carries its GPUs' topology (`ledger.topology`). A GPU that no
+  collector has reported does not exist for the scheduler;
 - `FleetInventory.sync(state, now)` hands the placeable nodes to the state
   (`SchedulerState.set_fleet`) when they differ from the last ones it handed over. Running
   jobs keep GPUs that went stale; only new placements avoid them;
@@ -52,17 +53,19 @@ def placeable_nodes(
     gpus: Iterable[InventoryGpu], now_us: int, stale_after_intervals: int
 ) -> tuple[Node, ...]:
     """The nodes of the GPUs new placements may use at `now_us`, by name, GPUs by UUID."""
-    groups: dict[str, dict[tuple[str, str], list[str]]] = {}
+    groups: dict[str, dict[tuple[str, str], list[InventoryGpu]]] = {}
     for gpu in gpus:
         if placeable(gpu, now_us, stale_after_intervals):
             flavors = groups.setdefault(gpu.node, {})
-            flavors.setdefault((gpu.pool, gpu.model), []).append(gpu.uuid)
+            flavors.setdefault((gpu.pool, gpu.model), []).append(gpu)
     nodes = []
     for name in sorted(groups):
         flavors = groups[name]
-        for (pool, model), uuids in sorted(flavors.items()):
+        for (pool, model), held in sorted(flavors.items()):
             label = name if len(flavors) == 1 else f"{name}/{model}"
-            nodes.append(Node(label, pool, model, tuple(sorted(uuids))))
+            held.sort(key=lambda g: g.uuid)
+            where = tuple((g.uuid, g.topology) for g in held if g.topology.known)
+            nodes.append(Node(label, pool, model, tuple(g.uuid for g in held), where))
     return tuple(nodes)
 
 

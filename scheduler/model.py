@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from ledger.job_events import JobSpec, WaitReason
+from ledger.topology import GpuTopology
 from ledger.units import US_PER_SECOND
 from scheduler.errors import ConfigError
 
@@ -178,12 +179,14 @@ class Team:
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """A machine: the pool it belongs to, its GPU model, and its GPUs."""
+    """A machine: the pool it belongs to, its GPU model, and its GPUs; `topology`: where those
+    of its GPUs whose topology is known sit, as (UUID, topology) pairs."""
 
     name: str
     pool: str
     model: str
     gpu_uuids: tuple[str, ...]
+    topology: tuple[tuple[str, GpuTopology], ...] = ()
 
     def __post_init__(self) -> None:
         if len(set(self.gpu_uuids)) != len(self.gpu_uuids):

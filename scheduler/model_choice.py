@@ -34,6 +34,7 @@ _SHORT: dict[WaitReason, str] = {
     WaitReason.QUOTA_LENT: "quota lent out",
     WaitReason.BUDGET_EXHAUSTED: "over budget",
     WaitReason.NO_PRICE: "no price",
+    WaitReason.TOPOLOGY: "free GPUs fragmented",
 }
 
 

@@ -16,7 +16,8 @@ Which of them: the FEWEST victims, then the lowest priority, then the most recen
 `need` is a lower bound on the GPUs to free (the free-GPU shortfall, the quota deficit, the
 excess over nominal + borrowing limit). The plan first tries the minimum number of victims that
 could cover `need`, picking in preference order with a look-ahead that keeps the set
-completable; if that set does not make J fit (nodes, quota dynamics), it falls back to adding
+completable; if that set does not make J fit (nodes, quota dynamics, the topology J requires:
+`scheduler.topology`), it falls back to adding
 candidates in preference order until J fits and then drops every victim J fits without.
 """
 
@@ -31,6 +32,7 @@ from scheduler.admission import Workspace
 from scheduler.model import Flavor, Policy, RunningJob
 from scheduler.ordering import Nomination
 from scheduler.quota import QuotaCheck, QuotaOutcome, check_quota
+from scheduler.topology import REQUIRED, place_gang
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,8 @@ def _fits_after(
         len(free.get(node, ())) + freed_on[node] >= spec.gpus for node in set(free) | set(freed_on)
     ):
         return False
+    if spec.topology in REQUIRED and not _meets_topology(n, flavor, victims, ws):
+        return False
     if not policy.enforce_quota:
         return True
     check = check_quota(
@@ -144,6 +148,20 @@ def _fits_after(
         policy.borrowing and n.queue.may_borrow,
     )
     return check.fits
+
+
+def _meets_topology(
+    n: Nomination, flavor: Flavor, victims: Sequence[_Candidate], ws: Workspace
+) -> bool:
+    """Whether the GPUs free once `victims` are gone offer the topology `n` requires."""
+    after = {node: list(uuids) for node, uuids in ws.free_nodes(flavor).items()}
+    for v in victims:
+        for gpu in v.job.gpus:
+            after.setdefault(gpu.node, []).append(gpu.uuid)
+    free = {node: tuple(sorted(uuids)) for node, uuids in after.items()}
+    spec = n.spec
+    where = ws.snap.fleet.where
+    return place_gang(free, spec.gpus, spec.span_nodes, spec.topology, where) is not None
 
 
 def _top_sum(sizes: Counter[int], count: int) -> int:

@@ -25,13 +25,15 @@ from ledger.job_events import (
     JobStarted,
     JobWaiting,
 )
+from ledger.topology import TopologyNeed
 from scheduler.ports import Work
 
 
 @dataclass(frozen=True, slots=True)
 class SubmitRequest:
     """A validated submission (shape and ranges checked by the API, names by
-    `Dispatcher.submit`). `models`: the GPU models the job accepts (empty: any)."""
+    `Dispatcher.submit`). `models`: the GPU models the job accepts (empty: any); `topology`:
+    what the gang requires of where its GPUs sit (`node` implies `span_nodes=False`)."""
 
     team: str
     project: str
@@ -45,6 +47,7 @@ class SubmitRequest:
     pool: str | None = None
     span_nodes: bool = True
     priority: int | None = None
+    topology: TopologyNeed | None = None
     admin: bool = False  # made with the admin's token (may exceed a queue's priority bounds)
     idempotency_key: str | None = None
     client: str | None = None  # the API caller's address: an API request says who and where

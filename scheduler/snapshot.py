@@ -17,16 +17,19 @@ from ledger.pricing import PriceBook
 from scheduler.errors import ConfigError
 from scheduler.model import Balance, Flavor, Holds, Node, PendingJob, Queue, RunningJob
 from scheduler.quota import QuotaBook
+from scheduler.topology import GpuPlace
 
 
 @dataclass(frozen=True, slots=True)
 class Fleet:
-    """The GPUs that exist: nodes, and per flavor the GPU count and the largest node."""
+    """The GPUs that exist: nodes, and per flavor the GPU count and the largest node; `where`:
+    the GPUs whose topology is known, by UUID (`scheduler.topology`)."""
 
     nodes: Mapping[str, Node]
     capacity: Mapping[Flavor, int]
     largest_node: Mapping[Flavor, int]
     flavors: tuple[Flavor, ...]  # in order of first appearance
+    where: Mapping[str, GpuPlace] = field(default_factory=dict)
 
     @classmethod
     def of(cls, nodes: Iterable[Node]) -> Fleet:
@@ -34,6 +37,7 @@ class Fleet:
         capacity: dict[Flavor, int] = {}
         largest: dict[Flavor, int] = {}
         seen: set[str] = set()
+        where: dict[str, GpuPlace] = {}
         for node in nodes:
             if node.name in by_name:
                 raise ConfigError(f"node {node.name} is configured twice")
@@ -44,7 +48,8 @@ class Fleet:
             flavor = node.flavor
             capacity[flavor] = capacity.get(flavor, 0) + len(node.gpu_uuids)
             largest[flavor] = max(largest.get(flavor, 0), len(node.gpu_uuids))
-        return cls(by_name, capacity, largest, tuple(capacity))
+            where.update((uuid, GpuPlace(node.name, t)) for uuid, t in node.topology)
+        return cls(by_name, capacity, largest, tuple(capacity), where)
 
     def matching(self, model: str | None, pool: str | None) -> tuple[Flavor, ...]:
         return tuple(

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from ledger.errors import EventError
 from ledger.job_events import JobSpec, JobSubmitted, model_fields
+from ledger.topology import TopologyNeed
 from scheduler.errors import Rejected, RejectKind
 from scheduler.idempotency import request_digest
 from scheduler.model_choice import forbidden_detail, split_by_queue
@@ -88,8 +89,9 @@ def submitted(
             max_runtime_us=request.max_runtime_us,
             **model_fields(request.models),
             pool=request.pool,
-            span_nodes=request.span_nodes,
+            span_nodes=request.span_nodes and request.topology is not TopologyNeed.NODE,
             priority=request.priority,
+            topology=request.topology,
         )
     except EventError as exc:
         raise Rejected(RejectKind.INVALID, str(exc)) from None

@@ -16,11 +16,14 @@ class InventoryConfig(Strict):
     stale window so one late report never makes a GPU stale; `labels`: this collector's node
     labels (`tally collect --label key=value` adds to them); `pool`: the pool of this host's
     GPUs for NVML and dcgm-exporter (`tally collect --pool` wins; the simulated fleet's GPUs
-    are in their configured pools)."""
+    are in their configured pools); `gpu_labels`: labels of single GPUs, by GPU index or UUID,
+    over the node's — for topology (`topology.nvlink_domain`, `topology.numa_node`,
+    `topology.rail`, `topology.rack`; `ledger.topology`)."""
 
     stale_after_intervals: int = Field(6, ge=2, le=100_000)
     report_every_rounds: int = Field(2, ge=1, le=50_000)
     labels: dict[str, str] = Field(default_factory=dict)
+    gpu_labels: dict[str, dict[str, str]] = Field(default_factory=dict)
     pool: Name = "default"
 
     @model_validator(mode="after")
@@ -35,4 +38,9 @@ class InventoryConfig(Strict):
                 raise ValueError(f"labels: {key[:64]!r}: keys and values of 1–256 characters")
         if len(self.labels) > 64:
             raise ValueError("labels: at most 64")
+        for gpu, labels in self.gpu_labels.items():
+            if not gpu or len(gpu) > 256 or len(labels) > 64:
+                raise ValueError(f"gpu_labels: {gpu[:64]!r}: a GPU index or UUID, 64 labels")
+            if any(not k or len(k) > 256 or len(v) > 256 for k, v in labels.items()):
+                raise ValueError(f"gpu_labels: {gpu[:64]!r}: keys and values of 1–256 characters")
         return self

@@ -8,7 +8,9 @@ memory, MIG mode and MIG instances with their profiles). Reports travel on the
 the node, time the report's time, id derived from (source, node, time).
 
 Schemas of `tally.inventory.report` data:
-- v1 (current): the fields `report_to_dict` writes. No older version exists.
+- v1 (current): the fields `report_to_dict` writes. No older version exists. A GPU's
+  `topology` (`ledger.topology`) is written only when known: a report without it is the same v1
+  it always was.
 
 Invariants: frozen, slotted dataclasses holding tuples; labels are sorted (key, value) pairs;
 integers are integers (a float, bool or string where one belongs is a decode error); decoding
@@ -27,6 +29,7 @@ import orjson
 from ledger.envelope import REGISTRY, DeadLetter, Envelope, Family, decode, event_id, family_to_dict
 from ledger.errors import EventError
 from ledger.events import MAX_TIME_US, MigInstance, SampleSource
+from ledger.topology import NO_TOPOLOGY, GpuTopology, topology_of, topology_to_dict
 
 MAX_TEXT = 256
 MAX_LABELS = 64
@@ -41,7 +44,8 @@ class InventoryType(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ReportedGpu:
-    """One GPU as a collector sees it. `mig` lists its MIG instances (empty without MIG)."""
+    """One GPU as a collector sees it. `mig` lists its MIG instances (empty without MIG);
+    `topology`: where it sits (labels over what NVML discovered)."""
 
     uuid: str
     index: int
@@ -49,6 +53,7 @@ class ReportedGpu:
     memory_total_bytes: int
     mig_mode: bool = False
     mig: tuple[MigInstance, ...] = ()
+    topology: GpuTopology = NO_TOPOLOGY
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,18 +113,22 @@ def report_to_dict(report: InventoryReport) -> dict[str, Any]:
         "interval_us": report.interval_us,
         "driver_version": report.driver_version,
         "cuda_version": report.cuda_version,
-        "gpus": [
-            {
-                "uuid": g.uuid,
-                "index": g.index,
-                "model": g.model,
-                "memory_total_bytes": g.memory_total_bytes,
-                "mig_mode": g.mig_mode,
-                "mig": [mig_to_dict(m) for m in g.mig],
-            }
-            for g in report.gpus
-        ],
+        "gpus": [_gpu_to_dict(g) for g in report.gpus],
     }
+
+
+def _gpu_to_dict(gpu: ReportedGpu) -> dict[str, Any]:
+    data = {
+        "uuid": gpu.uuid,
+        "index": gpu.index,
+        "model": gpu.model,
+        "memory_total_bytes": gpu.memory_total_bytes,
+        "mig_mode": gpu.mig_mode,
+        "mig": [mig_to_dict(m) for m in gpu.mig],
+    }
+    if gpu.topology.known:
+        data["topology"] = topology_to_dict(gpu.topology)
+    return data
 
 
 # ---------------------------------------------------------------------------- decoding
@@ -185,6 +194,7 @@ def _gpu(data: Any) -> ReportedGpu:
         memory_total_bytes=integer(data, "memory_total_bytes", 0, 1 << 50),
         mig_mode=mode,
         mig=tuple(mig_of(m) for m in mig),
+        topology=topology_of(data.get("topology")),
     )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ledger.events import HealthKind, MigInstance, SampleSource
+from ledger.topology import NO_TOPOLOGY, GpuTopology
 
 
 class GpuHealthState(StrEnum):
@@ -53,6 +54,7 @@ class InventoryGpu:
     labels: tuple[tuple[str, str], ...] = ()
     driver_version: str | None = None
     cuda_version: str | None = None
+    topology: GpuTopology = NO_TOPOLOGY
     health: GpuHealthState = GpuHealthState.HEALTHY
     health_reason: str | None = None
     health_since_us: int | None = None

@@ -3,10 +3,10 @@ GPU is stale; and its record on the compacted `inventory` topic.
 
 - `fold_reports(reports, current)` (pure) returns the GPU records the reports change. A report
   newer than a GPU's record replaces what the record says of the GPU and its node (node, index,
-  model, memory, MIG, pool, labels, versions, interval) and moves `last_seen_us`; an older one
-  (a resend, a spool replayed late) can only move `first_seen_us` back. Folding the same reports
-  again changes nothing, so redelivery needs no dedupe set. A GPU missing from its node's newest
-  report keeps its record: it is simply not seen any more, and goes stale.
+  model, memory, MIG, pool, labels, versions, interval, topology) and moves `last_seen_us`; an
+  older one (a resend, a spool replayed late) can only move `first_seen_us` back. Folding the
+  same reports again changes nothing, so redelivery needs no dedupe set. A GPU missing from its
+  node's newest report keeps its record: it is simply not seen any more, and goes stale.
 - `status_of(last_seen, interval, now, stale_after_intervals)` (pure): a GPU silent for more
   than `stale_after_intervals` sampling intervals is `stale`; it is `live` again as soon as a
   report names it.
@@ -50,6 +50,7 @@ from ledger.inventory.events import (
 )
 from ledger.inventory.gpu import Fault, GpuHealthState, InventoryGpu, Severity
 from ledger.inventory.health import HEALTHY_WINDOW_US, fold_health, heal
+from ledger.topology import topology_of, topology_to_dict
 
 RECORD_TYPE = "tally.inventory.gpu"
 RECORD_SCHEMA = 1
@@ -140,6 +141,7 @@ def _reported(
         "labels": report.labels,
         "driver_version": report.driver_version,
         "cuda_version": report.cuda_version,
+        "topology": gpu.topology,
     }
     if old is None:
         return InventoryGpu(uuid=gpu.uuid, first_seen_us=report.time_us, **seen)  # type: ignore[arg-type]
@@ -175,6 +177,7 @@ def record_to_dict(gpu: InventoryGpu) -> dict[str, Any]:
         "labels": dict(gpu.labels),
         "driver_version": gpu.driver_version,
         "cuda_version": gpu.cuda_version,
+        **({"topology": topology_to_dict(gpu.topology)} if gpu.topology.known else {}),
         "health": gpu.health.value,
         "health_reason": gpu.health_reason,
         "health_since_us": gpu.health_since_us,
@@ -263,6 +266,7 @@ def record_from_dict(data: Any) -> InventoryGpu:
         labels=labels_of(data.get("labels")),
         driver_version=optional_text(data, "driver_version"),
         cuda_version=optional_text(data, "cuda_version"),
+        topology=topology_of(data.get("topology")),
         health=health,
         health_reason=optional_text(data, "health_reason"),
         health_since_us=_optional_time(data, "health_since_us"),

@@ -116,6 +116,7 @@ def to_request(
         pool=body.pool,
         span_nodes=body.span_nodes,
         priority=body.priority,
+        topology=body.topology,
         admin=principal.role is Role.ADMIN,
         idempotency_key=key,
         client=client,

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ledger.job_events import MAX_GPUS_PER_JOB, MAX_TEXT
+from ledger.topology import TopologyNeed
 from scheduler.records import JobState
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -73,6 +74,12 @@ class SubmitBody(Request):
     pool: Name | None = None
     span_nodes: bool = True
     priority: int | None = Field(None, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    topology: TopologyNeed | None = Field(
+        None,
+        strict=False,  # the value as text: "node", "nvlink" or "rail"
+        description="what the gang requires of where its GPUs sit: `node` (one node), `nvlink` "
+        "(one NVLink domain) or `rail` (one IB rail); null: preferred, not required",
+    )
 
     @model_validator(mode="after")
     def _models_listed(self) -> SubmitBody:
@@ -165,6 +172,7 @@ class JobView(Response):
     models: list[str] = Field(description="every GPU model it accepts (empty: any)")
     pool: str | None
     span_nodes: bool
+    topology: TopologyNeed | None
     priority: int | None
     estimated_runtime_s: float
     max_runtime_s: float | None
@@ -284,7 +292,8 @@ class InventoryGpuView(Response):
     for more than the configured number of sampling intervals; `health`: `healthy`, `degraded`
     or `unhealthy` (with why, since when and the faults counted); `cordoned`: an operator keeps
     new jobs off it (by whom, why); `placeable`: whether new jobs may be placed on it now (not
-    unhealthy, not cordoned, live); `in_use`: whether a job holds it."""
+    unhealthy, not cordoned, live); `in_use`: whether a job holds it; `topology`: its NVLink
+    domain, NUMA node, IB rail and rack where known (`ledger.topology`)."""
 
     uuid: str
     node: str
@@ -297,6 +306,7 @@ class InventoryGpuView(Response):
     labels: dict[str, str]
     driver_version: str | None
     cuda_version: str | None
+    topology: dict[str, str | int]
     source: str
     health: str
     health_reason: str | None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from ledger.topology import topology_to_dict
 from ledger.units import US_PER_SECOND, Unit
 from scheduler.api.models import (
     Assigned,
@@ -55,6 +56,7 @@ def job_view(record: JobRecord) -> JobView:
         models=list(spec.accepted_models),
         pool=spec.pool,
         span_nodes=spec.span_nodes,
+        topology=spec.topology,
         priority=spec.priority,
         estimated_runtime_s=spec.estimated_runtime_us / US_PER_SECOND,
         max_runtime_s=None if spec.max_runtime_us is None else spec.max_runtime_us / US_PER_SECOND,
@@ -195,6 +197,7 @@ def inventory_views(
             labels=dict(g.labels),
             driver_version=g.driver_version,
             cuda_version=g.cuda_version,
+            topology=topology_to_dict(g.topology),
             source=g.source.value,
             health=g.health.value,
             health_reason=g.health_reason,

@@ -233,6 +233,7 @@ def collect(
                 node_labels,
                 versions,
                 node_facts=node_facts,
+                gpu_labels=config.inventory.gpu_labels,
             ),
         )
 
@@ -295,8 +296,8 @@ def _real_source(
     insecure: bool,
 ) -> tuple[Callable[[], Any], tuple[str | None, str | None], dict[str, Any]]:
     """A function that reads one round from NVML or dcgm-exporter; the driver and CUDA versions
-    NVML gives; and what dcgm-exporter says of each node (its labels, the driver version),
-    updated by every scrape, for the inventory reports."""
+    NVML gives; and what the source says of each node (dcgm-exporter: its labels, the driver
+    version, updated by every scrape; NVML: each GPU's topology), for the inventory reports."""
     if source == "nvml":
         import pynvml
 
@@ -310,9 +311,11 @@ def _real_source(
             collector.start()
         except NvmlUnavailableError as exc:
             fail(str(exc), Exit.USAGE)
-        from collectors.inventory import nvml_versions
+        from collectors.inventory import NodeFacts, nvml_versions
 
-        return collector.collect_round, nvml_versions(pynvml), {}
+        topology = tuple(sorted(collector.topology().items()))
+        facts = {node: NodeFacts(topology=topology)}
+        return collector.collect_round, nvml_versions(pynvml), facts
 
     from collectors.dcgm import DcgmCollector
     from collectors.dcgm_http import DcgmConfig
@@ -469,6 +472,7 @@ def _collect_simulated(
             producer.topic_sender(config.topics.inventory_reports),
             config.inventory.report_every_rounds,
             labels,
+            gpu_labels=config.inventory.gpu_labels,
         )
         return await run_simulated(fleet, producer, plan, stop, reporter=reporter)
 

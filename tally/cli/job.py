@@ -194,6 +194,13 @@ def _models(text: str | None) -> str | list[str] | None:
 @click.option("--max-runtime", default=None, help="Stop the job after this long, e.g. 1d.")
 @click.option("--priority", type=int, default=None, help="Priority (default: the queue's).")
 @click.option("--one-node", is_flag=True, help="All GPUs on one node.")
+@click.option(
+    "--topology",
+    type=click.Choice(["node", "nvlink", "rail"]),
+    default=None,
+    help="Require the gang's GPUs on one node, in one NVLink domain or on one IB rail "
+    "(default: preferred, not required).",
+)
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Extra environment.")
 @click.option("--cwd", default=None, help="Working directory of the job.")
 @click.option("--script", type=click.File("r"), default=None, help="Run this #! script.")
@@ -219,6 +226,7 @@ def submit(
     max_runtime: str | None,
     priority: int | None,
     one_node: bool,
+    topology: str | None,
     env: tuple[str, ...],
     cwd: str | None,
     script: Any,
@@ -251,6 +259,7 @@ def submit(
         "model": _models(model),
         "pool": pool,
         "priority": priority,
+        "topology": topology,
         "cwd": cwd,
         "estimated_runtime_s": None if estimate is None else parse_duration(estimate),
         "max_runtime_s": None if max_runtime is None else parse_duration(max_runtime),

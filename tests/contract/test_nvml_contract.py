@@ -9,6 +9,7 @@ may not have (MIG, XID events) accepts NotSupported, but never another kind of a
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -249,6 +250,66 @@ def test_xid_event_set(nvml: Any) -> None:
             assert is_uint(data.gpuInstanceId)
     finally:
         nvml.nvmlEventSetFree(event_set)
+
+
+def test_pci_info(nvml: Any) -> None:
+    addresses = []
+    for handle in handles(nvml):
+        info = nvml.nvmlDeviceGetPciInfo(handle)
+        assert type(info.busId) is str and info.busId.count(":") == 2  # the binding decodes
+        assert is_uint(info.domain) and is_uint(info.bus) and is_uint(info.device)
+        addresses.append((info.domain, info.bus, info.device))
+    assert len(set(addresses)) == len(addresses)
+
+
+def test_nvlink_state_and_far_ends(nvml: Any) -> None:
+    """Links answer 0 or 1 up to the GPU's last, then InvalidArgument (NotSupported on a GPU
+    without NVLink); an active link's far end is a PCI address."""
+    for handle in handles(nvml):
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            state = optional(
+                nvml.nvmlDeviceGetNvLinkState,
+                handle,
+                link,
+                allowed=(pynvml.NVML_ERROR_INVALID_ARGUMENT,),
+            )
+            if state is None:
+                break
+            assert state in (pynvml.NVML_FEATURE_DISABLED, pynvml.NVML_FEATURE_ENABLED)
+            if state == pynvml.NVML_FEATURE_ENABLED:
+                far = nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
+                assert is_uint(far.domain) and is_uint(far.bus) and type(far.busId) is str
+
+
+def test_numa_node_and_common_ancestor(nvml: Any) -> None:
+    levels = {
+        pynvml.NVML_TOPOLOGY_INTERNAL,
+        pynvml.NVML_TOPOLOGY_SINGLE,
+        pynvml.NVML_TOPOLOGY_MULTIPLE,
+        pynvml.NVML_TOPOLOGY_HOSTBRIDGE,
+        pynvml.NVML_TOPOLOGY_NODE,
+        pynvml.NVML_TOPOLOGY_SYSTEM,
+    }
+    found = handles(nvml)
+    for handle in found:
+        numa = optional(
+            nvml.nvmlDeviceGetNumaNodeId, handle, allowed=(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,)
+        )
+        assert numa is None or type(numa) is int
+    for first, second in itertools.pairwise(found):
+        level = optional(nvml.nvmlDeviceGetTopologyCommonAncestor, first, second)
+        assert level is None or level in levels - {pynvml.NVML_TOPOLOGY_INTERNAL}
+
+
+def test_topology_is_read_without_raising(nvml: Any) -> None:
+    collector = NvmlCollector(nvml, "contract-node", "contract-pool", interval_s=1)
+    with collector:
+        topology = collector.topology()
+        uuids = {nvml.nvmlDeviceGetUUID(h) for h in handles(nvml)}
+    assert set(topology) <= uuids
+    for where in topology.values():
+        assert where.known and (where.rail, where.rack) == (None, None)
+        assert where.nvlink_domain is None or where.nvlink_domain.startswith("contract-node/")
 
 
 # ---------------------------------------------------------------------------- the collector on it

@@ -2,7 +2,9 @@
 nodes → the ledger worker folds them and publishes the compacted `inventory` topic → the
 scheduler places jobs only on the GPUs the collector reported. The scheduler's config names a
 second node the collector does not report: nothing is placed there. A collector that stops
-makes its GPUs stale (no new placements); started again, they are placeable again."""
+makes its GPUs stale (no new placements); started again, they are placeable again. The
+collector's topology labels (a node's rail, its GPUs' NVLink domain) reach the scheduler's
+inventory, and a gang requiring one NVLink domain runs there."""
 
 from __future__ import annotations
 
@@ -54,7 +56,12 @@ def test_jobs_run_only_on_reported_gpus_and_stale_gpus_take_no_new_jobs(broker, 
     # the scheduler's (and worker's) config: two nodes of two GPUs in its `fleet:` …
     config, path = load(tmp_path, _config(tmp_path, port, nodes=2))
     # … the collector's: the same seed, so the same first node, and only that one
-    collector_path = write_config(tmp_path / "collector.yaml", _config(tmp_path, port, nodes=1))
+    collector_data = _config(tmp_path, port, nodes=1)
+    collector_data["inventory"] |= {
+        "labels": {"topology.rail": "r7"},
+        "gpu_labels": {i: {"topology.nvlink_domain": "nvl-a"} for i in ("0", "1")},
+    }
+    collector_path = write_config(tmp_path / "collector.yaml", collector_data)
     topics = config.topics
     asyncio.run(ensure_topics(broker.bootstrap, list(topics.all().values()), 2, topics.compacted()))
     worker = WorkerProcess(path, broker.bootstrap, tmp_path / "worker.log").start()
@@ -67,8 +74,9 @@ def test_jobs_run_only_on_reported_gpus_and_stale_gpus_take_no_new_jobs(broker, 
     def inventory() -> list[dict[str, Any]]:
         return list(scheduler.get("/v1/inventory", VISION)["gpus"])
 
-    def submit(gpus: int, *command: str) -> str:
+    def submit(gpus: int, *command: str, topology: tuple[str, ...] = ()) -> str:
         args = ("job", "submit", *cli, "-q", "dev", "-p", "detection", "--gpus", str(gpus))
+        args += topology
         done = tally(*args, "--", *command)
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
@@ -85,9 +93,12 @@ def test_jobs_run_only_on_reported_gpus_and_stale_gpus_take_no_new_jobs(broker, 
         )
         reported = {g["uuid"] for g in inventory()}
         assert {g["node"] for g in inventory()} == {"a100-node-00"}
+        assert [g["topology"] for g in inventory()] == [
+            {"nvlink_domain": "nvl-a", "rail": "r7"}
+        ] * 2
 
         wait = ("sh", "-c", f"while [ ! -e {release} ]; do sleep 0.1; done")
-        first = submit(2, *wait)
+        first = submit(2, *wait, topology=("--topology", "nvlink"))
         wait_until(lambda: job(first)["state"] == "running", 30, "the first job to run", worker)
         assert set(job(first)["assigned"]["gpu_uuids"]) == reported
         second = submit(1, "true")  # a GPU is free only on the node nobody reported

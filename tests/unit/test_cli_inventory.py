@@ -85,6 +85,8 @@ def test_no_ledger_is_exit_4(tmp_path):
         ),
         pytest.param({"stale_after_intervals": 1}, "stale_after_intervals", id="window-too-small"),
         pytest.param({"labels": {"": "x"}}, "labels", id="an-empty-label-key"),
+        pytest.param({"gpu_labels": {"0": {"": "x"}}}, "gpu_labels", id="an-empty-gpu-label-key"),
+        pytest.param({"gpu_labels": {"": {"a": "x"}}}, "gpu_labels", id="a-gpu-without-a-name"),
     ],
 )
 def test_the_inventory_section_is_checked(section, error):

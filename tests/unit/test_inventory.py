@@ -23,6 +23,7 @@ from ledger.inventory import (
     record_json,
     status_of,
 )
+from ledger.topology import GpuTopology
 from tests.builders import INTERVAL_US, T0_US
 from tests.inventory_builders import a_gpu, a_mig_slice, a_record, a_report
 
@@ -109,10 +110,19 @@ def test_a_gpu_is_stale_after_n_silent_intervals(now: int, status: GpuStatus) ->
 
 
 def test_a_report_round_trips_through_its_envelope() -> None:
-    report = a_report("node-01", a_gpu(mig_mode=True, mig=(a_mig_slice(),)), a_gpu("GPU-1", 1))
+    report = a_report(
+        "node-01",
+        a_gpu(mig_mode=True, mig=(a_mig_slice(),), topology=GpuTopology("nv-1", 0, "r1", "k1")),
+        a_gpu("GPU-1", 1),
+    )
     envelopes, dead = decode_report_message(encode_report(report))
     assert dead == [] and [e.data for e in envelopes] == [report]
     assert (envelopes[0].subject, envelopes[0].time_us) == ("node-01", T0_US)
+    gpus = orjson.loads(encode_report(report))["data"]["gpus"]
+    assert [g.get("topology") for g in gpus] == [
+        {"nvlink_domain": "nv-1", "numa_node": 0, "rail": "r1", "rack": "k1"},
+        None,  # unknown topology is not written: the report is what it always was
+    ]
 
 
 def _report_with(**data: object) -> bytes:
@@ -131,6 +141,15 @@ BAD_REPORTS = {
     ),
     "a-label-that-is-not-text": (_report_with(labels={"rack": 7}), "labels"),
     "a-zero-interval": (_report_with(interval_us=0), "interval_us"),
+    "a-float-numa-node": (
+        _report_with(gpus=[{**GPU_DATA, "topology": {"numa_node": 1.0}}]),
+        "numa_node",
+    ),
+    "an-unknown-topology-key": (
+        _report_with(gpus=[{**GPU_DATA, "topology": {"switch": "s1"}}]),
+        "topology",
+    ),
+    "an-empty-rail": (_report_with(gpus=[{**GPU_DATA, "topology": {"rail": ""}}]), "rail"),
 }
 
 
@@ -143,6 +162,9 @@ def test_a_bad_report_is_a_dead_letter_naming_the_field(value: bytes, field: str
 def test_a_record_round_trips_and_its_id_follows_its_content() -> None:
     record = a_record(mig_mode=True, mig=(a_mig_slice(),), labels=(("rack", "r1"),))
     assert decode_record(encode_record(record)) == record
+    placed = replace(record, topology=GpuTopology(nvlink_domain="nv-1", numa_node=3))
+    assert decode_record(encode_record(placed)) == placed
+    assert b"topology" not in encode_record(record)  # its id is what it was before topology
     assert record_from_json(record_json(record)) == record
     assert record_id(record) == record_id(replace(record))
     assert record_id(record) != record_id(replace(record, last_seen_us=LATER))

@@ -1,6 +1,6 @@
 """Collectors' inventory reports: one per node built from a round's samples (NVML's MIG GPUs,
-dcgm-exporter's node labels and driver), and sent when they are due (first, on change, every N
-intervals) by the real-time loop and the simulated fleet."""
+dcgm-exporter's node labels and driver, each GPU's topology), and sent when they are due (first,
+on change, every N intervals) by the real-time loop and the simulated fleet."""
 
 from __future__ import annotations
 
@@ -20,7 +20,10 @@ from collectors.inventory import (
 from collectors.runner import RunPlan, run_simulated
 from collectors.simulated import PoolSpec, SimulatedFleet, TeamSpec, WorkloadKind
 from ledger.events import GpuSample, SampleSource
-from ledger.inventory import decode_report_message
+from ledger.inventory import decode_report_message, encode_record, fold_inventory
+from ledger.topology import GpuTopology
+from scheduler.inventory import FleetInventory
+from scheduler.snapshot import Fleet
 from tests.builders import GIB, INTERVAL_US, T0_US, a_mig, a_sample
 from tests.unit.test_nvml_collector import collector, gpu_uuid, mixed_node
 from tests.unit.test_runner import FakeClock, FakeSink, Reader, run
@@ -142,6 +145,39 @@ def test_an_nvml_round_reports_its_mig_gpu_with_the_instances_it_sampled() -> No
     )
     assert [g.index for g in report.gpus] == sorted(g.index for g in report.gpus)
     assert report.source is SampleSource.NVML and len(by_uuid) == len(fake.gpus)
+
+
+def test_topology_goes_from_nvml_and_labels_through_the_inventory_to_the_scheduler() -> None:
+    """NVML's NVLink domains and NUMA nodes, under the node's and per-GPU topology labels, reach
+    the scheduler's placeable GPUs through the report, the fold and the `inventory` record."""
+    nvml = collector(mixed_node())
+    samples = nvml.collect_round().samples
+    facts = {nvml.node: NodeFacts(topology=tuple(sorted(nvml.topology().items())))}
+    sent: list[bytes] = []
+    reporter = InventoryReporter(
+        lambda k, v: sent.append(v),
+        2,
+        {"topology.rail": "r1", "topology.rack": "k1", "topology.numa_node": "x"},
+        clock=lambda: T0_US,
+        node_facts=facts,
+        gpu_labels={"1": {"topology.rail": "r2"}, gpu_uuid(3): {"topology.nvlink_domain": "nv-x"}},
+    )
+    reporter.after_round(samples, INTERVAL_US)
+    reports = [e.data for v in sent for e in decode_report_message(v)[0]]
+    inventory = FleetInventory(stale_after_intervals=6)
+    for record in fold_inventory(reports, {}).values():
+        inventory.on_record(encode_record(record))
+    fleet = Fleet.of(inventory.nodes(T0_US))
+    assert {uuid: where.topology for uuid, where in fleet.where.items()} == {
+        gpu_uuid(0): GpuTopology("node-1/nvlink0", 0, "r1", "k1"),
+        gpu_uuid(1): GpuTopology("node-1/nvlink0", 0, "r2", "k1"),
+        gpu_uuid(2): GpuTopology(None, 0, "r1", "k1"),
+        gpu_uuid(3): GpuTopology("nv-x", 1, "r1", "k1"),
+    }
+    assert {where.node for where in fleet.where.values()} == {
+        "node-1/NVIDIA A100-SXM4-80GB",
+        "node-1/Tesla V100-SXM2-32GB",
+    }
 
 
 class _Nvml:

@@ -28,6 +28,7 @@ from ledger.job_events import (
     job_event_id,
     model_fields,
 )
+from ledger.topology import TopologyNeed
 from tests.scheduler_builders import T0_US, a_spec
 
 SOURCE = "scheduler://test"
@@ -288,8 +289,19 @@ def test_events_without_the_new_fields_are_written_as_before(event: JobEvent) ->
     new |= {"slurm_job_id"}
     assert set(data) == {f.name for f in fields(event)} - new  # type: ignore[arg-type]
     if "spec" in data:
-        assert set(data["spec"]) == {f.name for f in fields(JobSpec)} - {"models"}
+        assert set(data["spec"]) == {f.name for f in fields(JobSpec)} - {"models", "topology"}
     assert decode_job_event(encode_job_event(event, SOURCE)).data == event
+
+
+@pytest.mark.parametrize("need", list(TopologyNeed), ids=lambda n: n.value)
+def test_a_required_topology_is_written_and_read_back(need: TopologyNeed) -> None:
+    event = JobSubmitted(spec=a_spec(topology=need), time_us=T0_US)
+    value = encode_job_event(event, SOURCE)
+    assert orjson.loads(value)["data"]["spec"]["topology"] == need.value
+    assert decode_job_event(value).data == event
+    bad = value.replace(f'"topology":"{need.value}"'.encode(), b'"topology":"rack"')
+    with pytest.raises(EventError, match="topology"):
+        decode_job_event(bad)
 
 
 def test_accepted_models() -> None:

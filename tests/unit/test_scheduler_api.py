@@ -247,6 +247,7 @@ field_values = st.dictionaries(
             "pool",
             "model",
             "span_nodes",
+            "topology",
             "max_runtime_s",
             "x",
         ]

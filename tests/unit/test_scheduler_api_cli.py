@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
+from ledger.topology import TopologyNeed
 from scheduler.api import Tokens, build_app
 from scheduler.executors.fake import RUNS_FOREVER
 from tally.broker import free_port
@@ -260,6 +261,34 @@ def test_gpu_model_with_one_model_submits_it_as_before(served):
     assert got.exit_code == 0, got.output
     record = served.rig.dispatcher.records[got.output.strip()]
     assert (record.spec.model, record.spec.models) == ("A100", None)
+
+
+@pytest.mark.parametrize(
+    ("option", "need", "span"),
+    [
+        pytest.param(("--topology", "nvlink"), TopologyNeed.NVLINK, True, id="nvlink"),
+        pytest.param(("--topology", "node"), TopologyNeed.NODE, False, id="node-is-one-node"),
+        pytest.param((), None, True, id="none-by-default"),
+    ],
+)
+def test_topology_reaches_the_job_spec(served, option, need, span):
+    got = tally(served, "job", "submit", "-q", "dev", "-p", "detection", "--gpus", "2", *option,
+                "-o", "json", "--", "true")  # fmt: skip
+    assert got.exit_code == 0, got.output
+    (job,) = orjson.loads(got.output)
+    job_id = job["job_id"]
+    spec = served.rig.dispatcher.records[job_id].spec
+    assert (spec.topology, spec.span_nodes) == (need, span)
+    assert job["topology"] == (need and need.value)
+    shown = tally(served, "job", "show", job_id)
+    assert orjson.loads(shown.output)["topology"] == job["topology"], shown.output
+
+
+def test_an_unknown_topology_is_a_usage_error(served):
+    got = tally(served, "job", "submit", "-q", "dev", "-p", "detection", "--topology", "rack",
+                "--", "true")  # fmt: skip
+    assert got.exit_code == 2 and "rack" in got.output
+    assert not served.rig.events()
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,8 @@ WAIT_PLAIN: Mapping[WaitReason, str] = {
     "expected to cost",
     WaitReason.NO_PRICE: "your team has a money budget, but this GPU model has no price, so the "
     "job's cost cannot be checked against the budget",
+    WaitReason.TOPOLOGY: "enough GPUs are free, but not together in the one node, NVLink "
+    "domain or network rail the job requires (`--topology`)",
     WaitReason.BEHIND_HEAD: "its queue is first in, first out, and an earlier job is still "
     "waiting; yours comes after it",
     WaitReason.UNKNOWN_QUEUE: "it names a queue or team the scheduler does not know",
@@ -59,6 +61,7 @@ WAIT_SHORT: Mapping[WaitReason, str] = {
     WaitReason.QUOTA_LENT: "team quota lent out",
     WaitReason.BUDGET_EXHAUSTED: "budget used up",
     WaitReason.NO_PRICE: "GPU model has no price",
+    WaitReason.TOPOLOGY: "free GPUs not together as required",
     WaitReason.BEHIND_HEAD: "behind an earlier job",
     WaitReason.UNKNOWN_QUEUE: "unknown queue or team",
     WaitReason.PREEMPTED: "stopped for another job, back in queue",
@@ -81,6 +84,8 @@ WAIT_ADVICE: Mapping[WaitReason, str] = {
     "submit the job with a shorter runtime estimate (`--estimate`).",
     WaitReason.NO_PRICE: "Your platform team needs to set a price for this GPU model "
     "(`prices:` in the configuration).",
+    WaitReason.TOPOLOGY: "It starts when enough GPUs free up together. Requiring less "
+    "(`--topology rail` instead of `nvlink`, or none) can let it start sooner.",
     WaitReason.BEHIND_HEAD: "Nothing to do: it moves up as the jobs ahead of it start.",
     WaitReason.UNKNOWN_QUEUE: "Cancel it and submit it again to a queue that exists "
     "(`tally queue list` shows them).",
