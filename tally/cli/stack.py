@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 import click
 
 from ledger.errors import LedgerError
+from ledger.store.identity import claim_zone
 from ledger.store.layout import has_ledger
 from streams.kafka import BrokerError
 from tally.cli.logs import configure_logging, faust_loglevel
@@ -140,6 +141,10 @@ def worker(
 
     config = load_or_exit(config_path)
     logs = configure_logging("worker", log_level)
+    try:  # before anything starts: a ledger kept in another time zone is refused
+        claim_zone(config.ledger.data_dir, config.ledger.zone())
+    except LedgerError as exc:
+        fail(str(exc), Exit.LEDGER)
     try:
         servers = bootstrap_servers(config, bootstrap)
     except NoBrokerError as exc:
