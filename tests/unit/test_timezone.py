@@ -26,6 +26,7 @@ from ledger.admin import (
 )
 from ledger.events import encode_batch
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
+from ledger.ingest.batch import booker
 from ledger.periods import Period, local_day_start, parse_zone, period_label, zone_name
 from ledger.pricing import Price, PriceBook
 from ledger.read import rollups
@@ -164,6 +165,21 @@ def test_the_config_names_a_bad_zone_and_defaults_to_utc():
 
 
 # ------------------------------------------------------------------------------ booking
+
+
+@pytest.mark.parametrize(
+    ("zone", "time_us", "closed", "booked"),
+    [
+        pytest.param("UTC", B, (), "2026-10", id="utc"),
+        pytest.param("Asia/Shanghai", B - 1, (), "2026-10", id="sh-last-october-us"),
+        pytest.param("Asia/Shanghai", B, (), "2026-11", id="sh-first-november-us"),
+        pytest.param("Asia/Shanghai", B - 1, ("2026-10",), "2026-11", id="sh-october-closed"),
+        pytest.param("UTC", B, ("2026-10",), "2026-11", id="utc-october-closed"),
+    ],
+)
+def test_holds_and_corrections_are_booked_into_the_zones_open_month(zone, time_us, closed, booked):
+    assert booker(frozenset(closed), parse_zone(zone))(time_us) == booked
+
 
 BOOKED = {  # (period, GPU-ms) of the usage; money is one micro-unit per GPU-ms
     "UTC": [("2026-10", 2 * SAMPLE_MS), ("2026-11", SAMPLE_MS)],
