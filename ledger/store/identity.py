@@ -45,12 +45,11 @@ def recorded_zone(data_dir: Path) -> tzinfo:
         raise StoreError(f"{path}: unreadable ledger identity: {exc}") from exc
 
 
-def claim_zone(data_dir: Path, zone: tzinfo) -> None:
-    """Record `zone` as the ledger's time zone, or raise `ZoneChanged` when the ledger in
-    `data_dir` keeps its books in another one (call it before the writer opens the ledger)."""
-    path = data_dir / IDENTITY_NAME
+def check_zone(data_dir: Path, zone: tzinfo) -> None:
+    """Raise `ZoneChanged` when the ledger in `data_dir` keeps its books in another zone than
+    `zone` (nothing is written: a directory without a ledger passes)."""
     wanted = zone_name(zone)
-    if path.exists() or has_ledger(data_dir):
+    if (data_dir / IDENTITY_NAME).exists() or has_ledger(data_dir):
         kept = zone_name(recorded_zone(data_dir))
         if kept != wanted:
             raise ZoneChanged(
@@ -59,8 +58,17 @@ def claim_zone(data_dir: Path, zone: tzinfo) -> None:
                 f"budgets and closed months would move): set ledger.timezone: {kept}, or start "
                 "a new ledger in another data directory"
             )
-        if path.exists():
-            return
+
+
+def claim_zone(data_dir: Path, zone: tzinfo) -> None:
+    """Record `zone` as the ledger's time zone, or raise `ZoneChanged` when the ledger in
+    `data_dir` keeps its books in another one (the writer calls it before it opens the
+    ledger)."""
+    check_zone(data_dir, zone)
+    path = data_dir / IDENTITY_NAME
+    if path.exists():
+        return
+    wanted = zone_name(zone)
     data_dir.mkdir(parents=True, exist_ok=True)
     doc = {"version": IDENTITY_VERSION, "timezone": wanted}
     atomic_write_bytes(path, orjson.dumps(doc))

@@ -34,7 +34,13 @@ from ledger.read.focus import FocusContext, focus_table
 from ledger.read.reports import ReportQueries
 from ledger.read.statements import team_statement
 from ledger.store.hot import DuckDBStore
-from ledger.store.identity import IDENTITY_NAME, ZoneChanged, claim_zone, recorded_zone
+from ledger.store.identity import (
+    IDENTITY_NAME,
+    ZoneChanged,
+    check_zone,
+    claim_zone,
+    recorded_zone,
+)
 from ledger.store.rebuild import DifferenceKind, rebuild
 from ledger.units import Unit
 from tally.cli import cli
@@ -299,6 +305,8 @@ def test_focus_billing_period_is_the_zones_month_written_in_utc(ledger, queries)
 def test_a_ledgers_zone_is_recorded_and_a_change_is_refused(tmp_path):
     data_dir = tmp_path / "ledger"
     assert recorded_zone(data_dir) is UTC  # nothing recorded: UTC, as before the setting
+    check_zone(data_dir, parse_zone("Asia/Shanghai"))  # no ledger yet: any zone, nothing written
+    assert not data_dir.exists()
     claim_zone(data_dir, parse_zone("Asia/Shanghai"))
     claim_zone(data_dir, parse_zone("Asia/Shanghai"))  # the same zone again: fine
     assert zone_name(recorded_zone(data_dir)) == "Asia/Shanghai"
@@ -333,12 +341,14 @@ def test_a_rebuild_books_into_the_ledgers_own_months(ledger, tmp_path):
     assert {d.kind for d in moved.differences} >= {DifferenceKind.POSTINGS}
 
 
-def test_the_worker_refuses_a_ledger_kept_in_another_zone(tmp_path):
+@pytest.mark.parametrize("command", ["worker", "up"])
+def test_the_worker_and_the_stack_refuse_a_ledger_kept_in_another_zone(command, tmp_path):
     data_dir = tmp_path / "ledger"
     claim_zone(data_dir, parse_zone("Asia/Shanghai"))
     config = VALID_CONFIG | {"ledger": {"data_dir": str(data_dir)}}  # timezone: UTC, the default
     path = write_config(tmp_path / "tally.yaml", config)
-    result = CliRunner().invoke(cli, ["worker", "--config", str(path)])
+    result = CliRunner().invoke(cli, [command, "--config", str(path)])
     assert result.exit_code == 4, result.output
     assert "keeps its books in Asia/Shanghai" in result.output
     assert "ledger.timezone: UTC" in result.output
+    assert sorted(p.name for p in data_dir.iterdir()) == [IDENTITY_NAME]  # nothing started
