@@ -13,7 +13,7 @@ import csv
 import io
 import os
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
@@ -21,12 +21,14 @@ from typing import Any
 import streamlit as st
 
 from ledger.audit import AuditRecord, verify_chain
+from ledger.periods import Period, zone_name
 from ledger.pricing import PriceBook, decode_price_book
 from ledger.read import job_history, rollups
 from ledger.read.audit import audit_trail
 from ledger.read.focus import ExportFormat, FocusContext
 from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
 from ledger.read.statements import team_statement
+from ledger.store.identity import recorded_zone
 from ledger.units import MICROS_PER_UNIT, MS_PER_HOUR
 
 ALL = "(all)"
@@ -40,6 +42,16 @@ SHARING_HELP = {
 
 def data_dir() -> Path:
     return Path(os.environ.get("TALLY_DATA_DIR", ".tally/data"))
+
+
+def zone() -> tzinfo:
+    """The ledger's time zone (`ledger.store.identity`): its months and days."""
+    return recorded_zone(data_dir())
+
+
+def period(label: str | None) -> Period | None:
+    """The month `label` of the ledger's time zone (None: all periods)."""
+    return rollups.period_of(label, zone())
 
 
 def currency() -> str:
@@ -185,8 +197,8 @@ def sidebar_filters(extent: rollups.Extent, job_teams: tuple[str, ...] = ()) -> 
             index=1 if len(periods) > 1 else 0,
             format_func=period_label,
             key="period",
-            help="A month (UTC). Costs count in the month they were booked into; a closed "
-            "month never changes.",
+            help=f"A month ({zone_name(zone())}, the ledger's time zone). Costs count in the "
+            "month they were booked into; a closed month never changes.",
         )
         team = st.selectbox(
             "Team",

@@ -250,7 +250,7 @@ else:
         chosen = st.selectbox("Burn-down of team", names, key="burn_team")
         burn = next(b for b in granted if b.team == chosen)
         assert burn.granted_micros is not None
-        period = rollups.period_of(filters.period)
+        period = common.period(filters.period)
         assert period is not None
         points = [(common.timestamp(period.start_us), 0.0, "spent")]
         points += [

@@ -141,7 +141,7 @@ else:
 # ---------------------------------------------------------------------- window
 window_name = st.radio("Time window", list(WINDOWS), index=1, horizontal=True, key="window")
 span_us, bucket_us = WINDOWS[window_name]
-period = rollups.period_of(filters.period)
+period = common.period(filters.period)
 until = extent.newest_us if period is None else min(extent.newest_us, period.end_us)
 since = until - span_us
 st.caption(

@@ -50,7 +50,7 @@ else:
         help="Or choose a team in the sidebar: the sidebar's choice applies to every page.",
     )
 as_of = max((t for t in (extent.newest_us, history.newest_us) if t is not None), default=0)
-period = rollups.period_of(filters.period)
+period = common.period(filters.period)
 scope = ", ".join(
     part
     for part in (

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, tzinfo
 
 from ledger.alerts import Alert
 from ledger.balances import BudgetStatus
@@ -42,6 +43,7 @@ class BudgetRules:
     thresholds_pct: tuple[int, ...] = (50, 80, 100)
     forecast: bool = True
     forecast_after_pct: int = 10
+    zone: tzinfo = UTC  # the ledger's time zone: where a budget's month starts and ends
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +95,7 @@ def budget_step(
 ) -> tuple[BudgetMemory, list[BudgetAlert]]:
     """The alerts `status` (a team's budget at `as_of_us`) raises given what was raised."""
     try:
-        period = Period.month(status.period)
+        period = Period.month(status.period, rules.zone)
     except ValueError:
         return memory, []
     fired, forecasting = set(memory.fired), set(memory.forecasting)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, tzinfo
 
 from ledger.accounts import capacity_account, consumer_account, unallocated_account
 from ledger.assignments import OwnedPiece, main_holder
@@ -130,9 +131,10 @@ def attribute_sample(
     prices: PriceBook,
     cost_centres: Mapping[str, str],
     held: Sequence[OwnedPiece] = (),
+    zone: tzinfo = UTC,
 ) -> Transaction:
     """The usage transaction of one sample event. Raises PricingError for an unpriced model."""
-    return attribute_usage(envelope, prices, cost_centres, held).txn
+    return attribute_usage(envelope, prices, cost_centres, held, zone).txn
 
 
 def attribute_usage(
@@ -140,8 +142,10 @@ def attribute_usage(
     prices: PriceBook,
     cost_centres: Mapping[str, str],
     held: Sequence[OwnedPiece] = (),
+    zone: tzinfo = UTC,
 ) -> Usage:
-    """The usage of one sample event. Raises PricingError for an unpriced model.
+    """The usage of one sample event, booked into the month (in `zone`, the ledger's time zone)
+    in which its interval starts. Raises PricingError for an unpriced model.
 
     `held` is who the scheduler says held the GPU over the sample's interval; it decides the
     owners only when the sample names none, splitting the time by how long each held it.
@@ -229,7 +233,7 @@ def attribute_usage(
         node=sample.node,
         postings=tuple(postings),
         cause=(envelope.id,),
-        period=period_label(sample.start_us),
+        period=period_label(sample.start_us, zone),
         util_pct=sample.util_gpu_pct,
     )
     if first_owner is None and held:

@@ -1,10 +1,11 @@
 """Period close: which period a posting is booked into, and the checksum of a closed period.
 
 Rules:
-- a closed period never takes another posting. Anything whose natural period (the month in
-  which its interval starts) is closed is booked into the next open period instead; such a
-  posting is a *prior-period adjustment*, recognisable because its `period` differs from
-  `period_label(start_us)`. Budget grants into a closed period are refused instead;
+- a closed period never takes another posting. Anything whose natural period (the month, in
+  the ledger's time zone, in which its interval starts) is closed is booked into the next open
+  period instead; such a posting is a *prior-period adjustment*, recognisable because its
+  `period` differs from `period_label(start_us, zone)`. Budget grants into a closed period are
+  refused instead;
 - closing records a checksum of the period's postings, which `tally ledger verify` recomputes
   from the sealed segments. Definition (`CHECKSUM_ALGORITHM`): the sha256 of the UTF-8 text made
   of one line per posting booked into the period (`period = P`), ordered by (`txn_id`, `leg`),

@@ -33,6 +33,7 @@ import secrets
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, tzinfo
 from pathlib import Path
 
 from ledger.alerts import Alert, AlertKind
@@ -106,8 +107,10 @@ class Dispatcher:
         run_files: bool = True,
         priority_bounds: Mapping[str, PriorityBounds] | None = None,
         job_alerts: JobAlertWatch | None = None,
+        zone: tzinfo = UTC,
     ) -> None:
         self.state = state
+        self.zone = zone  # ledger.timezone: whose months budget periods are
         self.executor = executor
         self.clock = clock
         self.policy = policy
@@ -327,7 +330,7 @@ class Dispatcher:
         metered: list[tuple[int, int]] = []
         for row in rows:
             try:
-                end = Period.month(row.period).end_us
+                end = Period.month(row.period, self.zone).end_us
             except ValueError:
                 continue
             if row.balance > 0:

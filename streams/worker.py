@@ -48,6 +48,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, tzinfo
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -59,6 +60,7 @@ from ledger.idle import IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, IngestResult, InputTopics, OutputTopics
 from ledger.pricing import PriceBook
 from ledger.store.hot import DuckDBStore
+from ledger.store.identity import claim_zone
 from ledger.store.port import OutboxMessage, SealResult
 from streams.collector_pause import collector_paused, freeze_startup_objects
 from streams.kafka import (
@@ -101,6 +103,7 @@ class WorkerSettings:
     balances_topic: str | None = None  # and balances are not published
     inventory_reports_topic: str = "tally.inventory-reports"  # a Faust agent too
     inventory_topic: str | None = None  # None: inventory records are not published
+    zone: tzinfo = UTC  # ledger.timezone: recorded in a new ledger, checked in an existing one
 
 
 def faust_group_options(group: Mapping[str, int]) -> dict[str, Any]:
@@ -208,6 +211,7 @@ class LedgerWorker:
         self.settings = settings
         self.observer = observer
         self.stats = WorkerStats()
+        claim_zone(settings.data_dir, settings.zone)  # before the store makes a new ledger
         self.store = DuckDBStore(settings.data_dir)
         self._lock = asyncio.Lock()
         self._identity = ClusterIdentity(settings.bootstrap[0], options=settings.kafka_options)
@@ -351,6 +355,7 @@ class LedgerWorker:
                         jobs=s.jobs_topic,
                         inventory=s.inventory_reports_topic,
                     ),
+                    s.zone,
                 )
 
     async def _apply(self, messages: list[ConsumedMessage]) -> None:

@@ -11,6 +11,7 @@ the signing secret of a DingTalk or Feishu robot (`secret_env`: there is no lite
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import tzinfo
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, model_validator
@@ -105,8 +106,9 @@ class BudgetAlertsConfig(Strict):
     forecast: bool = True
     forecast_after_pct: int = Field(10, ge=0, le=100)
 
-    def rules(self) -> BudgetRules:
-        return BudgetRules(self.thresholds_pct, self.forecast, self.forecast_after_pct)
+    def rules(self, zone: tzinfo) -> BudgetRules:
+        """The rules, for months of `zone` (`ledger.timezone`)."""
+        return BudgetRules(self.thresholds_pct, self.forecast, self.forecast_after_pct, zone)
 
 
 class PendingAlertsConfig(Strict):
@@ -132,11 +134,11 @@ class AlertRulesConfig(Strict):
     job_idle: bool = True
     pending: PendingAlertsConfig = Field(default_factory=PendingAlertsConfig)
 
-    def watch_rules(self) -> WatchRules:
-        """What `tally alerts run` watches (budgets, team idle time)."""
+    def watch_rules(self, zone: tzinfo) -> WatchRules:
+        """What `tally alerts run` watches (budgets, in months of `zone`; team idle time)."""
         idle = self.team_idle_gpu_hours
         return WatchRules(
-            self.budget.rules() if self.budget is not None else None,
+            self.budget.rules(zone) if self.budget is not None else None,
             None if idle is None else idle * MS_PER_HOUR,
         )
 

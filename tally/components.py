@@ -91,6 +91,7 @@ def worker_settings(
         compact_below_rows=config.ledger.compact_below_rows,
         compact_min_segments=config.ledger.compact_min_segments,
         dedupe_window_us=config.ledger.dedupe_window_days * 86_400_000_000,
+        zone=config.ledger.zone(),
     )
 
 

@@ -11,6 +11,7 @@ Amounts of money are decimal text ("2.50") and become integer micro-units here (
 
 from __future__ import annotations
 
+from datetime import tzinfo
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -26,6 +27,7 @@ from pydantic import (
 from ledger.events import MAX_TIME_US
 from ledger.excerpts import bounded
 from ledger.idle import IdlePolicy
+from ledger.periods import DEFAULT_ZONE_NAME, parse_zone
 from ledger.pricing import ANY_MODEL, EnergyPrice, Price, PriceBook
 from tally import config_fields
 from tally.alerts_config import AlertsConfig
@@ -47,6 +49,18 @@ class LedgerConfig(Strict):
     compact_below_rows: int = Field(500_000, ge=1)
     compact_min_segments: int = Field(8, ge=2)
     dedupe_window_days: int = Field(7, ge=1)
+    # IANA name; the months and days the books are kept in (`ledger.periods`). Part of the
+    # ledger's identity: the worker refuses a ledger kept in another zone (`ledger.store.identity`).
+    timezone: str = DEFAULT_ZONE_NAME
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        parse_zone(value)  # ValueError: the config error names the field
+        return value
+
+    def zone(self) -> tzinfo:
+        return parse_zone(self.timezone)
 
 
 class TeamConfig(Strict):

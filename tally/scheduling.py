@@ -378,4 +378,5 @@ def build_dispatcher(
         priority_bounds=priority_bounds_of(config),
         default_estimate_us=int(s.default_estimated_runtime_hours * US_PER_HOUR),
         job_alerts=JobAlertWatch(rules.pending.rules(), idle=rules.job_idle),
+        zone=config.ledger.zone(),
     )

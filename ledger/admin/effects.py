@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import UTC, tzinfo
 
 from ledger.accounts import AccountKind, budget_account, funding_account
 from ledger.admin.events import (
@@ -26,15 +27,18 @@ def _within(time_us: int, period: Period) -> int:
     return min(max(time_us, period.start_us), period.end_us - 1)
 
 
-def grant_transaction(envelope: AdminEnvelope, cost_centre: str | None) -> Transaction:
+def grant_transaction(
+    envelope: AdminEnvelope, cost_centre: str | None, zone: tzinfo = UTC
+) -> Transaction:
     """A budget grant: `budget:<team>` credited, `funding:<cost centre>` debited.
 
-    The interval is the effective time, moved into the granted period when it lies outside,
-    so a grant is never mistaken for a prior-period adjustment.
+    The interval is the effective time, moved into the granted period (a month in `zone`, the
+    ledger's time zone) when it lies outside, so a grant is never mistaken for a prior-period
+    adjustment.
     """
     event = envelope.data
     assert isinstance(event, BudgetGranted)
-    start = _within(event.effective_us, Period.month(event.period))
+    start = _within(event.effective_us, Period.month(event.period, zone))
     return budget_transaction(
         envelope.id, event.team, event.unit, event.amount, event.period, start, cost_centre
     )
@@ -86,7 +90,10 @@ def _dims_of(account: str) -> tuple[str | None, str | None]:
 
 
 def adjustment_transaction(
-    envelope: AdminEnvelope, booked_period: str, cost_centres: Mapping[str, str]
+    envelope: AdminEnvelope,
+    booked_period: str,
+    cost_centres: Mapping[str, str],
+    zone: tzinfo = UTC,
 ) -> Transaction:
     """`amount` on the account against its counter-account, booked into `booked_period`.
 
@@ -96,7 +103,7 @@ def adjustment_transaction(
     event = envelope.data
     assert isinstance(event, AdjustmentRecorded)
     assert event.account is not None and event.unit is not None and event.period is not None
-    start = _within(event.effective_us, Period.month(event.period))
+    start = _within(event.effective_us, Period.month(event.period, zone))
     counter = event.counter_account or DEFAULT_ADJUSTMENTS
     team, project = _dims_of(event.account)
     team, project = event.team or team, event.project or project

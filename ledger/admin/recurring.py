@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, tzinfo
 
 from ledger.accounts import AccountKind
 from ledger.admin.effects import budget_transaction
@@ -67,10 +68,10 @@ class AppliedPolicy:
     policy_id: str
     policy: BudgetPolicySet
 
-    @property
-    def first(self) -> str:
-        """The first month the policy may grant: its start, never before the month it was set."""
-        set_in = period_label(self.policy.effective_us)
+    def first(self, zone: tzinfo = UTC) -> str:
+        """The first month the policy may grant: its start, never before the month (in `zone`,
+        the ledger's time zone) it was set in."""
+        set_in = period_label(self.policy.effective_us, zone)
         start = self.policy.start
         return set_in if start is None or start < set_in else start
 
@@ -87,10 +88,12 @@ def quarter_starts(label: str) -> bool:
     return int(label[5:7]) % 3 == 1
 
 
-def policy_for(policies: Sequence[AppliedPolicy], period: str) -> AppliedPolicy | None:
+def policy_for(
+    policies: Sequence[AppliedPolicy], period: str, zone: tzinfo = UTC
+) -> AppliedPolicy | None:
     """The policy in force for `period` among one (team, unit)'s policies in applied order."""
     for applied in reversed(policies):
-        if applied.first <= period:
+        if applied.first(zone) <= period:
             end = applied.policy.end
             return None if end is not None and period > end else applied
     return None
@@ -128,8 +131,8 @@ def budget_figures(
     return granted, consumed
 
 
-def _next_first(policies: Sequence[AppliedPolicy], after: str) -> str | None:
-    later = [p.first for p in policies if p.first > after]
+def _next_first(policies: Sequence[AppliedPolicy], after: str, zone: tzinfo) -> str | None:
+    later = [p.first(zone) for p in policies if p.first(zone) > after]
     return min(later) if later else None
 
 
@@ -140,8 +143,11 @@ def plan_allowances(
     closed: Collection[str],
     granted: Mapping[FigureKey, int],
     consumed: Mapping[FigureKey, int],
+    zone: tzinfo = UTC,
 ) -> tuple[BudgetAllowanceGranted, ...]:
-    """The allowance records due up to month `through`, per (team, unit) in order of months.
+    """The allowance records due up to month `through`, per (team, unit) in order of months
+    (of `zone`, the ledger's time zone: a month's allowance is effective at its first local
+    instant).
 
     `latest` is each key's newest record; `granted` / `consumed` are the ledger's figures
     (`budget_figures`) before the batch.
@@ -151,13 +157,13 @@ def plan_allowances(
         team, unit = key
         chain = policies[key]
         last = latest.get(key)
-        month: str | None = month_after(last.period) if last else min(p.first for p in chain)
+        month: str | None = month_after(last.period) if last else min(p.first(zone) for p in chain)
         own: dict[str, int] = {}  # what this plan granted, per month
         made = 0
         while month is not None and month <= through and made < MAX_MONTHS:
-            applied = policy_for(chain, month)
+            applied = policy_for(chain, month, zone)
             if applied is None:
-                month = _next_first(chain, month)
+                month = _next_first(chain, month, zone)
                 continue
             policy = applied.policy
             chained = last is not None and last.period == month_before(month)
@@ -192,7 +198,7 @@ def plan_allowances(
                 every=policy.every,
                 actor=LEDGER_ACTOR,
                 reason=ALLOWANCE_REASON,
-                effective_us=Period.month(month).start_us,
+                effective_us=Period.month(month, zone).start_us,
             )
             out.append(last)
             own[month] = allowance + carried
@@ -201,15 +207,18 @@ def plan_allowances(
     return tuple(out)
 
 
-def allowance_transaction(envelope: AdminEnvelope, cost_centre: str | None) -> Transaction | None:
+def allowance_transaction(
+    envelope: AdminEnvelope, cost_centre: str | None, zone: tzinfo = UTC
+) -> Transaction | None:
     """The grant of an allowance record (None when it grants nothing): `budget:<team>`
-    credited, `funding:<cost centre>` debited, at the first microsecond of its month."""
+    credited, `funding:<cost centre>` debited, at the first microsecond of its month in
+    `zone`."""
     record = envelope.data
     assert isinstance(record, BudgetAllowanceGranted)
     amount = record.granted
     if amount == 0:
         return None
-    start = Period.month(record.period).start_us
+    start = Period.month(record.period, zone).start_us
     return budget_transaction(
         envelope.id,
         record.team,

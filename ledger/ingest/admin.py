@@ -21,6 +21,7 @@ granted total, or the period still open.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC, tzinfo
 
 from ledger.admin import (
     ACTION_OF,
@@ -103,9 +104,13 @@ def closes_a_period(decoded: Sequence[DecodedAdmin], view: LedgerView) -> bool:
 
 
 def fold_admin(
-    decoded: Sequence[DecodedAdmin], view: LedgerView, cost_centres: Mapping[str, str]
+    decoded: Sequence[DecodedAdmin],
+    view: LedgerView,
+    cost_centres: Mapping[str, str],
+    zone: tzinfo = UTC,
 ) -> Folded:
-    fold = _AdminFold(view, cost_centres)
+    """`zone`: the ledger's time zone, whose months grants and adjustments fall in."""
+    fold = _AdminFold(view, cost_centres, zone)
     applied = set(view.admin_applied)
     dead: list[DeadLetter] = []
     duplicates = 0
@@ -134,8 +139,9 @@ def fold_admin(
 class _AdminFold:
     """The admin events of one batch, folded in order into transactions and log entries."""
 
-    def __init__(self, view: LedgerView, cost_centres: Mapping[str, str]):
+    def __init__(self, view: LedgerView, cost_centres: Mapping[str, str], zone: tzinfo):
         self.view = view
+        self.zone = zone
         self.closed = set(view.closed)
         self.centres = dict(cost_centres) | {
             team: t.cost_centre for team, t in view.admin.teams.items()
@@ -182,7 +188,7 @@ class _AdminFold:
                     f"stale grant: computed against a total of {event.expected_total} "
                     f"{event.unit}, the ledger has {total}"
                 )
-            txn = grant_transaction(envelope, self.centres.get(event.team))
+            txn = grant_transaction(envelope, self.centres.get(event.team), self.zone)
             problem = check_transaction(txn, self.closed)
             if problem is not None:
                 return problem
@@ -199,7 +205,7 @@ class _AdminFold:
         elif isinstance(event, AdjustmentRecorded):
             assert event.period is not None
             period = booking_period(event.period, self.closed)
-            txn = adjustment_transaction(envelope, period, self.centres)
+            txn = adjustment_transaction(envelope, period, self.centres, self.zone)
             problem = check_transaction(txn, self.closed)
             if problem is not None:
                 return problem

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
+from datetime import tzinfo
 
 from ledger.admin import (
     AdminView,
@@ -29,12 +30,13 @@ from ledger.ingest.batch import Folded
 from ledger.store.port import ConsumedMessage, SourcedTransaction
 
 
-def allowances_due(admin: AdminView, through: str) -> bool:
-    """Whether some policy may grant a month up to `through` (cheap: no balances read)."""
+def allowances_due(admin: AdminView, through: str, zone: tzinfo) -> bool:
+    """Whether some policy may grant a month up to `through` (cheap: no balances read);
+    `zone` is the ledger's time zone."""
     for key, chain in admin.policies.items():
         latest = admin.latest_allowance.get(key)
         if latest is None:
-            if min(p.first for p in chain) <= through:
+            if min(p.first(zone) for p in chain) <= through:
                 return True
         elif latest.period < through:
             return True
@@ -49,13 +51,15 @@ def with_allowances(
     balances: Iterable[BalanceRow],
     cost_centres: Mapping[str, str],
     message: ConsumedMessage,
+    zone: tzinfo,
 ) -> tuple[Folded, bool]:
     """`folded` plus the allowances due up to month `through`, and whether that is all of them
     (False when some (team, unit) reached `MAX_MONTHS`: the next batch grants more). The grants
-    carry the source coordinates of `message` (the batch's last)."""
+    carry the source coordinates of `message` (the batch's last); months are
+    those of `zone`, the ledger's time zone."""
     granted, consumed = budget_figures(balances)
     records = plan_allowances(
-        admin.policies, admin.latest_allowance, through, closed, granted, consumed
+        admin.policies, admin.latest_allowance, through, closed, granted, consumed, zone
     )
     per_key = Counter((r.team, r.unit) for r in records)
     complete = all(count < MAX_MONTHS for count in per_key.values())
@@ -66,7 +70,7 @@ def with_allowances(
     for record in records:
         envelope = admin_envelope(record, LEDGER_BUDGETS_SOURCE)
         entries.append(AppliedAdmin(envelope))
-        txn = allowance_transaction(envelope, cost_centres.get(record.team))
+        txn = allowance_transaction(envelope, cost_centres.get(record.team), zone)
         if txn is not None:
             grants.append(SourcedTransaction(txn, message.topic, message.partition, message.offset))
     added = replace(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, tzinfo
 from typing import TypeVar
 
 from ledger.closing import booking_period
@@ -24,11 +25,13 @@ E = TypeVar("E")
 @dataclass(frozen=True, slots=True)
 class FoldRules:
     """What a fold applies besides the ledger's own state: prices and cost centres (the
-    configuration's, plus the applied admin events'), and the idle policy."""
+    configuration's, plus the applied admin events'), the idle policy and the ledger's time
+    zone."""
 
     prices: PriceBook
     cost_centres: Mapping[str, str]
     idle_policy: IdlePolicy = field(default_factory=IdlePolicy)
+    zone: tzinfo = UTC  # the ledger's time zone: which month a time is booked into
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +88,11 @@ def sourced(txns: Sequence[Transaction], message: ConsumedMessage) -> list[Sourc
     return [SourcedTransaction(t, message.topic, message.partition, message.offset) for t in txns]
 
 
-def booker(closed: frozenset[str]) -> BookPeriod:
-    """Books a time into its month, or the next open one when that month is closed."""
+def booker(closed: frozenset[str], zone: tzinfo) -> BookPeriod:
+    """Books a time into its month (in `zone`), or the next open one when that month is
+    closed."""
 
     def book(time_us: int) -> str:
-        return booking_period(period_label(time_us), closed)
+        return booking_period(period_label(time_us, zone), closed)
 
     return book

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, tzinfo
 
 from ledger.admin import decode_admin_message
 from ledger.events import DeadLetter, decode_message, encode_dead_letter, event_id
@@ -98,8 +99,12 @@ class Ingestor:
         idle_policy: IdlePolicy | None = None,
         topics: OutputTopics | None = None,
         inputs: InputTopics | None = None,
+        zone: tzinfo = UTC,
     ) -> None:
+        """`zone`: the ledger's time zone (`ledger.store.identity`), whose months usage, holds,
+        grants and allowances are booked into."""
         self.store = store
+        self.zone = zone
         self.incarnation = incarnation
         self._configured_prices = prices
         self._configured_centres = dict(cost_centres)
@@ -133,7 +138,7 @@ class Ingestor:
         teams = self.store.admin_view().teams
         centres = self._configured_centres | {team: t.cost_centre for team, t in teams.items()}
         prices = self.store.price_book(self._configured_prices)
-        return FoldRules(prices, centres, self.idle_policy)
+        return FoldRules(prices, centres, self.idle_policy, self.zone)
 
     def apply(self, messages: Sequence[ConsumedMessage]) -> IngestResult:
         fresh = [m for m in messages if m.offset >= self._next.get((m.topic, m.partition), 0)]
@@ -175,12 +180,12 @@ class Ingestor:
         # Only samples new to the ledger move its clock: a resent one changes nothing.
         new = [envelope.time_us for envelope, _ in decoded if envelope.id not in view.seen]
         if new:
-            through = period_label(max(new))
+            through = period_label(max(new), self.rules.zone)
             if self._granted_through is not None and through <= self._granted_through:
                 through = None
         if through is not None:
             admin = self.store.admin_view()
-            if allowances_due(admin, through):
+            if allowances_due(admin, through, self.rules.zone):
                 folded, complete = with_allowances(
                     folded,
                     admin,
@@ -189,6 +194,7 @@ class Ingestor:
                     self.store.balance_rows(),
                     self.rules.cost_centres,
                     decoded[-1][1],
+                    self.rules.zone,
                 )
                 if not complete:
                     through = None  # more months are due: plan again with the next batch
@@ -200,7 +206,7 @@ class Ingestor:
     def _apply_jobs(self, fresh: Sequence[ConsumedMessage]) -> _Part:
         batch = DecodedJobs(fresh)
         view = self.store.load_view(batch.keys())
-        folded = fold_jobs(batch, view, fresh[-1])
+        folded = fold_jobs(batch, view, fresh[-1], self.rules.zone)
         return self._commit(fresh, folded, batch.dead, batch.count, view.closed)
 
     def _apply_inventory(self, fresh: Sequence[ConsumedMessage]) -> _Part:
@@ -214,7 +220,7 @@ class Ingestor:
         view = self.store.load_view(admin_keys(decoded))
         if closes_a_period(decoded, view):
             self.store.seal()  # the close's checksum must see every posting of the period
-        folded = fold_admin(decoded, view, self.rules.cost_centres)
+        folded = fold_admin(decoded, view, self.rules.cost_centres, self.rules.zone)
         return self._commit(fresh, folded, dead, len(decoded), view.closed)
 
     # ------------------------------------------------------------------ shared steps

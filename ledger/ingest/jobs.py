@@ -10,6 +10,7 @@ else."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, tzinfo
 
 from ledger.assignments import HOLDING_MEMORY_US, Holding, assign, forget_before, release
 from ledger.audit import AuditEntry
@@ -60,11 +61,17 @@ class DecodedJobs:
         )
 
 
-def fold_jobs(batch: DecodedJobs, view: LedgerView, last: ConsumedMessage | None = None) -> Folded:
-    """`last`: the message the batch's expiries are sourced to (its last message)."""
+def fold_jobs(
+    batch: DecodedJobs,
+    view: LedgerView,
+    last: ConsumedMessage | None = None,
+    zone: tzinfo = UTC,
+) -> Folded:
+    """`last`: the message the batch's expiries are sourced to (its last message); `zone`: the
+    ledger's time zone, whose months hold settlements and expiries are booked into."""
     seen = set(view.seen)
     cutoffs = view.forgotten_before
-    holds = HoldBook(view.holds, booker(view.closed))
+    holds = HoldBook(view.holds, booker(view.closed, zone))
     dead: list[DeadLetter] = []
     transactions: list[SourcedTransaction] = []
     without_postings: list[tuple[str, int, str]] = []

@@ -105,7 +105,7 @@ def fold_samples(
                 continue
         held = held_over(timeline, envelope)
         try:
-            usage = attribute_usage(envelope, rules.prices, rules.cost_centres, held)
+            usage = attribute_usage(envelope, rules.prices, rules.cost_centres, held, rules.zone)
         except PricingError as exc:
             dead.append(refused(str(exc), envelope.id, message))
             continue
@@ -129,7 +129,7 @@ def fold_samples(
         else:
             flag = transactions[item.row]
             transactions[item.row] = replace(flag, txn=replace(flag.txn, idle=True))
-    holds = HoldBook(view.holds, booker(view.closed))
+    holds = HoldBook(view.holds, booker(view.closed, rules.zone))
     derived = len(transactions)
     for settlement in holds.settle([t.txn for t in transactions]):  # no held job goes columnar
         source = transactions[settlement.last_usage]
@@ -168,7 +168,7 @@ def _add_common_case(
         return None
     if owner is not None and (owner.job_id or "") in held_jobs:
         return None
-    period = period_label(sample.start_us)
+    period = period_label(sample.start_us, rules.zone)
     if period in view.closed:
         return None
     prices = rules.prices

@@ -5,8 +5,9 @@ This module owns the mapping from sealed postings to FOCUS rows.
 Row grain. One row per ledger account (consumer or unallocated) × dimensions (team, project,
 user, job, cost centre) × GPU × idle flag × charge period × price, summed from the postings
 *booked into* the billing period (`period`):
-- usage (`kind = usage`): the charge period is the UTC hour in which the sample's interval
-  starts (`[hour, hour + 1h)`), the same rule that puts a posting in a period; the price is the
+- usage (`kind = usage`): the charge period is the hour in which the sample's interval starts
+  (`[hour, hour + 1h)`, hours counted from the billing period's first instant, so they are the
+  ledger's time zone's hours), the same rule that puts a posting in a period; the price is the
   price-list entry in force at the sample's start (`ledger.read.focus_prices`). Energy is a
   row of its own (PricingUnit "kWh") beside the GPU-time row, when the price book prices it;
 - every other kind (adjustments, reversals, …): one row per transaction and account, its charge
@@ -32,7 +33,9 @@ Column mapping (the 21 mandatory columns, then conditional/recommended ones, the
 - InvoiceId: `<BillingAccountId>:<YYYY-MM>`, one chargeback per account and month;
 - BillingAccountId/Name, InvoiceIssuerName, ProviderName, PublisherName, ServiceName: from
   `FocusContext` (the organisation running Tally); BillingCurrency: the ledger currency;
-- BillingPeriodStart/End: the month, `[first instant, first instant of the next month)`;
+- BillingPeriodStart/End: the month in the ledger's time zone (`ledger.timezone`),
+  `[first instant, first instant of the next month)`, written in UTC as the spec requires
+  (2026-11 in Asia/Shanghai: 2026-10-31T16:00:00Z to 2026-11-30T16:00:00Z);
 - ChargeCategory: "Usage" for usage; "Adjustment" for every ledger correction (reversals and
   adjustments, of either sign: they amend charges, they are not credits granted);
   ChargeClass: "Correction" when the row's interval began before the billing
@@ -73,7 +76,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from ledger.periods import Period
+from ledger.periods import Period, zone_name
 from ledger.pricing import PriceBook
 from ledger.read.focus_prices import (
     ENERGY_SKU,
@@ -230,12 +233,18 @@ _NANO_KWH = _round_div("energy_mj * 5", 18)
 _LIST_COST = _round_div("rate * nano_qty", 1_000_000_000)
 _ENERGY_MONEY = _round_div("energy_rate * nano_kwh", 1_000_000_000)
 
+# How far into its hour a posting starts, hours counted from the billing period's first instant
+# (a local midnight: so hours are the ledger's time zone's; whole UTC hours in UTC). Modulo of a
+# negative difference (late usage) is made non-negative.
+_HOUR_INTO = "((p.start_us - ctx.start_us) % 3600000000 + 3600000000) % 3600000000"
+
 # Braces are doubled: `ReportQueries` formats `{postings}` into the text.
 _FOCUS_SQL = f"""
 WITH ctx AS (
     SELECT ? AS label, ?::BIGINT AS start_us, ?::BIGINT AS end_us, ? AS account_id,
         ? AS account_name, ? AS currency, ? AS issuer, ? AS provider, ? AS publisher,
-        ? AS service_category, ? AS service_name, ? AS service_subcategory, ? AS invoice_id
+        ? AS service_category, ? AS service_name, ? AS service_subcategory, ? AS invoice_id,
+        ? AS zone
 ), legs AS (
     SELECT p.account, p.kind,
         coalesce(p.team, CASE WHEN p.account LIKE 'consumer:%'
@@ -247,9 +256,9 @@ WITH ctx AS (
         (p.idle AND p.account LIKE 'consumer:%') AS idle,
         NOT (p.start_us >= ctx.start_us AND p.start_us < ctx.end_us) AS prior,
         CASE WHEN p.kind = 'usage' THEN NULL ELSE p.txn_id END AS txn_id,
-        CASE WHEN p.kind = 'usage' THEN p.start_us - p.start_us % 3600000000
+        CASE WHEN p.kind = 'usage' THEN p.start_us - {_HOUR_INTO}
             ELSE p.start_us - p.start_us % 1000000 END AS charge_start_us,
-        CASE WHEN p.kind = 'usage' THEN p.start_us - p.start_us % 3600000000 + 3600000000
+        CASE WHEN p.kind = 'usage' THEN p.start_us - {_HOUR_INTO} + 3600000000
             ELSE greatest(p.end_us + (1000000 - p.end_us % 1000000) % 1000000,
                           p.start_us - p.start_us % 1000000 + 1000000) END AS charge_end_us,
         g.rate AS gpu_rate, g.price_id AS gpu_price_id,
@@ -316,7 +325,8 @@ SELECT
         ELSE 'Ledger ' || replace(kind, '_', ' ') || ' (' || txn_id || ')'
     END || coalesce(' on ' || model, '') || coalesce(' in pool ' || pool, '')
         || CASE WHEN prior THEN ', incurred in '
-            || strftime(make_timestamp(charge_start_us), '%Y-%m') || ' and booked late'
+            || strftime(timezone(ctx.zone, timezone('UTC', make_timestamp(charge_start_us))),
+                '%Y-%m') || ' and booked late'
             ELSE '' END
         AS ChargeDescription,
     CASE WHEN kind = 'usage' THEN 'Usage-Based' ELSE 'One-Time' END AS ChargeFrequency,
@@ -384,8 +394,11 @@ def focus_table(
     """The FOCUS rows of `period` as an Arrow table in the Parquet representation.
 
     `prices` is the configuration's price book (None: none configured); the prices applied
-    through the ledger's admin log are added to it, as the ingest adds them.
+    through the ledger's admin log are added to it, as the ingest adds them. The billing period
+    is the month of `period`'s label in the ledger's time zone (`queries.zone`), whatever zone
+    `period` was made in; its bounds are written in UTC.
     """
+    period = Period.month(period.label, queries.zone)
     book = ledger_price_book(queries, prices if prices is not None else PriceBook(()))
     combos = usage_combos(queries, period)
     tables = {
@@ -406,6 +419,7 @@ def focus_table(
         context.service_name,
         context.service_subcategory,
         f"{context.billing_account_id}:{period.label}",
+        zone_name(queries.zone),
     ]
     raw = queries.arrow(_FOCUS_SQL, params, tables)
     columns: dict[str, pa.Array | pa.ChunkedArray] = {}

@@ -6,20 +6,24 @@ Each listed file is checked against the checksum its manifest records before it 
 per process, `ledger.store.integrity`): a missing or damaged segment, or a manifest that cannot
 be read, raises a `SegmentError` naming it rather than a total without it.
 Periods select postings by the start of their interval (`start_us`), half-open `[start, end)`.
+`LedgerQueries.zone` is the ledger's time zone (`ledger.store.identity`): the months and days
+readers group by are that zone's (`time_bucket_sql`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, tzinfo
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
 from ledger.errors import LedgerError
-from ledger.periods import Period
+from ledger.periods import Period, zone_name
 from ledger.postings import Transaction
+from ledger.store.identity import recorded_zone
 from ledger.store.layout import SEGMENTS_DIR, sql_list
 from ledger.store.schema import POSTING_COLUMNS_SQL, POSTINGS_SCHEMA, transaction_from_rows
 from ledger.store.segments import Manifest, SegmentInfo, SegmentSummary, summarise_segment
@@ -36,6 +40,24 @@ DIMENSIONS = (
     "node",
 )
 _RETRIES = 3
+_HOUR_US = 3_600_000_000
+_CALENDAR_UNITS = {_HOUR_US: "hour", 24 * _HOUR_US: "day"}
+
+
+def time_bucket_sql(column: str, bucket_us: int, zone: tzinfo = UTC) -> str:
+    """SQL for the start (µs) of the `bucket_us` bucket holding `column` (µs since the epoch).
+
+    In UTC, or for a bucket that is not an hour or a day, buckets are multiples of `bucket_us`
+    since the epoch. In another zone, hours and days are that zone's (DuckDB's ICU time zones:
+    a day in Asia/Shanghai starts at 16:00 UTC, a day in a zone with summer time can last 23
+    or 25 hours)."""
+    unit = _CALENDAR_UNITS.get(int(bucket_us))
+    if zone is UTC or unit is None:
+        return f"({column} - {column} % {int(bucket_us)})"
+    name = zone_name(zone).replace("'", "''")
+    utc = f"timezone('UTC', make_timestamp(({column})::BIGINT))"
+    local = f"date_trunc('{unit}', timezone('{name}', {utc}))"
+    return f"epoch_us(timezone('{name}', {local}))"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +68,10 @@ class CostRow:
 
 
 class LedgerQueries:
-    """Queries over the sealed ledger in `data_dir`."""
+    """Queries over the sealed ledger in `data_dir`; `zone` is its time zone."""
 
     def __init__(self, data_dir: Path | str) -> None:
+        self.zone = recorded_zone(Path(data_dir))
         self.root = Path(data_dir) / SEGMENTS_DIR
         self.manifest = Manifest(self.root)
         self._con = duckdb.connect(":memory:")
@@ -136,10 +159,11 @@ class LedgerQueries:
     def cost_by_team_over_time(
         self, bucket_us: int = 3_600_000_000, period: Period | None = None
     ) -> list[tuple[int, str, int, int]]:
-        """(bucket start µs, team, GPU-ms, money µ) per time bucket and team, oldest first."""
+        """(bucket start µs, team, GPU-ms, money µ) per time bucket (an hour or a day of the
+        ledger's time zone) and team, oldest first."""
         where, params = self._where(period, False)
         rows = self._query(
-            f"SELECT start_us - start_us % {int(bucket_us)} AS bucket, team, "
+            f"SELECT {time_bucket_sql('start_us', bucket_us, self.zone)} AS bucket, team, "
             "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
             "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) "
             f"FROM {{postings}} WHERE {where} GROUP BY ALL ORDER BY bucket, team",

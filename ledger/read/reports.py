@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, tzinfo
 from decimal import ROUND_HALF_EVEN, Decimal
 from enum import StrEnum
 from typing import Any
@@ -96,11 +97,12 @@ class ReportQueries(LedgerQueries):
 # ---------------------------------------------------------------------------------- helpers
 
 
-def period_of(period: Period | str | None) -> Period | None:
-    """A `Period` from a `YYYY-MM` label (ValueError if it is not one), or None for all time."""
-    if period is None or isinstance(period, Period):
-        return period
-    return Period.month(period)
+def period_of(period: Period | str | None, zone: tzinfo = UTC) -> Period | None:
+    """The `Period` of a `YYYY-MM` label (ValueError if it is not one) or of a `Period`'s label:
+    the month in `zone`, the ledger's time zone (`LedgerQueries.zone`); None for all time."""
+    if period is None:
+        return None
+    return Period.month(period.label if isinstance(period, Period) else period, zone)
 
 
 def period_clause(period: Period | None) -> tuple[str, list[Any]]:
@@ -204,7 +206,7 @@ def cost_report(
     capacity as rows of its own (`unallocated=True`).
     """
     dims = check_dimensions(dims)
-    chosen = period_of(period)
+    chosen = period_of(period, queries.zone)
     filters = dict(where or {})
     if filters:
         check_dimensions(tuple(filters))
@@ -296,7 +298,7 @@ def _unallocated_lines(
 
 def ledger_money_total(queries: ReportQueries, period: Period | str | None = None) -> int:
     """Money debited to consumer and unallocated accounts in the selection (what exports bill)."""
-    when, params = period_clause(period_of(period))
+    when, params = period_clause(period_of(period, queries.zone))
     rows = queries.rows(
         "SELECT coalesce(sum(amount), 0) FROM {postings} "
         f"WHERE unit = 'money_micros' AND ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND {when}",
@@ -358,7 +360,7 @@ def idle_report(
     sharing: IdleSharing = IdleSharing.NONE,
 ) -> IdleReport:
     """Unallocated capacity and allocated-but-idle waste per pool/model and per team."""
-    chosen = period_of(period)
+    chosen = period_of(period, queries.zone)
     when, params = period_clause(chosen)
     sums = (
         f"coalesce(sum(amount) FILTER (unit = 'gpu_ms' AND {CONSUMER_SQL}), 0), "

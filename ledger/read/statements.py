@@ -307,8 +307,9 @@ def team_statement(
     currency: str,
     sharing: IdleSharing = IdleSharing.NONE,
 ) -> TeamStatement:
-    """The statement of `team` for `period` (a `YYYY-MM` label or a `Period`)."""
-    chosen = period_of(period)
+    """The statement of `team` for `period` (a `YYYY-MM` label, a month of the ledger's time
+    zone, or a `Period`)."""
+    chosen = period_of(period, queries.zone)
     assert chosen is not None
     rows = queries.rows(_STATEMENT_SQL, [chosen.start_us, chosen.end_us, team, chosen.label])
     by_set: dict[int, list[tuple[Any, ...]]] = {1: [], 2: [], 3: []}

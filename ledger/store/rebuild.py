@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import UTC, tzinfo
 from enum import StrEnum
 from pathlib import Path
 
@@ -52,6 +53,7 @@ from ledger.inventory import InventoryGpu
 from ledger.pricing import PriceBook
 from ledger.read.balances import FOLD_SQL
 from ledger.store.hot import DuckDBStore
+from ledger.store.identity import claim_zone
 from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR
 from ledger.store.schema import POSTINGS_SCHEMA, archived_value
 from ledger.store.segments import Manifest
@@ -84,6 +86,7 @@ class ReplaySettings:
     idle_policy: IdlePolicy = field(default_factory=IdlePolicy)
     inputs: InputTopics = field(default_factory=InputTopics)
     seal_every: int = 512  # batches between seals, to keep the fresh writer's hot tables small
+    zone: tzinfo = UTC  # the live ledger's time zone (`ledger.store.identity.recorded_zone`)
 
 
 class DifferenceKind(StrEnum):
@@ -266,6 +269,7 @@ def replay(
         raise StoreError(f"{target} is not an empty directory: a rebuild needs a fresh one")
     problems: list[Difference] = []
     count = messages = 0
+    claim_zone(target, settings.zone)
     with DuckDBStore(target) as store:
         ingestor: Ingestor | None = None
         for batch in batches:
@@ -282,6 +286,7 @@ def replay(
                     settings.idle_policy,
                     OutputTopics(balances=None),
                     settings.inputs,
+                    settings.zone,
                 )
             result = ingestor.apply(batch.messages)
             if result.skipped_messages:

@@ -140,7 +140,7 @@ def run(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        rules = section.rules.watch_rules()
+        rules = section.rules.watch_rules(config.ledger.zone())
         tasks = [
             consume_alerts(
                 servers,

@@ -7,6 +7,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Mapping
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from ledger.errors import EventError, LedgerError
 from ledger.ingest import InputTopics
 from ledger.periods import Period
 from ledger.read.queries import find_sealed_transaction
+from ledger.store.identity import recorded_zone
 from ledger.store.layout import ARCHIVE_DIR, HOT_DB_NAME, SEGMENTS_DIR
 from ledger.store.rebuild import (
     Difference,
@@ -325,11 +327,13 @@ def close(
     """Close PERIOD (YYYY-MM): afterwards nothing posts into it, late usage is booked into the
     next open period, and `tally ledger verify` checks the period's checksum."""
     try:
-        month = Period.month(period)
+        Period.month(period)
     except ValueError as exc:
         fail(str(exc), Exit.USAGE)
     config = load_or_exit(config_path)
-    view = applied_admin(resolve_ledger_dir(config_path, data_dir))
+    ledger_dir = resolve_ledger_dir(config_path, data_dir)
+    month = Period.month(period, recorded_zone(ledger_dir))  # ends at the ledger's midnight
+    view = applied_admin(ledger_dir)
     if month.label in view.closed:
         click.echo(f"{month.label} is already closed")
         return
@@ -472,7 +476,9 @@ def rebuild(
     Exits 1 when anything differs, 0 when the two are identical."""
     config = load_or_exit(config_path)
     live = require_ledger(Path(data_dir) if data_dir else config.ledger.data_dir)
-    settings = replay_settings(config)
+    # The live ledger's own time zone, whatever the configuration says now: a rebuild books into
+    # the months the live writer did.
+    settings = replace(replay_settings(config), zone=recorded_zone(live))
     if into is not None and Path(into).exists() and any(Path(into).iterdir()):
         fail(f"--into {into}: not an empty directory (a rebuild needs a fresh one)", Exit.USAGE)
     target = Path(into) if into else Path(tempfile.mkdtemp(prefix="tally-rebuild-"))

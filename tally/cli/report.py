@@ -95,7 +95,9 @@ def report() -> None:
     show_default=True,
     help=f"Comma-separated dimensions: {', '.join(DIMENSIONS)}.",
 )
-@click.option("--period", default=None, metavar="YYYY-MM", help="Only this month (UTC).")
+@click.option(
+    "--period", default=None, metavar="YYYY-MM", help="Only this month (of the ledger's time zone)."
+)
 @click.option(
     "--include-unallocated", is_flag=True, help="Add the unshared cost of unallocated GPUs."
 )
@@ -182,7 +184,9 @@ def _cost_table(
 @report.command()
 @config_option
 @data_dir_option
-@click.option("--period", default=None, metavar="YYYY-MM", help="Only this month (UTC).")
+@click.option(
+    "--period", default=None, metavar="YYYY-MM", help="Only this month (of the ledger's time zone)."
+)
 @click.option(
     "--by",
     type=click.Choice(["pool", "team", "both"]),
@@ -293,7 +297,9 @@ def _idle_team_table(result: IdleReport, fmt: OutputFormat) -> tuple[list[str], 
 @config_option
 @data_dir_option
 @click.option("--team", required=True, help="The team the statement is for.")
-@click.option("--period", required=True, metavar="YYYY-MM", help="The month (UTC).")
+@click.option(
+    "--period", required=True, metavar="YYYY-MM", help="The month (of the ledger's time zone)."
+)
 @idle_sharing_option
 @output_option
 def statement(

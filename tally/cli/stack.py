@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 import click
 
 from ledger.errors import LedgerError
+from ledger.store.identity import check_zone
 from ledger.store.layout import has_ledger
 from streams.kafka import BrokerError
 from tally.cli.logs import configure_logging, faust_loglevel
@@ -87,6 +88,15 @@ def embedded_broker_or_exit() -> None:
         fail(INSTALL_EMBEDDED, Exit.USAGE)
 
 
+def check_zone_or_exit(config: TallyConfig) -> None:
+    """Exit 4 before anything starts when the ledger keeps its books in another zone than
+    `ledger.timezone` (`ledger.store.identity`; the worker records it in a new ledger)."""
+    try:
+        check_zone(config.ledger.data_dir, config.ledger.zone())
+    except LedgerError as exc:
+        fail(str(exc), Exit.LEDGER)
+
+
 @click.command()
 @config_option
 @click.option("--no-dashboard", is_flag=True, help="Do not start the Streamlit dashboard.")
@@ -101,6 +111,7 @@ def up(config_path: str, no_dashboard: bool, log_level: str, log_format: str) ->
     from tally.stack import Stack
 
     config = load_or_exit(config_path)
+    check_zone_or_exit(config)
     try:
         config.alerts.sink_settings()  # every secret's variable is set, before anything starts
     except ConfigError as exc:
@@ -148,6 +159,7 @@ def worker(
 
     config = load_or_exit(config_path)
     logs = configure_logging("worker", log_level, log_format)
+    check_zone_or_exit(config)
     try:
         servers = bootstrap_servers(config, bootstrap)
     except NoBrokerError as exc:

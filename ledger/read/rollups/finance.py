@@ -18,6 +18,7 @@ from ledger.admin import AdminView
 from ledger.errors import LedgerError
 from ledger.pricing import PriceBook
 from ledger.read.focus import ExportFormat, FocusContext, focus_table, write_focus
+from ledger.read.queries import time_bucket_sql
 from ledger.read.reports import (
     CONSUMER_SQL,
     IDLE_LEG_SQL,
@@ -49,7 +50,8 @@ class TimeCost:
 def cost_over_time(
     q: ReportQueries, dim: str, bucket_us: int, filters: Filters
 ) -> tuple[TimeCost, ...]:
-    """Consumer GPU time and cost per time bucket (of `start_us`) and value of `dim`.
+    """Consumer GPU time and cost per time bucket (of `start_us`: an hour or a day of the
+    ledger's time zone) and value of `dim`.
 
     Postings booked into the selected period whose interval began earlier (late usage) fall in
     the bucket where they were used, so a period's buckets can start before the period.
@@ -57,7 +59,7 @@ def cost_over_time(
     (dim,) = check_dimensions((dim,))
     where, params = filters.sql()
     rows = q.rows(
-        f'SELECT start_us - start_us % {int(bucket_us)} AS bucket, "{dim}", '
+        f'SELECT {time_bucket_sql("start_us", bucket_us, q.zone)} AS bucket, "{dim}", '
         "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
         "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) "
         f"FROM {{postings}} WHERE {CONSUMER_SQL} AND {where} "
@@ -338,14 +340,15 @@ def budget_burn(
     The forecast is a run rate in integers: spend in the last `window_days` before `as_of_us`
     (clipped to the period) × time left ÷ window length, rounded down.
     """
-    chosen = period_of(period)
+    chosen = period_of(period, q.zone)
     assert chosen is not None
     team_sql, team_params = ("AND team = ?", [team]) if team is not None else ("", [])
+    day_sql = time_bucket_sql(f"greatest(start_us, {int(chosen.start_us)})", DAY_US, q.zone)
     daily = q.rows(
-        "SELECT team, greatest(start_us, ?) - greatest(start_us, ?) % ? AS day, sum(amount) "
+        f"SELECT team, {day_sql} AS day, sum(amount) "
         f"FROM {{postings}} WHERE {CONSUMER_SQL} AND unit = 'money_micros' AND period = ? "
         f"{team_sql} GROUP BY ALL ORDER BY team, day",
-        [chosen.start_us, chosen.start_us, DAY_US, chosen.label, *team_params],
+        [chosen.label, *team_params],
     )
     grants = q.rows(
         "SELECT substr(account, ?), -sum(amount) FROM {postings} "
@@ -411,7 +414,7 @@ def focus_bytes(
 ) -> tuple[bytes, int]:
     """The FOCUS export of `period` as the bytes `tally export focus` writes, and its rows;
     `prices` is the configuration's price book."""
-    chosen = period_of(period)
+    chosen = period_of(period, q.zone)
     assert chosen is not None
     table = focus_table(q, chosen, context, prices)
     with tempfile.TemporaryDirectory(prefix="tally-focus-") as tmp:
