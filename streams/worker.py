@@ -60,6 +60,8 @@ from ledger.ingest import ConsumedMessage, Ingestor, IngestResult, InputTopics, 
 from ledger.pricing import PriceBook
 from ledger.store.hot import DuckDBStore
 from ledger.store.port import OutboxMessage, SealResult
+from ledger.store.published import PublishedStore
+from ledger.store.replica import Publisher
 from streams.collector_pause import collector_paused, freeze_startup_objects
 from streams.kafka import (
     DEFAULT_GROUP_OPTIONS,
@@ -101,6 +103,7 @@ class WorkerSettings:
     balances_topic: str | None = None  # and balances are not published
     inventory_reports_topic: str = "tally.inventory-reports"  # a Faust agent too
     inventory_topic: str | None = None  # None: inventory records are not published
+    publisher: Publisher | None = None  # the sealed ledger's object store (None: data_dir)
 
 
 def faust_group_options(group: Mapping[str, int]) -> dict[str, Any]:
@@ -208,7 +211,11 @@ class LedgerWorker:
         self.settings = settings
         self.observer = observer
         self.stats = WorkerStats()
-        self.store = DuckDBStore(settings.data_dir)
+        self.store = (
+            DuckDBStore(settings.data_dir)
+            if settings.publisher is None
+            else PublishedStore(settings.data_dir, settings.publisher)
+        )
         self._lock = asyncio.Lock()
         self._identity = ClusterIdentity(settings.bootstrap[0], options=settings.kafka_options)
         self._publishing = asyncio.Lock()

@@ -35,6 +35,7 @@ from tally.config_fields import EnvName, GpuMs, Micros, Name, Strict
 from tally.config_yaml import YamlRefused, read_yaml
 from tally.inventory_config import InventoryConfig
 from tally.metrics_config import MetricsConfig
+from tally.segments_config import SEGMENTS_URL_PATTERN, ObjectStoreConfig
 
 ConfigError = config_fields.ConfigError  # defined beside the field types, which raise it too
 
@@ -46,6 +47,9 @@ class LedgerConfig(Strict):
     compact_below_rows: int = Field(500_000, ge=1)
     compact_min_segments: int = Field(8, ge=2)
     dedupe_window_days: int = Field(7, ge=1)
+    # where sealed segments, the archive and manifests live (None: under data_dir)
+    segments_url: str | None = Field(None, pattern=SEGMENTS_URL_PATTERN)
+    object_store: ObjectStoreConfig = ObjectStoreConfig()
 
 
 class TeamConfig(Strict):
