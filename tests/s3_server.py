@@ -9,9 +9,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from ledger.store.objects import S3ObjectStore, S3Settings
 from tally.metrics import free_port
@@ -28,6 +26,8 @@ class S3Server:
         return S3Settings(self.endpoint_url, REGION, ACCESS_KEY, SECRET_KEY, timeout_s=5.0)
 
     def create_bucket(self, name: str) -> None:
+        import boto3  # imported when used: every test session loads this module
+
         client = boto3.client(
             "s3",
             endpoint_url=self.endpoint_url,
@@ -40,6 +40,8 @@ class S3Server:
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
+    from moto.server import ThreadedMotoServer
+
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     port = free_port("127.0.0.1")
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
