@@ -4,6 +4,10 @@ the store and its credentials in its environment by the stack, reads through its
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import uuid
+
 import pytest
 from click.testing import CliRunner
 
@@ -11,9 +15,13 @@ from ledger.read.queries import LedgerQueries
 from ledger.store.hot import DuckDBStore
 from ledger.store.objects import LocalObjectStore, S3ObjectStore
 from ledger.store.published import PublishedStore
-from ledger.store.replica import REPLICA_DIR, Publisher
+from ledger.store.replica import REPLICA_DIR, Publisher, pull
+from streams.worker import LedgerWorker
 from tally.cli import cli
+from tally.components import worker_settings
 from tally.config import ConfigError, load_config, parse_config
+from tally.kafka_clients import kafka_clients
+from tally.metrics import TallyMetrics
 from tally.stack import ledger_env
 from tests.builders import a_config_dict
 from tests.conftest import write_config
@@ -104,3 +112,50 @@ def test_the_dashboard_reads_the_store_the_stack_hands_it(
     read = common.data_dir()
     assert read == tmp_path / "dashboard" / REPLICA_DIR
     assert totals(read) == totals(live)
+
+
+def test_a_worker_with_a_store_seals_to_it_and_waits_while_the_store_refuses(
+    tmp_path, monkeypatch, caplog, s3_server
+):
+    """The worker built from the configuration publishes its seals; a store that refuses (its
+    bucket does not exist yet) blocks sealing like a full disk — one error, rows kept hot —
+    and the first seal after the bucket appears publishes everything."""
+    bucket = f"tally-late-{uuid.uuid4().hex[:12]}"  # created only later, by the test
+    monkeypatch.setenv("TEST_S3_KEY", ACCESS_KEY)
+    monkeypatch.setenv("TEST_S3_SECRET", SECRET_KEY)
+    data = a_config_dict(
+        ledger={
+            "data_dir": str(tmp_path / "worker"),
+            "segments_url": f"s3://{bucket}/ledger",
+            "object_store": {
+                "endpoint_url": s3_server.endpoint_url,
+                "access_key_id_env": "TEST_S3_KEY",
+                "secret_access_key_env": "TEST_S3_SECRET",
+            },
+        }
+    )
+    config = parse_config(data, "test")
+    settings = worker_settings(config, ("127.0.0.1:1",), kafka_clients(config.broker, {}))
+    metrics = TallyMetrics(sections=("worker",))
+    w = LedgerWorker(settings, metrics)
+    try:
+        assert isinstance(w.store, PublishedStore)
+        w.store.publisher.backoff_s = 0.0
+        ingest(w.store, message(0, 1, 2), message(1, 3))
+        waiting = w.store.hot_rows()
+        caplog.set_level(logging.INFO, logger="tally.worker")
+        asyncio.run(w.seal())
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and errors[0].startswith(f"sealing stopped: s3://{bucket}/ledger")
+        assert metrics.registry.get_sample_value("tally_worker_sealing_blocked") == 1
+        assert w.store.hot_rows() == waiting
+
+        s3_server.create_bucket(bucket)
+        asyncio.run(w.seal())
+        assert metrics.registry.get_sample_value("tally_worker_sealing_blocked") == 0
+        assert w.store.hot_rows() == 0
+        store = S3ObjectStore(bucket, "ledger", s3_server.settings())
+        assert totals(pull(store, tmp_path / "reader")) == totals(settings.data_dir)
+        assert totals(settings.data_dir)[0] == 3
+    finally:
+        w.store.close()
