@@ -99,6 +99,8 @@ class Publisher:
         self._stored: dict[str, int] | None = None  # segment key -> size, as stored
         self._put: dict[str, str] = {}  # side file / manifest key -> sha256 last put
         self._superseded: dict[str, float] = {}  # segment key -> when first unnamed
+        # a directory with no sealed ledger yet must not publish over a store that has one
+        self._checked = (self.data_dir / SEGMENTS_DIR / MANIFEST_NAME).is_file()
 
     def push(self) -> PushResult:
         """Publish what the local manifests name (see the module's order), retried; a store
@@ -118,8 +120,24 @@ class Publisher:
             where = f"{where}/{last.filename}"  # the key the store refused
         raise SealError(where, io_reason(last))
 
+    def _check_target(self) -> None:
+        """Refuse (a `SealError`, not retried) a store holding a sealed ledger while this data
+        directory has none: a new or lost writer's disk, or another ledger's `segments_url`.
+        Publishing would replace that ledger's manifest with this one's."""
+        key = f"{SEGMENTS_DIR}/{MANIFEST_NAME}"
+        raw = _get_or_none(self.store, key)
+        if raw is not None and parse_manifest(raw, f"{self.store.describe()}/{key}"):
+            raise SealError(
+                f"{self.store.describe()}/{key}",
+                f"the store holds a sealed ledger and {self.data_dir} has none; refusing to "
+                "replace it (restore the data directory, or set another segments_url)",
+            )
+        self._checked = True
+
     def _push_once(self) -> PushResult:
         result = PushResult()
+        if not self._checked:
+            self._check_target()
         if self._stored is None:
             self._stored = {o.key: o.size for o in self.store.list() if o.key.endswith(".parquet")}
         stored = self._stored
@@ -167,7 +185,10 @@ class Publisher:
                 continue
             since = self._superseded.setdefault(key, now)
             if now - since >= self.grace_s:
-                self.store.delete(key)
+                try:
+                    self.store.delete(key)
+                except OSError:
+                    continue  # left for the next publish: a leftover, never read
                 del self._stored[key]
                 del self._superseded[key]
                 deleted.append(key)

@@ -239,3 +239,18 @@ def test_a_reader_racing_a_compaction_sees_a_whole_manifest(
         assert (old <= kept) is (grace_s > 0)  # superseded objects stay for the grace period
         assert totals(pull(s3_store, tmp_path / "reader")) == expected
         assert segment_count(tmp_path / "reader") == 1
+
+
+def test_a_writer_without_a_sealed_ledger_never_publishes_over_one(tmp_path, s3_store):
+    with PublishedStore(tmp_path / "first", Publisher(tmp_path / "first", s3_store)) as first:
+        ingest(first, message(0, 1, 2))
+        first.seal()
+    published = s3_store.get("segments/manifest.json")
+    lost = tmp_path / "new-disk"  # the writer's disk was replaced: the store has the ledger
+    with PublishedStore(lost, Publisher(lost, s3_store, attempts=1)) as second:
+        ingest(second, message(0, 5))
+        waiting = second.hot_rows()
+        with pytest.raises(SealError, match=r"the store holds a sealed ledger and .* has none"):
+            second.seal()
+        assert second.hot_rows() == waiting
+    assert s3_store.get("segments/manifest.json") == published
