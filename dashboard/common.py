@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, tzinfo
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -28,6 +29,7 @@ from ledger.read.audit import audit_trail
 from ledger.read.focus import ExportFormat, FocusContext
 from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
 from ledger.read.statements import team_statement
+from ledger.store import replica
 from ledger.store.identity import recorded_zone
 from ledger.units import MICROS_PER_UNIT, MS_PER_HOUR
 
@@ -41,7 +43,22 @@ SHARING_HELP = {
 
 
 def data_dir() -> Path:
-    return Path(os.environ.get("TALLY_DATA_DIR", ".tally/data"))
+    """The ledger's directory; with the sealed ledger on an object store ($TALLY_SEGMENTS_URL),
+    its read cache under it, pulled from the store at most every `_PULL_EVERY_S`."""
+    directory = Path(os.environ.get("TALLY_DATA_DIR", ".tally/data"))
+    store = replica.store_from_env(os.environ)
+    if store is None:
+        return directory
+    cache = directory / replica.REPLICA_DIR
+    now = time.monotonic()
+    if now - _pulled_at.get(str(cache), -_PULL_EVERY_S) >= _PULL_EVERY_S:
+        replica.pull(store, cache)
+        _pulled_at[str(cache)] = now
+    return cache
+
+
+_PULL_EVERY_S = 5.0
+_pulled_at: dict[str, float] = {}
 
 
 def zone() -> tzinfo:

@@ -62,6 +62,8 @@ from ledger.pricing import PriceBook
 from ledger.store.hot import DuckDBStore
 from ledger.store.identity import claim_zone
 from ledger.store.port import OutboxMessage, SealResult
+from ledger.store.published import PublishedStore
+from ledger.store.replica import Publisher
 from streams.collector_pause import collector_paused, freeze_startup_objects
 from streams.kafka import (
     DEFAULT_GROUP_OPTIONS,
@@ -104,6 +106,7 @@ class WorkerSettings:
     inventory_reports_topic: str = "tally.inventory-reports"  # a Faust agent too
     inventory_topic: str | None = None  # None: inventory records are not published
     zone: tzinfo = UTC  # ledger.timezone: recorded in a new ledger, checked in an existing one
+    publisher: Publisher | None = None  # the sealed ledger's object store (None: data_dir)
 
 
 def faust_group_options(group: Mapping[str, int]) -> dict[str, Any]:
@@ -212,7 +215,11 @@ class LedgerWorker:
         self.observer = observer
         self.stats = WorkerStats()
         claim_zone(settings.data_dir, settings.zone)  # before the store makes a new ledger
-        self.store = DuckDBStore(settings.data_dir)
+        self.store = (
+            DuckDBStore(settings.data_dir)
+            if settings.publisher is None
+            else PublishedStore(settings.data_dir, settings.publisher)
+        )
         self._lock = asyncio.Lock()
         self._identity = ClusterIdentity(settings.bootstrap[0], options=settings.kafka_options)
         self._publishing = asyncio.Lock()

@@ -66,6 +66,7 @@ def worker_settings(
     """The worker's settings. Imports Faust (through `streams.worker`): call it only where the
     worker is about to run, never while a command is being parsed."""
     from streams.worker import WorkerSettings
+    from tally.segments_config import publisher
 
     return WorkerSettings(
         bootstrap=bootstrap,
@@ -92,6 +93,9 @@ def worker_settings(
         compact_min_segments=config.ledger.compact_min_segments,
         dedupe_window_us=config.ledger.dedupe_window_days * 86_400_000_000,
         zone=config.ledger.zone(),
+        publisher=publisher(
+            config.ledger.data_dir, config.ledger.segments_url, config.ledger.object_store
+        ),
     )
 
 

@@ -38,6 +38,7 @@ from tally.config_yaml import YamlRefused, read_yaml
 from tally.identity_config import IdentityConfig, check_identity_names
 from tally.inventory_config import InventoryConfig
 from tally.metrics_config import MetricsConfig
+from tally.segments_config import SEGMENTS_URL_PATTERN, ObjectStoreConfig
 
 ConfigError = config_fields.ConfigError  # defined beside the field types, which raise it too
 
@@ -61,6 +62,10 @@ class LedgerConfig(Strict):
 
     def zone(self) -> tzinfo:
         return parse_zone(self.timezone)
+
+    # where sealed segments, the archive and manifests live (None: under data_dir)
+    segments_url: str | None = Field(None, pattern=SEGMENTS_URL_PATTERN)
+    object_store: ObjectStoreConfig = ObjectStoreConfig()
 
 
 class TeamConfig(Strict):

@@ -44,6 +44,7 @@ from tally.kafka_clients import KafkaClients
 from tally.metrics import free_port, metrics_url
 from tally.metrics_config import MetricsProcess
 from tally.scheduling import api_url, ensure_tokens_file
+from tally.segments_config import segments_env
 
 MAX_RESTARTS_PER_MINUTE = 5
 
@@ -60,7 +61,8 @@ class Child:
 def ledger_env(config: TallyConfig, config_path: Path) -> dict[str, str]:
     """What a child (the dashboard above all) learns of the configuration from its
     environment: the config file, the ledger's directory and currency, the jobs topic, the
-    fair-share half-life and the price book (for the FOCUS export's unit prices)."""
+    fair-share half-life, the price book (for the FOCUS export's unit prices) and the object
+    store of the sealed ledger, if any (`tally.segments_config.segments_env`)."""
     return {
         "TALLY_CONFIG": str(config_path),
         "TALLY_DATA_DIR": str(config.ledger.data_dir.resolve()),
@@ -68,7 +70,7 @@ def ledger_env(config: TallyConfig, config_path: Path) -> dict[str, str]:
         "TALLY_JOBS_TOPIC": config.topics.jobs,
         "TALLY_FAIR_SHARE_HALF_LIFE_HOURS": str(config.scheduler.fair_share_half_life_hours),
         "TALLY_PRICES": encode_price_book(config.price_book()),
-    }
+    } | segments_env(config.ledger.segments_url, config.ledger.object_store)
 
 
 def dashboard_command(

@@ -14,6 +14,7 @@ import yaml
 
 from streams.kafka import ensure_topics
 from tally.broker import EmbeddedBroker
+from tests.s3_server import s3_bucket, s3_server, s3_store  # noqa: F401  (fixtures, by import)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -4,6 +4,8 @@ shares.
     <data_dir>/hot.duckdb      the writer's database (`ledger.store.hot`); nothing else opens it
     <data_dir>/segments/       sealed postings segments, their manifest and the side files
     <data_dir>/archive/        sealed raw-event archive segments and their manifest
+    <data_dir>/replica/        with the sealed ledger on an object store: a reader's cache of it,
+                               laid out as a data directory (`ledger.store.replica`)
 """
 
 from __future__ import annotations

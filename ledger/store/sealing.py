@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,9 @@ class Segmenter:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, segments_root: Path, archive_root: Path):
         self._con = con
+        # Called after a seal's manifests are written and before its hot rows are dropped
+        # (`ledger.store.replica`: publish to the object store); raising keeps the rows hot.
+        self.publish: Callable[[], object] | None = None
         self.postings = SealKind(
             "postings",
             segments_root,
@@ -86,6 +90,7 @@ class Segmenter:
         if groups:
             entries = {s.path: s for s in self.postings.manifest.load()}
             archive = {s.path: s for s in self.archive.manifest.load()}
+            before = (list(entries.values()), list(archive.values()))
             for incarnation, topic, partition, first, last in groups:
                 info = self.write_segment(incarnation, topic, partition, first, last)
                 entries[info.path] = info
@@ -96,6 +101,13 @@ class Segmenter:
                     result.archived.append(kept)
             self.archive.manifest.save(archive.values())
             self.postings.manifest.save(entries.values())
+            if self.publish is not None:
+                try:
+                    self.publish()
+                except BaseException:  # the rows stay hot: the manifests must not name them
+                    self.archive.manifest.save(before[1])
+                    self.postings.manifest.save(before[0])
+                    raise
             con.execute("BEGIN TRANSACTION")
             try:
                 for incarnation, topic, partition, first, last in groups:

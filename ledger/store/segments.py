@@ -206,28 +206,7 @@ class Manifest:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             return []
-        try:
-            doc = json.loads(raw.decode())
-        except UnicodeDecodeError as exc:
-            raise SegmentError(
-                f"{self.path}: unreadable manifest: not UTF-8 text at byte {exc.start}"
-            ) from exc
-        except ValueError as exc:
-            what = _json_damage(raw, exc)
-            raise SegmentError(f"{self.path}: unreadable manifest: {what}") from exc
-        try:
-            entries = doc["segments"]
-            if not isinstance(entries, list):
-                raise TypeError("segments: expected a list")
-            infos = []
-            for index, entry in enumerate(entries):
-                try:
-                    infos.append(_segment_info(entry))
-                except (KeyError, TypeError, ValueError) as exc:
-                    raise TypeError(f"entry {index}: {exc}") from exc
-            return infos
-        except (KeyError, TypeError) as exc:
-            raise SegmentError(f"{self.path}: unreadable manifest: {exc}") from exc
+        return parse_manifest(raw, str(self.path))
 
     def checked(self) -> list[SegmentInfo]:
         """The segments listed, each file checked against its checksum (`require_intact`): a
@@ -263,6 +242,32 @@ class Manifest:
     def files(self) -> list[Path]:
         """The files of `checked`: every one intact, or a `SegmentError`."""
         return [self.root / s.path for s in self.checked()]
+
+
+def parse_manifest(raw: bytes, where: str) -> list[SegmentInfo]:
+    """The entries of the manifest text `raw` (read from `where`, named in errors); raises a
+    `SegmentError` naming the damage."""
+    try:
+        doc = json.loads(raw.decode())
+    except UnicodeDecodeError as exc:
+        raise SegmentError(
+            f"{where}: unreadable manifest: not UTF-8 text at byte {exc.start}"
+        ) from exc
+    except ValueError as exc:
+        raise SegmentError(f"{where}: unreadable manifest: {_json_damage(raw, exc)}") from exc
+    try:
+        entries = doc["segments"]
+        if not isinstance(entries, list):
+            raise TypeError("segments: expected a list")
+        infos = []
+        for index, entry in enumerate(entries):
+            try:
+                infos.append(_segment_info(entry))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise TypeError(f"entry {index}: {exc}") from exc
+        return infos
+    except (KeyError, TypeError) as exc:
+        raise SegmentError(f"{where}: unreadable manifest: {exc}") from exc
 
 
 def _json_damage(raw: bytes, exc: ValueError) -> str:

@@ -19,6 +19,7 @@ from tally.cli.options import (
     data_dir_option,
     load_or_exit,
     log_level_option,
+    reader_directory,
     require_ledger,
 )
 
@@ -48,7 +49,7 @@ def dashboard(
         config = config.model_copy(
             update={"ledger": config.ledger.model_copy(update={"data_dir": Path(data_dir)})}
         )
-    require_ledger(config.ledger.data_dir)
+    require_ledger(reader_directory(config))  # with an object store: pulled once to check
     argv = dashboard_command(config, host, port, log_level)
     env = dict(os.environ, **ledger_env(config, Path(config_path).resolve()))
     address = host or config.dashboard.host

@@ -63,6 +63,7 @@ from tally.cli.options import (
     kafka_or_exit,
     load_or_exit,
     output_option,
+    reader_directory,
     require_ledger,
     resolve_ledger_dir,
 )
@@ -146,10 +147,18 @@ def verify(config_path: str, data_dir: str | None, output: str) -> None:
 def seal(config_path: str, data_dir: str | None) -> None:
     """Seal committed rows into Parquet segments now (the worker must not be running)."""
     from ledger.store.hot import DuckDBStore
+    from ledger.store.published import PublishedStore
+    from tally.segments_config import publisher
 
-    directory = resolve_ledger_dir(config_path, data_dir)
+    directory = resolve_ledger_dir(config_path, data_dir, replica=False)
+    ledger_config = load_or_exit(config_path).ledger if data_dir is None else None
     try:
-        with DuckDBStore(directory) as store:
+        to = (
+            None
+            if ledger_config is None
+            else publisher(directory, ledger_config.segments_url, ledger_config.object_store)
+        )
+        with DuckDBStore(directory) if to is None else PublishedStore(directory, to) as store:
             result = store.seal()
     except LedgerError as exc:
         fail(str(exc), Exit.LEDGER)
@@ -475,7 +484,7 @@ def rebuild(
 
     Exits 1 when anything differs, 0 when the two are identical."""
     config = load_or_exit(config_path)
-    live = require_ledger(Path(data_dir) if data_dir else config.ledger.data_dir)
+    live = require_ledger(Path(data_dir) if data_dir else reader_directory(config))
     # The live ledger's own time zone, whatever the configuration says now: a rebuild books into
     # the months the live writer did.
     settings = replace(replay_settings(config), zone=recorded_zone(live))

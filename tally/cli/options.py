@@ -43,10 +43,32 @@ def load_or_exit(path: str) -> TallyConfig:
         fail(str(exc), Exit.USAGE)
 
 
-def resolve_data_dir(config_path: str | None, data_dir: str | None) -> Path:
+def resolve_data_dir(
+    config_path: str | None, data_dir: str | None, *, replica: bool = True
+) -> Path:
+    """`--data-dir`, else the config's `ledger.data_dir`; with `ledger.segments_url` set and
+    `replica` (a reader), the read cache under it brought up to date from the object store
+    (`reader_directory`)."""
     if data_dir:
         return Path(data_dir)
-    return load_or_exit(config_path or DEFAULT_CONFIG).ledger.data_dir
+    config = load_or_exit(config_path or DEFAULT_CONFIG)
+    return reader_directory(config) if replica else config.ledger.data_dir
+
+
+def reader_directory(config: TallyConfig) -> Path:
+    """Where a reader of `config`'s ledger reads it: `ledger.data_dir`, or with
+    `ledger.segments_url` set its read cache, pulled from the store (exit `Exit.LEDGER` when the
+    store cannot be read, `Exit.USAGE` when a credential variable is not set)."""
+    from ledger.errors import LedgerError
+    from tally.segments_config import reader_dir
+
+    ledger = config.ledger
+    try:
+        return reader_dir(ledger.data_dir, ledger.segments_url, ledger.object_store)
+    except ConfigError as exc:
+        fail(str(exc), Exit.USAGE)
+    except (OSError, LedgerError) as exc:
+        fail(f"the sealed ledger at {ledger.segments_url} cannot be read: {exc}", Exit.LEDGER)
 
 
 def require_ledger(directory: Path) -> Path:
@@ -57,10 +79,12 @@ def require_ledger(directory: Path) -> Path:
     return directory
 
 
-def resolve_ledger_dir(config_path: str | None, data_dir: str | None) -> Path:
+def resolve_ledger_dir(
+    config_path: str | None, data_dir: str | None, *, replica: bool = True
+) -> Path:
     """The data directory (as `resolve_data_dir`) of a command that reads the ledger: it must
     hold one."""
-    return require_ledger(resolve_data_dir(config_path, data_dir))
+    return require_ledger(resolve_data_dir(config_path, data_dir, replica=replica))
 
 
 config_option = click.option(

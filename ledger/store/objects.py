@@ -1,0 +1,181 @@
+"""The object-store port: where the sealed ledger (segments, the raw-event archive, their
+manifests and the side files) is kept when `ledger.segments_url` names one, and its two
+adapters: a local directory (`file://…`, and the in-process fake of the contract suite) and
+S3-compatible object storage (`s3://bucket/prefix`, through pyarrow's built-in S3 client, so
+no DuckDB extension has to be downloaded).
+
+The port is small on purpose: whole objects, addressed by a `/`-separated key under the
+store's root. `put` is atomic from a reader's view (an S3 PUT is; the local adapter writes a
+temporary file and renames it), so a reader sees the old object or the new one, never part of
+one. Every failure to reach or use the store is an `OSError` (a missing object:
+`FileNotFoundError`), so callers retry one kind of error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import pyarrow.fs as pafs
+
+from ledger.store.segments import atomic_write_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One stored object: its key under the store's root, its size in bytes, and when it was
+    last written (UTC seconds)."""
+
+    key: str
+    size: int
+    mtime_s: float
+
+
+class ObjectStore(Protocol):
+    """Whole objects under one root, by key (`segments/manifest.json`)."""
+
+    def get(self, key: str) -> bytes:
+        """The object's bytes; `FileNotFoundError` when there is none."""
+        ...
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store `data` under `key`, replacing any object there, atomically."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove the object (none there: nothing happens)."""
+        ...
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """The objects whose keys start with `prefix`, by key."""
+        ...
+
+    def describe(self) -> str:
+        """Where the store is, for messages (a URL, never a credential)."""
+        ...
+
+
+def _check_key(key: str) -> str:
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"invalid object key {key!r}")
+    return key
+
+
+class LocalObjectStore:
+    """Objects as files under a directory (`file:///path`)."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def get(self, key: str) -> bytes:
+        return (self.root / _check_key(key)).read_bytes()
+
+    def put(self, key: str, data: bytes) -> None:
+        atomic_write_bytes(self.root / _check_key(key), data)
+
+    def delete(self, key: str) -> None:
+        (self.root / _check_key(key)).unlink(missing_ok=True)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.rglob("*"):
+            key = path.relative_to(self.root).as_posix()
+            if path.name.startswith(".") or not key.startswith(prefix) or not path.is_file():
+                continue  # `.name.tmp-<pid>`: a write in progress
+            st = path.stat()
+            found.append(ObjectInfo(key, st.st_size, st.st_mtime))
+        return sorted(found, key=lambda o: o.key)
+
+    def describe(self) -> str:
+        return self.root.resolve().as_uri()
+
+
+@dataclass(frozen=True, slots=True)
+class S3Settings:
+    """How to reach an S3-compatible store. Empty credentials: the AWS SDK's own chain (the
+    `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` / `AWS_SESSION_TOKEN` variables, a profile,
+    an instance role). `endpoint_url`: an S3-compatible server (`http://minio:9000`); None:
+    AWS itself."""
+
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    session_token: str | None = None
+    timeout_s: float = 10.0
+
+
+class S3ObjectStore:
+    """Objects in an S3 bucket under a key prefix (`s3://bucket/prefix`)."""
+
+    def __init__(self, bucket: str, prefix: str, settings: S3Settings) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        options: dict[str, object] = {
+            "region": settings.region,
+            "connect_timeout": settings.timeout_s,
+            "request_timeout": settings.timeout_s,
+            "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=2),
+            # a small object is one PUT when the stream closes, not a three-request multipart
+            # upload (a large one is still a multipart upload, visible only once completed)
+            "allow_delayed_open": True,
+        }
+        if settings.access_key_id:
+            options["access_key"] = settings.access_key_id
+            options["secret_key"] = settings.secret_access_key or ""
+            if settings.session_token:
+                options["session_token"] = settings.session_token
+        if settings.endpoint_url:
+            endpoint = urlsplit(settings.endpoint_url)
+            options["endpoint_override"] = endpoint.netloc or endpoint.path
+            options["scheme"] = endpoint.scheme or "https"
+        self._fs = pafs.S3FileSystem(**options)
+
+    def _path(self, key: str) -> str:
+        base = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
+        return f"{base}/{_check_key(key)}"
+
+    def get(self, key: str) -> bytes:
+        with self._fs.open_input_stream(self._path(key)) as stream:
+            return bytes(stream.read())
+
+    def put(self, key: str, data: bytes) -> None:
+        with self._fs.open_output_stream(self._path(key)) as stream:
+            stream.write(data)
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._fs.delete_file(self._path(key))
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        base = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
+        selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+        found = []
+        for info in self._fs.get_file_info(selector):
+            if info.type != pafs.FileType.File:
+                continue  # a "directory" marker
+            key = info.path[len(base) + 1 :]
+            if key.startswith(prefix):
+                mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+                found.append(ObjectInfo(key, int(info.size or 0), mtime))
+        return sorted(found, key=lambda o: o.key)
+
+    def describe(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+
+
+def open_object_store(url: str, settings: S3Settings | None = None) -> ObjectStore:
+    """The store a `segments_url` names: `s3://bucket[/prefix]` or `file:///path`."""
+    parts = urlsplit(url)
+    if parts.scheme == "s3" and parts.netloc:
+        return S3ObjectStore(parts.netloc, parts.path, settings or S3Settings())
+    if parts.scheme == "file" and parts.path and not parts.netloc:
+        return LocalObjectStore(os.path.abspath(parts.path))
+    raise ValueError(f"{url!r}: expected s3://bucket[/prefix] or file:///path")

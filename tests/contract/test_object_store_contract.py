@@ -1,0 +1,86 @@
+"""One contract for the object-store port (`ledger.store.objects`), run against the local
+directory adapter and the S3 adapter talking to a real S3 API server on loopback
+(`tests.s3_server`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger.store.objects import LocalObjectStore, ObjectStore, open_object_store
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path) -> ObjectStore:
+    if request.param == "local":
+        return LocalObjectStore(tmp_path / "objects")
+    return request.getfixturevalue("s3_store")
+
+
+def test_an_object_comes_back_whole_and_a_put_replaces_it(store):
+    store.put("segments/manifest.json", b"first")
+    assert store.get("segments/manifest.json") == b"first"
+    big = bytes(range(256)) * 4096  # 1 MiB, not text
+    store.put("segments/manifest.json", big)
+    assert store.get("segments/manifest.json") == big
+
+
+def test_a_missing_object_is_file_not_found(store):
+    with pytest.raises(FileNotFoundError):
+        store.get("segments/none.parquet")
+    store.delete("segments/none.parquet")  # deleting what is not there: nothing happens
+
+
+def test_list_names_the_objects_under_a_prefix_by_key_with_their_sizes(store):
+    for key, size in (("segments/b/2.parquet", 3), ("segments/a.json", 1), ("archive/x", 2)):
+        store.put(key, b"x" * size)
+    listed = store.list("segments/")
+    assert [(o.key, o.size) for o in listed] == [
+        ("segments/a.json", 1),
+        ("segments/b/2.parquet", 3),
+    ]
+    assert all(o.mtime_s > 0 for o in listed)
+    assert [o.key for o in store.list()] == [
+        "archive/x",
+        "segments/a.json",
+        "segments/b/2.parquet",
+    ]
+    store.delete("segments/b/2.parquet")
+    assert [o.key for o in store.list("segments/")] == ["segments/a.json"]
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["", "/abs", "a//b", "a/../b", "./a"],
+    ids=["empty", "absolute", "empty-part", "parent", "dot"],
+)
+def test_a_key_that_could_escape_the_root_is_refused(store, key):
+    with pytest.raises(ValueError, match="invalid object key"):
+        store.put(key, b"x")
+
+
+def test_describe_names_the_place_without_credentials(store):
+    where = store.describe()
+    assert where.startswith(("file://", "s3://"))
+    assert "secret" not in where
+
+
+@pytest.mark.parametrize(
+    ("url", "described"),
+    [
+        pytest.param("s3://bucket/some/prefix", "s3://bucket/some/prefix", id="s3-prefix"),
+        pytest.param("s3://bucket", "s3://bucket", id="s3-bucket"),
+        pytest.param("file:///srv/tally/segments", "file:///srv/tally/segments", id="file"),
+    ],
+)
+def test_a_segments_url_opens_its_store(url, described):
+    assert open_object_store(url).describe() == described
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://bucket/x", "s3:///nobucket", "file://host/path", "/plain/path"],
+    ids=["http", "no-bucket", "file-with-host", "no-scheme"],
+)
+def test_a_segments_url_of_another_kind_is_refused(url):
+    with pytest.raises(ValueError, match="expected s3://bucket"):
+        open_object_store(url)
