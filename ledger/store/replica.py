@@ -26,8 +26,8 @@ so a reader that read the previous manifest can still fetch every object it name
 `pull` reads the postings manifest first and the archive manifest after it (so the archive
 never lags the postings, as on local disk), fetches the objects they name that the cache lacks,
 each checked against the sha256 its manifest records, then the side files and the identity,
-and writes the cache's manifests last; cached files no manifest names are removed (local readers retry a
-file that vanished, as they do for a local compaction).
+and writes the cache's manifests last; cached files no manifest names are removed (local
+readers retry a file that vanished, as they do for a local compaction).
 """
 
 from __future__ import annotations
