@@ -19,8 +19,8 @@ Schemas of job and GPU-assignment event data (every `JobEventType`):
   only when set: a message without them is the same v1 it always was, and decodes with them
   None. `requested_by` (`admin` or `team:<name>`, the API token's name) and `client` (the
   caller's address) say who made an API submission or cancel, for the audit trail. Likewise
-  `JobSpec.models` (a job that accepts several GPU models) is written only when set, and
-  `JobAdmitted.placement` (why that model was chosen) only when not empty;
+  `JobSpec.models` (a job that accepts several GPU models) and `JobStarted.executor_id` are
+  written only when set, `JobAdmitted.placement` (why that model was chosen) only when not empty;
 - v0: the first scheduler stamped events in milliseconds, `time_ms`, where v1 has `time_us`
   (other times were already in µs); `job_v0_to_v1` upcasts it. The envelope's `time` was in
   µs in both. An upcast event's id is the one its v1 form derives.
@@ -233,11 +233,13 @@ class JobWaiting:
 
 @dataclass(frozen=True, slots=True)
 class JobStarted:
-    """The executor started the job's processes on its GPUs."""
+    """The executor started the job's processes on its GPUs; `executor_id`: the job id those
+    processes' owners carry when the executor gave the run one of its own (`slurm:<id>`)."""
 
     KIND: ClassVar[JobEventType] = JobEventType.STARTED
     job_id: str
     time_us: int
+    executor_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,6 +415,7 @@ def _spec_data(spec: JobSpec) -> Any:
 _ADDED: Mapping[type[Any], frozenset[str]] = {
     JobSubmitted: frozenset({"idempotency_key", "requested_by", "request_digest", "client"}),
     JobFailed: frozenset({"idempotency_key", "requested_by", "client"}),
+    JobStarted: frozenset({"executor_id"}),
 }  # optional fields added to v1: written only when set
 
 
@@ -426,7 +429,7 @@ def _as_data(event: JobEvent) -> Any:
         return {"spec": _spec_data(event.spec), **data}
     if isinstance(event, JobAdmitted) and not event.placement:
         return _without(event, "placement")
-    if isinstance(event, JobFailed):
+    if isinstance(event, JobFailed | JobStarted):
         return _unset_added_left_out(event, _without(event))
     return event
 

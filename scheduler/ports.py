@@ -142,7 +142,8 @@ class JobStatus:
     `exit_code`: for an ended job, its exit status, 128 + N when signal N ended it, None when
     it never launched or the backend does not say. `devices`: for `RUNNING`, the
     `CUDA_VISIBLE_DEVICES` entries the job was given (what Slurm chose, for Slurm).
-    `native_id`: the process id or Slurm job id.
+    `native_id`: the process id or Slurm job id. `executor_id`: for `RUNNING`, the job id the
+    run's processes' owners carry when it is not the Tally job id (`slurm:<id>`), else empty.
     """
 
     job_id: str
@@ -152,6 +153,7 @@ class JobStatus:
     devices: tuple[str, ...] = ()
     native_id: str = ""
     detail: str = ""
+    executor_id: str = ""
 
 
 class Executor(Protocol):

@@ -1,25 +1,30 @@
 """The jobs route's fold: the scheduler's holds (placed, released, expired) into hold
 transactions, and its GPU assignments (`GpuAssigned` / `GpuReleased`) into each GPU's timeline
 (`ledger.assignments`); job submissions and cancellations become audit entries
-(`ledger.ingest.audit`), each event once however often it is delivered; the topic's other job
-events are passed over. An event not seen before
+(`ledger.ingest.audit`), each event once however often it is delivered. Submissions,
+assignments and starts make job owners known (`ledger.job_owners`); each suspense transaction
+awaiting a job made known here is corrected: reversed and re-posted to its owner (a
+re-posting that still awaits another job awaits it in turn). The topic's other job events are
+passed over. An event not seen before
 whose time is before its job's (holds) or GPU's (assignments) dedupe cutoff is a dead letter
 (`ledger.dedupe`: too late to deduplicate). Pure: the batch, the ledger's view and nothing
 else."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ledger.assignments import HOLDING_MEMORY_US, Holding, assign, forget_before, release
 from ledger.audit import AuditEntry
+from ledger.closing import booking_period
 from ledger.dedupe import assignment_scope, job_scope, too_late
 from ledger.events import DeadLetter, Owner
 from ledger.holds import HoldBook, HoldEnvelope, HoldPlaced, decode_jobs_message
 from ledger.ingest.audit import job_entry
 from ledger.ingest.batch import Folded, booker, located, refused, sourced
 from ledger.ingest.validation import check_transaction
-from ledger.job_events import GpuAssigned, GpuReleased, JobEnvelope
+from ledger.job_events import GpuAssigned, GpuReleased, JobEnvelope, JobStarted, JobSubmitted
+from ledger.job_owners import awaited_by, correction, learned_owners
 from ledger.store.port import (
     ConsumedMessage,
     LedgerView,
@@ -36,6 +41,7 @@ class DecodedJobs:
         self.holds: list[tuple[HoldEnvelope, ConsumedMessage]] = []
         self.assignments: list[tuple[JobEnvelope, ConsumedMessage]] = []
         self.audited: list[AuditEntry] = []
+        self.identities: list[tuple[JobEnvelope, ConsumedMessage]] = []  # name job owners
         self.dead: list[DeadLetter] = []
         for message in messages:
             read = decode_jobs_message(message.value)
@@ -43,6 +49,11 @@ class DecodedJobs:
             self.holds.extend((envelope, message) for envelope in read.holds)
             self.assignments.extend((envelope, message) for envelope in read.assignments)
             self.audited.extend(e for a in read.audited if (e := job_entry(a)) is not None)
+            self.identities.extend(
+                (e, message)
+                for e in (*read.audited, *read.assignments)
+                if isinstance(e.data, JobSubmitted | JobStarted | GpuAssigned)
+            )
 
     @property
     def count(self) -> int:
@@ -57,11 +68,26 @@ class DecodedJobs:
             | {assignment_scope(g) for g in gpus},
             holds=True,
             audit_ids=[e.event_id for e in self.audited],
+            job_keys=frozenset(k for e, _ in self.identities for k in _job_keys(e)),
         )
 
 
-def fold_jobs(batch: DecodedJobs, view: LedgerView, last: ConsumedMessage | None = None) -> Folded:
-    """`last`: the message the batch's expiries are sourced to (its last message)."""
+def _job_keys(envelope: JobEnvelope) -> tuple[str, ...]:
+    """The job keys an identity event names: its job, and the executor's id of the run."""
+    event = envelope.data
+    if isinstance(event, JobStarted) and event.executor_id:
+        return (event.job_id, event.executor_id)
+    return (event.job_id,) if isinstance(event, JobSubmitted | GpuAssigned) else ()
+
+
+def fold_jobs(
+    batch: DecodedJobs,
+    view: LedgerView,
+    last: ConsumedMessage | None = None,
+    cost_centres: Mapping[str, str] | None = None,
+) -> Folded:
+    """`last`: the message the batch's expiries are sourced to (its last message);
+    `cost_centres`: those of the teams whose usage a correction re-posts."""
     seen = set(view.seen)
     cutoffs = view.forgotten_before
     holds = HoldBook(view.holds, booker(view.closed))
@@ -126,6 +152,9 @@ def fold_jobs(batch: DecodedJobs, view: LedgerView, last: ConsumedMessage | None
         if entry.event_id not in audited:
             audited.add(entry.event_id)
             audit.append(entry)
+    owners, awaiting, resolved, reversals = _correct(
+        batch, view, cost_centres or {}, transactions, dead
+    )
     derived = len(transactions)
     if newest is not None and last is not None:
         transactions.extend(sourced(holds.expire(newest), last))
@@ -133,7 +162,14 @@ def fold_jobs(batch: DecodedJobs, view: LedgerView, last: ConsumedMessage | None
         transactions=tuple(transactions),
         dead=tuple(dead),
         changes=StateChanges(
-            holds=holds.changed(), seen=without_postings, timelines=timelines, audit=audit
+            holds=holds.changed(),
+            seen=without_postings,
+            timelines=timelines,
+            audit=audit,
+            reversals=reversals,
+            job_owners=owners,
+            awaiting=awaiting,
+            resolved=resolved,
         ),
         duplicates=duplicates,
         derived_from=derived,
@@ -149,3 +185,43 @@ def fold_assignment(timeline: tuple[Holding, ...], envelope: JobEnvelope) -> tup
     elif isinstance(event, GpuReleased):
         timeline = release(timeline, event.job_id, event.time_us)
     return forget_before(timeline, envelope.time_us - HOLDING_MEMORY_US)
+
+
+def _correct(
+    batch: DecodedJobs,
+    view: LedgerView,
+    cost_centres: Mapping[str, str],
+    transactions: list[SourcedTransaction],
+    dead: list[DeadLetter],
+) -> tuple[dict[str, Owner], list[tuple[str, str]], list[str], list[tuple[str, str]]]:
+    """The job owners the batch makes known, and the correction of each suspense transaction
+    awaiting one of them (appended to `transactions`, or a dead letter): (owners, awaiting,
+    resolved, reversals) for the batch's `StateChanges`."""
+    owners = learned_owners((e for e, _ in batch.identities), view.job_owners)
+    known = {**view.job_owners, **owners}
+    awaiting: list[tuple[str, str]] = []
+    resolved: list[str] = []
+    reversals: list[tuple[str, str]] = []
+    done: set[str] = set()
+    for envelope, message in batch.identities:
+        for key in _job_keys(envelope):
+            if key not in owners:
+                continue
+            for original in view.awaiting.get(key, ()):
+                if original.txn_id in done or original.txn_id in view.reversed_by:
+                    continue
+                period = booking_period(original.period, view.closed)
+                fixed = correction(original, known, cost_centres, envelope.id, period)
+                if fixed is None:
+                    continue
+                done.add(original.txn_id)
+                problems = [p for t in fixed if (p := check_transaction(t, view.closed))]
+                if problems:
+                    dead.append(refused("; ".join(problems), envelope.id, message))
+                    continue
+                reversal, repost = fixed
+                transactions.extend(sourced(fixed, message))
+                reversals.append((original.txn_id, reversal.txn_id))
+                resolved.append(original.txn_id)
+                awaiting.extend((job, repost.txn_id) for job in awaited_by(repost))
+    return owners, awaiting, resolved, reversals

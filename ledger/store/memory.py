@@ -40,7 +40,7 @@ from ledger.balances import current_period as _current_period
 from ledger.closing import CHECKSUM_COLUMNS, ClosedPeriod
 from ledger.dedupe import transaction_scope
 from ledger.errors import StoreError
-from ledger.events import DeadLetter
+from ledger.events import DeadLetter, Owner
 from ledger.excerpts import bounded
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState
@@ -48,6 +48,7 @@ from ledger.inventory import InventoryGpu
 from ledger.posting_columns import PostingColumns
 from ledger.postings import Transaction
 from ledger.pricing import PriceBook
+from ledger.store.memory_identity import JobIdentity
 from ledger.store.port import (
     CommitResult,
     ConsumedMessage,
@@ -118,6 +119,7 @@ class _State:
     inventory: dict[str, InventoryGpu] = field(default_factory=dict)
     audit: list[AuditRecord] = field(default_factory=list)  # the trail, chained
     audit_ids: set[str] = field(default_factory=set)
+    identity: JobIdentity = field(default_factory=JobIdentity)  # job owners, awaiting ones
 
     def copy(self) -> _State:
         return _State(
@@ -143,6 +145,7 @@ class _State:
             dict(self.inventory),
             list(self.audit),
             set(self.audit_ids),
+            self.identity.copy(),
         )
 
 
@@ -364,6 +367,7 @@ class MemoryStore:
         fresh = list(new_entries(changes.audit, s.audit_ids))
         s.audit.extend(chain(s.audit[-1] if s.audit else None, fresh))
         s.audit_ids.update(e.event_id for e in fresh)
+        s.identity.apply(changes)
 
     @staticmethod
     def _close(s: _State, entry: AppliedAdmin) -> str:
@@ -456,6 +460,12 @@ class MemoryStore:
 
     def find_transaction(self, txn_id: str) -> Transaction | None:
         return self._s.transactions.get(txn_id)
+
+    def job_owners(self, keys: Collection[str]) -> dict[str, Owner]:
+        return self._s.identity.job_owners(keys)
+
+    def awaiting_owner(self, keys: Collection[str]) -> dict[str, tuple[str, ...]]:
+        return self._s.identity.awaiting_owner(keys)
 
     def pending_outbox(self, limit: int = 1000) -> list[OutboxMessage]:
         return list(self._s.outbox.values())[:limit]

@@ -13,7 +13,8 @@ Decisions → orders (`stop_orders`, `admitted`), applied in this order by `enac
 
 Statuses → events (`status_events`), for a job the core still holds as running; a status for
 any other job (it ended in the core first, e.g. preempted while exiting) changes nothing:
-    RUNNING      JobStarted, the first time the core hears the run started
+    RUNNING      JobStarted, the first time the core hears the run started (with the
+                 executor's own id of the run: Slurm's `slurm:<id>`)
     FINISHED     JobFinished + GpuReleased                    (`lifecycle.finish`)
     FAILED       JobFailed exit_nonzero (retried per queue)   (`lifecycle.fail`)
     TIMED_OUT    JobFailed max_runtime_exceeded (never retried)
@@ -85,7 +86,7 @@ def status_events(
     now = status.time_us
     if status.state is RunState.RUNNING:
         if job.started_us is None:
-            return (JobStarted(job_id=job.job_id, time_us=now),)
+            return (JobStarted(job.job_id, now, status.executor_id or None),)
         return ()
     if status.state is RunState.FINISHED:
         return finish(job, now)

@@ -330,7 +330,13 @@ class SlurmExecutor:
             track.devices = ()  # it ended between squeue and scontrol: no devices to report
         track.reported_running = True
         return JobStatus(
-            track.job_id, RunState.RUNNING, self._now(), None, track.devices, track.slurm_id
+            track.job_id,
+            RunState.RUNNING,
+            self._now(),
+            None,
+            track.devices,
+            track.slurm_id,
+            executor_id=f"slurm:{track.slurm_id}",
         )
 
     def _final(self, slurm_id: str) -> SlurmRow | None:
