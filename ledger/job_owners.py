@@ -18,21 +18,33 @@ job id kept on the postings (the suspense: visible in `tally report cost --by jo
 the job's owner becomes known, `correction` gives the reversal of each such transaction and its
 re-posting, the awaiting legs moved to `consumer:<team>/<project>` with the owner's dimensions
 (append-only, each balanced, ids derived from the corrected transaction's).
+
+Usage charged to nobody also awaits its GPU's key (`gpu_key`): when a `GpuAssigned` covering it
+is folded after it, `reassigned` gives its reversal and a re-posting split among the holders as
+`attribution.attribute_usage` splits a sample the assignment timeline attributes. It awaits for
+`ASSIGNMENT_GRACE_US` before its GPU's newest such usage, then stays as booked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from ledger.accounts import AccountKind, consumer_account
+from ledger.accounts import AccountKind, consumer_account, unallocated_account
+from ledger.assignments import OwnedPiece
+from ledger.attribution import largest_remainder
 from ledger.envelope import event_id
 from ledger.events import GpuSample, Owner, SampleEnvelope
 from ledger.job_events import GpuAssigned, JobEnvelope, JobStarted, JobSubmitted
 from ledger.postings import Posting, Transaction, TransactionKind
+from ledger.units import Unit
 
 IDENTITY_SOURCE = "tally://ledger/identity"
 _UNALLOCATED = f"{AccountKind.UNALLOCATED}:"
+_CAPACITY = f"{AccountKind.CAPACITY}:"
+# How long unallocated usage of a GPU awaits an assignment covering it, before its GPU's newest
+# such usage: a `GpuAssigned` consumed after samples it covers is corrected within this window.
+ASSIGNMENT_GRACE_US = 15 * 60 * 1_000_000
 
 
 def awaiting_key(owner: Owner | None) -> str | None:
@@ -95,13 +107,23 @@ def resolve_sample(envelope: SampleEnvelope, known: Mapping[str, Owner]) -> Samp
     return replace(envelope, data=data)
 
 
+def gpu_key(gpu_uuid: str) -> str:
+    """The key unallocated usage of a GPU awaits a scheduler assignment under."""
+    return f"gpu:{gpu_uuid}"
+
+
 def awaited_by(txn: Transaction) -> list[str]:
-    """The job keys whose owner `txn`'s suspense legs await, sorted."""
-    return sorted({p.job_id for p in txn.postings if p.job_id and p.team is None and _suspense(p)})
+    """The keys `txn` awaits an owner under, sorted: the job key of each suspense leg, and its
+    GPU's key when it is usage charged to nobody (an assignment covering it would take it)."""
+    keys = {p.job_id for p in txn.postings if p.job_id and _suspense(p)}
+    held = [p for p in txn.postings if not p.account.startswith(_CAPACITY)]
+    if txn.kind is TransactionKind.USAGE and held and all(_suspense(p) for p in held):
+        keys.add(gpu_key(txn.gpu_uuid))
+    return sorted(keys)
 
 
 def _suspense(posting: Posting) -> bool:
-    return posting.account.startswith(_UNALLOCATED)
+    return posting.account.startswith(_UNALLOCATED) and posting.team is None
 
 
 def correction(
@@ -113,7 +135,8 @@ def correction(
 ) -> tuple[Transaction, Transaction] | None:
     """The reversal of `original` and its re-posting with each suspense leg whose job is in
     `known` moved to the owner's consumer account; None when no leg's job is known. Both are
-    booked into `period`, caused by `original` and by the event that made the owner known."""
+    booked into `period`, caused (as an admin reversal is) by the event that made the owner
+    known and by `original`."""
     legs: list[Posting] = []
     moved = False
     for p in original.postings:
@@ -136,12 +159,69 @@ def correction(
         )
     if not moved:
         return None
+    return _corrected(original, legs, cause, period)
+
+
+def reassigned(
+    original: Transaction,
+    pieces: Sequence[OwnedPiece],
+    cost_centres: Mapping[str, str],
+    cause: str,
+    period: str,
+) -> tuple[Transaction, Transaction] | None:
+    """The reversal of unallocated usage `original` and its re-posting to whoever `pieces` (the
+    scheduler's assignment timeline over its interval) says held the GPU, split as
+    `attribution.attribute_usage` splits it; None when nobody held it or `original` is charged."""
+    if not any(p.owner is not None for p in pieces):
+        return None
+    capacity = [p for p in original.postings if p.account.startswith(_CAPACITY)]
+    held = [p for p in original.postings if not p.account.startswith(_CAPACITY)]
+    if not held or not all(_suspense(p) for p in held):
+        return None
+    by_holder: dict[Owner | None, int] = {}
+    for piece in pieces:
+        by_holder[piece.owner] = by_holder.get(piece.owner, 0) + piece.end_us - piece.start_us
+    shares = sorted(by_holder.items(), key=lambda item: item[0] is None)
+    totals = {p.unit: -p.amount for p in capacity}
+    ms_parts = largest_remainder(totals.get(Unit.GPU_MS, 0), [w for _, w in shares])
+    parts = {Unit.GPU_MS: ms_parts}
+    for unit in (Unit.MONEY, Unit.ENERGY_MJ):
+        if unit in totals:
+            parts[unit] = largest_remainder(totals[unit], ms_parts)
+    suspense = unallocated_account(original.pool, original.model)
+    legs: list[Posting] = []
+    for index, (owner, _) in enumerate(shares):
+        for unit, split in parts.items():
+            if owner is None or owner.team is None:
+                legs.append(Posting(suspense, unit, split[index]))
+                continue
+            centre = cost_centres.get(owner.team)
+            account = consumer_account(owner.team, owner.project)
+            legs.append(
+                Posting(
+                    account,
+                    unit,
+                    split[index],
+                    owner.team,
+                    owner.project,
+                    owner.user,
+                    owner.job_id,
+                    centre,
+                )
+            )
+    return _corrected(original, [*legs, *capacity], cause, period)
+
+
+def _corrected(
+    original: Transaction, legs: Sequence[Posting], cause: str, period: str
+) -> tuple[Transaction, Transaction]:
+    """The reversal of `original` and its re-posting as `legs`."""
     reversal = replace(
         original,
         txn_id=event_id(IDENTITY_SOURCE, f"{original.txn_id}/reversal", 0),
         kind=TransactionKind.REVERSAL,
         postings=tuple(replace(p, amount=-p.amount) for p in original.postings),
-        cause=(original.txn_id, cause),
+        cause=(cause, original.txn_id),
         period=period,
     )
     repost = replace(
@@ -149,7 +229,7 @@ def correction(
         txn_id=event_id(IDENTITY_SOURCE, f"{original.txn_id}/repost", 0),
         kind=TransactionKind.USAGE,
         postings=tuple(legs),
-        cause=(original.txn_id, cause),
+        cause=(cause, original.txn_id),
         period=period,
     )
     return reversal, repost

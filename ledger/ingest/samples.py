@@ -9,10 +9,12 @@ An owner that names a job but no team is completed from the job owners the jobs 
 user and job id kept on the legs, and remembered as awaiting that job's owner (the jobs route
 corrects it when the owner becomes known). A sample that names no owner goes to whoever the GPU's
 assignment timeline says held it over the sample's interval (split by time when the holder
-changed), else to unallocated capacity; an unpriced model is a dead letter. A sample whose natural
-period is closed is booked into the next open one. Each GPU subject's idle detector is stepped in
-sample-time order and flags confirmed-idle usage. Usage settles the open holds of its jobs; holds
-whose expiry the batch's newest new event has passed are released (a duplicate moves no clock).
+changed), else to unallocated capacity, where it awaits its GPU's assignment for a while (a
+`GpuAssigned` consumed after it corrects it); an unpriced model is a dead letter. A sample whose
+natural period is closed is booked into the next open one. Each GPU subject's idle detector is
+stepped in sample-time order and flags confirmed-idle usage. Usage settles the open holds of its
+jobs; holds whose expiry the batch's newest new event has passed are released (a duplicate moves no
+clock).
 
 Two paths give the same transactions. The common case (one holder: a whole GPU or a MIG slice
 whose owner the sample names, or nobody with no scheduler assignment; an open period; a job
@@ -37,7 +39,13 @@ from ledger.holds import HoldBook
 from ledger.idle import GpuIdleState, IdleAlert, IdleObservation, step
 from ledger.ingest.batch import Folded, FoldRules, booker, refused, sourced
 from ledger.ingest.validation import MAX_POSTING_AMOUNT, check_transaction
-from ledger.job_owners import awaited_by, owner_keys, resolve_sample
+from ledger.job_owners import (
+    ASSIGNMENT_GRACE_US,
+    awaited_by,
+    gpu_key,
+    owner_keys,
+    resolve_sample,
+)
 from ledger.periods import period_label
 from ledger.posting_columns import PostingColumns
 from ledger.pricing import energy_cost
@@ -136,8 +144,7 @@ def fold_samples(
         else:
             flag = transactions[item.row]
             transactions[item.row] = replace(flag, txn=replace(flag.txn, idle=True))
-    awaiting = [(job, t.txn.txn_id) for t in transactions for job in awaited_by(t.txn)]
-    awaiting += [(str(r[17]), str(r[0])) for r in columns.rows if r[17] and r[14] is None]
+    awaiting = awaiting_usage(transactions, columns)
     holds = HoldBook(view.holds, booker(view.closed))
     derived = len(transactions)
     for settlement in holds.settle([t.txn for t in transactions]):  # no held job goes columnar
@@ -148,7 +155,9 @@ def fold_samples(
     return Folded(
         transactions=tuple(transactions),
         dead=tuple(dead),
-        changes=StateChanges(holds=holds.changed(), awaiting=awaiting),
+        changes=StateChanges(
+            holds=holds.changed(), awaiting=awaiting, forget_awaiting=forget_before(awaiting)
+        ),
         idle_states=tuple(states),
         alerts=tuple(alerts),
         duplicates=duplicates,
@@ -273,3 +282,29 @@ def held_over(timeline: tuple[Holding, ...] | None, envelope: SampleEnvelope) ->
     sample = envelope.data
     pieces = owners_over(timeline, sample.start_us, sample.sample_time_us)
     return pieces if any(p.owner is not None for p in pieces) else []
+
+
+def awaiting_usage(
+    transactions: Sequence[SourcedTransaction], columns: PostingColumns
+) -> list[tuple[str, str, int]]:
+    """(key, transaction id, end) of the usage booked awaiting an owner (`ledger.job_owners`),
+    sorted: the same whichever path booked it."""
+    awaiting = [
+        (key, t.txn.txn_id, t.txn.end_us) for t in transactions for key in awaited_by(t.txn)
+    ]
+    for row in columns.rows:
+        if row[14] is None:  # on unallocated: awaits its GPU's assignment, and its job if named
+            awaiting.append((gpu_key(row[1]), row[0], row[6]))
+            if row[17]:
+                awaiting.append((row[17], row[0], row[6]))
+    return sorted(awaiting)
+
+
+def forget_before(awaiting: Sequence[tuple[str, str, int]]) -> dict[str, int]:
+    """Per GPU key awaited, the time before which its usage stops awaiting an assignment: its
+    newest such usage less `ASSIGNMENT_GRACE_US`."""
+    newest: dict[str, int] = {}
+    for key, _, end in awaiting:
+        if key.startswith("gpu:"):
+            newest[key] = max(newest.get(key, end), end)
+    return {key: end - ASSIGNMENT_GRACE_US for key, end in newest.items()}

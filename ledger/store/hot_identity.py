@@ -5,21 +5,25 @@ for a batch's view. A base class of `DuckDBStore`, over its connection."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import duckdb
 
 from ledger.events import Owner
+from ledger.postings import Transaction
 from ledger.store.hot_tables import insert_rows
 from ledger.store.layout import first_row
 from ledger.store.port import StateChanges
+from ledger.store.schema import POSTING_COLUMNS_SQL, POSTINGS_SCHEMA, transaction_from_rows
+
+_TXN_ID = POSTINGS_SCHEMA.names.index("txn_id")
 
 IDENTITY_DDL = """
 CREATE TABLE IF NOT EXISTS job_owners (
     job_key VARCHAR PRIMARY KEY, team VARCHAR, project VARCHAR, "user" VARCHAR, job_id VARCHAR
 );
 CREATE TABLE IF NOT EXISTS awaiting_owner (
-    seq BIGINT NOT NULL, job_key VARCHAR NOT NULL, txn_id VARCHAR NOT NULL
+    seq BIGINT NOT NULL, job_key VARCHAR NOT NULL, txn_id VARCHAR NOT NULL, end_us BIGINT NOT NULL
 );
 """
 
@@ -41,20 +45,20 @@ def write_identity(con: duckdb.DuckDBPyConnection, changes: StateChanges) -> Non
         con.execute(
             "DELETE FROM awaiting_owner WHERE list_contains(?, txn_id)", [list(changes.resolved)]
         )
+    if changes.forget_awaiting:
+        keys, cutoffs = zip(*sorted(changes.forget_awaiting.items()), strict=True)
+        con.execute(
+            "DELETE FROM awaiting_owner a USING (SELECT unnest(?) AS k, unnest(?) AS c) f "
+            "WHERE a.job_key = f.k AND a.end_us < f.c",
+            [list(keys), list(cutoffs)],
+        )
     if changes.awaiting:
         row = first_row(con.execute("SELECT coalesce(max(seq), 0) FROM awaiting_owner"))
         last = int(row[0]) if row else 0
-        held = {
-            (str(k), str(t))
-            for k, t in con.execute(
-                "SELECT job_key, txn_id FROM awaiting_owner WHERE list_contains(?, txn_id)",
-                [[t for _, t in changes.awaiting]],
-            ).fetchall()
-        }
-        fresh = list(dict.fromkeys(p for p in changes.awaiting if p not in held))
-        insert_rows(
-            con, "awaiting_owner", [(last + i, k, t) for i, (k, t) in enumerate(fresh, start=1)]
-        )
+        # a batch's transactions are new to the ledger: only a repeat within it can be held
+        fresh = list(dict.fromkeys(changes.awaiting))
+        rows = [(last + i, k, t, end) for i, (k, t, end) in enumerate(fresh, start=1)]
+        insert_rows(con, "awaiting_owner", rows)
 
 
 def _keys_in(con: duckdb.DuckDBPyConnection, table: str, keys: list[str]) -> set[str]:
@@ -64,6 +68,7 @@ def _keys_in(con: duckdb.DuckDBPyConnection, table: str, keys: list[str]) -> set
 
 class HotIdentity:
     _con: duckdb.DuckDBPyConnection
+    _all_postings_sql: Callable[[], str]  # `HotReads`'
 
     def job_owners(self, keys: Collection[str]) -> dict[str, Owner]:
         if not keys:
@@ -87,3 +92,21 @@ class HotIdentity:
         for key, txn in rows:
             found.setdefault(str(key), []).append(str(txn))
         return {k: tuple(v) for k, v in sorted(found.items())}
+
+    def awaiting_transactions(self, keys: Collection[str]) -> dict[str, tuple[Transaction, ...]]:
+        """`awaiting_owner`, each id as its committed transaction, in one query (hot rows first
+        in practice: awaiting usage is recent)."""
+        ids = self.awaiting_owner(keys)
+        wanted = sorted({t for found in ids.values() for t in found})
+        if not wanted:
+            return {}
+        rows = self._con.execute(
+            f"SELECT {POSTING_COLUMNS_SQL} FROM {self._all_postings_sql()} "
+            "WHERE list_contains(?, txn_id) ORDER BY txn_id, leg",
+            [wanted],
+        ).fetchall()
+        by_id: dict[str, list[tuple[object, ...]]] = {}
+        for row in rows:
+            by_id.setdefault(str(row[_TXN_ID]), []).append(row)
+        txns = {t: txn for t, r in by_id.items() if (txn := transaction_from_rows(r)) is not None}
+        return {k: tuple(txns[t] for t in found if t in txns) for k, found in ids.items()}

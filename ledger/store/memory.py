@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ledger.accounts import AccountKind, budget_account
@@ -40,7 +40,7 @@ from ledger.balances import current_period as _current_period
 from ledger.closing import CHECKSUM_COLUMNS, ClosedPeriod
 from ledger.dedupe import transaction_scope
 from ledger.errors import StoreError
-from ledger.events import DeadLetter, Owner
+from ledger.events import DeadLetter
 from ledger.excerpts import bounded
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState
@@ -48,7 +48,7 @@ from ledger.inventory import InventoryGpu
 from ledger.posting_columns import PostingColumns
 from ledger.postings import Transaction
 from ledger.pricing import PriceBook
-from ledger.store.memory_identity import JobIdentity
+from ledger.store.memory_identity import JobIdentity, MemoryIdentityReads
 from ledger.store.port import (
     CommitResult,
     ConsumedMessage,
@@ -221,7 +221,7 @@ def _rows(balances: dict[BalanceKey, int], accounts: Collection[str] | None) -> 
     ]
 
 
-class MemoryStore:
+class MemoryStore(MemoryIdentityReads):
     """A ledger kept in memory: the pure-Python implementation of the store port."""
 
     def __init__(self) -> None:
@@ -461,11 +461,8 @@ class MemoryStore:
     def find_transaction(self, txn_id: str) -> Transaction | None:
         return self._s.transactions.get(txn_id)
 
-    def job_owners(self, keys: Collection[str]) -> dict[str, Owner]:
-        return self._s.identity.job_owners(keys)
-
-    def awaiting_owner(self, keys: Collection[str]) -> dict[str, tuple[str, ...]]:
-        return self._s.identity.awaiting_owner(keys)
+    def _identity(self) -> tuple[JobIdentity, Mapping[str, Transaction]]:
+        return self._s.identity, self._s.transactions
 
     def pending_outbox(self, limit: int = 1000) -> list[OutboxMessage]:
         return list(self._s.outbox.values())[:limit]

@@ -141,7 +141,11 @@ class StateChanges:
       numbers and chains them, and leaves out any whose event the trail holds already;
     - `job_owners`: job keys made known (`ledger.job_owners`), each with its owner; a key the
       store knows keeps its first owner;
-    - `awaiting`: (job key, transaction id) of suspense transactions awaiting the key's owner;
+    - `awaiting`: (key, transaction id, its end time) of transactions awaiting an owner: a job
+      key's (`ledger.job_owners`), or `gpu:<uuid>` for unallocated usage awaiting a scheduler
+      assignment that covers it;
+    - `forget_awaiting`: per key, a time: the key's awaiting transactions that end before it
+      are forgotten (they stay as booked);
     - `resolved`: transactions no longer awaiting any owner (corrected).
     """
 
@@ -153,7 +157,8 @@ class StateChanges:
     inventory: Mapping[str, InventoryGpu] = field(default_factory=dict)
     audit: Sequence[AuditEntry] = ()
     job_owners: Mapping[str, Owner] = field(default_factory=dict)
-    awaiting: Sequence[tuple[str, str]] = ()
+    awaiting: Sequence[tuple[str, str, int]] = ()
+    forget_awaiting: Mapping[str, int] = field(default_factory=dict)
     resolved: Sequence[str] = ()
 
 
@@ -252,15 +257,17 @@ class ViewLookups(Protocol):
 
     def job_owners(self, keys: Collection[str]) -> dict[str, Owner]: ...
 
-    def awaiting_owner(self, keys: Collection[str]) -> dict[str, tuple[str, ...]]: ...
+    def awaiting_transactions(
+        self, keys: Collection[str]
+    ) -> dict[str, tuple[Transaction, ...]]: ...
 
 
 def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
     """The `LedgerView` for `keys`, from a store's per-key reads (both stores answer so)."""
     txn_ids = sorted(keys.txn_ids)
     found = {t: txn for t in txn_ids if (txn := store.find_transaction(t)) is not None}
-    awaiting = store.awaiting_owner(keys.job_keys) if keys.job_keys else {}
-    asked = sorted(set(txn_ids).union(*awaiting.values()))  # reversed already: not corrected
+    awaiting = store.awaiting_transactions(keys.job_keys) if keys.job_keys else {}
+    asked = sorted(set(txn_ids).union(*({t.txn_id for t in a} for a in awaiting.values())))
     return LedgerView(
         seen=frozenset(store.seen_ids(keys.event_ids)),
         admin_applied=frozenset(store.admin_ids(keys.admin_ids)),
@@ -276,10 +283,7 @@ def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
         inventory=store.inventory() if keys.inventory else {},
         audited=frozenset(store.audited_ids(keys.audit_ids)) if keys.audit_ids else frozenset(),
         job_owners=store.job_owners(keys.job_keys) if keys.job_keys else {},
-        awaiting={
-            key: tuple(t for i in ids if (t := store.find_transaction(i)) is not None)
-            for key, ids in awaiting.items()
-        },
+        awaiting=awaiting,
     )
 
 
@@ -394,6 +398,11 @@ class LedgerStore(Protocol):
     def awaiting_owner(self, keys: Collection[str]) -> dict[str, tuple[str, ...]]:
         """Per each of `keys` that has any, the ids of the transactions awaiting its owner, in
         the order they were committed."""
+        ...
+
+    def awaiting_transactions(self, keys: Collection[str]) -> dict[str, tuple[Transaction, ...]]:
+        """`awaiting_owner` with each id as its committed transaction (one never committed, e.g.
+        refused after it was remembered, is left out)."""
         ...
 
     def dead_letters(self) -> list[tuple[object, ...]]: ...

@@ -1,8 +1,9 @@
 """Owners known only by a job id (`TALLY_JOB_ID`, or `slurm:<id>` of a job Tally submitted),
 resolved by the ledger from the jobs topic: known before the sample (charged at once), known
 after (the suspense posting reversed and re-posted to the owner), never known (kept visible on
-unallocated with its job id), redelivered (corrected once), in both stores; and the DuckDB
-ledger rebuilds to the same postings and reports the suspense in `cost_report`."""
+unallocated with its job id), redelivered (corrected once), in both stores; the same race for
+samples booked before the `GpuAssigned` covering them; and the DuckDB ledger rebuilds to the
+same postings and reports the suspense in `cost_report`."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import pytest
 from ledger.accounts import consumer_account, unallocated_account
 from ledger.envelope import event_id
 from ledger.events import Owner, encode_batch
+from ledger.holds import HoldPlaced, encode_hold, hold_envelope
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
-from ledger.job_events import JobStarted, JobSubmitted, encode_job_event
-from ledger.job_owners import IDENTITY_SOURCE
+from ledger.job_events import GpuAssigned, JobStarted, JobSubmitted, encode_job_event
+from ledger.job_owners import ASSIGNMENT_GRACE_US, IDENTITY_SOURCE
 from ledger.postings import TransactionKind
 from ledger.pricing import Price, PriceBook
 from ledger.read.reports import ReportQueries, cost_report
@@ -79,7 +81,12 @@ class Ledger:
 
     def apply(self, topic: str, items: tuple[object, ...]) -> None:
         if topic == JOBS:
-            values = [encode_job_event(e, "tally://scheduler") for e in items]  # type: ignore[arg-type]
+            values = [
+                encode_hold(hold_envelope(e))[1]
+                if isinstance(e, HoldPlaced)
+                else encode_job_event(e, "tally://scheduler")  # type: ignore[arg-type]
+                for e in items
+            ]
         else:
             values = [encode_batch(list(items))]  # type: ignore[arg-type]
         ingest = Ingestor(
@@ -233,14 +240,26 @@ def test_later_samples_of_a_resolved_job_are_charged_at_once(ledger):
     assert ledger.store.reversed_by(later.id) is None
 
 
+def test_usage_of_a_resolved_slurm_id_settles_the_tally_job_s_hold(ledger):
+    hold = HoldPlaced(
+        "job-7", "vision", "vision-project", Unit.GPU_MS, 50_000, T0_US + 3600 * 10**6, T0_US
+    )
+    ledger.apply(JOBS, (SUBMIT_7, SLURM_STARTED, hold))
+    ledger.apply(SAMPLES, (S_SLURM,))
+    balances = {(r.account, r.unit): r.balance for r in ledger.store.balance_rows()}
+    assert balances[("hold:vision", Unit.GPU_MS)] == 40_000
+    assert ledger.gpu_ms()[VISION] == 10_000
+
+
 def test_the_rebuild_reproduces_the_corrections_and_the_report_shows_the_suspense(tmp_path):
     store = DuckDBStore(tmp_path / "ledger")
     ledger = Ledger(store)
     forever = sample("job-404", T0_US + 4 * INTERVAL_US)
-    ledger.apply(SAMPLES, (S1, S_SLURM, S_SHARED))
+    other = an_envelope(gpu_uuid="GPU-2", processes=(a_process(owner=None),))
+    ledger.apply(SAMPLES, (S1, S_SLURM, S_SHARED, other))
     ledger.apply(JOBS, (SUBMIT_7, SLURM_STARTED))
     ledger.apply(SAMPLES, (forever,))
-    ledger.apply(JOBS, (SUBMIT_8,))
+    ledger.apply(JOBS, (SUBMIT_8, assigned("job-5", "vision", T0_US, "GPU-2")))
     store.seal()
     store.close()
     assert verify_ledger(tmp_path / "ledger").ok
@@ -255,5 +274,79 @@ def test_the_rebuild_reproduces_the_corrections_and_the_report_shows_the_suspens
         (("vision", "job-7"), False): 20_000,
         (("vision", "job-1"), False): 7_500,
         (("language", "job-8"), False): 2_500,
+        (("vision", "job-5"), False): 10_000,
         ((None, "job-404"), True): 10_000,
     }
+
+
+# ------------------------------------------------------------- samples before their GpuAssigned
+
+GPU = S1.data.gpu_uuid
+
+
+def assigned(job: str, team: str, at_us: int, gpu: str = "") -> GpuAssigned:
+    team_project = f"{team}-project"
+    return GpuAssigned(gpu or GPU, "node-01", POOL, MODEL, job, team, team_project, "u", at_us)
+
+
+def unowned(end_us: int = T0_US + INTERVAL_US):
+    """A 10 s sample ending at `end_us` whose one process names no owner."""
+    return an_envelope(sample_time_us=end_us, processes=(a_process(owner=None),))
+
+
+U1 = unowned()
+U_LATE = unowned(T0_US + INTERVAL_US + ASSIGNMENT_GRACE_US + INTERVAL_US)
+ASSIGN_1 = assigned("job-1", "vision", T0_US)
+
+
+@dataclass(frozen=True)
+class AssignmentCase:
+    steps: tuple[tuple[str, tuple[object, ...]], ...]
+    gpu_ms: dict[str, int]
+    corrected: tuple[str, ...]
+
+
+ASSIGNMENT_CASES = {
+    "assigned-over-the-whole-interval": AssignmentCase(
+        ((SAMPLES, (U1,)), (JOBS, (ASSIGN_1,))), {VISION: 10_000}, (U1.id,)
+    ),
+    "assigned-from-the-middle-of-the-interval": AssignmentCase(
+        ((SAMPLES, (U1,)), (JOBS, (assigned("job-1", "vision", T0_US + 5_000_000),))),
+        {VISION: 5_000, SUSPENSE: 5_000},
+        (U1.id,),
+    ),
+    "assigned-after-the-interval-changes-nothing": AssignmentCase(
+        ((SAMPLES, (U1,)), (JOBS, (assigned("job-1", "vision", T0_US + INTERVAL_US),))),
+        {SUSPENSE: 10_000},
+        (),
+    ),
+    "the-assignment-wins-over-a-job-only-owner-known-later": AssignmentCase(
+        ((SAMPLES, (S1,)), (JOBS, (assigned("job-8", "language", T0_US),)), (JOBS, (SUBMIT_7,))),
+        {LANGUAGE: 10_000},
+        (S1.id,),
+    ),
+    "a-redelivered-assignment-corrects-once": AssignmentCase(
+        ((SAMPLES, (U1,)), (JOBS, (ASSIGN_1,)), (JOBS, (ASSIGN_1,)), (SAMPLES, (U1,))),
+        {VISION: 10_000},
+        (U1.id,),
+    ),
+    "usage-older-than-the-grace-stays-unallocated": AssignmentCase(
+        ((SAMPLES, (U1,)), (SAMPLES, (U_LATE,)), (JOBS, (ASSIGN_1,))),
+        {VISION: 10_000, SUSPENSE: 10_000},
+        (U_LATE.id,),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", ASSIGNMENT_CASES.values(), ids=ASSIGNMENT_CASES.keys())
+def test_usage_booked_before_its_gpu_assignment_is_re_posted_to_the_holder(ledger, case):
+    for topic, items in case.steps:
+        ledger.apply(topic, items)
+    store = ledger.store
+    assert ledger.gpu_ms() == case.gpu_ms
+    assert store.folded_balances() == store.balance_rows()
+    samples = {e.id for _, items in case.steps for e in items if e in (U1, U_LATE, S1)}
+    assert {t for t in samples if store.reversed_by(t) is not None} == set(case.corrected)
+    for original in case.corrected:
+        repost = _legs(store, repost_id(original))
+        assert sum(a for acc, _, _, a in repost if acc != CAPACITY) == 10_000

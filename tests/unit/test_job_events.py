@@ -85,6 +85,7 @@ EVERY_EVENT: list[Any] = [
     ),
     pytest.param(JobWaiting("job-1", WaitReason.BUDGET_EXHAUSTED, T0_US, "money: …"), id="waiting"),
     pytest.param(JobStarted("job-1", T0_US), id="started"),
+    pytest.param(JobStarted("job-1", T0_US, "slurm:4242"), id="started-with-an-executor-id"),
     pytest.param(
         JobPreempted("job-1", "job-2", PreemptReason.RECLAIM_LENT_QUOTA, T0_US, "lent"),
         id="preempted",
@@ -276,6 +277,7 @@ def test_an_invalid_job_spec_cannot_be_built(changes: dict[str, Any]) -> None:
     [
         pytest.param(JobSubmitted(spec=a_spec(model="A100"), time_us=T0_US), id="one-model-spec"),
         pytest.param(ADMITTED, id="admission-without-placement"),
+        pytest.param(JobStarted("job-1", T0_US), id="start-without-executor-id"),
     ],
 )
 def test_events_without_the_new_fields_are_written_as_before(event: JobEvent) -> None:
@@ -283,6 +285,7 @@ def test_events_without_the_new_fields_are_written_as_before(event: JobEvent) ->
     before those fields existed, so old and new events decode alike."""
     data = orjson.loads(encode_job_event(event, SOURCE))["data"]
     new = {"placement", "idempotency_key", "requested_by", "request_digest", "client"}
+    new |= {"executor_id"}
     assert set(data) == {f.name for f in fields(event)} - new  # type: ignore[arg-type]
     if "spec" in data:
         assert set(data["spec"]) == {f.name for f in fields(JobSpec)} - {"models"}

@@ -400,6 +400,18 @@ def test_status_events(case: StatusCase) -> None:
 
 
 @pytest.mark.parametrize(
+    ("executor_id", "expected"),
+    [pytest.param("slurm:41", "slurm:41", id="slurm-run"), pytest.param("", None, id="local-run")],
+)
+def test_a_start_carries_the_executor_s_own_id_of_the_run(
+    executor_id: str, expected: str | None
+) -> None:
+    status = JobStatus("job-1", RunState.RUNNING, 10, native_id="41", executor_id=executor_id)
+    (started,) = status_events(status, a_job(), a_queue())
+    assert started == JobStarted("job-1", 10, expected)
+
+
+@pytest.mark.parametrize(
     ("state", "job_known", "started"),
     [
         pytest.param(RunState.FINISHED, False, False, id="ended-in-the-core-first"),
