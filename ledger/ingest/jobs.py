@@ -6,7 +6,8 @@ and starts make job owners known (`ledger.job_owners`); each suspense transactio
 made known here is corrected: reversed and re-posted to its owner (a re-posting that still
 awaits another job awaits it in turn); unallocated usage of a GPU booked before the
 `GpuAssigned` covering it is corrected the same way, to whoever the new timeline says held the
-GPU (an assignment wins over a job-only owner, as in attribution). The topic's other job events
+GPU (an assignment wins over a job-only owner, as in attribution); a re-posting settles its
+job's open hold. The topic's other job events
 are passed over. An event not seen before whose time is before its job's (holds) or GPU's
 (assignments) dedupe cutoff is a dead letter (`ledger.dedupe`: too late to deduplicate). Pure:
 the batch, the ledger's view and nothing else."""
@@ -14,6 +15,7 @@ the batch, the ledger's view and nothing else."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 
 from ledger.assignments import (
     HOLDING_MEMORY_US,
@@ -33,7 +35,7 @@ from ledger.ingest.batch import Folded, booker, located, refused, sourced
 from ledger.ingest.validation import check_transaction
 from ledger.job_events import GpuAssigned, GpuReleased, JobEnvelope, JobStarted, JobSubmitted
 from ledger.job_owners import awaited_by, correction, gpu_key, learned_owners, reassigned
-from ledger.postings import Transaction
+from ledger.postings import Transaction, TransactionKind
 from ledger.store.port import (
     ConsumedMessage,
     LedgerView,
@@ -167,12 +169,17 @@ def fold_jobs(
             audit.append(entry)
     owners = learned_owners((e for e, _ in batch.identities), view.job_owners)
     fixes = _Corrections(view, cost_centres or {})
+    reposts: list[SourcedTransaction] = []
     for made in (*fixes.by_assignment(assigned, timelines), *fixes.by_identity(batch, owners)):
         if isinstance(made, DeadLetter):
             dead.append(made)
-        else:
-            transactions.append(made)
+            continue
+        transactions.append(made)
+        if made.txn.kind is TransactionKind.USAGE:
+            reposts.append(made)
     derived = len(transactions)
+    for settlement in holds.settle([t.txn for t in reposts]):  # re-posted usage settles too
+        transactions.append(replace(reposts[settlement.last_usage], txn=settlement.txn))
     if newest is not None and last is not None:
         transactions.extend(sourced(holds.expire(newest), last))
     return Folded(

@@ -350,3 +350,19 @@ def test_usage_booked_before_its_gpu_assignment_is_re_posted_to_the_holder(ledge
     for original in case.corrected:
         repost = _legs(store, repost_id(original))
         assert sum(a for acc, _, _, a in repost if acc != CAPACITY) == 10_000
+
+
+@pytest.mark.parametrize(
+    ("job", "sample", "known_by"),
+    [
+        pytest.param("job-7", S1, SUBMIT_7, id="owner-known-late"),
+        pytest.param("job-1", U1, ASSIGN_1, id="assignment-known-late"),
+    ],
+)
+def test_re_posted_usage_settles_the_job_s_open_hold(ledger, job, sample, known_by):
+    hold = HoldPlaced(job, "vision", "vision-project", Unit.GPU_MS, 50_000, T0_US + 10**10, T0_US)
+    ledger.apply(SAMPLES, (sample,))
+    ledger.apply(JOBS, (hold, known_by))
+    balances = {(r.account, r.unit): r.balance for r in ledger.store.balance_rows()}
+    assert balances[("hold:vision", Unit.GPU_MS)] == 40_000
+    assert ledger.gpu_ms()[VISION] == 10_000
