@@ -7,10 +7,9 @@ made known here is corrected: reversed and re-posted to its owner (a re-posting 
 awaits another job awaits it in turn); unallocated usage of a GPU booked before the
 `GpuAssigned` covering it is corrected the same way, to whoever the new timeline says held the
 GPU (an assignment wins over a job-only owner, as in attribution); a re-posting settles its
-job's open hold. The topic's other job events
-are passed over. An event not seen before whose time is before its job's (holds) or GPU's
-(assignments) dedupe cutoff is a dead letter (`ledger.dedupe`: too late to deduplicate). Pure:
-the batch, the ledger's view and nothing else."""
+job's open hold. The topic's other job events are passed over. An event not seen before whose
+time is before its job's (holds) or GPU's (assignments) dedupe cutoff is a dead letter
+(`ledger.dedupe`: too late to deduplicate). Pure: the batch, the ledger's view and nothing else."""
 
 from __future__ import annotations
 
