@@ -78,21 +78,30 @@ def physical_gpu_ms(sample: GpuSample) -> int:
     )
 
 
+def _named(owner: Owner | None) -> Owner | None:
+    """`owner` when it names a team or a job (one awaiting its owner), else None."""
+    if owner is None or (owner.team is None and not owner.job_id):
+        return None
+    return owner
+
+
 def owner_shares(sample: GpuSample) -> list[tuple[Owner | None, int]]:
-    """Who held the sample's GPU, with integer weights; `None` stands for unallocated."""
+    """Who held the sample's GPU, with integer weights; `None` stands for unallocated. An owner
+    with a job id but no team is its own share (booked to unallocated, awaiting its owner)."""
     if sample.owner is not None and sample.owner.team is not None:
         return [(sample.owner, 1)]
     processes = sample.processes
     if len(processes) == 1:  # the common case: one process, one owner or none
-        owner = processes[0].owner
-        return [(owner if owner is not None and owner.team is not None else None, 1)]
-    owned = [p for p in sample.processes if p.owner is not None and p.owner.team is not None]
+        return [(_named(processes[0].owner), 1)]
+    if not processes:
+        return [(_named(sample.owner), 1)]
+    owned = [p for p in sample.processes if _named(p.owner) is not None]
     if not owned:
         return [(None, 1)]
     by_sm: dict[Owner | None, int] = {}
     by_memory: dict[Owner | None, int] = {}
     for process in sample.processes:
-        owner = process.owner if process.owner is not None and process.owner.team else None
+        owner = _named(process.owner)
         by_sm[owner] = by_sm.get(owner, 0) + (process.sm_util_pct or 0)
         by_memory[owner] = by_memory.get(owner, 0) + process.used_memory_bytes
     weights = by_sm if sum(by_sm.values()) > 0 else by_memory
@@ -100,6 +109,11 @@ def owner_shares(sample: GpuSample) -> list[tuple[Owner | None, int]]:
         weights = {owner: 1 for owner in by_sm}
     # Deterministic order: owned in first-seen order, unallocated last.
     return sorted(weights.items(), key=lambda item: item[0] is None)
+
+
+def _charged(owner: Owner | None) -> Owner | None:
+    """`owner` when usage is charged to it (it names a team), else None."""
+    return owner if owner is not None and owner.team is not None else None
 
 
 def usage_cost(prices: PriceBook, sample: GpuSample, gpu_ms: int) -> int:
@@ -159,8 +173,8 @@ def attribute_usage(
         if rate is not None:
             total_cost += energy_cost(energy, rate)
     shares = owner_shares(sample)
-    first_owner = shares[0][0]
-    if held and shares == [(None, 1)]:
+    first_owner = _charged(shares[0][0])
+    if held and all(_charged(owner) is None for owner, _ in shares):
         by_holder: dict[Owner | None, int] = {}
         for piece in held:
             by_holder[piece.owner] = by_holder.get(piece.owner, 0) + piece.end_us - piece.start_us
@@ -173,10 +187,11 @@ def attribute_usage(
     for (owner, _), ms, cost, mj in zip(shares, ms_parts, cost_parts, energy_parts, strict=True):
         if owner is None or owner.team is None:
             account = unallocated_account(sample.pool, sample.model)
-            postings.append(Posting(account, Unit.GPU_MS, ms))
-            postings.append(Posting(account, Unit.MONEY, cost))
+            user, job = (None, None) if owner is None else (owner.user, owner.job_id)
+            postings.append(Posting(account, Unit.GPU_MS, ms, None, None, user, job))
+            postings.append(Posting(account, Unit.MONEY, cost, None, None, user, job))
             if energy:
-                postings.append(Posting(account, Unit.ENERGY_MJ, mj))
+                postings.append(Posting(account, Unit.ENERGY_MJ, mj, None, None, user, job))
             continue
         account = consumer_account(owner.team, owner.project)
         centre = cost_centres.get(owner.team)

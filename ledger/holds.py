@@ -60,7 +60,10 @@ MAX_HOLD = 1 << 62
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ASSIGNMENT_TYPES = frozenset({JobEventType.GPU_ASSIGNED.value, JobEventType.GPU_RELEASED.value})
 _JOB_TYPES = frozenset(kind.value for kind in JobEventType) - _ASSIGNMENT_TYPES
-_AUDITED_TYPES = frozenset({JobEventType.SUBMITTED.value, JobEventType.FAILED.value})
+# submissions and cancellations are audited; submissions and starts name a job's owners
+_AUDITED_TYPES = frozenset(
+    {JobEventType.SUBMITTED.value, JobEventType.FAILED.value, JobEventType.STARTED.value}
+)
 
 HoldKey = tuple[str, Unit]  # (job id, unit)
 BookPeriod = Callable[[int], str]  # time → the open period a posting at that time is booked into
@@ -248,9 +251,10 @@ def hold_envelope_from_dict(obj: Any) -> HoldEnvelope:
 class JobsMessage:
     """One jobs-topic message as the ledger reads it: its holds, the scheduler's GPU
     assignments (`GpuAssigned` / `GpuReleased`), its bad parts, how many job events it
-    carried that are not the ledger's business, and the submissions and failures among them
-    (`audited`: the audit trail records submissions and cancellations; one that does not
-    decode is passed over like any other job event, never a dead letter)."""
+    carried that are not the ledger's business, and the submissions, starts and failures among
+    them (`audited`: the audit trail records submissions and cancellations, the job owners
+    projection reads submissions and starts; one that does not decode is passed over like any
+    other job event, never a dead letter)."""
 
     holds: tuple[HoldEnvelope, ...]
     dead: tuple[DeadLetter, ...]

@@ -19,8 +19,9 @@ Schemas of job and GPU-assignment event data (every `JobEventType`):
   only when set: a message without them is the same v1 it always was, and decodes with them
   None. `requested_by` (the API token's name: `admin`, `team:<name>`, `<role>:<name>`) and
   `client` (the caller's address) say who made an API submission or cancel, for the audit
-  trail. Likewise `JobSpec.models` (a job that accepts several GPU models) and
-  `JobSpec.topology` (what a gang requires of where its GPUs sit) are written only when set, and
+  trail. Likewise `JobSpec.models` (a job that accepts several GPU models),
+  `JobSpec.topology` (what a gang requires of where its GPUs sit) and
+  `JobStarted.slurm_job_id` are written only when set, and
   `JobAdmitted.placement` (why that model was chosen) only when not empty;
 - v0: the first scheduler stamped events in milliseconds, `time_ms`, where v1 has `time_us`
   (other times were already in µs); `job_v0_to_v1` upcasts it. The envelope's `time` was in
@@ -239,12 +240,20 @@ class JobWaiting:
 @dataclass(frozen=True, slots=True)
 class JobStarted:
     """The executor started the job's processes on its GPUs; `slurm_job_id`: the Slurm job it
-    runs as, under the Slurm executor (what `SLURM_JOB_ID` says in its processes)."""
+    runs as, under the Slurm executor (what `SLURM_JOB_ID` says in its processes), whose
+    `executor_id` (`slurm:<id>`, the job id those processes' owners carry) the ledger takes as
+    an alias of the Tally job."""
 
     KIND: ClassVar[JobEventType] = JobEventType.STARTED
     job_id: str
     time_us: int
     slurm_job_id: str | None = field(default=None, metadata={"max_len": 64})
+
+    @property
+    def executor_id(self) -> str | None:
+        """The job id the run's processes' owners carry when the executor gave the run one of
+        its own (`slurm:<id>`), else None."""
+        return f"slurm:{self.slurm_job_id}" if self.slurm_job_id else None
 
 
 @dataclass(frozen=True, slots=True)

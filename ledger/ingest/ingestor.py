@@ -206,7 +206,7 @@ class Ingestor:
     def _apply_jobs(self, fresh: Sequence[ConsumedMessage]) -> _Part:
         batch = DecodedJobs(fresh)
         view = self.store.load_view(batch.keys())
-        folded = fold_jobs(batch, view, fresh[-1], self.rules.zone)
+        folded = fold_jobs(batch, view, fresh[-1], self.rules.zone, self.rules.cost_centres)
         return self._commit(fresh, folded, batch.dead, batch.count, view.closed)
 
     def _apply_inventory(self, fresh: Sequence[ConsumedMessage]) -> _Part:

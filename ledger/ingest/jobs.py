@@ -1,26 +1,41 @@
-"""The jobs route's fold: the scheduler's holds (placed, released, expired) into hold
-transactions, and its GPU assignments (`GpuAssigned` / `GpuReleased`) into each GPU's timeline
+"""The jobs route's fold: the scheduler's holds (placed, released, expired) into hold transactions,
+and its GPU assignments (`GpuAssigned` / `GpuReleased`) into each GPU's timeline
 (`ledger.assignments`); job submissions and cancellations become audit entries
-(`ledger.ingest.audit`), each event once however often it is delivered; the topic's other job
-events are passed over. An event not seen before
-whose time is before its job's (holds) or GPU's (assignments) dedupe cutoff is a dead letter
-(`ledger.dedupe`: too late to deduplicate). Pure: the batch, the ledger's view and nothing
-else."""
+(`ledger.ingest.audit`), each event once however often it is delivered. Submissions, assignments
+and starts make job owners known (`ledger.job_owners`); each suspense transaction awaiting a job
+made known here is corrected: reversed and re-posted to its owner (a re-posting that still
+awaits another job awaits it in turn); unallocated usage of a GPU booked before the
+`GpuAssigned` covering it is corrected the same way, to whoever the new timeline says held the
+GPU (an assignment wins over a job-only owner, as in attribution); a re-posting settles its
+job's open hold. The topic's other job events are passed over. An event not seen before whose
+time is before its job's (holds) or GPU's (assignments) dedupe cutoff is a dead letter
+(`ledger.dedupe`: too late to deduplicate). Pure: the batch, the ledger's view and nothing else."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, tzinfo
 
-from ledger.assignments import HOLDING_MEMORY_US, Holding, assign, forget_before, release
+from ledger.assignments import (
+    HOLDING_MEMORY_US,
+    Holding,
+    assign,
+    forget_before,
+    owners_over,
+    release,
+)
 from ledger.audit import AuditEntry
+from ledger.closing import booking_period
 from ledger.dedupe import assignment_scope, job_scope, too_late
 from ledger.events import DeadLetter, Owner
 from ledger.holds import HoldBook, HoldEnvelope, HoldPlaced, decode_jobs_message
 from ledger.ingest.audit import job_entry
 from ledger.ingest.batch import Folded, booker, located, refused, sourced
 from ledger.ingest.validation import check_transaction
-from ledger.job_events import GpuAssigned, GpuReleased, JobEnvelope
+from ledger.job_events import GpuAssigned, GpuReleased, JobEnvelope, JobStarted, JobSubmitted
+from ledger.job_owners import awaited_by, correction, gpu_key, learned_owners, reassigned
+from ledger.postings import Transaction, TransactionKind
 from ledger.store.port import (
     ConsumedMessage,
     LedgerView,
@@ -37,6 +52,7 @@ class DecodedJobs:
         self.holds: list[tuple[HoldEnvelope, ConsumedMessage]] = []
         self.assignments: list[tuple[JobEnvelope, ConsumedMessage]] = []
         self.audited: list[AuditEntry] = []
+        self.identities: list[tuple[JobEnvelope, ConsumedMessage]] = []  # name job owners
         self.dead: list[DeadLetter] = []
         for message in messages:
             read = decode_jobs_message(message.value)
@@ -44,6 +60,11 @@ class DecodedJobs:
             self.holds.extend((envelope, message) for envelope in read.holds)
             self.assignments.extend((envelope, message) for envelope in read.assignments)
             self.audited.extend(e for a in read.audited if (e := job_entry(a)) is not None)
+            self.identities.extend(
+                (e, message)
+                for e in (*read.audited, *read.assignments)
+                if isinstance(e.data, JobSubmitted | JobStarted | GpuAssigned)
+            )
 
     @property
     def count(self) -> int:
@@ -58,7 +79,17 @@ class DecodedJobs:
             | {assignment_scope(g) for g in gpus},
             holds=True,
             audit_ids=[e.event_id for e in self.audited],
+            job_keys=frozenset(k for e, _ in self.identities for k in _job_keys(e))
+            | {gpu_key(e.subject) for e, _ in self.assignments if isinstance(e.data, GpuAssigned)},
         )
+
+
+def _job_keys(envelope: JobEnvelope) -> tuple[str, ...]:
+    """The job keys an identity event names: its job, and the executor's id of the run."""
+    event = envelope.data
+    if isinstance(event, JobStarted) and event.executor_id:
+        return (event.job_id, event.executor_id)
+    return (event.job_id,) if isinstance(event, JobSubmitted | GpuAssigned) else ()
 
 
 def fold_jobs(
@@ -66,9 +97,11 @@ def fold_jobs(
     view: LedgerView,
     last: ConsumedMessage | None = None,
     zone: tzinfo = UTC,
+    cost_centres: Mapping[str, str] | None = None,
 ) -> Folded:
     """`last`: the message the batch's expiries are sourced to (its last message); `zone`: the
-    ledger's time zone, whose months hold settlements and expiries are booked into."""
+    ledger's time zone, whose months hold settlements and expiries are booked into;
+    `cost_centres`: those of the teams whose usage a correction re-posts."""
     seen = set(view.seen)
     cutoffs = view.forgotten_before
     holds = HoldBook(view.holds, booker(view.closed, zone))
@@ -113,6 +146,7 @@ def fold_jobs(
             continue
         transactions.extend(sourced([released], message))
     timelines: dict[str, tuple[Holding, ...]] = {}
+    assigned: dict[str, tuple[JobEnvelope, ConsumedMessage]] = {}  # the last per GPU
     for change, message in batch.assignments:
         if change.id in seen:
             duplicates += 1
@@ -127,20 +161,41 @@ def fold_jobs(
         newest = change.time_us if newest is None else max(newest, change.time_us)
         without_postings.append((change.id, change.time_us, scope))
         timelines[gpu] = fold_assignment(timelines.get(gpu, view.timelines.get(gpu, ())), change)
+        if isinstance(change.data, GpuAssigned):
+            assigned[gpu] = (change, message)
     audit: list[AuditEntry] = []
     audited = set(view.audited)
     for entry in batch.audited:
         if entry.event_id not in audited:
             audited.add(entry.event_id)
             audit.append(entry)
+    owners = learned_owners((e for e, _ in batch.identities), view.job_owners)
+    fixes = _Corrections(view, cost_centres or {})
+    reposts: list[SourcedTransaction] = []
+    for made in (*fixes.by_assignment(assigned, timelines), *fixes.by_identity(batch, owners)):
+        if isinstance(made, DeadLetter):
+            dead.append(made)
+            continue
+        transactions.append(made)
+        if made.txn.kind is TransactionKind.USAGE:
+            reposts.append(made)
     derived = len(transactions)
+    for settlement in holds.settle([t.txn for t in reposts]):  # re-posted usage settles too
+        transactions.append(replace(reposts[settlement.last_usage], txn=settlement.txn))
     if newest is not None and last is not None:
         transactions.extend(sourced(holds.expire(newest), last))
     return Folded(
         transactions=tuple(transactions),
         dead=tuple(dead),
         changes=StateChanges(
-            holds=holds.changed(), seen=without_postings, timelines=timelines, audit=audit
+            holds=holds.changed(),
+            seen=without_postings,
+            timelines=timelines,
+            audit=audit,
+            reversals=fixes.reversals,
+            job_owners=owners,
+            awaiting=fixes.awaiting,
+            resolved=fixes.resolved,
         ),
         duplicates=duplicates,
         derived_from=derived,
@@ -156,3 +211,78 @@ def fold_assignment(timeline: tuple[Holding, ...], envelope: JobEnvelope) -> tup
     elif isinstance(event, GpuReleased):
         timeline = release(timeline, event.job_id, event.time_us)
     return forget_before(timeline, envelope.time_us - HOLDING_MEMORY_US)
+
+
+class _Corrections:
+    """The corrections one jobs batch makes (`ledger.job_owners`): usage awaiting an owner the
+    batch makes known, reversed and re-posted, and what the batch's `StateChanges` record."""
+
+    def __init__(self, view: LedgerView, cost_centres: Mapping[str, str]) -> None:
+        self.view = view
+        self.cost_centres = cost_centres
+        self.awaiting: list[tuple[str, str, int]] = []
+        self.resolved: list[str] = []
+        self.reversals: list[tuple[str, str]] = []
+        self._done: set[str] = set()
+
+    def by_assignment(
+        self,
+        assigned: Mapping[str, tuple[JobEnvelope, ConsumedMessage]],
+        timelines: Mapping[str, tuple[Holding, ...]],
+    ) -> Iterator[SourcedTransaction | DeadLetter]:
+        """Unallocated usage of each GPU newly assigned, moved to whoever its new timeline says
+        held the GPU over the usage's interval."""
+        for gpu, (envelope, message) in sorted(assigned.items()):
+            for original in self._open(gpu_key(gpu)):
+                pieces = owners_over(timelines[gpu], original.start_us, original.end_us)
+                period = _period(original, self.view)
+                fixed = reassigned(original, pieces, self.cost_centres, envelope.id, period)
+                yield from self._apply(original, fixed, envelope.id, message)
+
+    def by_identity(
+        self, batch: DecodedJobs, owners: Mapping[str, Owner]
+    ) -> Iterator[SourcedTransaction | DeadLetter]:
+        """Suspense usage awaiting each job key the batch makes known, moved to its owner."""
+        known = {**self.view.job_owners, **owners}
+        for envelope, message in batch.identities:
+            for key in _job_keys(envelope):
+                if key not in owners:
+                    continue
+                for original in self._open(key):
+                    period = _period(original, self.view)
+                    fixed = correction(original, known, self.cost_centres, envelope.id, period)
+                    yield from self._apply(original, fixed, envelope.id, message)
+
+    def _open(self, key: str) -> list[Transaction]:
+        """The transactions awaiting `key` that are neither corrected nor reversed yet."""
+        return [
+            t
+            for t in self.view.awaiting.get(key, ())
+            if t.txn_id not in self._done and t.txn_id not in self.view.reversed_by
+        ]
+
+    def _apply(
+        self,
+        original: Transaction,
+        fixed: tuple[Transaction, Transaction] | None,
+        cause: str,
+        message: ConsumedMessage,
+    ) -> Iterator[SourcedTransaction | DeadLetter]:
+        """`fixed` (the reversal and re-posting of `original`) committed, or refused."""
+        if fixed is None:
+            return
+        self._done.add(original.txn_id)
+        problems = [p for t in fixed if (p := check_transaction(t, self.view.closed))]
+        if problems:
+            yield refused("; ".join(problems), cause, message)
+            return
+        reversal, repost = fixed
+        yield from sourced(fixed, message)
+        self.reversals.append((original.txn_id, reversal.txn_id))
+        self.resolved.append(original.txn_id)
+        self.awaiting.extend((k, repost.txn_id, repost.end_us) for k in awaited_by(repost))
+
+
+def _period(txn: Transaction, view: LedgerView) -> str:
+    """Where a correction of `txn` is booked: its period, or the next open one."""
+    return booking_period(txn.period, view.closed)

@@ -4,12 +4,17 @@ settlements, as a pure function of the batch, the ledger's view and the rules.
 A sample applied before is a duplicate; one not seen before whose time is before its GPU's
 dedupe cutoff is a dead letter (`ledger.dedupe`: too late to deduplicate), never booked.
 
-A sample that names no owner goes to whoever the GPU's assignment timeline says held it over
-the sample's interval (split by time when the holder changed), else to unallocated capacity;
-an unpriced model is a dead letter. A sample whose natural period is closed is booked into the
-next open one. Each GPU subject's idle detector is stepped in sample-time order and flags
-confirmed-idle usage. Usage settles the open holds of its jobs; holds whose expiry the batch's
-newest new event has passed are released (a duplicate moves no clock).
+An owner that names a job but no team is completed from the job owners the jobs topic made known
+(`ledger.job_owners`); one whose job is not known yet is booked to unallocated capacity with its
+user and job id kept on the legs, and remembered as awaiting that job's owner (the jobs route
+corrects it when the owner becomes known). A sample that names no owner goes to whoever the GPU's
+assignment timeline says held it over the sample's interval (split by time when the holder
+changed), else to unallocated capacity, where it awaits its GPU's assignment for a while (a
+`GpuAssigned` consumed after it corrects it); an unpriced model is a dead letter. A sample whose
+natural period is closed is booked into the next open one. Each GPU subject's idle detector is
+stepped in sample-time order and flags confirmed-idle usage. Usage settles the open holds of its
+jobs; holds whose expiry the batch's newest new event has passed are released (a duplicate moves no
+clock).
 
 Two paths give the same transactions. The common case (one holder: a whole GPU or a MIG slice
 whose owner the sample names, or nobody with no scheduler assignment; an open period; a job
@@ -34,6 +39,13 @@ from ledger.holds import HoldBook
 from ledger.idle import GpuIdleState, IdleAlert, IdleObservation, step
 from ledger.ingest.batch import Folded, FoldRules, booker, refused, sourced
 from ledger.ingest.validation import MAX_POSTING_AMOUNT, check_transaction
+from ledger.job_owners import (
+    ASSIGNMENT_GRACE_US,
+    awaited_by,
+    gpu_key,
+    owner_keys,
+    resolve_sample,
+)
 from ledger.periods import period_label
 from ledger.posting_columns import PostingColumns
 from ledger.pricing import energy_cost
@@ -70,6 +82,7 @@ def sample_keys(decoded: Sequence[DecodedSample]) -> ViewKeys:
         subjects=frozenset(e.subject for e, _ in decoded),
         scopes=frozenset(sample_scope(g) for g in gpus),
         holds=True,
+        job_keys=frozenset(k for e, _ in decoded for k in owner_keys(e.data)),
     )
 
 
@@ -85,7 +98,8 @@ def fold_samples(
     observed: list[_Observed] = []
     duplicates = 0
     newest: int | None = None  # of the events new to the ledger: a duplicate moves nothing
-    for envelope, message in decoded:
+    for given, message in decoded:
+        envelope = given
         if envelope.id in seen:
             duplicates += 1
             continue
@@ -97,6 +111,7 @@ def fold_samples(
                 continue
         seen.add(envelope.id)
         newest = envelope.time_us if newest is None else max(newest, envelope.time_us)
+        envelope = resolve_sample(envelope, view.job_owners)
         timeline = view.timelines.get(envelope.data.gpu_uuid)
         if columnar:
             fast = _add_common_case(columns, envelope, message, rules, timeline, held_jobs, view)
@@ -129,6 +144,7 @@ def fold_samples(
         else:
             flag = transactions[item.row]
             transactions[item.row] = replace(flag, txn=replace(flag.txn, idle=True))
+    awaiting = awaiting_usage(transactions, columns)
     holds = HoldBook(view.holds, booker(view.closed, rules.zone))
     derived = len(transactions)
     for settlement in holds.settle([t.txn for t in transactions]):  # no held job goes columnar
@@ -139,7 +155,9 @@ def fold_samples(
     return Folded(
         transactions=tuple(transactions),
         dead=tuple(dead),
-        changes=StateChanges(holds=holds.changed()),
+        changes=StateChanges(
+            holds=holds.changed(), awaiting=awaiting, forget_awaiting=forget_before(awaiting)
+        ),
         idle_states=tuple(states),
         alerts=tuple(alerts),
         duplicates=duplicates,
@@ -164,9 +182,10 @@ def _add_common_case(
     if len(shares) != 1:
         return None
     owner = shares[0][0]
-    if owner is None and timeline and held_over(timeline, envelope):
+    charged = owner if owner is not None and owner.team is not None else None
+    if charged is None and timeline and held_over(timeline, envelope):
         return None
-    if owner is not None and (owner.job_id or "") in held_jobs:
+    if charged is not None and (charged.job_id or "") in held_jobs:
         return None
     period = period_label(sample.start_us, rules.zone)
     if period in view.closed:
@@ -185,14 +204,15 @@ def _add_common_case(
     if max(ms, money, energy) > MAX_POSTING_AMOUNT:
         return None
     dims: tuple[str | None, str | None, str | None, str | None, str | None]
-    if owner is None:
+    if charged is None:  # nobody, or a job whose owner is not known yet (kept on the legs)
         account = unallocated_account(sample.pool, sample.model)
-        dims = (None, None, None, None, None)
+        user, job = (None, None) if owner is None else (owner.user, owner.job_id)
+        dims = (None, None, user, job, None)
     else:
-        team = owner.team
-        assert team is not None  # owner_shares names owners with a team only
-        account = consumer_account(team, owner.project)
-        dims = (team, owner.project, owner.user, owner.job_id, rules.cost_centres.get(team))
+        team = charged.team
+        assert team is not None
+        account = consumer_account(team, charged.project)
+        dims = (team, charged.project, charged.user, charged.job_id, rules.cost_centres.get(team))
     row = columns.add(
         (
             envelope.id,
@@ -215,7 +235,7 @@ def _add_common_case(
             energy,
         )
     )
-    return _Observed(envelope, True, row, owner, ms, money)
+    return _Observed(envelope, True, row, charged, ms, money)
 
 
 def detect_idle(
@@ -262,3 +282,29 @@ def held_over(timeline: tuple[Holding, ...] | None, envelope: SampleEnvelope) ->
     sample = envelope.data
     pieces = owners_over(timeline, sample.start_us, sample.sample_time_us)
     return pieces if any(p.owner is not None for p in pieces) else []
+
+
+def awaiting_usage(
+    transactions: Sequence[SourcedTransaction], columns: PostingColumns
+) -> list[tuple[str, str, int]]:
+    """(key, transaction id, end) of the usage booked awaiting an owner (`ledger.job_owners`),
+    sorted: the same whichever path booked it."""
+    awaiting = [
+        (key, t.txn.txn_id, t.txn.end_us) for t in transactions for key in awaited_by(t.txn)
+    ]
+    for row in columns.rows:
+        if row[14] is None:  # on unallocated: awaits its GPU's assignment, and its job if named
+            awaiting.append((gpu_key(row[1]), row[0], row[6]))
+            if row[17]:
+                awaiting.append((row[17], row[0], row[6]))
+    return sorted(awaiting)
+
+
+def forget_before(awaiting: Sequence[tuple[str, str, int]]) -> dict[str, int]:
+    """Per GPU key awaited, the time before which its usage stops awaiting an assignment: its
+    newest such usage less `ASSIGNMENT_GRACE_US`."""
+    newest: dict[str, int] = {}
+    for key, _, end in awaiting:
+        if key.startswith("gpu:"):
+            newest[key] = max(newest.get(key, end), end)
+    return {key: end - ASSIGNMENT_GRACE_US for key, end in newest.items()}

@@ -13,8 +13,9 @@ transaction holding, together:
 - the projections that follow from the batch: the running `balances` per (account, unit,
   period), the open holds per job, each GPU's assignment timeline (`gpu_holdings`, who the
   scheduler says holds it: `ledger.assignments`), the applied admin events (`admin_log`), reversed
-  transactions, closed periods with their checksums, the audit trail (`ledger.store.hot_audit`)
-  and the outbox messages to publish (alerts, dead letters, changed balances).
+  transactions, closed periods with their checksums, the audit trail (`ledger.store.hot_audit`),
+  job owners and suspense awaiting them (`ledger.store.hot_identity`) and the outbox messages
+  to publish (alerts, dead letters, changed balances).
 So after a crash either all of a batch is in the store or none of it is, and `applied_offsets`
 tells a restarted consumer exactly where the store stands.
 
@@ -63,6 +64,7 @@ from ledger.posting_columns import PostingColumns
 from ledger.store.balance_outbox import queue_balance_messages
 from ledger.store.hot_audit import AUDIT_DDL, HotAudit
 from ledger.store.hot_dedupe import DedupeSet, Pruned
+from ledger.store.hot_identity import IDENTITY_DDL, HotIdentity, write_identity
 from ledger.store.hot_reads import BALANCES_VERSION, HotReads
 from ledger.store.hot_tables import (
     HOT_TABLES_DDL,
@@ -112,7 +114,7 @@ def _now_us() -> int:
     return time.time_ns() // 1_000
 
 
-class DuckDBStore(HotReads, HotAudit):
+class DuckDBStore(HotReads, HotAudit, HotIdentity):
     """The single writer of one ledger data directory: the DuckDB implementation of the store
     port (`ledger.store.port.LedgerStore`)."""
 
@@ -128,7 +130,7 @@ class DuckDBStore(HotReads, HotAudit):
             self._con = duckdb.connect(str(db))
         except duckdb.IOException as exc:
             raise StoreError(f"cannot open the ledger store {db}: {exc}") from exc
-        self._con.execute(HOT_TABLES_DDL + AUDIT_DDL)
+        self._con.execute(HOT_TABLES_DDL + AUDIT_DDL + IDENTITY_DDL)
         self._segments = Segmenter(self._con, self.segments_root, self.archive_root)
         self.manifest = self._segments.postings.manifest
         self.archive_manifest = self._segments.archive.manifest
@@ -318,6 +320,7 @@ class DuckDBStore(HotReads, HotAudit):
 
     def _apply_changes(self, changes: StateChanges, now: int) -> None:
         write_changes(self._con, changes, now)
+        write_identity(self._con, changes)
 
     def _refuse_closed(
         self, fresh: Sequence[SourcedTransaction], closing: bool, periods: Sequence[str] = ()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ledger.accounts import AccountKind, budget_account
@@ -48,6 +48,7 @@ from ledger.inventory import InventoryGpu
 from ledger.posting_columns import PostingColumns
 from ledger.postings import Transaction
 from ledger.pricing import PriceBook
+from ledger.store.memory_identity import JobIdentity, MemoryIdentityReads
 from ledger.store.port import (
     CommitResult,
     ConsumedMessage,
@@ -118,6 +119,7 @@ class _State:
     inventory: dict[str, InventoryGpu] = field(default_factory=dict)
     audit: list[AuditRecord] = field(default_factory=list)  # the trail, chained
     audit_ids: set[str] = field(default_factory=set)
+    identity: JobIdentity = field(default_factory=JobIdentity)  # job owners, awaiting ones
 
     def copy(self) -> _State:
         return _State(
@@ -143,6 +145,7 @@ class _State:
             dict(self.inventory),
             list(self.audit),
             set(self.audit_ids),
+            self.identity.copy(),
         )
 
 
@@ -218,7 +221,7 @@ def _rows(balances: dict[BalanceKey, int], accounts: Collection[str] | None) -> 
     ]
 
 
-class MemoryStore:
+class MemoryStore(MemoryIdentityReads):
     """A ledger kept in memory: the pure-Python implementation of the store port."""
 
     def __init__(self) -> None:
@@ -364,6 +367,7 @@ class MemoryStore:
         fresh = list(new_entries(changes.audit, s.audit_ids))
         s.audit.extend(chain(s.audit[-1] if s.audit else None, fresh))
         s.audit_ids.update(e.event_id for e in fresh)
+        s.identity.apply(changes)
 
     @staticmethod
     def _close(s: _State, entry: AppliedAdmin) -> str:
@@ -456,6 +460,9 @@ class MemoryStore:
 
     def find_transaction(self, txn_id: str) -> Transaction | None:
         return self._s.transactions.get(txn_id)
+
+    def _identity(self) -> tuple[JobIdentity, Mapping[str, Transaction]]:
+        return self._s.identity, self._s.transactions
 
     def pending_outbox(self, limit: int = 1000) -> list[OutboxMessage]:
         return list(self._s.outbox.values())[:limit]

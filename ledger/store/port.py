@@ -5,9 +5,11 @@ A store keeps one ledger: postings, the exactly-once bookkeeping (applied event 
 offset ranges per broker incarnation), the projections a batch's fold reads (open holds, idle
 states, GPU assignment timelines, the admin log, reversals, closed periods, balances) and an
 outbox of messages owed to the broker, and the GPU inventory folded from collectors' reports
-(`ledger.inventory`: one record per GPU, replaced as reports change it). Two implementations
-keep the same contract (`tests/contract/test_store_contract.py`): `ledger.store.hot.DuckDBStore`
-(DuckDB + Parquet segments, the production one) and `ledger.store.memory.MemoryStore`.
+(`ledger.inventory`: one record per GPU, replaced as reports change it), and job identity
+(`ledger.job_owners`: job key → owner, and the suspense transactions awaiting an owner). Two
+implementations keep the same contract (`tests/contract/test_store_contract.py`):
+`ledger.store.hot.DuckDBStore` (DuckDB + Parquet segments, the production one) and
+`ledger.store.memory.MemoryStore`.
 
 Ingest talks to a store in three steps: `load_view` reads, at once, everything a batch's fold
 needs (a `LedgerView`, selected by the batch's `ViewKeys`); the fold is pure; `commit` writes
@@ -33,7 +35,7 @@ from ledger.assignments import Holding
 from ledger.audit import AuditEntry, AuditRecord
 from ledger.balances import BalanceRow
 from ledger.closing import ClosedPeriod
-from ledger.events import DeadLetter
+from ledger.events import DeadLetter, Owner
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState
 from ledger.inventory import InventoryGpu
@@ -136,7 +138,15 @@ class StateChanges:
     - `timelines`: GPUs whose assignment timeline changed, each with its whole new timeline;
     - `inventory`: inventory records that changed, each replacing the GPU's record.
     - `audit`: audit entries to append to the trail, in order (`ledger.audit`); the store
-      numbers and chains them, and leaves out any whose event the trail holds already.
+      numbers and chains them, and leaves out any whose event the trail holds already;
+    - `job_owners`: job keys made known (`ledger.job_owners`), each with its owner; a key the
+      store knows keeps its first owner;
+    - `awaiting`: (key, transaction id, its end time) of transactions awaiting an owner: a job
+      key's (`ledger.job_owners`), or `gpu:<uuid>` for unallocated usage awaiting a scheduler
+      assignment that covers it;
+    - `forget_awaiting`: per key, a time: the key's awaiting transactions that end before it
+      are forgotten (they stay as booked);
+    - `resolved`: transactions no longer awaiting any owner (corrected).
     """
 
     holds: Sequence[OpenHold] = ()
@@ -146,6 +156,10 @@ class StateChanges:
     timelines: Mapping[str, tuple[Holding, ...]] = field(default_factory=dict)
     inventory: Mapping[str, InventoryGpu] = field(default_factory=dict)
     audit: Sequence[AuditEntry] = ()
+    job_owners: Mapping[str, Owner] = field(default_factory=dict)
+    awaiting: Sequence[tuple[str, str, int]] = ()
+    forget_awaiting: Mapping[str, int] = field(default_factory=dict)
+    resolved: Sequence[str] = ()
 
 
 @dataclass(slots=True)
@@ -170,7 +184,8 @@ class ViewKeys:
     - `audit_ids`: event ids whose place in the audit trail matters (kept for good);
     - `holds`: whether the fold needs the open holds;
     - `admin`: whether the fold needs the admin state (`AdminView`);
-    - `inventory`: whether the fold needs the GPU inventory.
+    - `inventory`: whether the fold needs the GPU inventory;
+    - `job_keys`: job keys whose known owner and awaiting transactions the fold reads.
     """
 
     event_ids: Sequence[str] = ()
@@ -184,13 +199,16 @@ class ViewKeys:
     holds: bool = False
     admin: bool = False
     inventory: bool = False
+    job_keys: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
 class LedgerView:
     """The part of the ledger one batch's fold reads, as plain values. `forgotten_before`:
     per dedupe scope asked for, the cutoff before which its applied ids may be forgotten (a
-    scope never pruned is absent)."""
+    scope never pruned is absent). `job_owners`: the owner of each job key asked for that is
+    known; `awaiting`: per job key asked for, the transactions awaiting its owner, in the order
+    they were committed."""
 
     seen: frozenset[str] = frozenset()
     admin_applied: frozenset[str] = frozenset()
@@ -205,6 +223,8 @@ class LedgerView:
     forgotten_before: Mapping[str, int] = field(default_factory=dict)
     inventory: Mapping[str, InventoryGpu] = field(default_factory=dict)
     audited: frozenset[str] = frozenset()
+    job_owners: Mapping[str, Owner] = field(default_factory=dict)
+    awaiting: Mapping[str, tuple[Transaction, ...]] = field(default_factory=dict)
 
 
 class ViewLookups(Protocol):
@@ -235,11 +255,19 @@ class ViewLookups(Protocol):
     def inventory(self) -> dict[str, InventoryGpu]: ...
     def audited_ids(self, ids: Sequence[str]) -> set[str]: ...
 
+    def job_owners(self, keys: Collection[str]) -> dict[str, Owner]: ...
+
+    def awaiting_transactions(
+        self, keys: Collection[str]
+    ) -> dict[str, tuple[Transaction, ...]]: ...
+
 
 def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
     """The `LedgerView` for `keys`, from a store's per-key reads (both stores answer so)."""
     txn_ids = sorted(keys.txn_ids)
     found = {t: txn for t in txn_ids if (txn := store.find_transaction(t)) is not None}
+    awaiting = store.awaiting_transactions(keys.job_keys) if keys.job_keys else {}
+    asked = sorted(set(txn_ids).union(*({t.txn_id for t in a} for a in awaiting.values())))
     return LedgerView(
         seen=frozenset(store.seen_ids(keys.event_ids)),
         admin_applied=frozenset(store.admin_ids(keys.admin_ids)),
@@ -250,10 +278,12 @@ def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
         holds=store.open_holds() if keys.holds else {},
         budget_totals={k: store.budget_total(*k) for k in keys.budget_keys},
         transactions=found,
-        reversed_by={t: r for t in txn_ids if (r := store.reversed_by(t)) is not None},
+        reversed_by={t: r for t in asked if (r := store.reversed_by(t)) is not None},
         forgotten_before=store.forgotten_before(keys.scopes) if keys.scopes else {},
         inventory=store.inventory() if keys.inventory else {},
         audited=frozenset(store.audited_ids(keys.audit_ids)) if keys.audit_ids else frozenset(),
+        job_owners=store.job_owners(keys.job_keys) if keys.job_keys else {},
+        awaiting=awaiting,
     )
 
 
@@ -359,6 +389,20 @@ class LedgerStore(Protocol):
 
     def inventory(self) -> dict[str, InventoryGpu]:
         """The GPU inventory: every GPU reported, by UUID, as the reports committed left it."""
+        ...
+
+    def job_owners(self, keys: Collection[str]) -> dict[str, Owner]:
+        """The owner of each of `keys` (job keys, `ledger.job_owners`) the ledger knows."""
+        ...
+
+    def awaiting_owner(self, keys: Collection[str]) -> dict[str, tuple[str, ...]]:
+        """Per each of `keys` that has any, the ids of the transactions awaiting its owner, in
+        the order they were committed."""
+        ...
+
+    def awaiting_transactions(self, keys: Collection[str]) -> dict[str, tuple[Transaction, ...]]:
+        """`awaiting_owner` with each id as its committed transaction (one never committed, e.g.
+        refused after it was remembered, is left out)."""
         ...
 
     def dead_letters(self) -> list[tuple[object, ...]]: ...

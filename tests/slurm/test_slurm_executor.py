@@ -95,9 +95,10 @@ def test_preempt_requeues_and_holds_then_start_releases_the_same_job(
     watch = Watcher(executor)
     job = a_job("preempted")
     executor.start(job, HOLD)
-    watch.until("preempted", RunState.RUNNING)
+    running = watch.until("preempted", RunState.RUNNING)
     slurm_id = executor.slurm_id("preempted")
     assert slurm_id is not None
+    assert running.slurm_job_id == slurm_id
     log = executor.log_path("preempted")
     wait_log(log, "run 0")
 
@@ -281,6 +282,7 @@ def test_a_job_slurm_forgot_is_reported_lost(tmp_path: Path) -> None:
     ex.start(a_job("gone"), QUICK)
     (running,) = ex.poll()
     assert (running.state, running.devices, running.native_id) == (RunState.RUNNING, ("0",), "41")
+    assert running.slurm_job_id == "41"  # SLURM_JOB_ID=41 in its processes: owner slurm:41
     (lost,) = ex.poll()
     assert (lost.state, lost.detail) == (RunState.LOST, "Slurm no longer knows the job")
     assert ex.sacct_available is False

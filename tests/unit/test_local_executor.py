@@ -400,6 +400,19 @@ def test_status_events(case: StatusCase) -> None:
 
 
 @pytest.mark.parametrize(
+    ("slurm_job_id", "expected"),
+    [pytest.param("41", "slurm:41", id="slurm-run"), pytest.param(None, None, id="local-run")],
+)
+def test_a_start_carries_the_executor_s_own_id_of_the_run(
+    slurm_job_id: str | None, expected: str | None
+) -> None:
+    status = JobStatus("job-1", RunState.RUNNING, 10, native_id="41", slurm_job_id=slurm_job_id)
+    (started,) = status_events(status, a_job(), a_queue())
+    assert started == JobStarted("job-1", 10, slurm_job_id=slurm_job_id)
+    assert started.executor_id == expected  # the alias the ledger learns for the Tally job
+
+
+@pytest.mark.parametrize(
     ("state", "job_known", "started"),
     [
         pytest.param(RunState.FINISHED, False, False, id="ended-in-the-core-first"),
