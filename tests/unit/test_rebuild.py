@@ -411,6 +411,24 @@ def test_an_altered_audit_record_is_a_difference_and_verify_names_it(live, tmp_p
     assert "audit record 3 (position 3)" in problem and "altered" in problem
 
 
+def test_a_truncated_audit_trail_passes_verify_but_not_rebuild(live, tmp_path):
+    """Dropping the newest records leaves a valid chain, which `verify` cannot tell from a
+    shorter trail; the archive replayed by `rebuild` still holds those actions."""
+    path = live.segments_root / AUDIT_NAME
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert len(lines) >= 3
+    path.write_bytes(b"".join(lines[:-2]))
+    assert verify_ledger(live.data_dir).problems == ()
+    report = rebuild(live.data_dir, tmp_path / "rebuilt", SETTINGS)
+    [difference] = report.differences
+    assert (difference.kind, difference.subject) == (
+        DifferenceKind.AUDIT,
+        f"audit record {len(lines) - 1}",
+    )
+    assert (difference.live, difference.rebuilt) == (len(lines) - 2, len(lines))
+    assert difference.note == "2 record(s) only in the rebuilt trail"
+
+
 def test_a_missing_archive_range_is_a_difference(live, tmp_path):
     manifest = live.archive_manifest
     doc = json.loads(manifest.path.read_text())
