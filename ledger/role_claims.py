@@ -1,11 +1,13 @@
 """Who a person signed in through OIDC is: the claim rules (`ClaimRule`) that map a token's
 claims or groups to a role and team, and `caller_from_claims`, the one mapping the API (bearer
 JWTs) and the dashboard (`st.user`) both use. Pure: claims in, a `ledger.roles.Caller` or None
-(no rule matched: the person is known but may do nothing) out.
+(no rule matched: the person is known but may do nothing) out. `ClaimMapping` carries the rules
+and the user claim to the dashboard process as JSON.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -60,3 +62,35 @@ def caller_from_claims(
         if rule.value in claim_values(claims, rule.claim):
             return Caller(rule.role, rule.team, user, label=f"{OIDC_LABEL}{user}")
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimMapping:
+    """The rules and the user claim together: what the dashboard is handed (as JSON, in its
+    environment) to map `st.user`'s claims the way the API maps a token's."""
+
+    rules: tuple[ClaimRule, ...]
+    user_claim: str
+
+    def caller(self, claims: Mapping[str, object]) -> Caller | None:
+        return caller_from_claims(claims, self.rules, self.user_claim)
+
+    def to_json(self) -> str:
+        rules = [
+            {"claim": r.claim, "value": r.value, "role": str(r.role), "team": r.team}
+            for r in self.rules
+        ]
+        return json.dumps({"user_claim": self.user_claim, "rules": rules})
+
+    @classmethod
+    def from_json(cls, text: str) -> ClaimMapping:
+        """The mapping `to_json` wrote; raises ValueError for anything else."""
+        try:
+            data = json.loads(text)
+            rules = tuple(
+                ClaimRule(str(r["claim"]), str(r["value"]), Role(r["role"]), r["team"])
+                for r in data["rules"]
+            )
+            return cls(rules, str(data["user_claim"]))
+        except (TypeError, KeyError) as exc:
+            raise ValueError(f"not a claim mapping: {exc}") from None

@@ -6,13 +6,16 @@ static tokens keep working beside them."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import requests
 from click.testing import CliRunner
 
 from ledger.role_claims import ClaimRule
@@ -22,7 +25,7 @@ from scheduler.executors.fake import RUNS_FOREVER
 from tally.cli import cli
 from tests.builders import a_config_dict
 from tests.conftest import write_config
-from tests.oidc_issuer import AUDIENCE, Issuer, ec_key, renamed, rsa_key
+from tests.oidc_issuer import AUDIENCE, CLIENT_ID, CLIENT_SECRET, Issuer, ec_key, renamed, rsa_key
 from tests.unit.test_scheduler_api_support import ADMIN, Api, a_job
 from tests.unit.test_scheduler_service_support import Rig
 
@@ -247,3 +250,42 @@ def test_the_cli_checks_a_persons_jwt_before_sending_an_admin_event(
     result = CliRunner().invoke(cli, args, env={"TALLY_TOKEN": issuer.token(**claims)})
     assert result.exit_code == code, result.output
     assert text in result.output
+
+
+# ---------------------------------------------------------------------------- the issuer's login
+
+
+def test_the_issuers_code_flow_gives_an_id_token_the_verifier_accepts(issuer):
+    """What the dashboard's login goes through: authorize → code → token (ID token with the
+    nonce, for the client), each code used once, the client's secret required."""
+    issuer.keys = [rsa_key("rsa-1")]
+    issuer.person = {"preferred_username": "ada", "groups": ["vision-members"]}
+    back = "http://127.0.0.1:8501/oauth2callback"
+    query = {"response_type": "code", "client_id": CLIENT_ID, "redirect_uri": back,
+             "state": "s-1", "nonce": "n-1", "scope": "openid"}  # fmt: skip
+    answer = requests.get(f"{issuer.url}/authorize", params=query, allow_redirects=False, timeout=5)
+    assert answer.status_code == 302
+    location = urlsplit(answer.headers["Location"])
+    got = parse_qs(location.query)
+    assert f"{location.scheme}://{location.netloc}{location.path}" == back
+    assert got["state"] == ["s-1"]
+    form = {"grant_type": "authorization_code", "code": got["code"][0], "redirect_uri": back}
+    wrong = requests.post(f"{issuer.url}/token", data=form, auth=(CLIENT_ID, "nope"), timeout=5)
+    assert (wrong.status_code, wrong.json()) == (400, {"error": "invalid_client"})
+    tokens = requests.post(
+        f"{issuer.url}/token", data=form, auth=(CLIENT_ID, CLIENT_SECRET), timeout=5
+    )
+    assert tokens.status_code == 200
+    again = requests.post(
+        f"{issuer.url}/token", data=form, auth=(CLIENT_ID, CLIENT_SECRET), timeout=5
+    )
+    assert (again.status_code, again.json()) == (400, {"error": "invalid_grant"})
+
+    settings = OidcSettings(issuer=issuer.url, audience=CLIENT_ID, rules=RULES)
+    id_token = tokens.json()["id_token"]
+    caller = asyncio.run(OidcVerifier(settings).caller(id_token))
+    assert (caller.role, caller.team, caller.user) == (Role.MEMBER, "vision", "ada")
+    payload = id_token.split(".")[1]
+    assert (
+        json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["nonce"] == "n-1"
+    )
