@@ -5,7 +5,9 @@ $TALLY_DATA_DIR (set by `tally up`) or `.tally/data`, the currency from $TALLY_C
 The pages are the `page_*.py` scripts beside it; they read the sealed ledger through
 `dashboard.common`. The scheduler's job events are read from the ledger's raw-event archive, on
 the topic named by $TALLY_JOBS_TOPIC (default `tally.jobs`). The FOCUS download's unit prices
-come from the configuration's price book in $TALLY_PRICES (JSON, set by `tally up`).
+come from the configuration's price book in $TALLY_PRICES (JSON, set by `tally up`). With
+single sign-on ($TALLY_OIDC_LOGIN) only a signed-in person sees anything, and only the pages and
+team their role allows (`dashboard.access`).
 """
 
 from __future__ import annotations
@@ -14,49 +16,30 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboard import common
+from dashboard import access, common
 
 st.set_page_config(page_title="Tally", page_icon="▦", layout="wide")
 
 HERE = Path(__file__).parent
-PAGES = [
-    st.Page(
-        HERE / "page_finance.py",
-        title="Finance",
-        icon=":material/payments:",
-        url_path="finance",
-        default=True,
-    ),
-    st.Page(
-        HERE / "page_platform.py",
-        title="Platform",
-        icon=":material/memory:",
-        url_path="platform",
-    ),
-    st.Page(
-        HERE / "page_team.py",
-        title="Team",
-        icon=":material/group:",
-        url_path="team",
-    ),
-    st.Page(
-        HERE / "page_capacity.py",
-        title="Capacity planning",
-        icon=":material/trending_up:",
-        url_path="capacity",
-    ),
-    st.Page(
-        HERE / "page_audit.py",
-        title="Audit",
-        icon=":material/policy:",
-        url_path="audit",
-    ),
+PAGES = [  # (script, title, icon, url path); the first visible one is the default
+    ("page_finance.py", "Finance", ":material/payments:", "finance"),
+    ("page_platform.py", "Platform", ":material/memory:", "platform"),
+    ("page_team.py", "Team", ":material/group:", "team"),
+    ("page_capacity.py", "Capacity planning", ":material/trending_up:", "capacity"),
+    ("page_audit.py", "Audit", ":material/policy:", "audit"),
 ]
 
-page = st.navigation(PAGES)
+viewer = access.viewer()  # with single sign-on: the login screen until someone signs in
+shown = [p for p in PAGES if p[3] in viewer.pages]
+page = st.navigation(
+    [
+        st.Page(HERE / script, title=title, icon=icon, url_path=path, default=i == 0)
+        for i, (script, title, icon, path) in enumerate(shown)
+    ]
+)
 extent = common.query("extent")
 history = common.query("job_history", common.jobs_topic())
-st.session_state["filters"] = common.sidebar_filters(extent, history.teams)
+st.session_state["filters"] = common.sidebar_filters(extent, history.teams, viewer.team)
 with st.sidebar:
     st.caption(f"Sealed up to {common.when(extent.newest_us)} · amounts in {common.currency()}")
 page.run()

@@ -192,13 +192,17 @@ def closed_periods() -> tuple[str, ...]:
 # ------------------------------------------------------------------------------ filters
 
 
-def sidebar_filters(extent: rollups.Extent, job_teams: tuple[str, ...] = ()) -> rollups.Filters:
+def sidebar_filters(
+    extent: rollups.Extent, job_teams: tuple[str, ...] = (), only_team: str | None = None
+) -> rollups.Filters:
     """The period, team and pool selectors (in the sidebar); their values as `Filters`.
 
-    Teams are those with usage in the ledger and, from `job_teams`, those with scheduled jobs.
+    Teams are those with usage in the ledger and, from `job_teams`, those with scheduled jobs;
+    `only_team` (a signed-in team role's) is then the one team offered and always chosen.
     """
     closed = set(closed_periods())
     teams = sorted(set(extent.teams) | set(job_teams))
+    choices = [ALL, *teams] if only_team is None else [only_team]
     periods = [ALL, *extent.periods]
 
     def period_label(label: str) -> str:
@@ -219,7 +223,7 @@ def sidebar_filters(extent: rollups.Extent, job_teams: tuple[str, ...] = ()) -> 
         )
         team = st.selectbox(
             "Team",
-            [ALL, *teams],
+            choices,
             format_func=lambda t: "All teams" if t == ALL else t,
             key="team",
         )

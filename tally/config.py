@@ -31,6 +31,7 @@ from ledger.periods import DEFAULT_ZONE_NAME, parse_zone
 from ledger.pricing import ANY_MODEL, EnergyPrice, Price, PriceBook
 from tally import config_fields
 from tally.alerts_config import AlertsConfig
+from tally.auth_config import AuthConfig, check_auth_teams
 from tally.broker_config import BrokerConfig, TlsConfig, TopicsConfig
 from tally.budgets_config import BudgetConfig
 from tally.config_fields import EnvName, GpuMs, Micros, Name, Strict
@@ -376,6 +377,7 @@ class TallyConfig(Strict):
     metrics: MetricsConfig = MetricsConfig()
     inventory: InventoryConfig = InventoryConfig()
     identity: IdentityConfig = IdentityConfig()
+    auth: AuthConfig = AuthConfig()
 
     @model_validator(mode="after")
     def _identity_names_teams(self) -> TallyConfig:
@@ -419,6 +421,7 @@ class TallyConfig(Strict):
         for name in self.scheduler.tokens.team_env:
             if name not in teams:
                 raise ValueError(f"scheduler.tokens.team_env: unknown team {name!r}")
+        check_auth_teams(self.auth, dict.fromkeys(teams))
         return self
 
     @model_validator(mode="after")

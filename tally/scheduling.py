@@ -30,6 +30,7 @@ import yaml
 from ledger.roles import Caller, Role
 from ledger.units import US_PER_SECOND
 from scheduler.api import Tokens
+from scheduler.api.oidc import OidcSettings, OidcVerifier
 from scheduler.dispatcher import Dispatcher, TeamBudgetRules
 from scheduler.inventory import FleetInventory
 from scheduler.job_alerts import JobAlertWatch
@@ -257,6 +258,25 @@ def load_tokens(config: TallyConfig, environ: Mapping[str, str] | None = None) -
     if len(set(every)) != len(every):
         raise ConfigError("scheduler tokens: two principals share a token")
     return Tokens(admin=admin, teams=teams, named=named)
+
+
+def oidc_verifier(config: TallyConfig) -> OidcVerifier | None:
+    """The API's verifier of people's bearer JWTs (`auth.oidc`); None: not configured."""
+    oidc = config.auth.oidc
+    if oidc is None:
+        return None
+    settings = OidcSettings(
+        issuer=oidc.issuer,
+        audience=oidc.audience,
+        rules=oidc.rules(),
+        user_claim=oidc.user_claim,
+        discovery_url=oidc.discovery(),
+        algorithms=oidc.algorithms,
+        clock_skew_s=oidc.clock_skew_s,
+        jwks_refresh_s=oidc.jwks_refresh_s,
+        jwks_refetch_min_s=oidc.jwks_refetch_min_s,
+    )
+    return OidcVerifier(settings)
 
 
 def ensure_tokens_file(config: TallyConfig) -> Path | None:

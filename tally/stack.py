@@ -40,6 +40,7 @@ from streams.topics import ensure_topic_specs
 from tally.broker import EmbeddedBroker
 from tally.components import BOOTSTRAP_ENV
 from tally.config import TallyConfig
+from tally.dashboard_login import login_configured, login_env, secrets_path
 from tally.kafka_clients import KafkaClients
 from tally.metrics import free_port, metrics_url
 from tally.metrics_config import MetricsProcess
@@ -61,8 +62,9 @@ class Child:
 def ledger_env(config: TallyConfig, config_path: Path) -> dict[str, str]:
     """What a child (the dashboard above all) learns of the configuration from its
     environment: the config file, the ledger's directory and currency, the jobs topic, the
-    fair-share half-life, the price book (for the FOCUS export's unit prices) and the object
-    store of the sealed ledger, if any (`tally.segments_config.segments_env`)."""
+    fair-share half-life, the price book (for the FOCUS export's unit prices), the object
+    store of the sealed ledger, if any (`tally.segments_config.segments_env`) and, with a
+    dashboard login, the claim mapping (`tally.dashboard_login`)."""
     return {
         "TALLY_CONFIG": str(config_path),
         "TALLY_DATA_DIR": str(config.ledger.data_dir.resolve()),
@@ -70,6 +72,7 @@ def ledger_env(config: TallyConfig, config_path: Path) -> dict[str, str]:
         "TALLY_JOBS_TOPIC": config.topics.jobs,
         "TALLY_FAIR_SHARE_HALF_LIFE_HOURS": str(config.scheduler.fair_share_half_life_hours),
         "TALLY_PRICES": encode_price_book(config.price_book()),
+        **login_env(config),
     } | segments_env(config.ledger.segments_url, config.ledger.object_store)
 
 
@@ -81,7 +84,8 @@ def dashboard_command(
 ) -> list[str]:
     """The command that serves the Streamlit dashboard on `host:port` (default: the config's
     `dashboard:`), headless, logging at `log_level`; it reads the ledger named by `ledger_env`.
-    `tally up` runs it as a child, `tally dashboard` in its own place."""
+    `tally up` runs it as a child, `tally dashboard` in its own place. With a dashboard login
+    (`auth.oidc.dashboard`) Streamlit reads the secrets file `write_secrets` wrote."""
     import dashboard
 
     app = Path(dashboard.__file__).parent / "app.py"
@@ -93,6 +97,7 @@ def dashboard_command(
         *("--server.headless", "true"),
         *("--browser.gatherUsageStats", "false"),
         *("--logger.level", log_level),
+        *(("--secrets.files", str(secrets_path(config))) if login_configured(config) else ()),
     ]
 
 

@@ -3,12 +3,14 @@ handlers and scheduling ticks never run at the same time on the state; the servi
 orders submits, cancels and ticks).
 
 Modules: `routes` (the route table: one source for the application and the OpenAPI document),
-`models` (pydantic request and response bodies), `auth` (tokens and principals), `handlers`,
+`models` (pydantic request and response bodies), `auth` (tokens and principals), `oidc`
+(people's bearer JWTs), `handlers`,
 `views` (records → response models), `pagination` (filters and cursors of `GET /v1/jobs`),
 `openapi` (the document at `/v1/openapi.json`), `responses` (JSON and error answers), `app`
 (middleware, access log, the server).
 
-Authentication: `Authorization: Bearer <token>`; each token names a role (`ledger.roles`,
+Authentication: `Authorization: Bearer <token>`: a static token (machines) or, with
+`auth.oidc`, a person's JWT from the OIDC issuer (`oidc`); each names a role (`ledger.roles`,
 whose permission table decides every route). A team role sees and acts on that team's jobs
 only; organisation-wide roles see all. A team's token may give a job only a priority within its
 queue's bounds (`queues[].priority_bounds`, default 0–100); the admin's may give any.
@@ -29,6 +31,7 @@ Errors are JSON, `{"error": {"status", "code", "message"}}`:
     415 unsupported_media a body whose Content-Type is not JSON
     422 unprocessable     a queue, team, project, GPU model or pool that is not configured;
         idempotency_key_reused: an Idempotency-Key already used for a different request
+    503 unavailable       a person's JWT while the OIDC issuer's keys cannot be fetched
 202 instead of 201/200: the broker did not take the job's events in time; the scheduler holds
 them and publishes (then carries out) them when it does. Send an `Idempotency-Key` to make a
 retry safe: the same key (per caller) with the same body answers 200 with the job the first

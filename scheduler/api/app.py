@@ -3,7 +3,8 @@ the error middleware, and `api_server`, what `run_service` calls to serve it.
 
 Access log (logger `tally.scheduler.access`, INFO): one line per request —
 `METHOD PATH STATUS DURATIONms PRINCIPAL` — the path without its query string, the principal
-`admin`, `team:<name>` or `-`; never a token.
+`admin`, `team:<name>`, `<role>:oidc:<user>` (a person signed in through OIDC) or `-`; never a
+token.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from aiohttp import web
 
 from scheduler.api.auth import PRINCIPAL_KEY, Tokens
 from scheduler.api.handlers import DEFAULT_BODY_TIMEOUT_S, Api
+from scheduler.api.oidc import OidcVerifier
 from scheduler.api.openapi import document
 from scheduler.api.responses import STATUS_OF, ApiError, error_response
 from scheduler.api.routes import ROUTES
@@ -82,9 +84,11 @@ def build_app(
     tokens: Tokens,
     max_body_bytes: int,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    oidc: OidcVerifier | None = None,
 ) -> web.Application:
-    """The API on `service`: every route of the route table, and the OpenAPI document."""
-    api = Api(service, tokens, max_body_bytes, body_timeout_s, document(ROUTES))
+    """The API on `service`: every route of the route table, and the OpenAPI document. With
+    `oidc`, people's bearer JWTs are accepted beside the static tokens."""
+    api = Api(service, tokens, max_body_bytes, body_timeout_s, document(ROUTES), oidc)
     app = web.Application(middlewares=[access_log, json_errors], client_max_size=max_body_bytes)
     for route in ROUTES:
         app.router.add_route(route.method, route.path, getattr(api, route.handler))
@@ -97,11 +101,12 @@ def api_server(
     port: int,
     max_body_bytes: int,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    oidc: OidcVerifier | None = None,
 ) -> Callable[[SchedulerService], Awaitable[Callable[[], Awaitable[None]]]]:
     """What `run_service` calls to start the API: returns the closer."""
 
     async def serve(service: SchedulerService) -> Callable[[], Awaitable[None]]:
-        app = build_app(service, tokens, max_body_bytes, body_timeout_s)
+        app = build_app(service, tokens, max_body_bytes, body_timeout_s, oidc)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host, port)

@@ -1,9 +1,10 @@
 """Who is calling: bearer tokens (`Tokens`), the caller they name (`Principal`, a
 `ledger.roles.Caller`: a role, its team, its user), `authenticate`, which answers 401 for a
-missing or unknown token, and `authorize`, which answers 403 for an action the caller's role may
-not do and 404 for another team's object (`ledger.roles.decide`). Tokens are compared in
-constant time and never logged; the access log names the principal (`admin`, `team:<name>`,
-`<role>:<token name>`).
+missing or unknown token (a token shaped as a JWT goes to the OIDC verifier when one is
+configured, `scheduler.api.oidc`; every other token is a static one), and `authorize`, which
+answers 403 for an action the caller's role may not do and 404 for another team's object
+(`ledger.roles.decide`). Tokens are compared in constant time and never logged; the access log
+names the principal (`admin`, `team:<name>`, `<role>:<token name>`, `<role>:oidc:<user>`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from ledger.roles import Action, Caller, Decision, Role, decide
+from scheduler.api.oidc import OidcVerifier, looks_like_jwt
 from scheduler.api.responses import ApiError
 
 PRINCIPAL_KEY = web.RequestKey("principal", str)  # the principal's name, for the access log
@@ -49,15 +51,22 @@ class Tokens:
         return found
 
 
-def authenticate(request: web.Request, tokens: Tokens) -> Principal:
-    """The caller of `request`; raises ApiError(401) without a valid bearer token."""
+async def authenticate(
+    request: web.Request, tokens: Tokens, oidc: OidcVerifier | None = None
+) -> Principal:
+    """The caller of `request`; raises ApiError(401) without a valid bearer token (from the
+    OIDC verifier also 403: a person with no role, 503: the issuer's keys cannot be had)."""
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if not header:
         raise ApiError(401, "a bearer token is required (Authorization: Bearer <token>)")
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "the Authorization header must be `Bearer <token>`")
-    principal = tokens.principal(token.strip())
+    token = token.strip()
+    if oidc is not None and looks_like_jwt(token):
+        principal: Principal | None = await oidc.caller(token)
+    else:
+        principal = tokens.principal(token)
     if principal is None:
         raise ApiError(401, "the token is not valid")
     request[PRINCIPAL_KEY] = principal.name

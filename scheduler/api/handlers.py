@@ -34,6 +34,7 @@ from scheduler.api.models import (
     dumped,
     problem,
 )
+from scheduler.api.oidc import OidcVerifier
 from scheduler.api.pagination import Cursors, JobFilter, page, parse_since
 from scheduler.api.responses import ApiError, json_response
 from scheduler.api.views import (
@@ -164,7 +165,7 @@ def _answer(accepted: Accepted, status: int) -> web.Response:
 
 
 class Api:
-    """The handlers, bound to a service and its tokens."""
+    """The handlers, bound to a service, its tokens and (for people) its OIDC verifier."""
 
     def __init__(
         self,
@@ -173,9 +174,11 @@ class Api:
         max_body_bytes: int,
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
         document: Mapping[str, Any] | None = None,
+        oidc: OidcVerifier | None = None,
     ) -> None:
         self.service = service
         self.tokens = tokens
+        self.oidc = oidc
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.cursors = Cursors()
@@ -219,7 +222,7 @@ class Api:
         return json_response(dumped(health))
 
     async def submit(self, request: web.Request) -> web.Response:
-        principal = authenticate(request, self.tokens)
+        principal = await authenticate(request, self.tokens, self.oidc)
         authorize(principal, Action.JOB_SUBMIT)
         read_query(request, NoQuery)
         key = idempotency_key(request)
@@ -234,7 +237,7 @@ class Api:
         return _answer(accepted, 201)
 
     async def list_jobs(self, request: web.Request) -> web.Response:
-        principal = authenticate(request, self.tokens)
+        principal = await authenticate(request, self.tokens, self.oidc)
         query = read_query(request, JobsQuery)
         where = JobFilter(
             team=self._team_filter(query.team, principal, Action.JOB_READ),
@@ -252,12 +255,12 @@ class Api:
         return json_response(dumped(answer))
 
     async def get_job(self, request: web.Request) -> web.Response:
-        principal = authenticate(request, self.tokens)
+        principal = await authenticate(request, self.tokens, self.oidc)
         record = self._job(request, principal, Action.JOB_READ)
         return json_response(dumped(JobAnswer(job=job_view(record))))
 
     async def cancel(self, request: web.Request) -> web.Response:
-        principal = authenticate(request, self.tokens)
+        principal = await authenticate(request, self.tokens, self.oidc)
         key = idempotency_key(request)
         record = self._job(request, principal, Action.JOB_CANCEL)
         accepted = await self.service.cancel(
@@ -266,7 +269,7 @@ class Api:
         return _answer(accepted, 200)
 
     async def explain(self, request: web.Request) -> web.Response:
-        principal = authenticate(request, self.tokens)
+        principal = await authenticate(request, self.tokens, self.oidc)
         record = self._job(request, principal, Action.JOB_READ)
         answer = Explanation(
             job_id=record.job_id, explanation=self.dispatcher.explain(record.job_id)
@@ -274,12 +277,12 @@ class Api:
         return json_response(dumped(answer))
 
     async def queues(self, request: web.Request) -> web.Response:
-        authorize(authenticate(request, self.tokens), Action.QUEUES_READ)
+        authorize(await authenticate(request, self.tokens, self.oidc), Action.QUEUES_READ)
         read_query(request, NoQuery)
         return json_response(dumped(Queues(queues=queue_views(self.dispatcher))))
 
     async def balances(self, request: web.Request) -> web.Response:
-        principal = authenticate(request, self.tokens)
+        principal = await authenticate(request, self.tokens, self.oidc)
         query = read_query(request, TeamQuery)
         team = self._team_filter(query.team, principal, Action.BALANCES_READ)
         teams = [team] if team is not None else sorted(self.dispatcher.state.quotas.teams)
@@ -288,7 +291,7 @@ class Api:
 
     async def inventory(self, request: web.Request) -> web.Response:
         """Every role may read the inventory: it names GPUs and nodes, no team's jobs."""
-        authorize(authenticate(request, self.tokens), Action.INVENTORY_READ)
+        authorize(await authenticate(request, self.tokens, self.oidc), Action.INVENTORY_READ)
         query = read_query(request, InventoryQuery)
         gpus = inventory_views(
             self.service.inventory,

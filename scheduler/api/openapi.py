@@ -22,8 +22,9 @@ DESCRIPTIONS = {
     201: "Created",
     202: "Accepted: the broker has not taken the events yet; carried out once it does",
     400: "Bad request: malformed JSON, unknown fields or parameters, wrong types, out of range",
-    401: "No token, or one that is not known",
-    403: "A team's token acting for another team, or a priority beyond the queue's bounds",
+    401: "No token, or one that is not known (a JWT: not valid for the configured issuer)",
+    403: "The caller's role may not do this (a person whose claims give no role), or a "
+    "priority beyond the queue's bounds",
     404: "No such route, or no such job for this caller",
     405: "Method not allowed",
     408: "The body was not sent in time",
@@ -33,6 +34,7 @@ DESCRIPTIONS = {
     422: "A queue, team, project, model or pool that is not configured; or an Idempotency-Key "
     "already used for a different request",
     500: "An unexpected error (a bug)",
+    503: "A person's JWT, while the OIDC issuer's keys cannot be fetched",
 }
 
 

@@ -39,7 +39,8 @@ from scheduler.api.models import (
     TeamQuery,
 )
 
-AUTH_ERRORS = (400, 401, 403, 404, 405)  # 403: the role may not (`ledger.roles`)
+# 403: the role may not (`ledger.roles`); 503: a person's JWT while the issuer's keys cannot be had
+AUTH_ERRORS = (400, 401, 403, 404, 405, 503)
 BODY_ERRORS = (408, 413, 415)
 
 

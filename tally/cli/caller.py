@@ -1,6 +1,7 @@
 """The CLI's caller for the admin events it writes: `--token` / $TALLY_TOKEN, resolved against
-the configured tokens (`scheduler.tokens`, the API's own), then the permission table
-(`ledger.roles`) — the same decision the API and the ledger make.
+the configured tokens (`scheduler.tokens`, the API's own) — or, for a JWT with `auth.oidc`
+configured, verified against the issuer as the API does — then the permission table
+(`ledger.roles`): the same decision the API and the ledger make.
 
 Without a token the caller is the local operator, who can read the configuration and write the
 admin topic: its events carry no role and the ledger applies them as the admin's (the trust
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,6 +22,9 @@ from ledger.admin import ACTION_OF, AdminEvent
 from ledger.roles import Caller, admin_event_refusal
 from tally.cli.options import Exit, fail
 from tally.config import ConfigError, TallyConfig
+
+if TYPE_CHECKING:
+    from scheduler.api.oidc import OidcVerifier
 
 admin_token_option = click.option(
     "--token",
@@ -30,8 +35,14 @@ admin_token_option = click.option(
 
 
 def token_caller(config: TallyConfig, token: str) -> Caller:
-    """Who `token` is among the configured tokens; exit 2 if none."""
-    from tally.scheduling import load_tokens
+    """Who `token` is among the configured tokens (a JWT: the person the OIDC issuer says);
+    exit 2 if none."""
+    from scheduler.api.oidc import looks_like_jwt
+    from tally.scheduling import load_tokens, oidc_verifier
+
+    verifier = oidc_verifier(config)
+    if verifier is not None and looks_like_jwt(token):
+        return _person(verifier, token)
 
     try:
         tokens = load_tokens(config)
@@ -41,6 +52,17 @@ def token_caller(config: TallyConfig, token: str) -> Caller:
     if caller is None:
         fail("the token is not one of the configured tokens (scheduler.tokens)", Exit.USAGE)
     return caller
+
+
+def _person(verifier: OidcVerifier, token: str) -> Caller:
+    import asyncio
+
+    from scheduler.api import ApiError
+
+    try:
+        return asyncio.run(verifier.caller(token))
+    except ApiError as exc:
+        fail(f"the OIDC token is refused: {exc.message}", Exit.USAGE)
 
 
 def with_role(caller: Caller, events: Sequence[AdminEvent]) -> list[AdminEvent]:

@@ -3,7 +3,9 @@
 
 The command becomes Streamlit (exec), so signals reach the server itself and its exit status is
 the command's. Exit 4 (`no ledger at PATH`) when the data directory holds no ledger: a typo
-must not show an empty dashboard.
+must not show an empty dashboard. With a dashboard login (`auth.oidc.dashboard`) it first
+writes Streamlit's secrets file (`tally.dashboard_login`); exit 2 when a secret's variable is
+not set.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from pathlib import Path
 import click
 
 from tally.cli.options import (
+    Exit,
     config_option,
     data_dir_option,
+    fail,
     load_or_exit,
     log_level_option,
     reader_directory,
@@ -42,6 +46,8 @@ def dashboard(
 ) -> None:
     """Serve the Streamlit dashboard for the config's ledger until Ctrl-C (health check at
     /_stcore/health)."""
+    from tally.config import ConfigError
+    from tally.dashboard_login import write_secrets
     from tally.stack import dashboard_command, ledger_env
 
     config = load_or_exit(config_path)
@@ -50,6 +56,10 @@ def dashboard(
             update={"ledger": config.ledger.model_copy(update={"data_dir": Path(data_dir)})}
         )
     require_ledger(reader_directory(config))  # with an object store: pulled once to check
+    try:
+        write_secrets(config)  # the login's secrets file, with a dashboard login configured
+    except ConfigError as exc:
+        fail(str(exc), Exit.USAGE)
     argv = dashboard_command(config, host, port, log_level)
     env = dict(os.environ, **ledger_env(config, Path(config_path).resolve()))
     address = host or config.dashboard.host

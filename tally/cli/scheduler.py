@@ -57,6 +57,7 @@ def run(
         build_dispatcher,
         fleet_inventory,
         load_tokens,
+        oidc_verifier,
         service_settings,
     )
 
@@ -76,7 +77,8 @@ def run(
     start_metrics(metrics, config, "scheduler_port", metrics_port, "scheduler", probes)
     configure_logging("scheduler", log_level, log_format)
     logger = logging.getLogger("tally.scheduler")
-    if tokens.admin is None and not tokens.teams:
+    oidc = oidc_verifier(config)
+    if tokens.admin is None and not tokens.teams and not tokens.named and oidc is None:
         logger.warning("no API tokens are configured: every API call will be refused (401)")
     ensure_topics_or_exit(config, servers, kafka)
     settings = service_settings(config, servers, kafka.security)
@@ -85,7 +87,9 @@ def run(
         dispatcher = build_dispatcher(config, inventory=inventory)
     except SchedulerError as exc:
         fail(f"scheduler configuration: {exc}", Exit.USAGE)
-    serve = api_server(tokens, settings.api_host, settings.api_port, settings.max_body_bytes)
+    serve = api_server(
+        tokens, settings.api_host, settings.api_port, settings.max_body_bytes, oidc=oidc
+    )
 
     def ready() -> None:
         logger.info("scheduler ready; API on %s", api_url(config))

@@ -107,6 +107,7 @@ def up(config_path: str, no_dashboard: bool, log_level: str, log_format: str) ->
 
     A data directory without a ledger gets a new one (the worker creates it). --log-level is
     and --log-format are passed on to every process of the stack (the dashboard: its level)."""
+    from tally.dashboard_login import write_secrets
     from tally.metrics import MetricsPortError
     from tally.stack import Stack
 
@@ -114,6 +115,8 @@ def up(config_path: str, no_dashboard: bool, log_level: str, log_format: str) ->
     check_zone_or_exit(config)
     try:
         config.alerts.sink_settings()  # every secret's variable is set, before anything starts
+        if not no_dashboard:
+            write_secrets(config)  # the dashboard login's secrets file (auth.oidc.dashboard)
     except ConfigError as exc:
         fail(str(exc), Exit.USAGE)
     configure_logging("up", log_level, log_format)

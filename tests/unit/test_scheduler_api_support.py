@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from ledger.roles import Caller, Role
 from scheduler.api import Tokens, build_app
+from scheduler.api.oidc import OidcVerifier
 from tests.unit.test_scheduler_service_support import Rig
 
 ADMIN = "admin-token-0123456789abcdef"
@@ -49,12 +50,18 @@ def a_job(**overrides: Any) -> dict[str, Any]:
 class Api:
     """A running API server in its own event loop, with a synchronous client."""
 
-    def __init__(self, rig: Rig, body_timeout_s: float = 10.0, tokens: Tokens = TOKENS) -> None:
+    def __init__(
+        self,
+        rig: Rig,
+        body_timeout_s: float = 10.0,
+        tokens: Tokens = TOKENS,
+        oidc: OidcVerifier | None = None,
+    ) -> None:
         self.rig = rig
         self.headers: dict[str, str] = {}  # of the last answer
         self.seen: list[tuple[str, str, int, Any]] = []  # (method, path, status, body) answered
         self.loop = asyncio.new_event_loop()
-        app = build_app(rig.service, tokens, MAX_BODY, body_timeout_s)
+        app = build_app(rig.service, tokens, MAX_BODY, body_timeout_s, oidc)
         self.server = TestServer(app, loop=self.loop)
         self.client = TestClient(self.server, loop=self.loop)
         self.loop.run_until_complete(self.client.start_server())

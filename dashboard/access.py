@@ -1,0 +1,93 @@
+"""Who is looking at the dashboard, and what they may see.
+
+With single sign-on configured (`$TALLY_OIDC_LOGIN`, the claim mapping `tally` hands over from
+`auth.oidc`), a person signs in through Streamlit's OIDC login (`st.login`; the `[auth]`
+secrets `tally` writes) and `st.user`'s claims are mapped to a role and team by the same rules
+as the API's bearer tokens (`ledger.role_claims`). `visible_pages` derives the pages a role sees
+from the permission table (`ledger.roles`): the money pages need every team's balances and
+jobs, the fleet pages every team's jobs, the Team page its team's; a team role sees its own
+team only (`Viewer.team`). Without single sign-on everyone sees everything, as before.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import streamlit as st
+
+from ledger.role_claims import ClaimMapping
+from ledger.roles import Action, Caller, Role, Scope, scope_of
+
+LOGIN_ENV = "TALLY_OIDC_LOGIN"
+ANY = frozenset({Scope.ANY})
+SOME = frozenset(Scope)
+
+# page (its url path) → the actions and scopes a role needs to see it
+PAGE_NEEDS: Mapping[str, Mapping[Action, frozenset[Scope]]] = {
+    "finance": {Action.BALANCES_READ: ANY, Action.JOB_READ: ANY},
+    "platform": {Action.INVENTORY_READ: ANY, Action.JOB_READ: ANY},
+    "team": {Action.BALANCES_READ: SOME, Action.JOB_READ: SOME},
+    "capacity": {Action.QUEUES_READ: ANY, Action.JOB_READ: ANY},
+    "audit": {Action.BALANCES_READ: ANY, Action.JOB_READ: ANY},
+}
+
+
+def visible_pages(role: Role) -> frozenset[str]:
+    """The pages `role` may see (their url paths)."""
+    return frozenset(
+        page
+        for page, needs in PAGE_NEEDS.items()
+        if all(scope_of(role, action) in scopes for action, scopes in needs.items())
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Viewer:
+    """Who is looking: None as caller without single sign-on (everything is shown)."""
+
+    caller: Caller | None = None
+
+    @property
+    def pages(self) -> frozenset[str]:
+        return frozenset(PAGE_NEEDS) if self.caller is None else visible_pages(self.caller.role)
+
+    @property
+    def team(self) -> str | None:
+        """The one team shown (None: every team)."""
+        return self.caller.team if self.caller is not None else None
+
+
+def login_mapping() -> ClaimMapping | None:
+    """The claim mapping of the configured single sign-on; None: not configured."""
+    text = os.environ.get(LOGIN_ENV)
+    return ClaimMapping.from_json(text) if text else None
+
+
+def viewer() -> Viewer:
+    """The person looking at the dashboard. Without a login, or without a role, this shows the
+    login screen (or the refusal) and stops the page run: nothing of the ledger is read."""
+    mapping = login_mapping()
+    if mapping is None:
+        return Viewer()
+    claims = st.user.to_dict()
+    if not claims.get("is_logged_in"):
+        st.title("Tally")
+        st.write("Sign in with your organisation's account to see the dashboard.")
+        st.button("Log in", type="primary", on_click=st.login)
+        st.stop()
+    caller = mapping.caller(claims)
+    if caller is None:
+        st.title("Tally")
+        st.error(
+            "You are signed in, but your account has no role in Tally: ask an administrator to "
+            "add you to a group that `auth.oidc.roles` maps to a role."
+        )
+        st.button("Log out", on_click=st.logout)
+        st.stop()
+    with st.sidebar:
+        team = f" of {caller.team}" if caller.team else ""
+        st.caption(f"Signed in as **{caller.user}** · {caller.role}{team}")
+        st.button("Log out", on_click=st.logout)
+    return Viewer(caller)

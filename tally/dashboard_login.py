@@ -1,0 +1,96 @@
+"""The dashboard's single sign-on wiring (`auth.oidc.dashboard`): the `[auth]` section of the
+Streamlit secrets file that `st.login` reads (client id, the client and cookie secrets from
+the environment, the issuer's discovery URL, the redirect URI), written mode 0600 where
+`secrets_path` says, and the claim mapping the dashboard is handed (`login_env`). `tally
+dashboard` and `tally up` write the file before Streamlit starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from ledger.role_claims import ClaimMapping
+from tally.config import TallyConfig
+from tally.config_fields import ConfigError, secret_from_env
+
+LOGIN_ENV = "TALLY_OIDC_LOGIN"  # the claim mapping, as JSON (`ClaimMapping.to_json`)
+
+
+def login_configured(config: TallyConfig) -> bool:
+    return config.auth.oidc is not None and config.auth.oidc.dashboard is not None
+
+
+def secrets_path(config: TallyConfig) -> Path:
+    """Where the dashboard's secrets file is written: beside the ledger's data directory."""
+    return config.ledger.data_dir.parent / "dashboard" / "secrets.toml"
+
+
+def secrets_toml(config: TallyConfig, environ: Mapping[str, str] | None = None) -> str | None:
+    """The secrets file's text (None: no dashboard login configured). Raises ConfigError when
+    a secret's environment variable is not set."""
+    oidc = config.auth.oidc
+    if oidc is None or oidc.dashboard is None:
+        return None
+    login = oidc.dashboard
+    field = "auth.oidc.dashboard"
+    values = {
+        "redirect_uri": login.redirect_uri
+        or f"http://{config.dashboard.host}:{config.dashboard.port}/oauth2callback",
+        "cookie_secret": secret_from_env(
+            f"{field}.cookie_secret_env", login.cookie_secret_env, environ
+        ),
+        "client_id": login.client_id,
+        "client_secret": secret_from_env(
+            f"{field}.client_secret_env", login.client_secret_env, environ
+        ),
+        "server_metadata_url": oidc.discovery(),
+    }
+    # A JSON string is a valid TOML basic string (the same escapes).
+    lines = ["# written by tally from auth.oidc.dashboard: do not edit", "[auth]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def check_login_client() -> None:
+    """Raise ConfigError unless Streamlit's login can run: it uses Authlib's Starlette client,
+    which needs httpx (not a dependency of Tally's own)."""
+    try:
+        import authlib.integrations.starlette_client  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            f"auth.oidc.dashboard: Streamlit's login cannot run here ({exc}); install httpx "
+            "(pip install httpx) or remove auth.oidc.dashboard"
+        ) from None
+
+
+def write_secrets(
+    config: TallyConfig, environ: Mapping[str, str] | None = None, check_client: bool = True
+) -> Path | None:
+    """Write the secrets file (mode 0600, replaced whole); its path, or None without a
+    dashboard login. Raises ConfigError for a missing secret or (`check_client`) a login that
+    cannot run, before anything is written."""
+    text = secrets_toml(config, environ)
+    if text is None:
+        return None
+    if check_client:
+        check_login_client()
+    path = secrets_path(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".toml.partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(partial, 0o600)
+    partial.replace(path)
+    return path
+
+
+def login_env(config: TallyConfig) -> dict[str, str]:
+    """The dashboard's environment for its login: the claim mapping (none without a login)."""
+    oidc = config.auth.oidc
+    if oidc is None or oidc.dashboard is None:
+        return {}
+    return {LOGIN_ENV: ClaimMapping(oidc.rules(), oidc.user_claim).to_json()}
