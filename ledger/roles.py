@@ -46,10 +46,10 @@ class Scope(StrEnum):
 
 class Action(StrEnum):
     """Everything the permission table decides: API actions (`jobs.*`, `queues.read`,
-    `balances.read`, `inventory.read`, `requests.*`) and admin-topic events (the rest;
-`requests.open` and `requests.decide` are both).  Who may decide a given request is narrower
-than `requests.decide`: the approval policy (`ledger.admin.requests`) names the roles, and
-nobody decides their own request."""
+        `balances.read`, `inventory.read`, `requests.*`) and admin-topic events (the rest;
+    `requests.open` and `requests.decide` are both).  Who may decide a given request is narrower
+    than `requests.decide`: the approval policy (`ledger.admin.requests`) names the roles, and
+    nobody decides their own request."""
 
     JOB_SUBMIT = "jobs.submit"
     JOB_READ = "jobs.read"  # list, show, explain

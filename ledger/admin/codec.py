@@ -29,13 +29,13 @@ from ledger.admin.events import (
     AdjustmentRecorded,
     AdminEnvelope,
     AdminEvent,
-    AdminKind,
     BudgetAllowanceGranted,
     BudgetGranted,
     BudgetPolicySet,
     Cadence,
     CarryOver,
 )
+from ledger.admin.kinds import AdminKind
 from ledger.admin.request_events import RequestKind, RequestOpened
 from ledger.envelope import (
     REGISTRY,
@@ -307,17 +307,23 @@ _QUOTA_FIELDS = ("pool", "model", "nominal_gpus")
 _LIMIT_FIELDS = ("borrowing_limit", "lending_limit")
 
 
+def _absent(event: RequestOpened, name: str) -> bool:
+    return getattr(event, name) is None
+
+
+def _set(event: RequestOpened, name: str) -> bool:
+    return getattr(event, name) is not None
+
+
 def _request_problems(event: RequestOpened) -> list[str]:
     """A budget request names period, unit and a non-zero amount; a quota request pool, model
     and GPUs (its limits optional: None is unlimited); neither names the other's fields."""
+    needed: tuple[str, ...] = _QUOTA_FIELDS
+    foreign: tuple[str, ...] = _BUDGET_FIELDS
     if event.kind is RequestKind.BUDGET:
         needed, foreign = _BUDGET_FIELDS, _QUOTA_FIELDS + _LIMIT_FIELDS
-    else:
-        needed, foreign = _QUOTA_FIELDS, _BUDGET_FIELDS
-    problems = [f"{n}: a {event.kind} request needs one" for n in needed if getattr(event, n) is None]
-    problems += [
-        f"{n}: not part of a {event.kind} request" for n in foreign if getattr(event, n) is not None
-    ]
+    problems = [f"{n}: a {event.kind} request needs one" for n in needed if _absent(event, n)]
+    problems += [f"{n}: not part of a {event.kind} request" for n in foreign if _set(event, n)]
     if event.unit is not None and event.unit not in BUDGET_UNITS:
         problems.append(f"unit: budgets are in {' or '.join(BUDGET_UNITS)}, not {event.unit}")
     if event.amount == 0:

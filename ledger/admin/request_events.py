@@ -108,5 +108,3 @@ class RequestExpired:
 
 RequestEvent = RequestOpened | RequestApproved | RequestRejected | RequestExpired
 REQUEST_CLASSES = (RequestOpened, RequestApproved, RequestRejected, RequestExpired)
-
-

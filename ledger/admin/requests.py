@@ -1,7 +1,8 @@
-"""Requests for quota and budget changes, and their approval: the four request events of the
-`admin` topic (`RequestOpened`, `RequestApproved`, `RequestRejected`, `RequestExpired`, defined in
-`request_events`), the request projection (`RequestState`, `advance`) and the approval policy (`ApprovalPolicy`,
-`approvers_for`, `verdict`). Pure.
+"""Requests for quota and budget changes, and their approval: what the four request events of
+the `admin` topic (`RequestOpened`, `RequestApproved`, `RequestRejected`, `RequestExpired`,
+defined in `request_events`) do — the request projection (`RequestState`, `fold_request`), the
+approval policy (`ApprovalPolicy`, `approvers_for`, `verdict`), an approval's effect (`effect`)
+and the alert each step raises (`request_alert`). Pure.
 
 A request is keyed on the topic by its id (`request_id`, derived from its content), and so is
 every later step, so one partition holds a request's whole history in order. The writer of a
@@ -74,9 +75,7 @@ def approvers_for(
     if opened.kind is RequestKind.BUDGET:
         big = opened.unit is Unit.MONEY and (opened.amount or 0) > policy.finance_over
         return (Role.FINANCE.value,) if big else (Role.ADMIN.value, Role.FINANCE.value)
-    if policy.admin_for_borrowing and _raises_borrowing(
-        current_borrowing, opened.borrowing_limit
-    ):
+    if policy.admin_for_borrowing and _raises_borrowing(current_borrowing, opened.borrowing_limit):
         return (Role.ADMIN.value,)
     return (Role.ADMIN.value, Role.OPERATOR.value)
 
@@ -300,3 +299,33 @@ def request_alert(event: RequestEvent, state: RequestState) -> RequestAlert:
         approvers=", ".join(state.opened.approvers),
         at_us=event.effective_us,
     )
+
+
+def new_request(
+    policy: ApprovalPolicy,
+    team: str,
+    kind: RequestKind,
+    actor: str,
+    reason: str,
+    now_us: int,
+    role: Role | None,
+    current: QuotaSet | None = None,
+    **change: object,
+) -> RequestOpened:
+    """The `RequestOpened` for `change` (`period`, `unit`, `amount`; or `pool`, `model`,
+    `nominal_gpus`, `borrowing_limit`, `lending_limit`), with its id, the approvers `policy`
+    names (`current`: the team's applied quota for the pool and model, if any) and its expiry."""
+    opened = RequestOpened(
+        request_id(team, kind, actor, reason, now_us),
+        team,
+        kind,
+        (),
+        now_us + policy.expire_after_us,
+        actor,
+        reason,
+        now_us,
+        role=role,
+        **change,  # type: ignore[arg-type]
+    )
+    borrowing = 0 if current is None else current.borrowing_limit
+    return replace(opened, approvers=approvers_for(policy, opened, borrowing))

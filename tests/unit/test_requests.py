@@ -30,12 +30,12 @@ from ledger.admin.requests import (
     verdict,
 )
 from ledger.fleet_alerts import FleetKind, RequestAlert, decode_any_alert
+from ledger.ingest import InputTopics
 from ledger.roles import Role
 from ledger.store.hot import DuckDBStore
-from ledger.ingest import InputTopics
 from ledger.store.rebuild import ReplaySettings, rebuild
 from ledger.units import Unit
-from tests.unit.test_admin import PRICES, WHEN, admin_message, ingestor, store  # noqa: F401
+from tests.unit.test_admin import PRICES, WHEN, admin_message, ingestor, store
 
 __all__ = ["store"]
 
@@ -135,9 +135,9 @@ def test_nobody_decides_their_own_request(role):
 
 
 def test_a_request_id_derives_from_its_content():
-    assert RID == request_id("vision", RequestKind.BUDGET, LEAD, "more runs", WHEN)
+    assert request_id("vision", RequestKind.BUDGET, LEAD, "more runs", WHEN) == RID
     assert RID.startswith("req-") and len(RID) == 20
-    assert RID != request_id("vision", RequestKind.BUDGET, LEAD, "more runs", WHEN + 1)
+    assert request_id("vision", RequestKind.BUDGET, LEAD, "more runs", WHEN + 1) != RID
 
 
 # ---------------------------------------------------------------------------- the codec
@@ -182,9 +182,7 @@ def test_a_malformed_request_is_a_dead_letter(change, reason):
 
 
 def _alerts(store):
-    return [
-        decode_any_alert(m.value) for m in store.pending_outbox() if m.topic == "alerts"
-    ]
+    return [decode_any_alert(m.value) for m in store.pending_outbox() if m.topic == "alerts"]
 
 
 def test_an_approved_budget_request_grants_once_with_the_approver_as_actor(store):
@@ -243,9 +241,7 @@ def test_open_and_approve_in_one_batch_and_a_quota_request(store):
 REFUSALS = [
     pytest.param([approve(actor=LEAD)], "may not decide request", id="own-request"),
     pytest.param([approve(role=Role.OPERATOR)], "needs an admin", id="operator"),
-    pytest.param(
-        [approve(at=WHEN + 72 * HOUR_US)], "expired before it was decided", id="too-late"
-    ),
+    pytest.param([approve(at=WHEN + 72 * HOUR_US)], "expired before it was decided", id="too-late"),
     pytest.param([approve(rid="req-0000000000000000")], "no request", id="unknown"),
     pytest.param(
         [RequestExpired(RID, "tally", "sweep", WHEN + HOUR_US)], "expires later", id="early-expiry"
