@@ -19,7 +19,9 @@ from tally.config_fields import Micros, Strict
 
 
 class BudgetApprovals(Strict):
-    finance_over: Micros = 0  # a money budget increase above this needs finance
+    """Without `finance_over`, finance or an admin approves any budget change."""
+
+    finance_over: Micros | None = None  # a money budget increase above this needs finance
 
 
 class QuotaApprovals(Strict):
@@ -33,7 +35,7 @@ class ApprovalsConfig(Strict):
 
     def policy(self) -> ApprovalPolicy:
         return ApprovalPolicy(
-            finance_over=max(self.budget.finance_over, 0),
+            finance_over=self.budget.finance_over,
             admin_for_borrowing=self.quota.admin_for_borrowing,
             expire_after_us=self.expire_after_hours * HOUR_US,
         )

@@ -55,12 +55,13 @@ def request_id(team: str, kind: RequestKind, actor: str, reason: str, opened_us:
 @dataclass(frozen=True, slots=True)
 class ApprovalPolicy:
     """`approvals:` in the configuration. A money budget increase above `finance_over`
-    (micro-units) needs finance; at or below it (and every GPU-hour budget and every decrease)
-    finance or an admin approves. A quota that raises the borrowing limit (or makes it
-    unlimited) needs an admin when `admin_for_borrowing`; any other quota change an admin or an
-    operator approves. Requests expire `expire_after_us` after they are opened."""
+    (micro-units; None: no such threshold) needs finance; any other budget change (at or
+    below it, in GPU-hours, a decrease) finance or an admin approves. A quota that raises the
+    borrowing limit (or makes it unlimited) needs an admin when `admin_for_borrowing`; any
+    other quota change an admin or an operator approves. Requests expire `expire_after_us`
+    after they are opened."""
 
-    finance_over: int = 0
+    finance_over: int | None = None
     admin_for_borrowing: bool = True
     expire_after_us: int = 72 * HOUR_US
 
@@ -73,7 +74,8 @@ def approvers_for(
     """The roles that may approve `opened` under `policy`; `current_borrowing`: the team's
     borrowing limit for the pool and model now (None: unlimited; 0 when it has no quota)."""
     if opened.kind is RequestKind.BUDGET:
-        big = opened.unit is Unit.MONEY and (opened.amount or 0) > policy.finance_over
+        over = policy.finance_over
+        big = over is not None and opened.unit is Unit.MONEY and (opened.amount or 0) > over
         return (Role.FINANCE.value,) if big else (Role.ADMIN.value, Role.FINANCE.value)
     if policy.admin_for_borrowing and _raises_borrowing(current_borrowing, opened.borrowing_limit):
         return (Role.ADMIN.value,)

@@ -35,6 +35,7 @@ from scheduler.api.models import (
     problem,
 )
 from scheduler.api.pagination import Cursors, JobFilter, page, parse_since
+from scheduler.api.request_handlers import RequestRoutes
 from scheduler.api.responses import ApiError, json_response
 from scheduler.api.views import (
     balance_view,
@@ -163,8 +164,9 @@ def _answer(accepted: Accepted, status: int) -> web.Response:
     return json_response(dumped(JobAnswer(job=job_view(accepted.record))), status, headers)
 
 
-class Api:
-    """The handlers, bound to a service and its tokens."""
+class Api(RequestRoutes):
+    """The handlers, bound to a service and its tokens (the requests routes':
+    `scheduler.api.request_handlers`)."""
 
     def __init__(
         self,

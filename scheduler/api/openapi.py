@@ -23,16 +23,18 @@ DESCRIPTIONS = {
     202: "Accepted: the broker has not taken the events yet; carried out once it does",
     400: "Bad request: malformed JSON, unknown fields or parameters, wrong types, out of range",
     401: "No token, or one that is not known",
-    403: "A team's token acting for another team, or a priority beyond the queue's bounds",
-    404: "No such route, or no such job for this caller",
+    403: "A role that may not do this, a team's token acting for another team, a priority "
+    "beyond the queue's bounds, or an approver the request does not name",
+    404: "No such route, or no such job, team or request for this caller",
     405: "Method not allowed",
     408: "The body was not sent in time",
-    409: "The job has already ended",
+    409: "The job has already ended, or the request is no longer open",
     413: "The body is too large",
     415: "The body is not JSON",
     422: "A queue, team, project, model or pool that is not configured; or an Idempotency-Key "
     "already used for a different request",
     500: "An unexpected error (a bug)",
+    503: "The broker did not take the request's event, or no admin topic is followed",
 }
 
 

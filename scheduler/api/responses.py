@@ -32,6 +32,7 @@ CODE_OF_STATUS: Mapping[int, str] = {
     415: "unsupported_media",
     422: "unprocessable",
     500: "internal",
+    503: "unavailable",
 }
 CLOSES = frozenset((408, 413))  # the rest of the body is not read: the connection is closed
 
