@@ -33,11 +33,19 @@ from ledger.fleet_alerts import FleetKind, RequestAlert, decode_any_alert
 from ledger.ingest import InputTopics
 from ledger.roles import Role
 from ledger.store.hot import DuckDBStore
+from ledger.store.memory import MemoryStore
 from ledger.store.rebuild import ReplaySettings, rebuild
 from ledger.units import Unit
 from tests.unit.test_admin import PRICES, WHEN, admin_message, ingestor, store
 
 __all__ = ["store"]
+
+
+@pytest.fixture
+def memory():
+    """The in-memory store, for the fold's decisions (the contract suite runs both stores)."""
+    with MemoryStore() as s:
+        yield s
 
 LEAD = "lena"  # vision's team lead
 RID = request_id("vision", RequestKind.BUDGET, LEAD, "more runs", WHEN)
@@ -228,11 +236,11 @@ def test_an_approved_budget_request_grants_once_with_the_approver_as_actor(store
     assert alerts[1].change == "budget 2026-11 money_micros +500000000"
 
 
-def test_open_and_approve_in_one_batch_and_a_quota_request(store):
+def test_open_and_approve_in_one_batch_and_a_quota_request(memory):
     approval = approve(QID, actor="root", role=Role.ADMIN)
-    result = ingestor(store).apply([admin_message(0, QUOTA, approval)])
+    result = ingestor(memory).apply([admin_message(0, QUOTA, approval)])
     assert result.dead_letters == ()
-    view = store.admin_view()
+    view = memory.admin_view()
     assert view.requests[QID].status is RequestStatus.APPROVED
     set_quota = view.quotas[("vision", "h100", "H100")]
     assert (set_quota.limits, set_quota.actor) == ((8, 4, None), "root")
@@ -254,32 +262,32 @@ REFUSALS = [
 
 
 @pytest.mark.parametrize(("steps", "reason"), REFUSALS)
-def test_a_step_the_request_does_not_allow_is_a_dead_letter(store, steps, reason):
-    ing = ingestor(store)
+def test_a_step_the_request_does_not_allow_is_a_dead_letter(memory, steps, reason):
+    ing = ingestor(memory)
     ing.apply([admin_message(0, BUDGET)])
     result = ing.apply([admin_message(1, *steps)])
     assert len(result.dead_letters) == 1 and reason in result.dead_letters[0].reason
-    assert store.admin_view().requests[RID].status is RequestStatus.OPEN
-    assert store.admin_view().budgets == {}
+    assert memory.admin_view().requests[RID].status is RequestStatus.OPEN
+    assert memory.admin_view().budgets == {}
 
 
-def test_an_approval_whose_grant_is_refused_leaves_the_request_open(store):
-    ing = ingestor(store)
+def test_an_approval_whose_grant_is_refused_leaves_the_request_open(memory):
+    ing = ingestor(memory)
     ing.apply([admin_message(0, BUDGET, PeriodClosed("2026-11", "fran", "close", WHEN))])
     result = ing.apply([admin_message(1, approve())])
     assert "its change is refused: budget for 2026-11 refused" in result.dead_letters[0].reason
-    assert store.admin_view().requests[RID].status is RequestStatus.OPEN
+    assert memory.admin_view().requests[RID].status is RequestStatus.OPEN
 
 
-def test_rejection_and_expiry_change_nothing_but_the_request(store):
-    ing = ingestor(store)
+def test_rejection_and_expiry_change_nothing_but_the_request(memory):
+    ing = ingestor(memory)
     other = replace(BUDGET, request_id="req-1111111111111111")
     ing.apply([admin_message(0, BUDGET, other)])
     reject = RequestRejected(RID, "fran", "not this month", WHEN + 10, Role.FINANCE)
     expire = RequestExpired(other.request_id, "tally", "expired", BUDGET.expires_us)
     result = ing.apply([admin_message(1, reject, expire)])
     assert result.dead_letters == () and result.commit.transactions == 0
-    view = store.admin_view()
+    view = memory.admin_view()
     assert view.requests[RID].status is RequestStatus.REJECTED
     assert view.requests[RID].comment == "not this month"
     assert view.requests[other.request_id].status is RequestStatus.EXPIRED
@@ -288,7 +296,7 @@ def test_rejection_and_expiry_change_nothing_but_the_request(store):
     assert view.requests[RID].status_at(BUDGET.expires_us) is RequestStatus.REJECTED
     late = ing.apply([admin_message(2, approve(rid=other.request_id))])
     assert "is expired, not open" in late.dead_letters[0].reason
-    kinds = [a.kind for a in _alerts(store)]
+    kinds = [a.kind for a in _alerts(memory)]
     assert kinds.count(FleetKind.REQUEST_REJECTED) == kinds.count(FleetKind.REQUEST_EXPIRED) == 1
 
 
