@@ -47,6 +47,7 @@ def memory():
     with MemoryStore() as s:
         yield s
 
+
 LEAD = "lena"  # vision's team lead
 RID = request_id("vision", RequestKind.BUDGET, LEAD, "more runs", WHEN)
 BUDGET = RequestOpened(
