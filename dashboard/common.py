@@ -145,6 +145,7 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "team_budget": rollups.team_budget,
     "team_quotas": rollups.team_quotas,
     "fair_share": rollups.fair_share,
+    "requests": rollups.requests,
     "queue_wait_trends": rollups.queue_wait_trends,
     "observed_queue_waits": rollups.observed_queue_waits,
     "focus": _focus,

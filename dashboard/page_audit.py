@@ -1,5 +1,7 @@
 """Audit: who changed what, when and from where — the ledger's audit trail (`ledger.audit`),
-newest first, filtered by actor, kind and day, with whether its hash chain is intact.
+newest first, filtered by actor, kind and day, with whether its hash chain is intact; and the
+quota and budget requests with their status (read-only: `rollups.requests`; they are filed
+and decided with `tally request` or `/v1/requests`, the dashboard having no login yet).
 
 The records come from `ledger.read.audit` over the sealed ledger (through `common.audit`); the
 chain check is `ledger.audit.verify_chain`, the one `tally ledger verify` runs. The sidebar's
@@ -8,6 +10,7 @@ period, team and pool filters do not apply here.
 
 from __future__ import annotations
 
+import time as clock
 from datetime import UTC, date, datetime, time, timedelta
 
 import pandas as pd
@@ -15,6 +18,7 @@ import streamlit as st
 
 from dashboard import common
 from ledger.audit import AuditFilter, select
+from ledger.read import rollups
 
 st.title("Audit: who changed what")
 records, broken = common.audit()
@@ -84,3 +88,45 @@ st.dataframe(pd.DataFrame(rows, columns=headers), hide_index=True)
 st.download_button(
     "Download CSV", common.csv_text(headers, rows), "audit.csv", "text/csv", key="audit-csv"
 )
+
+st.header("Requests")
+now_us = int(clock.time() // 60) * 60_000_000  # to the minute: one cache entry a minute
+found: rollups.Requests = common.query("requests", now_us)
+if found.problem is not None:
+    st.error(f"The admin log could not be read: {found.problem}")
+elif not found.rows:
+    st.info(
+        "No quota or budget requests yet. A team lead files one with `tally request budget` / "
+        "`tally request quota` (or `POST /v1/requests`); finance or an admin decides it with "
+        "`tally request approve|reject`."
+    )
+else:
+    status = st.selectbox(
+        "Status", [common.ALL, "open", "approved", "rejected", "expired"], key="requests_status"
+    )
+    listed = [q for q in found.rows if status in (common.ALL, q.status)]
+    request_headers = [
+        "request", "team", "status", "change", "requested_by", "reason", "approvers",
+        "opened", "expires", "decided_by", "comment",
+    ]  # fmt: skip
+    table = [
+        [
+            q.request_id,
+            q.team,
+            q.status,
+            q.change,
+            q.requested_by,
+            q.reason,
+            q.approvers,
+            common.when(q.opened_us),
+            common.when(q.expires_us),
+            q.decided_by or "",
+            q.comment or "",
+        ]
+        for q in listed
+    ]
+    st.dataframe(pd.DataFrame(table, columns=request_headers), hide_index=True)
+    st.caption(
+        "Newest first, as of the last seal; an open request past its expiry shows as expired. "
+        "Approving one grants its budget or quota in the ledger, with the approver as actor."
+    )

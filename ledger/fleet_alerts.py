@@ -10,6 +10,9 @@
 - `HealthAlert`: a GPU went degraded or unhealthy (`tally.gpu.health.alert`, raised by the
   ledger worker from the inventory's health fold, `ledger.health_alerts`), resolved by
   `tally.gpu.health.resolved` when it is healthy again.
+- `RequestAlert`: a quota or budget request was opened, approved, rejected or expired
+  (`tally.request.opened` / `.approved` / `.rejected` / `.expired`, raised by the ledger worker
+  from the admin fold, `ledger.admin.requests`); each step is reported once.
 - `JobAlert`: a job holds GPUs idle longer than its queue allows (`tally.job.idle`, resolved by
   `tally.job.idle.resolved`), or waits longer than its queue's threshold
   (`tally.job.pending`, resolved by `tally.job.pending.resolved` once admitted or ended).
@@ -51,6 +54,10 @@ class FleetKind(StrEnum):
     JOB_PENDING_RESOLVED = "tally.job.pending.resolved"
     GPU_HEALTH = "tally.gpu.health.alert"
     GPU_HEALTH_RESOLVED = "tally.gpu.health.resolved"
+    REQUEST_OPENED = "tally.request.opened"
+    REQUEST_APPROVED = "tally.request.approved"
+    REQUEST_REJECTED = "tally.request.rejected"
+    REQUEST_EXPIRED = "tally.request.expired"
 
 
 RESOLVING = frozenset(
@@ -61,7 +68,15 @@ RESOLVING = frozenset(
         FleetKind.GPU_HEALTH_RESOLVED,
     }
 )
-ONE_SHOT = frozenset({FleetKind.BUDGET_THRESHOLD, FleetKind.TEAM_IDLE})
+REQUEST_KINDS = frozenset(
+    {
+        FleetKind.REQUEST_OPENED,
+        FleetKind.REQUEST_APPROVED,
+        FleetKind.REQUEST_REJECTED,
+        FleetKind.REQUEST_EXPIRED,
+    }
+)
+ONE_SHOT = frozenset({FleetKind.BUDGET_THRESHOLD, FleetKind.TEAM_IDLE}) | REQUEST_KINDS
 BUDGET_KINDS = frozenset(
     {FleetKind.BUDGET_THRESHOLD, FleetKind.BUDGET_FORECAST, FleetKind.BUDGET_FORECAST_RESOLVED}
 )
@@ -230,7 +245,40 @@ class HealthAlert:
         return self.kind in RESOLVING
 
 
-FleetAlert = BudgetAlert | TeamIdleAlert | JobAlert | HealthAlert
+@dataclass(frozen=True, slots=True)
+class RequestAlert:
+    """A step of a quota or budget request: `actor` (as `role`) opened, approved, rejected or
+    expired it at `at_us`; `change` says what it asks (e.g. `budget 2026-11 money +1500000000`),
+    `approvers` who may decide it, `comment` the reason or the approver's comment."""
+
+    kind: FleetKind
+    request_id: str
+    team: str
+    change: str
+    actor: str
+    role: str
+    comment: str
+    approvers: str
+    at_us: int
+
+    @property
+    def subject(self) -> str:
+        return self.request_id
+
+    @property
+    def episode(self) -> tuple[str, int]:
+        return f"request/{self.request_id}", 0
+
+    @property
+    def id(self) -> str:
+        return _id(self.episode[0], self.kind, 0)  # one alert per request and step
+
+    @property
+    def resolved(self) -> bool:
+        return False
+
+
+FleetAlert = BudgetAlert | TeamIdleAlert | JobAlert | HealthAlert | RequestAlert
 AnyAlert = Alert | FleetAlert
 
 
@@ -266,6 +314,17 @@ def _data(alert: FleetAlert) -> dict[str, Any]:
             "since_us": alert.since_us,
             "at_us": alert.at_us,
             "faults": alert.faults,
+        }
+    if isinstance(alert, RequestAlert):
+        return {
+            "request_id": bounded(alert.request_id, ID_LIMIT),
+            "team": bounded(alert.team, ID_LIMIT),
+            "change": bounded(alert.change, ID_LIMIT),
+            "actor": bounded(alert.actor, ID_LIMIT),
+            "role": bounded(alert.role, ID_LIMIT),
+            "comment": bounded(alert.comment, ID_LIMIT),
+            "approvers": bounded(alert.approvers, ID_LIMIT),
+            "at_us": alert.at_us,
         }
     if isinstance(alert, TeamIdleAlert):
         return {
@@ -304,8 +363,8 @@ def encode_fleet_alert(alert: FleetAlert) -> bytes:
 
 
 def alert_key(alert: FleetAlert) -> bytes:
-    """The message key: the team for team alerts, the job for job alerts, the GPU for health
-    alerts."""
+    """The message key: the team for team and request alerts, the job for job alerts, the GPU
+    for health alerts."""
     if isinstance(alert, HealthAlert):
         return alert.gpu_uuid.encode()
     return (alert.job if isinstance(alert, JobAlert) else alert.team).encode()
@@ -328,6 +387,9 @@ def _str(data: dict[str, Any], key: str) -> str:
     if type(value) is not str:
         raise TypeError(f"{key}: expected a string")
     return value
+
+
+_REQUEST_TEXTS = ("request_id", "team", "change", "actor", "role", "comment", "approvers")
 
 
 def _fleet_from(doc: dict[str, Any], kind: FleetKind) -> FleetAlert:
@@ -359,6 +421,12 @@ def _fleet_from(doc: dict[str, Any], kind: FleetKind) -> FleetAlert:
             since_us=_int(data, "since_us"),
             at_us=_int(data, "at_us"),
             faults=_int(data, "faults"),
+        )
+    if kind in REQUEST_KINDS:
+        return RequestAlert(
+            kind=kind,
+            **{k: _str(data, k) for k in _REQUEST_TEXTS},
+            at_us=_int(data, "at_us"),
         )
     if kind is FleetKind.TEAM_IDLE:
         return TeamIdleAlert(

@@ -46,7 +46,10 @@ class Scope(StrEnum):
 
 class Action(StrEnum):
     """Everything the permission table decides: API actions (`jobs.*`, `queues.read`,
-    `balances.read`, `inventory.read`) and admin-topic events (the rest)."""
+        `balances.read`, `inventory.read`, `requests.*`) and admin-topic events (the rest;
+    `requests.open` and `requests.decide` are both).  Who may decide a given request is narrower
+    than `requests.decide`: the approval policy (`ledger.admin.requests`) names the roles, and
+    nobody decides their own request."""
 
     JOB_SUBMIT = "jobs.submit"
     JOB_READ = "jobs.read"  # list, show, explain
@@ -61,6 +64,9 @@ class Action(StrEnum):
     LEDGER_ADJUST = "ledger.adjust"  # adjustments and reversals
     PERIOD_CLOSE = "period.close"
     GPU_CORDON = "gpu.cordon"  # cordon and uncordon
+    REQUEST_OPEN = "requests.open"  # ask for a quota or budget change
+    REQUEST_READ = "requests.read"
+    REQUEST_DECIDE = "requests.decide"  # approve, reject, expire (the policy narrows who)
 
 
 _A, _T, _O = Scope.ANY, Scope.TEAM, Scope.OWN
@@ -88,6 +94,9 @@ PERMISSIONS: Mapping[Action, Mapping[Role, Scope]] = {
     Action.LEDGER_ADJUST: {Role.ADMIN: _A, Role.FINANCE: _A},
     Action.PERIOD_CLOSE: {Role.ADMIN: _A, Role.FINANCE: _A},
     Action.GPU_CORDON: {Role.ADMIN: _A, Role.OPERATOR: _A},
+    Action.REQUEST_OPEN: {Role.ADMIN: _A, Role.TEAM_LEAD: _T, Role.MEMBER: _T},
+    Action.REQUEST_READ: {**{r: _A for r in _ORG_WIDE}, Role.TEAM_LEAD: _T, Role.MEMBER: _T},
+    Action.REQUEST_DECIDE: {Role.ADMIN: _A, Role.FINANCE: _A, Role.OPERATOR: _A},
 }
 
 

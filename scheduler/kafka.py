@@ -34,6 +34,7 @@ from scheduler.inventory import FleetInventory
 from scheduler.jobs_topic import Consumed, Outgoing, seq_of
 from scheduler.ports import Placement, Refused
 from scheduler.price_feed import PriceFeed
+from scheduler.requests import RequestDesk
 
 if TYPE_CHECKING:
     from scheduler.service import ServiceSettings
@@ -103,6 +104,7 @@ class KafkaPublisher:
 
         self.topic = settings.jobs_topic
         self.alerts_topic = settings.alerts_topic
+        self.admin_topic = settings.admin_topic
         self.producer = AIOKafkaProducer(
             bootstrap_servers=",".join(settings.bootstrap),
             client_id=f"{settings.client_id}-scheduler",
@@ -177,6 +179,18 @@ class KafkaPublisher:
 
         await _kafka(f"publishing to {self.alerts_topic}", send())
 
+    async def publish_admin(self, messages: Sequence[tuple[bytes, bytes]]) -> None:
+        """Request steps (`scheduler.requests`) on the admin topic, keyed by request id."""
+        topic = self.admin_topic
+        if topic is None:
+            raise BrokerUnavailable("no admin topic is configured")
+
+        async def send() -> None:
+            for key, value in messages:  # in order: one request's steps share a partition
+                await self.producer.send_and_wait(topic, value, key=key)
+
+        await _kafka(f"publishing to {topic}", send())
+
 
 def _refused(exc: BaseException) -> Refused:
     """`exc` as `Refused` if it refuses a message for its content; else it is raised again."""
@@ -242,10 +256,12 @@ class Feeds:
         settings: ServiceSettings,
         dispatcher: Dispatcher,
         inventory: FleetInventory | None = None,
+        requests: RequestDesk | None = None,
     ) -> None:
         from aiokafka import AIOKafkaConsumer
         from aiokafka.admin import AIOKafkaAdminClient
 
+        self.requests = requests
         self.settings = settings
         self.dispatcher = dispatcher
         self.inventory = inventory
@@ -313,6 +329,8 @@ class Feeds:
                 if tp.topic == self.settings.admin_topic:
                     if self.prices.on_admin(m.value):
                         self.dispatcher.state.prices = self.prices.book
+                    if self.requests is not None:
+                        self.requests.on_admin(m.value)
                 elif tp.topic == self.settings.balances_topic:
                     self.balance_messages += 1
                     if m.value is None:

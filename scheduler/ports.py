@@ -253,6 +253,7 @@ class MemoryPublisher:
     ) -> None:
         self.messages: list[Outgoing] = []
         self.alert_messages: list[tuple[bytes, bytes]] = []
+        self.admin_messages: list[tuple[bytes, bytes]] = []
         self.partitions = partitions
         self.refuse = refuse
         self.offered: Counter[int] = Counter()
@@ -278,6 +279,12 @@ class MemoryPublisher:
             self.fail_next -= 1
             raise BrokerUnavailable("the test broker is down")
         self.alert_messages.extend(messages)
+
+    async def publish_admin(self, messages: Sequence[tuple[bytes, bytes]]) -> None:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise BrokerUnavailable("the test broker is down")
+        self.admin_messages.extend(messages)
 
     def events(self) -> list[JobEvent | HoldEvent]:
         return [m.event for m in self.messages]

@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ledger.admin.requests import ApprovalPolicy
 from ledger.excerpts import bounded
 from ledger.job_events import JobAdmitted, JobEvent, JobPreempted
 from ledger.units import US_PER_HOUR
@@ -80,6 +81,7 @@ from scheduler.kafka import Feeds, KafkaPublisher, read_topic
 from scheduler.model import Policy
 from scheduler.ports import AlertPublisher, Publisher, Refused, SchedulerObserver
 from scheduler.records import JobRecord, SubmitRequest
+from scheduler.requests import RequestDesk
 from scheduler.undeliverable import FILE_NAME as UNDELIVERABLE_FILE
 from scheduler.undeliverable import UndeliverableLog
 
@@ -108,6 +110,8 @@ class ServiceSettings:
     kafka_options: Mapping[str, Any] = field(default_factory=dict)  # security: SASL, TLS
     inventory_topic: str = "tally.inventory"
     admin_topic: str | None = None  # price changes (`scheduler.price_feed`); None: config only
+    # what new requests record (`scheduler.requests`)
+    approvals: ApprovalPolicy = field(default_factory=ApprovalPolicy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +151,10 @@ class SchedulerService:
         undeliverable_log: UndeliverableLog | None = None,
         alert_publisher: AlertPublisher | None = None,
         inventory: FleetInventory | None = None,
+        requests: RequestDesk | None = None,
     ) -> None:
         self.dispatcher = dispatcher
+        self.requests = requests  # None: no admin topic, no requests API
         self.publisher = publisher
         self.alert_publisher = alert_publisher
         self.observer = observer
@@ -432,7 +438,8 @@ async def run_service(
     status.replayed = True
     publisher = KafkaPublisher(settings)
     await publisher.start()
-    feeds = Feeds(settings, dispatcher, inventory)
+    desk = RequestDesk(settings.approvals, publisher) if settings.admin_topic else None
+    feeds = Feeds(settings, dispatcher, inventory, desk)
     status.feeds = feeds
     service = SchedulerService(
         dispatcher,
@@ -443,6 +450,7 @@ async def run_service(
         undeliverable_log=UndeliverableLog(settings.work_dir / UNDELIVERABLE_FILE),
         alert_publisher=publisher,
         inventory=inventory,
+        requests=desk,
     )
     stopping = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()

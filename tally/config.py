@@ -31,6 +31,7 @@ from ledger.periods import DEFAULT_ZONE_NAME, parse_zone
 from ledger.pricing import ANY_MODEL, EnergyPrice, Price, PriceBook
 from tally import config_fields
 from tally.alerts_config import AlertsConfig
+from tally.approvals_config import ApprovalsConfig
 from tally.auth_config import AuthConfig, check_auth_teams
 from tally.broker_config import BrokerConfig, TlsConfig, TopicsConfig
 from tally.budgets_config import BudgetConfig
@@ -378,6 +379,7 @@ class TallyConfig(Strict):
     inventory: InventoryConfig = InventoryConfig()
     identity: IdentityConfig = IdentityConfig()
     auth: AuthConfig = AuthConfig()
+    approvals: ApprovalsConfig = ApprovalsConfig()
 
     @model_validator(mode="after")
     def _identity_names_teams(self) -> TallyConfig:

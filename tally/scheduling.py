@@ -321,6 +321,7 @@ def service_settings(
         jobs_topic=config.topics.jobs,
         balances_topic=config.topics.balances,
         admin_topic=config.topics.admin,
+        approvals=config.approvals.policy(),
         alerts_topic=config.topics.alerts,
         ledger_group=config.worker.group_id,
         cycle_interval_s=s.cycle_interval_s,

@@ -61,7 +61,6 @@ from ledger.admin.events import (
     AdjustmentRecorded,
     AdminEnvelope,
     AdminEvent,
-    AdminKind,
     BudgetAllowanceGranted,
     BudgetGranted,
     BudgetPolicySet,
@@ -74,6 +73,7 @@ from ledger.admin.events import (
     QuotaSet,
     TeamDefined,
 )
+from ledger.admin.kinds import AdminKind
 from ledger.admin.plan import (
     AdminPlan,
     BudgetSpec,

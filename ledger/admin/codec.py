@@ -29,13 +29,14 @@ from ledger.admin.events import (
     AdjustmentRecorded,
     AdminEnvelope,
     AdminEvent,
-    AdminKind,
     BudgetAllowanceGranted,
     BudgetGranted,
     BudgetPolicySet,
     Cadence,
     CarryOver,
 )
+from ledger.admin.kinds import AdminKind
+from ledger.admin.request_events import RequestKind, RequestOpened
 from ledger.envelope import (
     REGISTRY,
     DeadLetter,
@@ -180,6 +181,12 @@ def _names(name: str, value: Any) -> tuple[str, ...]:
     return tuple(_name(name, v) for v in value)
 
 
+def _roles(name: str, value: Any) -> tuple[str, ...]:
+    if type(value) is not list or not value or len(value) > len(Role):
+        raise EventError(f"{name}: expected a non-empty array of roles")
+    return tuple(str(_choice(Role)(name, v).value) for v in value)
+
+
 def _optional(inner: Decoder) -> Decoder:
     def decode(name: str, value: Any) -> Any:
         return None if value is None else inner(name, value)
@@ -273,7 +280,55 @@ _FIELDS: Mapping[AdminKind, tuple[tuple[str, Decoder, bool], ...]] = {
     ),
     AdminKind.GPU_CORDONED: (("target", _text(256), True), *_META, _ROLE),
     AdminKind.GPU_UNCORDONED: (("target", _text(256), True), *_META, _ROLE),
+    AdminKind.REQUEST_OPENED: (
+        ("request_id", _name, True),
+        ("team", _name, True),
+        ("kind", _choice(RequestKind), True),
+        ("approvers", _roles, True),
+        ("expires_us", _TIME, True),
+        *_META,
+        ("period", _optional(_period), False),
+        ("unit", _optional(_unit), False),
+        ("amount", _optional(_SIGNED), False),
+        ("pool", _optional(_name), False),
+        ("model", _optional(_text(64)), False),
+        ("nominal_gpus", _optional(_COUNT), False),
+        ("borrowing_limit", _optional(_COUNT), False),
+        ("lending_limit", _optional(_COUNT), False),
+        _ROLE,
+    ),
+    AdminKind.REQUEST_APPROVED: (("request_id", _name, True), *_META, _ROLE),
+    AdminKind.REQUEST_REJECTED: (("request_id", _name, True), *_META, _ROLE),
+    AdminKind.REQUEST_EXPIRED: (("request_id", _name, True), *_META, _ROLE),
 }
+
+_BUDGET_FIELDS = ("period", "unit", "amount")
+_QUOTA_FIELDS = ("pool", "model", "nominal_gpus")
+_LIMIT_FIELDS = ("borrowing_limit", "lending_limit")
+
+
+def _absent(event: RequestOpened, name: str) -> bool:
+    return getattr(event, name) is None
+
+
+def _set(event: RequestOpened, name: str) -> bool:
+    return getattr(event, name) is not None
+
+
+def _request_problems(event: RequestOpened) -> list[str]:
+    """A budget request names period, unit and a non-zero amount; a quota request pool, model
+    and GPUs (its limits optional: None is unlimited); neither names the other's fields."""
+    needed: tuple[str, ...] = _QUOTA_FIELDS
+    foreign: tuple[str, ...] = _BUDGET_FIELDS
+    if event.kind is RequestKind.BUDGET:
+        needed, foreign = _BUDGET_FIELDS, _QUOTA_FIELDS + _LIMIT_FIELDS
+    problems = [f"{n}: a {event.kind} request needs one" for n in needed if _absent(event, n)]
+    problems += [f"{n}: not part of a {event.kind} request" for n in foreign if _set(event, n)]
+    if event.unit is not None and event.unit not in BUDGET_UNITS:
+        problems.append(f"unit: budgets are in {' or '.join(BUDGET_UNITS)}, not {event.unit}")
+    if event.amount == 0:
+        problems.append("amount: a grant of zero changes nothing")
+    return problems
 
 
 def validate_admin(event: AdminEvent) -> tuple[str, ...]:
@@ -296,6 +351,8 @@ def validate_admin(event: AdminEvent) -> tuple[str, ...]:
             problems.append("carry_limit: a percentage of at most 100")
         if event.start is not None and event.end is not None and event.end < event.start:
             problems.append(f"end: {event.end} is before the start {event.start}")
+    elif isinstance(event, RequestOpened):
+        problems.extend(_request_problems(event))
     elif isinstance(event, BudgetAllowanceGranted):
         if event.unit not in BUDGET_UNITS:
             problems.append(f"unit: budgets are in {' or '.join(BUDGET_UNITS)}, not {event.unit}")

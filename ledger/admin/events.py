@@ -1,5 +1,6 @@
 """The vocabulary of the `admin` topic: the admin event types (budgets, recurring budget
-policies, prices, teams, quotas, adjustments, period closes, GPU cordons), the allowance records
+policies, prices, teams, quotas, adjustments, period closes, GPU cordons; the request events
+come from `request_events`), the allowance records
 the ledger derives from policies, their kinds, the `AdminEvent` union and envelope, and the
 limits and account rules every admin event obeys.
 
@@ -16,6 +17,13 @@ from enum import StrEnum
 from typing import ClassVar
 
 from ledger.accounts import AccountKind
+from ledger.admin.kinds import AdminKind
+from ledger.admin.request_events import (
+    RequestApproved,
+    RequestExpired,
+    RequestOpened,
+    RequestRejected,
+)
 from ledger.envelope import Envelope
 from ledger.postings import TransactionKind
 from ledger.roles import Action, Role
@@ -34,21 +42,6 @@ ADJUSTABLE = frozenset(
 REVERSIBLE = frozenset(
     {TransactionKind.USAGE, TransactionKind.ADJUSTMENT, TransactionKind.REVERSAL}
 )
-
-
-class AdminKind(StrEnum):
-    """The `type` attribute of every event on the `admin` topic."""
-
-    BUDGET_GRANTED = "tally.admin.budget_granted"
-    PRICE_SET = "tally.admin.price_set"
-    TEAM_DEFINED = "tally.admin.team_defined"
-    QUOTA_SET = "tally.admin.quota_set"
-    ADJUSTMENT_RECORDED = "tally.admin.adjustment_recorded"
-    PERIOD_CLOSED = "tally.admin.period_closed"
-    BUDGET_POLICY_SET = "tally.admin.budget_policy_set"
-    BUDGET_ALLOWANCE_GRANTED = "tally.admin.budget_allowance_granted"
-    GPU_CORDONED = "tally.admin.gpu_cordoned"
-    GPU_UNCORDONED = "tally.admin.gpu_uncordoned"
 
 
 class Cadence(StrEnum):
@@ -314,6 +307,10 @@ AdminEvent = (
     | BudgetAllowanceGranted
     | GpuCordoned
     | GpuUncordoned
+    | RequestOpened
+    | RequestApproved
+    | RequestRejected
+    | RequestExpired
 )
 EVENT_CLASSES: Mapping[AdminKind, type[AdminEvent]] = {
     cls.KIND: cls
@@ -328,6 +325,10 @@ EVENT_CLASSES: Mapping[AdminKind, type[AdminEvent]] = {
         BudgetAllowanceGranted,
         GpuCordoned,
         GpuUncordoned,
+        RequestOpened,
+        RequestApproved,
+        RequestRejected,
+        RequestExpired,
     )
 }
 # Which permission each event needs (`ledger.roles`); allowance records are the ledger's own.
@@ -341,6 +342,10 @@ ACTION_OF: Mapping[AdminKind, Action] = {
     AdminKind.PERIOD_CLOSED: Action.PERIOD_CLOSE,
     AdminKind.GPU_CORDONED: Action.GPU_CORDON,
     AdminKind.GPU_UNCORDONED: Action.GPU_CORDON,
+    AdminKind.REQUEST_OPENED: Action.REQUEST_OPEN,
+    AdminKind.REQUEST_APPROVED: Action.REQUEST_DECIDE,
+    AdminKind.REQUEST_REJECTED: Action.REQUEST_DECIDE,
+    AdminKind.REQUEST_EXPIRED: Action.REQUEST_DECIDE,
 }
 LEDGER_BUDGETS_SOURCE = "tally://ledger/budgets"  # the source of allowance records
 LEDGER_ACTOR = "tally-ledger"

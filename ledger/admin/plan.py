@@ -22,6 +22,13 @@ from ledger.admin.events import (
     QuotaSet,
     TeamDefined,
 )
+from ledger.admin.request_events import (
+    RequestApproved,
+    RequestExpired,
+    RequestOpened,
+    RequestRejected,
+)
+from ledger.admin.requests import change_text
 from ledger.admin.view import AdminView
 from ledger.units import Unit
 
@@ -222,6 +229,11 @@ def describe(event: AdminEvent) -> str:
         return f"cordon {event.target}: {event.reason}"
     if isinstance(event, GpuUncordoned):
         return f"uncordon {event.target}: {event.reason}"
+    if isinstance(event, RequestOpened):
+        return f"request {change_text(event)} for {event.team}: {event.reason}"
+    if isinstance(event, RequestApproved | RequestRejected | RequestExpired):
+        step = event.KIND.value.removeprefix("tally.admin.request_")
+        return f"{step} request {event.request_id}: {event.reason}"
     return f"close {event.period}"
 
 

@@ -1,6 +1,7 @@
 """The applied admin log and what it adds up to: `AppliedAdmin` (an event and its outcome), its
 dict form for the log file, and `AdminView` (prices, teams, quotas, one-off budgets, recurring
-budget policies and the allowances they granted, closed periods, standing GPU cordons).
+budget policies and the allowances they granted, closed periods, standing GPU cordons, and the
+request projection: every quota and budget request with its status, `ledger.admin.requests`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from ledger.admin.events import (
     TeamDefined,
 )
 from ledger.admin.recurring import AppliedPolicy, PolicyKey
+from ledger.admin.request_events import REQUEST_CLASSES
+from ledger.admin.requests import RequestState, fold_request
 from ledger.errors import EventError
 from ledger.pricing import Price, PriceBook
 from ledger.units import Unit
@@ -66,6 +69,7 @@ class AdminView:
     allowances: Mapping[tuple[str, Unit, str], BudgetAllowanceGranted] = field(default_factory=dict)
     latest_allowance: Mapping[PolicyKey, BudgetAllowanceGranted] = field(default_factory=dict)
     cordons: Mapping[str, GpuCordoned] = field(default_factory=dict)  # standing, by target
+    requests: Mapping[str, RequestState] = field(default_factory=dict)  # by request id
 
     @classmethod
     def from_log(cls, entries: Iterable[AppliedAdmin]) -> AdminView:
@@ -78,6 +82,7 @@ class AdminView:
         allowances: dict[tuple[str, Unit, str], BudgetAllowanceGranted] = {}
         latest: dict[PolicyKey, BudgetAllowanceGranted] = {}
         cordons: dict[str, GpuCordoned] = {}
+        requests: dict[str, RequestState] = {}
         for entry in entries:
             if entry.outcome != "applied":
                 continue
@@ -105,6 +110,8 @@ class AdminView:
                 cordons[event.target] = event
             elif isinstance(event, GpuUncordoned):
                 cordons.pop(event.target, None)
+            elif isinstance(event, REQUEST_CLASSES):
+                fold_request(requests, event)  # applied: the fold let it through
         return cls(
             tuple(prices),
             teams,
@@ -115,6 +122,7 @@ class AdminView:
             allowances,
             latest,
             cordons,
+            requests,
         )
 
     def policy(self, team: str, unit: Unit) -> BudgetPolicySet | None:

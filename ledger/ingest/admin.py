@@ -13,6 +13,12 @@ reversal of an unknown, unreversible or already reversed transaction are refused
 letters. A period closed by the batch takes nothing afterwards: later entries of the batch are
 booked into the next open period.
 
+Requests (`ledger.admin.requests`): each step is checked against the request projection (open,
+not expired by the step's time, an approver the request names, never the requester), recorded,
+audited and raised as an alert; an approval's effect — the `BudgetGranted` or `QuotaSet` the
+change needs, with a content-derived id — is applied right after it like any admin event, so
+it happens once, and a rebuild makes it again with the same id.
+
 Every event applied (not one that changed nothing) is also an audit entry
 (`ledger.ingest.audit`) with the value it replaced: the previous price, team definition, quota,
 granted total, or the period still open.
@@ -41,9 +47,12 @@ from ledger.admin import (
     grant_transaction,
     reversal_transaction,
 )
+from ledger.admin.request_events import REQUEST_CLASSES, RequestOpened
+from ledger.admin.requests import RequestState, fold_request, request_alert, request_states
 from ledger.audit import AuditEntry
 from ledger.closing import booking_period
 from ledger.events import DeadLetter
+from ledger.fleet_alerts import FleetAlert
 from ledger.ingest.audit import (
     adjustment_state,
     admin_entry,
@@ -133,6 +142,7 @@ def fold_admin(
         ),
         duplicates=duplicates,
         derived_from=len(fold.transactions),
+        fleet_alerts=tuple(fold.alerts),
     )
 
 
@@ -160,6 +170,8 @@ class _AdminFold:
         self.reversals: list[tuple[str, str]] = []
         self.audit: list[AuditEntry] = []
         self.inventory = dict(view.inventory)
+        self.requests: dict[str, RequestState] = dict(view.admin.requests)
+        self.alerts: list[FleetAlert] = []
 
     def _price_in_force(self, price: PriceSet) -> None:
         """Keep the latest effective price per (model, pool), as `AdminView.latest_price`."""
@@ -196,6 +208,8 @@ class _AdminFold:
             before, after = grant_states(event, total)
         elif isinstance(event, BudgetAllowanceGranted):
             return "allowance records are made by the ledger from budget policies, not sent"
+        elif isinstance(event, REQUEST_CLASSES):
+            return self._request(envelope, message)
         elif isinstance(event, AdjustmentRecorded) and event.reverses_txn is not None:
             result = self._reversal(envelope, event.reverses_txn)
             if isinstance(result, str):
@@ -248,6 +262,33 @@ class _AdminFold:
             self.transactions.append(
                 SourcedTransaction(txn, message.topic, message.partition, message.offset)
             )
+        return None
+
+    def _request(self, envelope: AdminEnvelope, message: ConsumedMessage) -> str | None:
+        """A request step: recorded, audited and alerted; an approval's effect (the grant or
+        quota it makes, `ledger.admin.requests.effect`) applied right after it as an admin
+        event of its own. An approval whose effect is refused is refused with it."""
+        event = envelope.data
+        assert isinstance(event, REQUEST_CLASSES)
+        states = dict(self.requests)
+        made, problem = fold_request(states, event)
+        if problem is not None:
+            return problem
+        state = states[event.request_id]
+        at, audit_at = len(self.entries), len(self.audit)
+        if made is not None:
+            problem = self.apply(made, message)
+            if problem is not None:
+                return f"request {event.request_id}: its change is refused: {problem}"
+        self.requests = states
+        if isinstance(event, RequestOpened):
+            before, after = request_states(event)
+        else:
+            before = {"status": "open"}
+            after = {"status": state.status.value, "effect": state.effect}
+        self.entries.insert(at, AppliedAdmin(envelope))
+        self.audit.insert(audit_at, admin_entry(envelope, before, after))
+        self.alerts.append(request_alert(event, state))
         return None
 
     def _reversal(self, envelope: AdminEnvelope, target: str) -> Transaction | str:

@@ -36,6 +36,7 @@ from scheduler.api.models import (
 )
 from scheduler.api.oidc import OidcVerifier
 from scheduler.api.pagination import Cursors, JobFilter, page, parse_since
+from scheduler.api.request_handlers import RequestRoutes
 from scheduler.api.responses import ApiError, json_response
 from scheduler.api.views import (
     balance_view,
@@ -164,8 +165,9 @@ def _answer(accepted: Accepted, status: int) -> web.Response:
     return json_response(dumped(JobAnswer(job=job_view(accepted.record))), status, headers)
 
 
-class Api:
-    """The handlers, bound to a service, its tokens and (for people) its OIDC verifier."""
+class Api(RequestRoutes):
+    """The handlers, bound to a service, its tokens and (for people) its OIDC verifier (the
+    requests routes': `scheduler.api.request_handlers`)."""
 
     def __init__(
         self,

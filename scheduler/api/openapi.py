@@ -23,18 +23,20 @@ DESCRIPTIONS = {
     202: "Accepted: the broker has not taken the events yet; carried out once it does",
     400: "Bad request: malformed JSON, unknown fields or parameters, wrong types, out of range",
     401: "No token, or one that is not known (a JWT: not valid for the configured issuer)",
-    403: "The caller's role may not do this (a person whose claims give no role), or a "
-    "priority beyond the queue's bounds",
-    404: "No such route, or no such job for this caller",
+    403: "The caller's role may not do this (a person whose claims give no role), a team's token "
+    "acting for another team, a priority beyond the queue's bounds, or an approver the request "
+    "does not name",
+    404: "No such route, or no such job, team or request for this caller",
     405: "Method not allowed",
     408: "The body was not sent in time",
-    409: "The job has already ended",
+    409: "The job has already ended, or the request is no longer open",
     413: "The body is too large",
     415: "The body is not JSON",
     422: "A queue, team, project, model or pool that is not configured; or an Idempotency-Key "
     "already used for a different request",
     500: "An unexpected error (a bug)",
-    503: "A person's JWT, while the OIDC issuer's keys cannot be fetched",
+    503: "The broker did not take the request's event, no admin topic is followed, or (a "
+    "person's JWT) the OIDC issuer's keys cannot be fetched",
 }
 
 

@@ -14,6 +14,10 @@ cannot differ.
     GET    /v1/queues                  the queues, their bounds and load                  200
     GET    /v1/balances[?team=]        budget and quota of a team (admin: all teams)      200
     GET    /v1/inventory[?pool=]       the GPUs collectors report (any token)             200
+    POST   /v1/requests                open a quota or budget request                     201
+    GET    /v1/requests                the requests the caller may see  ?team=&status=    200
+    GET    /v1/requests/{request_id}   one request                                        200
+    POST   /v1/requests/{request_id}/approve | /reject   decide, with a comment           200
 
 Who may call which route is the permission table's business (`ledger.roles`): 403 for a role
 that may not, 404 for another team's job or team.
@@ -37,6 +41,13 @@ from scheduler.api.models import (
     Queues,
     SubmitBody,
     TeamQuery,
+)
+from scheduler.api.request_models import (
+    DecisionBody,
+    RequestAnswer,
+    RequestBody,
+    RequestsList,
+    RequestsQuery,
 )
 
 # 403: the role may not (`ledger.roles`); 503: a person's JWT while the issuer's keys cannot be had
@@ -66,6 +77,8 @@ class Route:
 
 
 JOB = "/v1/jobs/{job_id}"
+REQUEST = "/v1/requests/{request_id}"
+DECIDE_ERRORS = (*AUTH_ERRORS, *BODY_ERRORS, 409, 503)
 
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/openapi.json", "openapi", "This API as an OpenAPI 3.1 document",
@@ -94,4 +107,18 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/inventory", "inventory",
           "The GPUs the collectors report: live or stale, placeable, in use (any token)",
           response=InventoryAnswer, query=InventoryQuery),
+    Route("POST", "/v1/requests", "create_request",
+          "Ask for a quota or budget change (an admin event; approved as the policy says)",
+          ok=(201,), response=RequestAnswer, body=RequestBody,
+          errors=(*DECIDE_ERRORS, 422)),
+    Route("GET", "/v1/requests", "list_requests",
+          "The quota and budget requests the caller may see, oldest first",
+          response=RequestsList, query=RequestsQuery, errors=(*AUTH_ERRORS, 503)),
+    Route("GET", REQUEST, "get_request", "One request", response=RequestAnswer,
+          errors=(*AUTH_ERRORS, 503)),
+    Route("POST", f"{REQUEST}/approve", "approve_request",
+          "Approve a request: the ledger then applies its grant or quota",
+          response=RequestAnswer, body=DecisionBody, errors=DECIDE_ERRORS),
+    Route("POST", f"{REQUEST}/reject", "reject_request", "Reject a request",
+          response=RequestAnswer, body=DecisionBody, errors=DECIDE_ERRORS),
 )  # fmt: skip

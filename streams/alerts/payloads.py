@@ -21,6 +21,7 @@ from ledger.fleet_alerts import (
     FleetKind,
     HealthAlert,
     JobAlert,
+    RequestAlert,
     one_shot,
 )
 from streams.alerts.chat import chat_body, signed
@@ -39,6 +40,10 @@ ALERT_NAMES = {
     FleetKind.JOB_PENDING_RESOLVED: "TallyJobPending",
     FleetKind.GPU_HEALTH: "TallyGpuHealth",
     FleetKind.GPU_HEALTH_RESOLVED: "TallyGpuHealth",
+    FleetKind.REQUEST_OPENED: "TallyRequestOpened",
+    FleetKind.REQUEST_APPROVED: "TallyRequestApproved",
+    FleetKind.REQUEST_REJECTED: "TallyRequestRejected",
+    FleetKind.REQUEST_EXPIRED: "TallyRequestExpired",
 }
 
 
@@ -111,6 +116,8 @@ def alertmanager_labels(alert: AnyAlert) -> dict[str, str]:
                 labels["threshold_pct"] = str(alert.threshold_pct)
         elif isinstance(alert, JobAlert):
             labels |= {"job": alert.job, "queue": alert.queue}
+        elif isinstance(alert, RequestAlert):
+            labels |= {"request_id": alert.request_id, "severity": "info"}
         else:
             labels["day"] = iso(alert.day_start_us)[:10]
     return {k: v for k, v in labels.items() if v}

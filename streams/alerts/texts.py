@@ -18,6 +18,7 @@ from ledger.fleet_alerts import (
     FleetKind,
     HealthAlert,
     JobAlert,
+    RequestAlert,
     TeamIdleAlert,
 )
 from ledger.units import MICROS_PER_UNIT, MS_PER_HOUR, Unit
@@ -35,6 +36,10 @@ TITLES = {
     FleetKind.JOB_PENDING_RESOLVED: "Tally: pending job no longer waiting",
     FleetKind.GPU_HEALTH: "Tally: GPU health",
     FleetKind.GPU_HEALTH_RESOLVED: "Tally: GPU healthy again",
+    FleetKind.REQUEST_OPENED: "Tally: quota/budget request opened",
+    FleetKind.REQUEST_APPROVED: "Tally: quota/budget request approved",
+    FleetKind.REQUEST_REJECTED: "Tally: quota/budget request rejected",
+    FleetKind.REQUEST_EXPIRED: "Tally: quota/budget request expired",
 }
 
 
@@ -187,6 +192,17 @@ def summary(alert: AnyAlert, currency: str) -> str:
             f"{gpu} is {alert.state}: {alert.reason} (since {when(alert.since_us)}; "
             f"{alert.faults} fault(s) so far; {placements})."
         )
+    if isinstance(alert, RequestAlert):
+        step = alert.kind.value.removeprefix("tally.request.")
+        if alert.kind is FleetKind.REQUEST_OPENED:
+            return (
+                f"{alert.actor} ({alert.role}) asks for {alert.change} for team {alert.team} "
+                f"(request {alert.request_id}; approvers: {alert.approvers}): {alert.comment}"
+            )
+        return (
+            f"Request {alert.request_id} of team {alert.team} ({alert.change}) {step} by "
+            f"{alert.actor} ({alert.role}) at {when(alert.at_us)}: {alert.comment}"
+        )
     if isinstance(alert, TeamIdleAlert):
         return (
             f"Team {alert.team} held {hours(alert.idle_gpu_ms)} allocated-but-idle GPU-hours on "
@@ -228,6 +244,15 @@ def facts(alert: AnyAlert, currency: str) -> list[tuple[str, str]]:
             ("Reason", alert.reason),
             ("Since", when(alert.since_us)),
             ("Faults", str(alert.faults)),
+        ]
+    if isinstance(alert, RequestAlert):
+        return [
+            ("Request", alert.request_id),
+            ("Team", alert.team),
+            ("Change", alert.change),
+            ("By", f"{alert.actor} ({alert.role})"),
+            ("Approvers", alert.approvers),
+            ("Comment", alert.comment),
         ]
     if isinstance(alert, TeamIdleAlert):
         return [

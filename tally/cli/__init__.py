@@ -40,6 +40,7 @@ from tally.cli import (
     job,
     ledger,
     report,
+    request,
     stack,
 )
 from tally.cli import dashboard as dashboard_cli
@@ -106,6 +107,7 @@ cli.add_command(scheduler_cli.scheduler)
 cli.add_command(job.job)
 cli.add_command(job.queue)
 cli.add_command(inventory.inventory)
+cli.add_command(request.request)
 
 
 def internal_error(exc: BaseException, debug: bool) -> NoReturn:

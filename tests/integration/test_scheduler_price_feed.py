@@ -1,5 +1,7 @@
 """Admin price changes reach the scheduler through the real broker: a `PriceSet` on the `admin`
-topic (tansu) is read by the service's feeds and the next placement uses it."""
+topic (tansu) is read by the service's feeds and the next placement uses it. A request step the
+scheduler's request desk publishes there (`KafkaPublisher.publish_admin`) is read back by the
+feeds into another desk."""
 
 from __future__ import annotations
 
@@ -11,9 +13,12 @@ from aiokafka import AIOKafkaProducer
 
 from ledger.admin.codec import admin_envelope, encode_admin
 from ledger.admin.events import PriceSet
-from scheduler.kafka import Feeds
+from ledger.admin.requests import ApprovalPolicy
+from scheduler.kafka import Feeds, KafkaPublisher
+from scheduler.requests import RequestDesk
 from scheduler.service import ServiceSettings
 from tests.conftest import create_topics
+from tests.unit.test_requests import BUDGET
 from tests.unit.test_scheduler_service_price import two_model_config
 from tests.unit.test_scheduler_service_support import T0_US, Rig
 
@@ -43,15 +48,24 @@ def test_an_admin_price_cut_makes_the_premium_model_the_cheapest(broker, tmp_pat
             await producer.send_and_wait("admin", value, key=key)
         finally:
             await producer.stop()
-        feeds = Feeds(_settings(broker.bootstrap, tmp_path), rig.dispatcher)
+        settings = _settings(broker.bootstrap, tmp_path)
+        publisher = KafkaPublisher(settings)
+        await publisher.start()
+        try:
+            await RequestDesk(ApprovalPolicy(), publisher).send(BUDGET)
+        finally:
+            await publisher.stop()
+        reader = RequestDesk(ApprovalPolicy(), publisher)
+        feeds = Feeds(settings, rig.dispatcher, requests=reader)
         await feeds.start()
         try:
             deadline = time.monotonic() + 20
-            while rig.dispatcher.state.prices is feeds.prices.default:
-                assert time.monotonic() < deadline, "the price change never arrived"
+            while rig.dispatcher.state.prices is feeds.prices.default or not reader.states:
+                assert time.monotonic() < deadline, "the price change or request never arrived"
                 await feeds.poll(timeout_ms=200)
         finally:
             await feeds.stop()
+        assert list(reader.states) == [BUDGET.request_id]
         record = await rig.submit(queue="train", gpus=2, models=("A100", "H100"))
         await rig.ticks(1)
         return record.job_id

@@ -17,6 +17,7 @@ from ledger.fleet_alerts import (
     BudgetAlert,
     FleetKind,
     JobAlert,
+    RequestAlert,
     TeamIdleAlert,
     any_alert_to_dict,
     decode_any_alert,
@@ -79,6 +80,20 @@ def _team_idle() -> TeamIdleAlert:
     return TeamIdleAlert("vision", T0_US, 30 * 3_600_000, 24 * 3_600_000, T0_US + 20 * HOUR_US)
 
 
+def _request(kind: FleetKind, actor: str, role: str, comment: str) -> RequestAlert:
+    return RequestAlert(
+        kind=kind,
+        request_id="req-0123456789abcdef",
+        team="vision",
+        change="budget 2026-11 money_micros +1500000000",
+        actor=actor,
+        role=role,
+        comment=comment,
+        approvers="finance",
+        at_us=T0_US + 3_600_000_000,
+    )
+
+
 def _job(kind: FleetKind, reason: str | None = None) -> JobAlert:
     return JobAlert(
         kind,
@@ -127,13 +142,44 @@ KINDS: list[tuple[AnyAlert, str]] = [
         "Resolved: Job job-9 (team vision, queue train) is no longer pending (admitted), after "
         "waiting 3 h 05 min.",
     ),
+    (
+        _request(FleetKind.REQUEST_OPENED, "team:vision", "team-lead", "a bigger sweep"),
+        "team:vision (team-lead) asks for budget 2026-11 money_micros +1500000000 for team "
+        "vision (request req-0123456789abcdef; approvers: finance): a bigger sweep",
+    ),
+    (
+        _request(FleetKind.REQUEST_APPROVED, "finance:books", "finance", "go ahead"),
+        "Request req-0123456789abcdef of team vision (budget 2026-11 money_micros +1500000000) "
+        "approved by finance:books (finance) at 2026-11-01 01:00 UTC: go ahead",
+    ),
+    (
+        _request(FleetKind.REQUEST_REJECTED, "finance:books", "finance", "not this month"),
+        "Request req-0123456789abcdef of team vision (budget 2026-11 money_micros +1500000000) "
+        "rejected by finance:books (finance) at 2026-11-01 01:00 UTC: not this month",
+    ),
+    (
+        _request(FleetKind.REQUEST_EXPIRED, "ops", "admin", "expired unanswered"),
+        "Request req-0123456789abcdef of team vision (budget 2026-11 money_micros +1500000000) "
+        "expired by ops (admin) at 2026-11-01 01:00 UTC: expired unanswered",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     ("alert", "text"),
     KINDS,
-    ids=["threshold", "forecast", "team-idle", "job-idle", "job-pending", "pending-resolved"],
+    ids=[
+        "threshold",
+        "forecast",
+        "team-idle",
+        "job-idle",
+        "job-pending",
+        "pending-resolved",
+        "request-opened",
+        "request-approved",
+        "request-rejected",
+        "request-expired",
+    ],
 )
 def test_each_kind_round_trips_and_reads_well_in_every_sink(alert, text):
     assert decode_any_alert(encode_fleet_alert(alert)) == alert

@@ -18,9 +18,12 @@ from click.testing import CliRunner
 from scheduler.executors.fake import RUNS_FOREVER
 from tally.cli import cli
 from tally.cli.job import JOB_COLUMNS, QUEUE_COLUMNS
+from tally.cli.request import DETAIL
 from tests.builders import a_config_dict
 from tests.conftest import write_config
 from tests.unit.test_cli import small_ledger
+from tests.unit.test_requests import RID
+from tests.unit.test_requests_cli import requests_ledger
 from tests.unit.test_scheduler_api_cli import VISION, Served
 from tests.unit.test_scheduler_service_support import Rig
 
@@ -29,7 +32,7 @@ PERIOD = "2026-11"  # the month of the small ledger's samples
 
 @dataclass(frozen=True, slots=True)
 class Case:
-    argv: tuple[str, ...]  # {ledger}, {config}, {tmp}, {job} are filled in
+    argv: tuple[str, ...]  # {ledger}, {requests}, {config}, {tmp}, {job} are filled in
     header: tuple[str, ...]  # the CSV header
     keys: frozenset[str]  # keys of the JSON object, or of each element of a JSON list
     rows: int = 1  # at least this many CSV rows / JSON list elements
@@ -55,6 +58,7 @@ IDLE = (
     "unallocated_cost,shared_unallocated"
 )
 FOCUS = "period,path,format,focus_version,rows,billed_cost,currency,gpu_hours"
+REQUESTS = DETAIL
 CASES: dict[str, Case] = {
     "admin apply": case(
         "admin apply {config} --dry-run --data-dir {ledger}", "event,entity,change"
@@ -98,6 +102,10 @@ CASES: dict[str, Case] = {
     "job cancel": case("job cancel {job}", JOB, keys=JOB_KEYS),
     "job explain": case("job explain {job}", "job_id,explanation"),
     "queue list": case("queue list", QUEUE_COLUMNS, keys="name,class,priority,pending,running"),
+    "request list": case("request list --config {config} --data-dir {requests}", REQUESTS, rows=3),
+    "request show": case(
+        f"request show {RID} --config {{config}} --data-dir {{requests}}", REQUESTS
+    ),
 }
 FORMATS = ("table", "json", "csv")
 
@@ -129,6 +137,11 @@ def ledger_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def requests_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return requests_ledger(tmp_path_factory.mktemp("formats") / "requests")
+
+
+@pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     rig = Rig(tmp_path_factory.mktemp("scheduler"))
     rig.executor.default = RUNS_FOREVER
@@ -148,14 +161,23 @@ def _invoke(argv: list[str], served: Served) -> click.testing.Result:
     return CliRunner().invoke(cli, argv, env={"TALLY_TOKEN": VISION if api else None})
 
 
-def _argv(name: str, fmt: str, tmp_path: Path, ledger_dir: Path, served: Served) -> list[str]:
+def _argv(
+    name: str, fmt: str, tmp_path: Path, ledgers: tuple[Path, Path], served: Served
+) -> list[str]:
     config = write_config(tmp_path / "tally.yaml", a_config_dict())
     job = ""
     if "{job}" in CASES[name].argv:  # a job of its own: a cancelled one cannot be cancelled again
         submitted = _invoke(["job", "submit", "-q", "dev", "-p", "detection", "--", "true"], served)
         assert submitted.exit_code == 0, submitted.output
         job = submitted.stdout.strip()
-    fields = {"ledger": ledger_dir, "config": config, "tmp": tmp_path, "job": job}
+    ledger_dir, requests = ledgers
+    fields = {
+        "ledger": ledger_dir,
+        "requests": requests,
+        "config": config,
+        "tmp": tmp_path,
+        "job": job,
+    }
     argv = [a.format(**fields) for a in CASES[name].argv]
     if argv[-2:] == ["--", "true"]:
         return [*argv[:-2], "-o", fmt, *argv[-2:]]
@@ -164,9 +186,9 @@ def _argv(name: str, fmt: str, tmp_path: Path, ledger_dir: Path, served: Served)
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("name", list(CASES))
-def test_the_output_format_is_honoured(tmp_path, ledger_dir, served, name, fmt):
+def test_the_output_format_is_honoured(tmp_path, ledger_dir, requests_dir, served, name, fmt):
     expected = CASES[name]
-    result = _invoke(_argv(name, fmt, tmp_path, ledger_dir, served), served)
+    result = _invoke(_argv(name, fmt, tmp_path, (ledger_dir, requests_dir), served), served)
     assert result.exit_code == expected.code, result.output
     out = result.stdout
     if fmt == "json":

@@ -180,6 +180,13 @@ LEDGER_USE: dict[str, str] = {
     "ledger seal": "reads",
     "ledger verify": "reads",
     "queue list": "none",
+    "request approve": "reads",  # the request to approve, as the worker applied it
+    "request budget": "reads",  # the team's applied admin state
+    "request expire": "reads",
+    "request list": "reads",
+    "request quota": "reads",  # the team's applied quota: does the request raise borrowing?
+    "request reject": "reads",
+    "request show": "reads",
     "report balances": "reads",
     "report cost": "reads",
     "report idle": "reads",
@@ -194,6 +201,7 @@ ADJUSTMENT = [
     *("--account", "consumer:vision/detection", "--amount", "-1.00", "--unit", "money"),
     *("--period", "2026-11", "--reason", "credit"),
 ]
+ASKING = ("--team", "vision", "--reason", "r", "--config", "{config}")
 LEDGER_COMMANDS: dict[str, list[str]] = {
     "ledger verify": ["ledger", "verify"],
     "ledger seal": ["ledger", "seal"],
@@ -209,9 +217,18 @@ LEDGER_COMMANDS: dict[str, list[str]] = {
     "report refused": ["report", "refused"],
     "audit": ["audit"],
     "export focus": ["export", "focus", "--period", "2026-11", "--out", "{tmp}/focus.csv"],
-}
+    "request budget": ["request", "budget", *ASKING, "--period", "2026-11", "--money", "5",
+                       "--dry-run"],
+    "request quota": ["request", "quota", *ASKING, "--pool", "h100", "--model", "H100",
+                      "--gpus", "2", "--dry-run"],
+    "request expire": ["request", "expire", "--dry-run", "--config", "{config}"],
+    "request list": ["request", "list", "--config", "{config}"],
+}  # fmt: skip
 # ...and what exits 4 without a ledger but does not succeed on a fresh one
 NO_LEDGER_ONLY: dict[str, list[str]] = {
+    "request approve": ["request", "approve", "req-1", "--comment", "c", "--config", "{config}"],
+    "request reject": ["request", "reject", "req-1", "--comment", "c", "--config", "{config}"],
+    "request show": ["request", "show", "req-1", "--config", "{config}"],
     "ledger adjust --reverse": ["ledger", "adjust", "--reverse", "t1", "--reason", "typo"],
     "dashboard": ["dashboard", "--config", "{config}"],
     "inventory cordon": ["inventory", "cordon", "GPU-x", "--reason", "r", "--config", "{config}"],

@@ -60,3 +60,18 @@ def test_an_empty_ledger_says_what_will_appear(monkeypatch, tmp_path):
     app = _app(monkeypatch, tmp_path / "nothing-yet", AUDIT)
     assert any("No audit records yet" in i.value for i in app.info)
     assert len(app.dataframe) == 0
+
+
+def test_the_requests_show_with_their_status_now(monkeypatch, tmp_path):
+    from tests.unit.test_requests import QID, RID
+    from tests.unit.test_requests_cli import OTHER, requests_ledger
+
+    app = _app(monkeypatch, requests_ledger(tmp_path / "ledger"), AUDIT)
+    frame = _frame(app, "approvers")
+    assert dict(zip(frame["request"], frame["status"], strict=True)) == {
+        RID: "open",
+        QID: "expired",  # open, but past its expiry by now
+        OTHER: "rejected",
+    }
+    app.selectbox(key="requests_status").set_value("open").run()
+    assert list(_frame(app, "approvers")["request"]) == [RID]

@@ -38,11 +38,24 @@ from tally.scheduling import load_tokens
 from tests.builders import a_config_dict
 from tests.conftest import REPO, write_config
 from tests.unit.test_admin import EVENTS, META, admin_message, ingestor, store  # noqa: F401
+from tests.unit.test_requests import STEPS
 
 POLICY = BudgetPolicySet(
     "vision", Unit.MONEY, 10, Cadence.MONTH, None, None, CarryOver.NONE, None, *META
 )
-SENT = {**EVENTS, "budget-policy-set": POLICY}  # one of each kind the topic takes
+SENT = {  # one of each kind the topic takes
+    **EVENTS,
+    "budget-policy-set": POLICY,
+    **{
+        f"request-{step}": replace(STEPS[name], role=None)
+        for step, name in (
+            ("opened", "opened-budget"),
+            ("approved", "approved"),
+            ("rejected", "rejected"),
+            ("expired", "expired"),
+        )
+    },
+}
 # Which roles may write each admin event, written out independently of `ledger.roles`.
 MAY_WRITE: dict[str, set[Role]] = {
     "budget-granted": {Role.ADMIN, Role.FINANCE},
@@ -57,6 +70,10 @@ MAY_WRITE: dict[str, set[Role]] = {
     "period-closed": {Role.ADMIN, Role.FINANCE},
     "gpu-cordoned": {Role.ADMIN, Role.OPERATOR},
     "gpu-uncordoned": {Role.ADMIN, Role.OPERATOR},
+    "request-opened": {Role.ADMIN, Role.TEAM_LEAD, Role.MEMBER},
+    "request-approved": {Role.ADMIN, Role.FINANCE, Role.OPERATOR},
+    "request-rejected": {Role.ADMIN, Role.FINANCE, Role.OPERATOR},
+    "request-expired": {Role.ADMIN, Role.FINANCE, Role.OPERATOR},
 }
 ADMIN_CASES = [
     pytest.param(name, role, role in MAY_WRITE[name], id=f"{role}-{name}")

@@ -87,6 +87,16 @@ ACTIONS: dict[str, tuple[str, str, str | None]] = {
     "balances-own-team": ("GET", "/v1/balances?team=vision", None),
     "balances-other-team": ("GET", "/v1/balances?team=language", None),
     "inventory": ("GET", "/v1/inventory", None),
+    "request-own-team": ("POST", "/v1/requests", "mine"),
+    "request-other-team": ("POST", "/v1/requests", "other-team"),
+    "requests": ("GET", "/v1/requests", None),
+    "requests-own-team": ("GET", "/v1/requests?team=vision", None),
+    "requests-other-team": ("GET", "/v1/requests?team=language", None),
+    "show-request-own-team": ("GET", "/v1/requests/{request}", "mine"),
+    "show-request-other-team": ("GET", "/v1/requests/{request}", "other-team"),
+    "approve-request": ("POST", "/v1/requests/{request}/approve", "mine"),
+    "approve-other-teams-request": ("POST", "/v1/requests/{request}/approve", "other-team"),
+    "reject-request": ("POST", "/v1/requests/{request}/reject", "mine"),
 }
 
 # The expected status per action, for the roles in the order of COLUMNS.
@@ -113,6 +123,18 @@ EXPECTED: dict[str, tuple[int, ...]] = {
     "balances-own-team":    (200, 200, 403, 200, 200, 200),
     "balances-other-team":  (200, 200, 403, 200, 404, 404),
     "inventory":            (200, 200, 200, 200, 200, 200),
+    # requests: a budget request, which finance or an admin approves (the operator's role may
+    # decide requests, this one's policy says not: 403)
+    "request-own-team":     (201, 403, 403, 403, 201, 201),
+    "request-other-team":   (201, 403, 403, 403, 404, 404),
+    "requests":             (200, 200, 200, 200, 200, 200),
+    "requests-own-team":    (200, 200, 200, 200, 200, 200),
+    "requests-other-team":  (200, 200, 200, 200, 404, 404),
+    "show-request-own-team":   (200, 200, 200, 200, 200, 200),
+    "show-request-other-team": (200, 200, 200, 200, 404, 404),
+    "approve-request":      (200, 200, 403, 403, 403, 403),
+    "approve-other-teams-request": (403, 200, 403, 403, 403, 403),  # the admin opened it
+    "reject-request":       (200, 200, 403, 403, 403, 403),
 }  # fmt: skip
 
 CASES = [
@@ -127,7 +149,10 @@ def test_the_matrix_covers_every_route_and_role():
 
     assert set(EXPECTED) == set(ACTIONS)
     tried = {
-        (method, path.split("?")[0].replace("{job}", "{job_id}"))
+        (
+            method,
+            path.split("?")[0].replace("{job}", "{job_id}").replace("{request}", "{request_id}"),
+        )
         for method, path, _ in ACTIONS.values()
     }
     guarded = {(r.method, r.path) for r in ROUTES if r.token}
@@ -135,10 +160,64 @@ def test_the_matrix_covers_every_route_and_role():
     assert len(CASES) == len(ACTIONS) * len(Role)
 
 
+_asked = iter(range(1_000_000))
+
+
+def _request_body(owner: str) -> dict[str, Any]:
+    team, _ = OWNERS[owner]
+    reason = f"more runs {next(_asked)}"  # a new request each time
+    return {"kind": "budget", "team": team, "period": "2026-11", "money": "10.00", "reason": reason}
+
+
+def _request_of(api: Api, owner: str) -> str:
+    """A fresh open request of `owner`'s team: vision's opened by its lead, language's by the
+    admin (who then may not decide it: nobody decides their own request)."""
+    team, _ = OWNERS[owner]
+    token = TOKENS[Role.TEAM_LEAD] if team == "vision" else TOKENS[Role.ADMIN]
+    status, body = api.call("POST", "/v1/requests", token, json=_request_body(owner))
+    assert status == 201, body
+    return str(body["request"]["request_id"])
+
+
+def _requests_case(api: Api, role: Role, action: str, expected: int) -> None:
+    method, template, owner = ACTIONS[action]
+    token = TOKENS[role]
+    if method == "POST" and "{request}" not in template:
+        assert owner is not None
+        status, body = api.call(method, template, token, json=_request_body(owner))
+        assert status == expected, body
+        if status == 201:
+            assert body["request"]["status"] == "open"
+            assert body["request"]["requested_by"] == api_name(role)
+        return
+    request = _request_of(api, owner) if owner is not None else None
+    json = {"comment": "fine"} if method == "POST" else None
+    status, body = api.call(method, template.format(request=request), token, json=json)
+    assert status == expected, body
+    if status == 404 and request is not None:
+        assert body["error"]["message"] == f"no request {request}"
+    if status == 403 and not action.startswith(("approve", "reject")):
+        assert body["error"]["message"].startswith(f"role {role} may")
+    if status == 200 and role.per_team and action.startswith("requests"):
+        assert {r["team"] for r in body["requests"]} <= {"vision"}
+    if status == 200 and action.startswith(("approve", "reject")):
+        assert body["request"]["status"] == action.split("-", maxsplit=1)[0].rstrip("e") + "ed"
+        assert body["request"]["decided_by"] == api_name(role)
+
+
+def api_name(role: Role) -> str:
+    return {Role.ADMIN: "admin", Role.TEAM_LEAD: "team:vision", Role.MEMBER: "member:ada"}.get(
+        role, f"{role}:{role}"
+    )
+
+
 @pytest.mark.parametrize(("role", "action", "expected"), CASES)
 def test_a_role_may_do_what_the_table_says_and_nothing_more(api, role, action, expected):
     method, template, owner = ACTIONS[action]
     token = TOKENS[role]
+    if template.startswith("/v1/requests"):
+        _requests_case(api, role, action, expected)
+        return
     if template.startswith("/v1/jobs") and method == "POST" and "{job}" not in template:
         assert owner is not None
         before = len(api.rig.dispatcher.records)

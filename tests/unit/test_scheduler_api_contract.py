@@ -61,7 +61,7 @@ def test_the_document_lists_exactly_the_live_routes(api):
     live = {(r.method, r.resource.canonical) for r in api.server.app.router.routes()}
     documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
     assert documented == live
-    assert ("GET", "/v1/openapi.json") in live and len(live) == 11
+    assert ("GET", "/v1/openapi.json") in live and len(live) == 16  # 11 + 5 of /v1/requests
     for schema in doc["components"]["schemas"].values():
         Draft202012Validator.check_schema(schema)
     for path, ops in doc["paths"].items():
@@ -91,6 +91,10 @@ def _validate(doc: dict[str, Any], method: str, path: str, status: int, body: An
     return template
 
 
+REQUEST = {"kind": "budget", "period": "2026-11", "money": "5.00"}
+COMMENT = {"comment": "ok"}
+
+
 def test_every_answer_of_a_run_matches_the_document(api):
     doc = _document(api)
     jobs = [api.submit(VISION), api.submit(LANGUAGE, project="pretraining")]
@@ -110,6 +114,15 @@ def test_every_answer_of_a_run_matches_the_document(api):
     api.call("GET", "/v1/inventory?pool=h100", VISION)
     api.call("POST", f"/v1/jobs/{jobs[0]}/cancel", VISION)
     api.call("DELETE", f"/v1/jobs/{jobs[1]}", ADMIN)
+    asked = [
+        api.call("POST", "/v1/requests", VISION, json=REQUEST | {"reason": r})[1]["request"]
+        for r in ("one", "two")
+    ]
+    api.call("GET", "/v1/requests?status=open", VISION)
+    api.call("GET", f"/v1/requests/{asked[0]['request_id']}", ADMIN)
+    for request, step in zip(asked, ("approve", "reject"), strict=True):
+        api.call("POST", f"/v1/requests/{request['request_id']}/{step}", ADMIN, json=COMMENT)
+    api.call("POST", f"/v1/requests/{asked[0]['request_id']}/reject", ADMIN, json=COMMENT)  # 409
     for method, path, token, body in (
         ("GET", "/v1/jobs", None, None),  # 401
         ("GET", "/v1/jobs?team=language", VISION, None),  # 404: another team

@@ -15,6 +15,7 @@ from scheduler.dispatcher import Dispatcher
 from scheduler.executors.fake import FakeExecutor, ManualClock, Outcome
 from scheduler.ports import MemoryPublisher, Work
 from scheduler.records import SubmitRequest
+from scheduler.requests import RequestDesk
 from scheduler.service import SchedulerService
 from tally.config import TallyConfig, parse_config
 from tally.scheduling import build_dispatcher
@@ -71,7 +72,8 @@ class Rig:
         self.executor = FakeExecutor(clock=self.clock, default=Outcome(running_polls=1))
         self.dispatcher: Dispatcher = build_dispatcher(self.config, self.executor, self.clock)
         self.publisher = MemoryPublisher()
-        self.service = SchedulerService(self.dispatcher, self.publisher)
+        self.requests = RequestDesk(self.config.approvals.policy(), self.publisher)
+        self.service = SchedulerService(self.dispatcher, self.publisher, requests=self.requests)
 
     def events(self) -> list[Any]:
         return self.publisher.events()

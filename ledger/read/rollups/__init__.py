@@ -101,6 +101,7 @@ from ledger.read.rollups.platform import (
     utilisation_heatmap,
     utilisation_summary,
 )
+from ledger.read.rollups.requests import RequestRow, Requests, requests
 from ledger.read.rollups.shared import (
     CAPACITY_SQL,
     DAY_US,
@@ -173,6 +174,8 @@ __all__ = [
     "NodeSeen",
     "Occupancy",
     "QuotaLine",
+    "RequestRow",
+    "Requests",
     "Sizing",
     "TeamBudget",
     "TeamQuotas",
@@ -208,6 +211,7 @@ __all__ = [
     "occupancy",
     "period_of",
     "queue_wait_trends",
+    "requests",
     "size_for_wait",
     "team_budget",
     "team_quotas",

@@ -1,0 +1,409 @@
+"""`tally request …`: ask for a quota or budget change, approve or reject one, expire the stale
+ones, and list them (`ledger.admin.requests`).
+
+Like `tally admin`, these commands never touch the ledger: they read the requests the worker
+has applied (the admin log beside the segments), check what they can (the caller's role and
+team, the request's approvers, never one's own request), and put one admin event on the admin
+topic; the ledger checks it again and, for an approval, applies the grant or quota itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ledger.admin import AdminEvent, AdminView
+from ledger.admin.request_events import (
+    RequestApproved,
+    RequestExpired,
+    RequestKind,
+    RequestRejected,
+    RequestStatus,
+)
+from ledger.admin.requests import RequestState, Verdict, change_text, new_request, verdict
+from ledger.roles import Action, Caller, Decision, Role, decide
+from ledger.units import Unit, parse_micros
+from tally.cli.admin import (
+    actor_option,
+    applied_admin,
+    default_actor,
+    dry_run_option,
+    echo_events,
+    now_us,
+    send_admin_events,
+)
+from tally.cli.audit import _utc
+from tally.cli.caller import admin_token_option, token_caller
+from tally.cli.options import (
+    Exit,
+    bootstrap_option,
+    config_option,
+    data_dir_option,
+    fail,
+    load_or_exit,
+    output_option,
+    resolve_ledger_dir,
+)
+from tally.config import TallyConfig
+from tally.output import OutputFormat, render
+
+COLUMNS = ("request", "team", "status", "change", "requested_by", "opened", "expires", "decided_by")
+DETAIL = (*COLUMNS, "approvers", "reason", "comment", "effect")
+
+
+def _caller(config: TallyConfig, token: str | None) -> Caller | None:
+    return token_caller(config, token) if token else None
+
+
+def _check(caller: Caller | None, action: Action, team: str | None) -> None:
+    """Exit 2 (nothing sent or shown) when the caller may not do `action` for `team`."""
+    if caller is None:  # the local operator, as the admin
+        return
+    answer = decide(caller, action, team)
+    if answer is Decision.FORBIDDEN:
+        fail(f"refused for {caller.name}: role {caller.role} may not {action}", Exit.USAGE)
+    if answer is Decision.HIDDEN:
+        fail(f"refused for {caller.name}: team {team} is not yours", Exit.USAGE)
+
+
+def _send(config: TallyConfig, bootstrap: str | None, event: AdminEvent, dry_run: bool) -> None:
+    echo_events([event], OutputFormat.TABLE)
+    if dry_run:
+        click.echo("dry run: not sent", err=True)
+        return
+    (sent,) = send_admin_events(config, bootstrap, [event])
+    click.echo(f"sent {sent} to {config.topics.admin}", err=True)
+
+
+def request_row(state: RequestState, now: int) -> dict[str, Any]:
+    """A request as `list` and `show` print it (and the API answers it)."""
+    o = state.opened
+    return {
+        "request": o.request_id,
+        "team": o.team,
+        "status": state.status_at(now).value,
+        "change": change_text(o),
+        "requested_by": o.actor,
+        "opened": _utc(o.effective_us),
+        "expires": _utc(o.expires_us),
+        "decided_by": state.decided_by or "-",
+        "approvers": ", ".join(o.approvers),
+        "reason": o.reason,
+        "comment": state.comment or "-",
+        "effect": state.effect or "-",
+    }
+
+
+@click.group()
+def request() -> None:
+    """Ask for quota and budget changes; approve, reject and list them."""
+
+
+_common = [config_option, bootstrap_option, data_dir_option, actor_option, dry_run_option]
+
+
+def _opening(func: Any) -> Any:
+    for option in reversed(
+        [
+            *_common,
+            click.option("--team", required=True, help="The team the change is for."),
+            click.option("--reason", required=True, help="Why the team needs it."),
+            admin_token_option,
+        ]
+    ):
+        func = option(func)
+    return func
+
+
+def _open(
+    config_path: str,
+    data_dir: str | None,
+    team: str,
+    kind: RequestKind,
+    actor: str | None,
+    reason: str,
+    token: str | None,
+    current: Any = None,
+    **change: Any,
+) -> tuple[TallyConfig, AdminEvent]:
+    config = load_or_exit(config_path)
+    caller = _caller(config, token)
+    _check(caller, Action.REQUEST_OPEN, team)
+    view = applied_admin(resolve_ledger_dir(config_path, data_dir))
+    if team not in view.teams and team not in {t.name for t in config.organisation.teams()}:
+        fail(f"unknown team {team!r}", Exit.USAGE)
+    if kind is RequestKind.QUOTA:
+        current = view.quotas.get((team, change["pool"], change["model"]))
+    event = new_request(
+        config.approvals.policy(),
+        team,
+        kind,
+        actor or default_actor(),
+        reason,
+        now_us(),
+        None if caller is None else caller.role,
+        current,
+        **change,
+    )
+    return config, event
+
+
+@request.command("budget")
+@_opening
+@click.option("--period", required=True, help="The month (YYYY-MM).")
+@click.option("--money", default=None, help="Money to add (negative: to give back), e.g. 1500.00.")
+@click.option("--gpu-hours", default=None, type=int, help="GPU-hours to add (or give back).")
+def budget(
+    config_path: str,
+    bootstrap: str | None,
+    data_dir: str | None,
+    actor: str | None,
+    dry_run: bool,
+    team: str,
+    reason: str,
+    token: str | None,
+    period: str,
+    money: str | None,
+    gpu_hours: int | None,
+) -> None:
+    """Ask for more (or less) budget for TEAM in PERIOD, in money or GPU-hours."""
+    if (money is None) == (gpu_hours is None):
+        fail("give exactly one of --money and --gpu-hours", Exit.USAGE)
+    try:
+        unit, amount = (
+            (Unit.MONEY, parse_micros(money))
+            if money is not None
+            else (Unit.GPU_MS, (gpu_hours or 0) * 3_600_000)
+        )
+    except ValueError as exc:
+        fail(f"--money: {exc}", Exit.USAGE)
+    if amount == 0:
+        fail("a change of zero changes nothing", Exit.USAGE)
+    config, event = _open(
+        config_path,
+        data_dir,
+        team,
+        RequestKind.BUDGET,
+        actor,
+        reason,
+        token,
+        period=period,
+        unit=unit,
+        amount=amount,
+    )
+    _send(config, bootstrap, event, dry_run)
+
+
+def _limit(text: str | None) -> int | None:
+    if text is None or text == "unlimited":
+        return None
+    if not text.isdigit():
+        fail(f"a limit is a number of GPUs or `unlimited`, not {text!r}", Exit.USAGE)
+    return int(text)
+
+
+@request.command("quota")
+@_opening
+@click.option("--pool", required=True)
+@click.option("--model", required=True)
+@click.option("--gpus", required=True, type=click.IntRange(0, 1_000_000), help="Nominal GPUs.")
+@click.option("--borrowing-limit", default="unlimited", show_default=True, metavar="N|unlimited")
+@click.option("--lending-limit", default="unlimited", show_default=True, metavar="N|unlimited")
+def quota(
+    config_path: str,
+    bootstrap: str | None,
+    data_dir: str | None,
+    actor: str | None,
+    dry_run: bool,
+    team: str,
+    reason: str,
+    token: str | None,
+    pool: str,
+    model: str,
+    gpus: int,
+    borrowing_limit: str,
+    lending_limit: str,
+) -> None:
+    """Ask for TEAM's whole quota of MODEL GPUs in POOL (as `quotas:` writes it)."""
+    config, event = _open(
+        config_path,
+        data_dir,
+        team,
+        RequestKind.QUOTA,
+        actor,
+        reason,
+        token,
+        pool=pool,
+        model=model,
+        nominal_gpus=gpus,
+        borrowing_limit=_limit(borrowing_limit),
+        lending_limit=_limit(lending_limit),
+    )
+    _send(config, bootstrap, event, dry_run)
+
+
+def _decide(
+    approve: bool,
+    request_id: str,
+    comment: str,
+    config_path: str,
+    bootstrap: str | None,
+    data_dir: str | None,
+    actor: str | None,
+    dry_run: bool,
+    token: str | None,
+) -> None:
+    config = load_or_exit(config_path)
+    caller = _caller(config, token)
+    _check(caller, Action.REQUEST_DECIDE, None)
+    state = _find(applied_admin(resolve_ledger_dir(config_path, data_dir)), request_id)
+    now, who = now_us(), actor or default_actor()
+    if state.status_at(now) is not RequestStatus.OPEN:
+        fail(f"request {request_id} is {state.status_at(now)}, not open", Exit.USAGE)
+    role = None if caller is None else caller.role
+    answer = verdict(state.opened, who, role)
+    if answer is not Verdict.ALLOWED:
+        fail(
+            f"{who} ({role or Role.ADMIN}) may not decide request {request_id}: {answer.value} "
+            f"(approvers: {', '.join(state.opened.approvers)}; never the requester)",
+            Exit.USAGE,
+        )
+    kind = RequestApproved if approve else RequestRejected
+    _send(config, bootstrap, kind(request_id, who, comment, now, role), dry_run)
+
+
+def _find(view: AdminView, request_id: str) -> RequestState:
+    state = view.requests.get(request_id)
+    if state is None:
+        fail(f"no request {request_id} (as of the last seal)", Exit.USAGE)
+    return state
+
+
+def _deciding(func: Any) -> Any:
+    func = admin_token_option(func)
+    func = click.option("--comment", required=True, help="Why, for the requester.")(func)
+    for option in reversed(_common):
+        func = option(func)
+    return click.argument("request_id")(func)
+
+
+@request.command("approve")
+@_deciding
+def approve(request_id: str, comment: str, **options: Any) -> None:
+    """Approve REQUEST_ID: the ledger then applies its grant or quota, with you as actor."""
+    _decide(True, request_id, comment, **options)
+
+
+@request.command("reject")
+@_deciding
+def reject(request_id: str, comment: str, **options: Any) -> None:
+    """Reject REQUEST_ID."""
+    _decide(False, request_id, comment, **options)
+
+
+@request.command("expire")
+@config_option
+@bootstrap_option
+@data_dir_option
+@actor_option
+@dry_run_option
+@admin_token_option
+def expire(
+    config_path: str,
+    bootstrap: str | None,
+    data_dir: str | None,
+    actor: str | None,
+    dry_run: bool,
+    token: str | None,
+) -> None:
+    """Mark every open request past its expiry expired (run it from cron or a timer)."""
+    config = load_or_exit(config_path)
+    caller = _caller(config, token)
+    _check(caller, Action.REQUEST_DECIDE, None)
+    view = applied_admin(resolve_ledger_dir(config_path, data_dir))
+    now, who = now_us(), actor or default_actor()
+    role = None if caller is None else caller.role
+    events: list[AdminEvent] = [
+        RequestExpired(rid, who, "expired unanswered", now, role)
+        for rid, state in sorted(view.requests.items())
+        if state.status is RequestStatus.OPEN and now >= state.opened.expires_us
+    ]
+    if not events:
+        click.echo("no open request has expired")
+        return
+    echo_events(events, OutputFormat.TABLE)
+    if dry_run:
+        click.echo("dry run: not sent", err=True)
+        return
+    sent = send_admin_events(config, bootstrap, events)
+    click.echo(f"sent {len(sent)} to {config.topics.admin}", err=True)
+
+
+def _visible(caller: Caller | None, view: AdminView) -> list[RequestState]:
+    if caller is None:
+        return list(view.requests.values())
+    return [
+        s
+        for s in view.requests.values()
+        if decide(caller, Action.REQUEST_READ, s.opened.team) is Decision.ALLOWED
+    ]
+
+
+@request.command("list")
+@config_option
+@data_dir_option
+@click.option("--team", default=None, help="Only this team's requests.")
+@click.option("--status", type=click.Choice([s.value for s in RequestStatus]), default=None)
+@output_option
+@admin_token_option
+def list_requests(
+    config_path: str,
+    data_dir: str | None,
+    team: str | None,
+    status: str | None,
+    output: str,
+    token: str | None,
+) -> None:
+    """Quota and budget requests, oldest first, as of the last seal (exit 4: no ledger)."""
+    directory = resolve_ledger_dir(config_path, data_dir)
+    caller = _caller(load_or_exit(config_path), token) if token else None
+    _check(caller, Action.REQUEST_READ, team)
+    now = now_us()
+    rows = [
+        request_row(s, now)
+        for s in sorted(_visible(caller, applied_admin(directory)), key=_opened_order)
+        if (team is None or s.opened.team == team)
+        and (status is None or s.status_at(now).value == status)
+    ]
+    fmt = OutputFormat(output)
+    if not rows and fmt is OutputFormat.TABLE:
+        click.echo("no requests match")
+        return
+    columns = COLUMNS if fmt is OutputFormat.TABLE else DETAIL
+    click.echo(render(list(columns), [[r[c] for c in columns] for r in rows], fmt))
+
+
+def _opened_order(state: RequestState) -> tuple[int, str]:
+    return state.opened.effective_us, state.request_id
+
+
+@request.command("show")
+@click.argument("request_id")
+@config_option
+@data_dir_option
+@output_option
+@admin_token_option
+def show(
+    request_id: str, config_path: str, data_dir: str | None, output: str, token: str | None
+) -> None:
+    """One request with its approvers, reason, decision and the admin event it made."""
+    directory = resolve_ledger_dir(config_path, data_dir)
+    caller = _caller(load_or_exit(config_path), token) if token else None
+    state = _find(applied_admin(directory), request_id)
+    if caller is not None and decide(caller, Action.REQUEST_READ, state.opened.team) is not (
+        Decision.ALLOWED
+    ):
+        fail(f"no request {request_id} (as of the last seal)", Exit.USAGE)
+    row = request_row(state, now_us())
+    click.echo(render(list(DETAIL), [[row[c] for c in DETAIL]], OutputFormat(output)))
