@@ -41,6 +41,7 @@ from tally.cli import (
     ledger,
     report,
     stack,
+    whatif,
 )
 from tally.cli import dashboard as dashboard_cli
 from tally.cli import scheduler as scheduler_cli
@@ -106,6 +107,7 @@ cli.add_command(scheduler_cli.scheduler)
 cli.add_command(job.job)
 cli.add_command(job.queue)
 cli.add_command(inventory.inventory)
+cli.add_command(whatif.whatif)
 
 
 def internal_error(exc: BaseException, debug: bool) -> NoReturn:

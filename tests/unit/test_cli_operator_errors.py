@@ -188,6 +188,7 @@ LEDGER_USE: dict[str, str] = {
     "scheduler run": "none",
     "up": "creates",  # through the worker it starts; its banner says so
     "worker": "creates",  # tests/integration/test_worker_new_ledger.py
+    "whatif": "reads",  # the archived jobs topic
 }
 
 ADJUSTMENT = [
@@ -209,6 +210,7 @@ LEDGER_COMMANDS: dict[str, list[str]] = {
     "report refused": ["report", "refused"],
     "audit": ["audit"],
     "export focus": ["export", "focus", "--period", "2026-11", "--out", "{tmp}/focus.csv"],
+    "whatif": ["whatif", "-c", "{config}", "--since", "2026-11-01", "--until", "2026-11-02"],
 }
 # ...and what exits 4 without a ledger but does not succeed on a fresh one
 NO_LEDGER_ONLY: dict[str, list[str]] = {
