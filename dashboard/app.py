@@ -46,6 +46,12 @@ PAGES = [
         url_path="capacity",
     ),
     st.Page(
+        HERE / "page_whatif.py",
+        title="What-if",
+        icon=":material/alt_route:",
+        url_path="whatif",
+    ),
+    st.Page(
         HERE / "page_audit.py",
         title="Audit",
         icon=":material/policy:",

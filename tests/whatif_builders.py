@@ -114,3 +114,32 @@ def archive(data_dir: Path, events: Sequence[JobEvent], batch: int = 500) -> Pat
             ingestor.apply(messages[start : start + batch])
         store.seal()
     return data_dir
+
+
+def saved_whatif(data_dir: Path, work: Path, name: str = "more-h100") -> Path:
+    """A what-if saved by the real `tally whatif --save` (two days of `workload` recorded
+    under `whatif_config()`, 4 H100s added), copied into `data_dir`'s `whatif/` folder for the
+    dashboard's What-if page; its path."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from tally.cli import cli
+    from tally.config import TallyConfig
+    from tally.whatif import scenario_of
+    from tests.conftest import write_config
+
+    data = whatif_config()
+    events = record(
+        scenario_of("live", TallyConfig.model_validate(data), T0_US), workload(60, 2 * DAY_US)
+    )
+    ledger = archive(work / "ledger", events)
+    config = write_config(work / "tally.yaml", data)
+    window = ["--since", str(T0_US), "--until", str(T0_US + 2 * DAY_US)]
+    argv = ["whatif", "-c", str(config), "--data-dir", str(ledger), *window,
+            "--add-gpus", f"{H100}=4", "--save", name]  # fmt: skip
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 0, result.output
+    target = data_dir / "whatif"
+    target.mkdir(exist_ok=True)
+    return Path(shutil.copy(ledger / "whatif" / f"{name}.json", target))

@@ -9,7 +9,9 @@ a frozen `History` out. Times are integer µs.
 How a job's runtime is read back: the length of its last run (admission to `JobFinished` or a
 final `JobFailed`); a run still going at the window's end ran until then; a job never admitted
 runs for its estimate. A job cancelled or refused before it ever ran is left out (`skipped`):
-the replay has no one to cancel it.
+the replay has no one to cancel it. A job whose last run was reclaimed for idling keeps how long
+that run worked before it went idle (`reclaimed`): the replay ends it by the scenario's idle
+policy (`scheduler.whatif.replay`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class History:
     prior_gpu_ms: tuple[tuple[str, int, int], ...]  # (team, GPU-ms, at µs) before the window
     skipped: tuple[str, ...]  # jobs that never ran and ended: cancelled or refused
     events: int  # job events read
+    reclaimed: tuple[tuple[str, int], ...] = ()  # (job, µs its last run worked before idling)
 
 
 _ENDS = (JobFinished, JobFailed, JobPreempted, JobReclaimed)
@@ -69,6 +72,7 @@ def read_history(events: Iterable[JobEvent], since_us: int, until_us: int) -> Hi
     run_from: dict[str, tuple[int, int, str]] = {}  # job → (admitted µs, GPUs, team)
     last_run: dict[str, int] = {}
     failed_retries: dict[str, int] = {}
+    worked: dict[str, int] = {}  # reclaimed for idling: how long the last run worked first
     ended: set[str] = set()
     waits: list[tuple[str, WaitReason, int]] = []
     prior: list[tuple[str, int, int]] = []
@@ -92,6 +96,10 @@ def read_history(events: Iterable[JobEvent], since_us: int, until_us: int) -> Hi
             if run is not None:
                 started, gpus, team = run
                 last_run[event.job_id] = event.time_us - started
+                if isinstance(event, JobReclaimed):
+                    worked[event.job_id] = max(0, event.idle_since_us - started)
+                else:
+                    worked.pop(event.job_id, None)
                 if started < since_us:
                     held_ms = gpus * (min(event.time_us, since_us) - started) // US_PER_MS
                     prior.append((team, held_ms, min(event.time_us, since_us)))
@@ -135,4 +143,5 @@ def read_history(events: Iterable[JobEvent], since_us: int, until_us: int) -> Hi
         tuple(prior),
         tuple(skipped),
         count,
+        tuple((j, us) for j, us in sorted(worked.items()) if j in kept),
     )

@@ -7,7 +7,10 @@ A scenario is plain domain values (`tally.whatif` builds one from a configuratio
 teams with quotas and cohorts, the fleet, prices, the fair-share half-life, the policy and the
 budgets the teams start the window with. Fair share starts from the GPU time each team held
 before the window (`History.prior_gpu_ms`); during the window it is metered from the replay's
-own runs. A run still going at the window's end is charged up to the end; a job still waiting
+own runs. A job the record shows reclaimed for idling works as long as it did, then idles:
+under a queue that reclaims after `after_us` it ends then; under one that only alerts or never
+acts it holds its GPUs until its queue's `max_runtime_us`, or the window's end. A run still
+going at the window's end is charged up to the end; a job still waiting
 then counts its wait up to the end (censored), so a scenario cannot look faster by never
 admitting a job.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ledger.job_events import (
     JobAdmitted,
@@ -31,8 +34,8 @@ from ledger.job_events import (
 )
 from ledger.pricing import PriceBook, cost_of
 from ledger.units import US_PER_MS
-from scheduler.model import Balance, Node, Policy, Queue, Team
-from scheduler.simulation import Simulation
+from scheduler.model import Balance, IdleAction, Node, Policy, Queue, Team
+from scheduler.simulation import SimJob, Simulation
 from scheduler.state import SchedulerState
 from scheduler.whatif.history import Admission, History
 
@@ -172,6 +175,27 @@ class _Recorder:
         )
 
 
+def idle_runtimes(history: History, scenario: Scenario) -> tuple[SimJob, ...]:
+    """The window's jobs with each reclaimed job's runtime set by `scenario`'s idle policy."""
+    worked = dict(history.reclaimed)
+    if not worked:
+        return history.jobs
+    queues = {q.name: q for q in scenario.queues}
+    out = []
+    for job in history.jobs:
+        work = worked.get(job.spec.job_id)
+        queue = queues.get(job.spec.queue)
+        if work is None or queue is None:
+            out.append(job)
+            continue
+        if queue.idle.action is IdleAction.RECLAIM:
+            runtime = work + queue.idle.after_us
+        else:
+            runtime = queue.max_runtime_us or history.until_us - job.spec.submit_us
+        out.append(replace(job, runtime_us=max(1, runtime)))
+    return tuple(out)
+
+
 def replay(history: History, scenario: Scenario, progress: Progress | None = None) -> Outcome:
     """Replay `history`'s jobs under `scenario` from the window's start to its end."""
     started = time.perf_counter()
@@ -193,7 +217,7 @@ def replay(history: History, scenario: Scenario, progress: Progress | None = Non
         meter_interval_us=scenario.meter_interval_us,
         listener=recorder,
     )
-    simulation.run(history.jobs, until_us=history.until_us - 1)
+    simulation.run(idle_runtimes(history, scenario), until_us=history.until_us - 1)
     for job_id in sorted(recorder.open):
         recorder.close(job_id, history.until_us, False)
     waits = []

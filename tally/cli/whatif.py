@@ -4,8 +4,10 @@ side by side (`scheduler.whatif`; the files are read by `tally.whatif`)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import click
@@ -28,6 +30,34 @@ from tally.config import ConfigError
 from tally.output import OutputFormat, render
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
+SAVED_DIR = "whatif"  # under the data directory: the dashboard's What-if page reads it
+
+
+def _save(
+    data_dir: Path,
+    name: str,
+    config_path: str,
+    config_b: str | None,
+    added: dict[str, int],
+    doc: dict[str, Any],
+) -> None:
+    """Write the report atomically as `SAVED_DIR/name.json` with what it compared."""
+    folder = data_dir / SAVED_DIR
+    described = {
+        "name": name,
+        "baseline_config": config_path,
+        "alternative_config": config_b or config_path,
+        "added_gpus": added,
+        **doc,
+    }
+    try:
+        folder.mkdir(exist_ok=True)
+        part = folder / f".{name}.json.part"
+        part.write_bytes(orjson.dumps(described, option=orjson.OPT_INDENT_2))
+        part.replace(folder / f"{name}.json")
+    except OSError as exc:
+        fail(f"--save: cannot write {folder / name}.json: {exc}", Exit.LEDGER)
 
 
 def _time(name: str, text: str) -> int:
@@ -53,6 +83,22 @@ def _added(values: tuple[str, ...]) -> dict[str, int]:
     return out
 
 
+def _teams(report: WhatIfReport) -> list[dict[str, Any]]:
+    """Per team, the numbers behind the rows (integers: GPU-ms, micro-units, µs)."""
+    a, b = report.baseline, report.alternative
+    out = []
+    for team in sorted(set(a.gpu_ms) | set(b.gpu_ms)):
+        row: dict[str, Any] = {"team": team}
+        for side, m in (("baseline", a), ("alternative", b)):
+            delay = m.delay_by_team.get(team)
+            row[f"{side}_gpu_ms"] = m.gpu_ms.get(team, 0)
+            row[f"{side}_cost_micros"] = m.cost_micros.get(team, 0)
+            row[f"{side}_wait_p50_us"] = None if delay is None else delay.p50_us
+            row[f"{side}_wait_p95_us"] = None if delay is None else delay.p95_us
+        out.append(row)
+    return out
+
+
 def _json(report: WhatIfReport) -> dict[str, Any]:
     return {
         "since_us": report.since_us,
@@ -60,6 +106,9 @@ def _json(report: WhatIfReport) -> dict[str, Any]:
         "jobs": report.jobs,
         "skipped": list(report.skipped),
         "rows": [dict(zip(COLUMNS, row, strict=True)) for row in report.rows],
+        "teams": _teams(report),
+        "wait_p95_us": [report.baseline.delay_all.p95_us, report.alternative.delay_all.p95_us],
+        "utilisation_bp": [report.baseline.utilisation_bp, report.alternative.utilisation_bp],
         "divergences": [
             {"job_id": d.job_id, "recorded": d.recorded, "replayed": d.replayed, "cause": d.cause}
             for d in report.divergences
@@ -108,6 +157,13 @@ def _checks(report: WhatIfReport) -> list[str]:
     metavar="MODEL=N",
     help="Give the alternative N more GPUs of MODEL (repeatable).",
 )
+@click.option(
+    "--save",
+    default=None,
+    metavar="NAME",
+    help="Also keep the JSON report as whatif/NAME.json in the ledger's data directory, for "
+    "the dashboard's What-if page.",
+)
 @output_option
 def whatif(
     config_path: str,
@@ -116,6 +172,7 @@ def whatif(
     until: str,
     config_b: str | None,
     add_gpus: tuple[str, ...],
+    save: str | None,
     output: str,
 ) -> None:
     """Replay the jobs submitted in [--since, --until) from the ledger's archived jobs topic
@@ -129,6 +186,8 @@ def whatif(
     if until_us <= since_us:
         fail("--until must be after --since", Exit.USAGE)
     added = _added(add_gpus)
+    if save is not None and not _NAME.fullmatch(save):
+        fail(f"--save: {save!r}: letters, digits, '.', '_' and '-' only", Exit.USAGE)
     config = load_or_exit(config_path)
     other = load_or_exit(config_b) if config_b else config
     directory = resolve_ledger_dir(config_path, data_dir)
@@ -161,9 +220,12 @@ def whatif(
     )
     if bar is not None:
         bar.__exit__(None, None, None)
+    doc = _json(report)
+    if save is not None:
+        _save(directory, save, config_path, config_b, added, doc)
     fmt = OutputFormat(output)
     if fmt is OutputFormat.JSON:
-        click.echo(orjson.dumps(_json(report), option=orjson.OPT_INDENT_2).decode())
+        click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
     elif fmt is OutputFormat.CSV:
         click.echo(render(COLUMNS, report.rows, fmt))
     else:

@@ -9,11 +9,13 @@ flagged); the capacity sentence."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from streamlit.testing.v1 import AppTest
 
 from ledger.job_events import (
     FailReason,
@@ -21,11 +23,14 @@ from ledger.job_events import (
     JobFailed,
     JobFinished,
     JobPreempted,
+    JobReclaimed,
     JobSpec,
     JobSubmitted,
     PreemptReason,
 )
-from ledger.read.job_history import read_job_event_log
+from ledger.read.job_history import duration_text, read_job_event_log
+from ledger.store.hot import DuckDBStore
+from scheduler.model import IdleAction, IdlePolicy
 from scheduler.whatif import (
     Delay,
     History,
@@ -39,11 +44,13 @@ from scheduler.whatif import (
     what_if,
 )
 from scheduler.whatif.compare import capacity_sentence, gpu_hours, wait_flags
+from scheduler.whatif.replay import idle_runtimes
 from tally.cli import cli
 from tally.config import TallyConfig
 from tally.whatif import add_gpus, scenario_of
 from tests.builders import T0_US
-from tests.conftest import write_config
+from tests.conftest import REPO, write_config
+from tests.scheduler_builders import a_queue
 from tests.whatif_builders import (
     DAY_US,
     H100,
@@ -51,6 +58,7 @@ from tests.whatif_builders import (
     MINUTE_US,
     archive,
     record,
+    saved_whatif,
     whatif_config,
     workload,
 )
@@ -256,9 +264,70 @@ def test_the_command_prints_both_side_by_side_and_the_capacity_sentence(tmp_path
         pytest.param(["--add-gpus", "A100"], "expected MODEL=N", id="no-count"),
         pytest.param(["--until", "2026-10-01"], "--until must be after --since", id="backwards"),
         pytest.param(["--until", "soon"], "is not `now`", id="bad-time"),
+        pytest.param(["--save", "../x"], "--save: '../x'", id="bad-save-name"),
     ],
 )
 def test_bad_usage_exits_2(tmp_path, ledger_dir, args, message):
     result = _run(tmp_path, ledger_dir, *args)
     assert result.exit_code == 2, result.output
     assert message in result.stderr
+
+
+# ---------------------------------------------------------------------------- idle reclaim
+
+
+@pytest.mark.parametrize(
+    ("idle", "max_runtime_us", "runtime_us"),
+    [
+        pytest.param(IdlePolicy(IdleAction.RECLAIM, 30 * MINUTE_US), None, 90 * MINUTE_US,
+                     id="reclaim-after-30-min"),
+        pytest.param(IdlePolicy(IdleAction.RECLAIM, 0), None, HOUR_US, id="reclaim-at-once"),
+        pytest.param(IdlePolicy(IdleAction.ALERT), None, UNTIL - SINCE, id="alert-to-window-end"),
+        pytest.param(IdlePolicy(IdleAction.NEVER), 5 * HOUR_US, 5 * HOUR_US,
+                     id="never-to-max-runtime"),
+    ],
+)  # fmt: skip
+def test_a_reclaimed_job_idles_as_the_scenarios_policy_says(idle, max_runtime_us, runtime_us):
+    t = SINCE
+    events = [
+        JobSubmitted(_spec("idler", t), t),
+        _admitted("idler", t),
+        JobReclaimed("idler", ("G0", "G1"), t + HOUR_US, t + 2 * HOUR_US),
+    ]
+    h = read_history(events, SINCE, UNTIL)
+    assert h.reclaimed == (("idler", HOUR_US),)
+    queue = a_queue("train", idle=idle, max_runtime_us=max_runtime_us)
+    scenario = scenario_of("a", config(), SINCE)
+    (job,) = idle_runtimes(h, replace(scenario, queues=(queue,)))
+    assert job.runtime_us == runtime_us
+
+
+# ---------------------------------------------------------------------------- the dashboard page
+
+
+def test_the_whatif_page_shows_a_saved_report(tmp_path, monkeypatch):
+    data_dir = tmp_path / "shown"
+    DuckDBStore(data_dir).close()
+    saved = saved_whatif(data_dir, tmp_path)
+    doc = json.loads(saved.read_text())
+    monkeypatch.setenv("TALLY_DATA_DIR", str(data_dir))
+    monkeypatch.setenv("TALLY_CURRENCY", "USD")
+    app = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=60).run()
+    app.switch_page("page_whatif.py").run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert app.title[0].value == "What-if: policy replays"
+    assert [s.value for s in app.success] == [doc["capacity"]]
+    shown = app.dataframe[0].value
+    assert shown.values.tolist() == [list(r.values()) for r in doc["rows"]]
+    p95 = app.metric[0]
+    assert p95.value == duration_text(doc["wait_p95_us"][1])
+
+
+def test_the_whatif_page_without_reports_says_how_to_make_one(tmp_path, monkeypatch):
+    data_dir = tmp_path / "ledger"
+    DuckDBStore(data_dir).close()
+    monkeypatch.setenv("TALLY_DATA_DIR", str(data_dir))
+    app = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=60).run()
+    app.switch_page("page_whatif.py").run()
+    assert not app.exception
+    assert "--save" in app.info[0].value
