@@ -6,17 +6,21 @@ scheduler — queues (priorities, classes, idle reclaim, model policy), teams wi
 cohorts and weights, prices, the fair-share half-life, `heads_per_queue` — plus the fleet (the
 configured fleet, `tally.scheduling.inventory_of`), and the budgets that apply to the window's
 first month (a one-off budget of that month wins over a recurring one) as the teams' starting
-balances. `--add-gpus MODEL=N` adds N GPUs of MODEL to the alternative's fleet, in nodes the
+balances. Fair share starts from the ledger's metered usage before the window, as the live
+scheduler's does. `--add-gpus MODEL=N` adds N GPUs of MODEL to the alternative's fleet, in nodes the
 size of the fleet's first node of that model, in its pool.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from ledger.periods import Period
 from ledger.read.job_history import read_job_event_log
+from ledger.read.metered import hourly_team_usage
+from ledger.read.reports import ReportQueries
 from ledger.units import US_PER_SECOND
 from scheduler.model import Balance, Node, Policy
 from scheduler.whatif import History, Scenario, read_history
@@ -88,6 +92,14 @@ def tolerance_us(config: TallyConfig) -> int:
 
 
 def history_of(data_dir: Path, config: TallyConfig, since_us: int, until_us: int) -> History:
-    """The window of the ledger's archived jobs topic."""
+    """The window of the ledger's archived jobs topic; fair share before it from the ledger's
+    metered usage (`ledger.read.metered`) when the ledger has any, else from the GPU time the
+    archived runs held."""
     log = read_job_event_log(data_dir, config.topics.jobs)
-    return read_history(log.events, since_us, until_us)
+    history = read_history(log.events, since_us, until_us)
+    q = ReportQueries(data_dir)
+    try:
+        metered = hourly_team_usage(q, since_us)
+    finally:
+        q.close()
+    return replace(history, prior_gpu_ms=metered) if metered else history

@@ -5,9 +5,9 @@ piece, as attribution does), giving an `Outcome`: every run, every first admissi
 
 A scenario is plain domain values (`tally.whatif` builds one from a configuration): queues,
 teams with quotas and cohorts, the fleet, prices, the fair-share half-life, the policy and the
-budgets the teams start the window with. Fair share starts from the GPU time each team held
-before the window (`History.prior_gpu_ms`); during the window it is metered from the replay's
-own runs. A job the record shows reclaimed for idling works as long as it did, then idles:
+budgets the teams start the window with. Fair share starts from the usage before the window
+(`History.prior_gpu_ms`: the ledger's metered usage, or the archived runs' GPU time); during the
+window it is metered from the replay's own runs. A job the record shows reclaimed for idling works as long as it did, then idles:
 under a queue that reclaims after `after_us` it ends then; under one that only alerts or never
 acts it holds its GPUs until its queue's `max_runtime_us`, or the window's end. A run still
 going at the window's end is charged up to the end; a job still waiting

@@ -29,6 +29,7 @@ from ledger.job_events import (
     PreemptReason,
 )
 from ledger.read.job_history import duration_text, read_job_event_log
+from ledger.read.reports import ReportQueries, cost_report
 from ledger.store.hot import DuckDBStore
 from scheduler.model import IdleAction, IdlePolicy
 from scheduler.whatif import (
@@ -47,10 +48,11 @@ from scheduler.whatif.compare import capacity_sentence, gpu_hours, wait_flags
 from scheduler.whatif.replay import idle_runtimes
 from tally.cli import cli
 from tally.config import TallyConfig
-from tally.whatif import add_gpus, scenario_of
+from tally.whatif import add_gpus, history_of, scenario_of
 from tests.builders import T0_US
 from tests.conftest import REPO, write_config
 from tests.scheduler_builders import a_queue
+from tests.unit.test_cli import small_ledger
 from tests.whatif_builders import (
     DAY_US,
     H100,
@@ -331,3 +333,19 @@ def test_the_whatif_page_without_reports_says_how_to_make_one(tmp_path, monkeypa
     app.switch_page("page_whatif.py").run()
     assert not app.exception
     assert "--save" in app.info[0].value
+
+
+def test_fair_share_before_the_window_is_the_ledgers_metered_usage(tmp_path):
+    data_dir = small_ledger(tmp_path / "ledger")  # samples only: no jobs archived
+    history = history_of(data_dir, config(), SINCE + DAY_US, UNTIL)
+    q = ReportQueries(data_dir)
+    try:
+        by_team = {line.keys[0]: line.gpu_ms for line in cost_report(q, ("team",)).lines}
+    finally:
+        q.close()
+    summed: dict[str, int] = {}
+    for team, gpu_ms, at_us in history.prior_gpu_ms:
+        summed[team] = summed.get(team, 0) + gpu_ms
+        assert at_us <= SINCE + DAY_US
+    assert summed == by_team and sum(summed.values()) > 0
+    assert history_of(data_dir, config(), SINCE, UNTIL).prior_gpu_ms == ()  # none before
