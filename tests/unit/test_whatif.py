@@ -30,7 +30,6 @@ from ledger.job_events import (
 )
 from ledger.read.job_history import duration_text, read_job_event_log
 from ledger.read.reports import ReportQueries, cost_report
-from ledger.store.hot import DuckDBStore
 from scheduler.model import IdleAction, IdlePolicy
 from scheduler.whatif import (
     Delay,
@@ -60,7 +59,6 @@ from tests.whatif_builders import (
     MINUTE_US,
     archive,
     record,
-    saved_whatif,
     whatif_config,
     workload,
 )
@@ -307,30 +305,36 @@ def test_a_reclaimed_job_idles_as_the_scenarios_policy_says(idle, max_runtime_us
 # ---------------------------------------------------------------------------- the dashboard page
 
 
-def test_the_whatif_page_shows_a_saved_report(tmp_path, monkeypatch):
-    data_dir = tmp_path / "shown"
-    DuckDBStore(data_dir).close()
-    saved = saved_whatif(data_dir, tmp_path)
-    doc = json.loads(saved.read_text())
-    monkeypatch.setenv("TALLY_DATA_DIR", str(data_dir))
+PAGE = str(REPO / "dashboard" / "page_whatif.py")
+
+
+@pytest.fixture(scope="module")
+def saved(ledger_dir: Path) -> dict:
+    """`tally whatif --save` on the module's ledger (4 H100s added): the saved document."""
+    path = write_config(ledger_dir.parent / "saved.yaml", whatif_config())
+    argv = ["whatif", "-c", str(path), "--data-dir", str(ledger_dir), "--since", str(SINCE),
+            "--until", str(UNTIL), "--add-gpus", f"{H100}=4", "--save", "more-h100"]  # fmt: skip
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 0, result.output
+    return json.loads((ledger_dir / "whatif" / "more-h100.json").read_text())
+
+
+def test_the_whatif_page_shows_a_saved_report(ledger_dir, saved, monkeypatch):
+    monkeypatch.setenv("TALLY_DATA_DIR", str(ledger_dir))
     monkeypatch.setenv("TALLY_CURRENCY", "USD")
-    app = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=60).run()
-    app.switch_page("page_whatif.py").run()
+    app = AppTest.from_file(PAGE, default_timeout=60).run()
     assert not app.exception, [e.value for e in app.exception]
     assert app.title[0].value == "What-if: policy replays"
-    assert [s.value for s in app.success] == [doc["capacity"]]
-    shown = app.dataframe[0].value
-    assert shown.values.tolist() == [list(r.values()) for r in doc["rows"]]
-    p95 = app.metric[0]
-    assert p95.value == duration_text(doc["wait_p95_us"][1])
+    assert saved["name"] == "more-h100" and saved["added_gpus"] == {H100: 4}
+    assert [s.value for s in app.success] == [saved["capacity"]]
+    assert app.dataframe[0].value.values.tolist() == [list(r.values()) for r in saved["rows"]]
+    assert app.metric[0].value == duration_text(saved["wait_p95_us"][1])
+    assert app.metric[3].value == "0"  # divergences from the record
 
 
 def test_the_whatif_page_without_reports_says_how_to_make_one(tmp_path, monkeypatch):
-    data_dir = tmp_path / "ledger"
-    DuckDBStore(data_dir).close()
-    monkeypatch.setenv("TALLY_DATA_DIR", str(data_dir))
-    app = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=60).run()
-    app.switch_page("page_whatif.py").run()
+    monkeypatch.setenv("TALLY_DATA_DIR", str(tmp_path))
+    app = AppTest.from_file(PAGE, default_timeout=60).run()
     assert not app.exception
     assert "--save" in app.info[0].value
 
