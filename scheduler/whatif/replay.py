@@ -10,10 +10,9 @@ budgets the teams start the window with. Fair share starts from the usage before
 window it is metered from the replay's own runs. A job the record shows reclaimed for idling
 works as long as it did, then idles: under a queue that reclaims after `after_us` it ends then;
 under one that only alerts or never acts it holds its GPUs until its queue's `max_runtime_us`,
-or the window's end. A run still
-going at the window's end is charged up to the end; a job still waiting
-then counts its wait up to the end (censored), so a scenario cannot look faster by never
-admitting a job.
+or the window's end. A run still going at the window's end is charged up to the end; a job
+still waiting then counts its wait up to the end (censored), so a scenario cannot look faster
+by never admitting a job.
 """
 
 from __future__ import annotations
