@@ -96,7 +96,7 @@ def history_of(data_dir: Path, config: TallyConfig, since_us: int, until_us: int
     metered usage (`ledger.read.metered`) when the ledger has any, else from the GPU time the
     archived runs held."""
     log = read_job_event_log(data_dir, config.topics.jobs)
-    history = read_history(log.events, since_us, until_us)
+    history = replace(read_history(log.events, since_us, until_us), undecodable=log.undecodable)
     q = ReportQueries(data_dir)
     try:
         metered = hourly_team_usage(q, since_us)

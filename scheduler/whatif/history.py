@@ -59,6 +59,7 @@ class History:
     skipped: tuple[str, ...]  # jobs that never ran and ended: cancelled or refused
     events: int  # job events read
     reclaimed: tuple[tuple[str, int], ...] = ()  # (job, µs its last run worked before idling)
+    undecodable: int = 0  # archived job messages that could not be read (the replay lacks them)
 
 
 _ENDS = (JobFinished, JobFailed, JobPreempted, JobReclaimed)

@@ -39,6 +39,7 @@ class WhatIfReport:
     flags: tuple[str, ...]  # with GPUs added: teams whose p95 wait rose
     capacity: str | None  # with GPUs added: the capacity sentence
     replay_seconds: float  # wall-clock seconds of both replays
+    undecodable: int = 0  # archived job messages that could not be read
 
     @property
     def simulated_days_per_second(self) -> float:
@@ -83,5 +84,6 @@ def what_if(
         wait_flags(ma, mb) if added else (),
         capacity_sentence(added, ma, mb) if added else None,
         a.wall_s + b.wall_s,
+        history.undecodable,
     )
     return report, a, b

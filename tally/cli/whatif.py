@@ -105,6 +105,7 @@ def _json(report: WhatIfReport) -> dict[str, Any]:
         "until_us": report.until_us,
         "jobs": report.jobs,
         "skipped": list(report.skipped),
+        "undecodable": report.undecodable,
         "rows": [dict(zip(COLUMNS, row, strict=True)) for row in report.rows],
         "teams": _teams(report),
         "wait_p95_us": [report.baseline.delay_all.p95_us, report.alternative.delay_all.p95_us],
@@ -122,6 +123,11 @@ def _json(report: WhatIfReport) -> dict[str, Any]:
 
 def _checks(report: WhatIfReport) -> list[str]:
     lines = [f"{report.jobs} jobs replayed ({len(report.skipped)} never ran: left out)"]
+    if report.undecodable:
+        lines.append(
+            f"WARNING: {report.undecodable} archived job messages could not be read: "
+            "the replay does not know them, and may diverge for it"
+        )
     if report.divergences:
         lines.append(f"{len(report.divergences)} recorded admissions diverge from the baseline:")
         lines += [

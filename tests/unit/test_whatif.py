@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 from streamlit.testing.v1 import AppTest
 
+from ledger.ingest import ConsumedMessage, Ingestor
 from ledger.job_events import (
     FailReason,
     JobAdmitted,
@@ -27,9 +28,12 @@ from ledger.job_events import (
     JobSpec,
     JobSubmitted,
     PreemptReason,
+    encode_job_event,
 )
+from ledger.pricing import PriceBook
 from ledger.read.job_history import duration_text, read_job_event_log
 from ledger.read.reports import ReportQueries, cost_report
+from ledger.store.hot import DuckDBStore
 from scheduler.model import IdleAction, IdlePolicy
 from scheduler.whatif import (
     Delay,
@@ -56,6 +60,7 @@ from tests.whatif_builders import (
     DAY_US,
     H100,
     HOUR_US,
+    JOBS_TOPIC,
     MINUTE_US,
     archive,
     record,
@@ -353,3 +358,19 @@ def test_fair_share_before_the_window_is_the_ledgers_metered_usage(tmp_path):
         assert at_us <= SINCE + DAY_US
     assert summed == by_team and sum(summed.values()) > 0
     assert history_of(data_dir, config(), SINCE, UNTIL).prior_gpu_ms == ()  # none before
+
+
+def test_an_unreadable_archived_job_message_is_warned_about(tmp_path):
+    events = record(scenario_of("live", config(), SINCE), workload(4, HOUR_US))
+    messages = [
+        ConsumedMessage(JOBS_TOPIC, 0, i, encode_job_event(e, "tally://scheduler"))
+        for i, e in enumerate(events)
+    ]
+    messages.append(ConsumedMessage(JOBS_TOPIC, 0, len(events), b'{"type": "tally.job.x"}'))
+    with DuckDBStore(tmp_path / "ledger") as store:
+        Ingestor(store, "c", PriceBook(()), {}).apply(messages)
+        store.seal()
+    result = _run(tmp_path, tmp_path / "ledger")
+    assert result.exit_code == 0, result.output
+    assert "WARNING: 1 archived job messages could not be read" in result.stdout
+    assert "WARNING" not in _run(tmp_path, tmp_path / "ledger", "-o", "csv").stdout
