@@ -30,6 +30,7 @@ PAGE_NEEDS: Mapping[str, Mapping[Action, frozenset[Scope]]] = {
     "platform": {Action.INVENTORY_READ: ANY, Action.JOB_READ: ANY},
     "team": {Action.BALANCES_READ: SOME, Action.JOB_READ: SOME},
     "capacity": {Action.QUEUES_READ: ANY, Action.JOB_READ: ANY},
+    "whatif": {Action.BALANCES_READ: ANY, Action.JOB_READ: ANY},
     "audit": {Action.BALANCES_READ: ANY, Action.JOB_READ: ANY},
 }
 

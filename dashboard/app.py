@@ -26,6 +26,7 @@ PAGES = [  # (script, title, icon, url path); the first visible one is the defau
     ("page_platform.py", "Platform", ":material/memory:", "platform"),
     ("page_team.py", "Team", ":material/group:", "team"),
     ("page_capacity.py", "Capacity planning", ":material/trending_up:", "capacity"),
+    ("page_whatif.py", "What-if", ":material/alt_route:", "whatif"),
     ("page_audit.py", "Audit", ":material/policy:", "audit"),
 ]
 

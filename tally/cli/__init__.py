@@ -42,6 +42,7 @@ from tally.cli import (
     report,
     request,
     stack,
+    whatif,
 )
 from tally.cli import dashboard as dashboard_cli
 from tally.cli import scheduler as scheduler_cli
@@ -108,6 +109,7 @@ cli.add_command(job.job)
 cli.add_command(job.queue)
 cli.add_command(inventory.inventory)
 cli.add_command(request.request)
+cli.add_command(whatif.whatif)
 
 
 def internal_error(exc: BaseException, debug: bool) -> NoReturn:

@@ -23,6 +23,7 @@ import requests
 
 from tests.conftest import REPO, child_env
 from tests.unit.test_dashboard_seed import seed_ledger
+from tests.whatif_builders import saved_whatif
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -51,7 +52,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def seeded_ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return seed_ledger(tmp_path_factory.mktemp("browser") / "ledger")
+    ledger = seed_ledger(tmp_path_factory.mktemp("browser") / "ledger")
+    saved_whatif(ledger, tmp_path_factory.mktemp("whatif"))  # for the What-if page
+    return ledger
 
 
 @pytest.fixture(scope="session")

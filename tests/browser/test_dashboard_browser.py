@@ -26,6 +26,7 @@ PAGES = {
     "capacity": ("Capacity planning", 3, 2),
     "team": ("Team: jobs, budget and quota", 7, 0),
     "audit": ("Audit: who changed what", 1, 0),
+    "whatif": ("What-if: policy replays", 2, 3),
 }
 
 
@@ -53,7 +54,7 @@ def _settle(page: Any, title: str, tables: int, charts: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", list(PAGES), ids=["finance", "platform", "capacity", "team", "audit"]
+    "path", list(PAGES), ids=["finance", "platform", "capacity", "team", "audit", "whatif"]
 )
 def test_page_renders_without_an_exception(chromium, dashboard_url, path):
     title, tables, charts = PAGES[path]

@@ -97,6 +97,11 @@ CASES: dict[str, Case] = {
         "cordoned,status,first_seen,last_seen",
         rows=0,  # the small ledger was fed samples, not inventory reports
     ),
+    "whatif": case(
+        "whatif -c {config} --since 2026-11-01 --until 2026-12-01 --data-dir {ledger}",
+        "metric,scope,baseline,alternative",
+        keys="since_us,until_us,jobs,rows,divergences,decisions_unchanged,flags,capacity",
+    ),
     "job submit": case("job submit -q dev -p detection -- true", JOB, keys=JOB_KEYS),
     "job list": case("job list", JOB, keys=JOB_KEYS),
     "job cancel": case("job cancel {job}", JOB, keys=JOB_KEYS),

@@ -195,6 +195,7 @@ LEDGER_USE: dict[str, str] = {
     "scheduler run": "none",
     "up": "creates",  # through the worker it starts; its banner says so
     "worker": "creates",  # tests/integration/test_worker_new_ledger.py
+    "whatif": "reads",  # the archived jobs topic
 }
 
 ADJUSTMENT = [
@@ -223,6 +224,7 @@ LEDGER_COMMANDS: dict[str, list[str]] = {
                       "--gpus", "2", "--dry-run"],
     "request expire": ["request", "expire", "--dry-run", "--config", "{config}"],
     "request list": ["request", "list", "--config", "{config}"],
+    "whatif": ["whatif", "-c", "{config}", "--since", "2026-11-01", "--until", "2026-11-02"],
 }  # fmt: skip
 # ...and what exits 4 without a ledger but does not succeed on a fresh one
 NO_LEDGER_ONLY: dict[str, list[str]] = {

@@ -3,6 +3,8 @@ summarising them, the plain-language explanation, and reading the raw-event arch
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
 import pytest
 
@@ -30,6 +32,7 @@ from ledger.periods import Period
 from ledger.pricing import PriceBook
 from ledger.read import job_history as jh
 from ledger.store.hot import DuckDBStore
+from ledger.store.schema import ARCHIVE_COMPRESS_FROM
 from ledger.units import Unit
 from tests.builders import T0_US
 
@@ -282,3 +285,21 @@ def test_the_archive_holds_the_jobs_topic_in_publication_order(tmp_path):
     assert (log.messages, log.undecodable) == (len(events) + 1, 0)
     assert jh.fold_jobs(log.events) == jh.fold_jobs(events)
     assert jh.read_job_event_log(tmp_path, "another.topic").events == ()
+
+
+def test_a_large_job_event_archived_compressed_comes_back_whole(tmp_path):
+    """A 48-GPU admission is over the size the archive compresses from."""
+    uuids = tuple(f"GPU-node-{i // 8:02d}-{i % 8}" for i in range(48))
+    events = [submitted("job-big", T0_US, gpus=48), replace(
+        admitted("job-big", T0_US + MIN), gpu_uuids=uuids, nodes=tuple("n1" for _ in uuids)
+    )]  # fmt: skip
+    messages = [
+        ConsumedMessage("tally.jobs", 0, i, encode_job_event(e, SOURCE))
+        for i, e in enumerate(events)
+    ]
+    assert max(len(m.value or b"") for m in messages) >= ARCHIVE_COMPRESS_FROM
+    with DuckDBStore(tmp_path) as store:
+        Ingestor(store, "c", PriceBook(()), {}).apply(messages)
+        store.seal()
+    log = jh.read_job_event_log(tmp_path)
+    assert (log.events, log.undecodable) == (tuple(events), 0)

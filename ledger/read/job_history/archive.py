@@ -2,10 +2,11 @@
 raw-event archive (`archive/`, see `ledger.store.segments`), decoded with `ledger.job_events`
 (`job_event_log`) into a `JobEventLog`; hold events, which share the topic, are passed over.
 
-`read_job_event_log` is the only reader of files in the job history; events are returned in
-publication order (batch sequence, then position in the batch), a resend counted once. Each
-archive file is checked against its manifest's checksum first: a damaged or missing one raises
-a `SegmentError` naming it.
+`read_job_event_log` is the only reader of files in the job history; a value the archive keeps
+compressed (a large one, `ledger.store.schema.archived_value`) is decompressed first; events
+are returned in publication order (batch sequence, then position in the batch), a resend
+counted once. Each archive file is checked against its manifest's checksum first: a damaged or
+missing one raises a `SegmentError` naming it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ledger.errors import EventError, SegmentError
 from ledger.job_events import JobEnvelope, JobEvent, decode_job_event, job_envelope_from_dict
 from ledger.store.integrity import require_intact
 from ledger.store.layout import ARCHIVE_DIR
+from ledger.store.schema import archived_value
 from ledger.store.segments import Manifest
 
 DEFAULT_JOBS_TOPIC = "tally.jobs"
@@ -102,13 +104,14 @@ def _archive_file(path: str, sha256: str, topic: str) -> _Decoded:
     a rewritten file (a re-seal after a crash writes the same bytes) a cache hit only when equal.
     """
     del sha256  # part of the cache key only
-    table = pq.read_table(path, columns=["batch_seq", "batch_index", "topic", "value"])
+    columns = ["batch_seq", "batch_index", "topic", "value", "value_codec", "value_size"]
+    table = pq.read_table(path, columns=columns)
     out = []
-    for seq, index, msg_topic, value in zip(
-        *(table.column(i).to_pylist() for i in range(4)), strict=True
+    for seq, index, msg_topic, value, codec, size in zip(
+        *(table.column(i).to_pylist() for i in range(len(columns))), strict=True
     ):
         if msg_topic == topic:
-            envelopes, bad = job_envelopes(value)
+            envelopes, bad = job_envelopes(archived_value(value, codec, size))
             out.append((int(seq), int(index), envelopes, bad))
     return tuple(out)
 
