@@ -50,13 +50,6 @@ def valid_profile(profile: str) -> bool:
     return _PROFILE.fullmatch(profile) is not None
 
 
-def profile_slices(profile: str) -> int:
-    """The compute slices a profile names (`3g.40gb` → 3); raises EventError if unreadable."""
-    if not valid_profile(profile):
-        raise EventError(f"MIG profile {profile!r}: expected e.g. 1g.10gb or 3g.40gb")
-    return int(profile.split("g.", 1)[0].rsplit(".", maxsplit=1)[-1])
-
-
 def parse_mig(text: str) -> tuple[str, int]:
     """`PROFILE[:COUNT]` → (profile, count); raises EventError (count in [1, 64])."""
     profile, sep, count_text = text.strip().partition(":")

@@ -115,24 +115,6 @@ def pack_share(
     return next((u for u in free_whole if u not in whole_held and u not in loads), None)
 
 
-def pack_all(
-    shares: Sequence[tuple[str, int]],
-    loads: Mapping[str, int],
-    free_whole: Sequence[str],
-    whole_held: frozenset[str] = frozenset(),
-) -> tuple[dict[str, str], dict[str, int]]:
-    """Pack several share jobs `(job id, share)` in order: (job → GPU for those that fit, the
-    loads after). A job that does not fit is left out."""
-    placed: dict[str, str] = {}
-    now = dict(loads)
-    for job_id, share in shares:
-        uuid = pack_share(share, now, free_whole, whole_held)
-        if uuid is not None:
-            placed[job_id] = uuid
-            now[uuid] = now.get(uuid, 0) + share
-    return placed, now
-
-
 def share_loads(jobs: Iterable[RunningJob], flavor: Flavor) -> dict[str, tuple[str, int]]:
     """The GPUs of `flavor` that running share jobs hold shares of: GPU → (node, per-mille)."""
     loads: dict[str, tuple[str, int]] = {}
