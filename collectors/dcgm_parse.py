@@ -63,7 +63,6 @@ from collectors.dcgm_health import HealthState, dcgm_health
 from collectors.dcgm_nodes import NodeLabelLog
 from collectors.inventory import NodeFacts
 from collectors.k8s_identity import PodRules
-from ledger.attribution import unconfigured_slices
 from ledger.events import (
     MAX_INTERVAL_US,
     GpuHealth,
@@ -71,6 +70,7 @@ from ledger.events import (
     HealthKind,
     SampleSource,
 )
+from ledger.fractional import lay_out
 from ledger.inventory.health import xid_meaning
 
 
@@ -214,10 +214,13 @@ def _assemble(
         )
         device = _device_values(whole, slices)
         parent = whole if whole is not None else slices[0]
+        placed, rest = lay_out([gpu.mig for gpu in slices if gpu.mig is not None])
+        if len(placed) == len(slices):  # each instance's place in the accounting layout
+            for gpu, mig in zip(slices, placed, strict=True):
+                gpu.mig = mig
         for gpu in slices or [parent]:
             samples.append(_sample(gpu, device, pool, time_us, interval_us))
             activity.append(_activity(gpu))
-        rest = unconfigured_slices([gpu.mig for gpu in slices if gpu.mig is not None])
         if rest is not None:  # slices no instance occupies: unallocated capacity
             spare = GpuRows(uuid, parent.index, parent.model, parent.node, rest)
             samples.append(_sample(spare, {}, pool, time_us, interval_us))

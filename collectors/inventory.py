@@ -73,7 +73,8 @@ def reports_from_samples(
             real = [s for s in instances if s.mig and s.mig.profile != UNCONFIGURED_PROFILE]
             slices = tuple(
                 sorted(
-                    (s.mig for s in real if s.mig is not None),
+                    # the accounting layout is the samples', not the GPU's inventory
+                    (replace(s.mig, first_slice=None) for s in real if s.mig is not None),
                     key=lambda m: (m.gpu_instance_id, m.compute_instance_id),
                 )
             )

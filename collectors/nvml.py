@@ -84,7 +84,6 @@ from collectors.nvml_device import (
 from collectors.nvml_health import HealthWatch
 from collectors.nvml_processes import ProcessOwnerResolver, ProcessReader, occupancy_util
 from collectors.nvml_topology import read_topology
-from ledger.attribution import unconfigured_slices
 from ledger.events import (
     GpuHealth,
     GpuSample,
@@ -93,6 +92,7 @@ from ledger.events import (
     ProcessUsage,
     SampleSource,
 )
+from ledger.fractional import lay_out
 from ledger.topology import GpuTopology
 
 Clock = Callable[[], int]
@@ -413,6 +413,8 @@ class NvmlCollector:
 
         total_slices = gpu.total_slices or DEFAULT_TOTAL_SLICES
         apportioned = 0  # energy given to instances this round; the rest is the spare slices'
+        placed, rest = lay_out([slot.mig for slot in gpu.slots.values()])
+        layout = {m.gpu_instance_id: m for m in placed}  # each instance's accounting place
         for gi, slot in gpu.slots.items():
             processes = by_gi.get(gi, [])
             memory = self._device.mig_call(gpu, slot, "MIG memory", nvml.nvmlDeviceGetMemoryInfo)
@@ -441,7 +443,7 @@ class NvmlCollector:
                     total=slot.memory_total,
                     power_mw=None if power is None else int(power) * slices // total_slices,
                     energy_mj=slot_energy,
-                    mig=slot.mig,
+                    mig=layout.get(gi, slot.mig),
                     processes=processes,
                     xid_errors=sum(1 for _, x_gi in xids if x_gi in (gi, NOT_AVAILABLE_U32))
                     if gpu.xid_registered
@@ -449,7 +451,6 @@ class NvmlCollector:
                     energy_delta_mj=slot_delta or None,
                 )
             )
-        rest = unconfigured_slices([slot.mig for slot in gpu.slots.values()])
         if rest is not None:  # slices no instance occupies: unallocated capacity, and its energy
             spare_energy = energy_delta - apportioned if energy is not None else 0
             ctx.samples.append(

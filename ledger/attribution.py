@@ -70,12 +70,20 @@ def unconfigured_slices(instances: Sequence[MigInstance]) -> MigInstance | None:
 
 
 def physical_gpu_ms(sample: GpuSample) -> int:
-    """GPU-milliseconds the sample's GPU or MIG slice physically existed for."""
-    if sample.mig is None:
+    """GPU-milliseconds the sample's GPU or MIG slice physically existed for.
+
+    A slice whose collector gave its place in the GPU's layout (`MigInstance.first_slice`) gets
+    the rounded time up to its last slice less the rounded time up to its first, so the slices
+    of one sampling pass sum exactly to the whole GPU's rounded time; without it, its own share
+    rounded on its own (within 1 ms of the exact share)."""
+    mig = sample.mig
+    if mig is None:
         return divide_round_half_even(sample.interval_us, US_PER_MS)
-    return divide_round_half_even(
-        sample.interval_us * sample.mig.slices, US_PER_MS * sample.mig.total_slices
-    )
+    per_slice = US_PER_MS * mig.total_slices
+    if mig.first_slice is not None:
+        end = divide_round_half_even(sample.interval_us * (mig.first_slice + mig.slices), per_slice)
+        return end - divide_round_half_even(sample.interval_us * mig.first_slice, per_slice)
+    return divide_round_half_even(sample.interval_us * mig.slices, per_slice)
 
 
 def _named(owner: Owner | None) -> Owner | None:

@@ -6,7 +6,8 @@ a CloudEvents JSON batch (an array of envelopes) whose events share the message 
 never raises for bad input: each undecodable message or element becomes a `DeadLetter`.
 
 Schemas of `tally.gpu.sample` data:
-- v1 (current): the fields of `GpuSample` as `sample_to_dict` writes them;
+- v1 (current): the fields of `GpuSample` as `sample_to_dict` writes them; `mig.first_slice`
+  was added to v1 and is written only when set (a sample without it is what it always was);
 - v0: the first collectors named the GPU `gpu` (not `gpu_uuid`) and reported power in whole
   watts as `power_w` (not milliwatts as `power_mw`); `sample_v0_to_v1` upcasts it. A v0
   envelope's id was derived as today (source, subject, time), so it is unchanged.
@@ -124,13 +125,20 @@ class Owner:
 
 @dataclass(frozen=True, slots=True)
 class MigInstance:
-    """A MIG slice: its GPU/compute instance ids, profile, and share of the parent GPU in slices."""
+    """A MIG slice: its GPU/compute instance ids, profile, and share of the parent GPU in slices.
+
+    `first_slice`: where its slices begin in the collector's accounting layout of the GPU (its
+    instances in GPU-instance-id order, then the uncarved rest: `ledger.fractional.lay_out`);
+    None when the collector gave none. With it, the GPU time of the instances of one sampling
+    pass sums exactly to the whole GPU's (`ledger.attribution.physical_gpu_ms`).
+    """
 
     gpu_instance_id: int
     compute_instance_id: int
     profile: str
     slices: int
     total_slices: int = 7
+    first_slice: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +256,7 @@ def sample_to_dict(sample: GpuSample) -> dict[str, Any]:
             "profile": mig.profile,
             "slices": mig.slices,
             "total_slices": mig.total_slices,
+            **({} if mig.first_slice is None else {"first_slice": mig.first_slice}),
         },
         "processes": [
             {
@@ -348,12 +357,14 @@ def _mig(data: Any) -> MigInstance | None:
     if type(data) is not dict:
         raise EventError("mig: expected an object")
     total = _int(data, "total_slices", 1, MAX_SLICES)
+    slices = _int(data, "slices", 1, total)
     return MigInstance(
         gpu_instance_id=_int(data, "gi"),
         compute_instance_id=_int(data, "ci"),
         profile=_str(data, "profile"),
-        slices=_int(data, "slices", 1, total),
+        slices=slices,
         total_slices=total,
+        first_slice=_opt_int(data, "first_slice", 0, total - slices),
     )
 
 

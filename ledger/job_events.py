@@ -20,8 +20,9 @@ Schemas of job and GPU-assignment event data (every `JobEventType`):
   None. `requested_by` (the API token's name: `admin`, `team:<name>`, `<role>:<name>`) and
   `client` (the caller's address) say who made an API submission or cancel, for the audit
   trail. Likewise `JobSpec.models` (a job that accepts several GPU models),
-  `JobSpec.topology` (what a gang requires of where its GPUs sit) and
-  `JobStarted.slurm_job_id` are written only when set, and
+  `JobSpec.topology` (what a gang requires of where its GPUs sit), `JobSpec.mig_profile` and
+  `JobSpec.gpu_share` (fractional requests, `ledger.fractional`) and `JobStarted.slurm_job_id`
+  are written only when set, and
   `JobAdmitted.placement` (why that model was chosen) only when not empty;
 - v0: the first scheduler stamped events in milliseconds, `time_ms`, where v1 has `time_us`
   (other times were already in µs); `job_v0_to_v1` upcasts it. The envelope's `time` was in
@@ -51,6 +52,7 @@ from ledger.envelope import (
 )
 from ledger.errors import EventError
 from ledger.events import MAX_TIME_US
+from ledger.fractional import SHARE_UNITS, SPEC_ADDED, check_fraction
 from ledger.topology import TopologyNeed
 
 MAX_TEXT = 256
@@ -123,7 +125,8 @@ class JobSpec:
     GPU models: `model` names the one model a job accepts (None: any); a job that accepts
     several names them all in `models` (sorted, at least two, `model` then None). Read both
     through `accepted_models`. `topology`: what the gang requires of where its GPUs sit
-    (`ledger.topology.TopologyNeed`; None: preferences only).
+    (`ledger.topology.TopologyNeed`; None: preferences only). At most one of `mig_profile`
+    (`gpus` MIG instances of it) and `gpu_share` (per-mille of one GPU) (`ledger.fractional`).
     """
 
     job_id: str
@@ -141,10 +144,13 @@ class JobSpec:
     priority: int | None = field(default=None, metadata=SIGNED)
     models: tuple[str, ...] | None = None
     topology: TopologyNeed | None = None
+    mig_profile: str | None = field(default=None, metadata={"max_len": 64})
+    gpu_share: int | None = field(default=None, metadata={"min": 1, "max": SHARE_UNITS - 1})
 
     def __post_init__(self) -> None:
         if not (self.job_id and self.team and self.project and self.user and self.queue):
             raise EventError("job: job_id, team, project, user and queue are required")
+        check_fraction(self.job_id, self.gpus, self.mig_profile, self.gpu_share)
         if self.models is not None and (
             self.model is not None
             or len(self.models) < 2
@@ -423,7 +429,7 @@ def _without(event: Any, *names: str) -> dict[str, Any]:
 
 
 def _spec_data(spec: JobSpec) -> Any:
-    unset = [n for n in ("models", "topology") if getattr(spec, n) is None]
+    unset = [n for n in SPEC_ADDED if getattr(spec, n) is None]
     return _without(spec, *unset) if unset else spec
 
 

@@ -28,9 +28,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ledger.fractional import share_parent
 from ledger.job_events import JobSpec, WaitReason
 from ledger.topology import TopologyNeed
 from scheduler.budget import BudgetCheck, check_budget
+from scheduler.fractional import accepts, place_share, share_allowed, share_loads, share_of
 from scheduler.model import (
     NO_HOLD,
     Flavor,
@@ -79,7 +81,7 @@ class Workspace:
     is never modified (free-GPU maps are copied the first time a flavor is touched).
     """
 
-    __slots__ = ("_cohorts", "_free", "_holds", "_totals", "_usage", "removed", "snap")
+    __slots__ = ("_cohorts", "_free", "_holds", "_loads", "_totals", "_usage", "removed", "snap")
 
     def __init__(self, snap: ClusterSnapshot) -> None:
         self.snap = snap
@@ -88,6 +90,7 @@ class Workspace:
         self._totals: dict[Flavor, int] = {}
         self._holds: dict[str, Holds] = {}
         self._cohorts: dict[tuple[str, Flavor], list[int]] = {}  # [Σ over, Σ spare], kept current
+        self._loads: dict[Flavor, dict[str, tuple[str, int]]] = {}  # GPUs running shares
         self.removed: set[str] = set()
 
     def used(self, team: str, flavor: Flavor) -> int:
@@ -137,16 +140,26 @@ class Workspace:
             found = self._free[flavor] = dict(self.snap.free_in(flavor).by_node)
         return found
 
-    def take(self, team: str, flavor: Flavor, gpus: tuple[GpuRef, ...], hold: Holds) -> None:
+    def take(
+        self,
+        team: str,
+        flavor: Flavor,
+        gpus: tuple[GpuRef, ...],
+        hold: Holds,
+        share: int | None = None,
+    ) -> None:
+        """Count `gpus` as the team's (a share job's one GPU: its share of a GPU, which takes
+        that GPU out of the free ones if it was free)."""
+        whole = gpus if share is None else self._share_of(flavor, gpus, share)
         free = self._writable_free(flavor)
-        for node in {g.node for g in gpus}:
-            taken = {g.uuid for g in gpus if g.node == node}
+        for node in {g.node for g in whole}:
+            taken = {g.uuid for g in whole if g.node == node}
             left = tuple(u for u in free[node] if u not in taken)
             if left:
                 free[node] = left
             else:
                 del free[node]
-        self._totals[flavor] = self.free_total(flavor) - len(gpus)
+        self._totals[flavor] = self.free_total(flavor) - len(whole)
         self._set_used(team, flavor, self.used(team, flavor) + len(gpus))
         if hold != NO_HOLD:
             self._holds[team] = self.holds(team) + hold
@@ -154,12 +167,41 @@ class Workspace:
     def release(self, job: RunningJob) -> None:
         """Free a preempted job's GPUs. Its hold stays open for the rest of the cycle: the
         usage it covers is not settled into the balance yet."""
+        share = job.spec.gpu_share
+        whole = job.gpus if share is None else self._share_of(job.flavor, job.gpus, -share)
         free = self._writable_free(job.flavor)
-        for gpu in job.gpus:
+        for gpu in whole:
             free[gpu.node] = (*free.get(gpu.node, ()), gpu.uuid)
-        self._totals[job.flavor] = self.free_total(job.flavor) + len(job.gpus)
+        self._totals[job.flavor] = self.free_total(job.flavor) + len(whole)
         self._set_used(job.team, job.flavor, self.used(job.team, job.flavor) - len(job.gpus))
         self.removed.add(job.job_id)
+
+    def share_loads(self, flavor: Flavor) -> dict[str, tuple[str, int]]:
+        """The GPUs of `flavor` running shares: GPU → (node, per-mille held), this cycle's
+        decisions included."""
+        found = self._loads.get(flavor)
+        if found is None:
+            found = self._loads[flavor] = share_loads(self.snap.running_jobs(), flavor)
+        return found
+
+    def _share_of(self, flavor: Flavor, keys: tuple[GpuRef, ...], delta: int) -> list[GpuRef]:
+        """Add `delta` per-mille to the GPUs of share `keys`: the whole GPUs that this takes
+        from the free ones (delta > 0) or gives back to them (the last share gone)."""
+        loads = self.share_loads(flavor)
+        changed: list[GpuRef] = []
+        for key in keys:
+            gpu = share_parent(key.uuid)
+            if gpu is None:
+                continue
+            before = loads.get(gpu, (key.node, 0))[1]
+            after = before + delta
+            if after > 0:
+                loads[gpu] = (key.node, after)
+            else:
+                loads.pop(gpu, None)
+            if (before == 0) != (after <= 0):
+                changed.append(GpuRef(gpu, key.node))
+        return changed
 
     def running_of(self, team: str, flavor: Flavor) -> list[RunningJob]:
         """The team's running jobs in a flavor, less those preempted in this cycle."""
@@ -199,6 +241,10 @@ def nominate(
         if policy.enforce_quota and spec.team not in book.teams:
             verdicts.append(Verdict(job, WaitReason.UNKNOWN_QUEUE, f"no team {spec.team!r}"))
             continue
+        if spec.gpu_share is not None and not share_allowed(queue):
+            detail = f"queue {queue.name} ({queue.queue_class.value}) does not take GPU shares"
+            verdicts.append(Verdict(job, WaitReason.NO_MATCHING_GPUS, detail))
+            continue
         accepted = spec.accepted_models
         kept, dropped = split_by_queue(accepted, queue)
         if accepted and not kept:
@@ -210,8 +256,7 @@ def nominate(
         candidates = tuple(
             f
             for f in universe
-            if (f.model in kept if kept else queue.permits(f.model))
-            and (spec.pool is None or f.pool == spec.pool)
+            if accepts(spec, f.model, kept, queue) and (spec.pool is None or f.pool == spec.pool)
         )
         may_borrow = policy.borrowing and queue.may_borrow
         flavors = tuple(
@@ -241,7 +286,8 @@ def nominate(
 
 
 def _no_match_detail(spec: JobSpec, models: tuple[str, ...], candidates: tuple[Flavor, ...]) -> str:
-    wanted = f"{spec.gpus} GPU(s) of model {'|'.join(models) or 'any'} in pool {spec.pool or 'any'}"
+    what = "GPU(s)" if spec.mig_profile is None else f"MIG instance(s) {spec.mig_profile}"
+    wanted = f"{spec.gpus} {what} of model {'|'.join(models) or 'any'} in pool {spec.pool or 'any'}"
     if not candidates:
         return f"{wanted}: no such GPUs in the team's quota or the fleet"
     where = ", ".join(str(f) for f in candidates)
@@ -342,7 +388,8 @@ def evaluate(n: Nomination, ws: Workspace, policy: Policy) -> Fit | Blocked:
                 blocked = (reason, text.format(f=flavor))
         free = ws.free_nodes(flavor)
         total = ws.free_total(flavor)
-        if blocked is None and not fits_capacity(free, total, spec.gpus, spec.span_nodes):
+        sharing = spec.gpu_share is not None
+        if not (blocked or sharing or fits_capacity(free, total, spec.gpus, spec.span_nodes)):
             blocked = (
                 WaitReason.NO_CAPACITY,
                 f"{spec.gpus} GPU(s) of {flavor} wanted, {total} free"
@@ -361,7 +408,10 @@ def evaluate(n: Nomination, ws: Workspace, policy: Policy) -> Fit | Blocked:
                 blocked = (WaitReason.BUDGET_EXHAUSTED, budget.detail)
         if blocked is None:
             where = snap.fleet.where
-            gpus = place_gang(free, spec.gpus, spec.span_nodes, spec.topology, where)
+            if sharing:
+                gpus = place_share(spec, ws.share_loads(flavor), free)
+            else:
+                gpus = place_gang(free, spec.gpus, spec.span_nodes, spec.topology, where)
             if gpus is not None:
                 hold = NO_HOLD if over_budget else budget.hold
                 note = placement_note(
@@ -369,10 +419,12 @@ def evaluate(n: Nomination, ws: Workspace, policy: Policy) -> Fit | Blocked:
                 )
                 return Fit(flavor, gpus, quota.borrowed, hold, over_budget, note)
             blocked = (WaitReason.NO_CAPACITY, f"no placement for {spec.gpus} GPU(s) of {flavor}")
+            if sharing:
+                blocked = (WaitReason.NO_CAPACITY, f"no GPU of {flavor} has {share_of(spec)} free")
             if spec.topology is not None and place(free, spec.gpus, spec.span_nodes) is not None:
                 detail = unmet_detail(free, spec.gpus, spec.topology, where, flavor)
                 blocked = (WaitReason.TOPOLOGY, detail)
-        if blocked[0] in _PREEMPTION_HELPS and budget.fits:
+        if blocked[0] in _PREEMPTION_HELPS and budget.fits and not sharing:
             options.append((flavor, quota))
         tried.append((flavor, blocked[0]))
         first = first or blocked

@@ -1,7 +1,9 @@
 """Budgets: the hold a job's admission places, and whether a team's balance covers it.
 
 - hold = expected usage: GPU-ms = GPUs × estimated runtime (ms, rounded up); money = that
-  GPU-ms at the flavor's price (`ledger.pricing.cost_of`, the ledger's one rounding rule);
+  GPU-ms at the flavor's price (`ledger.pricing.cost_of`, the ledger's one rounding rule); a
+  MIG instance is held as a whole GPU of its model (an upper bound: the ledger charges its
+  slices, and the metered usage settles the hold);
 - a job fits the budget when, for every budgeted dimension,
   balance − open holds − hold ≥ −overdraft;
 - a team with no balance, or a dimension that is None, is not limited;
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ledger.errors import PricingError
+from ledger.fractional import priced_model
 from ledger.job_events import JobSpec
 from ledger.pricing import PriceBook, cost_of
 from ledger.units import US_PER_MS
@@ -46,7 +49,8 @@ def check_budget(
     money = 0
     if balance.money_micros is not None:
         try:
-            rate = (prices or PriceBook(())).rate_at(flavor.model, flavor.pool, now_us)
+            book = prices or PriceBook(())
+            rate = book.rate_at(priced_model(flavor.model), flavor.pool, now_us)
         except PricingError:
             return BudgetCheck(False, NO_HOLD, priced=False, detail=f"no price for {flavor}")
         money = cost_of(gpu_ms, rate)

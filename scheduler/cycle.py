@@ -112,7 +112,7 @@ def run_cycle(snap: ClusterSnapshot, policy: Policy) -> CycleResult:
             plans_left -= len(preempted) > before
         if isinstance(outcome, Fit):
             preemptible = n.queue.preemptible or outcome.over_budget
-            ws.take(spec.team, outcome.flavor, outcome.gpus, outcome.hold)
+            ws.take(spec.team, outcome.flavor, outcome.gpus, outcome.hold, spec.gpu_share)
             events.extend(
                 admission_events(
                     spec,

@@ -360,9 +360,9 @@ class Dispatcher:
         if not isinstance(alert, Alert):
             return
         if alert.kind is AlertKind.RESOLVED:
-            self._idle.pop(alert.gpu_uuid, None)
+            self._idle.pop(alert.subject, None)  # a GPU's UUID, or a MIG instance's name
         elif alert.kind is AlertKind.DETECTED:
-            self._idle[alert.gpu_uuid] = (alert.since_us, alert.job)
+            self._idle[alert.subject] = (alert.since_us, alert.job)
 
     def balance_of(self, team: str) -> Balance | None:
         """What the core is given for `team`: the ledger's remaining plus the open holds it

@@ -1,7 +1,8 @@
 """Jobs on unhealthy GPUs: stopped and requeued.
 
 `unhealthy_decisions(unhealthy, snap)` (pure): every running job that holds a GPU of
-`unhealthy` (GPU UUID → why, from the inventory's health: `scheduler.inventory`) is preempted
+`unhealthy` (GPU UUID → why, from the inventory's health: `scheduler.inventory`) — or a MIG
+instance or a share of one — is preempted
 with reason `gpu_unhealthy` (`by` the first such GPU, the detail says why) and its GPUs are
 released. A preempted job goes back to its queue with the same attempt number, so this never
 counts against its retry limit; it is placed again only on GPUs the inventory still calls
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ledger.fractional import physical_gpu
 from ledger.job_events import JobEvent, JobPreempted, PreemptReason
 from scheduler.decisions import release_events
 from scheduler.snapshot import ClusterSnapshot
@@ -25,7 +27,7 @@ def unhealthy_decisions(
         return ()
     events: list[JobEvent] = []
     for job in sorted(snap.running_jobs(), key=lambda j: j.job_id):
-        bad = sorted(g.uuid for g in job.gpus if g.uuid in unhealthy)
+        bad = sorted({gpu for g in job.gpus if (gpu := physical_gpu(g.uuid)) in unhealthy})
         if not bad:
             continue
         preempted = JobPreempted(

@@ -27,16 +27,22 @@ from scheduler.records import SubmitRequest
 MAX_KEY = 128
 
 
+_ADDED = frozenset({"topology", "mig_profile", "gpu_share"})  # left out when unset
+
+
 def request_digest(request: SubmitRequest) -> str:
     """A digest of everything a submission asks for (not its key, nor where it came from). The
     models are written as the single `model` requests were before a job could accept several
     (null, a name, or the sorted names), and `client` and `caller` are left out, as is
-    `topology` when unset, so a key's digest stays what earlier builds wrote."""
+    `topology`, `mig_profile` and `gpu_share` when unset, so a key's digest stays what earlier
+    builds wrote."""
     models = sorted(set(request.models))
     model: str | list[str] | None = models[0] if len(models) == 1 else (models or None)
     data: dict[str, object] = {}
     for f in fields(request):
-        if f.name in ("client", "caller") or (f.name == "topology" and request.topology is None):
+        if f.name in ("client", "caller") or (
+            f.name in _ADDED and getattr(request, f.name) is None
+        ):
             continue
         value = getattr(request, f.name)
         if f.name == "models":

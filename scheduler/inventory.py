@@ -5,10 +5,10 @@ GPUs new placements may use.
   UUID; an older record than the one held is ignored, so a replay in any order ends the same);
 - `placeable_nodes(gpus, now, stale_after_intervals)` (pure): the nodes, as the core's `Node`s,
   of the GPUs that are not unhealthy, not cordoned and not stale at `now`
-  (`ledger.inventory.status_of`; a degraded GPU still takes work). A node
-  whose GPUs are of several (pool, model) flavors becomes one `Node` per flavor, named
-  `<node>/<model>`, and carries its GPUs' topology (`ledger.topology`). A GPU that no
-  collector has reported does not exist for the scheduler;
+  (`ledger.inventory.status_of`; a degraded GPU still takes work). A node whose GPUs are of
+  several (pool, model) flavors becomes one `Node` per flavor, named `<node>/<model>` (a MIG
+  flavor's model names its profile), and carries its GPUs' topology (`ledger.topology`). A GPU
+  that no collector has reported does not exist for the scheduler;
 - `FleetInventory.sync(state, now)` hands the placeable nodes to the state
   (`SchedulerState.set_fleet`) when they differ from the last ones it handed over. Running
   jobs keep GPUs that went stale; only new placements avoid them;
@@ -17,8 +17,9 @@ GPUs new placements may use.
 - `device_ids`: GPU UUID → its index on its node, what `CUDA_VISIBLE_DEVICES` says (the local
   executor reads this mapping as it changes).
 
-MIG: a GPU in MIG mode is placed whole, like any other; its slices are listed in the inventory
-but not scheduled one by one.
+MIG: a GPU in MIG mode is never placed whole; each MIG instance its collector reported is
+placed on its own, as a GPU of the flavor `(pool, <model>/<profile>)` named `<GPU UUID>/gi<id>`
+(`scheduler.fractional.mig_units`), and `device_ids` maps it to its `MIG-…` device name.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from collections.abc import Iterable
 
 from ledger.errors import EventError
 from ledger.inventory import GpuHealthState, GpuStatus, InventoryGpu, decode_record, status_of
+from ledger.topology import GpuTopology
+from scheduler.fractional import mig_devices, mig_units
 from scheduler.model import Node
 from scheduler.state import SchedulerState
 
@@ -53,19 +56,20 @@ def placeable_nodes(
     gpus: Iterable[InventoryGpu], now_us: int, stale_after_intervals: int
 ) -> tuple[Node, ...]:
     """The nodes of the GPUs new placements may use at `now_us`, by name, GPUs by UUID."""
-    groups: dict[str, dict[tuple[str, str], list[InventoryGpu]]] = {}
+    groups: dict[str, dict[tuple[str, str], list[tuple[str, GpuTopology]]]] = {}
     for gpu in gpus:
         if placeable(gpu, now_us, stale_after_intervals):
             flavors = groups.setdefault(gpu.node, {})
-            flavors.setdefault((gpu.pool, gpu.model), []).append(gpu)
+            for model, uuid, topology in mig_units(gpu):
+                flavors.setdefault((gpu.pool, model), []).append((uuid, topology))
     nodes = []
     for name in sorted(groups):
         flavors = groups[name]
         for (pool, model), held in sorted(flavors.items()):
             label = name if len(flavors) == 1 else f"{name}/{model}"
-            held.sort(key=lambda g: g.uuid)
-            where = tuple((g.uuid, g.topology) for g in held if g.topology.known)
-            nodes.append(Node(label, pool, model, tuple(g.uuid for g in held), where))
+            held.sort()
+            where = tuple((uuid, t) for uuid, t in held if t.known)
+            nodes.append(Node(label, pool, model, tuple(uuid for uuid, _ in held), where))
     return tuple(nodes)
 
 
@@ -97,6 +101,7 @@ class FleetInventory:
             return
         self.gpus[gpu.uuid] = gpu
         self.device_ids[gpu.uuid] = str(gpu.index)
+        self.device_ids.update(mig_devices(gpu))
 
     def unhealthy(self) -> dict[str, str]:
         return unhealthy(self.gpus.values())

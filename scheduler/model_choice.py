@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ledger.errors import PricingError
+from ledger.fractional import priced_model
 from ledger.job_events import MAX_DETAIL, WaitReason
 from ledger.pricing import PriceBook
 from ledger.units import MICROS_PER_UNIT
@@ -54,7 +55,7 @@ def rate_of(prices: PriceBook | None, flavor: Flavor, now_us: int) -> int | None
     if prices is None:
         return None
     try:
-        return prices.rate_at(flavor.model, flavor.pool, now_us)
+        return prices.rate_at(priced_model(flavor.model), flavor.pool, now_us)
     except PricingError:
         return None
 

@@ -48,6 +48,8 @@ class SubmitRequest:
     span_nodes: bool = True
     priority: int | None = None
     topology: TopologyNeed | None = None
+    mig_profile: str | None = None  # `gpus` MIG instances of this profile (`ledger.fractional`)
+    gpu_share: int | None = None  # a time-sliced share of one GPU, in per-mille
     admin: bool = False  # made with the admin's token (may exceed a queue's priority bounds)
     idempotency_key: str | None = None
     client: str | None = None  # the API caller's address: an API request says who and where

@@ -13,7 +13,9 @@ running jobs, who holds each GPU, the free GPUs indexed by flavor and node, the 
 usage per team. Replaying the same events gives the same state.
 
 Invariants (a violating event raises `StateError` and changes nothing):
-- a GPU is held by at most one job; only its holder releases it;
+- a GPU is held by at most one job; only its holder releases it. A GPU running shares
+  (`ledger.fractional.share_key`) is held by `SHARED` until its last share is released, and
+  each share by its job;
 - a job is pending, running, or done — never two of these; a duplicate `JobSubmitted` is
   ignored, an admission of a job that is not pending is refused;
 - the GPUs held per (team, flavor) equal the GPUs assigned and not released.
@@ -27,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
+from ledger.fractional import share_parent
 from ledger.job_events import (
     GpuAssigned,
     GpuReleased,
@@ -63,6 +66,9 @@ BacklogKey = tuple[int, int, str]  # (−priority, submit time, job id)
 PARKED = frozenset((WaitReason.NO_MATCHING_GPUS, WaitReason.UNKNOWN_QUEUE))
 
 
+SHARED = "(shares)"  # the holder of a GPU that runs share jobs
+
+
 class SchedulerState:
     """Pending and running jobs, GPU holders and usage counters, kept by applying events."""
 
@@ -91,7 +97,8 @@ class SchedulerState:
         self._held_as: dict[str, tuple[str, Flavor]] = {}  # a held GPU: where it was assigned
         self._free: dict[Flavor, dict[str, tuple[str, ...]]] = {}
         self._free_total: dict[Flavor, int] = {}
-        self._holder: dict[str, str] = {}
+        self._holder: dict[str, str] = {}  # a GPU running shares: held by `SHARED`
+        self._shared: dict[str, int] = {}  # GPU → how many share jobs run on it
         self._usage: dict[tuple[str, Flavor], int] = {}
         self._backlogs: dict[tuple[str, str], list[BacklogKey]] = {}
         self._pending: dict[str, PendingJob] = {}
@@ -363,16 +370,49 @@ class SchedulerState:
         # where the event says it is.
         home = self._home.setdefault(uuid, (event.node, Flavor(event.pool, event.model)))
         node, flavor = home
+        parent = share_parent(uuid)
+        if parent is not None:
+            self._share(parent, event, +1)
+        self._unfree(uuid, node, flavor)
+        self._holder[uuid] = event.job_id
+        self._held_as[uuid] = home
+        key = (event.team, flavor)
+        self._usage[key] = self._usage.get(key, 0) + 1
+
+    def _unfree(self, uuid: str, node: str, flavor: Flavor) -> None:
         free = self._free.get(flavor, {})
         if uuid in free.get(node, ()):
             free[node] = tuple(u for u in free[node] if u != uuid)
             if not free[node]:
                 del free[node]
             self._free_total[flavor] -= 1
-        self._holder[uuid] = event.job_id
-        self._held_as[uuid] = home
-        key = (event.team, flavor)
-        self._usage[key] = self._usage.get(key, 0) + 1
+
+    def _refree(self, uuid: str) -> None:
+        if uuid in self._placeable:
+            node, home_flavor = self._home[uuid]
+            free = self._free.setdefault(home_flavor, {})
+            free[node] = tuple(sorted((*free.get(node, ()), uuid)))
+            self._free_total[home_flavor] = self._free_total.get(home_flavor, 0) + 1
+
+    def _share(self, gpu: str, event: GpuAssigned | GpuReleased, delta: int) -> None:
+        """One more or one less share job on `gpu`: the first takes the whole GPU out of the
+        free GPUs (held by `SHARED`), the last gives it back."""
+        count = self._shared.get(gpu, 0)
+        if count == 0 and delta > 0:
+            holder = self._holder.get(gpu)
+            if holder is not None:
+                raise StateError(f"GPU {gpu}: share for {event.job_id}, held whole by {holder}")
+            node, flavor = self._home.setdefault(gpu, (event.node, Flavor(event.pool, event.model)))
+            self._unfree(gpu, node, flavor)
+            self._holder[gpu] = SHARED
+        count += delta
+        if count > 0:
+            self._shared[gpu] = count
+            return
+        self._shared.pop(gpu, None)
+        if self._holder.get(gpu) == SHARED:
+            del self._holder[gpu]
+            self._refree(gpu)
 
     def _release(self, event: GpuReleased) -> None:
         uuid = event.gpu_uuid
@@ -381,11 +421,11 @@ class SchedulerState:
             raise StateError(f"GPU {uuid} released by {event.job_id}, held by {holder or 'nobody'}")
         del self._holder[uuid]
         _, flavor = self._held_as.pop(uuid)
-        if uuid in self._placeable:
-            node, home_flavor = self._home[uuid]
-            free = self._free.setdefault(home_flavor, {})
-            free[node] = tuple(sorted((*free.get(node, ()), uuid)))
-            self._free_total[home_flavor] = self._free_total.get(home_flavor, 0) + 1
+        self._refree(uuid)
+        parent = share_parent(uuid)
+        if parent is not None:
+            self._home.pop(uuid, None)
+            self._share(parent, event, -1)
         key = (event.team, flavor)
         left = self._usage[key] - 1
         if left:

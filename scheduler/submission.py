@@ -2,8 +2,9 @@
 configuration knows (team, queue, the team's project, GPU models, pool), at least one of the
 GPU models it names allowed by its queue's model policy (those the policy forbids are kept in
 the spec and dropped by every cycle, which says so), a priority within its queue's bounds when
-a team's token asks, and a valid `JobSpec` — then the `JobSubmitted` that makes it a job, with
-the request's idempotency key (`scheduler.idempotency`).
+a team's token asks, a GPU share only in a dev or inference queue, and a valid `JobSpec` —
+then the `JobSubmitted` that makes it a job, with the request's idempotency key
+(`scheduler.idempotency`).
 
 Pure: the state, projects, bounds, job id and time are passed in; refusals are `Rejected`.
 """
@@ -16,6 +17,7 @@ from ledger.errors import EventError
 from ledger.job_events import JobSpec, JobSubmitted, model_fields
 from ledger.topology import TopologyNeed
 from scheduler.errors import Rejected, RejectKind
+from scheduler.fractional import base_models, share_allowed
 from scheduler.idempotency import request_digest
 from scheduler.model_choice import forbidden_detail, split_by_queue
 from scheduler.records import PriorityBounds, SubmitRequest
@@ -42,12 +44,18 @@ def check_names(
             f"team {request.team} has no project {request.project!r} ({', '.join(allowed)})",
         )
     flavors = state.known_flavors()  # reported by a collector, placeable now or not
-    models = {f.model for f in flavors}
+    models = base_models(f.model for f in flavors)
     pools = {f.pool for f in flavors}
     for model in request.models:
         if model not in models:
             raise Rejected(RejectKind.UNKNOWN, f"no GPUs of model {model!r} in the fleet")
     queue = state.queues[request.queue]
+    if request.gpu_share is not None and not share_allowed(queue):
+        raise Rejected(
+            RejectKind.UNKNOWN,  # as a model the queue's policy forbids: 422
+            f"queue {queue.name} is a {queue.queue_class.value} queue: GPU shares are for dev "
+            "and inference queues",
+        )
     kept, dropped = split_by_queue(request.models, queue)
     if request.models and not kept:
         raise Rejected(
@@ -92,6 +100,8 @@ def submitted(
             span_nodes=request.span_nodes and request.topology is not TopologyNeed.NODE,
             priority=request.priority,
             topology=request.topology,
+            mig_profile=request.mig_profile,
+            gpu_share=request.gpu_share,
         )
     except EventError as exc:
         raise Rejected(RejectKind.INVALID, str(exc)) from None

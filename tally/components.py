@@ -129,7 +129,9 @@ def desired_admin_state(config: TallyConfig) -> admin.DesiredState:
             for p in config.prices
         ),
         quotas=tuple(
-            admin.QuotaSpec(q.team, q.pool, q.model, q.nominal, q.borrowing_limit, q.lending_limit)
+            admin.QuotaSpec(
+                q.team, q.pool, q.flavor_model, q.nominal, q.borrowing_limit, q.lending_limit
+            )
             for q in config.quotas
         ),
         budgets=tuple(budgets),

@@ -26,6 +26,7 @@ from pydantic import (
 
 from ledger.events import MAX_TIME_US
 from ledger.excerpts import bounded
+from ledger.fractional import MIG_SEP, mig_model, valid_profile
 from ledger.idle import IdlePolicy
 from ledger.periods import DEFAULT_ZONE_NAME, parse_zone
 from ledger.pricing import ANY_MODEL, EnergyPrice, Price, PriceBook
@@ -173,14 +174,30 @@ class EnergyPriceConfig(Strict):
 
 
 class QuotaConfig(Strict):
-    """A team's GPU quota in a pool and model; a limit left out is unlimited."""
+    """A team's GPU quota in a pool and model; a limit left out is unlimited. With
+    `mig_profile`, the quota counts MIG instances of that profile on GPUs of `model` (a flavor
+    of its own, `<model>/<profile>`), apart from whole GPUs of the model."""
 
     team: Name
     pool: Name
     model: str = Field(min_length=1, max_length=64)
+    mig_profile: str | None = Field(None, min_length=1, max_length=32)
     nominal: int = Field(ge=0, le=1_000_000)
     borrowing_limit: int | None = Field(None, ge=0, le=1_000_000)
     lending_limit: int | None = Field(None, ge=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _profile(self) -> QuotaConfig:
+        if self.mig_profile is not None and not valid_profile(self.mig_profile):
+            raise ValueError(f"mig_profile {self.mig_profile!r}: expected e.g. 1g.10gb or 3g.40gb")
+        if MIG_SEP in self.model:
+            raise ValueError(f"model {self.model!r}: name a MIG profile in mig_profile")
+        return self
+
+    @property
+    def flavor_model(self) -> str:
+        """The model the scheduler counts this quota in (`A100/1g.10gb` for MIG)."""
+        return self.model if self.mig_profile is None else mig_model(self.model, self.mig_profile)
 
 
 QueueClassName = Literal["training", "inference", "dev"]
@@ -403,10 +420,10 @@ class TallyConfig(Strict):
         for quota in self.quotas:
             if quota.team not in teams:
                 raise ValueError(f"quota for unknown team {quota.team!r}")
-            key = (quota.team, quota.pool, quota.model)
+            key = (quota.team, quota.pool, quota.flavor_model)
             if key in seen_quotas:
                 raise ValueError(
-                    f"two quotas for team {quota.team!r} on {quota.pool}/{quota.model}"
+                    f"two quotas for team {quota.team!r} on {quota.pool}/{quota.flavor_model}"
                 )
             seen_quotas.add(key)
         return self

@@ -107,7 +107,7 @@ def teams_of(config: TallyConfig) -> tuple[Team, ...]:
     quotas: dict[str, list[Quota]] = {}
     for q in config.quotas:
         quotas.setdefault(q.team, []).append(
-            Quota(CoreFlavor(q.pool, q.model), q.nominal, q.borrowing_limit, q.lending_limit)
+            Quota(CoreFlavor(q.pool, q.flavor_model), q.nominal, q.borrowing_limit, q.lending_limit)
         )
     out = []
     for team in config.organisation.teams():

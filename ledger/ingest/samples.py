@@ -8,8 +8,9 @@ An owner that names a job but no team is completed from the job owners the jobs 
 (`ledger.job_owners`); one whose job is not known yet is booked to unallocated capacity with its
 user and job id kept on the legs, and remembered as awaiting that job's owner (the jobs route
 corrects it when the owner becomes known). A sample that names no owner goes to whoever the GPU's
-assignment timeline says held it over the sample's interval (split by time when the holder
-changed), else to unallocated capacity, where it awaits its GPU's assignment for a while (a
+assignment timeline says held it over the sample's interval (split by time when the holder changed;
+a MIG instance's sample reads the instance's own timeline, `<GPU UUID>/gi<id>`, where the scheduler
+assigned it one), else to unallocated capacity, where it awaits its GPU's assignment for a while (a
 `GpuAssigned` consumed after it corrects it); an unpriced model is a dead letter. A sample whose
 natural period is closed is booked into the next open one. Each GPU subject's idle detector is
 stepped in sample-time order and flags confirmed-idle usage. Usage settles the open holds of its
@@ -78,7 +79,7 @@ def sample_keys(decoded: Sequence[DecodedSample]) -> ViewKeys:
     gpus = frozenset(e.data.gpu_uuid for e, _ in decoded)
     return ViewKeys(
         event_ids=[e.id for e, _ in decoded],
-        gpu_uuids=gpus,
+        gpu_uuids=gpus | {e.subject for e, _ in decoded},  # a MIG instance's own timeline too
         subjects=frozenset(e.subject for e, _ in decoded),
         scopes=frozenset(sample_scope(g) for g in gpus),
         holds=True,
@@ -112,7 +113,7 @@ def fold_samples(
         seen.add(envelope.id)
         newest = envelope.time_us if newest is None else max(newest, envelope.time_us)
         envelope = resolve_sample(envelope, view.job_owners)
-        timeline = view.timelines.get(envelope.data.gpu_uuid)
+        timeline = assignment_of(view.timelines, envelope)
         if columnar:
             fast = _add_common_case(columns, envelope, message, rules, timeline, held_jobs, view)
             if fast is not None:
@@ -273,6 +274,15 @@ def detect_idle(
         if flag:
             flagged.append(item)
     return list(states.values()), alerts, flagged
+
+
+def assignment_of(
+    timelines: Mapping[str, tuple[Holding, ...]], envelope: SampleEnvelope
+) -> tuple[Holding, ...] | None:
+    """The assignment timeline a sample is judged against: a MIG instance's own (the scheduler
+    assigns instances by `<GPU UUID>/gi<id>`, the sample's subject), else its GPU's."""
+    own = timelines.get(envelope.subject) if envelope.data.mig is not None else None
+    return own or timelines.get(envelope.data.gpu_uuid)
 
 
 def held_over(timeline: tuple[Holding, ...] | None, envelope: SampleEnvelope) -> list[OwnedPiece]:

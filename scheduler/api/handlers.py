@@ -15,6 +15,8 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from ledger.errors import EventError
+from ledger.fractional import parse_share
 from ledger.roles import Action, Role, Scope, scope_of
 from ledger.units import US_PER_SECOND
 from scheduler.api.auth import Principal, Tokens, authenticate, authorize
@@ -105,6 +107,10 @@ def to_request(
         )
     except InvalidWork as exc:
         raise ApiError(400, str(exc)) from None
+    try:
+        share = None if body.gpu_share is None else parse_share(body.gpu_share)
+    except EventError as exc:
+        raise ApiError(400, str(exc).replace("--gpu-share", "gpu_share")) from None
     return SubmitRequest(
         team=team,
         project=body.project,
@@ -119,6 +125,8 @@ def to_request(
         span_nodes=body.span_nodes,
         priority=body.priority,
         topology=body.topology,
+        mig_profile=body.mig_profile,
+        gpu_share=share,
         admin=principal.role is Role.ADMIN,
         idempotency_key=key,
         client=client,

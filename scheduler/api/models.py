@@ -81,6 +81,21 @@ class SubmitBody(Request):
         "(one NVLink domain) or `rail` (one IB rail); null: preferred, not required",
     )
 
+    mig_profile: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="MIG instances instead of whole GPUs: `gpus` instances of this GPU-instance "
+        "profile, e.g. 1g.10gb",
+    )
+    gpu_share: str | None = Field(
+        None,
+        min_length=1,
+        max_length=16,
+        description='a time-sliced share of one GPU as an exact decimal, e.g. "0.25" or '
+        '"25%" (steps of 0.001; dev and inference queues only); `gpus` must be 1',
+    )
+
     @model_validator(mode="after")
     def _models_listed(self) -> SubmitBody:
         if isinstance(self.model, list) and not 1 <= len(self.model) <= MAX_MODELS:
@@ -173,6 +188,8 @@ class JobView(Response):
     pool: str | None
     span_nodes: bool
     topology: TopologyNeed | None
+    mig_profile: str | None = Field(description="the MIG profile of its instances (null: whole)")
+    gpu_share: str | None = Field(description="its share of one GPU, e.g. 0.25 (null: whole)")
     priority: int | None
     estimated_runtime_s: float
     max_runtime_s: float | None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from ledger.fractional import share_text
 from ledger.topology import topology_to_dict
 from ledger.units import US_PER_SECOND, Unit
 from scheduler.api.models import (
@@ -57,6 +58,8 @@ def job_view(record: JobRecord) -> JobView:
         pool=spec.pool,
         span_nodes=spec.span_nodes,
         topology=spec.topology,
+        mig_profile=spec.mig_profile,
+        gpu_share=None if spec.gpu_share is None else share_text(spec.gpu_share),
         priority=spec.priority,
         estimated_runtime_s=spec.estimated_runtime_us / US_PER_SECOND,
         max_runtime_s=None if spec.max_runtime_us is None else spec.max_runtime_us / US_PER_SECOND,

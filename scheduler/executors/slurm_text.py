@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ledger.fractional import split_mig_model
 from ledger.units import US_PER_SECOND
 from scheduler.executors.errors import (
     ExecutorError,
@@ -258,15 +259,20 @@ def batch_script(work: Work) -> str:
 
 def gres_args(job: RunningJob, pin_nodes: bool) -> list[str]:
     """GPUs and nodes: `--gres=gpu:N` is per node, so a gang over k nodes asks for k nodes and
-    N/k GPUs each when they split evenly, else `--gpus=N` in total."""
+    N/k GPUs each when they split evenly, else `--gpus=N` in total. MIG instances are asked
+    for by profile, Slurm's MIG gres type: `--gres=gpu:1g.10gb:2` (`--gpus=1g.10gb:N`). A node
+    is named by its host (a scheduler node label `host/model` is one host's GPUs of a flavor)."""
     per_node: dict[str, int] = {}
     for gpu in job.gpus:
-        per_node[gpu.node] = per_node.get(gpu.node, 0) + 1
+        host = gpu.node.split("/", 1)[0]
+        per_node[host] = per_node.get(host, 0) + 1
+    profile = split_mig_model(job.flavor.model)[1]
+    kind = "" if profile is None else f"{profile}:"
     counts = set(per_node.values())
     if len(counts) == 1:
-        args = [f"--nodes={len(per_node)}", f"--gres=gpu:{counts.pop()}"]
+        args = [f"--nodes={len(per_node)}", f"--gres=gpu:{kind}{counts.pop()}"]
     else:
-        args = [f"--nodes={len(per_node)}", f"--gpus={len(job.gpus)}"]
+        args = [f"--nodes={len(per_node)}", f"--gpus={kind}{len(job.gpus)}"]
     if pin_nodes:
         args.append(f"--nodelist={','.join(per_node)}")
     return args

@@ -26,6 +26,8 @@ import click
 import orjson
 import requests
 
+from ledger.errors import EventError
+from ledger.fractional import parse_mig, parse_share
 from tally.cli.options import Exit, config_option, fail, load_or_exit, output_option
 from tally.output import OutputFormat, render
 
@@ -201,6 +203,18 @@ def _models(text: str | None) -> str | list[str] | None:
     help="Require the gang's GPUs on one node, in one NVLink domain or on one IB rail "
     "(default: preferred, not required).",
 )
+@click.option(
+    "--mig",
+    default=None,
+    metavar="PROFILE[:COUNT]",
+    help="MIG instances instead of whole GPUs, e.g. 1g.10gb:2 (replaces --gpus).",
+)
+@click.option(
+    "--gpu-share",
+    default=None,
+    metavar="FRACTION",
+    help="A time-sliced share of one GPU, e.g. 0.25 (dev and inference queues).",
+)
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Extra environment.")
 @click.option("--cwd", default=None, help="Working directory of the job.")
 @click.option("--script", type=click.File("r"), default=None, help="Run this #! script.")
@@ -227,6 +241,8 @@ def submit(
     priority: int | None,
     one_node: bool,
     topology: str | None,
+    mig: str | None,
+    gpu_share: str | None,
     env: tuple[str, ...],
     cwd: str | None,
     script: Any,
@@ -243,6 +259,19 @@ def submit(
         if not sep or not name:
             fail(f"--env {item!r}: expected NAME=VALUE", Exit.USAGE)
         variables[name] = value
+    mig_profile = None
+    if mig is not None or gpu_share is not None:
+        if mig is not None and gpu_share is not None:
+            fail("give --mig or --gpu-share, not both", Exit.USAGE)
+        if gpus != 1:
+            fail("--mig and --gpu-share replace --gpus", Exit.USAGE)
+        try:
+            if mig is not None:
+                mig_profile, gpus = parse_mig(mig)
+            else:
+                parse_share(gpu_share or "")
+        except EventError as exc:
+            fail(str(exc), Exit.USAGE)
     body: dict[str, Any] = {
         "queue": queue,
         "gpus": gpus,
@@ -260,6 +289,8 @@ def submit(
         "pool": pool,
         "priority": priority,
         "topology": topology,
+        "mig_profile": mig_profile,
+        "gpu_share": gpu_share,
         "cwd": cwd,
         "estimated_runtime_s": None if estimate is None else parse_duration(estimate),
         "max_runtime_s": None if max_runtime is None else parse_duration(max_runtime),

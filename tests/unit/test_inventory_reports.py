@@ -171,11 +171,12 @@ def test_topology_goes_from_nvml_and_labels_through_the_inventory_to_the_schedul
     assert {uuid: where.topology for uuid, where in fleet.where.items()} == {
         gpu_uuid(0): GpuTopology("node-1/nvlink0", 0, "r1", "k1"),
         gpu_uuid(1): GpuTopology("node-1/nvlink0", 0, "r2", "k1"),
-        gpu_uuid(2): GpuTopology(None, 0, "r1", "k1"),
+        **{f"{gpu_uuid(2)}/gi{gi}": GpuTopology(None, 0, "r1", "k1") for gi in (1, 5, 13)},
         gpu_uuid(3): GpuTopology("nv-x", 1, "r1", "k1"),
-    }
+    }  # a GPU in MIG mode is placed by instance, each where its GPU sits
     assert {where.node for where in fleet.where.values()} == {
         "node-1/NVIDIA A100-SXM4-80GB",
+        *(f"node-1/NVIDIA A100-SXM4-80GB/{p}" for p in ("3g.40gb", "2g.20gb", "1g.10gb")),
         "node-1/Tesla V100-SXM2-32GB",
     }
 

@@ -289,7 +289,8 @@ def test_events_without_the_new_fields_are_written_as_before(event: JobEvent) ->
     new |= {"slurm_job_id"}
     assert set(data) == {f.name for f in fields(event)} - new  # type: ignore[arg-type]
     if "spec" in data:
-        assert set(data["spec"]) == {f.name for f in fields(JobSpec)} - {"models", "topology"}
+        added = {"models", "topology", "mig_profile", "gpu_share"}
+        assert set(data["spec"]) == {f.name for f in fields(JobSpec)} - added
     assert decode_job_event(encode_job_event(event, SOURCE)).data == event
 
 

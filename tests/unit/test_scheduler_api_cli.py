@@ -284,6 +284,36 @@ def test_topology_reaches_the_job_spec(served, option, need, span):
     assert orjson.loads(shown.output)["topology"] == job["topology"], shown.output
 
 
+@pytest.mark.parametrize(
+    ("option", "gpus", "profile", "share"),
+    [
+        pytest.param(("--mig", "1g.10gb:2"), 2, "1g.10gb", None, id="mig-instances"),
+        pytest.param(("--gpu-share", "0.25"), 1, None, 250, id="a-quarter-gpu"),
+    ],
+)
+def test_fractional_requests_reach_the_job_spec(served, option, gpus, profile, share):
+    got = tally(served, "job", "submit", "-q", "dev", "-p", "detection", *option, "-o", "json",
+                "--", "true")  # fmt: skip
+    assert got.exit_code == 0, got.output
+    spec = served.rig.dispatcher.records[orjson.loads(got.output)[0]["job_id"]].spec
+    assert (spec.gpus, spec.mig_profile, spec.gpu_share) == (gpus, profile, share)
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        pytest.param(("--mig", "1g"), id="unreadable-profile"),
+        pytest.param(("--gpu-share", "1.5"), id="share-past-one-gpu"),
+        pytest.param(("--mig", "1g.10gb", "--gpu-share", "0.5"), id="both"),
+        pytest.param(("--mig", "1g.10gb:2", "--gpus", "2"), id="mig-with-gpus"),
+    ],
+)
+def test_a_bad_fractional_request_is_a_usage_error(served, option):
+    got = tally(served, "job", "submit", "-q", "dev", "-p", "detection", *option, "--", "true")
+    assert got.exit_code == 2, got.output
+    assert not served.rig.events()
+
+
 def test_an_unknown_topology_is_a_usage_error(served):
     got = tally(served, "job", "submit", "-q", "dev", "-p", "detection", "--topology", "rack",
                 "--", "true")  # fmt: skip
