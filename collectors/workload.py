@@ -10,9 +10,11 @@ Shape (the current workload mix, not a copied trace):
   third (`ARRIVAL_SHAPE_PCT` × `WEEKDAY_PCT`); `jobs_per_hour` is the weekday-afternoon rate;
 - jobs in flight when a stack starts (`in_flight`) are the live submitter's, the rest of the
   past the history's;
+- a job's team is drawn in proportion to its quota (`TeamPool.max_gpus`), and asks for at
+  most that many GPUs;
 - a job's kind is drawn from the mix (`training`, `inference`, `notebook`; `unallocated` is
   capacity nobody asks for and so never drawn): training goes to the `training` queue with
-  1, 2, 4 or 8 GPUs for 1–6 hours, inference to `inference` with 1–2 GPUs for 2–8 hours, a
+  1, 2 or 4 GPUs for 1–6 hours, inference to `inference` with 1–2 GPUs for 2–8 hours, a
   notebook to `dev` with one GPU for 30 minutes to 3 hours and no work at all (the simulated
   collector meters it at ~0 % utilisation, so idle reclaim stops it).
 """
@@ -45,7 +47,7 @@ class JobKind(StrEnum):
 
 
 QUEUE_OF = {JobKind.TRAINING: "training", JobKind.INFERENCE: "inference", JobKind.NOTEBOOK: "dev"}
-_GPUS = {JobKind.TRAINING: (1, 1, 2, 2, 4, 8), JobKind.INFERENCE: (1, 1, 2), JobKind.NOTEBOOK: (1,)}
+_GPUS = {JobKind.TRAINING: (1, 1, 2, 2, 4), JobKind.INFERENCE: (1, 1, 2), JobKind.NOTEBOOK: (1,)}
 _RUNTIME_MIN = {  # [low, high) minutes
     JobKind.TRAINING: (60, 360),
     JobKind.INFERENCE: (120, 480),
@@ -55,11 +57,14 @@ _RUNTIME_MIN = {  # [low, high) minutes
 
 @dataclass(frozen=True, slots=True)
 class TeamPool:
-    """Where a team's jobs run: its pool and the GPU model there (where it has a quota)."""
+    """Where a team's jobs run: its pool and the GPU model there (where it has a quota), and
+    the most GPUs one of its jobs asks for (its quota there: a gang larger than the quota
+    could wait for ever)."""
 
     team: TeamSpec
     pool: str
     model: str
+    max_gpus: int = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +103,17 @@ def _kind(h: int, mix: Sequence[tuple[JobKind, int]]) -> JobKind:
     return mix[-1][0]
 
 
+def _team(h: int, teams: Sequence[TeamPool]) -> TeamPool:
+    """A team drawn in proportion to its quota, so each team's queue is as loaded as the
+    others'."""
+    pick = h % sum(t.max_gpus for t in teams)
+    for where in teams:
+        if pick < where.max_gpus:
+            return where
+        pick -= where.max_gpus
+    return teams[-1]
+
+
 def hour_jobs(
     seed: int,
     teams: Sequence[TeamPool],
@@ -118,12 +134,12 @@ def hour_jobs(
     for n in range(count):
         h = _mix(seed, hour, n + 1)
         kind = _kind(h, mix)
-        where = teams[_mix(h, 1) % len(teams)]
+        where = _team(_mix(h, 1), teams)
         team = where.team
         users = team.users or (f"{team.name}-user",)
         low, high = _RUNTIME_MIN[kind]
         runtime = (low + _mix(h, 2) % (high - low)) * MINUTE_US
-        gpus = _GPUS[kind][_mix(h, 3) % len(_GPUS[kind])]
+        gpus = max(1, min(where.max_gpus, _GPUS[kind][_mix(h, 3) % len(_GPUS[kind])]))
         jobs.append(
             PlannedJob(
                 key=f"sim-{seed}-{hour}-{n}",

@@ -112,7 +112,7 @@ class WorkloadConfig(Strict):
     jobs_per_hour: int = Field(6, ge=1, le=10_000)
     external_pct: int = Field(15, ge=0, le=100)
     history_days: int = Field(30, ge=0, le=366)
-    history_interval_s: int = Field(300, ge=1, le=86_400)
+    history_interval_s: int = Field(600, ge=1, le=86_400)
 
 
 class FleetConfig(Strict):

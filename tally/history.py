@@ -96,15 +96,21 @@ class ClusterHistory:
 
 
 def team_pools(config: TallyConfig) -> list[TeamPool]:
-    """Each team with a quota, on the pool (and model) of its largest nominal quota."""
+    """Each team with a quota, on the pool (and model) of its largest nominal quota, its
+    jobs at most that many GPUs."""
     teams = {t.name: t for t in config.organisation.teams()}
     best: dict[str, tuple[int, str, str]] = {}
     for q in config.quotas:
         if q.nominal > best.get(q.team, (-1, "", ""))[0]:
             best[q.team] = (q.nominal, q.pool, q.model)
     return [
-        TeamPool(TeamSpec(name, tuple(teams[name].projects), tuple(teams[name].users)), pool, model)
-        for name, (_, pool, model) in sorted(best.items())
+        TeamPool(
+            TeamSpec(name, tuple(teams[name].projects), tuple(teams[name].users)),
+            pool,
+            model,
+            max_gpus=nominal,
+        )
+        for name, (nominal, pool, model) in sorted(best.items())
     ]
 
 

@@ -59,6 +59,12 @@ def test_the_schedule_is_a_function_of_its_seed():
     assert len(set(keys)) == len(keys)
 
 
+def test_no_job_asks_for_more_gpus_than_its_teams_quota():
+    small = (TeamPool(TeamSpec("search", ("ranking",)), "a100", "A100", max_gpus=2),)
+    jobs = submit_schedule(7, small, ((JobKind.TRAINING, 1),), 20, MONDAY_US, MONDAY_US + DAY_US)
+    assert jobs and {j.gpus for j in jobs} == {1, 2}
+
+
 def test_arrivals_follow_the_working_week():
     jobs = _week()
     by_hour: dict[int, int] = {}
@@ -87,7 +93,7 @@ def test_arrivals_follow_the_working_week():
 @pytest.mark.parametrize(
     ("kind", "queue", "gpus", "minutes", "idle"),
     [
-        (JobKind.TRAINING, "training", {1, 2, 4, 8}, (60, 360), False),
+        (JobKind.TRAINING, "training", {1, 2, 4}, (60, 360), False),
         (JobKind.INFERENCE, "inference", {1, 2}, (120, 480), False),
         (JobKind.NOTEBOOK, "dev", {1}, (30, 180), True),
     ],
