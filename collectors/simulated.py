@@ -10,6 +10,12 @@ fixed; so are the values sampled in a sequence of rounds. Workload shapes:
 
 Each GPU's timeline is cut into epochs of 2–8 hours (length fixed per GPU by the seed); the
 workload and owner of an epoch are drawn from the seed, so any time can be sampled directly.
+
+As a simulated *cluster* (`external_pct` set, what `tally up` runs): a GPU runs what the
+scheduler placed there (`jobs`: GPU UUID → the job's workload, kept by whoever follows the
+scheduler: `collectors.jobs_follower` live, `tally.history` for the backfill); a GPU with no
+job runs, per epoch, an external notebook with its own owner (`external_pct` % of epochs: work
+Tally did not schedule, which idle alerts still catch) or nothing at all.
 """
 
 from __future__ import annotations
@@ -83,6 +89,9 @@ def _mix(*values: int) -> int:
     return state
 
 
+mix64 = _mix  # for the other simulated parts (`collectors.workload`)
+
+
 def _unit(*values: int) -> float:
     """A deterministic number in [0, 1) (simulation values only; never a ledger amount)."""
     return (_mix(*values) >> 11) / float(1 << 53)
@@ -98,12 +107,15 @@ class SimulatedFleet:
         teams: Sequence[TeamSpec],
         mix: Sequence[tuple[WorkloadKind, int]],
         interval_us: int,
+        external_pct: int | None = None,
     ) -> None:
         if not teams:
             raise ValueError("the simulated fleet needs at least one team to draw owners from")
         self.seed = seed
         self.teams = tuple(teams)
         self.interval_us = interval_us
+        self.external_pct = external_pct
+        self.jobs: dict[str, Workload] = {}  # cluster mode: GPU UUID → the job running there
         self._kinds = [kind for kind, weight in mix if weight > 0]
         self._weights = [weight for _, weight in mix if weight > 0]
         gpus: list[SimGpu] = []
@@ -137,13 +149,20 @@ class SimulatedFleet:
     def workload_at(self, gpu: SimGpu, time_us: int) -> Workload:
         epoch = (time_us + gpu.phase_us) // gpu.epoch_us
         h = _mix(self.seed, gpu.ordinal, epoch)
-        pick = h % sum(self._weights)
         kind = self._kinds[-1]
-        for candidate, weight in zip(self._kinds, self._weights, strict=True):
-            if pick < weight:
-                kind = candidate
-                break
-            pick -= weight
+        if self.external_pct is not None:
+            running = self.jobs.get(gpu.uuid)
+            if running is not None:
+                return running
+            external = h % 100 < self.external_pct
+            kind = WorkloadKind.NOTEBOOK if external else WorkloadKind.UNALLOCATED
+        else:
+            pick = h % sum(self._weights)
+            for candidate, weight in zip(self._kinds, self._weights, strict=True):
+                if pick < weight:
+                    kind = candidate
+                    break
+                pick -= weight
         if kind is WorkloadKind.UNALLOCATED:
             return Workload(kind, None, 0)
         team = self.teams[_mix(h, 1) % len(self.teams)]
@@ -153,6 +172,12 @@ class SimulatedFleet:
         job = f"{kind.value[:5]}-{h % 1_000_000:06d}"
         pid = 1000 + _mix(h, 5) % 60_000
         return Workload(kind, Owner(team=team.name, project=project, user=user, job_id=job), pid)
+
+    def job_workload(self, kind: WorkloadKind, owner: Owner) -> Workload:
+        """What a scheduled job runs on each of its GPUs: its profile and its owner (a pid
+        drawn from the job id, as stable as a real process's)."""
+        h = _mix(self.seed, *(ord(c) for c in owner.job_id or ""))
+        return Workload(kind, owner, 1000 + h % 60_000)
 
     def sample(self, gpu: SimGpu, time_us: int) -> GpuSample:
         """The sample of `gpu` for the interval ending at `time_us`."""

@@ -39,7 +39,9 @@ def bootstrap_servers(config: TallyConfig, override: str | None = None) -> tuple
     )
 
 
-def simulated_fleet(config: TallyConfig) -> SimulatedFleet:
+def simulated_fleet(config: TallyConfig, interval_s: float | None = None) -> SimulatedFleet:
+    """The configured simulated fleet, sampling every `interval_s` (default: the sampling
+    interval); a simulated cluster (`fleet.workload` set) when the config has one."""
     fleet = config.fleet
     mix = fleet.workloads
     return SimulatedFleet(
@@ -56,7 +58,8 @@ def simulated_fleet(config: TallyConfig) -> SimulatedFleet:
             (WorkloadKind.NOTEBOOK, mix.notebook),
             (WorkloadKind.UNALLOCATED, mix.unallocated),
         ],
-        interval_us=int(config.sampling.interval_s * 1_000_000),
+        interval_us=int((interval_s or config.sampling.interval_s) * 1_000_000),
+        external_pct=None if fleet.workload is None else fleet.workload.external_pct,
     )
 
 

@@ -125,6 +125,18 @@ class PoolConfig(Strict):
     memory_gib: int = Field(80, ge=1, le=1024)
 
 
+class WorkloadConfig(Strict):
+    """The simulated cluster's jobs (`fleet.workload`): submitted through the scheduler's API
+    at `jobs_per_hour` (the weekday-afternoon peak), `external_pct` % of the GPU epochs no job
+    holds run an external notebook, and a new ledger gets `history_days` of history sampled
+    every `history_interval_s`."""
+
+    jobs_per_hour: int = Field(6, ge=1, le=10_000)
+    external_pct: int = Field(15, ge=0, le=100)
+    history_days: int = Field(30, ge=0, le=366)
+    history_interval_s: int = Field(600, ge=1, le=86_400)
+
+
 class FleetConfig(Strict):
     """The simulated GPU fleet used when no real GPU source is configured."""
 
@@ -134,6 +146,7 @@ class FleetConfig(Strict):
     speed: float = Field(1.0, gt=0, le=1_000_000)
     pack_rounds: int = Field(1, ge=1, le=1000)
     backfill_hours: float = Field(0.0, ge=0, le=24 * 366)
+    workload: WorkloadConfig | None = None
 
     @field_validator("pools")
     @classmethod

@@ -2,7 +2,10 @@
 
 Starts the broker (embedded tansu unless an external Kafka is configured), creates the topics,
 then runs the collector, the ledger worker, the scheduler (local executor against the simulated
-fleet's GPUs; its API tokens are created in `scheduler.tokens.file` on first start), the alert
+fleet's GPUs; its API tokens are created in `scheduler.tokens.file` on first start), the
+simulated cluster's job submitter (`workload`, `tally.workload_runner`, when `fleet.workload` is
+set; a new ledger first gets the configuration's admin state and the cluster's history,
+`tally.history_publish`), the alert
 delivery to webhooks (when `alerts.sinks` are configured) and the dashboard as child processes,
 each in its own process group. A child that dies is restarted with backoff (at most 5 times a
 minute); Ctrl-C or SIGTERM stops every process the stack started (the scheduler stops the jobs
@@ -157,6 +160,8 @@ class Stack:
             *("--log-level", self.log_level, "--log-format", self.log_format),
         )
         logs = self.run_dir
+        # a simulated cluster's collector never gap-fills: it cannot know what ran then
+        cluster = ("--backfill-hours", "0") if self.config.fleet.workload is not None else ()
         children = [
             Child(
                 "worker",
@@ -165,7 +170,7 @@ class Stack:
             ),
             Child(
                 "collector",
-                [py, "-m", "tally", "collect", *cfg, *self._metrics_args("collector")],
+                [py, "-m", "tally", "collect", *cfg, *cluster, *self._metrics_args("collector")],
                 logs / "collector.log",
             ),
         ]
@@ -178,6 +183,14 @@ class Stack:
                         *self._metrics_args("scheduler"),
                     ],
                     logs / "scheduler.log",
+                )
+            )
+        if self.config.scheduler.enabled and self.config.fleet.workload is not None:
+            children.append(
+                Child(
+                    "workload",
+                    [py, "-m", "tally.workload_runner", *cfg],
+                    logs / "workload.log",
                 )
             )
         if self.config.alerts.sinks:
@@ -211,6 +224,8 @@ class Stack:
             )
             if self.config.scheduler.enabled:
                 ensure_tokens_file(self.config)
+            if self.new_ledger and self.config.fleet.workload is not None:
+                self._backfill(servers)
             self.children = self._children()
             for child in self.children:
                 self._spawn(child, env)
@@ -233,6 +248,21 @@ class Stack:
                 f"warning: {line} (Tally does not change an existing topic)", fg="yellow", err=True
             )
         return servers
+
+    def _backfill(self, servers: tuple[str, ...]) -> None:
+        """A new ledger of a simulated cluster: the admin state and the history first
+        (`tally.history_publish`), before the scheduler and the collector start."""
+        from tally.history_publish import backfill_history
+
+        workload = self.config.fleet.workload
+        days = 0 if workload is None else workload.history_days
+        click.echo(f"backfilling {days} days of the simulated cluster's history …")
+        now_us = time.time_ns() // 1_000
+        done = asyncio.run(backfill_history(self.config, servers, self.kafka.security, now_us))
+        click.echo(
+            f"  {done.jobs} jobs ({done.job_messages} job events), {done.samples} samples, "
+            f"{done.admin_events} admin events in {done.seconds:.0f}s"
+        )
 
     def _spawn(self, child: Child, env: dict[str, str]) -> None:
         with child.log.open("ab") as log:

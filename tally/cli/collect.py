@@ -474,7 +474,20 @@ def _collect_simulated(
             labels,
             gpu_labels=config.inventory.gpu_labels,
         )
-        return await run_simulated(fleet, producer, plan, stop, reporter=reporter)
+        if fleet.external_pct is None:
+            return await run_simulated(fleet, producer, plan, stop, reporter=reporter)
+        # a simulated cluster: meter what the scheduler runs (`collectors.jobs_follower`)
+        from collectors.jobs_follower import JobsView, follow_jobs
+
+        security = kafka_or_exit(config).security
+        following = asyncio.create_task(
+            follow_jobs(JobsView(fleet), ",".join(servers), config.topics.jobs, security, stop)
+        )
+        try:
+            return await run_simulated(fleet, producer, plan, stop, reporter=reporter)
+        finally:
+            stop.set()
+            await following
 
     produced = _with_producer(config, servers, spool_dir, spool_max_mib, metrics_at, run)
     click.echo(f"produced {produced} rounds of {len(fleet.gpus)} GPUs", err=True)

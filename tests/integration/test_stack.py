@@ -71,6 +71,18 @@ def _live_gpus(url: str, token: str) -> int:
     return sum(g["status"] == "live" for g in gpus)
 
 
+def _jobs(url: str, token: str) -> int:
+    """How many jobs the scheduler lists that the live submitter sent, not the history (0
+    while it cannot answer)."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            jobs = json.loads(response.read())["jobs"]
+    except OSError:
+        return 0
+    return sum(not j["job_id"].startswith("sim-") for j in jobs)
+
+
 def test_up_runs_the_stack_and_ctrl_c_stops_every_process(tmp_path):
     port = free_port()
     scheduler_port = free_port()
@@ -78,8 +90,18 @@ def test_up_runs_the_stack_and_ctrl_c_stops_every_process(tmp_path):
     data = pipeline_config(tmp_path, nodes=1)
     data["broker"] = {"mode": "embedded"}
     data["fleet"].update({"backfill_hours": 1, "pack_rounds": 30})
+    # a simulated cluster: a day of history, then jobs submitted through the API
+    data["fleet"]["workload"] = {"jobs_per_hour": 30, "history_days": 1, "history_interval_s": 900}
+    data["quotas"] = [
+        {"team": "vision", "pool": "h100", "model": "H100", "nominal": 8},
+        {"team": "search", "pool": "a100", "model": "A100", "nominal": 8},
+    ]
     data["dashboard"] = {"port": port}
-    data["queues"] = [{"name": "dev", "class": "dev"}]
+    data["queues"] = [
+        {"name": "dev", "class": "dev"},
+        {"name": "training", "class": "training"},
+        {"name": "inference", "class": "inference"},
+    ]
     data["scheduler"] = {
         "port": scheduler_port,
         "work_dir": str(tmp_path / "scheduler"),
@@ -87,6 +109,7 @@ def test_up_runs_the_stack_and_ctrl_c_stops_every_process(tmp_path):
     }
     path = write_config(tmp_path / "tally.yaml", data)
     log = (tmp_path / "up.log").open("wb")
+    since = time.time_ns() // 1_000
     proc = subprocess.Popen(
         tally_command("up", "--config", str(path)),
         stdout=log,
@@ -101,9 +124,10 @@ def test_up_runs_the_stack_and_ctrl_c_stops_every_process(tmp_path):
             lambda: (tmp_path / "up.log").read_text().count("Tally is up") == 1, 60, "the banner"
         )
         started = _descendants(proc.pid)
-        assert len(started) >= 5  # broker, worker, collector, scheduler, dashboard (+ children)
+        assert len(started) >= 6  # broker, worker, collector, scheduler, workload, dashboard
         banner = (tmp_path / "up.log").read_text()
         assert f"scheduler   http://127.0.0.1:{scheduler_port}" in banner
+        assert "backfilling 1 days of the simulated cluster's history" in banner
         assert tokens.stat().st_mode & 0o777 == 0o600  # created with fresh tokens
         admin = yaml.safe_load(tokens.read_text())["admin"]
         wait_until(
@@ -117,6 +141,13 @@ def test_up_runs_the_stack_and_ctrl_c_stops_every_process(tmp_path):
             return len(rows) >= 2 and all(r.money_micros > 0 for r in rows)
 
         wait_until(teams_have_cost, 60, "cost by team within a minute")
+        history = LedgerQueries(ledger).cost_by(["job_id"])
+        assert any(str(r.keys[0]).startswith("sim-") for r in history)  # the history's jobs
+        wait_until(  # the in-flight jobs, submitted by the workload child as their teams
+            lambda: _jobs(f"http://127.0.0.1:{scheduler_port}/v1/jobs?since={since}", admin) >= 1,
+            60,
+            "the workload child to submit jobs",
+        )
         wait_until(  # the simulated collector reports its fleet: 2 pools × 1 node × 8 GPUs
             lambda: _live_gpus(f"http://127.0.0.1:{scheduler_port}/v1/inventory", admin) == 16,
             60,
