@@ -97,6 +97,7 @@ def dashboard_command(
         *("--server.headless", "true"),
         *("--browser.gatherUsageStats", "false"),
         *("--logger.level", log_level),
+        *("--client.toolbarMode", "viewer"),  # no developer chrome: no "Deploy" button
         *(("--secrets.files", str(secrets_path(config))) if login_configured(config) else ()),
     ]
 
