@@ -15,6 +15,7 @@ from pathlib import Path
 from ledger.role_claims import ClaimMapping
 from tally.config import TallyConfig
 from tally.config_fields import secret_from_env
+from tally.portal_config import API_URL_ENV, TEMPLATES_ENV, templates_json
 
 LOGIN_ENV = "TALLY_OIDC_LOGIN"  # the claim mapping, as JSON (`ClaimMapping.to_json`)
 
@@ -47,6 +48,8 @@ def secrets_toml(config: TallyConfig, environ: Mapping[str, str] | None = None) 
             f"{field}.client_secret_env", login.client_secret_env, environ
         ),
         "server_metadata_url": oidc.discovery(),
+        # the person's access token, forwarded to the scheduler's API by the portal
+        "expose_tokens": ["access"],
     }
     # A JSON string is a valid TOML basic string (the same escapes).
     lines = ["# written by tally from auth.oidc.dashboard: do not edit", "[auth]"]
@@ -77,3 +80,15 @@ def login_env(config: TallyConfig) -> dict[str, str]:
     if oidc is None or oidc.dashboard is None:
         return {}
     return {LOGIN_ENV: ClaimMapping(oidc.rules(), oidc.user_claim).to_json()}
+
+
+def portal_env(config: TallyConfig) -> dict[str, str]:
+    """The portal's environment (only with a dashboard login: it acts as the signed-in person):
+    the scheduler API's URL and the saved job templates."""
+    if not login_configured(config):
+        return {}
+    s = config.scheduler
+    return {
+        API_URL_ENV: f"http://{s.host}:{s.port}",
+        TEMPLATES_ENV: templates_json(config.dashboard.job_templates),
+    }

@@ -33,8 +33,8 @@ ALL_PAGES = {"finance", "platform", "team", "capacity", "audit"}
         (Role.FINANCE, ALL_PAGES),
         (Role.VIEWER, ALL_PAGES),
         (Role.OPERATOR, {"platform", "capacity"}),
-        (Role.TEAM_LEAD, {"team"}),
-        (Role.MEMBER, {"team"}),
+        (Role.TEAM_LEAD, {"team", "jobs"}),
+        (Role.MEMBER, {"team", "jobs"}),
     ],
     ids=[r.value for r in Role],
 )
@@ -103,7 +103,9 @@ def test_a_member_sees_only_their_teams_page(monkeypatch, seeded):
     assert app.selectbox(key="team").options == ["vision"]
     assert "Team **vision**" in " ".join(m.value for m in app.markdown)
     assert any("Signed in as **ada** · member of vision" in c.value for c in app.caption)
-    with pytest.raises(ValueError, match=r"Known pages: \['.*/page_team.py'\]"):
+    with pytest.raises(
+        ValueError, match=r"Known pages: \['.*/page_team.py', '.*/page_portal.py'\]"
+    ):
         app.switch_page("page_finance.py")  # not registered for a member: no URL reaches it
 
 
@@ -143,6 +145,7 @@ def test_tally_writes_streamlits_auth_secrets_from_the_config_and_environment(tm
         'client_id = "tally-dashboard"\n'
         'client_secret = "client \\"secret\\""\n'
         'server_metadata_url = "http://127.0.0.1:9000/realms/acme/.well-known/openid-configuration"\n'
+        'expose_tokens = ["access"]\n'
     )
     path = write_secrets(config, SECRETS)
     assert path == secrets_path(config) == tmp_path / "dashboard" / "secrets.toml"
