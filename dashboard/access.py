@@ -6,7 +6,9 @@ secrets `tally` writes) and `st.user`'s claims are mapped to a role and team by 
 as the API's bearer tokens (`ledger.role_claims`). `visible_pages` derives the pages a role sees
 from the permission table (`ledger.roles`): the money pages need every team's balances and
 jobs, the fleet pages every team's jobs, the Team page its team's; a team role sees its own
-team only (`Viewer.team`). Without single sign-on everyone sees everything, as before.
+team only (`Viewer.team`); members and team leads also get the self-service portal ("My jobs",
+`dashboard.page_portal`). Without single sign-on everyone sees everything, as before, and there
+is no portal (it acts as the signed-in person).
 """
 
 from __future__ import annotations
@@ -33,15 +35,23 @@ PAGE_NEEDS: Mapping[str, Mapping[Action, frozenset[Scope]]] = {
     "whatif": {Action.BALANCES_READ: ANY, Action.JOB_READ: ANY},
     "audit": {Action.BALANCES_READ: ANY, Action.JOB_READ: ANY},
 }
+# the self-service portal: for a role that submits and cancels within its team (members and
+# team leads), and only with single sign-on (it calls the API as the signed-in person)
+PORTAL = "jobs"
+PORTAL_NEEDS: Mapping[Action, frozenset[Scope]] = {
+    Action.JOB_SUBMIT: frozenset({Scope.TEAM, Scope.OWN}),
+    Action.JOB_CANCEL: frozenset({Scope.TEAM, Scope.OWN}),
+}
+
+
+def _allowed(role: Role, needs: Mapping[Action, frozenset[Scope]]) -> bool:
+    return all(scope_of(role, action) in scopes for action, scopes in needs.items())
 
 
 def visible_pages(role: Role) -> frozenset[str]:
-    """The pages `role` may see (their url paths)."""
-    return frozenset(
-        page
-        for page, needs in PAGE_NEEDS.items()
-        if all(scope_of(role, action) in scopes for action, scopes in needs.items())
-    )
+    """The pages `role` may see when signed in (their url paths), the portal included."""
+    pages = {page for page, needs in PAGE_NEEDS.items() if _allowed(role, needs)}
+    return frozenset(pages | ({PORTAL} if _allowed(role, PORTAL_NEEDS) else set()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +74,12 @@ def login_mapping() -> ClaimMapping | None:
     """The claim mapping of the configured single sign-on; None: not configured."""
     text = os.environ.get(LOGIN_ENV)
     return ClaimMapping.from_json(text) if text else None
+
+
+def signed_in() -> Caller | None:
+    """The signed-in person's role and team (None: no single sign-on, or no role)."""
+    mapping = login_mapping()
+    return None if mapping is None else mapping.caller(st.user.to_dict())
 
 
 def viewer() -> Viewer:

@@ -28,6 +28,7 @@ PAGES = [  # (script, title, icon, url path); the first visible one is the defau
     ("page_capacity.py", "Capacity planning", ":material/trending_up:", "capacity"),
     ("page_whatif.py", "What-if", ":material/alt_route:", "whatif"),
     ("page_audit.py", "Audit", ":material/policy:", "audit"),
+    ("page_portal.py", "My jobs", ":material/rocket_launch:", "jobs"),
 ]
 
 viewer = access.viewer()  # with single sign-on: the login screen until someone signs in

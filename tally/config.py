@@ -41,6 +41,7 @@ from tally.config_yaml import YamlRefused, read_yaml
 from tally.identity_config import IdentityConfig, check_identity_names
 from tally.inventory_config import InventoryConfig
 from tally.metrics_config import MetricsConfig
+from tally.portal_config import JobTemplateConfig
 from tally.segments_config import SEGMENTS_URL_PATTERN, ObjectStoreConfig
 
 ConfigError = config_fields.ConfigError  # defined beside the field types, which raise it too
@@ -386,6 +387,7 @@ class WorkerConfig(Strict):
 class DashboardConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8501, ge=1, le=65535)
+    job_templates: tuple[JobTemplateConfig, ...] = ()  # the portal's saved submissions
 
 
 class TallyConfig(Strict):

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ledger.role_claims import ClaimMapping
 from tally.config import TallyConfig
-from tally.config_fields import ConfigError, secret_from_env
+from tally.config_fields import secret_from_env
+from tally.portal_config import API_URL_ENV, TEMPLATES_ENV, templates_json
 
 LOGIN_ENV = "TALLY_OIDC_LOGIN"  # the claim mapping, as JSON (`ClaimMapping.to_json`)
 
@@ -47,6 +48,8 @@ def secrets_toml(config: TallyConfig, environ: Mapping[str, str] | None = None) 
             f"{field}.client_secret_env", login.client_secret_env, environ
         ),
         "server_metadata_url": oidc.discovery(),
+        # the person's access token, forwarded to the scheduler's API by the portal
+        "expose_tokens": ["access"],
     }
     # A JSON string is a valid TOML basic string (the same escapes).
     lines = ["# written by tally from auth.oidc.dashboard: do not edit", "[auth]"]
@@ -54,29 +57,12 @@ def secrets_toml(config: TallyConfig, environ: Mapping[str, str] | None = None) 
     return "\n".join(lines) + "\n"
 
 
-def check_login_client() -> None:
-    """Raise ConfigError unless Streamlit's login can run: it uses Authlib's Starlette client,
-    which needs httpx (not a dependency of Tally's own)."""
-    try:
-        import authlib.integrations.starlette_client  # noqa: F401
-    except ImportError as exc:
-        raise ConfigError(
-            f"auth.oidc.dashboard: Streamlit's login cannot run here ({exc}); install httpx "
-            "(pip install httpx) or remove auth.oidc.dashboard"
-        ) from None
-
-
-def write_secrets(
-    config: TallyConfig, environ: Mapping[str, str] | None = None, check_client: bool = True
-) -> Path | None:
+def write_secrets(config: TallyConfig, environ: Mapping[str, str] | None = None) -> Path | None:
     """Write the secrets file (mode 0600, replaced whole); its path, or None without a
-    dashboard login. Raises ConfigError for a missing secret or (`check_client`) a login that
-    cannot run, before anything is written."""
+    dashboard login. Raises ConfigError for a missing secret, before anything is written."""
     text = secrets_toml(config, environ)
     if text is None:
         return None
-    if check_client:
-        check_login_client()
     path = secrets_path(config)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".toml.partial")
@@ -94,3 +80,15 @@ def login_env(config: TallyConfig) -> dict[str, str]:
     if oidc is None or oidc.dashboard is None:
         return {}
     return {LOGIN_ENV: ClaimMapping(oidc.rules(), oidc.user_claim).to_json()}
+
+
+def portal_env(config: TallyConfig) -> dict[str, str]:
+    """The portal's environment (only with a dashboard login: it acts as the signed-in person):
+    the scheduler API's URL and the saved job templates."""
+    if not login_configured(config):
+        return {}
+    s = config.scheduler
+    return {
+        API_URL_ENV: f"http://{s.host}:{s.port}",
+        TEMPLATES_ENV: templates_json(config.dashboard.job_templates),
+    }

@@ -43,7 +43,7 @@ from streams.topics import ensure_topic_specs
 from tally.broker import EmbeddedBroker
 from tally.components import BOOTSTRAP_ENV
 from tally.config import TallyConfig
-from tally.dashboard_login import login_configured, login_env, secrets_path
+from tally.dashboard_login import login_configured, login_env, portal_env, secrets_path
 from tally.kafka_clients import KafkaClients
 from tally.metrics import free_port, metrics_url
 from tally.metrics_config import MetricsProcess
@@ -76,6 +76,7 @@ def ledger_env(config: TallyConfig, config_path: Path) -> dict[str, str]:
         "TALLY_FAIR_SHARE_HALF_LIFE_HOURS": str(config.scheduler.fair_share_half_life_hours),
         "TALLY_PRICES": encode_price_book(config.price_book()),
         **login_env(config),
+        **portal_env(config),
     } | segments_env(config.ledger.segments_url, config.ledger.object_store)
 
 
@@ -100,6 +101,7 @@ def dashboard_command(
         *("--server.headless", "true"),
         *("--browser.gatherUsageStats", "false"),
         *("--logger.level", log_level),
+        *("--client.toolbarMode", "viewer"),  # no developer chrome: no "Deploy" button
         *(("--secrets.files", str(secrets_path(config))) if login_configured(config) else ()),
     ]
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -57,23 +58,25 @@ def seeded_ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ledger
 
 
-@pytest.fixture(scope="session")
-def dashboard_url(seeded_ledger: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`streamlit run dashboard/app.py` on a free loopback port over the seeded ledger."""
+@contextmanager
+def serving_dashboard(
+    log_dir: Path, env: dict[str, str], port: int, command: list[str] | None = None
+) -> Iterator[str]:
+    """The dashboard on loopback `port` — `command` (default: `streamlit run dashboard/app.py`)
+    with `env` — and its URL once healthy. Skips without Chromium."""
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium")
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("streamlit") / "streamlit.log"
-    env = child_env(TALLY_DATA_DIR=str(seeded_ledger), TALLY_CURRENCY="USD")
+    command = command or [
+        sys.executable, "-m", "streamlit", "run", str(REPO / "dashboard" / "app.py"),
+        "--server.address", "127.0.0.1", "--server.port", str(port),
+        "--server.headless", "true", "--browser.gatherUsageStats", "false",
+        "--server.fileWatcherType", "none",
+    ]  # fmt: skip
+    log_path = log_dir / "streamlit.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "streamlit", "run", str(REPO / "dashboard" / "app.py"),
-                "--server.address", "127.0.0.1", "--server.port", str(port),
-                "--server.headless", "true", "--browser.gatherUsageStats", "false",
-                "--server.fileWatcherType", "none",
-            ],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            command, cwd=REPO, env=child_env(**env), stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -102,9 +105,17 @@ def dashboard_url(seeded_ledger: Path, tmp_path_factory: pytest.TempPathFactory)
                 proc.wait(10)
 
 
-@pytest.fixture(scope="module")  # sync Playwright runs a loop: end it with the module
-def chromium(dashboard_url: str) -> Iterator[Any]:
-    """Headless Chromium (Debian's) under Playwright; the first page load is warmed."""
+@pytest.fixture(scope="session")
+def dashboard_url(seeded_ledger: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`streamlit run dashboard/app.py` on a free loopback port over the seeded ledger."""
+    env = {"TALLY_DATA_DIR": str(seeded_ledger), "TALLY_CURRENCY": "USD"}
+    with serving_dashboard(tmp_path_factory.mktemp("streamlit"), env, free_port()) as url:
+        yield url
+
+
+@contextmanager
+def launch_chromium() -> Iterator[Any]:
+    """Headless Chromium (Debian's) under Playwright."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -115,10 +126,17 @@ def chromium(dashboard_url: str) -> Iterator[Any]:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page()
-            page.goto(dashboard_url, wait_until="networkidle")  # the first load can be blank
-            page.wait_for_timeout(1000)
-            page.close()
             yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture(scope="module")  # sync Playwright runs a loop: end it with the module
+def chromium(dashboard_url: str) -> Iterator[Any]:
+    """Headless Chromium over the seeded dashboard; the first page load is warmed."""
+    with launch_chromium() as browser:
+        page = browser.new_page()
+        page.goto(dashboard_url, wait_until="networkidle")  # the first load can be blank
+        page.wait_for_timeout(1000)
+        page.close()
+        yield browser

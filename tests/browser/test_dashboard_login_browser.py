@@ -1,0 +1,220 @@
+"""Single sign-on through the dashboard in headless Chromium: `tally dashboard` with
+`auth.oidc.dashboard` against the loopback issuer (`tests/oidc_issuer.py`, real HTTP, signed
+ID tokens). The browser is redirected to the issuer's authorization endpoint, comes back to
+Streamlit's `/oauth2callback` with a code, and Streamlit's `st.login` (Authlib's Starlette
+client over httpx) trades it at the token endpoint. A team member then sees only their team's
+page and the portal; a finance user sees Finance. The toolbar has no "Deploy" button.
+
+The portal ("My jobs") calls the scheduler's real API — an aiohttp server on loopback over the
+scheduler service on the fake executor (`tests.unit.test_scheduler_service_support.Rig`, ticked
+in the server's loop), verifying the forwarded access token against the same issuer: a member
+submits from a saved template, sees the job running, and cancels it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from scheduler.api import build_app
+from scheduler.executors.fake import RUNS_FOREVER
+from tests.browser.conftest import free_port, launch_chromium, serving_dashboard
+from tests.builders import a_config_dict
+from tests.conftest import tally_command, write_config
+from tests.oidc_issuer import AUDIENCE, CLIENT_ID, CLIENT_SECRET, Issuer
+from tests.unit.test_scheduler_api_oidc import a_verifier
+from tests.unit.test_scheduler_api_support import MAX_BODY, TOKENS
+from tests.unit.test_scheduler_service_support import Rig
+
+pytestmark = pytest.mark.browser
+
+TIMEOUT_MS = 60_000
+MEMBER = {"preferred_username": "ada", "groups": ["vision-members"]}
+FINANCE = {"preferred_username": "bo", "groups": ["finance"]}
+
+
+@pytest.fixture(scope="module")
+def issuer() -> Iterator[Issuer]:
+    with Issuer().serving() as served:
+        yield served
+
+
+TEMPLATE = {
+    "name": "detection smoke test",
+    "queue": "dev",
+    "project": "detection",
+    "gpus": 1,
+    "estimated_runtime_hours": 0.5,
+    "command": ["sleep", "600"],
+}
+TICK_S = 0.2
+
+
+class ApiServer:
+    """The scheduler's API on a loopback port, served from its own thread's event loop, the
+    service ticked there every TICK_S on a clock that follows the wall clock."""
+
+    def __init__(self, issuer: Issuer, tmp: Path) -> None:
+        self.rig = Rig(tmp)
+        self.rig.executor.default = RUNS_FOREVER
+        self.rig.clock.now = time.time_ns() // 1000
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.app = build_app(self.rig.service, TOKENS, MAX_BODY, 10.0, a_verifier(issuer))
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.runner = web.AppRunner(self.app)
+
+    async def _ticks(self) -> None:
+        while True:
+            self.rig.clock.now = max(self.rig.clock.now, time.time_ns() // 1000)
+            await self.rig.service.tick()
+            await asyncio.sleep(TICK_S)
+
+    async def _start(self) -> None:
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        self.ticking = asyncio.ensure_future(self._ticks())
+
+    async def _stop(self) -> None:
+        self.ticking.cancel()
+        await self.runner.cleanup()
+
+    def __enter__(self) -> ApiServer:
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def api(issuer: Issuer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    with ApiServer(issuer, tmp_path_factory.mktemp("api")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def login_dashboard(
+    issuer: Issuer, api: ApiServer, seeded_ledger: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """`tally dashboard` over the seeded ledger with a dashboard login at `issuer` and the
+    portal calling `api`."""
+    port = free_port()
+    home = tmp_path_factory.mktemp("login")
+    oidc = {
+        "issuer": issuer.url,
+        "audience": AUDIENCE,
+        "roles": [
+            {"value": "finance", "role": "finance"},
+            {"value": "vision-members", "role": "member", "team": "vision"},
+        ],
+        "dashboard": {"client_id": CLIENT_ID},
+    }
+    config = a_config_dict(
+        auth={"oidc": oidc},
+        dashboard={"host": "127.0.0.1", "port": port, "job_templates": [TEMPLATE]},
+        scheduler={"host": "127.0.0.1", "port": api.port},
+        ledger={"data_dir": str(seeded_ledger), "currency": "USD"},
+    )
+    path = write_config(home / "tally.yaml", config)
+    env = {
+        "TALLY_OIDC_CLIENT_SECRET": CLIENT_SECRET,
+        "TALLY_DASHBOARD_COOKIE_SECRET": "a-cookie-secret-for-the-browser-test",
+    }
+    command = tally_command("dashboard", "--config", str(path), "--log-level", "warning")
+    with serving_dashboard(home, env, port, command) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser(login_dashboard: str) -> Iterator[Any]:
+    with launch_chromium() as chromium:
+        yield chromium
+
+
+def _sign_in(browser: Any, url: str, issuer: Issuer, person: dict[str, Any]) -> Any:
+    """A fresh browser (no cookies) signs `person` in; the page back on the dashboard."""
+    issuer.person = person
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    seen: list[str] = []
+    page.on("request", lambda r: seen.append(r.url) if r.is_navigation_request() else None)
+    page.goto(url)
+    page.get_by_role("button", name="Log in").click()
+    page.get_by_text(f"Signed in as {person['preferred_username']}").wait_for()
+    assert any(u.startswith(f"{issuer.url}/authorize?") for u in seen), seen
+    assert any(u.startswith(f"{url}/oauth2callback?code=") for u in seen), seen
+    return page
+
+
+def _pages(page: Any) -> list[str]:
+    nav = page.locator('[data-testid="stSidebarNav"] a')
+    return [nav.nth(i).inner_text().splitlines()[-1] for i in range(nav.count())]
+
+
+def test_a_finance_user_signs_in_and_sees_finance(browser, login_dashboard, issuer):
+    page = _sign_in(browser, login_dashboard, issuer, FINANCE)
+    try:
+        page.get_by_role("heading", name="Finance: GPU cost").wait_for()
+        assert _pages(page) == [
+            "Finance",
+            "Platform",
+            "Team",
+            "Capacity planning",
+            "What-if",
+            "Audit",
+        ]
+        assert page.get_by_role("button", name="Deploy").count() == 0
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        page.context.close()
+
+
+def _job_row(page: Any, job_id: str) -> Any:
+    return page.locator('[data-testid="stTable"] tr').filter(has_text=job_id)
+
+
+def test_a_member_signs_in_sees_their_team_and_submits_watches_and_cancels_a_job(
+    browser, login_dashboard, issuer, api
+):
+    page = _sign_in(browser, login_dashboard, issuer, MEMBER)
+    try:
+        page.get_by_role("heading", name="Team: jobs, budget and quota").wait_for()
+        page.get_by_text("Team vision").first.wait_for()
+        assert page.get_by_text("member of vision").count() == 1
+        assert _pages(page) == ["Team", "My jobs"]  # no Finance, no other team
+        assert page.get_by_role("button", name="Deploy").count() == 0
+        # the portal, calling the API with the member's forwarded access token
+        page.locator('[data-testid="stSidebarNav"] a').filter(has_text="My jobs").click()
+        page.get_by_role("heading", name="My jobs").wait_for()
+        page.get_by_role("button", name="Submit job").click()
+        page.get_by_text("Submitted ").wait_for()
+        job_id = page.get_by_text("Submitted ").inner_text().split()[1]
+        record = api.rig.dispatcher.records[job_id]
+        assert (record.spec.team, record.spec.user, record.spec.queue) == ("vision", "ada", "dev")
+        assert record.spec.estimated_runtime_us == 1_800_000_000  # the template's 0.5 h
+        work = api.rig.dispatcher.work_for(job_id)
+        assert work is not None and work.command == tuple(TEMPLATE["command"])
+        for _ in range(50):  # the scheduler places it within a tick or two
+            page.get_by_role("button", name="Refresh").click()
+            if "running" in _job_row(page, job_id).inner_text():
+                break
+            page.wait_for_timeout(200)
+        assert "running" in _job_row(page, job_id).inner_text()
+        page.get_by_role("button", name="Cancel job").click()
+        page.get_by_text(f"Cancelled {job_id}").wait_for()
+        assert api.rig.dispatcher.records[job_id].state.value == "cancelled"
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        page.context.close()
