@@ -31,10 +31,8 @@ Schemas of job and GPU-assignment event data (every `JobEventType`):
 
 from __future__ import annotations
 
-import types
-import typing
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -51,11 +49,10 @@ from ledger.envelope import (
     family_to_dict,
 )
 from ledger.errors import EventError
-from ledger.events import MAX_TIME_US
+from ledger.field_decoding import Decoder, object_decoder
 from ledger.fractional import SHARE_UNITS, SPEC_ADDED, check_fraction
 from ledger.topology import TopologyNeed
 
-MAX_TEXT = 256
 MAX_DETAIL = 2048
 MAX_GPUS_PER_JOB = 65_536
 
@@ -471,115 +468,8 @@ def encode_job_event(event: JobEvent, source: str) -> bytes:
 
 # ---------------------------------------------------------------------------- decoding
 
-Decoder = Callable[[str, Any], Any]
-
-
-def _text(max_len: int, empty: bool) -> Decoder:
-    def decode(name: str, value: Any) -> str:
-        if type(value) is not str or (not value and not empty):
-            raise EventError(f"{name}: expected a non-empty string")
-        if len(value) > max_len:
-            raise EventError(f"{name}: longer than {max_len} characters")
-        return value
-
-    return decode
-
-
-def _integer(lo: int | None, hi: int | None) -> Decoder:
-    def decode(name: str, value: Any) -> int:
-        if type(value) is not int:
-            raise EventError(f"{name}: expected an integer, got {type(value).__name__}")
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise EventError(f"{name}: {value} is out of range [{lo}, {hi}]")
-        return value
-
-    return decode
-
-
-def _boolean(name: str, value: Any) -> bool:
-    if type(value) is not bool:
-        raise EventError(f"{name}: expected true or false")
-    return value
-
-
-def _enum(cls: type[StrEnum]) -> Decoder:
-    def decode(name: str, value: Any) -> StrEnum:
-        if type(value) is not str:
-            raise EventError(f"{name}: expected a string")
-        try:
-            return cls(value)
-        except ValueError as exc:
-            raise EventError(f"{name}: unknown value {value!r}") from exc
-
-    return decode
-
-
-def _optional(inner: Decoder) -> Decoder:
-    def decode(name: str, value: Any) -> Any:
-        return None if value is None else inner(name, value)
-
-    return decode
-
-
-def _text_tuple(item: Decoder) -> Decoder:
-    def decode(name: str, value: Any) -> tuple[str, ...]:
-        if type(value) is not list:
-            raise EventError(f"{name}: expected an array")
-        if len(value) > MAX_GPUS_PER_JOB:
-            raise EventError(f"{name}: more than {MAX_GPUS_PER_JOB} items")
-        return tuple(item(name, v) for v in value)
-
-    return decode
-
-
-def _decoder_for(hint: Any, meta: Mapping[str, Any], name: str) -> Decoder:
-    args = typing.get_args(hint)
-    if isinstance(hint, types.UnionType) and type(None) in args:
-        (inner,) = (a for a in args if a is not type(None))
-        return _optional(_decoder_for(inner, meta, name))
-    if hint is str:
-        return _text(meta.get("max_len", MAX_TEXT), meta.get("empty", False))
-    if hint is bool:
-        return _boolean
-    if hint is int:
-        hi = meta.get("max", MAX_TIME_US if name.endswith("_us") else None)
-        return _integer(meta.get("min", 0), hi)
-    if isinstance(hint, type) and issubclass(hint, StrEnum):
-        return _enum(hint)
-    if typing.get_origin(hint) is tuple and args == (str, Ellipsis):
-        return _text_tuple(_text(MAX_TEXT, False))
-    if hint is JobSpec:
-        return _object(JobSpec)
-    raise TypeError(f"no decoder for {name}: {hint!r}")  # a programming error, at import
-
-
-def _object(cls: type[Any]) -> Decoder:
-    hints = typing.get_type_hints(cls)
-    plan: list[tuple[str, Decoder, bool]] = []
-    for f in fields(cls):
-        required = f.default is MISSING and f.default_factory is MISSING
-        plan.append((f.name, _decoder_for(hints[f.name], f.metadata, f.name), required))
-    known = frozenset(name for name, _, _ in plan)
-
-    def decode(where: str, value: Any) -> Any:
-        if type(value) is not dict:
-            raise EventError(f"{where}: expected an object")
-        unknown = value.keys() - known
-        if unknown:
-            raise EventError(f"{where}: unknown fields {sorted(unknown)}")
-        kwargs: dict[str, Any] = {}
-        for name, decoder, required in plan:
-            if name in value:
-                kwargs[name] = decoder(f"{where}.{name}", value[name])
-            elif required:
-                raise EventError(f"{where}.{name}: missing")
-        return cls(**kwargs)
-
-    return decode
-
-
 _DECODERS: Mapping[JobEventType, Decoder] = {
-    kind: _object(cls) for kind, cls in EVENT_CLASSES.items()
+    kind: object_decoder(cls) for kind, cls in EVENT_CLASSES.items()
 }
 
 

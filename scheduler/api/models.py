@@ -10,7 +10,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ledger.job_events import MAX_GPUS_PER_JOB, MAX_TEXT
+from ledger.field_decoding import MAX_TEXT
+from ledger.job_events import MAX_GPUS_PER_JOB
 from ledger.topology import TopologyNeed
 from scheduler.records import JobState
 
