@@ -53,7 +53,6 @@ from ledger.job_events import (
     JobReclaimed,
     JobSubmitted,
 )
-from ledger.periods import Period
 from ledger.units import US_PER_HOUR, Unit
 from scheduler.cycle import run_cycle
 from scheduler.decisions import release_events
@@ -66,6 +65,7 @@ from scheduler.idempotency import RequestKeys
 from scheduler.job_alerts import JobAlertWatch
 from scheduler.jobs_topic import Consumed, Outgoing, hold_message, job_message, replay_order
 from scheduler.lifecycle import cancel, fail, overdue, runtime_limit
+from scheduler.metering import first_metering
 from scheduler.model import NO_HOLD, Balance, PendingJob, Policy, RunningJob
 from scheduler.ports import Clock, Executor, JobStatus, RebuildsFromTopic, StopReason, Work
 from scheduler.reclaim import IdleAlert, IdleGpu, idle_decisions
@@ -322,26 +322,8 @@ class Dispatcher:
             if total > previous:
                 self.state.meter(team, total - previous, at)
             return
-        # first sight: usage in open periods at their ends, the rest before the first of them
-        rows = sorted(
-            (r for r in update.periods if r.unit == Unit.GPU_MS.value), key=lambda r: r.period
-        )
-        in_rows = 0
-        metered: list[tuple[int, int]] = []
-        for row in rows:
-            try:
-                end = Period.month(row.period, self.zone).end_us
-            except ValueError:
-                continue
-            if row.balance > 0:
-                metered.append((min(end, at), row.balance))
-                in_rows += row.balance
-        earlier = total - in_rows
-        if earlier > 0:
-            first = metered[0][0] if metered else at
-            metered.insert(0, (first - 31 * 24 * US_PER_HOUR, earlier))
-        for when, gpu_ms in sorted(metered):
-            self.state.meter(team, gpu_ms, max(0, when))
+        for when, gpu_ms in first_metering(update, total, at, self.zone):
+            self.state.meter(team, gpu_ms, when)
 
     def on_alert(self, value: bytes | None) -> None:
         """One alerts-topic message: open or close an allocated-but-idle alert. Anything that is
