@@ -28,6 +28,7 @@ from ledger.balances import decode_balance_update
 from ledger.errors import EventError
 from ledger.excerpts import bounded
 from ledger.pricing import PriceBook
+from scheduler.applied_quotas import with_applied
 from scheduler.dispatcher import Dispatcher
 from scheduler.errors import BrokerUnavailable, MessageRefused
 from scheduler.inventory import FleetInventory
@@ -278,6 +279,7 @@ class Feeds:
             bootstrap_servers=servers, request_timeout_ms=5_000, **settings.kafka_options
         )
         self.prices = PriceFeed(dispatcher.state.prices or PriceBook(()))
+        self._configured_teams = tuple(dispatcher.state.quotas.teams.values())
         self._balance_parts: list[Any] = []
         self._jobs_parts: list[Any] = []
         self._last_ack_check = 0.0
@@ -330,7 +332,12 @@ class Feeds:
                     if self.prices.on_admin(m.value):
                         self.dispatcher.state.prices = self.prices.book
                     if self.requests is not None:
+                        before = self.requests.quota_changes
                         self.requests.on_admin(m.value)
+                        if self.requests.quota_changes != before:
+                            self.dispatcher.state.set_quotas(
+                                with_applied(self._configured_teams, self.requests.quotas)
+                            )
                 elif tp.topic == self.settings.balances_topic:
                     self.balance_messages += 1
                     if m.value is None:

@@ -32,14 +32,16 @@ class AdminPublisher(Protocol):
 
 
 class RequestDesk:
-    """The requests as the admin topic says (`states`), the teams' applied quotas (`quotas`,
-    to tell whether a request raises a borrowing limit), the policy new requests record."""
+    """The requests as the admin topic says (`states`), the teams' applied quotas (`quotas`:
+    to tell whether a request raises a borrowing limit, and what the scheduler admits against,
+    `scheduler.applied_quotas`), the policy new requests record."""
 
     def __init__(self, policy: ApprovalPolicy, publisher: AdminPublisher) -> None:
         self.policy = policy
         self.publisher = publisher
         self.states: dict[str, RequestState] = {}
         self.quotas: dict[QuotaKey, QuotaSet] = {}
+        self.quota_changes = 0  # how many quota changes `quotas` has taken (it grows on each)
         self._seen: set[str] = set()
 
     def on_admin(self, value: bytes | None) -> None:
@@ -58,6 +60,7 @@ class RequestDesk:
             return  # the ledger refuses it too
         if isinstance(event, QuotaSet):
             self.quotas[(event.team, event.pool, event.model)] = event
+            self.quota_changes += 1
         elif isinstance(event, REQUEST_CLASSES):
             made, _ = fold_request(self.states, event)
             if made is not None and isinstance(made.data, QuotaSet):

@@ -287,6 +287,12 @@ class SchedulerState:
         backlog = self._backlogs[(job.spec.team, job.spec.queue)]
         del backlog[bisect.bisect_left(backlog, self._key(job))]
 
+    def set_quotas(self, teams: Iterable[Team]) -> None:
+        """Admit against these teams' quotas from now on (`scheduler.applied_quotas`); parked
+        jobs get another look."""
+        self.quotas = QuotaBook.of(teams)
+        self.unpark()
+
     def unpark(self) -> None:
         """Give parked jobs another look (after the fleet, queues or quotas changed)."""
         for job_id in sorted(self._parked):
