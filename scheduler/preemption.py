@@ -26,12 +26,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ledger.job_events import PreemptReason
 from scheduler.admission import Workspace
 from scheduler.model import Flavor, Policy, RunningJob
 from scheduler.ordering import Nomination
 from scheduler.quota import QuotaCheck, QuotaOutcome, check_quota
+from scheduler.running_index import VictimKey
 from scheduler.topology import REQUIRED, place_gang
 
 
@@ -41,8 +43,11 @@ class Victim:
     reason: PreemptReason
 
 
-@dataclass(frozen=True, slots=True)
-class _Candidate:
+class _Candidate(NamedTuple):
+    """A job preemption may stop, by its preference key (a tuple: cheap to make and to sort,
+    which matters when every running job of a cohort is a candidate)."""
+
+    key: VictimKey
     job: RunningJob
     reason: PreemptReason
     borrower: bool  # eligible only while its team still borrows
@@ -60,35 +65,34 @@ def _candidates(n: Nomination, flavor: Flavor, ws: Workspace, policy: Policy) ->
         within_nominal = ws.used(team, flavor) + n.spec.gpus <= book.quota[(team, flavor)].nominal
         if cohort is not None:
             teams = book.members.get((cohort, flavor), teams)
+    removed = ws.removed
     found: list[_Candidate] = []
     for other in teams:
+        own = not policy.enforce_quota or other == team
         borrowing = False
-        if policy.enforce_quota and other != team:
+        if not own:
             q = book.quota[(other, flavor)]
             borrowing = ws.used(other, flavor) > q.nominal
-        for job in ws.running_of(other, flavor):
-            if not job.preemptible:
-                continue
-            lower = job.priority < n.priority
+        # each team's jobs come in preference order: over-budget ones first, then by priority
+        for key, job in ws.victims_of(other, flavor):
+            if removed and key[4] in removed:
+                continue  # preempted earlier in this cycle
             if job.over_budget:
-                found.append(_Candidate(job, PreemptReason.OVER_BUDGET, False))
-            elif not policy.enforce_quota or other == team:
-                if lower:
-                    found.append(_Candidate(job, PreemptReason.HIGHER_PRIORITY, False))
-            elif borrowing and within_nominal:
-                found.append(_Candidate(job, PreemptReason.RECLAIM_LENT_QUOTA, True))
-            elif borrowing and lower:
-                found.append(_Candidate(job, PreemptReason.HIGHER_PRIORITY, True))
-    # preference: over-budget first, then lowest priority, then most recently started
-    found.sort(
-        key=lambda c: (
-            not c.job.over_budget,
-            c.job.priority,
-            -c.job.since_us,
-            -c.job.spec.submit_us,
-            c.job.job_id,
-        )
-    )
+                found.append(_Candidate(key, job, PreemptReason.OVER_BUDGET, False))
+            elif own or not borrowing:
+                if own and job.priority < n.priority:
+                    found.append(_Candidate(key, job, PreemptReason.HIGHER_PRIORITY, False))
+                else:
+                    break  # no later job of this team is lower priority, or over budget
+            elif within_nominal:
+                found.append(_Candidate(key, job, PreemptReason.RECLAIM_LENT_QUOTA, True))
+            elif job.priority < n.priority:
+                found.append(_Candidate(key, job, PreemptReason.HIGHER_PRIORITY, True))
+            else:
+                break
+    # preference (`victim_key`): over-budget first, then lowest priority, then most recently
+    # started; the keys are unique (they end in the job id), so the order is total
+    found.sort()
     return found
 
 

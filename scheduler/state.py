@@ -57,6 +57,7 @@ from scheduler.model import (
     Team,
 )
 from scheduler.quota import QuotaBook
+from scheduler.running_index import RunningIndex
 from scheduler.snapshot import ClusterSnapshot, Fleet, FreeGpus, heads
 
 BacklogKey = tuple[int, int, str]  # (−priority, submit time, job id)
@@ -96,7 +97,7 @@ class SchedulerState:
         self._backlogs: dict[tuple[str, str], list[BacklogKey]] = {}
         self._pending: dict[str, PendingJob] = {}
         self._running: dict[str, RunningJob] = {}
-        self._running_by: dict[tuple[str, Flavor], tuple[RunningJob, ...]] = {}
+        self._running_by = RunningIndex()
         self._done: set[str] = set()
         self._parked: set[str] = set()  # pending, but out of the backlogs: they can never run
         self._holds: dict[str, Holds] = {}
@@ -205,7 +206,8 @@ class SchedulerState:
             fleet=self.fleet,
             free={f: FreeGpus(dict(nodes), self._free_total[f]) for f, nodes in self._free.items()},
             usage=dict(self._usage),
-            running=dict(self._running_by),
+            running=self._running_by.running(),
+            victims=self._running_by.victims(),
             heads=picked,
             balances=dict(self._balances),
             holds=dict(self._holds),
@@ -290,21 +292,15 @@ class SchedulerState:
         self._parked.clear()
 
     def _set_running(self, job: RunningJob) -> None:
+        before = self._running.get(job.job_id)
         self._running[job.job_id] = job
-        key = (job.team, job.flavor)
-        jobs = self._running_by.get(key, ())
-        self._running_by[key] = (*(j for j in jobs if j.job_id != job.job_id), job)
+        self._running_by.put(job, before)
 
     def _end(self, job_id: str) -> RunningJob | None:
         job = self._running.pop(job_id, None)
         if job is None:
             return None
-        key = (job.team, job.flavor)
-        left = tuple(j for j in self._running_by.get(key, ()) if j.job_id != job_id)
-        if left:
-            self._running_by[key] = left
-        else:
-            self._running_by.pop(key, None)
+        self._running_by.remove(job)
         if job.hold != NO_HOLD:
             self._holds[job.team] = self._holds.get(job.team, NO_HOLD) - job.hold
         self._count_preemptible(job, -1)
