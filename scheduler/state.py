@@ -88,6 +88,7 @@ class SchedulerState:
         self.prices = prices
         self.half_life_us = half_life_us
         self._home: dict[str, tuple[str, Flavor]] = {}  # every GPU known: its node and flavor
+        self._known: Counter[Flavor] = Counter()  # GPUs of `_home` per flavor, kept with it
         self._placeable: frozenset[str] = frozenset()
         self._held_as: dict[str, tuple[str, Flavor]] = {}  # a held GPU: where it was assigned
         self._free: dict[Flavor, dict[str, tuple[str, ...]]] = {}
@@ -117,7 +118,7 @@ class SchedulerState:
         totals: dict[Flavor, int] = {}
         for node in fleet.nodes.values():
             for uuid in node.gpu_uuids:
-                self._home[uuid] = (node.name, node.flavor)
+                self._set_home(uuid, (node.name, node.flavor))
             idle = tuple(sorted(u for u in node.gpu_uuids if u not in self._holder))
             per_node = free.setdefault(node.flavor, {})
             if idle:
@@ -130,7 +131,14 @@ class SchedulerState:
 
     def known_flavors(self) -> frozenset[Flavor]:
         """The (pool, model) of every GPU ever known, placeable now or not."""
-        return frozenset(flavor for _, flavor in self._home.values())
+        return frozenset(flavor for flavor, count in self._known.items() if count)
+
+    def _set_home(self, uuid: str, home: tuple[str, Flavor]) -> None:
+        before = self._home.get(uuid)
+        if before is not None:
+            self._known[before[1]] -= 1
+        self._home[uuid] = home
+        self._known[home[1]] += 1
 
     # ------------------------------------------------------------------ queries
 
@@ -357,7 +365,10 @@ class SchedulerState:
             raise StateError(f"GPU {uuid} assigned to {event.job_id}, held by {holder}")
         # A GPU the inventory has not (yet) named, e.g. while the jobs topic is replayed, is
         # where the event says it is.
-        home = self._home.setdefault(uuid, (event.node, Flavor(event.pool, event.model)))
+        home = self._home.get(uuid)
+        if home is None:
+            home = (event.node, Flavor(event.pool, event.model))
+            self._set_home(uuid, home)
         node, flavor = home
         free = self._free.get(flavor, {})
         if uuid in free.get(node, ()):
