@@ -169,6 +169,8 @@ class SchedulerService:
     async def _publish(self, deadline_s: float) -> bool:
         """Publish the dispatcher's outbox in order, retrying with backoff for `deadline_s`;
         True once all of it is acknowledged, False (the rest back in the outbox) if not."""
+        if self.dispatcher.works.unsynced:  # the fsyncs of submitted work, off the loop
+            await asyncio.to_thread(self.dispatcher.works.sync)
         pending = self.dispatcher.take_outbox()
         delay = 0.1
         started = time.monotonic()
