@@ -64,6 +64,7 @@ class Load:
     api_s: list[float] = field(default_factory=list)
     errors: int = 0
     seconds: float = 0.0
+    cpu_s: float = 0.0  # this process's CPU time while the clients ran
 
 
 def _config(tmp: Path, bootstrap: str, port: int) -> Path:
@@ -131,9 +132,11 @@ async def _client(
 async def _load(api: str, rate: float, seconds: float) -> Load:
     load = Load()
     started = time.monotonic()
+    cpu = time.process_time()
     until = started + seconds
     await asyncio.gather(*(_client(i, api, rate, until, load, started) for i in range(CLIENTS)))
     load.seconds = time.monotonic() - started
+    load.cpu_s = time.process_time() - cpu
     return load
 
 
@@ -257,6 +260,8 @@ def _figures(
     base_s2s = _latencies(base, base_started)
     decide = [1000 * s for s in stats["decide_s"]]
     enact = [1000 * s for s in stats["enact_s"]]
+    tick = [1000 * s for s in stats["tick_s"]]
+    publish = [1000 * s for s in stats["publish_s"]]
     rate = len(load.sent_us) / load.seconds
     rss_mib = stats["max_rss_kib"] / 1024
     progress(
@@ -264,7 +269,11 @@ def _figures(
         f"({len(s2s):,} started); API p50 {_pct(load.api_s, 50) * 1000:.1f} ms p99 "
         f"{_pct(load.api_s, 99) * 1000:.1f} ms; {len(decide)} ticks, decide p50 "
         f"{_pct(decide, 50):.1f} ms p99 {_pct(decide, 99):.1f} ms, enact p50 "
-        f"{_pct(enact, 50):.1f} ms p99 {_pct(enact, 99):.1f} ms; scheduler RSS {rss_mib:.0f} MiB"
+        f"{_pct(enact, 50):.1f} ms p99 {_pct(enact, 99):.1f} ms, whole tick p50 "
+        f"{_pct(tick, 50):.1f} ms p99 {_pct(tick, 99):.1f} ms ({sum(tick) / 1000:.1f} s under "
+        f"the lock in all); {len(publish)} publishes p50 {_pct(publish, 50):.1f} ms p99 "
+        f"{_pct(publish, 99):.1f} ms; scheduler CPU {stats['cpu_s']:.1f} s, load clients' CPU "
+        f"{load.cpu_s:.1f} s over {load.seconds:.1f} s; scheduler RSS {rss_mib:.0f} MiB"
     )
     light = f"{BASELINE_RATE} submits/s"
     note = (
@@ -312,5 +321,16 @@ def _figures(
             note="the whole run (baseline and load): cycles plus the executor's news",
         ),
         Figure(BENCH, "tick enact p99", _pct(enact, 99), "ms", "p50", _pct(enact, 50), False),
+        Figure(
+            BENCH,
+            "whole tick p99",
+            _pct(tick, 99),
+            "ms",
+            "p50",
+            _pct(tick, 50),
+            False,
+            note="decide → publish → enact, all under the service lock that submits wait for",
+        ),
+        Figure(BENCH, "publish call p99", _pct(publish, 99), "ms", "p50", _pct(publish, 50), False),
         Figure(BENCH, "scheduler peak RSS", rss_mib, "MiB", higher_is_better=False),
     ]
