@@ -24,7 +24,7 @@ candidates in preference order until J fits and then drops every victim J fits w
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -33,7 +33,7 @@ from scheduler.admission import Workspace
 from scheduler.model import Flavor, Policy, RunningJob
 from scheduler.ordering import Nomination
 from scheduler.quota import QuotaCheck, QuotaOutcome, check_quota
-from scheduler.running_index import VictimKey
+from scheduler.running_index import Ranked, VictimKey
 from scheduler.topology import REQUIRED, place_gang
 
 
@@ -53,7 +53,28 @@ class _Candidate(NamedTuple):
     borrower: bool  # eligible only while its team still borrows
 
 
-def _candidates(n: Nomination, flavor: Flavor, ws: Workspace, policy: Policy) -> list[_Candidate]:
+class _Candidates:
+    """Every candidate in preference order, as the index's (key, job) pairs: a `_Candidate` is
+    made only for the pairs a plan looks at (a cohort's reclaim may offer thousands)."""
+
+    __slots__ = ("labels", "ranked")
+
+    def __init__(self, ranked: list[Ranked], labels: dict[str, tuple[PreemptReason, bool]]):
+        self.ranked = ranked
+        self.labels = labels  # per team: the reason and borrower flag of its jobs within budget
+
+    def make(self, pair: Ranked) -> _Candidate:
+        key, job = pair
+        if job.over_budget:
+            return _Candidate(key, job, PreemptReason.OVER_BUDGET, False)
+        reason, borrower = self.labels[job.team]
+        return _Candidate(key, job, reason, borrower)
+
+    def __iter__(self) -> Iterator[_Candidate]:
+        return map(self.make, self.ranked)
+
+
+def _candidates(n: Nomination, flavor: Flavor, ws: Workspace, policy: Policy) -> _Candidates:
     book = ws.snap.quotas
     team = n.spec.team
     cohort = book.cohort_of(team)
@@ -66,34 +87,38 @@ def _candidates(n: Nomination, flavor: Flavor, ws: Workspace, policy: Policy) ->
         if cohort is not None:
             teams = book.members.get((cohort, flavor), teams)
     removed = ws.removed
-    found: list[_Candidate] = []
+    found: list[Ranked] = []
+    labels: dict[str, tuple[PreemptReason, bool]] = {}
     for other in teams:
         own = not policy.enforce_quota or other == team
         borrowing = False
         if not own:
             q = book.quota[(other, flavor)]
             borrowing = ws.used(other, flavor) > q.nominal
-        # each team's jobs come in preference order: over-budget ones first, then by priority
-        for key, job in ws.victims_of(other, flavor):
-            if removed and key[4] in removed:
-                continue  # preempted earlier in this cycle
-            if job.over_budget:
-                found.append(_Candidate(key, job, PreemptReason.OVER_BUDGET, False))
-            elif own or not borrowing:
-                if own and job.priority < n.priority:
-                    found.append(_Candidate(key, job, PreemptReason.HIGHER_PRIORITY, False))
-                else:
-                    break  # no later job of this team is lower priority, or over budget
-            elif within_nominal:
-                found.append(_Candidate(key, job, PreemptReason.RECLAIM_LENT_QUOTA, True))
-            elif job.priority < n.priority:
-                found.append(_Candidate(key, job, PreemptReason.HIGHER_PRIORITY, True))
-            else:
-                break
+        ranked = ws.victims_of(other, flavor)
+        # A team's jobs come in preference order, over-budget ones first, then by priority, so
+        # its candidates are a prefix: all of them (a borrower whose quota J reclaims), or the
+        # over-budget ones and then those of lower priority than J (its own team's, a
+        # borrower's), or the over-budget ones only.
+        if borrowing and within_nominal:
+            labels[other] = (PreemptReason.RECLAIM_LENT_QUOTA, True)
+            cut = len(ranked)
+        else:
+            labels[other] = (PreemptReason.HIGHER_PRIORITY, borrowing)
+            lower = own or borrowing
+            cut = 0
+            for _, job in ranked:
+                if not job.over_budget and not (lower and job.priority < n.priority):
+                    break
+                cut += 1
+        if removed:  # preempted earlier in this cycle
+            found.extend(p for p in ranked[:cut] if p[0][4] not in removed)
+        else:
+            found.extend(ranked[:cut])
     # preference (`victim_key`): over-budget first, then lowest priority, then most recently
     # started; the keys are unique (they end in the job id), so the order is total
     found.sort()
-    return found
+    return _Candidates(found, labels)
 
 
 def _need(n: Nomination, flavor: Flavor, quota: QuotaCheck, ws: Workspace, policy: Policy) -> int:
@@ -179,9 +204,10 @@ def _top_sum(sizes: Counter[int], count: int) -> int:
     return total
 
 
-def _fewest(candidates: Sequence[_Candidate], need: int) -> list[_Candidate] | None:
+def _fewest(candidates: _Candidates, need: int) -> list[_Candidate] | None:
     """The minimum number of candidates whose GPUs cover `need`, chosen in preference order."""
-    sizes = sorted((len(c.job.gpus) for c in candidates), reverse=True)
+    ranked = candidates.ranked
+    sizes = sorted([len(job.gpus) for _, job in ranked], reverse=True)
     covered, k = 0, 0
     for size in sizes:
         if covered >= need:
@@ -193,11 +219,11 @@ def _fewest(candidates: Sequence[_Candidate], need: int) -> list[_Candidate] | N
     remaining = Counter(sizes)
     picked: list[_Candidate] = []
     total = 0
-    for c in candidates:
-        size = len(c.job.gpus)
+    for pair in ranked:
+        size = len(pair[1].gpus)
         remaining[size] -= 1
         if total + size + _top_sum(remaining, k - len(picked) - 1) >= need:
-            picked.append(c)
+            picked.append(candidates.make(pair))
             total += size
             if len(picked) == k:
                 break
@@ -233,7 +259,7 @@ def plan_preemption(
     if quota.outcome is QuotaOutcome.NO_QUOTA or not worth_trying(n, flavor, ws, policy):
         return None
     candidates = _candidates(n, flavor, ws, policy)
-    if not candidates:
+    if not candidates.ranked:
         return None
     need = _need(n, flavor, quota, ws, policy)
     fewest = _fewest(candidates, need)
