@@ -25,7 +25,7 @@ Admission takes the GPUs in the cycle's `Workspace`, so later jobs see them take
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ledger.fractional import share_parent
@@ -61,6 +61,7 @@ from scheduler.quota import (
     over,
     spare,
 )
+from scheduler.running_index import Ranked, victim_key
 from scheduler.snapshot import ClusterSnapshot
 from scheduler.topology import REQUIRED, largest_group, place_gang, unmet_detail
 
@@ -81,7 +82,17 @@ class Workspace:
     is never modified (free-GPU maps are copied the first time a flavor is touched).
     """
 
-    __slots__ = ("_cohorts", "_free", "_holds", "_loads", "_totals", "_usage", "removed", "snap")
+    __slots__ = (
+        "_cohorts",
+        "_free",
+        "_holds",
+        "_loads",
+        "_totals",
+        "_usage",
+        "_victims",
+        "removed",
+        "snap",
+    )
 
     def __init__(self, snap: ClusterSnapshot) -> None:
         self.snap = snap
@@ -91,6 +102,7 @@ class Workspace:
         self._holds: dict[str, Holds] = {}
         self._cohorts: dict[tuple[str, Flavor], list[int]] = {}  # [Σ over, Σ spare], kept current
         self._loads: dict[Flavor, dict[str, tuple[str, int]]] = {}  # GPUs running shares
+        self._victims: dict[tuple[str, Flavor], list[Ranked]] = {}
         self.removed: set[str] = set()
 
     def used(self, team: str, flavor: Flavor) -> int:
@@ -207,6 +219,19 @@ class Workspace:
         """The team's running jobs in a flavor, less those preempted in this cycle."""
         jobs = self.snap.running.get((team, flavor), ())
         return [j for j in jobs if j.job_id not in self.removed]
+
+    def victims_of(self, team: str, flavor: Flavor) -> Sequence[Ranked]:
+        """The team's preemptible running jobs in a flavor, each with its `victim_key`, in
+        that order — including those preempted in this cycle (`removed`)."""
+        key = (team, flavor)
+        indexed = self.snap.victims
+        if indexed is not None:
+            return indexed.get(key, ())
+        found = self._victims.get(key)
+        if found is None:
+            jobs = self.snap.running.get(key, ())
+            found = self._victims[key] = sorted((victim_key(j), j) for j in jobs if j.preemptible)
+        return found
 
 
 # ---------------------------------------------------------------------------- nominate

@@ -156,6 +156,7 @@ class Dispatcher:
         self.outbox.append(hold_message(event, self._next_seq()))
 
     def take_outbox(self) -> list[Outgoing]:
+        self.works.sync()  # the submitted jobs' work is on disk before their events go out
         out, self.outbox = self.outbox, []
         return out
 

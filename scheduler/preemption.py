@@ -24,14 +24,16 @@ candidates in preference order until J fits and then drops every victim J fits w
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ledger.job_events import PreemptReason
 from scheduler.admission import Workspace
 from scheduler.model import Flavor, Policy, RunningJob
 from scheduler.ordering import Nomination
 from scheduler.quota import QuotaCheck, QuotaOutcome, check_quota
+from scheduler.running_index import Ranked, VictimKey
 from scheduler.topology import REQUIRED, place_gang
 
 
@@ -41,14 +43,38 @@ class Victim:
     reason: PreemptReason
 
 
-@dataclass(frozen=True, slots=True)
-class _Candidate:
+class _Candidate(NamedTuple):
+    """A job preemption may stop, by its preference key (a tuple: cheap to make and to sort,
+    which matters when every running job of a cohort is a candidate)."""
+
+    key: VictimKey
     job: RunningJob
     reason: PreemptReason
     borrower: bool  # eligible only while its team still borrows
 
 
-def _candidates(n: Nomination, flavor: Flavor, ws: Workspace, policy: Policy) -> list[_Candidate]:
+class _Candidates:
+    """Every candidate in preference order, as the index's (key, job) pairs: a `_Candidate` is
+    made only for the pairs a plan looks at (a cohort's reclaim may offer thousands)."""
+
+    __slots__ = ("labels", "ranked")
+
+    def __init__(self, ranked: list[Ranked], labels: dict[str, tuple[PreemptReason, bool]]):
+        self.ranked = ranked
+        self.labels = labels  # per team: the reason and borrower flag of its jobs within budget
+
+    def make(self, pair: Ranked) -> _Candidate:
+        key, job = pair
+        if job.over_budget:
+            return _Candidate(key, job, PreemptReason.OVER_BUDGET, False)
+        reason, borrower = self.labels[job.team]
+        return _Candidate(key, job, reason, borrower)
+
+    def __iter__(self) -> Iterator[_Candidate]:
+        return map(self.make, self.ranked)
+
+
+def _candidates(n: Nomination, flavor: Flavor, ws: Workspace, policy: Policy) -> _Candidates:
     book = ws.snap.quotas
     team = n.spec.team
     cohort = book.cohort_of(team)
@@ -60,36 +86,39 @@ def _candidates(n: Nomination, flavor: Flavor, ws: Workspace, policy: Policy) ->
         within_nominal = ws.used(team, flavor) + n.spec.gpus <= book.quota[(team, flavor)].nominal
         if cohort is not None:
             teams = book.members.get((cohort, flavor), teams)
-    found: list[_Candidate] = []
+    removed = ws.removed
+    found: list[Ranked] = []
+    labels: dict[str, tuple[PreemptReason, bool]] = {}
     for other in teams:
+        own = not policy.enforce_quota or other == team
         borrowing = False
-        if policy.enforce_quota and other != team:
+        if not own:
             q = book.quota[(other, flavor)]
             borrowing = ws.used(other, flavor) > q.nominal
-        for job in ws.running_of(other, flavor):
-            if not job.preemptible:
-                continue
-            lower = job.priority < n.priority
-            if job.over_budget:
-                found.append(_Candidate(job, PreemptReason.OVER_BUDGET, False))
-            elif not policy.enforce_quota or other == team:
-                if lower:
-                    found.append(_Candidate(job, PreemptReason.HIGHER_PRIORITY, False))
-            elif borrowing and within_nominal:
-                found.append(_Candidate(job, PreemptReason.RECLAIM_LENT_QUOTA, True))
-            elif borrowing and lower:
-                found.append(_Candidate(job, PreemptReason.HIGHER_PRIORITY, True))
-    # preference: over-budget first, then lowest priority, then most recently started
-    found.sort(
-        key=lambda c: (
-            not c.job.over_budget,
-            c.job.priority,
-            -c.job.since_us,
-            -c.job.spec.submit_us,
-            c.job.job_id,
-        )
-    )
-    return found
+        ranked = ws.victims_of(other, flavor)
+        # A team's jobs come in preference order, over-budget ones first, then by priority, so
+        # its candidates are a prefix: all of them (a borrower whose quota J reclaims), or the
+        # over-budget ones and then those of lower priority than J (its own team's, a
+        # borrower's), or the over-budget ones only.
+        if borrowing and within_nominal:
+            labels[other] = (PreemptReason.RECLAIM_LENT_QUOTA, True)
+            cut = len(ranked)
+        else:
+            labels[other] = (PreemptReason.HIGHER_PRIORITY, borrowing)
+            lower = own or borrowing
+            cut = 0
+            for _, job in ranked:
+                if not job.over_budget and not (lower and job.priority < n.priority):
+                    break
+                cut += 1
+        if removed:  # preempted earlier in this cycle
+            found.extend(p for p in ranked[:cut] if p[0][4] not in removed)
+        else:
+            found.extend(ranked[:cut])
+    # preference (`victim_key`): over-budget first, then lowest priority, then most recently
+    # started; the keys are unique (they end in the job id), so the order is total
+    found.sort()
+    return _Candidates(found, labels)
 
 
 def _need(n: Nomination, flavor: Flavor, quota: QuotaCheck, ws: Workspace, policy: Policy) -> int:
@@ -175,9 +204,10 @@ def _top_sum(sizes: Counter[int], count: int) -> int:
     return total
 
 
-def _fewest(candidates: Sequence[_Candidate], need: int) -> list[_Candidate] | None:
+def _fewest(candidates: _Candidates, need: int) -> list[_Candidate] | None:
     """The minimum number of candidates whose GPUs cover `need`, chosen in preference order."""
-    sizes = sorted((len(c.job.gpus) for c in candidates), reverse=True)
+    ranked = candidates.ranked
+    sizes = sorted([len(job.gpus) for _, job in ranked], reverse=True)
     covered, k = 0, 0
     for size in sizes:
         if covered >= need:
@@ -189,11 +219,11 @@ def _fewest(candidates: Sequence[_Candidate], need: int) -> list[_Candidate] | N
     remaining = Counter(sizes)
     picked: list[_Candidate] = []
     total = 0
-    for c in candidates:
-        size = len(c.job.gpus)
+    for pair in ranked:
+        size = len(pair[1].gpus)
         remaining[size] -= 1
         if total + size + _top_sum(remaining, k - len(picked) - 1) >= need:
-            picked.append(c)
+            picked.append(candidates.make(pair))
             total += size
             if len(picked) == k:
                 break
@@ -229,7 +259,7 @@ def plan_preemption(
     if quota.outcome is QuotaOutcome.NO_QUOTA or not worth_trying(n, flavor, ws, policy):
         return None
     candidates = _candidates(n, flavor, ws, policy)
-    if not candidates:
+    if not candidates.ranked:
         return None
     need = _need(n, flavor, quota, ws, policy)
     fewest = _fewest(candidates, need)

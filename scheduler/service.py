@@ -10,7 +10,9 @@ It is three layers, each testable without the next:
 - `SchedulerService` (here, asyncio): one lock around decide → publish → enact. A decision
   reaches the executor only after the broker acknowledged its events, so what runs is on the
   topic (unless the broker refused a message for its content: see Errors); submit and cancel
-  answer once their events are published;
+  answer once their events are published (submits that arrive together are published
+  together: each adds its event under the lock, then the first to take the lock again
+  publishes the outbox for all);
 - `run_service` (here): the Kafka adapters (`scheduler.kafka`) and the API server around it.
 
 Monitoring goes through the `SchedulerObserver` port (`scheduler.ports`): admissions and
@@ -173,6 +175,8 @@ class SchedulerService:
     async def _publish(self, deadline_s: float) -> bool:
         """Publish the dispatcher's outbox in order, retrying with backoff for `deadline_s`;
         True once all of it is acknowledged, False (the rest back in the outbox) if not."""
+        if self.dispatcher.works.unsynced:  # the fsyncs of submitted work, off the loop
+            await asyncio.to_thread(self.dispatcher.works.sync)
         pending = self.dispatcher.take_outbox()
         delay = 0.1
         started = time.monotonic()
@@ -341,6 +345,10 @@ class SchedulerService:
                 self._report(())
             else:
                 job_id = earlier
+        # Group commit: the submits that queued for the lock meanwhile are in the outbox too,
+        # and the first of them to get it back publishes them all in one round trip; the rest
+        # find an empty outbox (their messages acknowledged) and answer at once.
+        async with self.lock:
             published = await self._commit((), self.publish_timeout_s)
         self.wake()
         return Accepted(self.dispatcher.records[job_id], published, replayed=earlier is not None)

@@ -54,7 +54,8 @@ class CycleSample:
     pending: int  # jobs pending when the cycle started
     decisions: int
     admitted: int
-    seconds: float
+    seconds: float  # wall clock
+    cpu_seconds: float = 0.0  # this thread's CPU time: what other processes' load does not add
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,12 +224,15 @@ class Simulation:
             pending = state.pending_count
             if not pending:
                 return
-            started = time.perf_counter() if self.time_cycles else 0.0
+            timed = self.time_cycles
+            started = time.perf_counter() if timed else 0.0
+            cpu = time.thread_time() if timed else 0.0
             result = run_cycle(state.snapshot(now_us, policy.heads_per_queue), policy)
             self._apply(result.events)
-            seconds = time.perf_counter() - started if self.time_cycles else 0.0
+            seconds = time.perf_counter() - started if timed else 0.0
+            cpu = time.thread_time() - cpu if timed else 0.0
             self.report.cycles.append(
-                CycleSample(pending, result.decisions, len(result.admitted), seconds)
+                CycleSample(pending, result.decisions, len(result.admitted), seconds, cpu)
             )
             self.report.preemptions += len(result.preempted)
             if not result.admitted and not result.preempted:

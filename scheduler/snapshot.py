@@ -17,6 +17,7 @@ from ledger.pricing import PriceBook
 from scheduler.errors import ConfigError
 from scheduler.model import Balance, Flavor, Holds, Node, PendingJob, Queue, RunningJob
 from scheduler.quota import QuotaBook
+from scheduler.running_index import Ranked
 from scheduler.topology import GpuPlace
 
 
@@ -91,6 +92,9 @@ class ClusterSnapshot:
     # are over-budget borrowers (None: not known; preemption then looks at every job)
     lowest_preemptible: Mapping[Flavor, int] | None = None
     over_budget_running: Mapping[Flavor, int] | None = None
+    # per (team, flavor): the preemptible running jobs with their `victim_key`, in that order
+    # (None: not indexed; preemption then sorts `running` itself)
+    victims: Mapping[tuple[str, Flavor], tuple[Ranked, ...]] | None = None
 
     def free_in(self, flavor: Flavor) -> FreeGpus:
         return self.free.get(flavor, NO_FREE)

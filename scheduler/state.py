@@ -60,6 +60,7 @@ from scheduler.model import (
     Team,
 )
 from scheduler.quota import QuotaBook
+from scheduler.running_index import RunningIndex
 from scheduler.snapshot import ClusterSnapshot, Fleet, FreeGpus, heads
 
 BacklogKey = tuple[int, int, str]  # (−priority, submit time, job id)
@@ -93,6 +94,7 @@ class SchedulerState:
         self.prices = prices
         self.half_life_us = half_life_us
         self._home: dict[str, tuple[str, Flavor]] = {}  # every GPU known: its node and flavor
+        self._known: Counter[Flavor] = Counter()  # GPUs of `_home` per flavor, kept with it
         self._placeable: frozenset[str] = frozenset()
         self._held_as: dict[str, tuple[str, Flavor]] = {}  # a held GPU: where it was assigned
         self._free: dict[Flavor, dict[str, tuple[str, ...]]] = {}
@@ -103,7 +105,7 @@ class SchedulerState:
         self._backlogs: dict[tuple[str, str], list[BacklogKey]] = {}
         self._pending: dict[str, PendingJob] = {}
         self._running: dict[str, RunningJob] = {}
-        self._running_by: dict[tuple[str, Flavor], tuple[RunningJob, ...]] = {}
+        self._running_by = RunningIndex()
         self._done: set[str] = set()
         self._parked: set[str] = set()  # pending, but out of the backlogs: they can never run
         self._holds: dict[str, Holds] = {}
@@ -123,7 +125,7 @@ class SchedulerState:
         totals: dict[Flavor, int] = {}
         for node in fleet.nodes.values():
             for uuid in node.gpu_uuids:
-                self._home[uuid] = (node.name, node.flavor)
+                self._set_home(uuid, (node.name, node.flavor))
             idle = tuple(sorted(u for u in node.gpu_uuids if u not in self._holder))
             per_node = free.setdefault(node.flavor, {})
             if idle:
@@ -136,7 +138,14 @@ class SchedulerState:
 
     def known_flavors(self) -> frozenset[Flavor]:
         """The (pool, model) of every GPU ever known, placeable now or not."""
-        return frozenset(flavor for _, flavor in self._home.values())
+        return frozenset(flavor for flavor, count in self._known.items() if count)
+
+    def _set_home(self, uuid: str, home: tuple[str, Flavor]) -> None:
+        before = self._home.get(uuid)
+        if before is not None:
+            self._known[before[1]] -= 1
+        self._home[uuid] = home
+        self._known[home[1]] += 1
 
     # ------------------------------------------------------------------ queries
 
@@ -212,7 +221,8 @@ class SchedulerState:
             fleet=self.fleet,
             free={f: FreeGpus(dict(nodes), self._free_total[f]) for f, nodes in self._free.items()},
             usage=dict(self._usage),
-            running=dict(self._running_by),
+            running=self._running_by.running(),
+            victims=self._running_by.victims(),
             heads=picked,
             balances=dict(self._balances),
             holds=dict(self._holds),
@@ -303,21 +313,15 @@ class SchedulerState:
         self._parked.clear()
 
     def _set_running(self, job: RunningJob) -> None:
+        before = self._running.get(job.job_id)
         self._running[job.job_id] = job
-        key = (job.team, job.flavor)
-        jobs = self._running_by.get(key, ())
-        self._running_by[key] = (*(j for j in jobs if j.job_id != job.job_id), job)
+        self._running_by.put(job, before)
 
     def _end(self, job_id: str) -> RunningJob | None:
         job = self._running.pop(job_id, None)
         if job is None:
             return None
-        key = (job.team, job.flavor)
-        left = tuple(j for j in self._running_by.get(key, ()) if j.job_id != job_id)
-        if left:
-            self._running_by[key] = left
-        else:
-            self._running_by.pop(key, None)
+        self._running_by.remove(job)
         if job.hold != NO_HOLD:
             self._holds[job.team] = self._holds.get(job.team, NO_HOLD) - job.hold
         self._count_preemptible(job, -1)
@@ -374,7 +378,10 @@ class SchedulerState:
             raise StateError(f"GPU {uuid} assigned to {event.job_id}, held by {holder}")
         # A GPU the inventory has not (yet) named, e.g. while the jobs topic is replayed, is
         # where the event says it is.
-        home = self._home.setdefault(uuid, (event.node, Flavor(event.pool, event.model)))
+        home = self._home.get(uuid)
+        if home is None:
+            home = (event.node, Flavor(event.pool, event.model))
+            self._set_home(uuid, home)
         node, flavor = home
         parent = share_parent(uuid)
         if parent is not None:

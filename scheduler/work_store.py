@@ -3,8 +3,11 @@
 - `WorkStore` (`work_dir/jobs/<job>.json`, mode 0600): each job's `Work`. Commands are not
   events (they are not the ledger's business and may carry secrets in their environment), so a
   restarted service finds them here. A job's work is written, atomically, before its
-  `JobSubmitted` is applied; a job whose work is missing fails with `executor_lost` instead of
-  starting.
+  `JobSubmitted` is applied, and is on disk (fsync) before that event is published: the
+  dispatcher syncs the store whenever its outbox is taken for publishing, every file written
+  since the last sync at once (concurrent fsyncs share the file system's journal commits, so
+  submits published together cost about one disk flush, not one each). A job whose work is
+  missing fails with `executor_lost` instead of starting.
 - `RunFiles` (`work_dir/runs/<job>.pid`): the process group of each local run, recorded while it
   runs and forgotten when its job stops running. After a restart, jobs the topic says are
   running but the executor does not know fail with `executor_lost` (retried per their queue),
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote
 
@@ -24,6 +28,16 @@ import orjson
 
 from scheduler.errors import SchedulerError
 from scheduler.ports import Work
+
+SYNC_THREADS = 16
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class WorkStore:
@@ -33,6 +47,7 @@ class WorkStore:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self._cache: dict[str, Work] = {}
+        self._unsynced: list[Path] = []
 
     def _path(self, job_id: str) -> Path:
         return self.dir / (quote(job_id, safe="") + ".json")
@@ -49,10 +64,24 @@ class WorkStore:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as out:
             out.write(orjson.dumps(data))
-            out.flush()
-            os.fsync(out.fileno())
         tmp.replace(path)
         self._cache[job_id] = work
+        self._unsynced.append(path)
+
+    @property
+    def unsynced(self) -> int:
+        """Files `put` and not yet synced."""
+        return len(self._unsynced)
+
+    def sync(self) -> None:
+        """fsync every file `put` since the last sync (before their jobs' events are
+        published), concurrently."""
+        paths, self._unsynced = self._unsynced, []
+        if len(paths) == 1:
+            _fsync(paths[0])
+        elif paths:
+            with ThreadPoolExecutor(min(SYNC_THREADS, len(paths))) as pool:
+                list(pool.map(_fsync, paths))
 
     def get(self, job_id: str) -> Work | None:
         found = self._cache.get(job_id)

@@ -12,7 +12,7 @@ from ledger.job_events import (
     WaitReason,
 )
 from scheduler.errors import ConfigError, SchedulerError, StateError
-from scheduler.model import Node, Policy, Quota, Team
+from scheduler.model import Flavor, Node, Policy, Quota, Team
 from scheduler.state import SchedulerState
 from tests.scheduler_builders import A100, T0_US, a_cluster, a_queue, a_spec, a_team, nodes
 
@@ -189,3 +189,12 @@ def test_a_new_fleet_keeps_held_gpus_held_and_frees_a_released_gpu_only_if_place
     state.set_fleet([Node("a100-00", A100.pool, A100.model, ("GPU-a100-00-0", "GPU-a100-00-1"))])
     assert state.free_total(A100) == 2 and state.placeable("GPU-a100-00-1")
     assert A100 in state.known_flavors()
+
+
+def test_known_flavors_follow_the_gpus_home_a_node_moved_to_another_pool_takes_its_flavor() -> None:
+    state = a_cluster(fleet=[Node("n0", "old", "A100", ("GPU-0", "GPU-1"))]).state
+    assert state.known_flavors() == {Flavor("old", "A100")}
+    state.set_fleet([Node("n0", "new", "A100", ("GPU-0", "GPU-1"))])  # the operator moved it
+    assert state.known_flavors() == {Flavor("new", "A100")}
+    state.apply(_assigned("GPU-9", job_id="replayed"))  # a GPU no inventory named yet
+    assert state.known_flavors() == {Flavor("new", "A100"), A100}

@@ -1,0 +1,336 @@
+"""End-to-end scheduler benchmark: submits through the HTTP API to `JobStarted`, on loopback.
+
+The system: a real tansu broker (`tally.broker.EmbeddedBroker`, as the `broker` test fixture
+starts it), the scheduler service in a child process (`scheduler_service_child`: what
+`tally scheduler run` runs, on the configured simulated fleet of `NODES` × 2 pools × 8 GPUs,
+fixed), and its local executor running each job as a real process (`true`: it exits at once,
+so its GPU is free again at the next tick). Load: `CLIENTS` concurrent API clients (one
+aiohttp session each, teams' tokens round-robin over three teams), each submitting 1-GPU jobs
+on its own schedule so that together they offer `RATE` submits/s for `LOAD_S` seconds (a client
+whose answer is late sends its next submit at once; nothing is dropped).
+
+Figures: submits/s the API took, API latency p50/p99 (request sent → answer), submit-to-start
+p50/p99 (request sent → the `JobStarted` on the `jobs` topic; both clocks are this machine's
+wall clock), the scheduler's tick times (decide: cycles and observing the executor; enact: the
+executor's starts and stops), and the scheduler process's peak RSS. Baseline: the same
+submit-to-start figures at `BASELINE_RATE` submits/s from as many clients (light load), run
+first against the same stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from ledger.job_events import JobStarted
+from scheduler.jobs_topic import decode_jobs_value
+from scheduler.kafka import read_topic
+from streams.kafka import ensure_topics
+from tally.broker import EmbeddedBroker, free_port
+from tally.config import parse_config
+from tests.benchmarks.harness import Figure, Progress
+from tests.conftest import child_env
+from tests.integration.support import pipeline_config
+
+BENCH = "scheduler e2e"
+CLIENTS = 100
+RATE = 1_000  # submits/s offered, all clients together
+LOAD_S = 10.0
+BASELINE_RATE = 50
+BASELINE_S = 4.0
+DRAIN_S = 60.0  # at most this long after the load for every accepted job to start
+NODES = 128  # per pool; two pools of 8-GPU nodes: 2,048 GPUs
+TEAMS = ("vision", "language", "search")
+PROJECTS = {"vision": "detection", "language": "pretraining", "search": "ranking"}
+TARGET_P99_S = 2.0
+
+
+@dataclass
+class Load:
+    sent_us: dict[str, int] = field(default_factory=dict)  # job → when its submit was sent
+    api_s: list[float] = field(default_factory=list)
+    errors: int = 0
+    seconds: float = 0.0
+    cpu_s: float = 0.0  # this process's CPU time while the clients ran
+
+
+def _config(tmp: Path, bootstrap: str, port: int) -> Path:
+    tokens = tmp / "tokens.yaml"
+    tokens.write_text(yaml.safe_dump({"teams": {t: f"{t}-bench-token-0123456789" for t in TEAMS}}))
+    data = pipeline_config(tmp, nodes=NODES, partitions=4)
+    data["broker"] = {"mode": "external", "bootstrap_servers": [bootstrap]}
+    data["quotas"] = [
+        {"team": t, "pool": p, "model": m, "nominal": NODES * 8}
+        for t in TEAMS
+        for p, m in (("a100", "A100"), ("h100", "H100"))
+    ]
+    data["queues"] = [{"name": "batch", "class": "training"}]
+    data["scheduler"] = {
+        "port": port,
+        "cycle_interval_s": 0.5,
+        "work_dir": str(tmp / "scheduler"),
+        "tokens": {"file": str(tokens), "admin_env": None},
+    }
+    path = tmp / "tally.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+async def _client(
+    index: int, api: str, rate: float, until: float, load: Load, started: float
+) -> None:
+    team = TEAMS[index % len(TEAMS)]
+    headers = {"Authorization": f"Bearer {team}-bench-token-0123456789"}
+    body = {
+        "project": PROJECTS[team],
+        "user": "bench",
+        "queue": "batch",
+        "gpus": 1,
+        "command": ["true"],
+        "estimated_runtime_s": 60,
+    }
+    every = CLIENTS / rate
+    next_at = started + index * every / CLIENTS
+    connector = aiohttp.TCPConnector(limit=1)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        while True:
+            now = time.monotonic()
+            if next_at >= until or now >= until:
+                return
+            if next_at > now:
+                await asyncio.sleep(next_at - now)
+            next_at += every
+            sent_us = time.time_ns() // 1000
+            began = time.perf_counter()
+            try:
+                async with session.post(f"{api}/v1/jobs", json=body, headers=headers) as answer:
+                    payload = await answer.json()
+                    ok = answer.status in (201, 202)
+            except (aiohttp.ClientError, TimeoutError):
+                ok, payload = False, None
+            load.api_s.append(time.perf_counter() - began)
+            if ok and payload is not None:
+                load.sent_us[payload["job"]["job_id"]] = sent_us
+            else:
+                load.errors += 1
+
+
+async def _load(api: str, rate: float, seconds: float) -> Load:
+    load = Load()
+    started = time.monotonic()
+    cpu = time.process_time()
+    until = started + seconds
+    await asyncio.gather(*(_client(i, api, rate, until, load, started) for i in range(CLIENTS)))
+    load.seconds = time.monotonic() - started
+    load.cpu_s = time.process_time() - cpu
+    return load
+
+
+async def _healthy(api: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            try:
+                async with session.get(f"{api}/v1/health") as answer:
+                    if answer.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    raise RuntimeError("the scheduler API did not answer")
+
+
+async def _starts(bootstrap: str, topic: str) -> dict[str, int]:
+    """The first `JobStarted` time of every job on the jobs topic."""
+    started: dict[str, int] = {}
+    for message in await read_topic(bootstrap, topic, "bench-e2e-reader"):
+        event = decode_jobs_value(message.value)
+        if isinstance(event, JobStarted):
+            started.setdefault(event.job_id, event.time_us)
+    return started
+
+
+async def _drain(bootstrap: str, topic: str, jobs: set[str], progress: Progress) -> dict[str, int]:
+    deadline = time.monotonic() + DRAIN_S
+    while True:
+        started = await _starts(bootstrap, topic)
+        left = len(jobs - set(started))
+        if not left or time.monotonic() > deadline:
+            if left:
+                progress(f"{left} accepted jobs had not started {DRAIN_S:.0f} s after the load")
+            return started
+        await asyncio.sleep(2.0)
+
+
+def _pct(values: list[float], q: int) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def _latencies(load: Load, started: dict[str, int]) -> list[float]:
+    return [(started[j] - t) / 1e6 for j, t in load.sent_us.items() if j in started]
+
+
+def run(progress: Progress) -> list[Figure]:
+    with tempfile.TemporaryDirectory(prefix="tally-bench-e2e-") as name:
+        tmp = Path(name)
+        broker = EmbeddedBroker(log_path=tmp / "broker.log").start()
+        child: subprocess.Popen[bytes] | None = None
+        try:
+            port = free_port()
+            path = _config(tmp, broker.bootstrap, port)
+            config = parse_config(yaml.safe_load(path.read_text()), str(path))
+            topics = config.topics
+            asyncio.run(
+                ensure_topics(broker.bootstrap, list(topics.all().values()), 4, [topics.balances])
+            )
+            stats_path = tmp / "stats.json"
+            argv = [
+                sys.executable,
+                "-m",
+                "tests.benchmarks.scheduler_service_child",
+                str(path),
+                broker.bootstrap,
+                str(stats_path),
+            ]
+            with (tmp / "scheduler.log").open("ab") as out:
+                child = subprocess.Popen(
+                    argv,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=child_env(),
+                    start_new_session=True,
+                )
+            api = f"http://127.0.0.1:{port}"
+            asyncio.run(_healthy(api, 60))
+            progress(f"stack up: broker, scheduler (pid {child.pid}), {NODES * 16:,} GPUs")
+            base = asyncio.run(_load(api, BASELINE_RATE, BASELINE_S))
+            base_started = asyncio.run(
+                _drain(broker.bootstrap, topics.jobs, set(base.sent_us), progress)
+            )
+            progress(f"baseline: {len(base.sent_us)} jobs at {BASELINE_RATE}/s")
+            load = asyncio.run(_load(api, RATE, LOAD_S))
+            progress(
+                f"load: {len(load.sent_us):,} accepted, {load.errors} refused or failed in "
+                f"{load.seconds:.1f} s"
+            )
+            accepted = set(load.sent_us)
+            started = asyncio.run(_drain(broker.bootstrap, topics.jobs, accepted, progress))
+        finally:
+            if child is not None and child.poll() is None:
+                os.killpg(child.pid, signal.SIGTERM)
+                try:
+                    child.wait(60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(child.pid, signal.SIGKILL)
+            broker.stop()
+        stats: dict[str, Any] = json.loads(stats_path.read_text()) if stats_path.exists() else {}
+        log_tail = (tmp / "scheduler.log").read_text(errors="replace")[-2000:]
+    if not stats:
+        raise RuntimeError(f"the scheduler wrote no statistics; its log ends:\n{log_tail}")
+    return _figures(load, started, base, base_started, stats, progress)
+
+
+def _figures(
+    load: Load,
+    started: dict[str, int],
+    base: Load,
+    base_started: dict[str, int],
+    stats: dict[str, Any],
+    progress: Progress,
+) -> list[Figure]:
+    s2s = _latencies(load, started)
+    base_s2s = _latencies(base, base_started)
+    decide = [1000 * s for s in stats["decide_s"]]
+    enact = [1000 * s for s in stats["enact_s"]]
+    tick = [1000 * s for s in stats["tick_s"]]
+    publish = [1000 * s for s in stats["publish_s"]]
+    rate = len(load.sent_us) / load.seconds
+    rss_mib = stats["max_rss_kib"] / 1024
+    progress(
+        f"submit→start p50 {_pct(s2s, 50):.3f} s p99 {_pct(s2s, 99):.3f} s "
+        f"({len(s2s):,} started); API p50 {_pct(load.api_s, 50) * 1000:.1f} ms p99 "
+        f"{_pct(load.api_s, 99) * 1000:.1f} ms; {len(decide)} ticks, decide p50 "
+        f"{_pct(decide, 50):.1f} ms p99 {_pct(decide, 99):.1f} ms, enact p50 "
+        f"{_pct(enact, 50):.1f} ms p99 {_pct(enact, 99):.1f} ms, whole tick p50 "
+        f"{_pct(tick, 50):.1f} ms p99 {_pct(tick, 99):.1f} ms ({sum(tick) / 1000:.1f} s under "
+        f"the lock in all); {len(publish)} publishes p50 {_pct(publish, 50):.1f} ms p99 "
+        f"{_pct(publish, 99):.1f} ms; scheduler CPU {stats['cpu_s']:.1f} s, load clients' CPU "
+        f"{load.cpu_s:.1f} s over {load.seconds:.1f} s; scheduler RSS {rss_mib:.0f} MiB"
+    )
+    light = f"{BASELINE_RATE} submits/s"
+    note = (
+        f"{CLIENTS} aiohttp clients offering {RATE:,} submits/s for {LOAD_S:.0f} s through the "
+        "API → tansu → scheduler (child process) → local executor (`true`) → JobStarted"
+    )
+    return [
+        Figure(BENCH, "submits/s taken", rate, "submits/s", "offered", RATE, note=note),
+        Figure(
+            BENCH,
+            "submit→start p50",
+            _pct(s2s, 50),
+            "s",
+            light,
+            _pct(base_s2s, 50),
+            higher_is_better=False,
+        ),
+        Figure(
+            BENCH,
+            "submit→start p99",
+            _pct(s2s, 99),
+            "s",
+            light,
+            _pct(base_s2s, 99),
+            higher_is_better=False,
+            target=f"< {TARGET_P99_S:.0f} s",
+        ),
+        Figure(
+            BENCH,
+            "API latency p99",
+            _pct(load.api_s, 99) * 1000,
+            "ms",
+            light,
+            _pct(base.api_s, 99) * 1000,
+            higher_is_better=False,
+        ),
+        Figure(
+            BENCH,
+            "tick decide p99",
+            _pct(decide, 99),
+            "ms",
+            "p50",
+            _pct(decide, 50),
+            higher_is_better=False,
+            note="the whole run (baseline and load): cycles plus the executor's news",
+        ),
+        Figure(BENCH, "tick enact p99", _pct(enact, 99), "ms", "p50", _pct(enact, 50), False),
+        Figure(
+            BENCH,
+            "whole tick p99",
+            _pct(tick, 99),
+            "ms",
+            "p50",
+            _pct(tick, 50),
+            False,
+            note="decide → publish → enact, all under the service lock that submits wait for",
+        ),
+        Figure(BENCH, "publish call p99", _pct(publish, 99), "ms", "p50", _pct(publish, 50), False),
+        Figure(BENCH, "scheduler peak RSS", rss_mib, "MiB", higher_is_better=False),
+    ]
