@@ -18,10 +18,12 @@ After every step that touched the store:
 At the end of every example the ledger is sealed, verified, and rebuilt from its archive, and
 the rebuild must equal it.
 
-Settings: 140 examples × 100 steps (TALLY_STATEFUL_EXAMPLES changes the examples), derandomized
-so CI is reproducible. Hypothesis ends a few examples early, so the test counts the steps that
-ran and requires 10,000 of the nominal 14,000 (about 11,000 run). Steps are kept cheap: most
-produce messages (no I/O); consuming, sealing, outages and the redelivery checks rest a few
+Settings: 75 examples × 100 steps (TALLY_STATEFUL_EXAMPLES changes the examples), derandomized
+so CI is reproducible. Hypothesis ends examples early at random (about 80 % of the nominal steps
+run: 6,064 of 7,500 at the default), so the test counts the steps that ran and requires five
+sevenths of the nominal (5,358 of 7,500; 10,000 of 14,000 at 140 examples): enough to catch a
+machine whose rules stopped running, with room for the random early ends. Steps are kept cheap:
+most produce messages (no I/O); consuming, sealing, outages and the redelivery checks rest a few
 steps after running; the invariants read the sealed segments again only when they changed.
 `test_the_machine_catches_*` break the ledger on purpose and require the machine to fail.
 """
@@ -629,7 +631,7 @@ def test_ledger_invariants_hold_under_a_random_life() -> None:
     TOTAL_STEPS["n"] = 0
     run_state_machine_as_test(LedgerMachine, settings=PROFILE)
     print(f"\n{TOTAL_STEPS['n']} steps in {EXAMPLES} examples")
-    required = 10_000 if EXAMPLES * STEPS >= 12_000 else 0.8 * EXAMPLES * STEPS
+    required = -(-EXAMPLES * STEPS * 5 // 7)  # five sevenths of the nominal, rounded up
     assert TOTAL_STEPS["n"] >= required, TOTAL_STEPS
 
 
