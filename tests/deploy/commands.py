@@ -111,6 +111,10 @@ def serves_outside(config: TallyConfig, command: TallyCommand) -> bool:
     return str(host) not in LOOPBACK
 
 
+# the commands that read or write the sealed ledger, so reach its object store when it has one
+STORE_USERS = frozenset({("worker",), ("dashboard",), ("admin", "apply")})
+
+
 def secret_variables(config: TallyConfig, command: TallyCommand) -> frozenset[str]:
     """The environment variables the process reads secrets from (its config's `*_env`
     fields), each of which must be set where it runs."""
@@ -127,6 +131,10 @@ def secret_variables(config: TallyConfig, command: TallyCommand) -> frozenset[st
         if tokens.file is None and tokens.admin_env:
             names.add(tokens.admin_env)
         names.update(tokens.team_env.values())
+    if config.ledger.segments_url is not None and command.path in STORE_USERS:
+        store = config.ledger.object_store
+        env_names = (store.access_key_id_env, store.secret_access_key_env, store.session_token_env)
+        names.update(v for v in env_names if v)
     if command.path == ("alerts", "run"):
         for sink in config.alerts.sinks:
             names.update(v for v in (sink.url_env, sink.secret_env) if v)

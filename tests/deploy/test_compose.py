@@ -1,7 +1,9 @@
 """deploy/compose/compose.yaml: valid against the Compose Specification's JSON schema
 (vendored in tests/fixtures/compose_spec, see its SOURCE.md), and every Tally service runs a
 command the real CLI accepts, with a configuration that passes `tally config check`, the
-secrets that configuration names, and a health check on the endpoint its process serves."""
+secrets that configuration names, and a health check on the endpoint its process serves; the
+sealed ledger lives on the MinIO service, which the readers pull from instead of sharing the
+worker's volume."""
 
 from __future__ import annotations
 
@@ -60,14 +62,13 @@ def test_the_schema_refuses_what_compose_refuses(compose: dict[str, Any]) -> Non
 
 def test_the_stack_has_kafka_in_kraft_mode_and_one_worker(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(TALLY_SERVICES) | {"kafka"} == set(services)
+    assert set(TALLY_SERVICES) | {"kafka", "minio", "bucket"} == set(services)
     kafka = services["kafka"]
     assert kafka["image"].startswith("apache/kafka:")
     assert "broker" in kafka["environment"]["KAFKA_PROCESS_ROLES"]
     assert "controller" in kafka["environment"]["KAFKA_PROCESS_ROLES"]
     assert "ZOOKEEPER" not in json.dumps(kafka).upper()
-    # several workers on one ledger are not built yet: one worker, no object storage
-    assert not any("minio" in name or "s3" in name for name in services)
+    # several workers on one ledger are not built yet: one worker
     assert "deploy" not in services["worker"] or services["worker"]["deploy"]["replicas"] == 1
 
 
@@ -134,15 +135,39 @@ def test_dashboard_health_check_and_port(compose: dict[str, Any]) -> None:
     assert f"127.0.0.1:{config.dashboard.port}:{config.dashboard.port}" in service["ports"]
 
 
-def test_readers_share_the_workers_ledger_volume(compose: dict[str, Any]) -> None:
+def _config_of(services: dict[str, Any], name: str) -> Any:
+    return config_check(tally_command(services[name]).config_file(mounts(services[name])))
+
+
+def test_the_sealed_ledger_lives_on_minio_and_no_volume_is_shared(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    worker = config_check(tally_command(services["worker"]).config_file(mounts(services["worker"])))
-    data_root = str(worker.ledger.data_dir.parent)
-    (ledger,) = [v for v in services["worker"]["volumes"] if v.endswith(f":{data_root}")]
-    volume = ledger.split(":")[0]
-    assert volume in compose["volumes"]
+    worker = _config_of(services, "worker")
+    url = urlsplit(worker.ledger.segments_url)
+    assert (url.scheme, worker.ledger.object_store.endpoint_url) == ("s3", "http://minio:9000")
+    bucket = services["bucket"]
+    assert f"mb --ignore-existing objects/{url.netloc}" in " ".join(bucket["command"])
+    assert bucket["depends_on"]["minio"]["condition"] == "service_healthy"
+    assert services["worker"]["depends_on"]["bucket"] == {
+        "condition": "service_completed_successfully"
+    }
+    minio = environment(services["minio"])
+    store = worker.ledger.object_store
     for reader in ("dashboard", "admin"):
-        assert f"{volume}:{data_root}:ro" in services[reader]["volumes"]
-    for name in ("dashboard", "admin", "alerts"):
-        config = config_check(tally_command(services[name]).config_file(mounts(services[name])))
-        assert config.ledger.data_dir == worker.ledger.data_dir
+        config = _config_of(services, reader)
+        assert (config.ledger.segments_url, config.ledger.data_dir) == (
+            worker.ledger.segments_url,
+            worker.ledger.data_dir,
+        )
+    # MinIO's user and password are the variables the object store's credentials name
+    assert minio["MINIO_ROOT_USER"].startswith("${" + store.access_key_id_env + ":?")
+    assert minio["MINIO_ROOT_PASSWORD"].startswith("${" + store.secret_access_key_env + ":?")
+    named = {
+        name: {v.split(":")[0] for v in services[name].get("volumes", []) if v[0] != "."}
+        for name in TALLY_SERVICES
+    }
+    for name, volumes in named.items():
+        assert volumes <= set(compose["volumes"]), name
+        for other, theirs in named.items():
+            assert other == name or not volumes & theirs, f"{name} and {other} share a volume"
+        mount = [v for v in services[name].get("volumes", []) if v.endswith(":ro")]
+        assert all(v.startswith("./") for v in mount), f"{name}: a read-only ledger volume"
