@@ -30,7 +30,7 @@ from datetime import UTC, tzinfo
 from ledger.alerts import Alert
 from ledger.balances import BudgetStatus
 from ledger.fleet_alerts import BudgetAlert, FleetKind, JobAlert, TeamIdleAlert
-from ledger.periods import Period
+from ledger.periods import Period, local_day_start
 
 DAY_US = 86_400_000_000
 
@@ -160,10 +160,6 @@ class IdleSpan:
     end_us: int | None = None
 
 
-def day_start(time_us: int) -> int:
-    return time_us - time_us % DAY_US
-
-
 Spans = Mapping[tuple[str, int], IdleSpan]  # by idle episode (GPU subject, since)
 
 
@@ -199,17 +195,29 @@ class TeamIdleMemory:
     fired: frozenset[tuple[str, int]] = frozenset()  # (team, day start)
 
 
+def idle_days(now_us: int, zone: tzinfo = UTC) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Yesterday and today in the ledger's time zone, as `[start, end)` µs (a day is 23 or 25
+    hours long where the clocks change)."""
+    today = local_day_start(now_us, zone)
+    yesterday = local_day_start(today - 1, zone)
+    tomorrow = local_day_start(today + DAY_US + DAY_US // 2, zone)
+    return (yesterday, today), (today, tomorrow)
+
+
 def team_idle_step(
-    memory: TeamIdleMemory, spans: Iterable[IdleSpan], now_us: int, threshold_gpu_ms: int
+    memory: TeamIdleMemory,
+    spans: Iterable[IdleSpan],
+    now_us: int,
+    threshold_gpu_ms: int,
+    zone: tzinfo = UTC,
 ) -> tuple[TeamIdleMemory, list[TeamIdleAlert]]:
-    """Alerts for teams over `threshold_gpu_ms` of idle GPU time today or yesterday (UTC) that
-    were not raised yet."""
+    """Alerts for teams over `threshold_gpu_ms` of idle GPU time today or yesterday (days of the
+    ledger's time zone `zone`) that were not raised yet."""
     listed = list(spans)
     fired = set(memory.fired)
     out: list[TeamIdleAlert] = []
-    today = day_start(now_us)
-    for start in (today - DAY_US, today):
-        for team, gpu_ms in sorted(idle_gpu_ms(listed, start, start + DAY_US, now_us).items()):
+    for start, end in idle_days(now_us, zone):
+        for team, gpu_ms in sorted(idle_gpu_ms(listed, start, end, now_us).items()):
             if gpu_ms > threshold_gpu_ms and (team, start) not in fired:
                 fired.add((team, start))
                 out.append(TeamIdleAlert(team, start, gpu_ms, threshold_gpu_ms, now_us))

@@ -125,9 +125,10 @@ class PendingAlertsConfig(Strict):
 
 class AlertRulesConfig(Strict):
     """`alerts.rules`: which alerts besides idle GPUs are raised. `budget: null` turns budget
-    alerts off; `team_idle_gpu_hours`: a team's allocated-but-idle GPU-hours in one UTC day
-    above which it is reported (none: off); `job_idle`: the scheduler reports jobs holding GPUs
-    idle past their queue's `idle_reclaim` allowance (queues that reclaim or alert)."""
+    alerts off; `team_idle_gpu_hours`: a team's allocated-but-idle GPU-hours in one day (of
+    the ledger's time zone) above which it is reported (none: off); `job_idle`: the
+    scheduler reports jobs holding GPUs idle past their queue's `idle_reclaim` allowance
+    (queues that reclaim or alert)."""
 
     budget: BudgetAlertsConfig | None = Field(default_factory=BudgetAlertsConfig)
     team_idle_gpu_hours: int | None = Field(None, ge=1, le=1_000_000)
@@ -135,11 +136,13 @@ class AlertRulesConfig(Strict):
     pending: PendingAlertsConfig = Field(default_factory=PendingAlertsConfig)
 
     def watch_rules(self, zone: tzinfo) -> WatchRules:
-        """What `tally alerts run` watches (budgets, in months of `zone`; team idle time)."""
+        """What `tally alerts run` watches (budgets, in months of `zone`; team idle time, in
+        days of `zone`)."""
         idle = self.team_idle_gpu_hours
         return WatchRules(
             self.budget.rules(zone) if self.budget is not None else None,
             None if idle is None else idle * MS_PER_HOUR,
+            zone,
         )
 
 

@@ -23,18 +23,19 @@ import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, tzinfo
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from ledger.alert_rules import (
-    DAY_US,
     BudgetMemory,
     BudgetRules,
     IdleSpan,
     TeamIdleMemory,
     budget_step,
     forget_before,
+    idle_days,
     team_idle_step,
     track_idle,
 )
@@ -59,10 +60,11 @@ log = logging.getLogger("tally.alerts")
 @dataclass(frozen=True, slots=True)
 class WatchRules:
     """`budget`: None turns budget alerts off; `team_idle_gpu_ms`: the daily allocated-but-idle
-    GPU time over which a team is reported (None: off)."""
+    GPU time over which a team is reported (None: off), days of the ledger's time zone `zone`."""
 
     budget: BudgetRules | None = field(default_factory=BudgetRules)
     team_idle_gpu_ms: int | None = None
+    zone: tzinfo = UTC
 
     @property
     def enabled(self) -> bool:
@@ -122,10 +124,12 @@ class AlertWatch:
         threshold = self.rules.team_idle_gpu_ms
         if threshold is None or not self.now_us:
             return []
+        zone = self.rules.zone
         self.idle_memory, raised = team_idle_step(
-            self.idle_memory, self.spans.values(), self.now_us, threshold
+            self.idle_memory, self.spans.values(), self.now_us, threshold, zone
         )
-        self.spans = forget_before(self.spans, self.now_us - self.now_us % DAY_US - DAY_US)
+        (yesterday, _), _ = idle_days(self.now_us, zone)
+        self.spans = forget_before(self.spans, yesterday)
         return raised
 
 

@@ -202,6 +202,22 @@ def test_a_team_over_the_daily_idle_threshold_is_reported_once_per_day():
     assert [(a.team, a.day_start_us) for a in next_day] == [("vision", D0 + DAY_US)]
 
 
+def test_a_team_s_idle_day_is_a_day_of_the_ledger_s_time_zone():
+    """In Asia/Shanghai a day starts at 16:00 UTC: idle time on both sides of UTC midnight is
+    one local day, and the alert names that day's start."""
+    from zoneinfo import ZoneInfo
+
+    shanghai = ZoneInfo("Asia/Shanghai")
+    local_midnight = D0 - 8 * HOUR  # 00:00 in Shanghai is 16:00 UTC the day before
+    spans = [IdleSpan("vision", D0 - 2 * HOUR, D0 + HOUR)]  # 22:00–01:00 UTC: 06:00–09:00 local
+    _, raised = team_idle_step(TeamIdleMemory(), spans, D0 + 2 * HOUR, 10_000_000, shanghai)
+    assert [(a.team, a.day_start_us, a.idle_gpu_ms) for a in raised] == [
+        ("vision", local_midnight, 10_800_000)
+    ]
+    _, in_utc = team_idle_step(TeamIdleMemory(), spans, D0 + 2 * HOUR, 10_000_000)
+    assert in_utc == []  # split at UTC midnight: 2 h and 1 h, neither day over the threshold
+
+
 @pytest.mark.parametrize(
     ("limits", "default", "expected"),
     [
