@@ -24,6 +24,7 @@ from ledger.errors import EventError, LedgerError
 from ledger.inventory import InventoryGpu, status_of
 from ledger.store.layout import SEGMENTS_DIR
 from ledger.store.side_files import load_inventory
+from ledger.topology import GpuTopology, topology_to_dict
 from tally.cli.admin import (
     actor_option,
     applied_admin,
@@ -56,6 +57,7 @@ HEADERS = [
     "memory_mib",
     "mig",
     "labels",
+    "topology",
     "driver",
     "cuda",
     "health",
@@ -70,6 +72,15 @@ HEADERS = [
 
 def _utc(time_us: int) -> str:
     return datetime.fromtimestamp(time_us / 1e6, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _topology(topology: GpuTopology, structured: bool) -> Any:
+    """Where the GPU sits: an object in JSON, `nvlink_domain=…,numa_node=…` as text (None: not
+    known)."""
+    known = topology_to_dict(topology)
+    if structured:
+        return known
+    return ",".join(f"{k}={v}" for k, v in known.items()) or None
 
 
 def inventory_rows(
@@ -91,6 +102,7 @@ def inventory_rows(
                 g.memory_total_bytes >> 20,
                 profiles if structured else ",".join(profiles) or None,
                 dict(g.labels) if structured else ",".join(f"{k}={v}" for k, v in g.labels) or None,
+                _topology(g.topology, structured),
                 g.driver_version,
                 g.cuda_version,
                 g.health.value,

@@ -93,7 +93,7 @@ CASES: dict[str, Case] = {
     ),
     "inventory list": case(
         "inventory list --data-dir {ledger}",
-        "node,index,uuid,pool,model,memory_mib,mig,labels,driver,cuda,health,health_reason,faults,"
+        "node,index,uuid,pool,model,memory_mib,mig,labels,topology,driver,cuda,health,health_reason,faults,"
         "cordoned,status,first_seen,last_seen",
         rows=0,  # the small ledger was fed samples, not inventory reports
     ),

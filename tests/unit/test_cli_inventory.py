@@ -15,6 +15,7 @@ from ledger.ingest import ConsumedMessage, Ingestor
 from ledger.inventory import encode_report
 from ledger.pricing import Price, PriceBook
 from ledger.store.hot import DuckDBStore
+from ledger.topology import GpuTopology
 from tally.cli import cli
 from tally.config import ConfigError, parse_config
 from tests.builders import T0_US, a_config_dict
@@ -29,7 +30,11 @@ def ledger(tmp_path):
     data = tmp_path / "ledger"
     now = time.time_ns() // 1000
     reports = [
-        a_report("node-01", a_gpu("GPU-0"), a_gpu("GPU-1", 1, mig_mode=True, mig=(a_mig_slice(),))),
+        a_report(
+            "node-01",
+            a_gpu("GPU-0", topology=GpuTopology(nvlink_domain="node-01/nvlink0", numa_node=1)),
+            a_gpu("GPU-1", 1, mig_mode=True, mig=(a_mig_slice(),)),
+        ),
         a_report("node-02", a_gpu("GPU-9", model="A100"), at_us=T0_US, pool="a100", labels=()),
     ]
     reports[0] = replace(reports[0], time_us=now)
@@ -61,10 +66,14 @@ def test_the_inventory_is_listed_with_each_gpus_status(ledger):
     ]
     assert rows[1]["mig"] == ["3g.40gb"] and rows[0]["labels"] == {"rack": "r1"}
     assert rows[0]["memory_mib"] == 80 * 1024 and rows[0]["health"] == "healthy"
+    assert rows[0]["topology"] == {"nvlink_domain": "node-01/nvlink0", "numa_node": 1}
+    assert rows[1]["topology"] == {}  # nothing known
 
     csv = invoke("--config", str(ledger), "-o", "csv", "--pool", "a100")
     assert csv.exit_code == 0 and csv.output.splitlines()[0].startswith("node,index,uuid,pool")
     assert [line.split(",")[2] for line in csv.output.splitlines()[1:]] == ["GPU-9"]
+    everything = invoke("--config", str(ledger), "-o", "csv").output
+    assert '"nvlink_domain=node-01/nvlink0,numa_node=1"' in everything.splitlines()[1]
     table = invoke("--config", str(ledger))
     assert table.exit_code == 0 and "NODE" in table.output and "stale" in table.output
     assert (
