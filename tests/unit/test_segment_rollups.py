@@ -22,6 +22,7 @@ from ledger.read import rollups
 from ledger.read.queries import time_bucket_sql
 from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
 from ledger.read.reports import ledger_money_total as money_total
+from ledger.read.statements import team_statement
 from ledger.store.hot import DuckDBStore
 from ledger.store.identity import IDENTITY_NAME, IDENTITY_VERSION
 from ledger.store.layout import SEGMENTS_DIR, sql_list
@@ -180,6 +181,7 @@ READS: dict[str, Callable[[ReportQueries], Any]] = {
     "budget-burn-mid-hour": lambda q: rollups.budget_burn(q, PERIOD, END_US - 1_234_567, "vision"),
     "job-costs": lambda q: rollups.job_costs(q, TEAM),
     "team-budget": lambda q: rollups.team_budget(q, "vision"),
+    "team-statement-weighted": lambda q: team_statement(q, "vision", PERIOD, "USD", "weighted"),
     "daily-usage": lambda q: rollups.daily_usage(q, None, None),
     "usage-trend": lambda q: rollups.usage_trend(q, H100, None, 28, 4),
     "usage-trend-pool": lambda q: rollups.usage_trend(q, A100, "a100", 28, 4),
