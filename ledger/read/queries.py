@@ -6,6 +6,9 @@ Each listed file is checked against the checksum its manifest records before it 
 per process, `ledger.store.integrity`): a missing or damaged segment, or a manifest that cannot
 be read, raises a `SegmentError` naming it rather than a total without it.
 Periods select postings by the start of their interval (`start_us`), half-open `[start, end)`.
+SQL may also read `{rollups}`: the same ledger pre-aggregated per segment
+(`ledger.store.rollup_files`), which answers any query that only sums `amount`, takes
+`min(start_us)` / `max(end_us)` and groups or filters by the rollups' columns.
 `LedgerQueries.zone` is the ledger's time zone (`ledger.store.identity`): the months and days
 readers group by are that zone's (`time_bucket_sql`).
 """
@@ -20,11 +23,13 @@ from typing import Any
 
 import duckdb
 
-from ledger.errors import LedgerError
+from ledger.errors import LedgerError, SegmentError
 from ledger.periods import Period, zone_name
 from ledger.postings import Transaction
 from ledger.store.identity import recorded_zone
+from ledger.store.integrity import require_intact
 from ledger.store.layout import SEGMENTS_DIR, sql_list
+from ledger.store.rollup_files import hour_aligned, postings_as_rollup_sql, rollup_columns_sql
 from ledger.store.schema import POSTING_COLUMNS_SQL, POSTINGS_SCHEMA, transaction_from_rows
 from ledger.store.segments import Manifest, SegmentInfo, SegmentSummary, summarise_segment
 
@@ -99,24 +104,83 @@ class LedgerQueries:
                 last = exc
         raise LedgerError(f"the sealed ledger could not be read: {last}")
 
-    def _source(self) -> str:
-        files = self.manifest.files()  # each checked against its checksum
+    def _source(self, started: tuple[int, int] | None = None) -> str:
+        """The sealed postings; with `started` (lo, hi), only the segments that can hold a
+        posting whose interval started in [lo, hi) (by the manifest's interval extents)."""
+        if started is None:
+            files = self.manifest.files()  # each checked against its checksum
+        else:
+            lo, hi = started
+            files = [
+                self.root / s.path
+                for s in self.manifest.checked_where(
+                    lambda s: (
+                        s.min_start_us is not None
+                        and s.max_end_us is not None
+                        and s.min_start_us < hi
+                        and s.max_end_us >= lo
+                    )
+                )
+            ]
         if not files:
             return self._empty
         listed = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
         return f"read_parquet([{listed}], union_by_name = true)"
 
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Run `sql` with `{postings}` bound to the sealed postings.
+    def _rollup_source(self) -> str:
+        """The sealed ledger in the rollups' shape (`ledger.store.rollup_files`): each segment's
+        rollup, or its postings (one per row) for a segment sealed without one; the postings
+        themselves where the ledger's zone has hours that do not begin on UTC hours."""
+        if not hour_aligned(self.zone):
+            return f"({postings_as_rollup_sql(self._source())})"
+        rolled, raw = self._rollup_files()
+        parts = []
+        if rolled:
+            parts.append(f"SELECT {rollup_columns_sql()} FROM read_parquet([{sql_list(rolled)}])")
+        if raw:
+            parts.append(postings_as_rollup_sql(f"read_parquet([{sql_list(raw)}])"))
+        if not parts:
+            return f"({postings_as_rollup_sql(self._empty)})"
+        return "(" + " UNION ALL ".join(parts) + ")"
+
+    def _rollup_files(self) -> tuple[list[Path], list[Path]]:
+        """The listed rollups and the segments listed without one, every listed file checked
+        against its checksum (once per process, `ledger.store.integrity`); retried when a file
+        vanished because a compaction replaced it meanwhile."""
+        for attempt in range(_RETRIES):
+            segments = self.manifest.checked()  # a damaged ledger is refused, rollups or not
+            try:
+                rolled = [
+                    require_intact(self.root / s.rollup.path, s.rollup.sha256)
+                    for s in segments
+                    if s.rollup is not None
+                ]
+                return rolled, [self.root / s.path for s in segments if s.rollup is None]
+            except SegmentError:
+                if attempt == _RETRIES - 1 or self.manifest.load() == segments:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _bind(self, sql: str, started: tuple[int, int] | None = None) -> str:
+        """`sql` with `{postings}` and `{rollups}` bound (each source listed only if used)."""
+        return sql.format(
+            postings=self._source(started) if "{postings}" in sql else "",
+            rollups=self._rollup_source() if "{rollups}" in sql else "",
+        )
+
+    def _query(
+        self, sql: str, params: Sequence[Any] = (), started: tuple[int, int] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Run `sql` with `{postings}` bound to the sealed postings and `{rollups}` to their
+        rollups (`_rollup_source`); `started`: the query reads only postings whose interval
+        started in [lo, hi), so only the segments that can hold one are listed.
 
         Retried when a listed file vanished: compaction replaced it between manifest read and scan.
         """
         last: Exception | None = None
         for _ in range(_RETRIES):
             try:
-                return self._con.execute(
-                    sql.format(postings=self._source()), list(params)
-                ).fetchall()
+                return self._con.execute(self._bind(sql, started), list(params)).fetchall()
             except duckdb.IOException as exc:  # a listed file was compacted away meanwhile
                 last = exc
         raise LedgerError(f"the sealed ledger could not be read: {last}")

@@ -41,6 +41,7 @@ from ledger.attribution import largest_remainder
 from ledger.errors import LedgerError
 from ledger.periods import Period
 from ledger.read.queries import DIMENSIONS, LedgerQueries
+from ledger.store.rollup_files import ROLLUP_DIMENSIONS
 from ledger.units import MS_PER_HOUR
 
 _RETRIES = 3
@@ -63,8 +64,12 @@ class IdleSharing(StrEnum):
 class ReportQueries(LedgerQueries):
     """`LedgerQueries` plus generic hooks: SQL with `{postings}` bound to the sealed postings."""
 
-    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return self._query(sql, params)
+    def rows(
+        self, sql: str, params: Sequence[Any] = (), started: tuple[int, int] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """`sql` over `{postings}` / `{rollups}`; `started` (lo, hi): the SQL selects only
+        postings whose interval started in [lo, hi), so other segments are not listed."""
+        return self._query(sql, params, started)
 
     def arrow(
         self,
@@ -81,9 +86,7 @@ class ReportQueries(LedgerQueries):
         try:
             for _ in range(_RETRIES):
                 try:
-                    relation = self._con.sql(
-                        sql.format(postings=self._source()), params=list(params) or None
-                    )
+                    relation = self._con.sql(self._bind(sql), params=list(params) or None)
                     table: pa.Table = relation.to_arrow_table()
                     return table
                 except duckdb.IOException as exc:  # a listed file was compacted away meanwhile
@@ -213,6 +216,7 @@ def cost_report(
     if filters and sharing is not IdleSharing.NONE:
         raise ValueError("idle sharing applies to a whole report; it cannot be filtered")
     columns = ", ".join(f'"{d}"' for d in dims)
+    source = "{rollups}" if ROLLUP_DIMENSIONS.issuperset((*dims, *filters)) else "{postings}"
     when, params = period_clause(chosen)
     for name, value in filters.items():
         when += f' AND "{name}" = ?'
@@ -223,7 +227,7 @@ def cost_report(
         "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0), "
         f"coalesce(sum(amount) FILTER (unit = 'gpu_ms' AND {IDLE_LEG_SQL}), 0), "
         f"coalesce(sum(amount) FILTER (unit = 'money_micros' AND {IDLE_LEG_SQL}), 0) "
-        f"FROM {{postings}} WHERE {CONSUMER_SQL} AND {when} GROUP BY ALL",
+        f"FROM {source} WHERE {CONSUMER_SQL} AND {when} GROUP BY ALL",
         params,
     )
     idle_when, idle_params = period_clause(chosen)
@@ -231,7 +235,7 @@ def cost_report(
         f'SELECT {columns}, "pool", "model", '
         "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
         "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) "
-        f"FROM {{postings}} WHERE {UNALLOCATED_SQL} AND {idle_when} GROUP BY ALL",
+        f"FROM {source} WHERE {UNALLOCATED_SQL} AND {idle_when} GROUP BY ALL",
         idle_params,
     )
     n = len(dims)
@@ -300,7 +304,7 @@ def ledger_money_total(queries: ReportQueries, period: Period | str | None = Non
     """Money debited to consumer and unallocated accounts in the selection (what exports bill)."""
     when, params = period_clause(period_of(period, queries.zone))
     rows = queries.rows(
-        "SELECT coalesce(sum(amount), 0) FROM {postings} "
+        "SELECT coalesce(sum(amount), 0) FROM {rollups} "
         f"WHERE unit = 'money_micros' AND ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND {when}",
         params,
     )
@@ -371,12 +375,12 @@ def idle_report(
         f'SELECT "pool", "model", {sums}, '
         f"coalesce(sum(amount) FILTER (unit = 'gpu_ms' AND {UNALLOCATED_SQL}), 0), "
         f"coalesce(sum(amount) FILTER (unit = 'money_micros' AND {UNALLOCATED_SQL}), 0) "
-        f"FROM {{postings}} WHERE ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND {when} "
+        f"FROM {{rollups}} WHERE ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND {when} "
         'GROUP BY ALL ORDER BY 7 DESC, 5 DESC, "pool", "model"',
         params,
     )
     team_rows = queries.rows(
-        f'SELECT "team", {sums} FROM {{postings}} WHERE {CONSUMER_SQL} AND {when} '
+        f'SELECT "team", {sums} FROM {{rollups}} WHERE {CONSUMER_SQL} AND {when} '
         'GROUP BY ALL ORDER BY 4 DESC, 3 DESC, "team"',
         params,
     )

@@ -282,8 +282,10 @@ def _simple_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-# One scan of the team's consumer postings in the period, grouped three ways; GROUPING says
-# which: 1 by project ("user" rolled up), 2 by user ("project" rolled up), 3 the team's total.
+# One scan of the team's consumer postings in the period (their rollups,
+# `ledger.store.rollup_files`: hours never straddle a month's edge), grouped three ways;
+# GROUPING says which: 1 by project ("user" rolled up), 2 by user ("project" rolled up), 3 the
+# team's total.
 _STATEMENT_SQL = (
     'SELECT GROUPING("project", "user") AS grouping_set, "project", "user", '
     "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
@@ -295,7 +297,7 @@ _STATEMENT_SQL = (
     "coalesce(sum(amount) FILTER (unit = 'money_micros' AND NOT "
     "(start_us >= ? AND start_us < ?)), 0), "
     "coalesce(string_agg(DISTINCT cost_centre, ',' ORDER BY cost_centre), '') "
-    f"FROM {{postings}} WHERE {CONSUMER_SQL} AND team = ? AND period = ? "
+    f"FROM {{rollups}} WHERE {CONSUMER_SQL} AND team = ? AND period = ? "
     'GROUP BY GROUPING SETS (("project"), ("user"), ())'
 )
 
@@ -319,7 +321,7 @@ def team_statement(
     totals = by_set[3][0] if by_set[3] else (None, None, 0, 0, 0, 0, 0, 0, 0, "")
     _, _, gpu_ms, money, idle_ms, idle_money, energy, corrections, prior, centres = totals
     grants = queries.rows(
-        "SELECT unit, sum(amount) FROM {postings} "
+        "SELECT unit, sum(amount) FROM {rollups} "
         "WHERE account = ? AND kind = ? AND period = ? GROUP BY unit ORDER BY unit",
         [budget_account(team), BUDGET_GRANT_KIND, chosen.label],
     )

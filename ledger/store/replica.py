@@ -6,7 +6,8 @@ ordinary data directory.
 The writer seals into its local data directory as always (`ledger.store.sealing`), then
 publishes, in this order:
 
-1. every segment and archive segment the local manifests name that the store lacks;
+1. every segment, segment rollup and archive segment the local manifests name that the store
+   lacks;
 2. the side files (admin log, closed periods, dead-letter summary, inventory, audit trail) and
    the ledger's identity (`ledger.json`: the time zone its books are kept in,
    `ledger.store.identity`), so a reader elsewhere books nothing into the wrong months;
@@ -44,7 +45,12 @@ from ledger.store.integrity import remember_intact, require_intact
 from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR
 from ledger.store.objects import ObjectStore, S3Settings, open_object_store
 from ledger.store.sealing import io_reason
-from ledger.store.segments import MANIFEST_NAME, atomic_write_bytes, parse_manifest
+from ledger.store.segments import (
+    MANIFEST_NAME,
+    SegmentInfo,
+    atomic_write_bytes,
+    parse_manifest,
+)
 
 REPLICA_DIR = "replica"  # under a reader's data directory: the read cache
 DEFAULT_GRACE_S = 3600.0
@@ -153,10 +159,10 @@ class Publisher:
             except FileNotFoundError:
                 continue
             manifests.append((f"{root}/{MANIFEST_NAME}", raw))
-            for seg in parse_manifest(raw, str(path)):
-                key = f"{root}/{seg.path}"
+            for rel, sha256 in _named_files(parse_manifest(raw, str(path))):
+                key = f"{root}/{rel}"
                 named.add(key)
-                local = require_intact(self.data_dir / root / seg.path, seg.sha256)
+                local = require_intact(self.data_dir / root / rel, sha256)
                 if stored.get(key) == local.stat().st_size:
                     continue  # same name, same range: the same rows (sealing is deterministic)
                 data = local.read_bytes()
@@ -201,6 +207,13 @@ class Publisher:
         return deleted
 
 
+def _named_files(entries: list[SegmentInfo]) -> list[tuple[str, str]]:
+    """(path, sha256) of every file the manifest entries name: segments and their rollups."""
+    named = [(seg.path, seg.sha256) for seg in entries]
+    named += [(seg.rollup.path, seg.rollup.sha256) for seg in entries if seg.rollup is not None]
+    return named
+
+
 def _fetch(store: ObjectStore, key: str, target: Path, sha256: str) -> None:
     data = store.get(key)
     if _sha256(data) != sha256:
@@ -240,13 +253,14 @@ def _pull_once(store: ObjectStore, cache: Path) -> None:
         text = raw[root]
         if text is None:
             continue
-        for seg in parse_manifest(text, f"{store.describe()}/{root}/{MANIFEST_NAME}"):
-            target = cache / root / seg.path
+        entries = parse_manifest(text, f"{store.describe()}/{root}/{MANIFEST_NAME}")
+        for rel, sha256 in _named_files(entries):
+            target = cache / root / rel
             named[root].add(target)
             try:
-                require_intact(target, seg.sha256)
+                require_intact(target, sha256)
             except SegmentError:
-                _fetch(store, f"{root}/{seg.path}", target, seg.sha256)
+                _fetch(store, f"{root}/{rel}", target, sha256)
     manifest_key = f"{SEGMENTS_DIR}/{MANIFEST_NAME}"
     for obj in store.list(f"{SEGMENTS_DIR}/"):
         if obj.key.endswith(".parquet") or obj.key == manifest_key:

@@ -1,7 +1,9 @@
 """Writing sealed segments from the hot tables: postings and archived messages of committed
 source ranges out to immutable Parquet files, compaction of small segments, and the archive
-kept cut as the postings are. Every file is written to a temporary name, fsynced and renamed,
-so an interrupted run leaves nothing a manifest names half-written.
+kept cut as the postings are; every postings segment written (sealed or compacted) gets its
+rollup (`ledger.store.rollup_files`) beside it, named by its manifest entry. Every file is
+written to a temporary name, fsynced and renamed, so an interrupted run leaves nothing a
+manifest names half-written.
 
 A write the system refuses (the disk is full, an I/O error) removes its temporary file and
 raises a `SealError` naming the file being written and the reason; the manifests are written
@@ -24,6 +26,7 @@ from ledger.errors import SealError, StoreError
 from ledger.store.integrity import remember_intact, require_intact
 from ledger.store.layout import first_row, sql_path
 from ledger.store.port import SealResult
+from ledger.store.rollup_files import RollupInfo, rollup_path, write_rollup
 from ledger.store.segments import (
     Manifest,
     SegmentInfo,
@@ -196,6 +199,7 @@ class Segmenter:
             with tmp.open("rb") as handle:
                 os.fsync(handle.fileno())
             tmp.replace(target)
+            rollup = self._write_rollup(target, rel) if kind is self.postings else None
             fsync_dir(target.parent)
             sha256 = file_sha256(target)
         except (OSError, duckdb.IOException) as exc:
@@ -214,7 +218,17 @@ class Segmenter:
             min_start_us=stats[1],
             max_end_us=stats[2],
             summary=summary,
+            rollup=rollup,
         )
+
+    def _write_rollup(self, segment: Path, rel: str) -> RollupInfo:
+        """Write the rollup of the postings segment just written at `segment` beside it."""
+        path = rollup_path(rel)
+        target = self.postings.root / path
+        rows = write_rollup(self._con, segment, target)
+        sha256 = file_sha256(target)
+        remember_intact(target, sha256)
+        return RollupInfo(path, rows, sha256)
 
     def compact(self, kind: SealKind, below_rows: int, min_segments: int) -> list[SegmentInfo]:
         segments = kind.manifest.load()
@@ -326,7 +340,7 @@ class Segmenter:
         interrupted work)."""
         removed = 0
         for kind in (self.postings, self.archive):
-            listed = {kind.root / s.path for s in kind.manifest.load()}
+            listed = {kind.root / path for s in kind.manifest.load() for path in s.files()}
             for path in kind.root.rglob("*.parquet"):
                 if path not in listed:
                     path.unlink(missing_ok=True)

@@ -29,6 +29,11 @@ file by `summarise_segment`, so the pages' filters and "now" need no scan of the
 (`ledger.read.rollups.extent`). Segments are immutable, so a summary never goes stale; `verify`
 recomputes it, and an entry without one (an older manifest) is summarised when read.
 
+Each postings segment sealed since rollups exist has a rollup beside it
+(`<first>-<last>.rollup.parquet`, `ledger.store.rollup_files`: its postings summed per period,
+account, unit, owner, job, model, pool and hour), written with the segment and named by the
+same entry (`SegmentInfo.rollup`, with its own sha256), so the two become visible together.
+
 Every entry records the sha256 of its file. Readers take the files to read from
 `Manifest.checked` / `Manifest.files`, which check each one against its checksum
 (`ledger.store.integrity`, once per process per file) and raise a `SegmentError` naming a
@@ -42,7 +47,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,6 +55,7 @@ import duckdb
 
 from ledger.errors import SegmentError
 from ledger.store.integrity import file_sha256, require_intact
+from ledger.store.rollup_files import RollupInfo
 
 __all__ = ["file_sha256"]  # re-exported: the checksum every manifest entry records
 
@@ -142,6 +148,11 @@ class SegmentInfo:
     min_start_us: int | None
     max_end_us: int | None
     summary: SegmentSummary | None = None  # postings segments only
+    rollup: RollupInfo | None = None  # postings segments sealed with one (`rollup_files`)
+
+    def files(self) -> tuple[str, ...]:
+        """The paths (relative to the root) of this entry's files: the segment, its rollup."""
+        return (self.path,) if self.rollup is None else (self.path, self.rollup.path)
 
 
 def safe_name(text: str) -> str:
@@ -185,13 +196,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def _segment_info(entry: dict[str, object]) -> SegmentInfo:
-    summary = entry.get("summary")
-    if summary is None:
-        return SegmentInfo(**entry)  # type: ignore[arg-type]
-    if not isinstance(summary, dict):
+    summary, rollup = entry.get("summary"), entry.get("rollup")
+    if summary is not None and not isinstance(summary, dict):
         raise TypeError("summary: expected an object")
-    fields = {k: v for k, v in entry.items() if k != "summary"}
-    return SegmentInfo(**fields, summary=SegmentSummary.from_dict(summary))  # type: ignore[arg-type]
+    if rollup is not None and not isinstance(rollup, dict):
+        raise TypeError("rollup: expected an object")
+    fields = {k: v for k, v in entry.items() if k not in ("summary", "rollup")}
+    return SegmentInfo(
+        **fields,  # type: ignore[arg-type]
+        summary=None if summary is None else SegmentSummary.from_dict(summary),
+        rollup=None if rollup is None else RollupInfo.from_dict(rollup),
+    )
 
 
 class Manifest:
@@ -226,22 +241,48 @@ class Manifest:
             require_intact(self.root / seg.path, seg.sha256)
         return segments
 
+    def checked_where(self, wanted: Callable[[SegmentInfo], bool]) -> list[SegmentInfo]:
+        """The listed segments `wanted` picks, each checked as `checked` checks them (retried
+        when a compaction replaced one meanwhile); the others are not read, so not checked."""
+        for attempt in range(_CHECK_RETRIES):
+            segments = [s for s in self.load() if wanted(s)]
+            try:
+                for seg in segments:
+                    require_intact(self.root / seg.path, seg.sha256)
+                return segments
+            except SegmentError:
+                if (
+                    attempt == _CHECK_RETRIES - 1
+                    or [s for s in self.load() if wanted(s)] == segments
+                ):
+                    raise
+        raise AssertionError("unreachable")
+
     def strays(self) -> list[Path]:
         """Segment files under the root the manifest does not list (leftovers of an interrupted
         seal, or files put there by hand): readers never read them, the writer removes them."""
-        listed = {self.root / s.path for s in self.load()}
+        listed = {self.root / path for s in self.load() for path in s.files()}
         return sorted(p for p in self.root.rglob("*.parquet") if p not in listed)
 
     def save(self, segments: Iterable[SegmentInfo]) -> None:
         ordered = sorted(
             segments, key=lambda s: (s.topic, s.incarnation, s.partition, s.first_offset)
         )
-        doc = {"version": MANIFEST_VERSION, "segments": [asdict(s) for s in ordered]}
+        doc = {"version": MANIFEST_VERSION, "segments": [_entry(s) for s in ordered]}
         atomic_write_bytes(self.path, json.dumps(doc, indent=1).encode())
 
     def files(self) -> list[Path]:
         """The files of `checked`: every one intact, or a `SegmentError`."""
         return [self.root / s.path for s in self.checked()]
+
+
+def _entry(seg: SegmentInfo) -> dict[str, object]:
+    """A manifest entry; `rollup` only when there is one (older readers' entries stay as they
+    were)."""
+    entry = asdict(seg)
+    if seg.rollup is None:
+        del entry["rollup"]
+    return entry
 
 
 def parse_manifest(raw: bytes, where: str) -> list[SegmentInfo]:

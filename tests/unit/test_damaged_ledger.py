@@ -88,10 +88,18 @@ class Damage:
     harm: Callable[[Path], None]  # applied to the file
     manifest: bool  # True: harms the manifest, else the first listed segment
     says: str  # the phrase naming the damage
+    rollup: bool = False  # True: harms the first listed segment's rollup
 
     def apply(self, data_dir: Path) -> Path:
         """Damage `data_dir`; the path of the damaged file."""
-        path = Manifest(data_dir / self.root).path if self.manifest else _first(data_dir, self.root)
+        if self.rollup:
+            rollup = Manifest(data_dir / self.root).load()[0].rollup
+            assert rollup is not None
+            path = data_dir / self.root / rollup.path
+        elif self.manifest:
+            path = Manifest(data_dir / self.root).path
+        else:
+            path = _first(data_dir, self.root)
         self.harm(path)
         return path
 
@@ -117,6 +125,18 @@ SEGMENT_DAMAGE = {
         SEGMENTS_DIR, _garble, True, "unreadable manifest: not valid JSON at byte 40"
     ),
 }
+ROLLUP_DAMAGE = {
+    "rollup-altered-still-valid-parquet": Damage(
+        SEGMENTS_DIR,
+        _rewrite_valid,
+        False,
+        "checksum does not match the manifest: a valid Parquet file whose bytes changed",
+        rollup=True,
+    ),
+    "rollup-missing": Damage(
+        SEGMENTS_DIR, lambda p: p.unlink(), False, "listed in the manifest but missing", True
+    ),
+}
 ARCHIVE_DAMAGE = {
     "archive-bad-magic": Damage(
         ARCHIVE_DIR, _bad_magic, False, "not a Parquet file (bad magic at the start)"
@@ -140,7 +160,10 @@ def _named(path: Path, data_dir: Path, damage: Damage) -> str:
 
 @pytest.mark.parametrize(
     "damage",
-    [pytest.param(d, id=name) for name, d in (SEGMENT_DAMAGE | ARCHIVE_DAMAGE).items()],
+    [
+        pytest.param(d, id=name)
+        for name, d in (SEGMENT_DAMAGE | ROLLUP_DAMAGE | ARCHIVE_DAMAGE).items()
+    ],
 )
 def test_verify_names_the_file_and_the_damage(ledger, damage):
     path = damage.apply(ledger)
@@ -195,6 +218,10 @@ POSTINGS_READERS: dict[str, Callable[[Path], Any]] = {
     "writer-store": _writer_balances,
     "cli-report-cost": _cli_report,
 }
+# the readers that read the segments' rollups (`ledger.store.rollup_files`)
+ROLLUP_READERS = {
+    name: POSTINGS_READERS[name] for name in ("report-cost", "rollup-cost-table", "cli-report-cost")
+}
 ARCHIVE_READERS: dict[str, Callable[[Path], Any]] = {
     "rebuild-archive-batches": lambda d: list(archive_batches(d)),
     "job-history": lambda d: read_job_event_log(d, TOPIC),
@@ -211,7 +238,9 @@ def _cases(damages: dict[str, Damage], readers: dict[str, Callable[[Path], Any]]
 
 @pytest.mark.parametrize(
     ("damage", "read"),
-    _cases(SEGMENT_DAMAGE, POSTINGS_READERS) + _cases(ARCHIVE_DAMAGE, ARCHIVE_READERS),
+    _cases(SEGMENT_DAMAGE, POSTINGS_READERS)
+    + _cases(ROLLUP_DAMAGE, ROLLUP_READERS)
+    + _cases(ARCHIVE_DAMAGE, ARCHIVE_READERS),
 )
 def test_readers_refuse_a_damaged_ledger(ledger, damage, read):
     read(ledger)  # sound: it reads (and remembers the files as intact)

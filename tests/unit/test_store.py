@@ -158,7 +158,7 @@ def test_small_segments_are_compacted_without_changing_totals(store):
     assert [(s.first_offset, s.last_offset) for s in segments] == [(0, 9)]
     assert sealed_totals(store) == before
     assert verify_ledger(store.data_dir).ok
-    assert len(list(store.segments_root.rglob("*.parquet"))) == 1
+    assert len(list(store.segments_root.rglob("*.parquet"))) == 2  # the segment, its rollup
 
 
 def test_sealed_segments_are_ordered_by_partition_and_offset(store):

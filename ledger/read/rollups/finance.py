@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from ledger.admin import AdminView
 from ledger.errors import LedgerError
@@ -30,6 +31,7 @@ from ledger.read.reports import (
     period_of,
 )
 from ledger.read.rollups.shared import DAY_US, Filters
+from ledger.store.rollup_files import HOUR_US, ROLLUP_DIMENSIONS
 from ledger.store.side_files import load_admin_log
 from ledger.units import Unit
 
@@ -58,11 +60,12 @@ def cost_over_time(
     """
     (dim,) = check_dimensions((dim,))
     where, params = filters.sql()
+    source = "{rollups}" if dim in ROLLUP_DIMENSIONS else "{postings}"
     rows = q.rows(
         f'SELECT {time_bucket_sql("start_us", bucket_us, q.zone)} AS bucket, "{dim}", '
         "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
         "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) "
-        f"FROM {{postings}} WHERE {CONSUMER_SQL} AND {where} "
+        f"FROM {source} WHERE {CONSUMER_SQL} AND {where} "
         f'GROUP BY ALL ORDER BY bucket, "{dim}" NULLS LAST',
         params,
     )
@@ -137,7 +140,7 @@ def cost_table(
     unallocated = q.rows(
         "SELECT coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
         "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) "
-        f"FROM {{postings}} WHERE {UNALLOCATED_SQL} AND {where}",
+        f"FROM {{rollups}} WHERE {UNALLOCATED_SQL} AND {where}",
         params,
     )[0]
     return CostTable(dim, mode, tuple(rows), int(unallocated[0]), int(unallocated[1]))
@@ -168,7 +171,7 @@ def top_jobs(q: ReportQueries, filters: Filters, limit: int = 20) -> tuple[JobCo
     key = 'job_id, team, project, "user"'
     same = " AND ".join(f's."{c}" IS NOT DISTINCT FROM t."{c}"' for c in _JOB_KEY)
     rows = q.rows(
-        "WITH s AS NOT MATERIALIZED (SELECT * FROM {postings} "
+        "WITH s AS NOT MATERIALIZED (SELECT * FROM {rollups} "
         f"WHERE {CONSUMER_SQL} AND job_id IS NOT NULL AND {where}), "
         f"t AS (SELECT {key}, coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) AS money "
         f"FROM s GROUP BY ALL ORDER BY money DESC, {key} LIMIT ?) "
@@ -242,7 +245,7 @@ def idle_waste(q: ReportQueries, filters: Filters) -> IdleWaste:
         "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
         f"coalesce(sum(amount) FILTER (unit = 'gpu_ms' AND {IDLE_LEG_SQL}), 0), "
         f"coalesce(sum(amount) FILTER (unit = 'money_micros' AND {IDLE_LEG_SQL}), 0) AS waste "
-        f"FROM {{postings}} WHERE {CONSUMER_SQL} AND {where} "
+        f"FROM {{rollups}} WHERE {CONSUMER_SQL} AND {where} "
         'GROUP BY ALL ORDER BY waste DESC, team, "pool", "model"',
         params,
     )
@@ -251,7 +254,7 @@ def idle_waste(q: ReportQueries, filters: Filters) -> IdleWaste:
         'SELECT "pool", "model", '
         "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
         "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) AS money "
-        f"FROM {{postings}} WHERE {UNALLOCATED_SQL} AND {where} "
+        f"FROM {{rollups}} WHERE {UNALLOCATED_SQL} AND {where} "
         'GROUP BY ALL ORDER BY money DESC, "pool", "model"',
         params,
     )
@@ -346,12 +349,12 @@ def budget_burn(
     day_sql = time_bucket_sql(f"greatest(start_us, {int(chosen.start_us)})", DAY_US, q.zone)
     daily = q.rows(
         f"SELECT team, {day_sql} AS day, sum(amount) "
-        f"FROM {{postings}} WHERE {CONSUMER_SQL} AND unit = 'money_micros' AND period = ? "
+        f"FROM {{rollups}} WHERE {CONSUMER_SQL} AND unit = 'money_micros' AND period = ? "
         f"{team_sql} GROUP BY ALL ORDER BY team, day",
         [chosen.label, *team_params],
     )
     grants = q.rows(
-        "SELECT substr(account, ?), -sum(amount) FROM {postings} "
+        "SELECT substr(account, ?), -sum(amount) FROM {rollups} "
         "WHERE kind = ? AND account LIKE 'budget:%' AND unit = 'money_micros' AND period = ? "
         f"{'AND account = ?' if team is not None else ''} GROUP BY ALL",
         [len(BUDGET_PREFIX) + 1, BUDGET_GRANT_KIND, chosen.label]
@@ -359,12 +362,7 @@ def budget_burn(
     )
     now = min(max(as_of_us, chosen.start_us), chosen.end_us)
     window_start = max(chosen.start_us, now - window_days * DAY_US)
-    recent = q.rows(
-        "SELECT team, sum(amount) FROM {postings} "
-        f"WHERE {CONSUMER_SQL} AND unit = 'money_micros' AND period = ? AND start_us >= ? "
-        f"AND start_us < ? {team_sql} GROUP BY ALL",
-        [chosen.label, window_start, now, *team_params],
-    )
+    recent = _spend_between(q, chosen.label, window_start, now, team_sql, team_params)
     per_day: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for name, day, amount in daily:
         if name is not None:
@@ -421,3 +419,33 @@ def focus_bytes(
         path = Path(tmp) / f"focus.{fmt.value}"
         write_focus(table, path, fmt)
         return path.read_bytes(), table.num_rows
+
+
+def _spend_between(
+    q: ReportQueries, period: str, lo: int, hi: int, team_sql: str, team_params: list[str]
+) -> list[tuple[str | None, int]]:
+    """Consumer money per team booked into `period` whose usage started in [lo, hi): the whole
+    hours from the rollups, the part hours at either end from the postings of the segments that
+    can hold them."""
+    first_hour = -(-lo // HOUR_US) * HOUR_US
+    last_hour = hi // HOUR_US * HOUR_US
+    spans = [(lo, hi)] if first_hour >= last_hour else [(lo, first_hour), (last_hour, hi)]
+    sql = (
+        "SELECT team, sum(amount) FROM {source} "
+        f"WHERE {CONSUMER_SQL} AND unit = 'money_micros' AND period = ? AND start_us >= ? "
+        f"AND start_us < ? {team_sql} GROUP BY ALL"
+    )
+    rows: list[tuple[Any, ...]] = []
+    if first_hour < last_hour:
+        rows += q.rows(
+            sql.format(source="{rollups}"), [period, first_hour, last_hour, *team_params]
+        )
+    for start, end in spans:
+        if start < end:
+            rows += q.rows(
+                sql.format(source="{postings}"), [period, start, end, *team_params], (start, end)
+            )
+    spent: dict[str | None, int] = defaultdict(int)
+    for team, amount in rows:
+        spent[team] += int(amount)
+    return list(spent.items())

@@ -76,7 +76,7 @@ def job_costs(
         "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) AS money, "
         f"coalesce(sum(amount) FILTER (unit = 'money_micros' AND {IDLE_LEG_SQL}), 0), "
         "min(start_us), max(end_us) "
-        f"FROM {{postings}} WHERE {CONSUMER_SQL} AND job_id IS NOT NULL AND {where} "
+        f"FROM {{rollups}} WHERE {CONSUMER_SQL} AND job_id IS NOT NULL AND {where} "
         "GROUP BY job_id ORDER BY money DESC, job_id",
         params,
     )
@@ -109,9 +109,9 @@ def team_budget(q: ReportQueries, team: str, period: str | None = None) -> TeamB
     if chosen is None:
         return TeamBudget(team, None, True, None)
     rows = q.rows(  # what budget_status needs: budget and holds of every period, usage of one
-        "SELECT account, unit, period, sum(amount) FROM {postings} "
+        "SELECT account, unit, period, sum(amount) FROM {rollups} "
         "WHERE account = ? OR account = ? GROUP BY ALL "
-        "UNION ALL SELECT account, unit, period, sum(amount) FROM {postings} "
+        "UNION ALL SELECT account, unit, period, sum(amount) FROM {rollups} "
         "WHERE period = ? AND starts_with(account, ?) GROUP BY ALL",
         [
             f"{AccountKind.BUDGET}:{team}",

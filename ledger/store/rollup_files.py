@@ -1,0 +1,155 @@
+"""Rollups: a small pre-aggregated Parquet file beside every sealed postings segment.
+
+A postings segment's rollup holds its postings summed per
+
+    period, kind, account, unit, idle, team, project, user, cost_centre, job_id, model, pool,
+    and the UTC hour its interval started in,
+
+with the summed `amount`, the number of `postings`, the group's first `start_us` and last
+`end_us`. It is written by the seal (and by the compaction that merges segments) from the
+segment file just written, named after it (`<first>-<last>.rollup.parquet` beside
+`<first>-<last>.parquet`) and recorded in the segment's manifest entry (`SegmentInfo.rollup`,
+with its sha256), so one atomic manifest write makes a segment and its rollup visible together;
+the publisher stores a rollup with its segment, before the manifest that names both.
+
+The columns keep the names (and meaning under summing) of the postings' columns, so a query that
+uses only these columns, `sum(amount)`, `min(start_us)` and `max(end_us)` reads the same from
+the rollups as from the postings (`ledger.read.queries`' `{rollups}`; hour and day buckets and
+month boundaries of a zone whose offsets are whole hours never split a group). A segment
+without a rollup (sealed before rollups existed) is read as its postings in the same shape.
+`ledger.store.verify` recomputes every rollup from its segment and compares exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, tzinfo
+from functools import lru_cache
+from pathlib import Path
+
+import duckdb
+
+from ledger.store.layout import first_row, sql_path
+
+HOUR_US = 3_600_000_000
+# The grouping columns, then the sums; all named and typed as in the postings.
+ROLLUP_KEYS = (
+    "period",
+    "kind",
+    "account",
+    "unit",
+    "idle",
+    "team",
+    "project",
+    "user",
+    "cost_centre",
+    "job_id",
+    "model",
+    "pool",
+)
+ROLLUP_COLUMNS = (*ROLLUP_KEYS, "amount", "postings", "start_us", "end_us")
+# The dimensions (`ledger.read.queries.DIMENSIONS`) a rollup can group by.
+ROLLUP_DIMENSIONS = frozenset(ROLLUP_KEYS) & {
+    "cost_centre",
+    "team",
+    "project",
+    "user",
+    "job_id",
+    "model",
+    "pool",
+}
+_KEYS_SQL = ", ".join(f'"{k}"' for k in ROLLUP_KEYS)
+_SELECT_SQL = ", ".join(f'"{c}"' for c in ROLLUP_COLUMNS)
+
+
+@dataclass(frozen=True, slots=True)
+class RollupInfo:
+    """A segment's rollup as its manifest entry records it (path relative to the root)."""
+
+    path: str
+    rows: int
+    sha256: str
+
+    @classmethod
+    def from_dict(cls, entry: dict[str, object]) -> RollupInfo:
+        path, rows, sha = entry.get("path"), entry.get("rows"), entry.get("sha256")
+        if not isinstance(path, str) or type(rows) is not int or not isinstance(sha, str):
+            raise TypeError("rollup: expected path, rows and sha256")
+        return cls(path, rows, sha)
+
+
+def rollup_path(segment_rel: str) -> str:
+    """The rollup's path beside the segment at `segment_rel` (`….parquet` → `….rollup.parquet`)."""
+    stem = segment_rel.removesuffix(".parquet")
+    return f"{stem}.rollup.parquet"
+
+
+def rollup_sql(source: str) -> str:
+    """SQL aggregating the postings of `source` (a relation) into rollup rows, in a fixed order."""
+    return (
+        f"SELECT {_KEYS_SQL}, CAST(sum(amount) AS BIGINT) AS amount, "
+        "CAST(count(*) AS BIGINT) AS postings, min(start_us) AS start_us, "
+        f"max(end_us) AS end_us FROM (SELECT *, start_us // {HOUR_US} AS _hour FROM {source}) "
+        f"GROUP BY {_KEYS_SQL}, _hour ORDER BY _hour, {_KEYS_SQL}"
+    )
+
+
+def postings_as_rollup_sql(source: str) -> str:
+    """SQL reading the postings of `source` in the rollups' shape (one posting per row)."""
+    keys = _KEYS_SQL
+    return f"SELECT {keys}, amount, CAST(1 AS BIGINT) AS postings, start_us, end_us FROM {source}"
+
+
+def rollup_columns_sql() -> str:
+    return _SELECT_SQL
+
+
+def write_rollup(con: duckdb.DuckDBPyConnection, segment: Path, target: Path) -> int:
+    """Write the rollup of the postings segment file `segment` to `target` (through a
+    temporary name, fsynced); its number of rows. Raises `OSError` / `duckdb.Error`."""
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        query = rollup_sql(f"read_parquet('{sql_path(segment)}')")
+        con.execute(f"COPY ({query}) TO '{sql_path(tmp)}' (FORMAT parquet, COMPRESSION zstd)")
+        row = first_row(con.execute(f"SELECT count(*) FROM read_parquet('{sql_path(tmp)}')"))
+        assert row is not None
+        with tmp.open("rb") as handle:
+            os.fsync(handle.fileno())
+        tmp.replace(target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return int(row[0])
+
+
+def rollup_differences(con: duckdb.DuckDBPyConnection, segment: Path, rollup: Path) -> int:
+    """How many rows differ between the rollup file and the aggregation of its segment's
+    postings (0: equal, exact integers, every column)."""
+    fresh = rollup_sql(f"read_parquet('{sql_path(segment)}')")
+    stored = f"SELECT {_SELECT_SQL} FROM read_parquet('{sql_path(rollup)}')"
+    row = first_row(
+        con.execute(
+            f"WITH a AS ({fresh}), b AS ({stored}) SELECT "
+            "(SELECT count(*) FROM (SELECT * FROM a EXCEPT ALL SELECT * FROM b)) + "
+            "(SELECT count(*) FROM (SELECT * FROM b EXCEPT ALL SELECT * FROM a))"
+        )
+    )
+    assert row is not None
+    return int(row[0])
+
+
+@lru_cache(maxsize=64)
+def hour_aligned(zone: tzinfo) -> bool:
+    """Whether every UTC offset `zone` had or will have (1970–2100) is a whole number of hours,
+    so its hours, days and months begin on UTC hours and never split a rollup's group."""
+    if zone is UTC:
+        return True
+    moment = datetime(1970, 1, 1, tzinfo=UTC)
+    end = datetime(2100, 1, 1, tzinfo=UTC)
+    while moment < end:
+        offset = moment.astimezone(zone).utcoffset()
+        if offset is None or offset % timedelta(hours=1):
+            return False
+        moment += timedelta(days=15)
+    return True

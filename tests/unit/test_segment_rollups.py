@@ -1,0 +1,241 @@
+"""Segment rollups (`ledger.store.rollup_files`): every sealed postings segment's rollup equals the
+aggregation of its postings exactly — after seals, after compaction, after a rebuild (in
+`test_rebuild`) — `verify` notices one that lies, and every dashboard read model returns the same
+values from the rollups as from the segments (a ledger whose manifest names no rollups is read
+from its postings)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import UTC, tzinfo
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import duckdb
+import pytest
+
+from ledger.read import rollups
+from ledger.read.queries import time_bucket_sql
+from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
+from ledger.read.reports import ledger_money_total as money_total
+from ledger.read.statements import team_statement
+from ledger.store.hot import DuckDBStore
+from ledger.store.identity import IDENTITY_NAME, IDENTITY_VERSION
+from ledger.store.layout import SEGMENTS_DIR, sql_list
+from ledger.store.rollup_files import HOUR_US, ROLLUP_KEYS, hour_aligned
+from ledger.store.segments import MANIFEST_NAME, Manifest, file_sha256
+from ledger.store.verify import verify_ledger
+from tests.unit.test_dashboard_seed import A100, END_US, H100, seed_ledger
+from tests.unit.test_store import ingest, message
+
+Group = tuple[Any, ...]
+
+
+def postings_folded(data_dir: Path) -> dict[Group, list[int]]:
+    """The oracle: every posting of the sealed segments, folded in Python per rollup key and
+    UTC hour of its start into [amount, postings, first start, last end]."""
+    files = Manifest(data_dir / SEGMENTS_DIR).files()
+    names = ", ".join(f'"{k}"' for k in ROLLUP_KEYS)
+    rows = duckdb.connect().execute(
+        f"SELECT {names}, amount, start_us, end_us FROM read_parquet([{sql_list(files)}])"
+    )
+    folded: dict[Group, list[int]] = {}
+    n = len(ROLLUP_KEYS)
+    for row in rows.fetchall():
+        amount, start, end = row[n:]
+        key = (*row[:n], None if start is None else start // HOUR_US)
+        acc = folded.setdefault(key, [0, 0, start, end])
+        acc[0] += amount
+        acc[1] += 1
+        acc[2] = start if acc[2] is None else min(acc[2], start)
+        acc[3] = end if acc[3] is None else max(acc[3], end)
+    return folded
+
+
+def rollups_folded(data_dir: Path) -> dict[Group, list[int]]:
+    """The rollups the manifest names, merged per key and hour (a group cut by segment
+    boundaries is in several rollups)."""
+    root = data_dir / SEGMENTS_DIR
+    entries = Manifest(root).load()
+    assert entries and all(s.rollup is not None for s in entries)
+    files = [root / s.rollup.path for s in entries if s.rollup is not None]
+    names = ", ".join(f'"{k}"' for k in ROLLUP_KEYS)
+    rows = duckdb.connect().execute(
+        f"SELECT {names}, amount, postings, start_us, end_us FROM read_parquet([{sql_list(files)}])"
+    )
+    folded: dict[Group, list[int]] = defaultdict(lambda: [0, 0, None, None])  # type: ignore[list-item]
+    n = len(ROLLUP_KEYS)
+    for row in rows.fetchall():
+        amount, count, start, end = row[n:]
+        acc = folded[(*row[:n], None if start is None else start // HOUR_US)]
+        acc[0] += amount
+        acc[1] += count
+        acc[2] = start if acc[2] is None else min(acc[2], start)
+        acc[3] = end if acc[3] is None else max(acc[3], end)
+    return dict(folded)
+
+
+def test_rollups_equal_the_postings_after_seals_and_after_compaction(tmp_path):
+    data_dir = tmp_path / "ledger"
+    with DuckDBStore(data_dir) as store:
+        for n in range(5):  # five small segments over two partitions, hours apart
+            times = (n * 40, n * 40 + 1, n * 40 + 30)
+            ingest(store, message(n // 2, *times, partition=n % 2))
+            store.seal(compact_min_segments=100)
+        assert len(Manifest(data_dir / SEGMENTS_DIR).load()) == 5
+        sealed = rollups_folded(data_dir)
+        assert sealed == postings_folded(data_dir)
+        assert verify_ledger(data_dir).ok
+        store.seal(compact_min_segments=2)  # merges each partition's segments
+    segments = Manifest(data_dir / SEGMENTS_DIR).load()
+    assert len(segments) == 2
+    assert rollups_folded(data_dir) == postings_folded(data_dir) == sealed
+    assert sum(s.rollup.rows for s in segments if s.rollup) < sum(s.rows for s in segments)
+    assert not Manifest(data_dir / SEGMENTS_DIR).strays()  # the parts' rollups went with them
+    assert verify_ledger(data_dir).ok
+
+
+def test_verify_names_a_rollup_that_differs_from_its_segment(tmp_path):
+    data_dir = tmp_path / "ledger"
+    with DuckDBStore(data_dir) as store:
+        ingest(store, message(0, 1, 2), message(1, 3))
+        store.seal()
+    root = data_dir / SEGMENTS_DIR
+    doc = json.loads((root / MANIFEST_NAME).read_text())
+    rollup = doc["segments"][0]["rollup"]
+    path = root / rollup["path"]
+    tmp = path.with_name("rewritten.tmp")
+    duckdb.connect().execute(  # one more GPU-ms, checksum updated: only the sums can tell
+        f"COPY (SELECT * REPLACE (CASE WHEN unit = 'gpu_ms' AND amount > 0 THEN amount + 1 "
+        f"ELSE amount END AS amount) FROM read_parquet('{path}')) TO '{tmp}' (FORMAT parquet)"
+    )
+    tmp.replace(path)
+    rollup["sha256"] = file_sha256(path)
+    (root / MANIFEST_NAME).write_text(json.dumps(doc))
+    problems = verify_ledger(data_dir).problems
+    assert any(
+        p.startswith(f"segments/{rollup['path']}: ") and "rows differ from the aggregation" in p
+        for p in problems
+    ), problems
+
+
+@pytest.mark.parametrize(
+    ("zone", "aligned"),
+    [
+        pytest.param(UTC, True, id="utc"),
+        pytest.param(ZoneInfo("Europe/Berlin"), True, id="berlin-summer-time"),
+        pytest.param(ZoneInfo("America/New_York"), True, id="new-york"),
+        pytest.param(ZoneInfo("Asia/Kolkata"), False, id="kolkata-half-hour"),
+        pytest.param(ZoneInfo("Asia/Kathmandu"), False, id="kathmandu-quarter-hour"),
+        pytest.param(ZoneInfo("Australia/Adelaide"), False, id="adelaide-half-hour"),
+    ],
+)
+def test_rollups_answer_zones_whose_hours_begin_on_utc_hours(zone: tzinfo, aligned: bool):
+    assert hour_aligned(zone) is aligned
+
+
+# ------------------------------------------------------------------- the pages' read models
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The dashboard's seeded ledger, and a copy whose manifest names no rollups (read from the
+    segments, as a ledger sealed before rollups is)."""
+    rolled = seed_ledger(tmp_path_factory.mktemp("rolled") / "ledger")
+    plain = tmp_path_factory.mktemp("plain") / "ledger"
+    shutil.copytree(rolled, plain)
+    manifest = plain / SEGMENTS_DIR / MANIFEST_NAME
+    doc = json.loads(manifest.read_text())
+    assert all("rollup" in entry for entry in doc["segments"])
+    for entry in doc["segments"]:
+        del entry["rollup"]
+    manifest.write_text(json.dumps(doc))
+    return rolled, plain
+
+
+PERIOD = "2026-11"
+FILTERS = rollups.Filters(PERIOD)
+TEAM = rollups.Filters(PERIOD, "vision", None)
+POOL = rollups.Filters(None, None, "a100")
+READS: dict[str, Callable[[ReportQueries], Any]] = {
+    "cost-report-team": lambda q: cost_report(q, ("team",), PERIOD),
+    "cost-report-project-user-weighted": lambda q: cost_report(
+        q, ("project", "user"), PERIOD, IdleSharing.WEIGHTED, include_unallocated=True
+    ),
+    "cost-report-by-gpu-from-postings": lambda q: cost_report(q, ("gpu_uuid",), None),
+    "idle-report-even": lambda q: idle_report(q, PERIOD, IdleSharing.EVEN),
+    "money-total": lambda q: money_total(q, PERIOD),
+    "cost-table-team-pool-filter": lambda q: rollups.cost_table(q, "team", POOL),
+    "cost-table-user-weighted": lambda q: rollups.cost_table(q, "user", FILTERS, "weighted"),
+    "cost-over-time-hourly": lambda q: rollups.cost_over_time(q, "team", HOUR_US, FILTERS),
+    "cost-over-time-daily-model": lambda q: rollups.cost_over_time(
+        q, "model", rollups.DAY_US, TEAM
+    ),
+    "top-jobs": lambda q: rollups.top_jobs(q, FILTERS, 3),
+    "idle-waste": lambda q: rollups.idle_waste(q, POOL),
+    "budget-burn-at-the-end": lambda q: rollups.budget_burn(q, PERIOD, END_US, None),
+    "budget-burn-mid-hour": lambda q: rollups.budget_burn(q, PERIOD, END_US - 1_234_567, "vision"),
+    "job-costs": lambda q: rollups.job_costs(q, TEAM),
+    "team-budget": lambda q: rollups.team_budget(q, "vision"),
+    "team-statement-weighted": lambda q: team_statement(q, "vision", PERIOD, "USD", "weighted"),
+    "daily-usage": lambda q: rollups.daily_usage(q, None, None),
+    "usage-trend": lambda q: rollups.usage_trend(q, H100, None, 28, 4),
+    "usage-trend-pool": lambda q: rollups.usage_trend(q, A100, "a100", 28, 4),
+}
+
+
+@pytest.mark.parametrize("read", [pytest.param(r, id=name) for name, r in READS.items()])
+def test_each_read_model_is_the_same_from_rollups_as_from_segments(both, read):
+    rolled, plain = both
+    answers = []
+    for data_dir in (rolled, plain):
+        q = ReportQueries(data_dir)
+        try:
+            answers.append(read(q))
+        finally:
+            q.close()
+    assert answers[0] == answers[1]
+    assert answers[0]  # something to compare: the seeded ledger has it
+
+
+def test_the_rollups_stand_for_the_segments_that_have_them(both):
+    rolled, plain = both
+    for data_dir, from_rollups in ((rolled, True), (plain, False)):
+        q = ReportQueries(data_dir)
+        try:
+            (postings,) = q.rows("SELECT count(*) FROM {postings}")[0]
+            rows, counted = q.rows("SELECT count(*), sum(postings) FROM {rollups}")[0]
+        finally:
+            q.close()
+        assert counted == postings  # every posting counted once, either way
+        assert (rows < postings) is from_rollups  # a rollup row stands for several postings
+
+
+def test_a_zone_whose_hours_split_a_rollups_hour_is_read_from_the_postings(both, tmp_path):
+    rolled, _ = both
+    kolkata = tmp_path / "ledger"
+    shutil.copytree(rolled, kolkata)
+    identity = {"version": IDENTITY_VERSION, "timezone": "Asia/Kolkata"}  # UTC+05:30
+    (kolkata / IDENTITY_NAME).write_text(json.dumps(identity))  # its hours start at :30 UTC
+    q = ReportQueries(kolkata)
+    try:
+        (postings,) = q.rows("SELECT count(*) FROM {postings}")[0]
+        (rows,) = q.rows("SELECT count(*) FROM {rollups}")[0]
+        hourly = rollups.cost_over_time(q, "team", HOUR_US, FILTERS)
+        scanned = q.rows(
+            f"SELECT {time_bucket_sql('start_us', HOUR_US, q.zone)} AS b, team, "
+            "sum(amount) FILTER (unit = 'gpu_ms') FROM {postings} "
+            "WHERE account LIKE 'consumer:%' AND period = ? GROUP BY ALL ORDER BY b, team",
+            [PERIOD],
+        )
+    finally:
+        q.close()
+    assert rows == postings
+    assert [(c.bucket_us, c.key, c.gpu_ms) for c in hourly] == [
+        (int(b), t, int(ms)) for b, t, ms in scanned
+    ]
+    assert any(c.bucket_us % HOUR_US for c in hourly)  # buckets at :30 UTC
