@@ -6,8 +6,9 @@ and starts make job owners known (`ledger.job_owners`); each suspense transactio
 made known here is corrected: reversed and re-posted to its owner (a re-posting that still
 awaits another job awaits it in turn); unallocated usage of a GPU booked before the
 `GpuAssigned` covering it is corrected the same way, to whoever the new timeline says held the
-GPU (an assignment wins over a job-only owner, as in attribution); a re-posting settles its
-job's open hold. The topic's other job events are passed over. An event not seen before whose
+GPU (an assignment wins over a job-only owner, as in attribution — but usage naming a job the
+batch makes known, by its assignment too, is corrected to that job first); a re-posting settles
+its job's open hold. The topic's other job events are passed over. An event not seen before whose
 time is before its job's (holds) or GPU's (assignments) dedupe cutoff is a dead letter
 (`ledger.dedupe`: too late to deduplicate). Pure: the batch, the ledger's view and nothing else."""
 
@@ -172,7 +173,9 @@ def fold_jobs(
     owners = learned_owners((e for e, _ in batch.identities), view.job_owners)
     fixes = _Corrections(view, cost_centres or {})
     reposts: list[SourcedTransaction] = []
-    for made in (*fixes.by_assignment(assigned, timelines), *fixes.by_identity(batch, owners)):
+    # a job's own usage first: usage naming a job goes to that job once its owner is known
+    # (from its JobSubmitted, JobStarted or GpuAssigned), whenever its GPU was assigned to it
+    for made in (*fixes.by_identity(batch, owners), *fixes.by_assignment(assigned, timelines)):
         if isinstance(made, DeadLetter):
             dead.append(made)
             continue

@@ -125,6 +125,15 @@ SOURCES = ("auto", "nvml", "dcgm", "sim")
     help="dcgm: CA bundle to verify the exporter's TLS certificate.",
 )
 @click.option("--insecure", is_flag=True, help="dcgm: do not verify TLS certificates.")
+@click.option(
+    "--fake-nvml",
+    "fake_nvml",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    hidden=True,
+    help="nvml: read a fake NVML driven from this directory (collectors.fake_nvml_files); "
+    "for end-to-end tests on hosts without a GPU.",
+)
 @log_level_option
 @log_format_option
 def collect(
@@ -149,6 +158,7 @@ def collect(
     basic_auth_password_env: str,
     ca_bundle: str | None,
     insecure: bool,
+    fake_nvml: str | None,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -164,6 +174,10 @@ def collect(
     configure_logging("collector", log_level, log_format)
     interval = interval_s or config.sampling.interval_s
     node = node or socket.gethostname()
+    if fake_nvml is not None and source not in ("auto", "nvml"):
+        fail("--fake-nvml goes with --source nvml", Exit.USAGE)
+    if fake_nvml is not None:
+        source = "nvml"
     if source == "auto":
         source = "nvml" if _nvml_available() else "sim"
         click.echo(f"collecting from {source}", err=True)
@@ -195,6 +209,7 @@ def collect(
         basic_auth_password_env,
         ca_bundle,
         insecure,
+        fake_nvml,
     )
     if once:
         from collectors.runner import sample_source
@@ -294,10 +309,13 @@ def _real_source(
     password_env: str,
     ca_bundle: str | None,
     insecure: bool,
+    fake_nvml: str | None = None,
 ) -> tuple[Callable[[], Any], tuple[str | None, str | None], dict[str, Any]]:
     """A function that reads one round from NVML or dcgm-exporter; the driver and CUDA versions
     NVML gives; and what the source says of each node (dcgm-exporter: its labels, the driver
-    version, updated by every scrape; NVML: each GPU's topology), for the inventory reports."""
+    version, updated by every scrape; NVML: each GPU's topology), for the inventory reports.
+    `fake_nvml`: a directory driving `collectors.fake_nvml_files.DirectoryNvml` instead of the
+    driver's library."""
     if source == "nvml":
         import pynvml
 
@@ -305,8 +323,13 @@ def _real_source(
         from collectors.nvml import NvmlCollector
         from tally.components import kubelet_pods, owner_resolver
 
+        nvml: Any = pynvml
+        if fake_nvml is not None:
+            from collectors.fake_nvml_files import DirectoryNvml
+
+            nvml = DirectoryNvml(Path(fake_nvml))
         resolver = owner_resolver(config, kubelet_pods(config, node))
-        collector = NvmlCollector(pynvml, node, pool, owner_resolver=resolver, interval_s=interval)
+        collector = NvmlCollector(nvml, node, pool, owner_resolver=resolver, interval_s=interval)
         try:
             collector.start()
         except NvmlUnavailableError as exc:
@@ -315,7 +338,7 @@ def _real_source(
 
         topology = tuple(sorted(collector.topology().items()))
         facts = {node: NodeFacts(topology=topology)}
-        return collector.collect_round, nvml_versions(pynvml), facts
+        return collector.collect_round, nvml_versions(nvml), facts
 
     from collectors.dcgm import DcgmCollector
     from collectors.dcgm_http import DcgmConfig

@@ -2,25 +2,36 @@
 release of the same Slurm job, holding a job Slurm has not started, cancelling a parked job,
 sbatch refusals, jobs ended outside Tally, node failure, time limits, the sacct fallback, many
 small jobs, a restarted executor rebuilt from job events cancelling the job its predecessor
-submitted — against the real single-node Slurm — and its poll logic on a scripted runner.
+submitted, the GPU time of Slurm jobs charged to their teams (a Tally job's process naming only
+`SLURM_JOB_ID`; a job submitted outside Tally, by its account, mapped or `unmapped:<account>`) —
+against the real single-node Slurm — and its poll logic on a scripted runner.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
-from ledger.job_events import JobPreempted, JobStarted, PreemptReason
+from collectors.ownership import OwnerResolver
+from collectors.slurm_account import SlurmAccounts
+from ledger.accounts import consumer_account
+from ledger.events import Owner
+from ledger.job_events import JobPreempted, JobStarted, JobSubmitted, PreemptReason
+from ledger.store.memory import MemoryStore
+from ledger.units import Unit
 from scheduler.executors.errors import ExecutorUnavailable
 from scheduler.executors.slurm import SlurmExecutor, SubprocessRunner
 from scheduler.executors.slurm_text import Completed
 from scheduler.model import Flavor, GpuRef, RunningJob
 from scheduler.ports import JobStatus, RunState, StopReason, Work
+from tests.builders import T0_US, a_process, an_envelope
 from tests.scheduler_builders import MINUTE_US, SECOND_US, a_spec
-from tests.slurm.cluster import SlurmCluster
+from tests.slurm.cluster import SlurmCluster, processes_with_env
+from tests.unit.test_ingest_late_owners import JOBS, SAMPLES, Ledger
 
 TIMEOUT_S = 20.0
 HOLD = Work(command=("/bin/sh", "-c", 'echo "run ${SLURM_RESTART_COUNT:-0}"; sleep 60'))
@@ -224,6 +235,80 @@ def test_the_runtime_limit_becomes_slurms_time_limit(
     assert slurm_id is not None
     shown = slurm_cluster.run("scontrol", "--oneliner", "show", "job", slurm_id).stdout
     assert " TimeLimit=00:02:00 " in shown
+
+
+# A Tally job whose worker process has only Slurm's variables (as under srun or an MPI launcher
+# that does not pass TALLY_JOB_ID on), then a batch job submitted outside Tally.
+LAUNCHED = Work(command=("/bin/sh", "-c", "env -u TALLY_JOB_ID sleep 60 & echo launched; wait"))
+
+
+def _sbatch(cluster: SlurmCluster, account: str) -> str:
+    """A one-GPU batch job submitted straight to Slurm under `account`; its Slurm id."""
+    argv = ("sbatch", "--parsable", f"--account={account}", "--gres=gpu:1", "--output=/dev/null")
+    return cluster.run(*argv, "--wrap=sleep 60").stdout.strip().split(";")[0]
+
+
+@pytest.mark.slurm
+def test_gpu_time_of_slurm_jobs_is_charged_to_their_teams(
+    executor: SlurmExecutor, slurm_cluster: SlurmCluster
+) -> None:
+    """The charge path on real Slurm processes: the owner resolver reads each job's processes
+    (`/proc/<pid>/environ`), the ledger folds a 10 s sample per process. A Tally job's process
+    that names only `SLURM_JOB_ID` is charged, through the `JobStarted` carrying its Slurm id, to
+    the Tally job's team; a job sbatch'ed outside Tally to its account's team, and an account
+    the config does not name to the visible team `unmapped:<account>`."""
+    watch = Watcher(executor)
+    executor.start(a_job("launched"), LAUNCHED)
+    watch.until("launched", RunState.RUNNING)
+    wait_log(executor.log_path("launched"), "launched")
+    tally_id = executor.slurm_id("launched")
+    assert tally_id is not None
+    outside = {a: _sbatch(slurm_cluster, a) for a in ("ml-research", "nobody-knows")}
+    scontrol = ("env", f"SLURM_CONF={slurm_cluster.conf}", "scontrol")
+    resolver = OwnerResolver(
+        slurm_account=SlurmAccounts(scontrol),
+        accounts={"ml-research": ("language", "language-project")},
+    )
+
+    def owners_of(slurm_id: str) -> dict[int, Owner | None]:
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            pids = processes_with_env("SLURM_JOB_ID", slurm_id)
+            owners = {pid: resolver(pid, "GPU-0") for pid in pids}
+            if any(o is not None and o.job_id == f"slurm:{slurm_id}" for o in owners.values()):
+                return owners
+            time.sleep(0.05)
+        raise AssertionError(f"no process of Slurm job {slurm_id} names it")
+
+    launched = owners_of(tally_id)
+    worker = [o for o in launched.values() if o is not None and o.job_id == f"slurm:{tally_id}"]
+    assert worker and all(o.team is None for o in worker)  # the ledger must resolve it
+    mapped = owners_of(outside["ml-research"])
+    unknown = owners_of(outside["nobody-knows"])
+
+    ledger = Ledger(MemoryStore())
+    started = JobStarted("launched", T0_US + 1, slurm_job_id=tally_id)
+    ledger.apply(JOBS, (JobSubmitted(a_spec("launched"), T0_US), started))
+    samples = [
+        an_envelope(gpu_uuid=f"GPU-{n}", processes=(a_process(pid, owner=owner),))
+        for n, (pid, owner) in enumerate([*launched.items(), *mapped.items(), *unknown.items()])
+        if owner is not None and owner.job_id is not None and owner.job_id.startswith("slurm:")
+    ]
+    ledger.apply(SAMPLES, tuple(samples))
+    by_job = {}
+    for row in ledger.store.balance_rows():
+        if row.unit == Unit.GPU_MS and row.account.startswith("consumer:"):
+            by_job[row.account] = by_job.get(row.account, 0) + row.balance
+    ten_s = 10_000  # GPU-ms of one 10 s sample
+    every = [*launched.values(), *mapped.values(), *unknown.values()]
+    count = Counter(o.job_id for o in every if o is not None)
+    assert by_job == {
+        consumer_account("vision", "vision-project"): ten_s * count[f"slurm:{tally_id}"],
+        consumer_account("language", "language-project"): ten_s
+        * count[f"slurm:{outside['ml-research']}"],
+        consumer_account("unmapped:nobody-knows", None): ten_s
+        * count[f"slurm:{outside['nobody-knows']}"],
+    }
 
 
 @pytest.mark.slurm

@@ -325,6 +325,11 @@ ASSIGNMENT_CASES = {
         {LANGUAGE: 10_000},
         (S1.id,),
     ),
+    "the-job-s-own-assignment-from-mid-interval-gives-it-the-whole": AssignmentCase(
+        ((SAMPLES, (S1,)), (JOBS, (assigned("job-7", "vision", T0_US + 5_000_000),))),
+        {VISION: 10_000},
+        (S1.id,),
+    ),
     "a-redelivered-assignment-corrects-once": AssignmentCase(
         ((SAMPLES, (U1,)), (JOBS, (ASSIGN_1,)), (JOBS, (ASSIGN_1,)), (SAMPLES, (U1,))),
         {VISION: 10_000},
