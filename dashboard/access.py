@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from dashboard import i18n
+from dashboard.i18n import _
 from ledger.role_claims import ClaimMapping
 from ledger.roles import Action, Caller, Role, Scope, scope_of
 
@@ -91,20 +93,28 @@ def viewer() -> Viewer:
     claims = st.user.to_dict()
     if not claims.get("is_logged_in"):
         st.title("Tally")
-        st.write("Sign in with your organisation's account to see the dashboard.")
-        st.button("Log in", type="primary", on_click=st.login)
+        st.write(_("Sign in with your organisation's account to see the dashboard."))
+        st.button(_("Log in"), type="primary", on_click=st.login)
+        i18n.switch()
         st.stop()
     caller = mapping.caller(claims)
     if caller is None:
         st.title("Tally")
         st.error(
-            "You are signed in, but your account has no role in Tally: ask an administrator to "
-            "add you to a group that `auth.oidc.roles` maps to a role."
+            _(
+                "You are signed in, but your account has no role in Tally: ask an administrator "
+                "to add you to a group that `auth.oidc.roles` maps to a role."
+            )
         )
-        st.button("Log out", on_click=st.logout)
+        st.button(_("Log out"), on_click=st.logout)
+        i18n.switch()
         st.stop()
     with st.sidebar:
-        team = f" of {caller.team}" if caller.team else ""
-        st.caption(f"Signed in as **{caller.user}** · {caller.role}{team}")
-        st.button("Log out", on_click=st.logout)
+        who = {"user": caller.user, "role": caller.role, "team": caller.team}
+        st.caption(
+            _("Signed in as **{user}** · {role} of {team}").format(**who)
+            if caller.team
+            else _("Signed in as **{user}** · {role}").format(**who)
+        )
+        st.button(_("Log out"), on_click=st.logout)
     return Viewer(caller)

@@ -21,6 +21,8 @@ from typing import Any
 
 import streamlit as st
 
+from dashboard import i18n
+from dashboard.i18n import N_, _
 from ledger.audit import AuditRecord, verify_chain
 from ledger.periods import Period, zone_name
 from ledger.pricing import PriceBook, decode_price_book
@@ -35,11 +37,12 @@ from ledger.units import MICROS_PER_UNIT, MS_PER_HOUR
 
 ALL = "(all)"
 SHARING_HELP = {
-    IdleSharing.NONE: "none — unallocated GPUs stay a separate line nobody pays for",
-    IdleSharing.WEIGHTED: "weighted — each row pays a share in proportion to its GPU time "
-    "on that pool and model",
-    IdleSharing.EVEN: "even — each row that used the pool and model pays an equal share",
-}
+    IdleSharing.NONE: N_("none — unallocated GPUs stay a separate line nobody pays for"),
+    IdleSharing.WEIGHTED: N_(
+        "weighted — each row pays a share in proportion to its GPU time on that pool and model"
+    ),
+    IdleSharing.EVEN: N_("even — each row that used the pool and model pays an equal share"),
+}  # N_: translate with _() where shown
 
 
 def data_dir() -> Path:
@@ -208,30 +211,34 @@ def sidebar_filters(
 
     def period_label(label: str) -> str:
         if label == ALL:
-            return "All periods"
-        return f"{label} · closed" if label in closed else f"{label} · open"
+            return _("All periods")
+        return (_("{period} · closed") if label in closed else _("{period} · open")).format(
+            period=label
+        )
 
     with st.sidebar:
-        st.header("Filters")
+        st.header(_("Filters"))
         period = st.selectbox(
-            "Accounting period",
+            _("Accounting period"),
             periods,
             index=1 if len(periods) > 1 else 0,
             format_func=period_label,
             key="period",
-            help=f"A month ({zone_name(zone())}, the ledger's time zone). Costs count in the "
-            "month they were booked into; a closed month never changes.",
+            help=_(
+                "A month ({zone}, the ledger's time zone). Costs count in the month they were "
+                "booked into; a closed month never changes."
+            ).format(zone=zone_name(zone())),
         )
         team = st.selectbox(
-            "Team",
+            _("Team"),
             choices,
-            format_func=lambda t: "All teams" if t == ALL else t,
+            format_func=lambda t: _("All teams") if t == ALL else t,
             key="team",
         )
         pool = st.selectbox(
-            "GPU pool",
+            _("GPU pool"),
             [ALL, *extent.pools],
-            format_func=lambda p: "All pools" if p == ALL else p,
+            format_func=lambda p: _("All pools") if p == ALL else p,
             key="pool",
         )
     return rollups.Filters(
@@ -255,7 +262,7 @@ def money(micros: int, places: int = 2) -> str:
     value = (Decimal(micros) / MICROS_PER_UNIT).quantize(
         Decimal(1).scaleb(-places), ROUND_HALF_EVEN
     )
-    return f"{value:,.{places}f} {currency()}"
+    return f"{i18n.number(value, places)} {currency()}"
 
 
 def amount(micros: int) -> float:
@@ -278,7 +285,7 @@ def csv_text(headers: list[str], rows: list[list[Any]]) -> str:
 def when(time_us: int | None) -> str:
     if time_us is None:
         return "—"
-    return f"{datetime.fromtimestamp(time_us / 1e6, tz=UTC):%Y-%m-%d %H:%M} UTC"
+    return i18n.date_time(time_us)
 
 
 def timestamp(time_us: int) -> datetime:
@@ -288,22 +295,37 @@ def timestamp(time_us: int) -> datetime:
 def no_data(what: str) -> None:
     """The empty state of a page on a ledger with nothing sealed yet."""
     st.info(
-        f"No sealed usage yet, so there is no {what} to show. Once the worker has consumed "
-        "samples and sealed its first segment (a few seconds after `make up` starts), it "
-        f"appears here. Ledger directory: `{data_dir()}`."
+        _(
+            "No sealed usage yet, so there is no {what} to show. Once the worker has consumed "
+            "samples and sealed its first segment (a few seconds after `make up` starts), it "
+            "appears here. Ledger directory: `{directory}`."
+        ).format(what=what, directory=data_dir())
     )
+
+
+SUBMIT_EXAMPLE = (
+    "\n\n```sh\ntally job submit -q dev -p <project> --gpus 1 --estimate 2h -- python train.py"
+    "\ntally job list\n```\n\n"
+)
 
 
 def no_jobs(who: str = "") -> None:
     """The empty state of the team page: no scheduler events yet (for `who`, or anyone)."""
+    head = (
+        _("No jobs of {who} yet in the ledger's record of the scheduler.").format(who=who)
+        if who
+        else _("No jobs yet in the ledger's record of the scheduler.")
+    )
     st.info(
-        f"No jobs {('of ' + who + ' ') if who else ''}yet in the ledger's record of the "
-        "scheduler. Submit one with the `tally` CLI (a team's token in `TALLY_TOKEN`):\n\n"
-        "```sh\ntally job submit -q dev -p <project> --gpus 1 --estimate 2h -- python train.py"
-        "\ntally job list\n```\n\n"
-        "It appears here, with why it waits and what it costs, a few seconds after the scheduler "
-        f"publishes its events and the worker seals them (jobs topic `{jobs_topic()}`, ledger "
-        f"directory `{data_dir()}`)."
+        head
+        + " "
+        + _("Submit one with the `tally` CLI (a team's token in `TALLY_TOKEN`):")
+        + SUBMIT_EXAMPLE
+        + _(
+            "It appears here, with why it waits and what it costs, a few seconds after the "
+            "scheduler publishes its events and the worker seals them (jobs topic `{topic}`, "
+            "ledger directory `{directory}`)."
+        ).format(topic=jobs_topic(), directory=data_dir())
     )
 
 
@@ -314,6 +336,7 @@ def duration_hours(us: int) -> float:
 
 def sealed_caption(extent: rollups.Extent) -> None:
     st.caption(
-        f"Sealed ledger in `{data_dir()}` · sealed up to {when(extent.newest_us)} · "
-        f"amounts in {currency()}"
+        _("Sealed ledger in `{directory}` · sealed up to {when} · amounts in {currency}").format(
+            directory=data_dir(), when=when(extent.newest_us), currency=currency()
+        )
     )

@@ -16,34 +16,75 @@ from datetime import UTC, date, datetime, time, timedelta
 import pandas as pd
 import streamlit as st
 
-from dashboard import common
+from dashboard import common, i18n
+from dashboard.i18n import _
 from ledger.audit import AuditFilter, select
 from ledger.read import rollups
 
-st.title("Audit: who changed what")
+st.title(_("Audit: who changed what"))
 records, broken = common.audit()
 if not records:
     st.info(
-        "No audit records yet. Admin changes (`tally admin apply`, `tally ledger adjust`, "
-        "`tally ledger close`) and job submissions and cancellations through the scheduler's "
-        "API appear here once the worker has applied and sealed them. Ledger directory: "
-        f"`{common.data_dir()}`."
+        _(
+            "No audit records yet. Admin changes (`tally admin apply`, `tally ledger adjust`, "
+            "`tally ledger close`) and job submissions and cancellations through the scheduler's "
+            "API appear here once the worker has applied and sealed them. Ledger directory: "
+            "`{directory}`."
+        ).format(directory=common.data_dir())
     )
     st.stop()
 st.caption(
-    "Every state-changing action the ledger recorded, as of the last seal; the sidebar's "
-    "period, team and pool filters do not apply here."
+    _(
+        "Every state-changing action the ledger recorded, as of the last seal; the sidebar's "
+        "period, team and pool filters do not apply here."
+    )
 )
+
+COLUMNS = {  # the CSV's headers (stable) → what the table shows
+    "seq": _("Seq"),
+    "time": _("Time"),
+    "kind": _("Kind"),
+    "actor": _("Actor"),
+    "role": _("Role"),
+    "client": _("Client"),
+    "subject": _("Subject"),
+    "reason": _("Reason"),
+    "before": _("Before"),
+    "after": _("After"),
+    "request": _("Request"),
+    "team": _("Team"),
+    "status": _("Status"),
+    "change": _("Change"),
+    "requested_by": _("Requested by"),
+    "approvers": _("Approvers"),
+    "opened": _("Opened"),
+    "expires": _("Expires"),
+    "decided_by": _("Decided by"),
+    "comment": _("Comment"),
+}
+STATUS = {
+    "open": _("open"),
+    "approved": _("approved"),
+    "rejected": _("rejected"),
+    "expired": _("expired"),
+}
+
+
+def shown_as(value: str) -> str:
+    return _("(all)") if value == common.ALL else STATUS.get(value, value)
+
 
 actors = sorted({r.entry.actor for r in records})
 kinds = sorted({r.entry.kind for r in records})
 families = sorted({k.split(".")[0] for k in kinds})
 left, middle, right = st.columns(3)
-actor = left.selectbox("Actor", [common.ALL, *actors], key="audit_actor")
-kind = middle.selectbox("Kind", [common.ALL, *families, *kinds], key="audit_kind")
+actor = left.selectbox(_("Actor"), [common.ALL, *actors], format_func=shown_as, key="audit_actor")
+kind = middle.selectbox(
+    _("Kind"), [common.ALL, *families, *kinds], format_func=shown_as, key="audit_kind"
+)
 first_day = common.timestamp(records[0].entry.time_us).date()
 last_day = common.timestamp(records[-1].entry.time_us).date()
-days = right.date_input("Days", (first_day, last_day), key="audit_days")
+days = right.date_input(_("Days"), (first_day, last_day), key="audit_days")
 
 
 def _start_us(day: date) -> int:
@@ -62,11 +103,18 @@ where = AuditFilter(
 shown = list(reversed(select(records, where)))
 
 a, b, c = st.columns(3)
-a.metric("Records shown", f"{len(shown):,} of {len(records):,}")
-b.metric("Actors", len({r.entry.actor for r in shown}))
-c.metric("Hash chain", "intact" if broken is None else "BROKEN")
+a.metric(
+    _("Records shown"),
+    _("{shown} of {total}").format(shown=i18n.number(len(shown)), total=i18n.number(len(records))),
+)
+b.metric(_("Actors"), len({r.entry.actor for r in shown}))
+c.metric(_("Hash chain"), _("intact") if broken is None else _("BROKEN"))
 if broken is not None:
-    st.error(f"The audit trail's hash chain is broken: {broken}. Run `tally ledger verify`.")
+    st.error(
+        _("The audit trail's hash chain is broken: {where}. Run `tally ledger verify`.").format(
+            where=broken
+        )
+    )
 
 headers = ["seq", "time", "kind", "actor", "role", "client", "subject", "reason", "before", "after"]
 rows = [
@@ -84,25 +132,27 @@ rows = [
     ]
     for r in shown
 ]
-st.dataframe(pd.DataFrame(rows, columns=headers), hide_index=True)
+st.dataframe(pd.DataFrame(rows, columns=headers), hide_index=True, column_config=COLUMNS)
 st.download_button(
-    "Download CSV", common.csv_text(headers, rows), "audit.csv", "text/csv", key="audit-csv"
+    _("Download CSV"), common.csv_text(headers, rows), "audit.csv", "text/csv", key="audit-csv"
 )
 
-st.header("Requests")
+st.header(_("Requests"))
 now_us = int(clock.time() // 60) * 60_000_000  # to the minute: one cache entry a minute
 found: rollups.Requests = common.query("requests", now_us)
 if found.problem is not None:
-    st.error(f"The admin log could not be read: {found.problem}")
+    st.error(_("The admin log could not be read: {problem}").format(problem=found.problem))
 elif not found.rows:
     st.info(
-        "No quota or budget requests yet. A team lead files one with `tally request budget` / "
-        "`tally request quota` (or `POST /v1/requests`); finance or an admin decides it with "
-        "`tally request approve|reject`."
+        _(
+            "No quota or budget requests yet. A team lead files one with `tally request budget` / "
+            "`tally request quota` (or `POST /v1/requests`); finance or an admin decides it with "
+            "`tally request approve|reject`."
+        )
     )
 else:
     status = st.selectbox(
-        "Status", [common.ALL, "open", "approved", "rejected", "expired"], key="requests_status"
+        _("Status"), [common.ALL, *STATUS], format_func=shown_as, key="requests_status"
     )
     listed = [q for q in found.rows if status in (common.ALL, q.status)]
     request_headers = [
@@ -113,7 +163,7 @@ else:
         [
             q.request_id,
             q.team,
-            q.status,
+            STATUS.get(q.status, q.status),
             q.change,
             q.requested_by,
             q.reason,
@@ -125,8 +175,12 @@ else:
         ]
         for q in listed
     ]
-    st.dataframe(pd.DataFrame(table, columns=request_headers), hide_index=True)
+    st.dataframe(
+        pd.DataFrame(table, columns=request_headers), hide_index=True, column_config=COLUMNS
+    )
     st.caption(
-        "Newest first, as of the last seal; an open request past its expiry shows as expired. "
-        "Approving one grants its budget or quota in the ledger, with the approver as actor."
+        _(
+            "Newest first, as of the last seal; an open request past its expiry shows as expired. "
+            "Approving one grants its budget or quota in the ledger, with the approver as actor."
+        )
     )

@@ -11,33 +11,40 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard import common
+from dashboard import common, i18n
+from dashboard.i18n import N_, _
 from ledger.read import rollups
 
 WINDOWS = {
-    "6 hours": (6 * rollups.HOUR_US, 15 * 60_000_000),
-    "24 hours": (rollups.DAY_US, rollups.HOUR_US),
-    "7 days": (7 * rollups.DAY_US, 6 * rollups.HOUR_US),
+    N_("6 hours"): (6 * rollups.HOUR_US, 15 * 60_000_000),
+    N_("24 hours"): (rollups.DAY_US, rollups.HOUR_US),
+    N_("7 days"): (7 * rollups.DAY_US, 6 * rollups.HOUR_US),
 }
 SILENT_AFTER_US = 15 * 60_000_000
 
 cur = common.currency()
-st.title("Platform: the GPU fleet")
+st.title(_("Platform: the GPU fleet"))
 extent: rollups.Extent = common.query("extent")
 if extent.empty or extent.newest_us is None:
-    common.no_data("fleet data")
+    common.no_data(_("fleet data"))
     st.stop()
 filters = common.current_filters()
 common.sealed_caption(extent)
 if filters.team:
-    st.caption(f"Team filter: idle GPUs held by {filters.team} only; fleet charts show all GPUs.")
+    st.caption(
+        _("Team filter: idle GPUs held by {team} only; fleet charts show all GPUs.").format(
+            team=filters.team
+        )
+    )
 
 # ---------------------------------------------------------------------- idle GPUs now
 now: rollups.FleetNow = common.query("fleet_now", filters.pool)
-st.header("Idle GPUs now")
+st.header(_("Idle GPUs now"))
 st.caption(
-    f"As of {common.when(now.as_of_us)}: each GPU's latest sealed sample in the last hour. "
-    "GPUs that sent nothing in that hour are not counted (see Nodes below)."
+    _(
+        "As of {when}: each GPU's latest sealed sample in the last hour. "
+        "GPUs that sent nothing in that hour are not counted (see Nodes below)."
+    ).format(when=common.when(now.as_of_us))
 )
 allocated_idle = [
     g
@@ -46,16 +53,18 @@ allocated_idle = [
 ]
 unallocated = [g for g in now.idle if g.state is rollups.GpuState.UNALLOCATED]
 m = st.columns(4)
-m[0].metric("GPUs reporting", f"{now.gpus:,}")
-m[1].metric("Busy", f"{now.busy:,}")
+m[0].metric(_("GPUs reporting"), f"{now.gpus:,}")
+m[1].metric(_("Busy"), f"{now.busy:,}")
 m[2].metric(
-    "Allocated but idle",
+    _("Allocated but idle"),
     f"{len({g.gpu_uuid for g in allocated_idle}):,}",
-    help="Held by an owner below the idle threshold for longer than the grace period.",
+    help=_("Held by an owner below the idle threshold for longer than the grace period."),
 )
-m[3].metric("Unallocated", f"{now.count(rollups.GpuState.UNALLOCATED):,}", help="Held by nobody.")
+m[3].metric(
+    _("Unallocated"), f"{now.count(rollups.GpuState.UNALLOCATED):,}", help=_("Held by nobody.")
+)
 
-st.subheader("Allocated but idle")
+st.subheader(_("Allocated but idle"))
 if allocated_idle:
     st.dataframe(
         pd.DataFrame(
@@ -75,35 +84,39 @@ if allocated_idle:
         ),
         hide_index=True,
         column_config={
-            "gpu": "GPU",
-            "node": "Node",
-            "pool": "Pool",
-            "team": "Team",
-            "project": "Project",
-            "user": "User",
-            "job": "Job",
-            "util": st.column_config.NumberColumn("Utilisation now (%)", format="%d"),
+            "gpu": _("GPU"),
+            "node": _("Node"),
+            "pool": _("Pool"),
+            "team": _("Team"),
+            "project": _("Project"),
+            "user": _("User"),
+            "job": _("Job"),
+            "util": st.column_config.NumberColumn(_("Utilisation now (%)"), format="%d"),
             "since": st.column_config.DatetimeColumn(
-                "Flagged idle since (UTC)", format="YYYY-MM-DD HH:mm"
+                _("Flagged idle since (UTC)"), format="YYYY-MM-DD HH:mm"
             ),
-            "idle_hours": st.column_config.NumberColumn("Idle GPU-hours", format="%.2f"),
-            "waste": st.column_config.NumberColumn(f"Waste so far ({cur})", format="%.2f"),
+            "idle_hours": st.column_config.NumberColumn(_("Idle GPU-hours"), format="%.2f"),
+            "waste": st.column_config.NumberColumn(_("Waste so far") + f" ({cur})", format="%.2f"),
         },
     )
     st.caption(
-        "Since: when the idle detector confirmed the GPU idle (after its grace period). Waste so "
-        "far: what the owner has been charged for the idle GPU since then."
+        _(
+            "Since: when the idle detector confirmed the GPU idle (after its grace period). "
+            "Waste so far: what the owner has been charged for the idle GPU since then."
+        )
         + (
-            " Some GPUs have been idle for longer than the 35 days looked at: their since and "
-            "waste cover those 35 days."
+            _(
+                " Some GPUs have been idle for longer than the 35 days looked at: their since "
+                "and waste cover those 35 days."
+            )
             if any(g.since_capped for g in allocated_idle)
             else ""
         )
     )
 else:
-    st.success("No allocated GPU is idle right now.")
+    st.success(_("No allocated GPU is idle right now."))
 
-st.subheader("Unallocated")
+st.subheader(_("Unallocated"))
 if unallocated:
     st.dataframe(
         pd.DataFrame(
@@ -119,40 +132,47 @@ if unallocated:
         ),
         hide_index=True,
         column_config={
-            "gpu": "GPU",
-            "node": "Node",
-            "pool": "Pool",
-            "model": "GPU model",
+            "gpu": _("GPU"),
+            "node": _("Node"),
+            "pool": _("Pool"),
+            "model": _("GPU model"),
             "since": st.column_config.DatetimeColumn(
-                "Unallocated since (UTC)", format="YYYY-MM-DD HH:mm"
+                _("Unallocated since (UTC)"), format="YYYY-MM-DD HH:mm"
             ),
-            "hours": st.column_config.NumberColumn("GPU-hours since", format="%.2f"),
-            "cost": st.column_config.NumberColumn(f"Idle capacity cost ({cur})", format="%.2f"),
+            "hours": st.column_config.NumberColumn(_("GPU-hours since"), format="%.2f"),
+            "cost": st.column_config.NumberColumn(
+                _("Idle capacity cost") + f" ({cur})", format="%.2f"
+            ),
         },
     )
     if any(g.since_capped for g in unallocated):
         st.caption(
-            "Some GPUs have been unallocated for longer than the 35 days looked at: their since "
-            "and cost cover those 35 days."
+            _(
+                "Some GPUs have been unallocated for longer than the 35 days looked at: their "
+                "since and cost cover those 35 days."
+            )
         )
 else:
-    st.success("Every reporting GPU is allocated.")
+    st.success(_("Every reporting GPU is allocated."))
 
 # ---------------------------------------------------------------------- window
-window_name = st.radio("Time window", list(WINDOWS), index=1, horizontal=True, key="window")
-span_us, bucket_us = WINDOWS[window_name]
+window_key = st.radio(
+    _("Time window"), list(WINDOWS), index=1, format_func=_, horizontal=True, key="window"
+)
+span_us, bucket_us = WINDOWS[window_key]
+window_name = _(window_key)
 period = common.period(filters.period)
 until = extent.newest_us if period is None else min(extent.newest_us, period.end_us)
 since = until - span_us
 st.caption(
-    f"Fleet charts: the {window_name} up to {common.when(until)}"
-    + (f" (the end of the data in {period.label})" if period else "")
-    + (f", pool {filters.pool}" if filters.pool else "")
-    + "."
+    _("Fleet charts: the {window} up to {when}").format(window=window_name, when=common.when(until))
+    + (_(" (the end of the data in {period})").format(period=period.label) if period else "")
+    + (_(", pool {pool}").format(pool=filters.pool) if filters.pool else "")
+    + _(".")
 )
 
 # ---------------------------------------------------------------------- heatmap
-st.header("Utilisation heatmap")
+st.header(_("Utilisation heatmap"))
 cells: tuple[rollups.HeatCell, ...] = common.query(
     "utilisation_heatmap", since, until, bucket_us, filters.pool
 )
@@ -171,11 +191,13 @@ if cells:
         alt.Chart(heat)
         .mark_rect()
         .encode(
-            x=alt.X("time:T", title="Time (UTC)"),
-            y=alt.Y("gpu:N", title="GPU (node · UUID)", sort=None, axis=alt.Axis(labelLimit=260)),
+            x=alt.X("time:T", title=_("Time (UTC)")),
+            y=alt.Y(
+                "gpu:N", title=_("GPU (node · UUID)"), sort=None, axis=alt.Axis(labelLimit=260)
+            ),
             color=alt.Color(
                 "utilisation:Q",
-                title="Utilisation %",
+                title=_("Utilisation %"),
                 scale=alt.Scale(domain=[0, 100], scheme="viridis"),
             ),
             tooltip=["gpu:N", "pool:N", "model:N", "time:T", "utilisation:Q"],
@@ -184,14 +206,16 @@ if cells:
         width="stretch",
     )
     st.caption(
-        "Each cell: the GPU's utilisation (%) averaged over its samples in the bucket, weighted "
-        "by GPU time. Dark = idle, bright = busy."
+        _(
+            "Each cell: the GPU's utilisation (%) averaged over its samples in the bucket, "
+            "weighted by GPU time. Dark = idle, bright = busy."
+        )
     )
 else:
-    st.info("No samples in this window.")
+    st.info(_("No samples in this window."))
 
 # ---------------------------------------------------------------------- distribution
-st.header("Utilisation by GPU model and pool")
+st.header(_("Utilisation by GPU model and pool"))
 bands: tuple[rollups.UtilisationBand, ...] = common.query(
     "utilisation_distribution", since, until, filters.pool
 )
@@ -203,7 +227,7 @@ if bands:
                 f"{b.low_pct}–{b.low_pct + 10 if b.low_pct < 90 else 100}%" for b in bands
             ],
             "low": [b.low_pct for b in bands],
-            "held by": ["an owner" if b.allocated else "nobody" for b in bands],
+            "held by": [_("an owner") if b.allocated else _("nobody") for b in bands],
             "GPU-hours": [common.hours(b.gpu_ms) for b in bands],
         }
     )
@@ -214,10 +238,10 @@ if bands:
             x=alt.X(
                 "utilisation band:N",
                 sort=alt.EncodingSortField("low"),
-                title="Utilisation band",
+                title=_("Utilisation band"),
             ),
-            y=alt.Y("sum(GPU-hours):Q", title="GPU-hours"),
-            color=alt.Color("held by:N", title="GPU held by"),
+            y=alt.Y("sum(GPU-hours):Q", title=_("GPU-hours")),
+            color=alt.Color("held by:N", title=_("GPU held by")),
             column=alt.Column("pool · model:N", title=None),
             tooltip=["pool · model:N", "utilisation band:N", "held by:N", "sum(GPU-hours):Q"],
         )
@@ -242,25 +266,25 @@ if bands:
         ),
         hide_index=True,
         column_config={
-            "pool": "Pool",
-            "model": "GPU model",
-            "hours": st.column_config.NumberColumn("GPU-hours", format="%.1f"),
-            "occupancy": st.column_config.NumberColumn("Occupancy", format="percent"),
-            "util": st.column_config.NumberColumn("Mean utilisation", format="percent"),
+            "pool": _("Pool"),
+            "model": _("GPU model"),
+            "hours": st.column_config.NumberColumn(_("GPU-hours"), format="%.1f"),
+            "occupancy": st.column_config.NumberColumn(_("Occupancy"), format="percent"),
+            "util": st.column_config.NumberColumn(_("Mean utilisation"), format="percent"),
             "util_held": st.column_config.NumberColumn(
-                "Mean utilisation when held", format="percent"
+                _("Mean utilisation when held"), format="percent"
             ),
         },
     )
     st.caption(
-        "Means are weighted by GPU time; occupancy is the share of GPU time held by an owner."
+        _("Means are weighted by GPU time; occupancy is the share of GPU time held by an owner.")
     )
 else:
-    st.info("No samples in this window.")
+    st.info(_("No samples in this window."))
 
 # ---------------------------------------------------------------------- occupancy
-st.header("Occupancy")
-st.caption("Share of GPU time allocated to an owner (allocated ÷ physical GPU time).")
+st.header(_("Occupancy"))
+st.caption(_("Share of GPU time allocated to an owner (allocated ÷ physical GPU time)."))
 occ: tuple[rollups.Occupancy, ...] = common.query(
     "occupancy", since, until, bucket_us, filters.pool
 )
@@ -286,39 +310,42 @@ if occ:
         alt.Chart(occ_frame)
         .mark_line(point=True)
         .encode(
-            x=alt.X("time:T", title="Time (UTC)"),
-            y=alt.Y("occupancy:Q", title="Occupancy", axis=alt.Axis(format="%")),
-            color=alt.Color("pool:N", title="Pool"),
+            x=alt.X("time:T", title=_("Time (UTC)")),
+            y=alt.Y("occupancy:Q", title=_("Occupancy"), axis=alt.Axis(format="%")),
+            color=alt.Color("pool:N", title=_("Pool")),
         ),
         width="stretch",
     )
     allocated_ms = sum(v[0] for v in totals.values())
     physical_ms = sum(v[1] for v in totals.values())
     st.metric(
-        f"Occupancy over the {window_name}",
+        _("Occupancy over the {window}").format(window=window_name),
         f"{allocated_ms / physical_ms:.1%}" if physical_ms else "—",
-        help=f"{common.hours(allocated_ms):,.1f} of {common.hours(physical_ms):,.1f} GPU-hours",
+        help=_("{used} of {total} GPU-hours").format(
+            used=i18n.number(common.hours(allocated_ms), 1),
+            total=i18n.number(common.hours(physical_ms), 1),
+        ),
     )
 else:
-    st.info("No samples in this window.")
+    st.info(_("No samples in this window."))
 
 # ---------------------------------------------------------------------- nodes
-st.header("GPU health")
+st.header(_("GPU health"))
 health: rollups.FleetHealth = common.query("fleet_health", filters.pool)
 if not health.gpus:
-    st.info("No GPU inventory sealed yet: health appears once collectors report their nodes.")
+    st.info(_("No GPU inventory sealed yet: health appears once collectors report their nodes."))
 else:
     h = st.columns(5)
-    h[0].metric("Healthy", f"{health.count('healthy'):,}")
-    h[1].metric("Degraded", f"{health.count('degraded'):,}")
+    h[0].metric(_("Healthy"), f"{health.count('healthy'):,}")
+    h[1].metric(_("Degraded"), f"{health.count('degraded'):,}")
     h[2].metric(
-        "Unhealthy",
+        _("Unhealthy"),
         f"{health.count('unhealthy'):,}",
-        help="No new jobs are placed on an unhealthy GPU; jobs running there are requeued.",
+        help=_("No new jobs are placed on an unhealthy GPU; jobs running there are requeued."),
     )
-    h[3].metric("Cordoned", f"{health.cordoned:,}", help="tally inventory cordon NODE_OR_GPU")
-    h[4].metric("Faults", f"{health.fault_total:,}", help="Every fault recorded, all GPUs.")
-    st.subheader("By node")
+    h[3].metric(_("Cordoned"), f"{health.cordoned:,}", help=_("tally inventory cordon NODE_OR_GPU"))
+    h[4].metric(_("Faults"), f"{health.fault_total:,}", help=_("Every fault recorded, all GPUs."))
+    st.subheader(_("By node"))
     st.dataframe(
         pd.DataFrame(
             {
@@ -333,10 +360,10 @@ else:
             }
         ),
         hide_index=True,
-        column_config={"state": st.column_config.TextColumn("State", help="worst GPU state")},
+        column_config={"state": st.column_config.TextColumn(_("State"), help=_("worst GPU state"))},
     )
     troubled = [g for g in health.gpus if g.health != "healthy" or g.cordoned or g.faults]
-    st.subheader("GPUs with faults or a cordon")
+    st.subheader(_("GPUs with faults or a cordon"))
     if troubled:
         st.dataframe(
             pd.DataFrame(
@@ -355,12 +382,14 @@ else:
             ),
             hide_index=True,
             column_config={
-                "since": st.column_config.DatetimeColumn("Since (UTC)", format="YYYY-MM-DD HH:mm"),
+                "since": st.column_config.DatetimeColumn(
+                    _("Since (UTC)"), format="YYYY-MM-DD HH:mm"
+                ),
             },
         )
     else:
-        st.caption("Every GPU is healthy, with no fault recorded and no cordon.")
-    st.subheader("Recent faults")
+        st.caption(_("Every GPU is healthy, with no fault recorded and no cordon."))
+    st.subheader(_("Recent faults"))
     if health.faults:
         st.dataframe(
             pd.DataFrame(
@@ -375,15 +404,15 @@ else:
             ),
             hide_index=True,
             column_config={
-                "time": st.column_config.DatetimeColumn("Time (UTC)", format="YYYY-MM-DD HH:mm"),
-                "xid": st.column_config.NumberColumn("XID", format="%d"),
+                "time": st.column_config.DatetimeColumn(_("Time (UTC)"), format="YYYY-MM-DD HH:mm"),
+                "xid": st.column_config.NumberColumn(_("XID"), format="%d"),
             },
         )
     else:
-        st.caption("No faults recorded.")
+        st.caption(_("No faults recorded."))
 
-st.header("Nodes")
-st.caption("When each node last sent a sample that reached the sealed ledger.")
+st.header(_("Nodes"))
+st.caption(_("When each node last sent a sample that reached the sealed ledger."))
 nodes: tuple[rollups.NodeSeen, ...] = common.query("nodes_last_seen", filters.pool)
 if nodes:
     newest = extent.newest_us
@@ -401,12 +430,14 @@ if nodes:
         ),
         hide_index=True,
         column_config={
-            "node": "Node",
-            "pool": "Pool",
-            "gpus": st.column_config.NumberColumn("GPUs seen", format="%d"),
-            "last": st.column_config.DatetimeColumn("Last sample (UTC)", format="YYYY-MM-DD HH:mm"),
+            "node": _("Node"),
+            "pool": _("Pool"),
+            "gpus": st.column_config.NumberColumn(_("GPUs seen"), format="%d"),
+            "last": st.column_config.DatetimeColumn(
+                _("Last sample (UTC)"), format="YYYY-MM-DD HH:mm"
+            ),
             "status": st.column_config.TextColumn(
-                "Status", help="silent: no sample in the 15 minutes before the newest data"
+                _("Status"), help=_("silent: no sample in the 15 minutes before the newest data")
             ),
         },
     )

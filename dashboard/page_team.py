@@ -12,7 +12,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import common
+from dashboard import common, i18n
+from dashboard.i18n import _
 from ledger.read import job_history, rollups
 from ledger.read.job_history import JobRow, JobState
 from ledger.units import Unit
@@ -21,17 +22,17 @@ MAX_ROWS = 500  # newest ended jobs listed
 
 
 def _gpu_hours_text(gpu_ms: int) -> str:
-    return f"{common.hours(gpu_ms):,.1f} GPU-hours"
+    return _("{hours} GPU-hours").format(hours=i18n.number(common.hours(gpu_ms), 1))
 
 
 def _limit(value: int | None) -> str:
     if value is None:
-        return "unlimited"
-    return f"{value:,} GPU" + ("" if value == 1 else "s")
+        return _("unlimited")
+    return (_("{count} GPU") if value == 1 else _("{count} GPUs")).format(count=i18n.number(value))
 
 
 cur = common.currency()
-st.title("Team: jobs, budget and quota")
+st.title(_("Team: jobs, budget and quota"))
 extent: rollups.Extent = common.query("extent")
 topic = common.jobs_topic()
 history: rollups.JobHistory = common.query("job_history", topic)
@@ -44,31 +45,35 @@ if filters.team is not None:
     team = filters.team
 else:
     team = st.selectbox(
-        "Team",
+        _("Team"),
         teams,
         key="team_page",
-        help="Or choose a team in the sidebar: the sidebar's choice applies to every page.",
+        help=_("Or choose a team in the sidebar: the sidebar's choice applies to every page."),
     )
 as_of = max((t for t in (extent.newest_us, history.newest_us) if t is not None), default=0)
 period = common.period(filters.period)
-scope = ", ".join(
+scope = _(", ").join(
     part
     for part in (
-        f"period {filters.period}" if filters.period else "all periods",
-        f"pool {filters.pool}" if filters.pool else "",
+        _("period {period}").format(period=filters.period) if filters.period else _("all periods"),
+        _("pool {pool}").format(pool=filters.pool) if filters.pool else "",
     )
     if part
 )
 st.caption(
-    f"Team **{team}** · {scope} · as of {common.when(as_of)} (the newest sealed usage or job "
-    f"event) · amounts in {cur}. Jobs are those active in the period (submitted before its end, "
-    "not ended before its start) on the pool; jobs that asked for any pool and never ran are "
-    "shown only without a pool filter."
+    _(
+        "Team **{team}** · {scope} · as of {when} (the newest sealed usage or job event) · "
+        "amounts in {currency}. Jobs are those active in the period (submitted before its end, "
+        "not ended before its start) on the pool; jobs that asked for any pool and never ran are "
+        "shown only without a pool filter."
+    ).format(team=team, scope=scope, when=common.when(as_of), currency=cur)
 )
 if history.undecodable:
     st.warning(
-        f"{history.undecodable:,} message(s) on the jobs topic `{topic}` could not be read; "
-        "the jobs they describe may be incomplete here (the worker's dead letters say why)."
+        _(
+            "{count} message(s) on the jobs topic `{topic}` could not be read; the jobs they "
+            "describe may be incomplete here (the worker's dead letters say why)."
+        ).format(count=i18n.number(history.undecodable), topic=topic)
     )
 
 jobs: tuple[JobRow, ...] = job_history.select_jobs(history.rows, team, period, filters.pool)
@@ -95,30 +100,42 @@ def hours_of(job_id: str) -> float:
 
 
 m = st.columns(4)
-m[0].metric("Jobs waiting", f"{len(waiting):,}")
+m[0].metric(_("Jobs waiting"), f"{len(waiting):,}")
 m[1].metric(
-    "Jobs running",
+    _("Jobs running"),
     f"{len(running):,}",
-    help=f"{sum(len(j.gpu_uuids) or j.gpus for j in running):,} GPUs held by them.",
+    help=_("{count} GPUs held by them.").format(
+        count=i18n.number(sum(len(j.gpu_uuids) or j.gpus for j in running))
+    ),
 )
 m[2].metric(
-    "Budget left",
-    "no budget" if money is None else common.money(money.remaining),
-    help="Granted − used − reserved by running jobs, in "
-    + (f"period {budget.period}" if budget.period else "the current period")
-    + ". See Budget below.",
+    _("Budget left"),
+    _("no budget") if money is None else common.money(money.remaining),
+    help=(
+        _("Granted − used − reserved by running jobs, in period {period}. See Budget below.")
+        if budget.period
+        else _(
+            "Granted − used − reserved by running jobs, in the current period. See Budget below."
+        )
+    ).format(period=budget.period),
 )
 m[3].metric(
-    "Fair-share order",
-    "—" if standing is None else f"{standing.rank} of {len(share.rows)}",
-    help="1 is served first when teams compete for the same GPUs. See Fair share below.",
+    _("Fair-share order"),
+    "—"
+    if standing is None
+    else _("{rank} of {count}").format(rank=standing.rank, count=len(share.rows)),
+    help=_("1 is served first when teams compete for the same GPUs. See Fair share below."),
 )
 
 if not jobs:
-    common.no_jobs(f"team {team}" + (f" in {scope}" if filters.period or filters.pool else ""))
+    common.no_jobs(
+        _("team {team} in {scope}").format(team=team, scope=scope)
+        if filters.period or filters.pool
+        else _("team {team}").format(team=team)
+    )
 
 # ---------------------------------------------------------------------- waiting
-st.header("Waiting")
+st.header(_("Waiting"))
 if waiting:
     st.dataframe(
         pd.DataFrame(
@@ -139,35 +156,35 @@ if waiting:
         ),
         hide_index=True,
         column_config={
-            "job": "Job",
-            "user": "User",
-            "project": "Project",
-            "queue": "Queue",
-            "gpus": st.column_config.NumberColumn("GPUs asked", format="%d"),
-            "model": "GPU model asked",
-            "pool": "Pool",
+            "job": _("Job"),
+            "user": _("User"),
+            "project": _("Project"),
+            "queue": _("Queue"),
+            "gpus": st.column_config.NumberColumn(_("GPUs asked"), format="%d"),
+            "model": _("GPU model asked"),
+            "pool": _("Pool"),
             "since": st.column_config.DatetimeColumn(
-                "Waiting since (UTC)", format="YYYY-MM-DD HH:mm"
+                _("Waiting since (UTC)"), format="YYYY-MM-DD HH:mm"
             ),
-            "waited": st.column_config.NumberColumn("Waiting for (hours)", format="%.1f"),
-            "reason": "Why it waits",
-            "note": "Scheduler's note",
-            "stopped": st.column_config.NumberColumn("Times stopped for others", format="%d"),
+            "waited": st.column_config.NumberColumn(_("Waiting for (hours)"), format="%.1f"),
+            "reason": _("Why it waits"),
+            "note": _("Scheduler's note"),
+            "stopped": st.column_config.NumberColumn(_("Times stopped for others"), format="%d"),
         },
     )
 else:
-    st.success(f"No job of {team} is waiting.")
+    st.success(_("No job of {team} is waiting.").format(team=team))
 
 # ---------------------------------------------------------------------- explanation
-st.header("Why is this job waiting?")
-st.caption("Choose any of the team's jobs: why it waits, why it was stopped, or how it ended.")
+st.header(_("Why is this job waiting?"))
+st.caption(_("Choose any of the team's jobs: why it waits, why it was stopped, or how it ended."))
 choices = [j.job_id for j in (*waiting, *running, *ended)]
 if choices:
     states = {j.job_id: j.state.value for j in jobs}
     preempted = [j for j in sorted(jobs, key=lambda j: -j.last_event_us) if j.preemptions]
     first = next(iter(waiting or preempted), None)  # the job a researcher most likely asks about
     chosen = st.selectbox(
-        "Job",
+        _("Job"),
         choices,
         index=0 if first is None else choices.index(first.job_id),
         format_func=lambda job: f"{job} · {states[job]}",
@@ -181,13 +198,15 @@ if choices:
     else:
         st.info(why.headline, icon=":material/info:")
     if why.advice:
-        st.markdown(f"**What you can do.** {why.advice}")
+        st.markdown(_("**What you can do.**") + " " + why.advice)
     e = st.columns(3)
-    e[0].metric("Waited in total", job_history.duration_text(why.waited_us))
-    e[1].metric("Times stopped for other jobs", f"{why.preemptions:,}")
-    e[2].metric("Cost so far", common.money(totals[chosen].money_micros if chosen in totals else 0))
+    e[0].metric(_("Waited in total"), job_history.duration_text(why.waited_us))
+    e[1].metric(_("Times stopped for other jobs"), f"{why.preemptions:,}")
+    e[2].metric(
+        _("Cost so far"), common.money(totals[chosen].money_micros if chosen in totals else 0)
+    )
     if why.timeline:
-        st.subheader("What happened")
+        st.subheader(_("What happened"))
         st.dataframe(
             pd.DataFrame(
                 {
@@ -197,19 +216,23 @@ if choices:
             ),
             hide_index=True,
             column_config={
-                "time": st.column_config.DatetimeColumn("Time (UTC)", format="YYYY-MM-DD HH:mm:ss"),
-                "what": st.column_config.TextColumn("What happened", width="large"),
+                "time": st.column_config.DatetimeColumn(
+                    _("Time (UTC)"), format="YYYY-MM-DD HH:mm:ss"
+                ),
+                "what": st.column_config.TextColumn(_("What happened"), width="large"),
             },
         )
     st.caption(
-        "From the scheduler's decisions (its events on the jobs topic, as the ledger archived "
-        "them); `tally job explain <job>` gives the same answer on the command line."
+        _(
+            "From the scheduler's decisions (its events on the jobs topic, as the ledger archived "
+            "them); `tally job explain <job>` gives the same answer on the command line."
+        )
     )
 else:
-    st.info(f"No job of {team} to explain in {scope}.")
+    st.info(_("No job of {team} to explain in {scope}.").format(team=team, scope=scope))
 
 # ---------------------------------------------------------------------- running
-st.header("Running")
+st.header(_("Running"))
 if running:
     st.dataframe(
         pd.DataFrame(
@@ -230,31 +253,33 @@ if running:
         ),
         hide_index=True,
         column_config={
-            "job": "Job",
-            "user": "User",
-            "project": "Project",
-            "queue": "Queue",
-            "gpus": st.column_config.NumberColumn("GPUs", format="%d"),
-            "model": "GPU model",
-            "pool": "Pool",
+            "job": _("Job"),
+            "user": _("User"),
+            "project": _("Project"),
+            "queue": _("Queue"),
+            "gpus": st.column_config.NumberColumn(_("GPUs"), format="%d"),
+            "model": _("GPU model"),
+            "pool": _("Pool"),
             "since": st.column_config.DatetimeColumn(
-                "Running since (UTC)", format="YYYY-MM-DD HH:mm"
+                _("Running since (UTC)"), format="YYYY-MM-DD HH:mm"
             ),
-            "running": st.column_config.NumberColumn("Running for (hours)", format="%.1f"),
-            "gpu_hours": st.column_config.NumberColumn("GPU-hours so far", format="%.2f"),
-            "cost": st.column_config.NumberColumn(f"Cost so far ({cur})", format="%.2f"),
-            "state": "State",
+            "running": st.column_config.NumberColumn(_("Running for (hours)"), format="%.1f"),
+            "gpu_hours": st.column_config.NumberColumn(_("GPU-hours so far"), format="%.2f"),
+            "cost": st.column_config.NumberColumn(_("Cost so far") + f" ({cur})", format="%.2f"),
+            "state": _("State"),
         },
     )
     st.caption(
-        "Cost so far: the ledger's postings with the job's id, over all periods and pools, up "
-        "to the newest sealed usage (a few seconds to minutes behind real time)."
+        _(
+            "Cost so far: the ledger's postings with the job's id, over all periods and pools, up "
+            "to the newest sealed usage (a few seconds to minutes behind real time)."
+        )
     )
 else:
-    st.info(f"No job of {team} is running.")
+    st.info(_("No job of {team} is running.").format(team=team))
 
 # ---------------------------------------------------------------------- ended
-st.header("Finished, failed and cancelled")
+st.header(_("Finished, failed and cancelled"))
 if ended:
     shown = ended[:MAX_ROWS]
     st.dataframe(
@@ -274,25 +299,29 @@ if ended:
         ),
         hide_index=True,
         column_config={
-            "job": "Job",
-            "user": "User",
-            "project": "Project",
-            "outcome": "Outcome",
-            "ended": st.column_config.DatetimeColumn("Ended (UTC)", format="YYYY-MM-DD HH:mm"),
-            "runtime": st.column_config.NumberColumn("Runtime (hours)", format="%.2f"),
-            "waited": st.column_config.NumberColumn("Waited (hours)", format="%.2f"),
-            "gpu_hours": st.column_config.NumberColumn("GPU-hours", format="%.2f"),
-            "cost": st.column_config.NumberColumn(f"Cost ({cur})", format="%.2f"),
-            "attempts": st.column_config.NumberColumn("Attempts", format="%d"),
+            "job": _("Job"),
+            "user": _("User"),
+            "project": _("Project"),
+            "outcome": _("Outcome"),
+            "ended": st.column_config.DatetimeColumn(_("Ended (UTC)"), format="YYYY-MM-DD HH:mm"),
+            "runtime": st.column_config.NumberColumn(_("Runtime (hours)"), format="%.2f"),
+            "waited": st.column_config.NumberColumn(_("Waited (hours)"), format="%.2f"),
+            "gpu_hours": st.column_config.NumberColumn(_("GPU-hours"), format="%.2f"),
+            "cost": st.column_config.NumberColumn(_("Cost") + f" ({cur})", format="%.2f"),
+            "attempts": st.column_config.NumberColumn(_("Attempts"), format="%d"),
         },
     )
     if len(ended) > MAX_ROWS:
-        st.caption(f"The {MAX_ROWS:,} most recent of {len(ended):,} ended jobs.")
+        st.caption(
+            _("The {shown} most recent of {count} ended jobs.").format(
+                shown=i18n.number(MAX_ROWS), count=i18n.number(len(ended))
+            )
+        )
 else:
-    st.info(f"No job of {team} ended in {scope}.")
+    st.info(_("No job of {team} ended in {scope}.").format(team=team, scope=scope))
 
 # ---------------------------------------------------------------------- cost per job
-st.header("Cost per job")
+st.header(_("Cost per job"))
 costs: tuple[rollups.JobCost, ...] = common.query(
     "job_costs", rollups.Filters(filters.period, team, filters.pool)
 )
@@ -308,70 +337,89 @@ if costs:
                 "gpu_hours": [common.hours(c.gpu_ms) for c in costs],
                 "cost": [common.amount(c.money_micros) for c in costs],
                 "idle_waste": [common.amount(c.idle_waste_micros) for c in costs],
-                "state": [scheduled.get(c.job_id, "not run by Tally's scheduler") for c in costs],
+                "state": [
+                    scheduled.get(c.job_id, _("not run by Tally's scheduler")) for c in costs
+                ],
             }
         ),
         hide_index=True,
         column_config={
-            "job": "Job",
-            "project": "Project",
-            "user": "User",
-            "pools": "Pool(s)",
-            "gpu_hours": st.column_config.NumberColumn("GPU-hours", format="%.2f"),
-            "cost": st.column_config.NumberColumn(f"Cost ({cur})", format="%.2f"),
-            "idle_waste": st.column_config.NumberColumn(f"Idle waste ({cur})", format="%.2f"),
-            "state": "State",
+            "job": _("Job"),
+            "project": _("Project"),
+            "user": _("User"),
+            "pools": _("Pool(s)"),
+            "gpu_hours": st.column_config.NumberColumn(_("GPU-hours"), format="%.2f"),
+            "cost": st.column_config.NumberColumn(_("Cost") + f" ({cur})", format="%.2f"),
+            "idle_waste": st.column_config.NumberColumn(
+                _("Idle waste") + f" ({cur})", format="%.2f"
+            ),
+            "state": _("State"),
         },
     )
     st.caption(
-        f"Costs booked in {scope}: the ledger's postings to team {team} grouped by job id "
-        "(idle waste is the part spent while the job held GPUs it did not use). Total "
-        f"{common.money(sum(c.money_micros for c in costs))}."
+        _(
+            "Costs booked in {scope}: the ledger's postings to team {team} grouped by job id "
+            "(idle waste is the part spent while the job held GPUs it did not use). Total {total}."
+        ).format(scope=scope, team=team, total=common.money(sum(c.money_micros for c in costs)))
     )
 else:
-    st.info(f"No usage with a job id for team {team} in {scope}.")
+    st.info(_("No usage with a job id for team {team} in {scope}.").format(team=team, scope=scope))
 
 # ---------------------------------------------------------------------- budget
-st.header("Budget")
+st.header(_("Budget"))
 if budget.status is None:
     st.info(
-        f"No budget was ever granted to team {team}, so no budget limits its jobs. Budgets are "
-        "granted under `budgets:` in the configuration and applied with `tally admin apply` "
-        "(they post to `budget:" + team + "`); the Finance page shows spend without one."
+        _(
+            "No budget was ever granted to team {team}, so no budget limits its jobs. Budgets are "
+            "granted under `budgets:` in the configuration and applied with `tally admin apply` "
+            "(they post to `budget:{team}`); the Finance page shows spend without one."
+        ).format(team=team)
     )
 else:
     st.caption(
-        f"Period {budget.period}" + (" (the current one)" if budget.current else "") + ". Left ="
-        " granted − used − reserved; reserved is what running jobs hold against the budget "
-        "until their usage is metered (open holds). The scheduler admits a job only if what is "
-        "left covers its expected cost."
+        (
+            _("Period {period} (the current one).") if budget.current else _("Period {period}.")
+        ).format(period=budget.period)
+        + " "
+        + _(
+            "Left = granted − used − reserved; reserved is what running jobs hold against the "
+            "budget until their usage is metered (open holds). The scheduler admits a job only if "
+            "what is left covers its expected cost."
+        )
     )
     for line in budget.status.lines:
         show = common.money if line.unit == Unit.MONEY.value else _gpu_hours_text
         b = st.columns(4)
-        b[0].metric("Granted", show(line.granted))
-        b[1].metric("Used", show(line.consumed))
-        b[2].metric("Reserved by running jobs", show(line.open_holds))
-        b[3].metric("Left", show(line.remaining))
+        b[0].metric(_("Granted"), show(line.granted))
+        b[1].metric(_("Used"), show(line.consumed))
+        b[2].metric(_("Reserved by running jobs"), show(line.open_holds))
+        b[3].metric(_("Left"), show(line.remaining))
         if line.remaining < 0:
             st.error(
-                f"Team {team} is over budget by {show(-line.remaining)}: new jobs that need "
-                "budget wait (reason *budget used up*) until more is granted."
+                _(
+                    "Team {team} is over budget by {over}: new jobs that need budget wait "
+                    "(reason *budget used up*) until more is granted."
+                ).format(team=team, over=show(-line.remaining))
             )
 
 # ---------------------------------------------------------------------- quota
-st.header("Quota")
+st.header(_("Quota"))
 quotas: rollups.TeamQuotas = common.query("team_quotas", team, topic)
 if quotas.problem is not None:
     st.warning(
-        f"The ledger's admin log could not be read ({quotas.problem}). Quotas are set under "
-        "`quotas:` in the configuration file; `tally queue list` shows what the scheduler uses."
+        _(
+            "The ledger's admin log could not be read ({problem}). Quotas are set under "
+            "`quotas:` in the configuration file; `tally queue list` shows what the scheduler "
+            "uses."
+        ).format(problem=quotas.problem)
     )
 elif not quotas.lines:
     st.info(
-        f"No quota for team {team} is recorded in the ledger. Quotas are set under `quotas:` in "
-        "the configuration file and applied with `tally admin apply`; `tally queue list` shows "
-        "what the scheduler uses."
+        _(
+            "No quota for team {team} is recorded in the ledger. Quotas are set under `quotas:` "
+            "in the configuration file and applied with `tally admin apply`; `tally queue list` "
+            "shows what the scheduler uses."
+        ).format(team=team)
     )
 else:
     st.dataframe(
@@ -388,30 +436,33 @@ else:
         ),
         hide_index=True,
         column_config={
-            "pool": "Pool",
-            "model": "GPU model",
-            "nominal": st.column_config.NumberColumn("Quota (GPUs)", format="%d"),
-            "in_use": st.column_config.NumberColumn("In use now", format="%d"),
-            "borrowed": st.column_config.NumberColumn("Of them borrowed", format="%d"),
-            "borrow": "May borrow beyond quota",
-            "lend": "May lend to others",
+            "pool": _("Pool"),
+            "model": _("GPU model"),
+            "nominal": st.column_config.NumberColumn(_("Quota (GPUs)"), format="%d"),
+            "in_use": st.column_config.NumberColumn(_("In use now"), format="%d"),
+            "borrowed": st.column_config.NumberColumn(_("Of them borrowed"), format="%d"),
+            "borrow": _("May borrow beyond quota"),
+            "lend": _("May lend to others"),
         },
     )
     st.caption(
-        "Quota: GPUs the team is guaranteed (from the `quotas:` admin events). Beyond it a team "
-        "may borrow other teams' unused quota up to its limit; borrowed GPUs can be taken back, "
-        "which stops (preempts) the job using them. In use now: GPUs held by the team's running "
-        "jobs, from the scheduler's events."
+        _(
+            "Quota: GPUs the team is guaranteed (from the `quotas:` admin events). Beyond it a "
+            "team may borrow other teams' unused quota up to its limit; borrowed GPUs can be taken "
+            "back, which stops (preempts) the job using them. In use now: GPUs held by the team's "
+            "running jobs, from the scheduler's events."
+        )
     )
 
 # ---------------------------------------------------------------------- fair share
-st.header("Fair share")
+st.header(_("Fair share"))
 half_life_h = share.half_life_us / rollups.HOUR_US
 if standing is not None:
     st.markdown(
-        f"Team **{team}** is **{standing.rank} of {len(share.rows)}** in fair-share order: "
-        "when teams compete for the same GPUs, the team with the least recent usage per quota "
-        "GPU goes first."
+        _(
+            "Team **{team}** is **{rank} of {count}** in fair-share order: when teams compete for "
+            "the same GPUs, the team with the least recent usage per quota GPU goes first."
+        ).format(team=team, rank=standing.rank, count=len(share.rows))
     )
 st.dataframe(
     pd.DataFrame(
@@ -425,18 +476,26 @@ st.dataframe(
     ),
     hide_index=True,
     column_config={
-        "rank": st.column_config.NumberColumn("Order", format="%d"),
-        "team": "Team",
-        "usage": st.column_config.NumberColumn("Recent usage (decayed GPU-hours)", format="%.1f"),
-        "weight": st.column_config.NumberColumn("Quota GPUs (weight)", format="%d"),
-        "per_gpu": st.column_config.NumberColumn("GPU-hours per quota GPU", format="%.2f"),
+        "rank": st.column_config.NumberColumn(_("Order"), format="%d"),
+        "team": _("Team"),
+        "usage": st.column_config.NumberColumn(
+            _("Recent usage (decayed GPU-hours)"), format="%.1f"
+        ),
+        "weight": st.column_config.NumberColumn(_("Quota GPUs (weight)"), format="%d"),
+        "per_gpu": st.column_config.NumberColumn(_("GPU-hours per quota GPU"), format="%.2f"),
     },
 )
 st.caption(
-    f"Recent usage: the team's metered GPU time in the ledger, decayed with a half-life of "
-    f"{half_life_h:,.0f} hours (a GPU-hour used {half_life_h:,.0f} hours ago counts half, "
-    f"{2 * half_life_h:,.0f} hours ago a quarter), as of {common.when(share.as_of_us)}. Weight: "
-    "the team's quota GPUs (1 without a quota); a `weight:` set in the scheduler's configuration "
-    "is not in the ledger and not applied here. The period and pool filters do not apply."
-    + ("" if share.quotas_known else " No quotas are recorded, so every team weighs 1.")
+    _(
+        "Recent usage: the team's metered GPU time in the ledger, decayed with a half-life of "
+        "{half} hours (a GPU-hour used {half} hours ago counts half, {double} hours ago a "
+        "quarter), as of {when}. Weight: the team's quota GPUs (1 without a quota); a `weight:` "
+        "set in the scheduler's configuration is not in the ledger and not applied here. The "
+        "period and pool filters do not apply."
+    ).format(
+        half=i18n.number(half_life_h),
+        double=i18n.number(2 * half_life_h),
+        when=common.when(share.as_of_us),
+    )
+    + ("" if share.quotas_known else _(" No quotas are recorded, so every team weighs 1."))
 )

@@ -18,11 +18,13 @@ import orjson
 import pandas as pd
 import streamlit as st
 
-from dashboard import common
+from dashboard import common, i18n
+from dashboard.i18n import N_, _
 from ledger.read.job_history import duration_text
 
 SAVED_DIR = "whatif"  # `tally whatif --save` writes here, under the data directory
-SIDES = ("baseline", "alternative")
+SIDES = (N_("baseline"), N_("alternative"))
+FIGURES = (_("GPU-hours"), _("cost"), _("p95 wait (h)"))
 
 
 def _saved(folder: Path) -> dict[str, dict[str, Any]]:
@@ -41,43 +43,56 @@ def _saved(folder: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-st.title("What-if: policy replays")
+st.title(_("What-if: policy replays"))
 reports = _saved(common.data_dir() / SAVED_DIR)
 if not reports:
     st.info(
-        "No saved what-if yet. Replay a window of history under another configuration and keep "
-        "the result for this page: `tally whatif --since 2026-11-01 --until 2026-12-01 "
-        "--config-b other.yaml --add-gpus 'NVIDIA H100 80GB HBM3=8' --save nov-more-h100`. "
-        f"Reports are read from `{common.data_dir() / SAVED_DIR}`."
+        _(
+            "No saved what-if yet. Replay a window of history under another configuration and "
+            "keep the result for this page: `tally whatif --since 2026-11-01 --until 2026-12-01 "
+            "--config-b other.yaml --add-gpus 'NVIDIA H100 80GB HBM3=8' --save nov-more-h100`. "
+            "Reports are read from `{directory}`."
+        ).format(directory=common.data_dir() / SAVED_DIR)
     )
     st.stop()
 
-name = st.selectbox("Saved what-if", list(reports), key="whatif_report")
+name = st.selectbox(_("Saved what-if"), list(reports), key="whatif_report")
 doc = reports[name]
 st.caption(
-    f"Jobs submitted {common.when(doc['since_us'])} – {common.when(doc['until_us'])} "
-    f"({doc['jobs']:,} replayed) · baseline `{doc.get('baseline_config', '?')}` · "
-    f"alternative `{doc.get('alternative_config', '?')}`"
+    _(
+        "Jobs submitted {since} – {until} ({jobs} replayed) · baseline `{baseline}` · "
+        "alternative `{alternative}`"
+    ).format(
+        since=common.when(doc["since_us"]),
+        until=common.when(doc["until_us"]),
+        jobs=i18n.number(doc["jobs"]),
+        baseline=doc.get("baseline_config", "?"),
+        alternative=doc.get("alternative_config", "?"),
+    )
     + "".join(f" + {n} × {m}" for m, n in (doc.get("added_gpus") or {}).items())
-    + " · the sidebar's filters do not apply here."
+    + _(" · the sidebar's filters do not apply here.")
 )
 
 teams = pd.DataFrame(doc.get("teams") or [])
 a, b, c, d = st.columns(4)
 p95 = doc.get("wait_p95_us") or [0, 0]
 a.metric(
-    "p95 wait",
+    _("p95 wait"),
     duration_text(p95[1]),
-    delta=f"{(p95[1] - p95[0]) / 3_600_000_000:+.1f} h",
+    delta=_("{change} h").format(change=f"{(p95[1] - p95[0]) / 3_600_000_000:+.1f}"),
     delta_color="inverse",
 )
 if not teams.empty:
     cost = [int(teams[f"{s}_cost_micros"].sum()) for s in SIDES]
-    b.metric("Cost", common.money(cost[1]), delta=common.money(cost[1] - cost[0]),
+    b.metric(_("Cost"), common.money(cost[1]), delta=common.money(cost[1] - cost[0]),
              delta_color="inverse")  # fmt: skip
 util = doc.get("utilisation_bp") or [0, 0]
-c.metric("Utilisation", f"{util[1] / 100:.1f}%", delta=f"{(util[1] - util[0]) / 100:+.1f} pp")
-d.metric("Divergences from the record", len(doc.get("divergences") or []))
+c.metric(
+    _("Utilisation"),
+    f"{util[1] / 100:.1f}%",
+    delta=_("{change} pp").format(change=f"{(util[1] - util[0]) / 100:+.1f}"),
+)
+d.metric(_("Divergences from the record"), len(doc.get("divergences") or []))
 
 if doc.get("capacity"):
     st.success(doc["capacity"])
@@ -85,55 +100,71 @@ for flag in doc.get("flags") or []:
     st.warning(flag)
 
 if not teams.empty:
-    st.header("Per team, baseline beside alternative")
+    st.header(_("Per team, baseline beside alternative"))
     long = pd.DataFrame(
         [
-            (row["team"], side, label, value)
+            (row["team"], _(side), label, value)
             for row in teams.to_dict("records")
             for side in SIDES
             for label, value in (
-                ("GPU-hours", common.hours(row[f"{side}_gpu_ms"])),
-                ("cost", common.amount(row[f"{side}_cost_micros"])),
-                ("p95 wait (h)", (row[f"{side}_wait_p95_us"] or 0) / 3_600_000_000),
+                (FIGURES[0], common.hours(row[f"{side}_gpu_ms"])),
+                (FIGURES[1], common.amount(row[f"{side}_cost_micros"])),
+                (FIGURES[2], (row[f"{side}_wait_p95_us"] or 0) / 3_600_000_000),
             )
         ],
         columns=["team", "scenario", "figure", "value"],
     )
-    for figure in ("GPU-hours", "cost", "p95 wait (h)"):
+    for figure in FIGURES:
         st.subheader(figure)
         st.altair_chart(
             alt.Chart(long[long["figure"] == figure])
             .mark_bar()
             .encode(
-                x=alt.X("team:N", title="Team"),
-                xOffset=alt.XOffset("scenario:N", sort=list(SIDES)),
+                x=alt.X("team:N", title=_("Team")),
+                xOffset=alt.XOffset("scenario:N", sort=[_(s) for s in SIDES]),
                 y=alt.Y("value:Q", title=figure),
-                color=alt.Color("scenario:N", sort=list(SIDES), title="Scenario"),
+                color=alt.Color("scenario:N", sort=[_(s) for s in SIDES], title=_("Scenario")),
                 tooltip=["team:N", "scenario:N", alt.Tooltip("value:Q", format=",.2f")],
             ),
             width="stretch",
         )
 
-st.header("Everything compared")
+st.header(_("Everything compared"))
 rows = pd.DataFrame(doc["rows"], columns=["metric", "scope", "baseline", "alternative"])
-st.dataframe(rows, hide_index=True)
+st.dataframe(
+    rows,
+    hide_index=True,
+    column_config={
+        "metric": _("Metric"),
+        "scope": _("Scope"),
+        "baseline": _("baseline"),
+        "alternative": _("alternative"),
+    },
+)
 st.download_button(
-    "Download CSV",
+    _("Download CSV"),
     common.csv_text(list(rows.columns), rows.values.tolist()),
     f"whatif-{name}.csv",
     "text/csv",
     key="whatif-csv",
 )
 
-st.header("Recorded admissions the baseline did not reproduce")
+st.header(_("Recorded admissions the baseline did not reproduce"))
 divergences = doc.get("divergences") or []
 if divergences:
     st.dataframe(
         pd.DataFrame(divergences, columns=["job_id", "recorded", "replayed", "cause"]),
         hide_index=True,
+        column_config={
+            "job_id": _("Job"),
+            "recorded": _("Recorded"),
+            "replayed": _("Replayed"),
+            "cause": _("Cause"),
+        },
     )
 else:
     st.dataframe(
-        pd.DataFrame([("every recorded admission reproduced",)], columns=["result"]),
+        pd.DataFrame([(_("every recorded admission reproduced"),)], columns=["result"]),
         hide_index=True,
+        column_config={"result": _("Result")},
     )

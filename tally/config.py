@@ -388,6 +388,8 @@ class DashboardConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8501, ge=1, le=65535)
     job_templates: tuple[JobTemplateConfig, ...] = ()  # the portal's saved submissions
+    # the language a session starts in (the sidebar switches it); None: the browser's
+    language: Literal["en", "zh-CN"] | None = None
 
 
 class TallyConfig(Strict):

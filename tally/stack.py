@@ -66,7 +66,8 @@ def ledger_env(config: TallyConfig, config_path: Path) -> dict[str, str]:
     """What a child (the dashboard above all) learns of the configuration from its
     environment: the config file, the ledger's directory and currency, the jobs topic, the
     fair-share half-life, the price book (for the FOCUS export's unit prices), the object
-    store of the sealed ledger, if any (`tally.segments_config.segments_env`) and, with a
+    store of the sealed ledger, if any (`tally.segments_config.segments_env`), the dashboard's
+    starting language (`dashboard.language`, if set) and, with a
     dashboard login, the claim mapping (`tally.dashboard_login`)."""
     return {
         "TALLY_CONFIG": str(config_path),
@@ -75,6 +76,11 @@ def ledger_env(config: TallyConfig, config_path: Path) -> dict[str, str]:
         "TALLY_JOBS_TOPIC": config.topics.jobs,
         "TALLY_FAIR_SHARE_HALF_LIFE_HOURS": str(config.scheduler.fair_share_half_life_hours),
         "TALLY_PRICES": encode_price_book(config.price_book()),
+        **(
+            {"TALLY_DASHBOARD_LANGUAGE": language}
+            if (language := config.dashboard.language)
+            else {}
+        ),
         **login_env(config),
         **portal_env(config),
     } | segments_env(config.ledger.segments_url, config.ledger.object_store)

@@ -47,6 +47,7 @@ from tally.cli import (
 from tally.cli import dashboard as dashboard_cli
 from tally.cli import scheduler as scheduler_cli
 from tally.cli.options import Exit
+from tally.language import _
 
 log = logging.getLogger("tally.cli")
 
@@ -119,7 +120,7 @@ def internal_error(exc: BaseException, debug: bool) -> NoReturn:
     text = "".join(traceback.format_exception(exc))
     if debug:
         sys.stderr.write(text)
-        where = "the lines above"
+        where = _("the lines above")
     else:
         try:
             fd, name = tempfile.mkstemp(prefix="tally-internal-error-", suffix=".log")
@@ -127,10 +128,13 @@ def internal_error(exc: BaseException, debug: bool) -> NoReturn:
                 file.write(text)
             where = name
         except OSError:
-            where = "stderr with --debug"
+            where = _("stderr with --debug")
     message = " ".join(str(exc).split())
     click.echo(
-        f"tally: internal error: {type(exc).__name__}: {message} (traceback in {where})", err=True
+        _("tally: internal error: {kind}: {message} (traceback in {where})").format(
+            kind=type(exc).__name__, message=message, where=where
+        ),
+        err=True,
     )
     sys.exit(int(Exit.INTERNAL))
 
@@ -155,13 +159,16 @@ def run(started: float) -> int | str | None:
     except (_OutputClosed, BrokenPipeError):
         return output_closed()
     except click.exceptions.Abort:
-        click.echo("interrupted", err=True)
+        click.echo(_("interrupted"), err=True)
         return int(Exit.INTERRUPTED)
     except click.ClickException as exc:
         exc.show()
         return int(Exit.USAGE)
     except KeyboardInterrupt:
-        click.echo(f"interrupted after {time.monotonic() - started:.0f}s", err=True)
+        click.echo(
+            _("interrupted after {seconds}s").format(seconds=f"{time.monotonic() - started:.0f}"),
+            err=True,
+        )
         return int(Exit.INTERRUPTED)
     except Exception as exc:
         internal_error(exc, _Run.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"))

@@ -22,6 +22,7 @@ from ledger.admin import ACTION_OF, AdminEvent
 from ledger.roles import Caller, admin_event_refusal
 from tally.cli.options import Exit, fail
 from tally.config import ConfigError, TallyConfig
+from tally.language import _
 
 if TYPE_CHECKING:
     from scheduler.api.oidc import OidcVerifier
@@ -47,10 +48,10 @@ def token_caller(config: TallyConfig, token: str) -> Caller:
     try:
         tokens = load_tokens(config)
     except ConfigError as exc:
-        fail(f"cannot check the token: {exc}", Exit.USAGE)
+        fail(_("cannot check the token: {problem}").format(problem=exc), Exit.USAGE)
     caller = tokens.principal(token)
     if caller is None:
-        fail("the token is not one of the configured tokens (scheduler.tokens)", Exit.USAGE)
+        fail(_("the token is not one of the configured tokens (scheduler.tokens)"), Exit.USAGE)
     return caller
 
 
@@ -62,7 +63,7 @@ def _person(verifier: OidcVerifier, token: str) -> Caller:
     try:
         return asyncio.run(verifier.caller(token))
     except ApiError as exc:
-        fail(f"the OIDC token is refused: {exc.message}", Exit.USAGE)
+        fail(_("the OIDC token is refused: {problem}").format(problem=exc.message), Exit.USAGE)
 
 
 def with_role(caller: Caller, events: Sequence[AdminEvent]) -> list[AdminEvent]:
@@ -77,7 +78,12 @@ def with_role(caller: Caller, events: Sequence[AdminEvent]) -> list[AdminEvent]:
             else admin_event_refusal(action, caller.role)
         )
         if problem is not None:
-            fail(f"refused for {caller.name}: {problem}; nothing was sent", Exit.USAGE)
+            fail(
+                _("refused for {caller}: {problem}; nothing was sent").format(
+                    caller=caller.name, problem=problem
+                ),
+                Exit.USAGE,
+            )
         stamped.append(dataclasses.replace(event, role=caller.role))
     return stamped
 

@@ -12,6 +12,7 @@ import click
 
 from ledger.store.layout import has_ledger
 from tally.config import ConfigError, TallyConfig, load_config
+from tally.language import _
 from tally.output import OutputFormat
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class Exit(IntEnum):
 
 
 def fail(message: str, code: Exit) -> NoReturn:
-    click.secho(f"error: {message}", fg="red", err=True)
+    click.secho(_("error: {message}").format(message=message), fg="red", err=True)
     sys.exit(int(code))
 
 
@@ -68,14 +69,19 @@ def reader_directory(config: TallyConfig) -> Path:
     except ConfigError as exc:
         fail(str(exc), Exit.USAGE)
     except (OSError, LedgerError) as exc:
-        fail(f"the sealed ledger at {ledger.segments_url} cannot be read: {exc}", Exit.LEDGER)
+        fail(
+            _("the sealed ledger at {url} cannot be read: {problem}").format(
+                url=ledger.segments_url, problem=exc
+            ),
+            Exit.LEDGER,
+        )
 
 
 def require_ledger(directory: Path) -> Path:
     """`directory`, if it holds a ledger; else exit `Exit.LEDGER` (a typo in --data-dir must not
     read as an empty ledger, nor be created as a new one)."""
     if not has_ledger(directory):
-        fail(f"no ledger at {directory}", Exit.LEDGER)
+        fail(_("no ledger at {directory}").format(directory=directory), Exit.LEDGER)
     return directory
 
 

@@ -53,6 +53,16 @@ def _settle(page: Any, title: str, tables: int, charts: int) -> None:
     )
 
 
+ZH_CN = {  # path: (its navigation link, its title) in Simplified Chinese (`dashboard.i18n`)
+    "": ("财务", "财务：GPU 成本"),
+    "platform": ("平台", "平台：GPU 集群"),
+    "capacity": ("容量规划", "容量规划"),
+    "team": ("团队", "团队：作业、预算与配额"),
+    "audit": ("审计", "审计：谁变更了什么"),
+    "whatif": ("假设分析", "假设分析：策略回放"),
+}
+
+
 @pytest.mark.parametrize(
     "path", list(PAGES), ids=["finance", "platform", "capacity", "team", "audit", "whatif"]
 )
@@ -63,6 +73,25 @@ def test_page_renders_without_an_exception(chromium, dashboard_url, path):
         _settle(page, title, tables, charts)
         assert page.locator('[data-testid="stException"]').count() == 0
         assert page.locator('[data-testid="stMetric"]').count() >= 1
+    finally:
+        page.close()
+
+
+def test_every_page_renders_in_chinese(chromium, dashboard_url):
+    """The zh-CN variant of the test above, in one session (one page load, then the sidebar's
+    navigation): every page's title, sidebar and navigation in Chinese, no exception."""
+    page = _open(chromium, f"{dashboard_url}/?lang=zh-CN")
+    try:
+        for path, (title, tables, charts) in PAGES.items():
+            link, zh_title = ZH_CN[path]
+            if path:
+                page.locator('[data-testid="stSidebarNav"]').get_by_text(link, exact=True).click()
+            _settle(page, zh_title, tables, charts)
+            assert page.get_by_role("heading", name=title).count() == 0  # not the English one
+            assert page.locator('[data-testid="stException"]').count() == 0, path
+            assert page.locator('[data-testid="stMetric"]').count() >= 1, path
+            sidebar = page.locator('[data-testid="stSidebar"]').inner_text()
+            assert "筛选" in sidebar and "会计账期" in sidebar, path
     finally:
         page.close()
 

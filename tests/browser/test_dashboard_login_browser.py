@@ -216,5 +216,12 @@ def test_a_member_signs_in_sees_their_team_and_submits_watches_and_cancels_a_job
         page.get_by_text(f"Cancelled {job_id}").wait_for()
         assert api.rig.dispatcher.records[job_id].state.value == "cancelled"
         assert page.locator('[data-testid="stException"]').count() == 0
+        # the sidebar's language switch (its last select box): the portal in Chinese
+        page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').last.click()
+        page.get_by_role("option", name="简体中文").click()
+        page.get_by_role("heading", name="我的作业").wait_for()
+        page.get_by_role("button", name="提交作业").wait_for()
+        assert _pages(page) == ["团队", "我的作业"]
+        assert page.locator('[data-testid="stException"]').count() == 0
     finally:
         page.context.close()

@@ -82,7 +82,8 @@ def _app(monkeypatch, seeded: Path, user: dict[str, Any], page: str | None = Non
 
 
 def _shows_no_data(app: AppTest) -> None:
-    assert not app.dataframe and not app.metric and not app.selectbox
+    assert not app.dataframe and not app.metric  # the login screen has only the language switch
+    assert [s.key for s in app.selectbox] == ["language"]
 
 
 def test_before_signing_in_only_the_login_screen_is_shown(monkeypatch, seeded):
@@ -168,3 +169,11 @@ def test_a_missing_dashboard_secret_is_a_config_error_and_no_login_writes_nothin
     assert write_secrets(plain, {}) is None and not (tmp_path / "dashboard").exists()
     assert "--secrets.files" not in dashboard_command(plain)
     assert LOGIN_ENV not in ledger_env(plain, tmp_path / "t.yaml")
+
+
+def test_the_login_screen_speaks_the_configured_language(monkeypatch, seeded):
+    monkeypatch.setenv("TALLY_DASHBOARD_LANGUAGE", "zh-CN")
+    app = _app(monkeypatch, seeded, {"is_logged_in": False})
+    assert [b.label for b in app.button] == ["登录"]
+    assert "请使用组织账号登录" in app.markdown[0].value
+    _shows_no_data(app)

@@ -1,0 +1,64 @@
+"""The `tally` CLI's language: English, or Simplified Chinese for people whose environment asks
+for it, and the translations of what the CLI says to people.
+
+The language: $TALLY_LANG if set, else the POSIX locale ($LC_ALL, $LC_MESSAGES, $LANG, the
+first one set); a tag starting with `zh` (`zh_CN.UTF-8`, `zh-CN`) is Simplified Chinese, any
+other English. Translated: the table headers of the human output (`-o table`) and the messages
+marked with `_()` (the errors that end a command, in `tally.cli.options` and `tally.cli.caller`).
+Machine output (`-o json`, `-o csv`) never changes with the language: only `tally.output.table`
+asks for headers. The catalog is `tally/locale/zh_CN/LC_MESSAGES/tally.po`, read with Babel on
+first use (no compiled `.mo`); `tests/unit/test_cli_language.py` fails on a marked message or a
+table header the catalog lacks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+
+EN = "en"
+ZH_CN = "zh-CN"
+ENV = "TALLY_LANG"
+CATALOG = Path(__file__).parent / "locale" / "zh_CN" / "LC_MESSAGES" / "tally.po"
+_LOCALE_VARS = ("LC_ALL", "LC_MESSAGES", "LANG")
+
+
+def language(env: Mapping[str, str] | None = None) -> str:
+    """The CLI's language for environment `env` (default: this process's)."""
+    env = os.environ if env is None else env
+    asked = env.get(ENV) or next((env[v] for v in _LOCALE_VARS if env.get(v)), "")
+    return ZH_CN if asked.strip().lower().startswith("zh") else EN
+
+
+@cache
+def messages() -> dict[str, str]:
+    """The Chinese catalog's translated, non-fuzzy messages."""
+    from babel.messages.pofile import read_po
+
+    with CATALOG.open("rb") as f:
+        catalog = read_po(f)
+    return {
+        str(m.id): str(m.string)
+        for m in catalog
+        if isinstance(m.id, str) and m.id and m.string and not m.fuzzy
+    }
+
+
+def translate(message: str, lang: str | None = None) -> str:
+    """`message` in `lang` (default: the environment's); untranslated, as it is."""
+    if (lang or language()) == EN:
+        return message
+    return messages().get(message, message)
+
+
+def _(message: str) -> str:
+    """Marks a message for the catalog and translates it into the environment's language."""
+    return translate(message)
+
+
+def header(name: str, lang: str | None = None) -> str:
+    """A table column's heading: `GPU_HOURS` in English, `GPU 小时` in Chinese."""
+    lang = lang or language()
+    return name.upper() if lang == EN else translate(name, lang)
