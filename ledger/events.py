@@ -44,6 +44,7 @@ from ledger.envelope import (
 )
 from ledger.errors import EventError
 from ledger.excerpts import shown
+from ledger.fast_build import builder
 
 __all__ = [
     "CURRENT_SCHEMA",
@@ -213,14 +214,15 @@ SampleEnvelope = Envelope[GpuSample]
 def envelope_for(sample: GpuSample, source: str) -> SampleEnvelope:
     """Wrap a sample in its envelope with its content-derived id."""
     subject = sample.subject
-    return Envelope(
-        id=event_id(source, subject, sample.sample_time_us),
-        type=EventType.GPU_SAMPLE,
-        source=source,
-        subject=subject,
-        time_us=sample.sample_time_us,
-        schema=SAMPLE_SCHEMA,
-        data=sample,
+    time_us = sample.sample_time_us
+    return _build_envelope(
+        event_id(source, subject, time_us),
+        EventType.GPU_SAMPLE,
+        source,
+        subject,
+        time_us,
+        SAMPLE_SCHEMA,
+        sample,
     )
 
 
@@ -469,11 +471,11 @@ def _common_sample(data: dict[str, Any]) -> GpuSample | None:
         owner = _common_owner(p.get("owner"))
         if owner is _UNSEEN:
             return None
-        processes.append(ProcessUsage(pid, pmem, sm, owner))
+        processes.append(_build_process(pid, pmem, sm, owner))
     owner = _common_owner(g("owner"))
     if owner is _UNSEEN:
         return None
-    return GpuSample(
+    return _build_sample(
         node, gpu_uuid, index, model, pool, util, used, total, source, time_us, interval,
         mem, power, energy, None, tuple(processes), owner, temp, clock, xid, delta,
     )  # fmt: skip
@@ -490,6 +492,11 @@ def _common_owner(data: Any) -> Owner | None:
 
 
 _UNSEEN = Owner("\x00unseen")  # compared by identity: no decoded owner is this object
+# The hot path's constructors (`ledger.fast_build`): the same values, without a frozen
+# dataclass's per-field `object.__setattr__`.
+_build_sample = builder(GpuSample)
+_build_process = builder(ProcessUsage)
+_build_envelope = builder(Envelope)
 
 
 def _checked_sample(data: Any) -> GpuSample:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ledger.alerts import AlertKind, IdleAlert, ResolveReason, encode_alert
 from ledger.events import Owner
+from ledger.fast_build import builder
 
 __all__ = [  # the alert names are re-exported from `ledger.alerts`
     "MINUTE_US",
@@ -83,6 +84,9 @@ class IdleObservation:
     cost_micros: int
 
 
+_new_state = builder(GpuIdleState)  # `GpuIdleState(...)`, fast (`ledger.fast_build`)
+
+
 def step(
     state: GpuIdleState | None, obs: IdleObservation, policy: IdlePolicy
 ) -> tuple[GpuIdleState, tuple[IdleAlert, ...], bool]:
@@ -106,27 +110,27 @@ def step(
         waste_ms, waste_micros = state.waste_gpu_ms, state.waste_micros
     if owner is None:
         return (
-            GpuIdleState(subject, end, None, below, busy, since, waste_ms, waste_micros),
+            _new_state(subject, end, None, below, busy, since, waste_ms, waste_micros),
             tuple(alerts),
             False,
         )
     idle_now = obs.util_pct < policy.threshold_pct
     if since is None:
         if not idle_now:
-            new = GpuIdleState(subject, end, owner, None, busy, None, waste_ms, waste_micros)
+            new = _new_state(subject, end, owner, None, busy, None, waste_ms, waste_micros)
             return new, tuple(alerts), False
         if below is None:
             below = obs.start_us
         if end - below >= policy.min_duration_us:
-            new = GpuIdleState(subject, end, owner, below, None, below, obs.gpu_ms, obs.cost_micros)
+            new = _new_state(subject, end, owner, below, None, below, obs.gpu_ms, obs.cost_micros)
             alerts.append(_alert(AlertKind.DETECTED, new, obs, None))
             return new, tuple(alerts), True
-        new = GpuIdleState(subject, end, owner, below, busy, None, waste_ms, waste_micros)
+        new = _new_state(subject, end, owner, below, busy, None, waste_ms, waste_micros)
         return new, tuple(alerts), False
 
     # An alert is open: count waste while idle; resolve after a sustained busy stretch.
     if idle_now:
-        new = GpuIdleState(
+        new = _new_state(
             subject,
             end,
             owner,
@@ -138,11 +142,11 @@ def step(
         )
         return new, tuple(alerts), True
     if obs.util_pct < policy.resolve_pct:
-        new = GpuIdleState(subject, end, owner, below, None, since, waste_ms, waste_micros)
+        new = _new_state(subject, end, owner, below, None, since, waste_ms, waste_micros)
         return new, tuple(alerts), False
     if busy is None:
         busy = obs.start_us
-    new = GpuIdleState(subject, end, owner, below, busy, since, waste_ms, waste_micros)
+    new = _new_state(subject, end, owner, below, busy, since, waste_ms, waste_micros)
     if end - busy >= policy.resolve_duration_us:
         alerts.append(_alert(AlertKind.RESOLVED, new, obs, ResolveReason.BUSY_AGAIN))
         new = GpuIdleState(subject, end, owner=owner)

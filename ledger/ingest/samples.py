@@ -36,6 +36,7 @@ from ledger.closing import booking_period
 from ledger.dedupe import sample_scope, too_late
 from ledger.errors import PricingError
 from ledger.events import DeadLetter, Owner, SampleEnvelope
+from ledger.fast_build import builder
 from ledger.holds import HoldBook
 from ledger.idle import GpuIdleState, IdleAlert, IdleObservation, step
 from ledger.ingest.batch import Folded, FoldRules, booker, refused, sourced
@@ -59,6 +60,7 @@ from ledger.store.port import (
 )
 
 DecodedSample = tuple[SampleEnvelope, ConsumedMessage]
+_observation = builder(IdleObservation)  # `IdleObservation(...)`, fast (`ledger.fast_build`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,9 @@ class _Observed:
     owner: Owner | None
     gpu_ms: int
     cost_micros: int
+
+
+_observed = builder(_Observed)
 
 
 def sample_keys(decoded: Sequence[DecodedSample]) -> ViewKeys:
@@ -236,7 +241,7 @@ def _add_common_case(
             energy,
         )
     )
-    return _Observed(envelope, True, row, charged, ms, money)
+    return _observed(envelope, True, row, charged, ms, money)
 
 
 def detect_idle(
@@ -254,18 +259,18 @@ def detect_idle(
     for item in ordered:
         envelope = item.envelope
         sample = envelope.data
-        obs = IdleObservation(
-            subject=envelope.subject,
-            gpu_uuid=sample.gpu_uuid,
-            node=sample.node,
-            pool=sample.pool,
-            model=sample.model,
-            owner=item.owner,
-            util_pct=sample.util_gpu_pct,
-            start_us=sample.start_us,
-            end_us=sample.sample_time_us,
-            gpu_ms=item.gpu_ms,
-            cost_micros=item.cost_micros,
+        obs = _observation(  # IdleObservation's fields, in order
+            envelope.subject,
+            sample.gpu_uuid,
+            sample.node,
+            sample.pool,
+            sample.model,
+            item.owner,
+            sample.util_gpu_pct,
+            sample.start_us,
+            sample.sample_time_us,
+            item.gpu_ms,
+            item.cost_micros,
         )
         before = states.get(envelope.subject) or stored.get(envelope.subject)
         state, raised, flag = step(before, obs, rules.idle_policy)

@@ -79,6 +79,7 @@ from ledger.store.layout import (
     ARCHIVE_DIR,
     HOT_DB_NAME,
     SEGMENTS_DIR,
+    WRITER_SETTINGS,
     first_row,
 )
 from ledger.store.mirror import WriterMirror
@@ -130,7 +131,7 @@ class DuckDBStore(HotReads, HotAudit, HotIdentity):
             self._con = duckdb.connect(str(db))
         except duckdb.IOException as exc:
             raise StoreError(f"cannot open the ledger store {db}: {exc}") from exc
-        self._con.execute(HOT_TABLES_DDL + AUDIT_DDL + IDENTITY_DDL)
+        self._con.execute(WRITER_SETTINGS + HOT_TABLES_DDL + AUDIT_DDL + IDENTITY_DDL)
         self._segments = Segmenter(self._con, self.segments_root, self.archive_root)
         self.manifest = self._segments.postings.manifest
         self.archive_manifest = self._segments.archive.manifest
