@@ -171,12 +171,35 @@ def job_events(bootstrap: str, topic: str) -> list[Any]:
 
 
 def usage_ids(data_dir: Path) -> list[str]:
+    """The samples the ledger booked: its usage transactions, less the re-postings of usage
+    whose owner was learned late (a sample's usage names one cause, the sample; a re-posting's
+    two: the event that made the owner known and the original it corrects; see
+    `corrections`)."""
     queries = LedgerQueries(data_dir)
     try:
-        rows = queries._query("SELECT txn_id FROM {postings} WHERE kind = 'usage' AND leg = 0")
+        rows = queries._query(
+            "SELECT txn_id FROM {postings} WHERE kind = 'usage' AND leg = 0 "
+            "AND NOT contains(cause, ' ')"
+        )
     finally:
         queries.close()
     return [row[0] for row in rows]
+
+
+def corrections(data_dir: Path) -> tuple[list[str], list[str]]:
+    """The originals the re-postings correct, and those the reversals reverse (each a usage
+    transaction the ledger booked; each corrected once: one reversal, one re-posting)."""
+    queries = LedgerQueries(data_dir)
+    try:
+        rows = queries._query(
+            "SELECT kind, split_part(cause, ' ', 2) FROM {postings} WHERE leg = 0 "
+            "AND ((kind = 'usage' AND contains(cause, ' ')) OR kind = 'reversal')"
+        )
+    finally:
+        queries.close()
+    reposted = [original for kind, original in rows if kind == "usage"]
+    reversed_ = [original for kind, original in rows if kind == "reversal"]
+    return reposted, reversed_
 
 
 def first_round_us(data_dir: Path) -> int:
@@ -300,6 +323,11 @@ def test_a_60_second_broker_outage_loses_no_sample_and_enacts_no_decision_withou
         booked = usage_ids(data_dir)
         lost, extra = set(produced) - set(booked), set(booked) - set(produced)
         assert not lost and not extra, f"{len(lost)} samples lost, {len(extra)} unknown"
+        # usage booked before the scheduler's assignment reached the ledger (the jobs topic was
+        # cut too) is reversed and re-posted to the job: once each, and only booked samples
+        reposted, reversed_ = corrections(data_dir)
+        assert sorted(reposted) == sorted(reversed_)
+        assert len(set(reposted)) == len(reposted) and set(reposted) <= set(booked)
         assert len(booked) == len(produced) == samples  # none twice
         assert Spool(collector.spool_dir).records == 0
 
