@@ -177,8 +177,14 @@ class Ingestor:
         view = self.store.load_view(sample_keys(decoded))
         folded = fold_samples(decoded, view, self.rules)
         through = None
-        # Only samples new to the ledger move its clock: a resent one changes nothing.
-        new = [envelope.time_us for envelope, _ in decoded if envelope.id not in view.seen]
+        # Only samples the ledger takes move its clock: a resent one (seen before) or a refused
+        # one (too late to deduplicate, unpriced, …) changes nothing.
+        refused = {letter.event_id for letter in folded.dead if letter.event_id}
+        new = [
+            envelope.time_us
+            for envelope, _ in decoded
+            if envelope.id not in view.seen and envelope.id not in refused
+        ]
         if new:
             through = period_label(max(new), self.rules.zone)
             if self._granted_through is not None and through <= self._granted_through:
