@@ -33,9 +33,11 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks
 
-# the full-size crash campaign: 20 SIGKILLs of the worker during 1,000,000 samples (prints figures)
+# the full-size crash campaign: 20 SIGKILLs of the worker during 1,000,000 samples (prints figures),
+# and the ledger's stateful test at 140 random lives (make test draws 50)
 soak: $(STAMP)
 	TALLY_SOAK=1 $(BIN)/python -m pytest -s -k 1M tests/integration/test_crash_safety.py
+	TALLY_STATEFUL_EXAMPLES=140 $(BIN)/python -m pytest -s -k random_life tests/unit/test_ledger_stateful.py
 
 clean:
 	rm -rf $(VENV) .venv-focus .tally .pytest_cache .mypy_cache .ruff_cache
