@@ -111,3 +111,21 @@ def test_exec_start_is_a_real_tally_command_with_a_valid_config(name: str) -> No
         assert serves_outside(config, command), "Prometheus scrapes each GPU node"
     if command.path == ("scheduler", "run"):
         assert config.scheduler.executor == "slurm"
+
+
+def test_without_object_storage_the_readers_share_the_workers_directory_on_one_host() -> None:
+    """The site keeps the sealed ledger in the worker's data directory (no `segments_url`):
+    that is sound only with the worker, the dashboard and alert delivery on one host, the
+    worker and alert delivery writing under their state directory and the dashboard reading it
+    (it writes nothing there)."""
+    by_path = {exec_start(name).path: name for name in UNITS}
+    config = config_check(exec_start(by_path[("worker",)]).config_file(MOUNTS))
+    assert config.ledger.segments_url is None
+    data_dir = config.ledger.data_dir
+    for path in (("worker",), ("alerts", "run")):
+        service = unit(by_path[path])["Service"]
+        state = Path("/var/lib") / service["StateDirectory"]
+        assert data_dir.is_relative_to(state), f"{by_path[path]}: {data_dir} is not writable"
+    dashboard = unit(by_path[("dashboard",)])["Service"]
+    assert "StateDirectory" not in dashboard, "the dashboard writes nothing on the ledger host"
+    assert any(data_dir.is_relative_to(p) for p in dashboard["ReadOnlyPaths"].split())
