@@ -2,8 +2,10 @@
 kubernetes-client), every object validated by kubernetes-validate against a current
 Kubernetes, and what the manifests promise checked against Tally itself: each container runs
 a command the real CLI accepts with the rendered ConfigMap's configuration (which passes
-`tally config check`), probes and the PodMonitor hit the ports that configuration serves, and
-every secret the configuration names reaches the pod."""
+`tally config check`), probes and the PodMonitor hit the ports that configuration serves,
+every secret the configuration names reaches the pod (and none it does not name), no pod but
+the worker mounts the worker's volume, and readers read the sealed ledger from the object store
+(the dev overlay's MinIO, whose bucket a Job makes; production's external S3)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -22,6 +25,7 @@ from tests.deploy.commands import (
     DASHBOARD_HEALTH_PATH,
     DEPLOY,
     HEALTH_PATHS,
+    STORE_USERS,
     TallyCommand,
     config_check,
     metrics_port,
@@ -73,6 +77,11 @@ def named(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]
 
 def workloads(objects: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     return (o for o in objects if o["kind"] in WORKLOAD_KINDS)
+
+
+def pod_templates(objects: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every object that makes pods: the long-running workloads and the one-shot Jobs."""
+    return (o for o in objects if o["kind"] in (*WORKLOAD_KINDS, "Job"))
 
 
 def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
@@ -185,37 +194,50 @@ def test_every_tally_container_runs_a_real_command_with_a_valid_config(
     assert expected <= seen
 
 
+# the probes of the images that are not Tally's (dev overlay): image → (liveness, readiness)
+# HTTP paths on the container's port named "api"; None: a TCP probe (Kafka serves no HTTP)
+THIRD_PARTY_PROBES: dict[str, tuple[str, str] | None] = {
+    "apache/kafka": None,
+    "quay.io/minio/minio": ("/minio/health/live", "/minio/health/ready"),
+}
+
+
 def test_every_container_has_resources_and_probes_on_served_paths(
     overlay: tuple[str, list[dict[str, Any]]],
 ) -> None:
     _, objects = overlay
-    for workload in workloads(objects):
-        for container in pod_spec(workload)["containers"]:
-            where = f"{workload['metadata']['name']}/{container['name']}"
+    for template in pod_templates(objects):
+        for container in pod_spec(template)["containers"]:
+            where = f"{template['metadata']['name']}/{container['name']}"
             resources = container.get("resources", {})
             for bound in ("requests", "limits"):
                 assert {"cpu", "memory"} <= set(resources.get(bound, {})), f"{where}: {bound}"
-            for probe in ("livenessProbe", "readinessProbe"):
-                assert probe in container, f"{where}: {probe}"
-                get = container[probe].get("httpGet")
-                if get is None:
-                    assert container["image"].startswith("apache/kafka:"), where
-                    continue
-                port = port_number(container, get["port"])
-                if get["path"] == DASHBOARD_HEALTH_PATH:
-                    assert port == port_number(container, "http")
+            if template["kind"] == "Job":
+                continue  # runs to completion: nothing to probe
+            image = container["image"].split(":")[0]
+            probes = [container.get(p) for p in ("livenessProbe", "readinessProbe")]
+            assert all(probes), f"{where}: a probe is missing"
+            gets = [p.get("httpGet") for p in probes]
+            if image == "tally":
+                port = port_number(container, gets[0]["port"])
+                assert port_number(container, gets[1]["port"]) == port, where
+                paths = tuple(g["path"] for g in gets)
+                if paths == (DASHBOARD_HEALTH_PATH,) * 2:
+                    assert port == port_number(container, "http"), where
                 else:
-                    assert get["path"] in HEALTH_PATHS, where
+                    assert paths == ("/healthz", "/readyz"), where
+                    assert set(paths) <= HEALTH_PATHS
                     assert port == port_number(container, "metrics"), where
-            if container["image"].split(":")[0] == "tally":
-                assert container["livenessProbe"]["httpGet"]["path"] in {
-                    "/healthz",
-                    DASHBOARD_HEALTH_PATH,
-                }
-                assert container["readinessProbe"]["httpGet"]["path"] in {
-                    "/readyz",
-                    DASHBOARD_HEALTH_PATH,
-                }
+                continue
+            assert image in THIRD_PARTY_PROBES, f"{where}: an image with no known probes"
+            expected = THIRD_PARTY_PROBES[image]
+            if expected is None:
+                assert all("tcpSocket" in p for p in probes), where
+                continue
+            assert tuple(g["path"] for g in gets) == expected, where
+            assert {port_number(container, g["port"]) for g in gets} == {
+                port_number(container, "api")
+            }, where
 
 
 def test_collector_is_a_daemonset_on_gpu_nodes_that_can_see_every_process(
@@ -250,34 +272,134 @@ def test_worker_is_one_statefulset_replica_with_its_own_volume(
     assert named(objects, "Service", worker["spec"]["serviceName"])["spec"]["clusterIP"] == "None"
 
 
-@pytest.mark.parametrize(
-    ("name", "read_only"), [("tally-dashboard", True), ("tally-alerts", False)]
-)
-def test_readers_mount_worker_0s_volume_on_its_node(
-    overlay: tuple[str, list[dict[str, Any]]], tmp_path: Path, name: str, read_only: bool
+def is_ledger_claim(objects: list[dict[str, Any]], claim: str) -> bool:
+    """Whether `claim` is one the worker StatefulSet's volume template makes for a replica
+    (`<template>-<set>-<ordinal>`): the volume of the worker's hot DuckDB."""
+    worker = named(objects, "StatefulSet", "tally-worker")
+    (template,) = worker["spec"]["volumeClaimTemplates"]
+    prefix = f"{template['metadata']['name']}-{worker['metadata']['name']}-"
+    return claim.startswith(prefix) and claim.removeprefix(prefix).isdigit()
+
+
+def claims_of(pod: dict[str, Any]) -> set[str]:
+    return {
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod.get("volumes", [])
+        if "persistentVolumeClaim" in v
+    }
+
+
+def test_no_pod_but_the_worker_mounts_the_ledgers_volume(
+    overlay: tuple[str, list[dict[str, Any]]],
 ) -> None:
     _, objects = overlay
+    worker_pods = named(objects, "StatefulSet", "tally-worker")["spec"]["template"]["metadata"]
+    claimed_by: dict[str, str] = {}
+    for workload in pod_templates(objects):
+        name = f"{workload['kind']}/{workload['metadata']['name']}"
+        spec = pod_spec(workload)
+        if name == "StatefulSet/tally-worker":
+            continue
+        claims = claims_of(spec)
+        assert not any(is_ledger_claim(objects, c) for c in claims), f"{name}: {claims}"
+        for claim in claims:  # and no other volume is shared between two workloads either
+            assert claimed_by.setdefault(claim, name) == name, f"{claim}: {name}, {claimed_by}"
+        # nothing is pinned to the worker's node to share its volume
+        for term in (
+            spec.get("affinity", {})
+            .get("podAffinity", {})
+            .get("requiredDuringSchedulingIgnoredDuringExecution", [])
+        ):
+            selector = term["labelSelector"].get("matchLabels", {})
+            assert not selector.items() <= worker_pods["labels"].items(), name
+            assert "statefulset.kubernetes.io/pod-name" not in selector, name
+        assert all("hostPath" not in v for v in spec.get("volumes", [])) or (
+            name == "DaemonSet/tally-collector"
+        ), f"{name}: a node's directory"
+
+
+def test_the_sealed_ledger_is_read_from_the_object_store(
+    overlay: tuple[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    _, objects = overlay
+    configs = {}
+    for workload in workloads(objects):
+        for container in pod_spec(workload)["containers"]:
+            if container["image"].split(":")[0] == "tally":
+                command, config = container_command(objects, workload, container, tmp_path)
+                configs[command.path] = (workload, container, config)
+    _, _, worker = configs[("worker",)]
+    assert urlsplit(worker.ledger.segments_url).scheme == "s3"
+    for path in STORE_USERS & set(configs):
+        workload, container, config = configs[path]
+        ledger = config.ledger
+        assert (ledger.segments_url, ledger.object_store) == (
+            worker.ledger.segments_url,
+            worker.ledger.object_store,
+        ), path
+        if path == ("worker",):
+            continue
+        # a reader's cache (<data_dir>/replica) is written: on a writable volume of its own
+        volume = volume_under(workload, container, ledger.data_dir)
+        assert "emptyDir" in volume or "persistentVolumeClaim" in volume, path
+    # alert delivery reads Kafka only: its delivery log is on a volume it alone mounts
+    workload, container, config = configs[("alerts", "run")]
+    claim = volume_under(workload, container, config.ledger.data_dir)["persistentVolumeClaim"]
+    assert not is_ledger_claim(objects, claim["claimName"])
+    assert named(objects, "PersistentVolumeClaim", claim["claimName"])["spec"]["accessModes"]
+
+
+def volume_under(workload: dict[str, Any], container: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The pod volume `path` lies on in `container`, mounted writable."""
+    where = f"{workload['metadata']['name']}: {path}"
+    mounts = [m for m in container["volumeMounts"] if path.is_relative_to(m["mountPath"])]
+    assert len(mounts) == 1, f"{where} is on {len(mounts)} volumes"
+    (mount,) = mounts
+    assert not mount.get("readOnly", False), f"{where} is read-only"
+    (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
+    return dict(volume)
+
+
+def test_dev_runs_minio_and_makes_its_bucket_production_an_external_store(
+    overlay: tuple[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    name, objects = overlay
     worker = named(objects, "StatefulSet", "tally-worker")
-    (claim,) = worker["spec"]["volumeClaimTemplates"]
-    pvc = f"{claim['metadata']['name']}-{worker['metadata']['name']}-0"
-    reader = named(objects, "Deployment", name)
-    spec = pod_spec(reader)
-    (volume,) = [v for v in spec["volumes"] if "persistentVolumeClaim" in v]
-    assert volume["persistentVolumeClaim"]["claimName"] == pvc
-    (term,) = spec["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert term["topologyKey"] == "kubernetes.io/hostname"
-    selector = dict(term["labelSelector"]["matchLabels"])
-    assert selector.pop("statefulset.kubernetes.io/pod-name") == f"{worker['metadata']['name']}-0"
-    assert selector.items() <= worker["spec"]["template"]["metadata"]["labels"].items()
-    (container,) = spec["containers"]
-    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
-    assert mount.get("readOnly", False) is read_only
-    _, config = container_command(objects, reader, container, tmp_path)
-    _, worker_config = container_command(
-        objects, worker, pod_spec(worker)["containers"][0], tmp_path
+    container = pod_spec(worker)["containers"][0]
+    _, config = container_command(objects, worker, container, tmp_path)
+    store = config.ledger.object_store
+    endpoint = urlsplit(store.endpoint_url)
+    services = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
+    if name == "production":
+        assert endpoint.scheme == "https", "credentials cross the network"
+        assert endpoint.hostname not in services
+        assert not any("minio" in o["metadata"]["name"] for o in objects)
+        return
+    # the endpoint is the overlay's MinIO Service, on the port MinIO serves (9000 by default)
+    host = str(endpoint.hostname)
+    minio = named(objects, "Deployment", host)
+    (server,) = pod_spec(minio)["containers"]
+    (port,) = [p for p in services[host]["spec"]["ports"] if p["port"] == endpoint.port]
+    assert port_number(server, port["targetPort"]) == 9000 == port_number(server, "api")
+    assert services[host]["spec"]["selector"].items() <= (
+        minio["spec"]["template"]["metadata"]["labels"].items()
     )
-    assert config.ledger.data_dir == worker_config.ledger.data_dir
-    assert config.ledger.data_dir.is_relative_to(mount["mountPath"])
+    # MinIO's root user and password are the keys Tally's pods read as the store's credentials
+    refs = secret_refs(container)
+    credentials = {
+        "MINIO_ROOT_USER": refs[store.access_key_id_env],
+        "MINIO_ROOT_PASSWORD": refs[store.secret_access_key_env],
+    }
+    assert {k: v for k, v in secret_refs(server).items() if k in credentials} == credentials
+    # the Job makes the bucket segments_url names on that endpoint, with the same credentials
+    (job,) = [o for o in objects if o["kind"] == "Job"]
+    (mc,) = pod_spec(job)["containers"]
+    script = " ".join(mc["args"])
+    assert f"mc alias set objects {store.endpoint_url} " in script
+    bucket = urlsplit(config.ledger.segments_url).netloc
+    assert script.endswith(f"mc mb --ignore-existing objects/{bucket}")
+    assert secret_refs(mc) == credentials
+    assert pod_spec(job)["restartPolicy"] == "OnFailure", "retried until MinIO answers"
 
 
 def test_scheduler_alerts_and_dashboard_are_deployments_behind_services(
@@ -321,31 +443,54 @@ def secret_refs(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
+def documented_secrets(kustomization: str) -> dict[str, set[str]]:
+    """The Secrets an overlay's kustomization tells the operator to create, with their keys:
+    `kubectl … create secret generic NAME --from-literal=KEY=… …` in its comments."""
+    commands = re.split(r"create secret generic ", kustomization)[1:]
+    return {
+        command.split()[0]: set(re.findall(r"--from-literal=([a-z0-9-]+)=", command))
+        for command in commands
+    }
+
+
+def test_documented_secrets_are_read_per_secret() -> None:
+    text = """#   kubectl create secret generic one \\
+    #     --from-literal=a=… --from-literal=b=…
+    #   kubectl create secret generic two --from-literal=c=…"""
+    assert documented_secrets(text) == {"one": {"a", "b"}, "two": {"c"}}
+
+
 def test_every_secret_the_config_names_reaches_the_pod(
     overlay: tuple[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
     name, objects = overlay
     secrets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Secret"}
-    keys_documented = set(
-        re.findall(
-            r"--from-literal=([a-z-]+)=",
-            (KUSTOMIZE / "overlays" / name / "kustomization.yaml").read_text(),
-        )
+    documented = documented_secrets(
+        (KUSTOMIZE / "overlays" / name / "kustomization.yaml").read_text()
     )
-    for workload in workloads(objects):
-        for container in pod_spec(workload)["containers"]:
-            if container["image"].split(":")[0] != "tally":
-                continue
-            command, config = container_command(objects, workload, container, tmp_path)
+    stores = 0
+    for template in pod_templates(objects):
+        for container in pod_spec(template)["containers"]:
+            where = f"{template['metadata']['name']}/{container['name']}"
             refs = secret_refs(container)
-            for variable in secret_variables(config, command):
-                assert variable in refs, f"{workload['metadata']['name']}: {variable}"
-                # only the Kafka password may be left out (the base's Kafka needs none)
-                optional = refs[variable].get("optional", False)
-                assert not optional or variable == "TALLY_KAFKA_PASSWORD", variable
             for ref in refs.values():
                 if ref["name"] in secrets:  # rendered: the key is in it, unless optional
                     assert ref["key"] in secrets[ref["name"]]["data"] or ref.get("optional"), ref
                 else:  # created beside the overlay: its kustomization says how, with each key
-                    assert ref["key"] in keys_documented, (name, ref)
-    assert not any("s3" in s or "minio" in s for s in secrets), "no object storage yet"
+                    assert ref["key"] in documented.get(ref["name"], set()), (name, ref)
+            if container["image"].split(":")[0] != "tally":
+                continue
+            command, config = container_command(objects, template, container, tmp_path)
+            wanted = secret_variables(config, command)
+            for variable in wanted:
+                assert variable in refs, f"{where}: {variable}"
+                # only the Kafka password may be left out (the base's Kafka needs none)
+                optional = refs[variable].get("optional", False)
+                assert not optional or variable == "TALLY_KAFKA_PASSWORD", variable
+            # and no pod gets a secret its configuration does not name (alert delivery, which
+            # reads no ledger, no S3 key), but the optional Kafka password an overlay may use
+            extra = {v for v, ref in refs.items() if v not in wanted and not ref.get("optional")}
+            assert not extra, f"{where}: {extra}"
+            store = config.ledger.object_store
+            stores += store.secret_access_key_env in wanted
+    assert stores == len(STORE_USERS - {("admin", "apply")}), "the worker and the dashboard"
