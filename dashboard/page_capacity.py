@@ -1,6 +1,10 @@
 """Capacity planning: GPU usage and queue-wait trends per model and pool, a forecast, and how
 many GPUs keep queueing short.
 
+Days are the ledger's time zone's (`ledger.timezone`), as on the other pages, and so are the
+times written on the page; chart axes show local dates (wall-clock times handed to Vega as UTC,
+read back with `utc` time units, so the browser's own zone does not shift them).
+
 Every figure comes from `ledger.read.rollups` over the sealed ledger (usage) and the scheduler's job
 events in its raw-event archive (queue waits); the forecast and the queueing estimate state their
 method on the page, and the estimate is shown beside the p95 wait actually observed.
@@ -16,8 +20,10 @@ import streamlit as st
 
 from dashboard import common, i18n
 from dashboard.i18n import _
+from ledger.periods import local_day_start
 from ledger.read import job_history, rollups
 
+LOCAL_DAY = "utcyearmonthdate"  # the wall-clock days of `common.wall_clock`, as they are
 st.title(_("Capacity planning"))
 extent: rollups.Extent = common.query("extent")
 if extent.empty or extent.newest_us is None or not extent.models:
@@ -76,8 +82,9 @@ if trends:
         },
     )
     st.caption(
-        _("Whole UTC days before {when}; used = GPU time allocated to an owner.").format(
-            when=common.when(extent.newest_us - extent.newest_us % rollups.DAY_US)
+        _("Whole days ({zone}) before {when}; used = GPU time allocated to an owner.").format(
+            zone=common.zone_label(),
+            when=common.local_when(local_day_start(extent.newest_us, common.zone())),
         )
     )
 
@@ -90,7 +97,7 @@ waits: tuple[job_history.QueueWaitDay, ...] = common.query(
 if waits:
     wait_frame = pd.DataFrame(
         [
-            (common.timestamp(w.day_us), f"{w.pool} · {w.model}", label, value / 60_000_000)
+            (common.wall_clock(w.day_us), f"{w.pool} · {w.model}", label, value / 60_000_000)
             for w in waits
             for label, value in (("p50", w.p50_us), ("p95", w.p95_us))
         ],
@@ -100,15 +107,18 @@ if waits:
         alt.Chart(wait_frame)
         .mark_line(point=True)
         .encode(
-            x=alt.X("day:T", title=_("Day of first start (UTC)")),
+            x=alt.X(
+                f"{LOCAL_DAY}(day):T",
+                title=_("Day of first start ({zone})").format(zone=common.zone_label()),
+            ),
             y=alt.Y("minutes:Q", title=_("Wait from submission to start (minutes)")),
             color=alt.Color("pool · model:N", title=_("Pool · GPU model")),
             strokeDash=alt.StrokeDash("quantile:N", title=_("Quantile")),
             tooltip=[
-                "day:T",
-                "pool · model:N",
-                "quantile:N",
-                alt.Tooltip("minutes:Q", format=".1f"),
+                alt.Tooltip(f"{LOCAL_DAY}(day):T", title=_("Day")),
+                alt.Tooltip("pool · model:N", title=_("Pool · GPU model")),
+                alt.Tooltip("quantile:N", title=_("Quantile")),
+                alt.Tooltip("minutes:Q", format=".1f", title=_("Minutes")),
             ],
         ),
         width="stretch",
@@ -117,7 +127,7 @@ if waits:
     st.dataframe(
         pd.DataFrame(
             {
-                "day": [common.timestamp(w.day_us) for w in newest_first],
+                "day": [common.wall_clock(w.day_us) for w in newest_first],
                 "pool": [w.pool for w in newest_first],
                 "model": [w.model for w in newest_first],
                 "jobs": [w.jobs for w in newest_first],
@@ -128,7 +138,9 @@ if waits:
         ),
         hide_index=True,
         column_config={
-            "day": st.column_config.DatetimeColumn(_("Day (UTC)"), format="YYYY-MM-DD"),
+            "day": st.column_config.DatetimeColumn(
+                _("Day ({zone})").format(zone=common.zone_label()), format="YYYY-MM-DD"
+            ),
             "pool": _("Pool"),
             "model": _("GPU model"),
             "jobs": st.column_config.NumberColumn(_("Jobs started"), format="%d"),
@@ -140,10 +152,10 @@ if waits:
     st.caption(
         _(
             "Wait: from a job's submission to its first start, from the scheduler's events; per "
-            "UTC day the jobs first started, pool and GPU model they ran on. p50 and p95 are the "
-            "nearest observed ranks. Jobs still waiting are not in these figures (see the sizing "
-            "below), and waits after a preemption are not counted."
-        )
+            "day ({zone}) the jobs first started, pool and GPU model they ran on. p50 and p95 are "
+            "the nearest observed ranks. Jobs still waiting are not in these figures (see the "
+            "sizing below), and waits after a preemption are not counted."
+        ).format(zone=common.zone_label())
     )
 else:
     st.info(
@@ -162,7 +174,7 @@ horizon = c2.slider(_("Forecast horizon (days)"), 7, 90, 28, key="horizon")
 trend: rollups.UsageTrend = common.query("usage_trend", model, filters.pool, horizon, 4)
 history = pd.DataFrame(
     [
-        (common.timestamp(day), series, common.hours(ms))
+        (common.wall_clock(day), series, common.hours(ms))
         for day, allocated, physical in trend.days
         for series, ms in ((_("used"), allocated), (_("capacity"), physical))
     ],
@@ -172,27 +184,46 @@ layers = [
     alt.Chart(history)
     .mark_line(point=True)
     .encode(
-        x=alt.X("day:T", title=_("Day (UTC)")),
+        x=alt.X(f"{LOCAL_DAY}(day):T", title=_("Day ({zone})").format(zone=common.zone_label())),
         y=alt.Y("GPU-hours:Q", title=_("GPU-hours per day")),
         color=alt.Color("series:N", title=""),
+        tooltip=[
+            alt.Tooltip(f"{LOCAL_DAY}(day):T", title=_("Day")),
+            alt.Tooltip("series:N", title=_("Series")),
+            alt.Tooltip("GPU-hours:Q", format=".1f", title=_("GPU-hours")),
+        ],
     )
 ]
 forecast = trend.forecast
 if forecast is not None:
     ahead = pd.DataFrame(
         {
-            "day": [common.timestamp(d) for d in forecast.days],
+            "day": [common.wall_clock(d) for d in forecast.days],
             "GPU-hours": list(forecast.values),
             "low": list(forecast.low),
             "high": list(forecast.high),
             "series": [_("forecast")] * len(forecast.days),
         }
     )
-    layers.append(alt.Chart(ahead).mark_area(opacity=0.2).encode(x="day:T", y="low:Q", y2="high:Q"))
+    layers.append(
+        alt.Chart(ahead)
+        .mark_area(opacity=0.2)
+        .encode(x=f"{LOCAL_DAY}(day):T", y="low:Q", y2="high:Q")
+    )
     layers.append(
         alt.Chart(ahead)
         .mark_line(strokeDash=[6, 3])
-        .encode(x="day:T", y="GPU-hours:Q", color=alt.Color("series:N", title=""))
+        .encode(
+            x=f"{LOCAL_DAY}(day):T",
+            y="GPU-hours:Q",
+            color=alt.Color("series:N", title=""),
+            tooltip=[
+                alt.Tooltip(f"{LOCAL_DAY}(day):T", title=_("Day")),
+                alt.Tooltip("GPU-hours:Q", format=".1f", title=_("Forecast GPU-hours")),
+                alt.Tooltip("low:Q", format=".1f", title=_("Low")),
+                alt.Tooltip("high:Q", format=".1f", title=_("High")),
+            ],
+        )
     )
 st.subheader(
     _("{model} in pool {pool}").format(model=model, pool=filters.pool)
@@ -334,8 +365,8 @@ else:
     )
 st.markdown(
     _("**Method.** Observed from {since} to {until}: {started} jobs started, {ran} ran.").format(
-        since=common.when(since),
-        until=common.when(until),
+        since=common.local_when(since),
+        until=common.local_when(until),
         started=i18n.number(found.arrivals),
         ran=i18n.number(found.jobs),
     )
