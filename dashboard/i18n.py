@@ -17,6 +17,7 @@ language, then English.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from datetime import UTC, tzinfo
 from decimal import Decimal
 from functools import cache
@@ -83,6 +84,23 @@ def language() -> str:
 def _(message: str) -> str:
     """`message` in this session's language."""
     return messages(language()).get(message, message)
+
+
+@dataclass(frozen=True, slots=True)
+class Translator:
+    """`_` of one language as a value: what the dashboard hands a read model that writes
+    sentences (`ledger.read.texts.Translate`), and a cached query's argument (the language is
+    part of the cache key)."""
+
+    language: str
+
+    def __call__(self, message: str) -> str:
+        return messages(self.language).get(message, message)
+
+
+def translator() -> Translator:
+    """This session's language, for the read models (`ledger.read.texts`)."""
+    return Translator(language())
 
 
 def start() -> None:

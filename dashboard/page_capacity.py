@@ -24,6 +24,7 @@ from ledger.periods import local_day_start
 from ledger.read import job_history, rollups
 
 LOCAL_DAY = "utcyearmonthdate"  # the wall-clock days of `common.wall_clock`, as they are
+tr = i18n.translator()  # the sentences the read models write, in this session's language
 st.title(_("Capacity planning"))
 extent: rollups.Extent = common.query("extent")
 if extent.empty or extent.newest_us is None or not extent.models:
@@ -180,11 +181,12 @@ history = pd.DataFrame(
     ],
     columns=["day", "series", "GPU-hours"],
 )
+day_title = _("Day ({zone})").format(zone=common.zone_label())
 layers = [
     alt.Chart(history)
     .mark_line(point=True)
     .encode(
-        x=alt.X(f"{LOCAL_DAY}(day):T", title=_("Day ({zone})").format(zone=common.zone_label())),
+        x=alt.X(f"{LOCAL_DAY}(day):T", title=day_title),
         y=alt.Y("GPU-hours:Q", title=_("GPU-hours per day")),
         color=alt.Color("series:N", title=""),
         tooltip=[
@@ -208,14 +210,18 @@ if forecast is not None:
     layers.append(
         alt.Chart(ahead)
         .mark_area(opacity=0.2)
-        .encode(x=f"{LOCAL_DAY}(day):T", y="low:Q", y2="high:Q")
+        .encode(
+            x=alt.X(f"{LOCAL_DAY}(day):T", title=day_title),
+            y=alt.Y("low:Q", title=_("GPU-hours per day")),
+            y2="high:Q",
+        )
     )
     layers.append(
         alt.Chart(ahead)
         .mark_line(strokeDash=[6, 3])
         .encode(
-            x=f"{LOCAL_DAY}(day):T",
-            y="GPU-hours:Q",
+            x=alt.X(f"{LOCAL_DAY}(day):T", title=day_title),
+            y=alt.Y("GPU-hours:Q", title=_("GPU-hours per day")),
             color=alt.Color("series:N", title=""),
             tooltip=[
                 alt.Tooltip(f"{LOCAL_DAY}(day):T", title=_("Day")),
@@ -239,7 +245,13 @@ if forecast is None:
         ).format(days=len(trend.complete))
     )
 else:
-    st.markdown(_("**Method.**") + " " + forecast.method)
+    st.markdown(
+        _("**Method.**")
+        + " "
+        + rollups.usage_forecast_method(
+            forecast.fitted_days, forecast.slope_per_day, forecast.residual_sd, tr
+        )
+    )
     st.caption(
         _("In {days} days: {value} GPU-hours/day used (range {low}–{high}).").format(
             days=horizon,
@@ -339,14 +351,14 @@ if observed.started:
             "Observed over the same window: p95 {p95} and p50 {p50} from submission to start, "
             "over {started} jobs"
         ).format(
-            p95=job_history.duration_text(observed.p95_us),
-            p50=job_history.duration_text(observed.p50_us),
+            p95=job_history.duration_text(observed.p95_us, tr),
+            p50=job_history.duration_text(observed.p50_us, tr),
             started=i18n.number(observed.started),
         )
         + (
             _("; {waiting} job(s) still waiting, the longest for {longest}").format(
                 waiting=i18n.number(observed.waiting),
-                longest=job_history.duration_text(observed.longest_waiting_us),
+                longest=job_history.duration_text(observed.longest_waiting_us, tr),
             )
             if observed.waiting
             else ""
@@ -371,5 +383,5 @@ st.markdown(
         ran=i18n.number(found.jobs),
     )
     + " "
-    + sizing.assumptions
+    + tr(sizing.assumptions)
 )

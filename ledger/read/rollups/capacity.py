@@ -28,6 +28,7 @@ from ledger.read.rollups.shared import (
     USAGE_SQL,
     archived_job_log,
 )
+from ledger.read.texts import N_, Translate, english
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,17 +209,6 @@ def forecast_daily(
         max(0.0, intercept + slope * (xs[-1] + k) + effect[_weekday(day, zone)])
         for k, day in enumerate(days, 1)
     )
-    method = (
-        f"Linear trend fitted by least squares to the last {n} complete days "
-        f"({slope:+.2f} GPU-hours/day per day)"
-        + (
-            ", plus weekly seasonality: each weekday's average deviation from that trend"
-            if seasonal
-            else " (weekly seasonality needs at least 14 days of history, so none is applied)"
-        )
-        + f". The band is ± 1.96 × the standard deviation of what is left ({sd:.1f} GPU-hours);"
-        " forecasts below zero are shown as zero."
-    )
     return Forecast(
         days=days,
         values=values,
@@ -228,7 +218,29 @@ def forecast_daily(
         slope_per_day=slope,
         weekday_effect=tuple(effect),
         residual_sd=sd,
-        method=method,
+        method=usage_forecast_method(n, slope, sd),
+    )
+
+
+def usage_forecast_method(
+    fitted_days: int, slope_per_day: float, residual_sd: float, tr: Translate = english
+) -> str:
+    """How `forecast_daily` made a forecast, for the page (`Forecast.method` in English)."""
+    seasonal = fitted_days >= 14
+    return (
+        tr(
+            "Linear trend fitted by least squares to the last {days} complete days "
+            "({slope} GPU-hours/day per day)"
+        ).format(days=fitted_days, slope=f"{slope_per_day:+.2f}")
+        + (
+            tr(", plus weekly seasonality: each weekday's average deviation from that trend")
+            if seasonal
+            else tr(" (weekly seasonality needs at least 14 days of history, so none is applied)")
+        )
+        + tr(
+            ". The band is ± 1.96 × the standard deviation of what is left ({sd} GPU-hours);"
+            " forecasts below zero are shown as zero."
+        ).format(sd=f"{residual_sd:.1f}")
     )
 
 
@@ -346,6 +358,16 @@ class Sizing:
 
 
 MAX_SERVERS = 100_000
+SIZING_ASSUMPTIONS = N_(
+    "Erlang-C (M/M/c) model: jobs arrive at random (Poisson) at a rate that reproduces the "
+    "GPUs in use in the window, hold their GPUs for an exponentially distributed time with "
+    "the observed mean job duration, and each needs the observed average number of GPUs; "
+    "all GPUs of the model are interchangeable and jobs queue first-come first-served "
+    "without priorities, quotas or preemption. Demand is what was *used*: work that was "
+    "never submitted because the queue was long is not seen, and usage without a job id "
+    "counts towards the load but not towards job lengths. Treat the answer as a planning "
+    "estimate, not a promise."
+)  # `Sizing.assumptions`, translated where shown
 
 
 def size_for_wait(
@@ -358,16 +380,7 @@ def size_for_wait(
     observed mean number of allocated GPUs (λ = busy GPUs ÷ (S k)), which is robust to jobs cut
     by the window's edges. A job needs k GPUs, so c GPUs serve ⌊c / k⌋ jobs at once.
     """
-    assumptions = (
-        "Erlang-C (M/M/c) model: jobs arrive at random (Poisson) at a rate that reproduces the "
-        "GPUs in use in the window, hold their GPUs for an exponentially distributed time with "
-        "the observed mean job duration, and each needs the observed average number of GPUs; "
-        "all GPUs of the model are interchangeable and jobs queue first-come first-served "
-        "without priorities, quotas or preemption. Demand is what was *used*: work that was "
-        "never submitted because the queue was long is not seen, and usage without a job id "
-        "counts towards the load but not towards job lengths. Treat the answer as a planning "
-        "estimate, not a promise."
-    )
+    assumptions = SIZING_ASSUMPTIONS
     scale = 1 + growth_pct / 100
     if found.jobs == 0 or found.job_seconds <= 0 or found.job_gpu_ms <= 0 or found.hours <= 0:
         return Sizing(
