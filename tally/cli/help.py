@@ -24,7 +24,6 @@ from collections.abc import Collection, Iterator, Mapping
 from typing import IO, Any
 
 import click
-from babel.messages.extract import extract_python
 
 from tally.language import EN, _, language, translate
 
@@ -173,6 +172,8 @@ def extract_help(
 ) -> Iterator[tuple[Any, ...]]:
     """Babel extraction method: the `_()` messages (Babel's Python extractor) and the help
     texts (`help_messages`) of a `tally/cli` module, as (line, function, message, comments)."""
+    from babel.messages.extract import extract_python  # build tooling: not on the CLI's path
+
     source = fileobj.read()
     yield from extract_python(io.BytesIO(source), keywords, comment_tags, options)
     for line, message in help_messages(source.decode(options.get("encoding", "utf-8"))):
