@@ -24,7 +24,7 @@ import streamlit as st
 from dashboard import i18n
 from dashboard.i18n import N_, _
 from ledger.audit import AuditRecord, verify_chain
-from ledger.periods import Period, zone_name
+from ledger.periods import Period, local_time, zone_name
 from ledger.pricing import PriceBook, decode_price_book
 from ledger.read import job_history, rollups
 from ledger.read.audit import audit_trail
@@ -290,6 +290,22 @@ def when(time_us: int | None) -> str:
 
 def timestamp(time_us: int) -> datetime:
     return datetime.fromtimestamp(time_us / 1e6, tz=UTC)
+
+
+def zone_label() -> str:
+    """The ledger's time zone as the pages name it (`Asia/Shanghai`, `UTC`)."""
+    return zone_name(zone())
+
+
+def local_when(time_us: int) -> str:
+    """`time_us` to the minute on the ledger's zone's clock, the zone named."""
+    return i18n.date_time(time_us, zone=zone())
+
+
+def wall_clock(time_us: int) -> datetime:
+    """`time_us` as the ledger's zone's wall-clock time, without a zone (a chart shows it with
+    `utc…` time units, a table as it is: the browser's own zone does not move it)."""
+    return local_time(time_us, zone()).replace(tzinfo=None)
 
 
 def no_data(what: str) -> None:

@@ -17,7 +17,8 @@ language, then English.
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, tzinfo
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
@@ -25,6 +26,8 @@ from pathlib import Path
 import streamlit as st
 from babel.messages.pofile import read_po
 from babel.numbers import format_decimal
+
+from ledger.periods import local_time, zone_name
 
 EN = "en"
 ZH_CN = "zh-CN"
@@ -83,6 +86,23 @@ def _(message: str) -> str:
     return messages(language()).get(message, message)
 
 
+@dataclass(frozen=True, slots=True)
+class Translator:
+    """`_` of one language as a value: what the dashboard hands a read model that writes
+    sentences (`ledger.read.texts.Translate`), and a cached query's argument (the language is
+    part of the cache key)."""
+
+    language: str
+
+    def __call__(self, message: str) -> str:
+        return messages(self.language).get(message, message)
+
+
+def translator() -> Translator:
+    """This session's language, for the read models (`ledger.read.texts`)."""
+    return Translator(language())
+
+
 def start() -> None:
     """Fixes this session's language before anything is written (the switch keeps it)."""
     if _KEY not in st.session_state:
@@ -107,9 +127,11 @@ def number(value: float | int | Decimal, places: int = 0, lang: str | None = Non
     return format_decimal(value, format=pattern, locale=locale, decimal_quantization=True)
 
 
-def date_time(time_us: int, lang: str | None = None) -> str:
-    """A UTC instant to the minute: `2026-11-30 14:05 UTC`, `2026年11月30日 14:05 UTC`."""
-    t = datetime.fromtimestamp(time_us / 1e6, tz=UTC)
+def date_time(time_us: int, lang: str | None = None, zone: tzinfo = UTC) -> str:
+    """An instant to the minute on `zone`'s clock, named: `2026-11-30 14:05 UTC`,
+    `2026年11月30日 22:05 Asia/Shanghai`."""
+    t = local_time(time_us, zone)
+    name = zone_name(zone)
     if (lang or language()) == ZH_CN:
-        return f"{t.year}年{t.month}月{t.day}日 {t:%H:%M} UTC"
-    return f"{t:%Y-%m-%d %H:%M} UTC"
+        return f"{t.year}年{t.month}月{t.day}日 {t:%H:%M} {name}"
+    return f"{t:%Y-%m-%d %H:%M} {name}"

@@ -1,6 +1,10 @@
 """Capacity planning: GPU usage and queue-wait trends per model and pool, a forecast, and how
 many GPUs keep queueing short.
 
+Days are the ledger's time zone's (`ledger.timezone`), as on the other pages, and so are the
+times written on the page; chart axes show local dates (wall-clock times handed to Vega as UTC,
+read back with `utc` time units, so the browser's own zone does not shift them).
+
 Every figure comes from `ledger.read.rollups` over the sealed ledger (usage) and the scheduler's job
 events in its raw-event archive (queue waits); the forecast and the queueing estimate state their
 method on the page, and the estimate is shown beside the p95 wait actually observed.
@@ -16,8 +20,11 @@ import streamlit as st
 
 from dashboard import common, i18n
 from dashboard.i18n import _
+from ledger.periods import local_day_start
 from ledger.read import job_history, rollups
 
+LOCAL_DAY = "utcyearmonthdate"  # the wall-clock days of `common.wall_clock`, as they are
+tr = i18n.translator()  # the sentences the read models write, in this session's language
 st.title(_("Capacity planning"))
 extent: rollups.Extent = common.query("extent")
 if extent.empty or extent.newest_us is None or not extent.models:
@@ -76,8 +83,9 @@ if trends:
         },
     )
     st.caption(
-        _("Whole UTC days before {when}; used = GPU time allocated to an owner.").format(
-            when=common.when(extent.newest_us - extent.newest_us % rollups.DAY_US)
+        _("Whole days ({zone}) before {when}; used = GPU time allocated to an owner.").format(
+            zone=common.zone_label(),
+            when=common.local_when(local_day_start(extent.newest_us, common.zone())),
         )
     )
 
@@ -90,7 +98,7 @@ waits: tuple[job_history.QueueWaitDay, ...] = common.query(
 if waits:
     wait_frame = pd.DataFrame(
         [
-            (common.timestamp(w.day_us), f"{w.pool} · {w.model}", label, value / 60_000_000)
+            (common.wall_clock(w.day_us), f"{w.pool} · {w.model}", label, value / 60_000_000)
             for w in waits
             for label, value in (("p50", w.p50_us), ("p95", w.p95_us))
         ],
@@ -100,15 +108,18 @@ if waits:
         alt.Chart(wait_frame)
         .mark_line(point=True)
         .encode(
-            x=alt.X("day:T", title=_("Day of first start (UTC)")),
+            x=alt.X(
+                f"{LOCAL_DAY}(day):T",
+                title=_("Day of first start ({zone})").format(zone=common.zone_label()),
+            ),
             y=alt.Y("minutes:Q", title=_("Wait from submission to start (minutes)")),
             color=alt.Color("pool · model:N", title=_("Pool · GPU model")),
             strokeDash=alt.StrokeDash("quantile:N", title=_("Quantile")),
             tooltip=[
-                "day:T",
-                "pool · model:N",
-                "quantile:N",
-                alt.Tooltip("minutes:Q", format=".1f"),
+                alt.Tooltip(f"{LOCAL_DAY}(day):T", title=_("Day")),
+                alt.Tooltip("pool · model:N", title=_("Pool · GPU model")),
+                alt.Tooltip("quantile:N", title=_("Quantile")),
+                alt.Tooltip("minutes:Q", format=".1f", title=_("Minutes")),
             ],
         ),
         width="stretch",
@@ -117,7 +128,7 @@ if waits:
     st.dataframe(
         pd.DataFrame(
             {
-                "day": [common.timestamp(w.day_us) for w in newest_first],
+                "day": [common.wall_clock(w.day_us) for w in newest_first],
                 "pool": [w.pool for w in newest_first],
                 "model": [w.model for w in newest_first],
                 "jobs": [w.jobs for w in newest_first],
@@ -128,7 +139,9 @@ if waits:
         ),
         hide_index=True,
         column_config={
-            "day": st.column_config.DatetimeColumn(_("Day (UTC)"), format="YYYY-MM-DD"),
+            "day": st.column_config.DatetimeColumn(
+                _("Day ({zone})").format(zone=common.zone_label()), format="YYYY-MM-DD"
+            ),
             "pool": _("Pool"),
             "model": _("GPU model"),
             "jobs": st.column_config.NumberColumn(_("Jobs started"), format="%d"),
@@ -140,10 +153,10 @@ if waits:
     st.caption(
         _(
             "Wait: from a job's submission to its first start, from the scheduler's events; per "
-            "UTC day the jobs first started, pool and GPU model they ran on. p50 and p95 are the "
-            "nearest observed ranks. Jobs still waiting are not in these figures (see the sizing "
-            "below), and waits after a preemption are not counted."
-        )
+            "day ({zone}) the jobs first started, pool and GPU model they ran on. p50 and p95 are "
+            "the nearest observed ranks. Jobs still waiting are not in these figures (see the "
+            "sizing below), and waits after a preemption are not counted."
+        ).format(zone=common.zone_label())
     )
 else:
     st.info(
@@ -162,37 +175,61 @@ horizon = c2.slider(_("Forecast horizon (days)"), 7, 90, 28, key="horizon")
 trend: rollups.UsageTrend = common.query("usage_trend", model, filters.pool, horizon, 4)
 history = pd.DataFrame(
     [
-        (common.timestamp(day), series, common.hours(ms))
+        (common.wall_clock(day), series, common.hours(ms))
         for day, allocated, physical in trend.days
         for series, ms in ((_("used"), allocated), (_("capacity"), physical))
     ],
     columns=["day", "series", "GPU-hours"],
 )
+day_title = _("Day ({zone})").format(zone=common.zone_label())
 layers = [
     alt.Chart(history)
     .mark_line(point=True)
     .encode(
-        x=alt.X("day:T", title=_("Day (UTC)")),
+        x=alt.X(f"{LOCAL_DAY}(day):T", title=day_title),
         y=alt.Y("GPU-hours:Q", title=_("GPU-hours per day")),
         color=alt.Color("series:N", title=""),
+        tooltip=[
+            alt.Tooltip(f"{LOCAL_DAY}(day):T", title=_("Day")),
+            alt.Tooltip("series:N", title=_("Series")),
+            alt.Tooltip("GPU-hours:Q", format=".1f", title=_("GPU-hours")),
+        ],
     )
 ]
 forecast = trend.forecast
 if forecast is not None:
     ahead = pd.DataFrame(
         {
-            "day": [common.timestamp(d) for d in forecast.days],
+            "day": [common.wall_clock(d) for d in forecast.days],
             "GPU-hours": list(forecast.values),
             "low": list(forecast.low),
             "high": list(forecast.high),
             "series": [_("forecast")] * len(forecast.days),
         }
     )
-    layers.append(alt.Chart(ahead).mark_area(opacity=0.2).encode(x="day:T", y="low:Q", y2="high:Q"))
+    layers.append(
+        alt.Chart(ahead)
+        .mark_area(opacity=0.2)
+        .encode(
+            x=alt.X(f"{LOCAL_DAY}(day):T", title=day_title),
+            y=alt.Y("low:Q", title=_("GPU-hours per day")),
+            y2="high:Q",
+        )
+    )
     layers.append(
         alt.Chart(ahead)
         .mark_line(strokeDash=[6, 3])
-        .encode(x="day:T", y="GPU-hours:Q", color=alt.Color("series:N", title=""))
+        .encode(
+            x=alt.X(f"{LOCAL_DAY}(day):T", title=day_title),
+            y=alt.Y("GPU-hours:Q", title=_("GPU-hours per day")),
+            color=alt.Color("series:N", title=""),
+            tooltip=[
+                alt.Tooltip(f"{LOCAL_DAY}(day):T", title=_("Day")),
+                alt.Tooltip("GPU-hours:Q", format=".1f", title=_("Forecast GPU-hours")),
+                alt.Tooltip("low:Q", format=".1f", title=_("Low")),
+                alt.Tooltip("high:Q", format=".1f", title=_("High")),
+            ],
+        )
     )
 st.subheader(
     _("{model} in pool {pool}").format(model=model, pool=filters.pool)
@@ -208,7 +245,13 @@ if forecast is None:
         ).format(days=len(trend.complete))
     )
 else:
-    st.markdown(_("**Method.**") + " " + forecast.method)
+    st.markdown(
+        _("**Method.**")
+        + " "
+        + rollups.usage_forecast_method(
+            forecast.fitted_days, forecast.slope_per_day, forecast.residual_sd, tr
+        )
+    )
     st.caption(
         _("In {days} days: {value} GPU-hours/day used (range {low}–{high}).").format(
             days=horizon,
@@ -308,14 +351,14 @@ if observed.started:
             "Observed over the same window: p95 {p95} and p50 {p50} from submission to start, "
             "over {started} jobs"
         ).format(
-            p95=job_history.duration_text(observed.p95_us),
-            p50=job_history.duration_text(observed.p50_us),
+            p95=job_history.duration_text(observed.p95_us, tr),
+            p50=job_history.duration_text(observed.p50_us, tr),
             started=i18n.number(observed.started),
         )
         + (
             _("; {waiting} job(s) still waiting, the longest for {longest}").format(
                 waiting=i18n.number(observed.waiting),
-                longest=job_history.duration_text(observed.longest_waiting_us),
+                longest=job_history.duration_text(observed.longest_waiting_us, tr),
             )
             if observed.waiting
             else ""
@@ -334,11 +377,11 @@ else:
     )
 st.markdown(
     _("**Method.** Observed from {since} to {until}: {started} jobs started, {ran} ran.").format(
-        since=common.when(since),
-        until=common.when(until),
+        since=common.local_when(since),
+        until=common.local_when(until),
         started=i18n.number(found.arrivals),
         ran=i18n.number(found.jobs),
     )
     + " "
-    + sizing.assumptions
+    + tr(sizing.assumptions)
 )

@@ -147,7 +147,12 @@ if series:
             x=alt.X("time:T", title=_("Time (UTC, per {bucket})").format(bucket=per)),
             y=alt.Y(f"sum({cost_col}):Q", title=_("Cost") + f" ({cur})"),
             color=alt.Color(f"{label}:N"),
-            tooltip=["time:T", f"{label}:N", f"{cost_col}:Q", f"{hours_col}:Q"],
+            tooltip=[
+                alt.Tooltip("time:T", title=_("Time")),
+                f"{label}:N",
+                f"{cost_col}:Q",
+                f"{hours_col}:Q",
+            ],
         ),
         width="stretch",
     )
@@ -229,7 +234,7 @@ else:
             when=common.when(burns[0].as_of_us if burns else extent.newest_us)
         )
         + " "
-        + rollups.forecast_method(7)
+        + rollups.forecast_method(7, i18n.translator())
     )
     if not granted:
         who = _("team {team}").format(team=filters.team) if filters.team else _("any team")
@@ -321,7 +326,10 @@ else:
                 color=alt.Color("series:N", title=""),
                 strokeDash=alt.StrokeDash("series:N", legend=None),
             )
-        ) + alt.Chart(budget_rule).mark_rule(color="red").encode(y="budget:Q")
+        ) + alt.Chart(budget_rule).mark_rule(color="red").encode(
+            y=alt.Y("budget:Q", title=_("Cumulative spend") + f" ({cur})"),
+            tooltip=[alt.Tooltip("budget:Q", title=_("Budget") + f" ({cur})", format=",.2f")],
+        )
         st.altair_chart(chart, width="stretch")
         c = st.columns(3)
         budget_help = None
@@ -497,7 +505,7 @@ else:
             _("Statement for team"), team_names, index=default, key="statement_team"
         )
         statement = common.query("statement", statement_team, period_label, cur, sharing.value)
-        text = statement.render_text()
+        text = statement.render_text(i18n.translator())
         headers, rows = statement.rows()
         d1, d2 = st.columns(2)
         d1.download_button(

@@ -200,7 +200,13 @@ if cells:
                 title=_("Utilisation %"),
                 scale=alt.Scale(domain=[0, 100], scheme="viridis"),
             ),
-            tooltip=["gpu:N", "pool:N", "model:N", "time:T", "utilisation:Q"],
+            tooltip=[
+                alt.Tooltip("gpu:N", title=_("GPU (node · UUID)")),
+                alt.Tooltip("pool:N", title=_("Pool")),
+                alt.Tooltip("model:N", title=_("GPU model")),
+                alt.Tooltip("time:T", title=_("Time")),
+                alt.Tooltip("utilisation:Q", title=_("Utilisation %")),
+            ],
         )
         .properties(height=min(max(gpu_count * 14, 120), 1600)),
         width="stretch",
@@ -243,7 +249,12 @@ if bands:
             y=alt.Y("sum(GPU-hours):Q", title=_("GPU-hours")),
             color=alt.Color("held by:N", title=_("GPU held by")),
             column=alt.Column("pool · model:N", title=None),
-            tooltip=["pool · model:N", "utilisation band:N", "held by:N", "sum(GPU-hours):Q"],
+            tooltip=[
+                alt.Tooltip("pool · model:N", title=_("Pool · GPU model")),
+                alt.Tooltip("utilisation band:N", title=_("Utilisation band")),
+                alt.Tooltip("held by:N", title=_("GPU held by")),
+                alt.Tooltip("sum(GPU-hours):Q", title=_("GPU-hours"), format=",.1f"),
+            ],
         )
         .properties(width=220),
     )
@@ -424,7 +435,8 @@ if nodes:
                 "gpus": [n.gpus for n in nodes],
                 "last": [common.timestamp(n.last_us) for n in nodes],
                 "status": [
-                    "silent" if newest - n.last_us > SILENT_AFTER_US else "reporting" for n in nodes
+                    _("silent") if newest - n.last_us > SILENT_AFTER_US else _("reporting")
+                    for n in nodes
                 ],
             }
         ),

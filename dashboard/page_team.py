@@ -33,6 +33,7 @@ def _limit(value: int | None) -> str:
 
 cur = common.currency()
 st.title(_("Team: jobs, budget and quota"))
+tr = i18n.translator()  # the sentences the read models write, in this session's language
 extent: rollups.Extent = common.query("extent")
 topic = common.jobs_topic()
 history: rollups.JobHistory = common.query("job_history", topic)
@@ -141,7 +142,7 @@ if waiting:
         pd.DataFrame(
             {
                 "job": [j.job_id for j in waiting],
-                "reason": [job_history.wait_text(j) for j in waiting],
+                "reason": [job_history.wait_text(j, tr) for j in waiting],
                 "note": [j.wait_detail for j in waiting],
                 "since": [common.timestamp(j.since_us) for j in waiting],
                 "waited": [common.duration_hours(as_of - j.since_us) for j in waiting],
@@ -180,7 +181,7 @@ st.header(_("Why is this job waiting?"))
 st.caption(_("Choose any of the team's jobs: why it waits, why it was stopped, or how it ended."))
 choices = [j.job_id for j in (*waiting, *running, *ended)]
 if choices:
-    states = {j.job_id: j.state.value for j in jobs}
+    states = {j.job_id: job_history.state_text(j.state, tr) for j in jobs}
     preempted = [j for j in sorted(jobs, key=lambda j: -j.last_event_us) if j.preemptions]
     first = next(iter(waiting or preempted), None)  # the job a researcher most likely asks about
     chosen = st.selectbox(
@@ -190,7 +191,7 @@ if choices:
         format_func=lambda job: f"{job} · {states[job]}",
         key="explain_job",
     )
-    why: job_history.Explanation = common.query("job_explanation", topic, chosen, as_of)
+    why: job_history.Explanation = common.query("job_explanation", topic, chosen, as_of, tr)
     if why.state is JobState.WAITING:
         st.warning(why.headline, icon=":material/hourglass_top:")
     elif why.state in (JobState.FAILED, JobState.RECLAIMED):
@@ -200,7 +201,7 @@ if choices:
     if why.advice:
         st.markdown(_("**What you can do.**") + " " + why.advice)
     e = st.columns(3)
-    e[0].metric(_("Waited in total"), job_history.duration_text(why.waited_us))
+    e[0].metric(_("Waited in total"), job_history.duration_text(why.waited_us, tr))
     e[1].metric(_("Times stopped for other jobs"), f"{why.preemptions:,}")
     e[2].metric(
         _("Cost so far"), common.money(totals[chosen].money_micros if chosen in totals else 0)
@@ -248,7 +249,7 @@ if running:
                 "user": [j.user for j in running],
                 "project": [j.project for j in running],
                 "queue": [j.queue for j in running],
-                "state": [j.state.value for j in running],
+                "state": [job_history.state_text(j.state, tr) for j in running],
             }
         ),
         hide_index=True,
@@ -286,7 +287,7 @@ if ended:
         pd.DataFrame(
             {
                 "job": [j.job_id for j in shown],
-                "outcome": [job_history.outcome_text(j) for j in shown],
+                "outcome": [job_history.outcome_text(j, tr) for j in shown],
                 "ended": [common.timestamp(j.since_us) for j in shown],
                 "runtime": [common.duration_hours(j.ran_us) for j in shown],
                 "cost": [cost_of(j.job_id) for j in shown],
@@ -326,7 +327,7 @@ costs: tuple[rollups.JobCost, ...] = common.query(
     "job_costs", rollups.Filters(filters.period, team, filters.pool)
 )
 if costs:
-    scheduled = {j.job_id: j.state.value for j in history.rows}
+    scheduled = {j.job_id: job_history.state_text(j.state, tr) for j in history.rows}
     st.dataframe(
         pd.DataFrame(
             {

@@ -18,7 +18,7 @@ import orjson
 import pandas as pd
 import streamlit as st
 
-from dashboard import common, i18n
+from dashboard import common, i18n, whatif_text
 from dashboard.i18n import N_, _
 from ledger.read.job_history import duration_text
 
@@ -78,7 +78,7 @@ a, b, c, d = st.columns(4)
 p95 = doc.get("wait_p95_us") or [0, 0]
 a.metric(
     _("p95 wait"),
-    duration_text(p95[1]),
+    duration_text(p95[1], i18n.translator()),
     delta=_("{change} h").format(change=f"{(p95[1] - p95[0]) / 3_600_000_000:+.1f}"),
     delta_color="inverse",
 )
@@ -94,10 +94,11 @@ c.metric(
 )
 d.metric(_("Divergences from the record"), len(doc.get("divergences") or []))
 
+tr = i18n.translator()
 if doc.get("capacity"):
-    st.success(doc["capacity"])
+    st.success(whatif_text.capacity(doc, tr))
 for flag in doc.get("flags") or []:
-    st.warning(flag)
+    st.warning(whatif_text.flag(flag, tr))
 
 if not teams.empty:
     st.header(_("Per team, baseline beside alternative"))
@@ -124,7 +125,11 @@ if not teams.empty:
                 xOffset=alt.XOffset("scenario:N", sort=[_(s) for s in SIDES]),
                 y=alt.Y("value:Q", title=figure),
                 color=alt.Color("scenario:N", sort=[_(s) for s in SIDES], title=_("Scenario")),
-                tooltip=["team:N", "scenario:N", alt.Tooltip("value:Q", format=",.2f")],
+                tooltip=[
+                    alt.Tooltip("team:N", title=_("Team")),
+                    alt.Tooltip("scenario:N", title=_("Scenario")),
+                    alt.Tooltip("value:Q", format=",.2f", title=figure),
+                ],
             ),
             width="stretch",
         )
@@ -132,7 +137,7 @@ if not teams.empty:
 st.header(_("Everything compared"))
 rows = pd.DataFrame(doc["rows"], columns=["metric", "scope", "baseline", "alternative"])
 st.dataframe(
-    rows,
+    pd.DataFrame([whatif_text.row(r, tr) for r in doc["rows"]], columns=rows.columns),
     hide_index=True,
     column_config={
         "metric": _("Metric"),

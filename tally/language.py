@@ -3,12 +3,13 @@ for it, and the translations of what the CLI says to people.
 
 The language: $TALLY_LANG if set, else the POSIX locale ($LC_ALL, $LC_MESSAGES, $LANG, the
 first one set); a tag starting with `zh` (`zh_CN.UTF-8`, `zh-CN`) is Simplified Chinese, any
-other English. Translated: the table headers of the human output (`-o table`) and the messages
-marked with `_()` (the errors that end a command, in `tally.cli.options` and `tally.cli.caller`).
+other English. Translated: the table headers of the human output (`-o table`), the messages
+marked with `_()` (the errors that end a command and the lines on stderr, in `tally.cli`), and
+every `--help` (`tally.cli.help`, when it is formatted).
 Machine output (`-o json`, `-o csv`) never changes with the language: only `tally.output.table`
 asks for headers. The catalog is `tally/locale/zh_CN/LC_MESSAGES/tally.po`, read with Babel on
-first use (no compiled `.mo`); `tests/unit/test_cli_language.py` fails on a marked message or a
-table header the catalog lacks.
+first use (no compiled `.mo`; `babel.cfg` extracts its msgids); `tests/unit/test_cli_language.py`
+fails on a marked message, a help text or a table header the catalog lacks.
 """
 
 from __future__ import annotations

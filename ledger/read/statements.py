@@ -29,6 +29,7 @@ from ledger.read.reports import (
     gpu_hours,
     period_of,
 )
+from ledger.read.texts import N_, Translate, english
 from ledger.units import Unit, format_micros
 
 BUDGET_ACCOUNT_PREFIX = "budget:"
@@ -190,58 +191,102 @@ class TeamStatement:
                 )
         return headers, [row + [None] * (len(headers) - len(row)) for row in rows]
 
-    def render_text(self) -> str:
-        """The statement as a person reads it in a terminal."""
+    def render_text(self, tr: Translate = english) -> str:
+        """The statement as a person reads it in a terminal (in English, or in the language
+        `tr` translates into: `ledger.read.texts`)."""
         cur = self.currency
-        out = [f"Statement for team {self.team}, {self.period} ({cur})"]
+
+        def figure(label: str, text: str) -> str:
+            return f"{tr(label).ljust(15)}{text}"
+
+        out = [
+            tr("Statement for team {team}, {period} ({currency})").format(
+                team=self.team, period=self.period, currency=cur
+            )
+        ]
         if self.cost_centres:
-            out.append(f"Cost centre: {', '.join(self.cost_centres)}")
+            out.append(tr("Cost centre: {centres}").format(centres=", ".join(self.cost_centres)))
         out.append("")
         out.append(
-            f"Cost:          {format_micros(self.money_micros)} {cur} for "
-            f"{gpu_hours(self.gpu_ms)} GPU-hours"
+            figure(
+                N_("Cost:"),
+                tr("{money} {currency} for {hours} GPU-hours").format(
+                    money=format_micros(self.money_micros),
+                    currency=cur,
+                    hours=gpu_hours(self.gpu_ms),
+                ),
+            )
         )
         out.append(
-            f"Idle waste:    {format_micros(self.idle_waste_micros)} {cur} for "
-            f"{gpu_hours(self.idle_gpu_ms)} GPU-hours allocated but idle"
+            figure(
+                N_("Idle waste:"),
+                tr("{money} {currency} for {hours} GPU-hours allocated but idle").format(
+                    money=format_micros(self.idle_waste_micros),
+                    currency=cur,
+                    hours=gpu_hours(self.idle_gpu_ms),
+                ),
+            )
         )
         if self.corrections_micros or self.prior_period_micros:
             out.append(
-                f"Corrections:   {format_micros(self.corrections_micros)} {cur}; prior-period "
-                f"postings {format_micros(self.prior_period_micros)} {cur} (included above)"
+                figure(
+                    N_("Corrections:"),
+                    tr(
+                        "{corrections} {currency}; prior-period postings {prior} {currency} "
+                        "(included above)"
+                    ).format(
+                        corrections=format_micros(self.corrections_micros),
+                        currency=cur,
+                        prior=format_micros(self.prior_period_micros),
+                    ),
+                )
             )
         if self.sharing is not IdleSharing.NONE:
             out.append(
-                f"Shared idle:   {format_micros(self.shared_idle_micros)} {cur} of unallocated "
-                f"capacity ({self.sharing})"
+                figure(
+                    N_("Shared idle:"),
+                    tr("{money} {currency} of unallocated capacity ({sharing})").format(
+                        money=format_micros(self.shared_idle_micros),
+                        currency=cur,
+                        sharing=self.sharing,
+                    ),
+                )
             )
-            out.append(f"Total:         {format_micros(self.total_micros)} {cur}")
-        for title, lines in (("project", self.by_project), ("user", self.by_user)):
-            out += ["", f"By {title}", _table(title, lines)]
+            out.append(figure(N_("Total:"), f"{format_micros(self.total_micros)} {cur}"))
+        for title, heading, lines in (
+            ("project", N_("By project"), self.by_project),
+            ("user", N_("By user"), self.by_user),
+        ):
+            out += ["", tr(heading), _table(title, lines, tr)]
         out.append("")
         if not self.budgets:
-            out.append(f"Budget: no budget granted to {self.team} for {self.period}")
+            out.append(
+                tr("Budget: no budget granted to {team} for {period}").format(
+                    team=self.team, period=self.period
+                )
+            )
         else:
-            out.append("Budget")
+            out.append(tr("Budget"))
             out.append(
                 _simple_table(
-                    ["unit", "granted", "used", "remaining"],
+                    [N_("UNIT"), N_("GRANTED"), N_("USED"), N_("REMAINING")],
                     [
                         [
-                            _unit_label(b.unit, cur),
+                            _unit_label(b.unit, cur, tr),
                             _amount(b.unit, b.granted),
                             _amount(b.unit, b.used),
                             _amount(b.unit, b.remaining),
                         ]
                         for b in self.budgets
                     ],
+                    tr,
                 )
             )
         return "\n".join(out)
 
 
-def _unit_label(unit: Unit, currency: str) -> str:
-    return {Unit.GPU_MS: "GPU-hours", Unit.MONEY: currency}.get(unit, str(unit))
+def _unit_label(unit: Unit, currency: str, tr: Translate = english) -> str:
+    return {Unit.GPU_MS: tr("GPU-hours"), Unit.MONEY: currency}.get(unit, str(unit))
 
 
 def _amount(unit: Unit, amount: int, places: int = 2) -> str:
@@ -252,11 +297,21 @@ def _amount(unit: Unit, amount: int, places: int = 2) -> str:
     return str(amount)
 
 
-def _table(title: str, lines: tuple[StatementLine, ...]) -> str:
+TABLE_HEADINGS = {  # a statement table's column headings (msgids, translated where shown)
+    "project": N_("PROJECT"),
+    "user": N_("USER"),
+    "gpu_hours": N_("GPU_HOURS"),
+    "cost": N_("COST"),
+    "idle_gpu_hours": N_("IDLE_GPU_HOURS"),
+    "idle_waste": N_("IDLE_WASTE"),
+}
+
+
+def _table(title: str, lines: tuple[StatementLine, ...], tr: Translate = english) -> str:
     if not lines:
-        return "  (no usage)"
+        return tr("  (no usage)")
     return _simple_table(
-        [title, "gpu_hours", "cost", "idle_gpu_hours", "idle_waste"],
+        [TABLE_HEADINGS[h] for h in (title, "gpu_hours", "cost", "idle_gpu_hours", "idle_waste")],
         [
             [
                 item.name or "-",
@@ -267,13 +322,17 @@ def _table(title: str, lines: tuple[StatementLine, ...]) -> str:
             ]
             for item in lines
         ],
+        tr,
     )
 
 
-def _simple_table(headers: list[str], rows: list[list[str]]) -> str:
+def _simple_table(headers: list[str], rows: list[list[str]], tr: Translate = english) -> str:
+    """`headers` (English headings, `TABLE_HEADINGS`' style) translated, left column
+    left-aligned, the others right-aligned."""
+    headers = [tr(h) for h in headers]
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
-    head = [headers[0].upper().ljust(widths[0])]
-    head += [h.upper().rjust(w) for h, w in zip(headers[1:], widths[1:], strict=True)]
+    head = [headers[0].ljust(widths[0])]
+    head += [h.rjust(w) for h, w in zip(headers[1:], widths[1:], strict=True)]
     out = ["  ".join(head).rstrip()]
     for row in rows:
         cells = [row[0].ljust(widths[0])]

@@ -46,6 +46,7 @@ from tally.cli import (
 )
 from tally.cli import dashboard as dashboard_cli
 from tally.cli import scheduler as scheduler_cli
+from tally.cli.help import Group
 from tally.cli.options import Exit
 from tally.language import _
 
@@ -64,7 +65,7 @@ class _OutputClosed(Exception):
     """Stdout's reader went away (a broken pipe): raised past click, which would exit 1."""
 
 
-class _Group(click.Group):
+class _Group(Group):
     """The `tally` group: a write to a closed stdout, while parsing (`--help`) or running a
     command, becomes `_OutputClosed`, which `main` turns into exit 141."""
 
@@ -87,7 +88,7 @@ class _Group(click.Group):
     "--debug",
     is_flag=True,
     envvar=DEBUG_ENV,
-    help=f"On an internal error, print the traceback to stderr (also ${DEBUG_ENV}=1).",
+    help="On an internal error, print the traceback to stderr (also $TALLY_DEBUG=1).",
 )
 def cli(debug: bool) -> None:
     """Tally: an event-sourced GPU accounting ledger, its collectors, worker and dashboards."""

@@ -28,6 +28,7 @@ from ledger.store.side_files import load_admin_log
 from ledger.units import Unit, format_micros
 from streams.kafka import BrokerError
 from tally.cli.caller import admin_token_option, as_caller
+from tally.cli.help import Command, Group
 from tally.cli.options import (
     Exit,
     bootstrap_option,
@@ -45,6 +46,7 @@ from tally.cli.options import (
 from tally.cli.report import report as report_group
 from tally.components import NoBrokerError, bootstrap_servers, desired_admin_state
 from tally.config import TallyConfig
+from tally.language import _
 from tally.output import OutputFormat, render
 
 SEND_TIMEOUT_S = 30.0
@@ -63,7 +65,12 @@ def parse_effective(text: str) -> int:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        fail(f"--effective: {text!r} is not `now`, microseconds or an ISO-8601 time", Exit.USAGE)
+        fail(
+            _("--effective: {text!r} is not `now`, microseconds or an ISO-8601 time").format(
+                text=text
+            ),
+            Exit.USAGE,
+        )
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp()) * 1_000_000 + moment.microsecond
@@ -149,7 +156,7 @@ def echo_events(events: Sequence[AdminEvent], fmt: OutputFormat) -> None:
     click.echo(render(["event", "entity", "change"], rows, fmt))
 
 
-@click.group()
+@click.group(cls=Group)
 def admin() -> None:
     """Change teams, prices, quotas and budgets through admin events."""
 
@@ -189,7 +196,9 @@ def apply_config(
     directory = resolve_data_dir(config_file, data_dir)
     if initial and not has_ledger(directory):
         click.secho(
-            f"note: no ledger at {directory} yet: planning against an empty one",
+            _("note: no ledger at {directory} yet: planning against an empty one").format(
+                directory=directory
+            ),
             fg="yellow",
             err=True,
         )
@@ -206,7 +215,7 @@ def apply_config(
     events = as_caller(config, token, plan.events)
     fmt = OutputFormat(output)
     for note in plan.notes:
-        click.secho(f"note: {note}", fg="yellow", err=True)
+        click.secho(_("note: {note}").format(note=note), fg="yellow", err=True)
     if not plan.events:
         if fmt is OutputFormat.TABLE:
             click.echo("nothing to change: the ledger already has this configuration")
@@ -215,10 +224,13 @@ def apply_config(
         return
     echo_events(events, fmt)
     if dry_run:
-        click.echo(f"dry run: {len(events)} event(s) not sent", err=True)
+        click.echo(_("dry run: {count} event(s) not sent").format(count=len(events)), err=True)
         return
     send_admin_events(config, bootstrap, events)
-    click.echo(f"sent {len(events)} event(s) to {config.topics.admin}", err=True)
+    click.echo(
+        _("sent {count} event(s) to {admin}").format(count=len(events), admin=config.topics.admin),
+        err=True,
+    )
 
 
 # ---------------------------------------------------------------------------------- balances
@@ -241,7 +253,7 @@ def _unit_header(unit: str, fmt: OutputFormat) -> str:
     return labels.get(unit, unit)
 
 
-@click.command("balances")
+@click.command(cls=Command, name="balances")
 @config_option
 @data_dir_option
 @click.option("--team", default=None, help="Only this team's accounts (consumer, budget, hold).")
@@ -269,7 +281,7 @@ def balances(
         try:
             period = Period.month(period).label
         except ValueError as exc:
-            fail(f"--period: {exc}", Exit.USAGE)
+            fail(_("--period: {exc}").format(exc=exc), Exit.USAGE)
     directory = resolve_ledger_dir(config_path, data_dir)
     try:
         rows = sealed_balances(directory)

@@ -10,6 +10,7 @@ import sys
 import click
 
 from tally.alerts_config import AlertsConfig
+from tally.cli.help import Group
 from tally.cli.logs import configure_logging
 from tally.cli.options import (
     Exit,
@@ -21,6 +22,7 @@ from tally.cli.options import (
     log_level_option,
 )
 from tally.config import ConfigError, TallyConfig, load_config
+from tally.language import _
 
 
 def _load(config_path: str) -> tuple[TallyConfig, AlertsConfig]:
@@ -33,7 +35,7 @@ def _load(config_path: str) -> tuple[TallyConfig, AlertsConfig]:
     return config, config.alerts
 
 
-@click.group()
+@click.group(cls=Group)
 def alerts() -> None:
     """Alerts to webhooks (Slack, Alertmanager, DingTalk, Feishu/Lark, WeCom)."""
 
@@ -46,7 +48,12 @@ def test(config_path: str) -> None:
 
     config, section = _load(config_path)
     if not section.sinks:
-        fail(f"{config_path}: alerts.sinks: no alert sinks are configured", Exit.USAGE)
+        fail(
+            _("{config_path}: alerts.sinks: no alert sinks are configured").format(
+                config_path=config_path
+            ),
+            Exit.USAGE,
+        )
     failed = 0
     for sink in section.sink_settings():
         result = send_test(sink, config.ledger.currency)
@@ -60,7 +67,10 @@ def test(config_path: str) -> None:
                 fg="red",
             )
     if failed:
-        click.echo(f"{failed} of {len(section.sinks)} sinks failed", err=True)
+        click.echo(
+            _("{failed} of {count} sinks failed").format(failed=failed, count=len(section.sinks)),
+            err=True,
+        )
         sys.exit(int(Exit.CHECK_FAILED))
 
 
@@ -107,7 +117,12 @@ def run(
 
     config, section = _load(config_path)
     if not section.sinks:
-        fail(f"{config_path}: alerts.sinks: no alert sinks are configured", Exit.USAGE)
+        fail(
+            _("{config_path}: alerts.sinks: no alert sinks are configured").format(
+                config_path=config_path
+            ),
+            Exit.USAGE,
+        )
     try:
         servers = bootstrap_servers(config, bootstrap)
     except NoBrokerError as exc:
@@ -121,17 +136,24 @@ def run(
     if metrics_port is not None:
         host = metrics_host or config.metrics.host_of("alerts")
         try:
-            server, _ = serve_metrics(
+            server, _thread = serve_metrics(
                 metrics, host, metrics_port, alerts_probes(progress, heartbeat)
             )
         except MetricsPortError as exc:
-            fail(f"{exc} (metrics.alerts_port or --metrics-port)", Exit.USAGE)
-        click.echo(f"metrics at {metrics_url(host, server.server_port)}", err=True)
+            fail(_("{exc} (metrics.alerts_port or --metrics-port)").format(exc=exc), Exit.USAGE)
+        click.echo(
+            _("metrics at {url}").format(url=metrics_url(host, server.server_port)), err=True
+        )
     dispatcher = AlertDispatcher(
         section.sink_settings(), config.ledger.data_dir, config.ledger.currency, metrics
     ).start()
     names = ", ".join(f"{s.name} ({s.kind.value})" for s in section.sinks)
-    click.echo(f"delivering alerts from {config.topics.alerts} to {names}", err=True)
+    click.echo(
+        _("delivering alerts from {alerts} to {names}").format(
+            alerts=config.topics.alerts, names=names
+        ),
+        err=True,
+    )
 
     async def main() -> None:
         beating = asyncio.create_task(heartbeat.run())

@@ -14,6 +14,7 @@ from ledger.audit import AuditFilter, AuditRecord
 from ledger.errors import LedgerError
 from ledger.read.audit import audit_trail
 from tally.cli.admin import parse_effective
+from tally.cli.help import Command
 from tally.cli.options import (
     Exit,
     config_option,
@@ -22,6 +23,7 @@ from tally.cli.options import (
     output_option,
     resolve_ledger_dir,
 )
+from tally.language import _
 from tally.output import OutputFormat, render
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -53,7 +55,12 @@ def _time_option(name: str, text: str | None) -> int | None:
     try:
         return parse_effective(text)
     except (ValueError, OverflowError):
-        fail(f"{name}: {text!r} is not `now`, microseconds or an ISO-8601 time", Exit.USAGE)
+        fail(
+            _("{name}: {text!r} is not `now`, microseconds or an ISO-8601 time").format(
+                name=name, text=text
+            ),
+            Exit.USAGE,
+        )
 
 
 def _row(record: AuditRecord, fmt: OutputFormat) -> list[Any]:
@@ -84,7 +91,7 @@ def _row(record: AuditRecord, fmt: OutputFormat) -> list[Any]:
     return [values[c] for c in columns]
 
 
-@click.command()
+@click.command(cls=Command)
 @config_option
 @data_dir_option
 @click.option("--actor", default=None, help="Only this actor's actions (e.g. alice, team:ml).")

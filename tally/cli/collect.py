@@ -16,6 +16,7 @@ from typing import Any
 import click
 import orjson
 
+from tally.cli.help import Command
 from tally.cli.logs import configure_logging
 from tally.cli.options import (
     Exit,
@@ -29,11 +30,12 @@ from tally.cli.options import (
 )
 from tally.components import NoBrokerError, bootstrap_servers, simulated_fleet
 from tally.config import TallyConfig
+from tally.language import _
 
 SOURCES = ("auto", "nvml", "dcgm", "sim")
 
 
-@click.command()
+@click.command(cls=Command)
 @config_option
 @bootstrap_option
 @click.option(
@@ -175,14 +177,14 @@ def collect(
     interval = interval_s or config.sampling.interval_s
     node = node or socket.gethostname()
     if fake_nvml is not None and source not in ("auto", "nvml"):
-        fail("--fake-nvml goes with --source nvml", Exit.USAGE)
+        fail(_("--fake-nvml goes with --source nvml"), Exit.USAGE)
     if fake_nvml is not None:
         source = "nvml"
     if source == "auto":
         source = "nvml" if _nvml_available() else "sim"
-        click.echo(f"collecting from {source}", err=True)
+        click.echo(_("collecting from {source}").format(source=source), err=True)
     if source == "dcgm" and not url:
-        fail("--source dcgm needs --url http(s)://host:9400/metrics", Exit.USAGE)
+        fail(_("--source dcgm needs --url http(s)://host:9400/metrics"), Exit.USAGE)
     if source == "sim":
         _collect_simulated(
             config,
@@ -253,7 +255,10 @@ def collect(
         )
 
     produced = _with_producer(config, servers, spool_dir, spool_max_mib, metrics_at, run)
-    click.echo(f"collected {produced} rounds from {source}", err=True)
+    click.echo(
+        _("collected {produced} rounds from {source}").format(produced=produced, source=source),
+        err=True,
+    )
 
 
 def _labels(config: TallyConfig, options: tuple[str, ...]) -> dict[str, str]:
@@ -262,10 +267,10 @@ def _labels(config: TallyConfig, options: tuple[str, ...]) -> dict[str, str]:
     for option in options:
         key, sep, value = option.partition("=")
         if not sep or not key or len(key) > 256 or len(value) > 256:
-            fail(f"--label {option!r}: expected KEY=VALUE", Exit.USAGE)
+            fail(_("--label {option!r}: expected KEY=VALUE").format(option=option), Exit.USAGE)
         labels[key] = value
     if len(labels) > 64:
-        fail("at most 64 labels", Exit.USAGE)
+        fail(_("at most 64 labels"), Exit.USAGE)
     return labels
 
 
@@ -350,7 +355,12 @@ def _real_source(
     if basic_auth_user:
         password = os.environ.get(password_env)
         if password is None:
-            fail(f"--basic-auth-user needs the password in ${password_env}", Exit.USAGE)
+            fail(
+                _("--basic-auth-user needs the password in ${password_env}").format(
+                    password_env=password_env
+                ),
+                Exit.USAGE,
+            )
         auth = (basic_auth_user, password)
     assert url is not None
     try:
@@ -367,7 +377,7 @@ def _real_source(
             kubelet=kubelet_pods(config, node),
         )
     except ValueError as exc:
-        fail(f"--url: {exc}", Exit.USAGE)
+        fail(_("--url: {exc}").format(exc=exc), Exit.USAGE)
 
     def read() -> RoundResult:
         try:
@@ -407,18 +417,24 @@ def _with_producer(
     try:
         spool = Spool(directory, max_bytes=spool_max_mib << 20)
     except (SpoolError, OSError) as exc:
-        fail(f"cannot open the spool in {directory}: {exc}", Exit.USAGE)
+        fail(
+            _("cannot open the spool in {directory}: {exc}").format(directory=directory, exc=exc),
+            Exit.USAGE,
+        )
     server = None
     heartbeat = Heartbeat()
     if metrics_at is not None:
         host, port = metrics_at
         try:
-            server, _ = serve_metrics(
+            server, _thread = serve_metrics(
                 metrics.registry, host, port, collector_probes(metrics, heartbeat)
             )
         except MetricsPortError as exc:
             fail(str(exc), Exit.USAGE)
-        click.echo(f"collector metrics on {metrics_url(host, server.server_port)}", err=True)
+        click.echo(
+            _("collector metrics on {url}").format(url=metrics_url(host, server.server_port)),
+            err=True,
+        )
 
     async def main() -> int:
         beating = asyncio.create_task(heartbeat.run())
@@ -513,4 +529,9 @@ def _collect_simulated(
             await following
 
     produced = _with_producer(config, servers, spool_dir, spool_max_mib, metrics_at, run)
-    click.echo(f"produced {produced} rounds of {len(fleet.gpus)} GPUs", err=True)
+    click.echo(
+        _("produced {produced} rounds of {count} GPUs").format(
+            produced=produced, count=len(fleet.gpus)
+        ),
+        err=True,
+    )

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import click
 
+from tally.cli.help import Group
 from tally.cli.options import (
     load_or_exit,
 )
 
 
-@click.group()
+@click.group(cls=Group)
 def config() -> None:
     """Configuration files."""
 

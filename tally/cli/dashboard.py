@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from tally.cli.help import Command
 from tally.cli.options import (
     Exit,
     config_option,
@@ -26,9 +27,10 @@ from tally.cli.options import (
     reader_directory,
     require_ledger,
 )
+from tally.language import _
 
 
-@click.command()
+@click.command(cls=Command)
 @config_option
 @data_dir_option
 @click.option(
@@ -63,7 +65,12 @@ def dashboard(
     argv = dashboard_command(config, host, port, log_level)
     env = dict(os.environ, **ledger_env(config, Path(config_path).resolve()))
     address = host or config.dashboard.host
-    click.echo(f"dashboard at http://{address}:{port or config.dashboard.port}", err=True)
+    click.echo(
+        _("dashboard at http://{address}:{port}").format(
+            address=address, port=port or config.dashboard.port
+        ),
+        err=True,
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(argv[0], argv, env)

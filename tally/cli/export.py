@@ -14,6 +14,7 @@ from ledger.read.focus import ExportFormat, FocusContext, export_focus
 from ledger.read.focus_versions import FocusVersion
 from ledger.read.reports import ReportQueries, gpu_hours
 from ledger.units import format_micros
+from tally.cli.help import Group
 from tally.cli.options import (
     Exit,
     config_option,
@@ -24,10 +25,11 @@ from tally.cli.options import (
     resolve_ledger_dir,
 )
 from tally.cli.report import ledger_currency, parse_period
+from tally.language import _
 from tally.output import OutputFormat, render
 
 
-@click.group()
+@click.group(cls=Group)
 def export() -> None:
     """Chargeback exports of the sealed ledger."""
 
@@ -97,7 +99,10 @@ def focus(
     assert chosen is not None
     target = Path(out)
     if not target.parent.is_dir():
-        fail(f"--out: the directory {target.parent} does not exist", Exit.USAGE)
+        fail(
+            _("--out: the directory {parent} does not exist").format(parent=target.parent),
+            Exit.USAGE,
+        )
     if fmt is None:
         fmt = "parquet" if target.suffix.lower() in (".parquet", ".pq") else "csv"
     try:
@@ -124,7 +129,7 @@ def focus(
             bar.update(done - bar.pos)
 
     if sys.stderr.isatty():
-        click.echo(f"building the FOCUS rows of {chosen.label} …", err=True)
+        click.echo(_("building the FOCUS rows of {label} …").format(label=chosen.label), err=True)
     try:
         result = export_focus(
             ReportQueries(directory),
@@ -139,7 +144,7 @@ def focus(
     except LedgerError as exc:
         fail(str(exc), Exit.LEDGER)
     except OSError as exc:
-        fail(f"cannot write {target}: {exc}", Exit.USAGE)
+        fail(_("cannot write {target}: {exc}").format(target=target, exc=exc), Exit.USAGE)
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)

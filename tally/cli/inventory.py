@@ -35,6 +35,7 @@ from tally.cli.admin import (
     send_admin_events,
 )
 from tally.cli.caller import admin_token_option, as_caller
+from tally.cli.help import Group
 from tally.cli.options import (
     Exit,
     bootstrap_option,
@@ -46,6 +47,7 @@ from tally.cli.options import (
     resolve_ledger_dir,
 )
 from tally.inventory_config import InventoryConfig
+from tally.language import _
 from tally.output import OutputFormat, render
 
 HEADERS = [
@@ -117,7 +119,7 @@ def inventory_rows(
     return rows
 
 
-@click.group()
+@click.group(cls=Group)
 def inventory() -> None:
     """The GPU inventory the collectors report."""
 
@@ -173,7 +175,12 @@ def _cordon(
     except LedgerError as exc:
         fail(str(exc), Exit.LEDGER)
     if not gpus:
-        fail(f"no GPU or node {target!r} in the inventory (as of the last seal)", Exit.USAGE)
+        fail(
+            _("no GPU or node {target!r} in the inventory (as of the last seal)").format(
+                target=target
+            ),
+            Exit.USAGE,
+        )
     standing = target in applied_admin(directory).cordons
     if on and standing:
         click.echo(f"{target} is already cordoned")
@@ -192,10 +199,10 @@ def _cordon(
     (event,) = as_caller(config, token, [event])
     echo_events([event], OutputFormat.TABLE)
     if dry_run:
-        click.echo("dry run: not sent", err=True)
+        click.echo(_("dry run: not sent"), err=True)
         return
     (sent,) = send_admin_events(config, bootstrap, [event])
-    click.echo(f"sent {sent} to {config.topics.admin}", err=True)
+    click.echo(_("sent {sent} to {admin}").format(sent=sent, admin=config.topics.admin), err=True)
 
 
 def cordon_options(command: Callable[..., None]) -> Callable[..., None]:

@@ -28,7 +28,9 @@ import requests
 
 from ledger.errors import EventError
 from ledger.fractional import parse_mig, parse_share
+from tally.cli.help import Group
 from tally.cli.options import Exit, config_option, fail, load_or_exit, output_option
+from tally.language import _
 from tally.output import OutputFormat, render
 
 TIMEOUT_S = 30.0
@@ -60,7 +62,9 @@ def parse_duration(text: str) -> float:
     """`90`, `90s`, `30m`, `2h`, `1d`, `1h30m` → seconds."""
     match = DURATION.match(text.strip())
     if not text.strip() or match is None or not any(match.groups()):
-        raise click.BadParameter(f"{text!r} is not a duration such as 90s, 30m, 2h or 1h30m")
+        raise click.BadParameter(
+            _("{text!r} is not a duration such as 90s, 30m, 2h or 1h30m").format(text=text)
+        )
     days, hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
     return days * 86_400 + hours * 3_600 + minutes * 60 + seconds
 
@@ -104,7 +108,7 @@ class Client:
         """One request; with an idempotency key it is retried (with that key) when the
         scheduler cannot be reached or answers 5xx."""
         if not self.token:
-            fail("a token is needed: pass --token or set TALLY_TOKEN", Exit.USAGE)
+            fail(_("a token is needed: pass --token or set TALLY_TOKEN"), Exit.USAGE)
         headers = {"Authorization": f"Bearer {self.token}"}
         if idempotency_key is not None:
             headers["Idempotency-Key"] = idempotency_key
@@ -125,7 +129,12 @@ class Client:
                 )
             except requests.RequestException as exc:
                 if attempt == attempts:
-                    fail(f"the scheduler at {self.base} could not be reached: {exc}", Exit.BROKER)
+                    fail(
+                        _("the scheduler at {base} could not be reached: {exc}").format(
+                            base=self.base, exc=exc
+                        ),
+                        Exit.BROKER,
+                    )
                 time.sleep(RETRY_DELAY_S * attempt)
                 continue
             if response.status_code >= 500 and attempt < attempts:
@@ -160,7 +169,7 @@ def _echo_jobs(jobs: list[dict[str, Any]], fmt: OutputFormat) -> None:
     click.echo(render(JOB_COLUMNS, [_job_row(j) for j in jobs], fmt))
 
 
-@click.group()
+@click.group(cls=Group)
 def job() -> None:
     """Submit, list, cancel and explain jobs (through the scheduler's API)."""
 
@@ -171,7 +180,10 @@ def _models(text: str | None) -> str | list[str] | None:
         return None
     models = [m.strip() for m in text.split("|")]
     if not all(models):
-        fail(f"--gpu-model {text!r}: expected MODEL or MODEL|MODEL|...", Exit.USAGE)
+        fail(
+            _("--gpu-model {text!r}: expected MODEL or MODEL|MODEL|...").format(text=text),
+            Exit.USAGE,
+        )
     return models[0] if len(models) == 1 else models
 
 
@@ -252,19 +264,19 @@ def submit(
 ) -> None:
     """Submit COMMAND (after `--`) or --script to a queue; prints the job's id."""
     if bool(command) == (script is not None):
-        fail("give a command after `--`, or --script FILE (not both)", Exit.USAGE)
+        fail(_("give a command after `--`, or --script FILE (not both)"), Exit.USAGE)
     variables: dict[str, str] = {}
     for item in env:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            fail(f"--env {item!r}: expected NAME=VALUE", Exit.USAGE)
+            fail(_("--env {item!r}: expected NAME=VALUE").format(item=item), Exit.USAGE)
         variables[name] = value
     mig_profile = None
     if mig is not None or gpu_share is not None:
         if mig is not None and gpu_share is not None:
-            fail("give --mig or --gpu-share, not both", Exit.USAGE)
+            fail(_("give --mig or --gpu-share, not both"), Exit.USAGE)
         if gpus != 1:
-            fail("--mig and --gpu-share replace --gpus", Exit.USAGE)
+            fail(_("--mig and --gpu-share replace --gpus"), Exit.USAGE)
         try:
             if mig is not None:
                 mig_profile, gpus = parse_mig(mig)
@@ -300,7 +312,9 @@ def submit(
     key = idempotency_key or str(uuid.uuid4())
     answer = Client(config_path, api, token).call("POST", "/v1/jobs", body, key)
     if answer.get("warning"):
-        click.secho(f"warning: {answer['warning']}", fg="yellow", err=True)
+        click.secho(
+            _("warning: {warning}").format(warning=answer["warning"]), fg="yellow", err=True
+        )
     fmt = OutputFormat(output)
     if fmt is OutputFormat.TABLE:
         click.echo(answer["job"]["job_id"])
@@ -374,7 +388,9 @@ def cancel(config_path: str, api: str | None, token: str | None, job_id: str, ou
     path = f"/v1/jobs/{_quote(job_id)}/cancel"
     answer = Client(config_path, api, token).call("POST", path, None, str(uuid.uuid4()))
     if answer.get("warning"):
-        click.secho(f"warning: {answer['warning']}", fg="yellow", err=True)
+        click.secho(
+            _("warning: {warning}").format(warning=answer["warning"]), fg="yellow", err=True
+        )
     _echo_jobs([answer["job"]], OutputFormat(output))
 
 
@@ -403,7 +419,7 @@ def _quote(job_id: str) -> str:
     return quote(job_id, safe="")
 
 
-@click.group()
+@click.group(cls=Group)
 def queue() -> None:
     """The scheduler's queues."""
 

@@ -54,6 +54,7 @@ from tally.cli.admin import (
     send_admin_events,
 )
 from tally.cli.caller import admin_token_option, as_caller
+from tally.cli.help import Group
 from tally.cli.options import (
     Exit,
     bootstrap_option,
@@ -69,10 +70,11 @@ from tally.cli.options import (
 )
 from tally.components import NoBrokerError, bootstrap_servers
 from tally.config import TallyConfig
+from tally.language import _
 from tally.output import OutputFormat, render
 
 
-@click.group()
+@click.group(cls=Group)
 def ledger() -> None:
     """Inspect and maintain the ledger."""
 
@@ -186,7 +188,10 @@ def parse_amount(text: str, unit: str) -> tuple[Unit, int]:
             raise ValueError("expected an integer")
         return Unit(unit), int(text)
     except (ValueError, ArithmeticError) as exc:
-        fail(f"--amount {text!r} in {unit}: {exc}", Exit.USAGE)
+        fail(
+            _("--amount {text!r} in {unit}: {exc}").format(text=text, unit=unit, exc=exc),
+            Exit.USAGE,
+        )
 
 
 def _checked(event: AdminEvent) -> AdminEvent:
@@ -264,14 +269,19 @@ def adjust(
             if value is not None
         ]
         if given:
-            fail(f"--reverse takes no {', '.join(given)}", Exit.USAGE)
+            fail(_("--reverse takes no {names}").format(names=", ".join(given)), Exit.USAGE)
         directory = resolve_ledger_dir(config_path, data_dir)
         try:
             original = find_sealed_transaction(directory, reverse_txn)
         except (LedgerError, duckdb.Error) as exc:
             fail(str(exc), Exit.LEDGER)
         if original is None:
-            fail(f"no sealed transaction {reverse_txn} (is it sealed yet?)", Exit.USAGE)
+            fail(
+                _("no sealed transaction {reverse_txn} (is it sealed yet?)").format(
+                    reverse_txn=reverse_txn
+                ),
+                Exit.USAGE,
+            )
         event = AdjustmentRecorded.reversal(reverse_txn, who, reason, when)
     else:
         missing = [
@@ -285,7 +295,12 @@ def adjust(
             if value is None
         ]
         if missing:
-            fail(f"an adjustment needs {', '.join(missing)} (or --reverse TXN)", Exit.USAGE)
+            fail(
+                _("an adjustment needs {names} (or --reverse TXN)").format(
+                    names=", ".join(missing)
+                ),
+                Exit.USAGE,
+            )
         assert amount is not None and unit is not None
         ledger_unit, value = parse_amount(amount, unit)
         event = AdjustmentRecorded(
@@ -306,10 +321,10 @@ def adjust(
     resolve_ledger_dir(config_path, data_dir)  # the ledger to adjust must exist
     echo_events([event], OutputFormat.TABLE)
     if dry_run:
-        click.echo("dry run: not sent", err=True)
+        click.echo(_("dry run: not sent"), err=True)
         return
     (sent,) = send_admin_events(config, bootstrap, [event])
-    click.echo(f"sent {sent} to {config.topics.admin}", err=True)
+    click.echo(_("sent {sent} to {admin}").format(sent=sent, admin=config.topics.admin), err=True)
 
 
 @ledger.command()
@@ -348,17 +363,22 @@ def close(
         return
     now = now_us()
     if month.end_us > now and not force:
-        fail(f"{month.label} has not ended yet; pass --force to close it anyway", Exit.USAGE)
+        fail(
+            _("{label} has not ended yet; pass --force to close it anyway").format(
+                label=month.label
+            ),
+            Exit.USAGE,
+        )
     event = _checked(
         PeriodClosed(month.label, actor or default_actor(), reason or "month-end close", now)
     )
     (event,) = as_caller(config, token, [event])
     echo_events([event], OutputFormat.TABLE)
     if dry_run:
-        click.echo("dry run: not sent", err=True)
+        click.echo(_("dry run: not sent"), err=True)
         return
     (sent,) = send_admin_events(config, bootstrap, [event])
-    click.echo(f"sent {sent} to {config.topics.admin}", err=True)
+    click.echo(_("sent {sent} to {admin}").format(sent=sent, admin=config.topics.admin), err=True)
 
 
 # ---------------------------------------------------------------------------------- reports
@@ -489,19 +509,24 @@ def rebuild(
     # the months the live writer did.
     settings = replace(replay_settings(config), zone=recorded_zone(live))
     if into is not None and Path(into).exists() and any(Path(into).iterdir()):
-        fail(f"--into {into}: not an empty directory (a rebuild needs a fresh one)", Exit.USAGE)
+        fail(
+            _("--into {into}: not an empty directory (a rebuild needs a fresh one)").format(
+                into=into
+            ),
+            Exit.USAGE,
+        )
     target = Path(into) if into else Path(tempfile.mkdtemp(prefix="tally-rebuild-"))
     created = into is None or not target.exists()
     bar: Any = None
     try:
-        total, _ = archive_batch_count(live)
+        total, _batches = archive_batch_count(live)
         batches: Any = archive_batches(live)
         found: list[Difference] = []
         if source == "topics":
             try:
                 servers = bootstrap_servers(config, bootstrap)
                 kafka = kafka_or_exit(config)
-                _, fetched = fetch_from_topics(servers[0], live, kafka.security)
+                _got, fetched = fetch_from_topics(servers[0], live, kafka.security)
             except (NoBrokerError, BrokerError) as exc:
                 fail(str(exc), Exit.BROKER)
             batches = batches_from_messages(batches, fetched, found)
@@ -523,7 +548,7 @@ def rebuild(
     except KeyboardInterrupt:
         if not keep:
             _discard(target, created)
-        fail("interrupted", Exit.INTERRUPTED)
+        fail(_("interrupted"), Exit.INTERRUPTED)
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)

@@ -184,5 +184,7 @@ def ensure_topics_or_exit(
 def warn_topic_drift(drift: tuple[str, ...]) -> None:
     for line in drift:
         click.secho(
-            f"warning: {line} (Tally does not change an existing topic)", fg="yellow", err=True
+            _("warning: {line} (Tally does not change an existing topic)").format(line=line),
+            fg="yellow",
+            err=True,
         )

@@ -31,6 +31,7 @@ from ledger.read.statements import team_statement
 from ledger.store.layout import SEGMENTS_DIR
 from ledger.store.side_files import load_refused
 from ledger.units import format_micros
+from tally.cli.help import Group
 from tally.cli.options import (
     Exit,
     config_option,
@@ -40,6 +41,7 @@ from tally.cli.options import (
     output_option,
     resolve_ledger_dir,
 )
+from tally.language import _
 from tally.output import OutputFormat, render
 
 DEFAULT_CURRENCY = "USD"
@@ -60,7 +62,7 @@ def parse_period(text: str | None) -> Period | None:
     try:
         return Period.month(text)
     except ValueError as exc:
-        fail(f"--period: {exc}", Exit.USAGE)
+        fail(_("--period: {exc}").format(exc=exc), Exit.USAGE)
 
 
 def ledger_currency(config_path: str | None) -> str:
@@ -80,7 +82,7 @@ def _hours(gpu_ms: int, fmt: OutputFormat) -> str:
     return str(gpu_hours(gpu_ms, 3))
 
 
-@click.group()
+@click.group(cls=Group)
 def report() -> None:
     """Reports over the sealed ledger."""
 
@@ -93,7 +95,8 @@ def report() -> None:
     "by",
     default="team",
     show_default=True,
-    help=f"Comma-separated dimensions: {', '.join(DIMENSIONS)}.",
+    help="Comma-separated dimensions: cost_centre, team, project, user, job_id, model, pool, "
+    "gpu_uuid, node.",
 )
 @click.option(
     "--period", default=None, metavar="YYYY-MM", help="Only this month (of the ledger's time zone)."
@@ -125,12 +128,13 @@ def cost(
     unknown = [d for d in dims if d not in DIMENSIONS]
     if unknown or not dims:
         fail(
-            f"--by: unknown dimension {', '.join(unknown) or '(none)'}; "
-            f"choose from {', '.join(DIMENSIONS)}",
+            _("--by: unknown dimension {names}; choose from {choices}").format(
+                names=", ".join(unknown) or "(none)", choices=", ".join(DIMENSIONS)
+            ),
             Exit.USAGE,
         )
     if len(set(dims)) != len(dims):
-        fail(f"--by: a dimension is repeated in {by!r}", Exit.USAGE)
+        fail(_("--by: a dimension is repeated in {by!r}").format(by=by), Exit.USAGE)
     chosen = parse_period(period)
     sharing = IdleSharing(idle_sharing)
     directory = resolve_ledger_dir(config_path, data_dir)

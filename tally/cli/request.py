@@ -35,6 +35,7 @@ from tally.cli.admin import (
 )
 from tally.cli.audit import _utc
 from tally.cli.caller import admin_token_option, token_caller
+from tally.cli.help import Group
 from tally.cli.options import (
     Exit,
     bootstrap_option,
@@ -46,6 +47,7 @@ from tally.cli.options import (
     resolve_ledger_dir,
 )
 from tally.config import TallyConfig
+from tally.language import _
 from tally.output import OutputFormat, render
 
 COLUMNS = ("request", "team", "status", "change", "requested_by", "opened", "expires", "decided_by")
@@ -62,18 +64,26 @@ def _check(caller: Caller | None, action: Action, team: str | None) -> None:
         return
     answer = decide(caller, action, team)
     if answer is Decision.FORBIDDEN:
-        fail(f"refused for {caller.name}: role {caller.role} may not {action}", Exit.USAGE)
+        fail(
+            _("refused for {name}: role {role} may not {action}").format(
+                name=caller.name, role=caller.role, action=action
+            ),
+            Exit.USAGE,
+        )
     if answer is Decision.HIDDEN:
-        fail(f"refused for {caller.name}: team {team} is not yours", Exit.USAGE)
+        fail(
+            _("refused for {name}: team {team} is not yours").format(name=caller.name, team=team),
+            Exit.USAGE,
+        )
 
 
 def _send(config: TallyConfig, bootstrap: str | None, event: AdminEvent, dry_run: bool) -> None:
     echo_events([event], OutputFormat.TABLE)
     if dry_run:
-        click.echo("dry run: not sent", err=True)
+        click.echo(_("dry run: not sent"), err=True)
         return
     (sent,) = send_admin_events(config, bootstrap, [event])
-    click.echo(f"sent {sent} to {config.topics.admin}", err=True)
+    click.echo(_("sent {sent} to {admin}").format(sent=sent, admin=config.topics.admin), err=True)
 
 
 def request_row(state: RequestState, now: int) -> dict[str, Any]:
@@ -95,7 +105,7 @@ def request_row(state: RequestState, now: int) -> dict[str, Any]:
     }
 
 
-@click.group()
+@click.group(cls=Group)
 def request() -> None:
     """Ask for quota and budget changes; approve, reject and list them."""
 
@@ -132,7 +142,7 @@ def _open(
     _check(caller, Action.REQUEST_OPEN, team)
     view = applied_admin(resolve_ledger_dir(config_path, data_dir))
     if team not in view.teams and team not in {t.name for t in config.organisation.teams()}:
-        fail(f"unknown team {team!r}", Exit.USAGE)
+        fail(_("unknown team {team!r}").format(team=team), Exit.USAGE)
     if kind is RequestKind.QUOTA:
         current = view.quotas.get((team, change["pool"], change["model"]))
     event = new_request(
@@ -169,7 +179,7 @@ def budget(
 ) -> None:
     """Ask for more (or less) budget for TEAM in PERIOD, in money or GPU-hours."""
     if (money is None) == (gpu_hours is None):
-        fail("give exactly one of --money and --gpu-hours", Exit.USAGE)
+        fail(_("give exactly one of --money and --gpu-hours"), Exit.USAGE)
     try:
         unit, amount = (
             (Unit.MONEY, parse_micros(money))
@@ -177,9 +187,9 @@ def budget(
             else (Unit.GPU_MS, (gpu_hours or 0) * 3_600_000)
         )
     except ValueError as exc:
-        fail(f"--money: {exc}", Exit.USAGE)
+        fail(_("--money: {exc}").format(exc=exc), Exit.USAGE)
     if amount == 0:
-        fail("a change of zero changes nothing", Exit.USAGE)
+        fail(_("a change of zero changes nothing"), Exit.USAGE)
     config, event = _open(
         config_path,
         data_dir,
@@ -199,7 +209,10 @@ def _limit(text: str | None) -> int | None:
     if text is None or text == "unlimited":
         return None
     if not text.isdigit():
-        fail(f"a limit is a number of GPUs or `unlimited`, not {text!r}", Exit.USAGE)
+        fail(
+            _("a limit is a number of GPUs or `unlimited`, not {text!r}").format(text=text),
+            Exit.USAGE,
+        )
     return int(text)
 
 
@@ -260,13 +273,26 @@ def _decide(
     state = _find(applied_admin(resolve_ledger_dir(config_path, data_dir)), request_id)
     now, who = now_us(), actor or default_actor()
     if state.status_at(now) is not RequestStatus.OPEN:
-        fail(f"request {request_id} is {state.status_at(now)}, not open", Exit.USAGE)
+        fail(
+            _("request {request_id} is {status}, not open").format(
+                request_id=request_id, status=state.status_at(now)
+            ),
+            Exit.USAGE,
+        )
     role = None if caller is None else caller.role
     answer = verdict(state.opened, who, role)
     if answer is not Verdict.ALLOWED:
         fail(
-            f"{who} ({role or Role.ADMIN}) may not decide request {request_id}: {answer.value} "
-            f"(approvers: {', '.join(state.opened.approvers)}; never the requester)",
+            _(
+                "{who} ({role}) may not decide request {request_id}: {value} "
+                "(approvers: {approvers}; never the requester)"
+            ).format(
+                who=who,
+                role=role or Role.ADMIN,
+                request_id=request_id,
+                value=answer.value,
+                approvers=", ".join(state.opened.approvers),
+            ),
             Exit.USAGE,
         )
     kind = RequestApproved if approve else RequestRejected
@@ -276,7 +302,10 @@ def _decide(
 def _find(view: AdminView, request_id: str) -> RequestState:
     state = view.requests.get(request_id)
     if state is None:
-        fail(f"no request {request_id} (as of the last seal)", Exit.USAGE)
+        fail(
+            _("no request {request_id} (as of the last seal)").format(request_id=request_id),
+            Exit.USAGE,
+        )
     return state
 
 
@@ -334,10 +363,12 @@ def expire(
         return
     echo_events(events, OutputFormat.TABLE)
     if dry_run:
-        click.echo("dry run: not sent", err=True)
+        click.echo(_("dry run: not sent"), err=True)
         return
     sent = send_admin_events(config, bootstrap, events)
-    click.echo(f"sent {len(sent)} to {config.topics.admin}", err=True)
+    click.echo(
+        _("sent {count} to {admin}").format(count=len(sent), admin=config.topics.admin), err=True
+    )
 
 
 def _visible(caller: Caller | None, view: AdminView) -> list[RequestState]:
@@ -404,6 +435,9 @@ def show(
     if caller is not None and decide(caller, Action.REQUEST_READ, state.opened.team) is not (
         Decision.ALLOWED
     ):
-        fail(f"no request {request_id} (as of the last seal)", Exit.USAGE)
+        fail(
+            _("no request {request_id} (as of the last seal)").format(request_id=request_id),
+            Exit.USAGE,
+        )
     row = request_row(state, now_us())
     click.echo(render(list(DETAIL), [[row[c] for c in DETAIL]], OutputFormat(output)))

@@ -9,6 +9,7 @@ import logging
 
 import click
 
+from tally.cli.help import Group
 from tally.cli.logs import configure_logging
 from tally.cli.options import (
     Exit,
@@ -24,9 +25,10 @@ from tally.cli.options import (
 from tally.cli.stack import metrics_port_option, start_metrics
 from tally.components import NoBrokerError, bootstrap_servers
 from tally.config import ConfigError
+from tally.language import _
 
 
-@click.group()
+@click.group(cls=Group)
 def scheduler() -> None:
     """The scheduler service."""
 
@@ -86,7 +88,7 @@ def run(
     try:
         dispatcher = build_dispatcher(config, inventory=inventory)
     except SchedulerError as exc:
-        fail(f"scheduler configuration: {exc}", Exit.USAGE)
+        fail(_("scheduler configuration: {exc}").format(exc=exc), Exit.USAGE)
     serve = api_server(
         tokens, settings.api_host, settings.api_port, settings.max_body_bytes, oidc=oidc
     )
@@ -114,4 +116,7 @@ def run(
     except BrokerUnavailable as exc:
         fail(str(exc), Exit.BROKER)
     except OSError as exc:  # the API's address is taken or not ours
-        fail(f"cannot serve the API on {api_url(config)}: {exc}", Exit.USAGE)
+        fail(
+            _("cannot serve the API on {url}: {exc}").format(url=api_url(config), exc=exc),
+            Exit.USAGE,
+        )

@@ -16,6 +16,7 @@ from ledger.errors import LedgerError
 from ledger.store.identity import check_zone
 from ledger.store.layout import has_ledger
 from streams.kafka import BrokerError
+from tally.cli.help import Command
 from tally.cli.logs import configure_logging, faust_loglevel
 from tally.cli.options import (
     Exit,
@@ -30,6 +31,7 @@ from tally.cli.options import (
 )
 from tally.components import NoBrokerError, bootstrap_servers, worker_settings
 from tally.config import ConfigError
+from tally.language import _
 
 if TYPE_CHECKING:
     from tally.config import TallyConfig
@@ -40,6 +42,14 @@ if TYPE_CHECKING:
 MetricsPortKey = Literal["worker_port", "scheduler_port"]
 
 
+METRICS_PORT_HELP: dict[MetricsPortKey, str] = {  # literals: the catalog's msgids
+    "worker_port": "Serve Prometheus metrics at /metrics (and /healthz, /readyz) on this port, "
+    "0 for a free one (default: metrics.worker_port, when metrics.enabled).",
+    "scheduler_port": "Serve Prometheus metrics at /metrics (and /healthz, /readyz) on this "
+    "port, 0 for a free one (default: metrics.scheduler_port, when metrics.enabled).",
+}
+
+
 def metrics_port_option(
     key: MetricsPortKey,
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
@@ -47,8 +57,7 @@ def metrics_port_option(
         "--metrics-port",
         type=click.IntRange(0, 65535),
         default=None,
-        help=f"Serve Prometheus metrics at /metrics (and /healthz, /readyz) on this port, 0 for "
-        f"a free one (default: metrics.{key}, when metrics.enabled).",
+        help=METRICS_PORT_HELP[key],
     )
 
 
@@ -73,10 +82,18 @@ def start_metrics(
         port = section.worker_port if key == "worker_port" else section.scheduler_port
     host = section.host_of(process)
     try:
-        server, _ = serve_metrics(metrics, host, port, probes)
+        server, _thread = serve_metrics(metrics, host, port, probes)
     except MetricsPortError as exc:
-        fail(f"{exc} (metrics.{key} or --metrics-port; 0 picks a free port)", Exit.USAGE)
-    click.echo(f"{who} metrics at {metrics_url(host, server.server_port)}", err=True)
+        fail(
+            _("{exc} (metrics.{key} or --metrics-port; 0 picks a free port)").format(
+                exc=exc, key=key
+            ),
+            Exit.USAGE,
+        )
+    click.echo(
+        _("{who} metrics at {url}").format(who=who, url=metrics_url(host, server.server_port)),
+        err=True,
+    )
 
 
 def embedded_broker_or_exit() -> None:
@@ -97,7 +114,7 @@ def check_zone_or_exit(config: TallyConfig) -> None:
         fail(str(exc), Exit.LEDGER)
 
 
-@click.command()
+@click.command(cls=Command)
 @config_option
 @click.option("--no-dashboard", is_flag=True, help="Do not start the Streamlit dashboard.")
 @log_level_option
@@ -136,11 +153,16 @@ def up(config_path: str, no_dashboard: bool, log_level: str, log_format: str) ->
     except BrokerError as exc:
         fail(str(exc), Exit.BROKER)
     except MetricsPortError as exc:
-        fail(f"{exc} (see metrics: in {config_path}; 0 picks a free port)", Exit.USAGE)
+        fail(
+            _("{exc} (see metrics: in {config_path}; 0 picks a free port)").format(
+                exc=exc, config_path=config_path
+            ),
+            Exit.USAGE,
+        )
     sys.exit(code)
 
 
-@click.command()
+@click.command(cls=Command)
 @config_option
 @bootstrap_option
 @log_level_option

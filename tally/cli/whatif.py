@@ -17,6 +17,7 @@ from ledger.errors import LedgerError
 from scheduler.errors import ConfigError as SchedulerConfigError
 from scheduler.whatif import COLUMNS, WhatIfReport, what_if
 from tally.cli.admin import parse_effective
+from tally.cli.help import Command
 from tally.cli.options import (
     Exit,
     config_option,
@@ -27,6 +28,7 @@ from tally.cli.options import (
     resolve_ledger_dir,
 )
 from tally.config import ConfigError
+from tally.language import _
 from tally.output import OutputFormat, render
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -57,7 +59,10 @@ def _save(
         part.write_bytes(orjson.dumps(described, option=orjson.OPT_INDENT_2))
         part.replace(folder / f"{name}.json")
     except OSError as exc:
-        fail(f"--save: cannot write {folder / name}.json: {exc}", Exit.LEDGER)
+        fail(
+            _("--save: cannot write {path}.json: {exc}").format(path=folder / name, exc=exc),
+            Exit.LEDGER,
+        )
 
 
 def _time(name: str, text: str) -> int:
@@ -67,7 +72,12 @@ def _time(name: str, text: str) -> int:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        fail(f"{name}: {text!r} is not `now`, microseconds or an ISO-8601 time", Exit.USAGE)
+        fail(
+            _("{name}: {text!r} is not `now`, microseconds or an ISO-8601 time").format(
+                name=name, text=text
+            ),
+            Exit.USAGE,
+        )
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return (moment - _EPOCH) // timedelta(microseconds=1)
@@ -78,7 +88,10 @@ def _added(values: tuple[str, ...]) -> dict[str, int]:
     for value in values:
         model, sep, count = value.rpartition("=")
         if not sep or not model or not count.isdigit() or int(count) < 1:
-            fail(f"--add-gpus: expected MODEL=N with N ≥ 1, not {value!r}", Exit.USAGE)
+            fail(
+                _("--add-gpus: expected MODEL=N with N ≥ 1, not {value!r}").format(value=value),
+                Exit.USAGE,
+            )
         out[model] = out.get(model, 0) + int(count)
     return out
 
@@ -144,7 +157,7 @@ def _checks(report: WhatIfReport) -> list[str]:
     return lines
 
 
-@click.command()
+@click.command(cls=Command)
 @config_option
 @data_dir_option
 @click.option("--since", required=True, help="Jobs submitted from this time (ISO-8601 or µs).")
@@ -190,10 +203,13 @@ def whatif(
 
     since_us, until_us = _time("--since", since), _time("--until", until)
     if until_us <= since_us:
-        fail("--until must be after --since", Exit.USAGE)
+        fail(_("--until must be after --since"), Exit.USAGE)
     added = _added(add_gpus)
     if save is not None and not _NAME.fullmatch(save):
-        fail(f"--save: {save!r}: letters, digits, '.', '_' and '-' only", Exit.USAGE)
+        fail(
+            _("--save: {save!r}: letters, digits, '.', '_' and '-' only").format(save=save),
+            Exit.USAGE,
+        )
     config = load_or_exit(config_path)
     other = load_or_exit(config_b) if config_b else config
     directory = resolve_ledger_dir(config_path, data_dir)
@@ -205,7 +221,7 @@ def whatif(
     try:
         history = history_of(directory, config, since_us, until_us)
     except LedgerError as exc:
-        fail(f"cannot read the jobs archive: {exc}", Exit.LEDGER)
+        fail(_("cannot read the jobs archive: {exc}").format(exc=exc), Exit.LEDGER)
     bar: Any = None
 
     def progress(done: int, total: int) -> None:
@@ -216,7 +232,7 @@ def whatif(
         if bar is not None:
             bar.update(done - bar.pos)
 
-    report, _, _ = what_if(
+    report, _replayed, _baseline = what_if(
         history,
         baseline,
         alternative,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -92,8 +93,18 @@ def test_every_page_renders_in_chinese(chromium, dashboard_url):
             assert page.locator('[data-testid="stMetric"]').count() >= 1, path
             sidebar = page.locator('[data-testid="stSidebar"]').inner_text()
             assert "筛选" in sidebar and "会计账期" in sidebar, path
+            # nor a sentence a read model wrote in English (explanations, notes, durations)
+            main = page.locator('[data-testid="stMain"]').inner_text()
+            assert not ENGLISH_SENTENCES.findall(main), (path, ENGLISH_SENTENCES.findall(main))
     finally:
         page.close()
+
+
+# what the read models' English sentences say (`ledger.read.texts`), never seen in zh-CN
+ENGLISH_SENTENCES = re.compile(
+    r"has been waiting|because|[0-9] h [0-9]+ min|Linear trend|Month-end forecast|"
+    r"Erlang-C \(M/M/c\) model:|would (?:cut|raise|leave) p95|Statement for team"
+)
 
 
 def test_finance_figures_in_the_browser_equal_the_ledger(chromium, dashboard_url, seeded_ledger):

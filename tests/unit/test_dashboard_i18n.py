@@ -1,8 +1,9 @@
 """The dashboard's Simplified Chinese catalog covers every string the pages mark, and no page
 hands Streamlit an unmarked English literal; numbers and dates are written per language.
 
-Extraction is Babel's own (`babel.messages.extract`, the keywords `_` and `N_`), run over the
-source as it is, so a newly marked string fails here until it is translated in
+Extraction is Babel's own (`babel.messages.extract`, the keywords `_`, `N_` and `tr`; in the read
+models under `ledger/read/`, whose sentences the pages show, `tr` and `N_`), run over the source
+as it is, so a newly marked string fails here until it is translated in
 `dashboard/locale/zh_CN/LC_MESSAGES/dashboard.po`.
 """
 
@@ -11,20 +12,26 @@ from __future__ import annotations
 import ast
 import re
 import string
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from babel.messages.extract import extract_from_dir
 from babel.messages.pofile import read_po
 
-from dashboard import i18n
+from dashboard import i18n, whatif_text
+from ledger.read import job_history, rollups
+from ledger.read.reports import IdleSharing
+from ledger.read.statements import Budget, StatementLine, TeamStatement
+from ledger.units import Unit
 from tally.config import ConfigError, load_config
 from tally.stack import ledger_env
 from tests.builders import a_config_dict
 from tests.conftest import REPO, write_config
+from tests.unit.test_job_history import MIN, history
 
 DASHBOARD = REPO / "dashboard"
-KEYWORDS = {"_": None, "N_": None}
+KEYWORDS = {"_": None, "N_": None, "tr": None}  # tr: a `Translator` handed in
 # Streamlit / Altair calls whose first argument or label keywords a person reads
 SHOWN = {
     "title", "header", "subheader", "caption", "info", "warning", "success", "error",
@@ -36,14 +43,20 @@ SHOWN = {
 SHOWN_KEYWORDS = {"help", "label", "title", "placeholder", "delta"}
 
 
+# the sentences read models write for the pages, in the reader's language (`ledger.read.texts`)
+READ_MODELS = REPO / "ledger" / "read"
+READ_KEYWORDS = {"tr": None, "N_": None}
+
+
 def extracted() -> dict[str, list[str]]:
-    """msgid → where the source uses it (file:line)."""
+    """msgid → where the source uses it (file:line): the pages' and the read models'."""
     found: dict[str, list[str]] = {}
-    for path, line, message, _comments, _context in extract_from_dir(
-        str(DASHBOARD), method_map=[("**.py", "python")], keywords=KEYWORDS
-    ):
-        assert isinstance(message, str), f"{path}:{line}: plural or empty message"
-        found.setdefault(message, []).append(f"{path}:{line}")
+    for directory, keywords in ((DASHBOARD, KEYWORDS), (READ_MODELS, READ_KEYWORDS)):
+        for path, line, message, _comments, _context in extract_from_dir(
+            str(directory), method_map=[("**.py", "python")], keywords=keywords
+        ):
+            assert isinstance(message, str), f"{path}:{line}: plural or empty message"
+            found.setdefault(message, []).append(f"{directory.name}/{path}:{line}")
     return found
 
 
@@ -89,7 +102,7 @@ def test_translations_are_chinese() -> None:
 
 LATIN = "[A-Za-z]{2}"
 CJK = "[\u4e00-\u9fff]"
-UNCHANGED = {"p50", "p95", "GPU", "FOCUS", "Tally", "XID"}  # the same in Chinese
+UNCHANGED = {"p50", "p95", "GPU", "FOCUS", "Tally", "XID", "GPU {gpu}"}  # the same in Chinese
 
 
 def _shown_literals(path: Path) -> list[str]:
@@ -183,3 +196,111 @@ def test_an_unknown_language_is_a_config_error(tmp_path: Path) -> None:
     path = write_config(tmp_path / "tally.yaml", a_config_dict(dashboard={"language": "fr"}))
     with pytest.raises(ConfigError, match="language"):
         load_config(path)
+
+
+# English words of the read models' sentences (identifiers and the scheduler's notes aside)
+ENGLISH = re.compile(
+    r"\b(the|because|since|has|been|was|waiting|for|and|its|running|finished|failed|"
+    r"cancelled|stopped|submitted|given|asking|borrowed|expected|exit|attempt|team|ended|min)\b",
+    re.IGNORECASE,
+)
+
+
+@pytest.mark.parametrize("job", ["job-a", "job-b", "job-c", "job-d", "job-e", "42"])
+def test_a_jobs_explanation_speaks_the_pages_language(job: str) -> None:
+    """Through the dashboard's catalog a job's explanation, advice and timeline are Chinese;
+    without it (the CLI, every other caller) they are the English they always were."""
+    events = history()
+    teams = job_history.job_teams(job_history.fold_jobs(events))
+    as_of = events[0].time_us + 100 * MIN
+    zh = job_history.explain_job(job, events, as_of, teams, i18n.Translator(i18n.ZH_CN))
+    en = job_history.explain_job(job, events, as_of, teams)
+    assert en == job_history.explain_job(job, events, as_of, teams, i18n.Translator(i18n.EN))
+    for said, english in zip(
+        (zh.headline, zh.advice, *(t.text for t in zh.timeline)),
+        (en.headline, en.advice, *(t.text for t in en.timeline)),
+        strict=True,
+    ):
+        words = re.sub(r"`[^`]*`|vision uses 2 of 2|lent|UTC", "", said)
+        assert not ENGLISH.search(words), said
+        assert bool(re.search(CJK, said)) == bool(english), said
+
+
+@pytest.mark.parametrize(
+    ("us", "en", "zh"),
+    [
+        (5_000_000, "5 s", "5 秒"),
+        (3 * 60 * MIN + 5 * MIN, "3 h 05 min", "3 小时 05 分"),
+        (52 * 60 * MIN, "2 d 4 h", "2 天 4 小时"),
+    ],
+    ids=["seconds", "hours", "days"],
+)
+def test_durations_are_written_per_language(us: int, en: str, zh: str) -> None:
+    assert job_history.duration_text(us) == en
+    assert job_history.duration_text(us, i18n.Translator(i18n.ZH_CN)) == zh
+
+
+def test_method_notes_speak_the_pages_language() -> None:
+    zh = i18n.Translator(i18n.ZH_CN)
+    notes = (
+        rollups.usage_forecast_method(14, 1.5, 2.0, zh),
+        rollups.forecast_method(7, zh),
+        zh(rollups.SIZING_ASSUMPTIONS),
+    )
+    assert all(re.search(CJK, n) and not ENGLISH.search(n) for n in notes), notes
+    assert rollups.usage_forecast_method(5, 7.2, 7.6).startswith(
+        "Linear trend fitted by least squares to the last 5 complete days (+7.20 GPU-hours/day"
+    )
+
+
+WHATIF_ROWS = [
+    (
+        ["wait_p95", "team:vision", "3 h 06 min", "45 min"],
+        ["p95 等待", "团队 vision", "3 小时 06 分", "45 分钟"],
+    ),
+    (
+        ["jain_fairness", "teams", "0.912", "0.950"],
+        ["Jain 公平性指数", "全部团队", "0.912", "0.950"],
+    ),
+    (["cost", "search", "12.00 USD", "9.00 USD"], ["成本", "search", "12.00 USD", "9.00 USD"]),
+]
+
+
+@pytest.mark.parametrize(("row", "shown"), WHATIF_ROWS, ids=["wait", "fairness", "cost"])
+def test_a_saved_what_if_report_reads_in_chinese(row: list[str], shown: list[str]) -> None:
+    zh, en = i18n.Translator(i18n.ZH_CN), i18n.Translator(i18n.EN)
+    saved = dict(zip(("metric", "scope", "baseline", "alternative"), row, strict=True))
+    assert whatif_text.row(saved, zh) == shown
+    assert whatif_text.row(saved, en) == row  # the report's own words
+
+
+def test_the_what_if_capacity_sentence_is_rebuilt_from_its_figures() -> None:
+    doc = {
+        "added_gpus": {"H100": 4},
+        "wait_p95_us": [3 * 60 * MIN + 8 * MIN, 0],
+        "capacity": "adding 4 GPUs of model H100 would cut p95 wait from 3 h 08 min to 0 s",
+    }
+    assert whatif_text.capacity(doc, i18n.Translator(i18n.EN)) == doc["capacity"]
+    assert whatif_text.capacity(doc, i18n.Translator(i18n.ZH_CN)) == (
+        "增加 4 块 H100 型号的 GPU 后，p95 等待将从 3 小时 08 分 缩短到 0 秒"
+    )
+    flag = "team vision: p95 wait rose from 10 min to 1 h 00 min"
+    assert whatif_text.flag(flag, i18n.Translator(i18n.ZH_CN)) == (
+        "团队 vision：p95 等待从 10 分钟 升至 1 小时 00 分"
+    )
+
+
+def test_a_statement_reads_in_chinese_and_stays_english_for_the_cli() -> None:
+    line = StatementLine("detection", 7_200_000, 12_000_000, 3_600_000, 1_500_000)
+    statement = TeamStatement(
+        "vision", "2026-11", "USD", ("research",), 7_200_000, 12_000_000, 3_600_000, 1_500_000,
+        250_000, 0, IdleSharing.WEIGHTED, 2_000_000, (line,), (replace(line, name="ada"),),
+        (Budget(Unit.MONEY, 20_000_000, 12_000_000),),
+    )  # fmt: skip
+    english = statement.render_text()
+    assert english.startswith("Statement for team vision, 2026-11 (USD)\nCost centre: research")
+    assert re.search(r"PROJECT +GPU_HOURS +COST", english)
+    zh = statement.render_text(i18n.Translator(i18n.ZH_CN))
+    assert zh.startswith("团队 vision 对账单，2026-11（USD）\n成本中心：research")
+    assert "按项目" in zh and "GPU_HOURS" not in zh
+    assert not ENGLISH.search(re.sub(r"\b(vision|research|detection|ada)\b", "", zh)), zh

@@ -262,6 +262,41 @@ def test_a_statement_is_of_the_zones_month(ledger, queries):
     )
 
 
+# the Capacity page: the last 7 whole local days before 09:00 on 2026-11-01 in Shanghai
+# (01:00 UTC) end at B in Shanghai (one sample before it) and at T0 in UTC (two samples)
+LAST_WEEK = {"UTC": (T0_US, 2 * SAMPLE_MS), "Asia/Shanghai": (B, SAMPLE_MS)}
+
+
+def test_capacity_counts_the_zones_days(ledger, queries):
+    zone = parse_zone(ledger[1])
+    used = [(d.day_us, d.allocated_gpu_ms) for d in rollups.daily_usage(queries)]
+    assert used == DAYS[ledger[1]]
+    (trend,) = rollups.model_trends(queries, T0_US + HOUR)
+    end, ms = LAST_WEEK[ledger[1]]
+    assert local_day_start(T0_US + HOUR, zone) == end
+    assert (trend.allocated_last_gpu_ms, trend.allocated_previous_gpu_ms) == (ms, 0)
+
+
+@pytest.mark.parametrize(
+    ("zone", "weekday", "following"),
+    [
+        pytest.param("UTC", 5, B + 8 * HOUR, id="utc-saturday"),
+        pytest.param("Asia/Shanghai", 6, B + DAY, id="shanghai-sunday"),
+    ],
+)
+def test_a_forecasts_days_and_weekdays_are_the_zones(zone, weekday, following):
+    """B is Saturday 16:00 in UTC and Sunday 00:00 in Shanghai; 14 days of history with one
+    busy day a week put the weekly effect on that local weekday."""
+    tz = parse_zone(zone)
+    first = local_day_start(B - 13 * DAY, tz)
+    series = [(first + k * DAY, 10.0 + (30.0 if k % 7 == 6 else 0.0)) for k in range(14)]
+    forecast = rollups.forecast_daily(series, 2, 2, tz)
+    assert forecast is not None
+    effect = forecast.weekday_effect
+    assert effect.index(max(effect)) == weekday
+    assert forecast.days[0] == following
+
+
 FOCUS_HOURS = {  # ChargePeriodStart of the usage booked into 2026-11
     "UTC": (T0_US,),
     "Asia/Shanghai": (B, T0_US),

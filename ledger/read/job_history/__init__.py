@@ -47,6 +47,7 @@ from ledger.read.job_history.explain import (
     explain_job,
     job_name,
     outcome_text,
+    state_text,
     wait_text,
     when_text,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "quantile_us",
     "read_job_event_log",
     "select_jobs",
+    "state_text",
     "wait_text",
     "when_text",
 ]

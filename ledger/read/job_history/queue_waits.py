@@ -1,4 +1,5 @@
-"""Queueing delay (submission → first start) out of folded job rows: per UTC day, pool and model
+"""Queueing delay (submission → first start) out of folded job rows: per day (of the ledger's
+time zone), pool and model
 (`daily_queue_waits`) and observed in a window beside the jobs still waiting (`observed_waits`).
 Durations and quantiles are integer µs, by nearest rank (`quantile_us`).
 """
@@ -7,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, tzinfo
 
+from ledger.periods import local_day_start
 from ledger.read.job_history.fold import JobRow, JobState
 
 US_PER_MINUTE = 60_000_000
@@ -26,8 +29,8 @@ def quantile_us(values: Sequence[int], pct: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class QueueWaitDay:
-    """Queueing delays (submission → first start) of the jobs that first started on one UTC
-    day in one pool and GPU model."""
+    """Queueing delays (submission → first start) of the jobs that first started on one day
+    (of the ledger's zone) in one pool and GPU model."""
 
     day_us: int
     pool: str | None
@@ -43,9 +46,10 @@ def daily_queue_waits(
     since_us: int | None = None,
     until_us: int | None = None,
     pool: str | None = None,
+    zone: tzinfo = UTC,
 ) -> tuple[QueueWaitDay, ...]:
-    """p50 / p95 / max queueing delay per UTC day of first start, pool and model, for jobs that
-    first started in `[since_us, until_us)` (None: unbounded)."""
+    """p50 / p95 / max queueing delay per day (in `zone`) of first start, pool and model, for
+    jobs that first started in `[since_us, until_us)` (None: unbounded)."""
     groups: dict[tuple[int, str | None, str | None], list[int]] = {}
     for r in rows:
         wait = r.first_wait_us
@@ -58,7 +62,7 @@ def daily_queue_waits(
             continue
         if pool is not None and r.pool != pool:
             continue
-        groups.setdefault((start - start % DAY_US, r.pool, r.model), []).append(wait)
+        groups.setdefault((local_day_start(start, zone), r.pool, r.model), []).append(wait)
     return tuple(
         QueueWaitDay(day, p, m, len(w), quantile_us(w, 50), quantile_us(w, 95), max(w))
         for (day, p, m), w in sorted(groups.items(), key=lambda kv: _group_key(kv[0]))

@@ -39,6 +39,7 @@ parameter.
 from ledger.read.reports import IdleSharing, period_of
 from ledger.read.rollups.capacity import (
     MAX_SERVERS,
+    SIZING_ASSUMPTIONS,
     DailyUsage,
     Demand,
     Forecast,
@@ -53,6 +54,7 @@ from ledger.read.rollups.capacity import (
     observed_queue_waits,
     queue_wait_trends,
     size_for_wait,
+    usage_forecast_method,
     usage_trend,
     wait_quantile_hours,
 )
@@ -143,6 +145,7 @@ __all__ = [
     "HOUR_US",
     "MAX_SERVERS",
     "MS_PER_HOUR",
+    "SIZING_ASSUMPTIONS",
     "STANDING_SCALE",
     "USAGE_SQL",
     "WEEK_US",
@@ -216,6 +219,7 @@ __all__ = [
     "team_budget",
     "team_quotas",
     "top_jobs",
+    "usage_forecast_method",
     "usage_trend",
     "utilisation_distribution",
     "utilisation_heatmap",

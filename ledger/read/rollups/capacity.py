@@ -2,7 +2,9 @@
 week-on-week model trends, observed demand with Erlang-C (M/M/c) sizing for a queueing-delay
 target, and the queueing delays observed in the jobs topic.
 
-Forecasts and queueing estimates are display floats, never ledger amounts.
+Days are the ledger's time zone's (`LedgerQueries.zone`, `ledger.timezone`): in Asia/Shanghai
+a day starts at 16:00 UTC. Forecasts and queueing estimates are display floats, never ledger
+amounts.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, tzinfo
 from typing import Any
 
+from ledger.periods import local_day_start, local_time
 from ledger.read import job_history
+from ledger.read.queries import time_bucket_sql
 from ledger.read.reports import CONSUMER_SQL, ReportQueries
 from ledger.read.rollups.shared import (
     CAPACITY_SQL,
@@ -21,14 +26,14 @@ from ledger.read.rollups.shared import (
     HOUR_US,
     MS_PER_HOUR,
     USAGE_SQL,
-    WEEK_US,
     archived_job_log,
 )
+from ledger.read.texts import N_, Translate, english
 
 
 @dataclass(frozen=True, slots=True)
 class DailyUsage:
-    """One UTC day of one pool and model: allocated and physical GPU time."""
+    """One day (the ledger's zone) of one pool and model: allocated and physical GPU time."""
 
     day_us: int
     pool: str | None
@@ -40,7 +45,8 @@ class DailyUsage:
 def daily_usage(
     q: ReportQueries, pool: str | None = None, model: str | None = None
 ) -> tuple[DailyUsage, ...]:
-    """Allocated and physical GPU time per UTC day, pool and model (all history)."""
+    """Allocated and physical GPU time per day (the ledger's zone), pool and model (all
+    history)."""
     clause = ""
     params: list[Any] = []
     if pool is not None:
@@ -50,7 +56,7 @@ def daily_usage(
         clause += " AND model = ?"
         params.append(model)
     rows = q.rows(
-        f'SELECT start_us - start_us % {DAY_US} AS day, "pool", "model", '
+        f'SELECT {time_bucket_sql("start_us", DAY_US, q.zone)} AS day, "pool", "model", '
         f"coalesce(sum(amount) FILTER ({CONSUMER_SQL}), 0), "
         f"coalesce(-sum(amount) FILTER ({CAPACITY_SQL}), 0) "
         f"FROM {{rollups}} WHERE {USAGE_SQL} AND unit = 'gpu_ms' {clause} "
@@ -95,9 +101,21 @@ def usage_trend(
     complete: tuple[int, ...] = ()
     if span[0] is not None:
         first, last = int(span[0]), int(span[1])
-        complete = tuple(d for d, _, _ in days if d >= first and d + DAY_US <= last)
+        complete = tuple(d for d, _, _ in days if d >= first and next_day(d, q.zone) <= last)
     series = [(d, a / MS_PER_HOUR) for d, a, _ in days if d in set(complete)]
-    return UsageTrend(model, pool, days, complete, forecast_daily(series, horizon_days, weeks))
+    forecast = forecast_daily(series, horizon_days, weeks, q.zone)
+    return UsageTrend(model, pool, days, complete, forecast)
+
+
+def next_day(day_us: int, zone: tzinfo = UTC) -> int:
+    """The start of the day after the one starting at `day_us` in `zone` (a local day lasts
+    23 to 25 hours where clocks change)."""
+    return local_day_start(day_us + DAY_US + HOUR_US, zone)
+
+
+def days_before(day_us: int, days: int, zone: tzinfo = UTC) -> int:
+    """The start of the day `days` local days before the day starting at `day_us`."""
+    return local_day_start(day_us - days * DAY_US + 2 * HOUR_US, zone)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +133,11 @@ class ModelTrend:
 def model_trends(
     q: ReportQueries, as_of_us: int, pool: str | None = None
 ) -> tuple[ModelTrend, ...]:
-    """Usage of every pool and model in the last 7 whole days before `as_of_us` and the 7
-    days before those."""
-    end = as_of_us - as_of_us % DAY_US
-    mid = end - WEEK_US
-    start = mid - WEEK_US
+    """Usage of every pool and model in the last 7 whole days (the ledger's zone) before
+    `as_of_us` and the 7 days before those."""
+    end = local_day_start(as_of_us, q.zone)
+    mid = days_before(end, 7, q.zone)
+    start = days_before(mid, 7, q.zone)
     pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
     rows = q.rows(
         'SELECT "pool", "model", count(DISTINCT gpu_uuid) FILTER (start_us >= ?), '
@@ -149,14 +167,17 @@ class Forecast:
 
 
 def forecast_daily(
-    series: Sequence[tuple[int, float]], horizon_days: int = 28, weeks: int = 4
+    series: Sequence[tuple[int, float]],
+    horizon_days: int = 28,
+    weeks: int = 4,
+    zone: tzinfo = UTC,
 ) -> Forecast | None:
     """Forecast a daily series (day start µs, GPU-hours) `horizon_days` ahead.
 
     Method: least-squares linear trend over the last `weeks` × 7 days, plus weekly seasonality
     (the mean residual per weekday, when at least two weeks are fitted); the band is ±1.96 ×
     the standard deviation of what remains. Values below zero are clipped. None with fewer than
-    three days of history.
+    three days of history. Days and weekdays are `zone`'s.
     """
     points = sorted(series)[-weeks * 7 :]
     n = len(points)
@@ -175,26 +196,18 @@ def forecast_daily(
     if seasonal:
         by_day: dict[int, list[float]] = defaultdict(list)
         for (day, _), r in zip(points, residuals, strict=True):
-            by_day[_weekday(day)].append(r)
+            by_day[_weekday(day, zone)].append(r)
         effect = [sum(v) / len(v) if v else 0.0 for v in (by_day[d] for d in range(7))]
-    rest = [r - effect[_weekday(day)] for (day, _), r in zip(points, residuals, strict=True)]
+    rest = [r - effect[_weekday(day, zone)] for (day, _), r in zip(points, residuals, strict=True)]
     sd = math.sqrt(sum(r * r for r in rest) / max(n - 2, 1))
     last_day = points[-1][0]
-    days = tuple(last_day + k * DAY_US for k in range(1, horizon_days + 1))
+    ahead = [last_day]
+    for _k in range(horizon_days):
+        ahead.append(next_day(ahead[-1], zone))
+    days = tuple(ahead[1:])
     values = tuple(
-        max(0.0, intercept + slope * (xs[-1] + k) + effect[_weekday(day)])
+        max(0.0, intercept + slope * (xs[-1] + k) + effect[_weekday(day, zone)])
         for k, day in enumerate(days, 1)
-    )
-    method = (
-        f"Linear trend fitted by least squares to the last {n} complete days "
-        f"({slope:+.2f} GPU-hours/day per day)"
-        + (
-            ", plus weekly seasonality: each weekday's average deviation from that trend"
-            if seasonal
-            else " (weekly seasonality needs at least 14 days of history, so none is applied)"
-        )
-        + f". The band is ± 1.96 × the standard deviation of what is left ({sd:.1f} GPU-hours);"
-        " forecasts below zero are shown as zero."
     )
     return Forecast(
         days=days,
@@ -205,13 +218,35 @@ def forecast_daily(
         slope_per_day=slope,
         weekday_effect=tuple(effect),
         residual_sd=sd,
-        method=method,
+        method=usage_forecast_method(n, slope, sd),
     )
 
 
-def _weekday(day_us: int) -> int:
-    """Monday = 0 for the UTC day starting at `day_us` (1970-01-01 was a Thursday)."""
-    return (day_us // DAY_US + 3) % 7
+def usage_forecast_method(
+    fitted_days: int, slope_per_day: float, residual_sd: float, tr: Translate = english
+) -> str:
+    """How `forecast_daily` made a forecast, for the page (`Forecast.method` in English)."""
+    seasonal = fitted_days >= 14
+    return (
+        tr(
+            "Linear trend fitted by least squares to the last {days} complete days "
+            "({slope} GPU-hours/day per day)"
+        ).format(days=fitted_days, slope=f"{slope_per_day:+.2f}")
+        + (
+            tr(", plus weekly seasonality: each weekday's average deviation from that trend")
+            if seasonal
+            else tr(" (weekly seasonality needs at least 14 days of history, so none is applied)")
+        )
+        + tr(
+            ". The band is ± 1.96 × the standard deviation of what is left ({sd} GPU-hours);"
+            " forecasts below zero are shown as zero."
+        ).format(sd=f"{residual_sd:.1f}")
+    )
+
+
+def _weekday(day_us: int, zone: tzinfo = UTC) -> int:
+    """Monday = 0 for the day (in `zone`) starting at `day_us`."""
+    return local_time(day_us, zone).weekday()
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +358,16 @@ class Sizing:
 
 
 MAX_SERVERS = 100_000
+SIZING_ASSUMPTIONS = N_(
+    "Erlang-C (M/M/c) model: jobs arrive at random (Poisson) at a rate that reproduces the "
+    "GPUs in use in the window, hold their GPUs for an exponentially distributed time with "
+    "the observed mean job duration, and each needs the observed average number of GPUs; "
+    "all GPUs of the model are interchangeable and jobs queue first-come first-served "
+    "without priorities, quotas or preemption. Demand is what was *used*: work that was "
+    "never submitted because the queue was long is not seen, and usage without a job id "
+    "counts towards the load but not towards job lengths. Treat the answer as a planning "
+    "estimate, not a promise."
+)  # `Sizing.assumptions`, translated where shown
 
 
 def size_for_wait(
@@ -335,16 +380,7 @@ def size_for_wait(
     observed mean number of allocated GPUs (λ = busy GPUs ÷ (S k)), which is robust to jobs cut
     by the window's edges. A job needs k GPUs, so c GPUs serve ⌊c / k⌋ jobs at once.
     """
-    assumptions = (
-        "Erlang-C (M/M/c) model: jobs arrive at random (Poisson) at a rate that reproduces the "
-        "GPUs in use in the window, hold their GPUs for an exponentially distributed time with "
-        "the observed mean job duration, and each needs the observed average number of GPUs; "
-        "all GPUs of the model are interchangeable and jobs queue first-come first-served "
-        "without priorities, quotas or preemption. Demand is what was *used*: work that was "
-        "never submitted because the queue was long is not seen, and usage without a job id "
-        "counts towards the load but not towards job lengths. Treat the answer as a planning "
-        "estimate, not a promise."
-    )
+    assumptions = SIZING_ASSUMPTIONS
     scale = 1 + growth_pct / 100
     if found.jobs == 0 or found.job_seconds <= 0 or found.job_gpu_ms <= 0 or found.hours <= 0:
         return Sizing(
@@ -385,10 +421,11 @@ def queue_wait_trends(
     until_us: int | None = None,
     pool: str | None = None,
 ) -> tuple[job_history.QueueWaitDay, ...]:
-    """Queueing delay (submission → first start) per UTC day, pool and model, from the jobs
-    topic in the archive (`ledger.read.job_history.daily_queue_waits`; None: unbounded)."""
+    """Queueing delay (submission → first start) per day (the ledger's zone), pool and model,
+    from the jobs topic in the archive (`ledger.read.job_history.daily_queue_waits`; None:
+    unbounded)."""
     rows = job_history.fold_jobs(archived_job_log(q, topic).events)
-    return job_history.daily_queue_waits(rows, since_us, until_us, pool)
+    return job_history.daily_queue_waits(rows, since_us, until_us, pool, q.zone)
 
 
 def observed_queue_waits(

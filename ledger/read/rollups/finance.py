@@ -31,6 +31,7 @@ from ledger.read.reports import (
     period_of,
 )
 from ledger.read.rollups.shared import DAY_US, Filters
+from ledger.read.texts import Translate, english
 from ledger.store.rollup_files import HOUR_US, ROLLUP_DIMENSIONS
 from ledger.store.side_files import load_admin_log
 from ledger.units import Unit
@@ -316,12 +317,12 @@ class BudgetBurn:
         return self.forecast_micros - self.granted_micros
 
 
-def forecast_method(window_days: int) -> str:
-    return (
-        f"Month-end forecast = spent so far + the average daily spend of the last {window_days} "
+def forecast_method(window_days: int, tr: Translate = english) -> str:
+    return tr(
+        "Month-end forecast = spent so far + the average daily spend of the last {days} "
         "days of data (or fewer, early in the month) × the time left in the month. "
         "For a month that is over, the forecast is what was spent."
-    )
+    ).format(days=window_days)
 
 
 def budget_burn(

@@ -20,6 +20,7 @@ from ledger.read import job_history
 from ledger.read.reports import CONSUMER_SQL, IDLE_LEG_SQL, ReportQueries
 from ledger.read.rollups.finance import JobCost
 from ledger.read.rollups.shared import HOUR_US, MS_PER_HOUR, Filters, archived_job_log
+from ledger.read.texts import Translate, english
 from ledger.store.side_files import load_admin_log
 
 # The scheduler's default fair-share half-life (`scheduler.fair_share_half_life_hours`).
@@ -50,12 +51,13 @@ def job_history_of(q: ReportQueries, topic: str = job_history.DEFAULT_JOBS_TOPIC
 
 
 def job_explanation(
-    q: ReportQueries, topic: str, job_id: str, as_of_us: int
+    q: ReportQueries, topic: str, job_id: str, as_of_us: int, tr: Translate = english
 ) -> job_history.Explanation:
-    """`ledger.read.job_history.explain_job` for `job_id`, naming the preemptors' teams."""
+    """`ledger.read.job_history.explain_job` for `job_id`, naming the preemptors' teams, in the
+    reader's language `tr`."""
     log = archived_job_log(q, topic)
     teams = job_history.job_teams(job_history.fold_jobs(log.events))
-    return job_history.explain_job(job_id, log.events, as_of_us, teams)
+    return job_history.explain_job(job_id, log.events, as_of_us, teams, tr)
 
 
 def job_costs(

@@ -1,0 +1,104 @@
+"""The What-if page's words for a saved report in the session's language: the comparison
+table's metric and scope names, its durations, the flags and the capacity sentence.
+
+A saved report (`tally whatif --save`) holds them as the English text `scheduler.whatif`
+wrote; the page shows them in Chinese by reading them back into values (a metric's code, a
+scope's kind and name, a duration's microseconds) and writing them again through the catalog.
+What it does not recognise it shows as it is; the CSV download keeps the report's own text.
+Every function takes the session's `Translator` (msgids marked `tr`/`N_`), so it is pure.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from dashboard.i18n import EN, N_, Translator
+from ledger.read.job_history import duration_text
+
+METRICS = {
+    "gpu_hours": N_("GPU-hours"),
+    "cost": N_("Cost"),
+    "wait_p50": N_("p50 wait"),
+    "wait_p95": N_("p95 wait"),
+    "utilisation": N_("Utilisation"),
+    "preemptions": N_("Preemptions"),
+    "gpu_hours_lost": N_("GPU-hours lost to preemptions"),
+    "jain_fairness": N_("Jain's fairness index"),
+    "budget_overrun": N_("Budget overrun"),
+}
+SCOPES = {"all": N_("all jobs"), "fleet": N_("the fleet"), "teams": N_("all teams")}
+SCOPE_KINDS = {"team": N_("team {name}"), "queue": N_("queue {name}")}
+_S, _MIN, _H, _D = 1_000_000, 60_000_000, 3_600_000_000, 86_400_000_000
+# `ledger.read.job_history.duration_text`'s English forms: (pattern, µs of its two numbers)
+_DURATIONS = (
+    (re.compile(r"(\d+) s"), _S, 0),
+    (re.compile(r"(\d+) min"), _MIN, 0),
+    (re.compile(r"(\d+) h (\d+) min"), _H, _MIN),
+    (re.compile(r"(\d+) d (\d+) h"), _D, _H),
+)
+_FLAG = re.compile(r"team (\S+): p95 wait rose from (.+) to (.+)")
+
+
+def duration(text: str, tr: Translator) -> str:
+    """A duration `duration_text` wrote in English, in `tr`'s language (else as it is)."""
+    for pattern, first, second in _DURATIONS:
+        if (m := pattern.fullmatch(text)) is not None:
+            rest = int(m[2]) * second if second else 0
+            return duration_text(int(m[1]) * first + rest, tr)
+    return text
+
+
+def metric(code: str, tr: Translator) -> str:
+    return tr(METRICS[code]) if code in METRICS else code
+
+
+def scope(text: str, tr: Translator) -> str:
+    if text in SCOPES:
+        return tr(SCOPES[text])
+    kind, sep, name = text.partition(":")
+    return tr(SCOPE_KINDS[kind]).format(name=name) if sep and kind in SCOPE_KINDS else text
+
+
+def row(values: dict[str, Any], tr: Translator) -> list[str]:
+    """A saved comparison row (`metric`, `scope`, `baseline`, `alternative`) as the page
+    shows it, in that order: in English the report's own words (metric codes and all)."""
+    if tr.language == EN:
+        return [str(values[c]) for c in ("metric", "scope", "baseline", "alternative")]
+    return [
+        metric(str(values["metric"]), tr),
+        scope(str(values["scope"]), tr),
+        duration(str(values["baseline"]), tr),
+        duration(str(values["alternative"]), tr),
+    ]
+
+
+def flag(text: str, tr: Translator) -> str:
+    """`team T: p95 wait rose from X to Y` in the session's language."""
+    m = _FLAG.fullmatch(text)
+    if m is None:
+        return text
+    return tr("team {team}: p95 wait rose from {before} to {after}").format(
+        team=m[1], before=duration(m[2], tr), after=duration(m[3], tr)
+    )
+
+
+def capacity(doc: dict[str, Any], tr: Translator) -> str:
+    """The capacity sentence of a report that added GPUs, from its figures (`added_gpus`,
+    `wait_p95_us`); the saved text where they are missing."""
+    added, waits = doc.get("added_gpus"), doc.get("wait_p95_us")
+    if not added or not waits or len(waits) != 2:
+        return str(doc.get("capacity") or "")
+    what = tr(" and ").join(
+        tr("{count} GPUs of model {model}").format(count=n, model=m)
+        for m, n in sorted(added.items())
+    )
+    before, after = (duration_text(int(w), tr) for w in waits)
+    if waits[0] == waits[1]:
+        return tr("adding {what} would leave p95 wait at {wait}").format(what=what, wait=before)
+    said = (
+        tr("adding {what} would cut p95 wait from {before} to {after}")
+        if waits[1] < waits[0]
+        else tr("adding {what} would raise p95 wait from {before} to {after}")
+    )
+    return said.format(what=what, before=before, after=after)
