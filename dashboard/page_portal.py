@@ -123,10 +123,13 @@ with st.form("submit", border=True):
 if chosen.startswith(MINE) and store is not None:
     gone = chosen.removeprefix(MINE)
     if st.button(_("Delete my template {name}").format(name=gone)):
-        store.delete(user, gone)
-        st.session_state[PICK] = None
-        st.session_state[FLASH] = _("Deleted your template {name}").format(name=gone)
-        st.rerun()
+        try:
+            store.delete(user, gone)
+            st.session_state[PICK] = None
+            st.session_state[FLASH] = _("Deleted your template {name}").format(name=gone)
+            st.rerun()
+        except template_store.TemplateError as exc:
+            st.error(_("Not deleted: {problem}").format(problem=exc))
 
 # ------------------------------------------------------------------------------ jobs
 st.subheader(_("Team's jobs") if team_view else _("Your jobs"))

@@ -62,10 +62,15 @@ class TemplateStore:
 
     @contextlib.contextmanager
     def _locked(self, user: str) -> Iterator[None]:
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with self._path(user).with_suffix(".lock").open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            yield
+        """Holds `user`'s lock; a folder that cannot be written (a read-only volume) is a
+        TemplateError that says where."""
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with self._path(user).with_suffix(".lock").open("a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                yield
+        except OSError as exc:
+            raise TemplateError(f"templates cannot be kept in {self.directory}: {exc}") from None
 
     def mine(self, user: str) -> tuple[Template, ...]:
         """`user`'s templates by name; none for a missing or unreadable file."""

@@ -101,3 +101,14 @@ def test_tally_hands_the_dashboard_the_folder_beside_its_secrets():
     folder = portal_env(config)[TEMPLATES_DIR_ENV]
     assert folder == str(secrets_path(config).parent.resolve() / "templates")
     assert TEMPLATES_DIR_ENV not in portal_env(parse_config(a_config_dict()))
+
+
+def test_a_folder_that_cannot_be_written_is_a_template_error(tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # the folder's place is taken: nothing can be created under it
+    store = TemplateStore(blocked / "templates")
+    with pytest.raises(TemplateError, match="cannot be kept in"):
+        store.save("ada", SMOKE)
+    with pytest.raises(TemplateError, match="cannot be kept in"):
+        store.delete("ada", "smoke")
+    assert store.mine("ada") == ()
