@@ -16,26 +16,20 @@ with a comment, and the lead sees it approved among the team's requests."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from dashboard.template_store import TemplateStore
-from scheduler.api import build_app
-from scheduler.executors.fake import RUNS_FOREVER
+from tests.api_server import ApiServer
 from tests.browser.conftest import free_port, launch_chromium, serving_dashboard
 from tests.builders import a_config_dict
 from tests.conftest import tally_command, write_config
 from tests.oidc_issuer import AUDIENCE, CLIENT_ID, CLIENT_SECRET, Issuer
 from tests.unit.test_scheduler_api_oidc import Clock, a_verifier
-from tests.unit.test_scheduler_api_support import MAX_BODY, TOKENS
-from tests.unit.test_scheduler_service_support import Rig
 
 pytestmark = pytest.mark.browser
 
@@ -59,7 +53,6 @@ TEMPLATE = {
     "estimated_runtime_hours": 0.5,
     "command": ["sleep", "600"],
 }
-TICK_S = 0.2
 
 
 class WallClock(Clock):
@@ -70,52 +63,10 @@ class WallClock(Clock):
         return time.time()
 
 
-class ApiServer:
-    """The scheduler's API on a loopback port, served from its own thread's event loop, the
-    service ticked there every TICK_S on a clock that follows the wall clock."""
-
-    def __init__(self, issuer: Issuer, tmp: Path) -> None:
-        self.rig = Rig(tmp)
-        self.rig.executor.default = RUNS_FOREVER
-        self.rig.clock.now = time.time_ns() // 1000
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self.app = build_app(
-            self.rig.service, TOKENS, MAX_BODY, 10.0, a_verifier(issuer, WallClock(0))
-        )
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.runner = web.AppRunner(self.app)
-
-    async def _ticks(self) -> None:
-        while True:
-            self.rig.clock.now = max(self.rig.clock.now, time.time_ns() // 1000)
-            await self.rig.service.tick()
-            await asyncio.sleep(TICK_S)
-
-    async def _start(self) -> None:
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-        self.ticking = asyncio.ensure_future(self._ticks())
-
-    async def _stop(self) -> None:
-        self.ticking.cancel()
-        await self.runner.cleanup()
-
-    def __enter__(self) -> ApiServer:
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-
-
 @pytest.fixture(scope="module")
 def api(issuer: Issuer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    with ApiServer(issuer, tmp_path_factory.mktemp("api")) as server:
+    verifier = a_verifier(issuer, WallClock(0))
+    with ApiServer(tmp_path_factory.mktemp("api"), verifier) as server:
         yield server
 
 
