@@ -7,8 +7,10 @@ as the API's bearer tokens (`ledger.role_claims`). `visible_pages` derives the p
 from the permission table (`ledger.roles`): the money pages need every team's balances and
 jobs, the fleet pages every team's jobs, the Team page its team's; a team role sees its own
 team only (`Viewer.team`); members and team leads also get the self-service portal ("My jobs",
-`dashboard.page_portal`). Without single sign-on everyone sees everything, as before, and there
-is no portal (it acts as the signed-in person).
+`dashboard.page_portal`), and every role that may read quota and budget requests gets the
+Requests page (`dashboard.page_requests`; a team role its team's). Without single sign-on
+everyone sees everything, as before, and there is neither portal nor Requests page (both act as
+the signed-in person).
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ PORTAL_NEEDS: Mapping[Action, frozenset[Scope]] = {
     Action.JOB_SUBMIT: frozenset({Scope.TEAM, Scope.OWN}),
     Action.JOB_CANCEL: frozenset({Scope.TEAM, Scope.OWN}),
 }
+# quota and budget requests: for a role that reads them (a team role: its team's), with single
+# sign-on only (the page files and decides them as the signed-in person)
+REQUESTS = "requests"
+REQUESTS_NEEDS: Mapping[Action, frozenset[Scope]] = {Action.REQUEST_READ: SOME}
 
 
 def _allowed(role: Role, needs: Mapping[Action, frozenset[Scope]]) -> bool:
@@ -51,9 +57,11 @@ def _allowed(role: Role, needs: Mapping[Action, frozenset[Scope]]) -> bool:
 
 
 def visible_pages(role: Role) -> frozenset[str]:
-    """The pages `role` may see when signed in (their url paths), the portal included."""
+    """The pages `role` may see when signed in (their url paths), the portal and the Requests
+    page included."""
     pages = {page for page, needs in PAGE_NEEDS.items() if _allowed(role, needs)}
-    return frozenset(pages | ({PORTAL} if _allowed(role, PORTAL_NEEDS) else set()))
+    pages |= {PORTAL} if _allowed(role, PORTAL_NEEDS) else set()
+    return frozenset(pages | ({REQUESTS} if _allowed(role, REQUESTS_NEEDS) else set()))
 
 
 @dataclass(frozen=True, slots=True)

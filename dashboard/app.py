@@ -31,6 +31,7 @@ PAGES = [  # (script, title, icon, url path); the first visible one is the defau
     ("page_whatif.py", N_("What-if"), ":material/alt_route:", "whatif"),
     ("page_audit.py", N_("Audit"), ":material/policy:", "audit"),
     ("page_portal.py", N_("My jobs"), ":material/rocket_launch:", "jobs"),
+    ("page_requests.py", N_("Requests"), ":material/approval:", "requests"),
 ]
 
 i18n.start()  # the session's language, before anything is written

@@ -1,7 +1,9 @@
 """My jobs: the self-service portal for members and team leads (shown only with single
-sign-on). Submit a job from a saved template or by hand, see one's jobs (a team lead: the
-team's) with state, wait reason, GPU-hours and cost so far, cancel one, and see the team's
-budget and quota left — every call made to the scheduler's API as the signed-in person
+sign-on). Submit a job from a template — the configuration's, shared and read-only, or one's
+own, saved from this form and deleted here (`dashboard.template_store`) — or by hand, see one's
+jobs (a team lead: the team's, and the team's quota and budget requests with their status)
+with state, wait reason, GPU-hours and cost so far, cancel one, and see the team's budget and
+quota left — every call made to the scheduler's API as the signed-in person
 (`dashboard.portal_api`), so the API's role checks apply.
 """
 
@@ -13,7 +15,7 @@ import time
 
 import streamlit as st
 
-from dashboard import access, common, i18n
+from dashboard import access, common, i18n, template_store
 from dashboard.i18n import _
 from dashboard.portal_api import PortalClient, PortalError, api_url
 from dashboard.portal_view import (
@@ -24,9 +26,12 @@ from dashboard.portal_view import (
     submit_body,
     templates_from_json,
 )
+from dashboard.requests_view import STATUS_LABELS, request_rows
 from ledger.roles import Role
 
 BY_HAND = "(by hand)"
+SHARED, MINE = "shared:", "mine:"
+FLASH, PICK = "portal_flash", "template_pick"
 
 st.title(_("My jobs"))
 caller = access.signed_in()
@@ -48,14 +53,32 @@ st.caption(
 )
 
 # ------------------------------------------------------------------------------ submit
-templates = {t.name: t for t in templates_from_json(os.environ.get(TEMPLATES_ENV))}
+store = template_store.store()
+user = caller.user or ""
+templates = {SHARED + t.name: t for t in templates_from_json(os.environ.get(TEMPLATES_ENV))}
+mine = {MINE + t.name: t for t in (store.mine(user) if store is not None else ())}
+
+
+def template_label(key: str) -> str:
+    if key == BY_HAND:
+        return _("(by hand)")
+    if key.startswith(MINE):
+        return _("{name} (mine)").format(name=key.removeprefix(MINE))
+    return key.removeprefix(SHARED)
+
+
+if FLASH in st.session_state:
+    st.success(st.session_state.pop(FLASH))
+if PICK in st.session_state:  # a template just saved (or None: just deleted), chosen here
+    picked = st.session_state.pop(PICK)
+    if picked is None:
+        st.session_state.pop("template", None)
+    else:
+        st.session_state["template"] = picked
 chosen = st.selectbox(
-    _("Template"),
-    [*templates, BY_HAND],
-    format_func=lambda t: _("(by hand)") if t == BY_HAND else t,
-    key="template",
+    _("Template"), [*templates, *mine, BY_HAND], format_func=template_label, key="template"
 )
-base = templates.get(chosen) or Template(BY_HAND, "", "", 1, None, 1.0, ())
+base = templates.get(chosen) or mine.get(chosen) or Template(BY_HAND, "", "", 1, None, 1.0, ())
 with st.form("submit", border=True):
     left, right = st.columns(2)
     queue = left.text_input(_("Queue"), base.queue)
@@ -66,16 +89,47 @@ with st.form("submit", border=True):
         _("Estimated runtime (hours)"), min_value=0.01, value=base.estimated_runtime_hours
     )
     command = right.text_input(_("Command"), shlex.join(base.command))
-    if st.form_submit_button(_("Submit job"), type="primary"):
-        form = Template(
-            chosen, queue.strip(), project.strip(), int(gpus), model.strip() or None,
-            float(estimate), tuple(shlex.split(command)),
-        )  # fmt: skip
+    name = left.text_input(
+        _("Save as my template, named"),
+        base.name if chosen.startswith(MINE) else "",
+        max_chars=64,
+        disabled=store is None,
+    )
+    submitted = st.form_submit_button(_("Submit job"), type="primary")
+    saved = st.form_submit_button(_("Save as my template"), disabled=store is None)
+    form: Template | None = None
+    if submitted or saved:
         try:
-            job = client.submit(submit_body(form, caller.user or ""))
+            form = Template(
+                name.strip(), queue.strip(), project.strip(), int(gpus), model.strip() or None,
+                float(estimate), tuple(shlex.split(command)),
+            )  # fmt: skip
+        except ValueError as exc:  # unbalanced quotes
+            st.error(_("Command: {problem}").format(problem=exc))
+    if submitted and form is not None:
+        try:
+            job = client.submit(submit_body(form, user))
             st.success(_("Submitted {job} ({state})").format(job=job["job_id"], state=job["state"]))
         except PortalError as exc:
             st.error(str(exc))
+    if saved and form is not None and store is not None:
+        try:
+            store.save(user, form)
+            st.session_state[FLASH] = _("Saved your template {name}").format(name=form.name)
+            st.session_state[PICK] = MINE + form.name
+            st.rerun()
+        except template_store.TemplateError as exc:
+            st.error(_("Not saved: {problem}").format(problem=exc))
+if chosen.startswith(MINE) and store is not None:
+    gone = chosen.removeprefix(MINE)
+    if st.button(_("Delete my template {name}").format(name=gone)):
+        try:
+            store.delete(user, gone)
+            st.session_state[PICK] = None
+            st.session_state[FLASH] = _("Deleted your template {name}").format(name=gone)
+            st.rerun()
+        except template_store.TemplateError as exc:
+            st.error(_("Not deleted: {problem}").format(problem=exc))
 
 # ------------------------------------------------------------------------------ jobs
 st.subheader(_("Team's jobs") if team_view else _("Your jobs"))
@@ -116,6 +170,31 @@ else:
                 )
             except PortalError as exc:
                 st.error(str(exc))
+
+
+if team_view:  # the team lead's view of the team's requests (filed on the Requests page)
+    st.subheader(_("Team's requests"))
+    try:
+        requests = request_rows(client.requests(), common.money)
+    except PortalError as exc:
+        requests = []
+        st.error(str(exc))
+    if not requests:
+        st.caption(_("No requests yet: file one on the Requests page."))
+    else:
+        st.table(
+            [
+                {
+                    _("request"): r.request_id,
+                    _("change"): r.change,
+                    _("status"): _(STATUS_LABELS.get(r.status, r.status)),
+                    _("requested by"): r.requested_by,
+                    _("decided by"): r.decided_by,
+                    _("comment"): r.comment,
+                }
+                for r in requests
+            ]
+        )
 
 
 # ------------------------------------------------------------------------------ what is left

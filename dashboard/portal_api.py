@@ -2,7 +2,9 @@
 access token from the dashboard's login (`st.user.tokens["access"]`, exposed by
 `expose_tokens` in the `[auth]` secrets `tally` writes) is forwarded as the bearer token, so
 the API's own role checks decide what they may see, submit and cancel. The API's URL is
-`$TALLY_API_URL` (`scheduler.host`/`port`, set by `tally` with a dashboard login).
+`$TALLY_API_URL` (`scheduler.host`/`port`, set by `tally` with a dashboard login). The
+Requests page (`dashboard.page_requests`) files, reads and decides quota and budget requests
+(`/v1/requests`) through the same client.
 """
 
 from __future__ import annotations
@@ -71,3 +73,17 @@ class PortalClient:
 
     def balances(self) -> list[dict[str, Any]]:
         return list(self._call("GET", "/v1/balances")["balances"])
+
+    def requests(self, status: str | None = None) -> list[dict[str, Any]]:
+        """The quota and budget requests the caller may see (a team role: its team's)."""
+        params = {"status": status} if status else {}
+        return list(self._call("GET", "/v1/requests", params=params)["requests"])
+
+    def open_request(self, body: dict[str, Any]) -> dict[str, Any]:
+        return dict(self._call("POST", "/v1/requests", json=body)["request"])
+
+    def decide(self, request_id: str, approve: bool, comment: str) -> dict[str, Any]:
+        """Approve or reject `request_id` with `comment` (the API's policy decides who may)."""
+        verb = "approve" if approve else "reject"
+        path = f"/v1/requests/{request_id}/{verb}"
+        return dict(self._call("POST", path, json={"comment": comment})["request"])

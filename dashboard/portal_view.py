@@ -35,24 +35,38 @@ class Template:
     command: tuple[str, ...]
 
 
+def template_from_dict(t: Mapping[str, Any]) -> Template:
+    """A template from its JSON form; KeyError, TypeError or ValueError if it is not one."""
+    return Template(
+        name=str(t["name"]),
+        queue=str(t["queue"]),
+        project=str(t["project"]),
+        gpus=int(t["gpus"]),
+        model=None if t.get("model") is None else str(t["model"]),
+        estimated_runtime_hours=float(t["estimated_runtime_hours"]),
+        command=tuple(str(a) for a in t["command"]),
+    )
+
+
+def template_dict(template: Template) -> dict[str, Any]:
+    """The JSON form of `template` (what `template_from_dict` reads back)."""
+    return {
+        "name": template.name,
+        "queue": template.queue,
+        "project": template.project,
+        "gpus": template.gpus,
+        "model": template.model,
+        "estimated_runtime_hours": template.estimated_runtime_hours,
+        "command": list(template.command),
+    }
+
+
 def templates_from_json(text: str | None) -> tuple[Template, ...]:
     """The templates `tally` handed over; none for an absent or unreadable value."""
     if not text:
         return ()
     try:
-        raw = json.loads(text)
-        return tuple(
-            Template(
-                name=str(t["name"]),
-                queue=str(t["queue"]),
-                project=str(t["project"]),
-                gpus=int(t["gpus"]),
-                model=None if t.get("model") is None else str(t["model"]),
-                estimated_runtime_hours=float(t["estimated_runtime_hours"]),
-                command=tuple(str(a) for a in t["command"]),
-            )
-            for t in raw
-        )
+        return tuple(template_from_dict(t) for t in json.loads(text))
     except (ValueError, TypeError, KeyError):
         return ()
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from ledger.role_claims import ClaimMapping
 from tally.config import TallyConfig
 from tally.config_fields import secret_from_env
-from tally.portal_config import API_URL_ENV, TEMPLATES_ENV, templates_json
+from tally.portal_config import API_URL_ENV, TEMPLATES_DIR_ENV, TEMPLATES_ENV, templates_json
 
 LOGIN_ENV = "TALLY_OIDC_LOGIN"  # the claim mapping, as JSON (`ClaimMapping.to_json`)
 
@@ -84,11 +84,13 @@ def login_env(config: TallyConfig) -> dict[str, str]:
 
 def portal_env(config: TallyConfig) -> dict[str, str]:
     """The portal's environment (only with a dashboard login: it acts as the signed-in person):
-    the scheduler API's URL and the saved job templates."""
+    the scheduler API's URL, the configuration's job templates and the folder of the personal
+    ones (`templates/` beside the secrets file)."""
     if not login_configured(config):
         return {}
     s = config.scheduler
     return {
         API_URL_ENV: f"http://{s.host}:{s.port}",
         TEMPLATES_ENV: templates_json(config.dashboard.job_templates),
+        TEMPLATES_DIR_ENV: str(secrets_path(config).parent.resolve() / "templates"),
     }

@@ -1,7 +1,8 @@
 """The self-service portal's saved job templates (`dashboard.job_templates`): what the "My
 jobs" page of the dashboard offers to fill its submit form from. Handed to the dashboard as
 JSON in `$TALLY_JOB_TEMPLATES` (`portal_env`); the dashboard reads them with
-`dashboard.portal_view.templates_from_json`.
+`dashboard.portal_view.templates_from_json`. Personal templates, which each person saves in
+the dashboard, are kept under `$TALLY_PORTAL_TEMPLATES_DIR` (`dashboard.template_store`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from tally.config_fields import Name, Strict
 
 TEMPLATES_ENV = "TALLY_JOB_TEMPLATES"
 API_URL_ENV = "TALLY_API_URL"
+TEMPLATES_DIR_ENV = "TALLY_PORTAL_TEMPLATES_DIR"
 
 
 class JobTemplateConfig(Strict):

@@ -23,7 +23,7 @@ from tests.conftest import REPO
 from tests.unit.test_dashboard_seed import seed_ledger
 
 APP = str(REPO / "dashboard" / "app.py")
-ALL_PAGES = {"finance", "platform", "team", "capacity", "whatif", "audit"}
+ALL_PAGES = {"finance", "platform", "team", "capacity", "whatif", "audit", "requests"}
 
 
 @pytest.mark.parametrize(
@@ -34,9 +34,9 @@ ALL_PAGES = {"finance", "platform", "team", "capacity", "whatif", "audit"}
             (Role.ADMIN, ALL_PAGES),
             (Role.FINANCE, ALL_PAGES),
             (Role.VIEWER, ALL_PAGES),
-            (Role.OPERATOR, {"platform", "capacity"}),
-            (Role.TEAM_LEAD, {"team", "jobs"}),
-            (Role.MEMBER, {"team", "jobs"}),
+            (Role.OPERATOR, {"platform", "capacity", "requests"}),
+            (Role.TEAM_LEAD, {"team", "jobs", "requests"}),
+            (Role.MEMBER, {"team", "jobs", "requests"}),
         )
     ],
 )
@@ -107,7 +107,8 @@ def test_a_member_sees_only_their_teams_page(monkeypatch, seeded):
     assert "Team **vision**" in " ".join(m.value for m in app.markdown)
     assert any("Signed in as **ada** · member of vision" in c.value for c in app.caption)
     with pytest.raises(
-        ValueError, match=r"Known pages: \['.*/page_team.py', '.*/page_portal.py'\]"
+        ValueError,
+        match=r"Known pages: \['.*/page_team.py', '.*/page_portal.py', '.*/page_requests.py'\]",
     ):
         app.switch_page("page_finance.py")  # not registered for a member: no URL reaches it
 
