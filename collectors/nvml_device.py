@@ -347,7 +347,12 @@ class DeviceReader:
                 if ci < existing.mig.compute_instance_id:
                     existing.handle = handle
                     existing.mig = MigInstance(
-                        gi, ci, existing.mig.profile, existing.mig.slices, total
+                        gi,
+                        ci,
+                        existing.mig.profile,
+                        existing.mig.slices,
+                        total,
+                        uuid=self.mig_uuid(gpu, handle),
                     )
                 continue
             name = self.call(gpu, "MIG name", nvml.nvmlDeviceGetName, handle)
@@ -355,7 +360,8 @@ class DeviceReader:
             attrs = self.call(gpu, "MIG attributes", nvml.nvmlDeviceGetAttributes, handle)
             slices = int(attrs.gpuInstanceSliceCount) if attrs is not None else 0
             slices = slices or _slices_of(profile) or 1
-            mig = MigInstance(gi, ci, profile, min(slices, total), total)
+            uuid = self.mig_uuid(gpu, handle)
+            mig = MigInstance(gi, ci, profile, min(slices, total), total, uuid=uuid)
             memory_total = int(attrs.memorySizeMB) * MIB if attrs is not None else 0
             previous = gpu.slots.get(gi)
             if previous is not None and previous.mig == mig:
@@ -364,6 +370,14 @@ class DeviceReader:
             else:
                 found[gi] = MigSlot(handle, mig, memory_total)
         gpu.slots = dict(sorted(found.items()))
+
+    def mig_uuid(self, gpu: GpuState, handle: Any) -> str | None:
+        """The MIG device's own UUID (`nvmlDeviceGetUUID` on its handle: `MIG-<UUID>` since
+        R470, `MIG-GPU-<GPU UUID>/<gi>/<ci>` before — both what CUDA accepts); None when NVML
+        cannot say or answers something else."""
+        raw = self.call(gpu, "MIG UUID", self.nvml.nvmlDeviceGetUUID, handle)
+        text = None if raw is None else nvml_text(raw)
+        return text if text is not None and text.startswith("MIG-") and len(text) <= 256 else None
 
     def total_slices(self, gpu: GpuState) -> int:
         for profile in _FULL_PROFILES:

@@ -58,12 +58,13 @@ def mig_units(gpu: InventoryGpu) -> tuple[tuple[str, str, GpuTopology], ...]:
 
 
 def mig_devices(gpu: InventoryGpu) -> dict[str, str]:
-    """MIG instance name → what `CUDA_VISIBLE_DEVICES` names it by (empty outside MIG mode)."""
+    """MIG instance name → what `CUDA_VISIBLE_DEVICES` names it by: its own `MIG-…` UUID as
+    the collector reported it, else `MIG-<GPU UUID>/<gi>/<ci>` (empty outside MIG mode)."""
     if not gpu.mig_mode:
         return {}
     return {
         mig_key(gpu.uuid, m.gpu_instance_id): cuda_mig_device(
-            gpu.uuid, m.gpu_instance_id, m.compute_instance_id
+            gpu.uuid, m.gpu_instance_id, m.compute_instance_id, m.uuid
         )
         for m in gpu.mig
         if m.profile != UNCONFIGURED_PROFILE
