@@ -449,7 +449,7 @@ def evaluate(n: Nomination, ws: Workspace, policy: Policy) -> Fit | Blocked:
             if spec.topology is not None and place(free, spec.gpus, spec.span_nodes) is not None:
                 detail = unmet_detail(free, spec.gpus, spec.topology, where, flavor)
                 blocked = (WaitReason.TOPOLOGY, detail)
-        if blocked[0] in _PREEMPTION_HELPS and budget.fits and not sharing:
+        if blocked[0] in _PREEMPTION_HELPS and budget.fits:
             options.append((flavor, quota))
         tried.append((flavor, blocked[0]))
         first = first or blocked

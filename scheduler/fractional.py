@@ -148,6 +148,36 @@ def place_share(
     return (GpuRef(share_key(gpu, spec.job_id), node),)
 
 
+def freed_by(
+    victims: Iterable[RunningJob], loads: Mapping[str, tuple[str, int]]
+) -> tuple[dict[str, list[str]], dict[str, tuple[str, int]]]:
+    """What stopping `victims` frees: the whole GPUs per node (a whole-GPU job's GPUs; a GPU
+    whose every share stops), and the share loads left on the GPUs still running shares
+    (`loads`: GPU → (node, per-mille held) before). Stopping a share frees only that share."""
+    freed: dict[str, list[str]] = {}
+    left = dict(loads)
+    for job in victims:
+        share = job.spec.gpu_share
+        for ref in job.gpus:
+            gpu = share_parent(ref.uuid)
+            if share is None or gpu is None:
+                freed.setdefault(ref.node, []).append(ref.uuid)
+                continue
+            node, held = left.get(gpu, (ref.node, share))
+            if held - share > 0:
+                left[gpu] = (node, held - share)
+            elif gpu in left:
+                del left[gpu]
+                freed.setdefault(node, []).append(gpu)
+    return freed, left
+
+
+def share_fits(share: int, loads: Mapping[str, tuple[str, int]], free_total: int) -> bool:
+    """Whether a share of `share` per-mille has room: a GPU running shares with that much left,
+    or a free GPU."""
+    return free_total > 0 or any(held + share <= SHARE_UNITS for _, held in loads.values())
+
+
 def share_of(spec: JobSpec) -> str:
     """A share job's share as a person writes it (`0.25 of a GPU`)."""
     return f"{share_text(spec.gpu_share or 0)} of a GPU"

@@ -11,6 +11,11 @@ job admitted from a non-preemptible queue):
 - a job of T itself with a lower priority than J;
 - with quotas not enforced, any job with a lower priority than J.
 
+GPU shares (`JobSpec.gpu_share`): a share job preempts and is preempted by the same rules;
+stopping a share frees only that share, so a GPU is freed for a whole-GPU job only when every
+share on it stops, and a share job fits once a GPU has room for its share
+(`scheduler.fractional.freed_by`, `share_fits`).
+
 Which of them: the FEWEST victims, then the lowest priority, then the most recently started
 (then the most recently submitted).
 `need` is a lower bound on the GPUs to free (the free-GPU shortfall, the quota deficit, the
@@ -30,6 +35,7 @@ from typing import NamedTuple
 
 from ledger.job_events import PreemptReason
 from scheduler.admission import Workspace
+from scheduler.fractional import freed_by, share_fits
 from scheduler.model import Flavor, Policy, RunningJob
 from scheduler.ordering import Nomination
 from scheduler.quota import QuotaCheck, QuotaOutcome, check_quota
@@ -146,18 +152,20 @@ def _fits_after(
     """Would `n` fit in `flavor` (capacity and quota) once `victims` are gone?"""
     spec = n.spec
     removed: Counter[str] = Counter()
-    freed_on: Counter[str] = Counter()
     for v in victims:
         if v.borrower:  # a borrower is a victim only while its team still borrows
             q = ws.snap.quotas.quota[(v.job.team, flavor)]
             if ws.used(v.job.team, flavor) - removed[v.job.team] <= q.nominal:
                 return False
         removed[v.job.team] += len(v.job.gpus)
-        for gpu in v.job.gpus:
-            freed_on[gpu.node] += 1
+    freed, loads = freed_by((v.job for v in victims), ws.share_loads(flavor))
+    freed_on = Counter({node: len(uuids) for node, uuids in freed.items()})
     free = ws.free_nodes(flavor)
     total = ws.free_total(flavor) + sum(freed_on.values())
-    if spec.span_nodes:
+    if spec.gpu_share is not None:
+        if not share_fits(spec.gpu_share, loads, total):
+            return False
+    elif spec.span_nodes:
         if total < spec.gpus:
             return False
     elif not any(
@@ -184,9 +192,9 @@ def _meets_topology(
 ) -> bool:
     """Whether the GPUs free once `victims` are gone offer the topology `n` requires."""
     after = {node: list(uuids) for node, uuids in ws.free_nodes(flavor).items()}
-    for v in victims:
-        for gpu in v.job.gpus:
-            after.setdefault(gpu.node, []).append(gpu.uuid)
+    freed, _ = freed_by((v.job for v in victims), ws.share_loads(flavor))
+    for node, uuids in freed.items():
+        after.setdefault(node, []).extend(uuids)
     free = {node: tuple(sorted(uuids)) for node, uuids in after.items()}
     spec = n.spec
     where = ws.snap.fleet.where
