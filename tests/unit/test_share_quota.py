@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from ledger.job_events import JobAdmitted, WaitReason
+from scheduler.explain import explain
 from scheduler.inventory import placeable_nodes
 from scheduler.model import Flavor, Policy, QueueClass, Quota, Team
 from scheduler.quota import UNITS, QuotaOutcome, check_quota, gpus_of, units_of
@@ -109,3 +110,12 @@ def test_units_of_a_job() -> None:
     assert units_of(a_spec(gpus=3)) == 3 * UNITS
     assert units_of(a_spec(queue="dev", gpu_share=125)) == 125
     assert [gpus_of(u) for u in (0, 1, 1_000, 1_001, 2_250)] == [0, 1, 1, 2, 3]
+
+
+def test_explain_says_a_share_and_why_it_waits_for_quota() -> None:
+    c = cluster(1)
+    for i in range(5):
+        c.submit(a_spec(f"q-{i}", queue="dev", gpu_share=250, submit_us=T0_US + i))
+        c.cycle()
+    text = explain("q-4", c.log)
+    assert "0.25 of a GPU" in text and "quota_exhausted" in text

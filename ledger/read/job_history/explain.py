@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from ledger.fractional import share_text
 from ledger.job_events import (
     FailReason,
     GpuAssigned,
@@ -272,7 +273,10 @@ def _headline(row: JobRow, as_of_us: int, teams: Mapping[str, str]) -> tuple[str
                 f"because {PREEMPT_PLAIN[last.reason]}."
             )
         return text, advice
-    place = f"{_gpus(len(row.gpu_uuids) or row.gpus)} of {row.model} in pool {row.pool}"
+    held = _gpus(len(row.gpu_uuids) or row.gpus)
+    if row.gpu_share is not None:
+        held = f"a {share_text(row.gpu_share)} share of one GPU"
+    place = f"{held} of {row.model} in pool {row.pool}"
     if row.state is JobState.STARTING:
         return f"{name} has been given {place} and is starting.", ""
     if row.state is JobState.RUNNING:
