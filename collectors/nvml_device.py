@@ -27,8 +27,10 @@ from typing import Any, Protocol
 
 import pynvml
 
+from ledger.errors import EventError
 from ledger.events import MAX_ENERGY_DELTA_MJ, MAX_SLICES, MAX_TEXT, MigInstance
 from ledger.excerpts import shown
+from ledger.mig_devices import mig_uuid
 
 NOT_AVAILABLE_U32 = 0xFFFFFFFF
 MIB = 1 << 20
@@ -376,8 +378,10 @@ class DeviceReader:
         R470, `MIG-GPU-<GPU UUID>/<gi>/<ci>` before — both what CUDA accepts); None when NVML
         cannot say or answers something else."""
         raw = self.call(gpu, "MIG UUID", self.nvml.nvmlDeviceGetUUID, handle)
-        text = None if raw is None else nvml_text(raw)
-        return text if text is not None and text.startswith("MIG-") and len(text) <= 256 else None
+        try:
+            return None if raw is None else mig_uuid(nvml_text(raw))
+        except EventError:
+            return None
 
     def total_slices(self, gpu: GpuState) -> int:
         for profile in _FULL_PROFILES:

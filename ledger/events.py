@@ -7,8 +7,7 @@ never raises for bad input: each undecodable message or element becomes a `DeadL
 
 Schemas of `tally.gpu.sample` data:
 - v1 (current): the fields of `GpuSample` as `sample_to_dict` writes them; `mig.first_slice`
-  and `mig.uuid` were added to v1 and are written only when set (a sample without them is what
-  it always was);
+  and `mig.uuid` were added to v1 and are written only when set (as a sample always was);
 - v0: the first collectors named the GPU `gpu` (not `gpu_uuid`) and reported power in whole
   watts as `power_w` (not milliwatts as `power_mw`); `sample_v0_to_v1` upcasts it. A v0
   envelope's id was derived as today (source, subject, time), so it is unchanged.
@@ -46,6 +45,7 @@ from ledger.envelope import (
 from ledger.errors import EventError
 from ledger.excerpts import shown
 from ledger.fast_build import builder
+from ledger.mig_devices import mig_uuid
 
 __all__ = [
     "CURRENT_SCHEMA",
@@ -76,7 +76,6 @@ __all__ = [
     "envelope_from_dict",
     "envelope_to_dict",
     "event_id",
-    "mig_uuid",
     "sample_from_dict",
     "sample_to_dict",
     "sample_v0_to_v1",
@@ -133,10 +132,8 @@ class MigInstance:
     `first_slice`: where its slices begin in the collector's accounting layout of the GPU (its
     instances in GPU-instance-id order, then the uncarved rest: `ledger.fractional.lay_out`);
     None when the collector gave none. With it, the GPU time of the instances of one sampling
-    pass sums exactly to the whole GPU's (`ledger.attribution.physical_gpu_ms`). `uuid`: what
-    the driver names the MIG device by (`nvmlDeviceGetUUID` on its handle: `MIG-<UUID>` since
-    R470, `MIG-GPU-<GPU UUID>/<gi>/<ci>` before), what `CUDA_VISIBLE_DEVICES` names it by
-    (`ledger.fractional.cuda_mig_device`); None when the collector could not read it.
+    pass sums exactly to the whole GPU's (`ledger.attribution.physical_gpu_ms`). `uuid`: the
+    MIG device's own name, `ledger.mig_devices` (None: the collector could not read it).
     """
 
     gpu_instance_id: int
@@ -145,7 +142,7 @@ class MigInstance:
     slices: int
     total_slices: int = 7
     first_slice: int | None = None
-    uuid: str | None = None  # the MIG device's own UUID (`MIG-…`, NVML R470+), when reported
+    uuid: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,19 +373,6 @@ def _mig(data: Any) -> MigInstance | None:
         first_slice=_opt_int(data, "first_slice", 0, total - slices),
         uuid=mig_uuid(data.get("uuid")),
     )
-
-
-MIG_UUID_PREFIX = "MIG-"
-
-
-def mig_uuid(value: Any) -> str | None:
-    """A MIG device's UUID as an event carries it (absent: None); raises EventError unless it
-    is a `MIG-…` string of at most 256 characters."""
-    if value is None:
-        return None
-    if type(value) is not str or not value.startswith(MIG_UUID_PREFIX) or len(value) > 256:
-        raise EventError("mig.uuid: expected a MIG device UUID (MIG-…)")
-    return value
 
 
 def _process(data: Any) -> ProcessUsage:

@@ -28,7 +28,8 @@ import orjson
 
 from ledger.envelope import REGISTRY, DeadLetter, Envelope, Family, decode, event_id, family_to_dict
 from ledger.errors import EventError
-from ledger.events import MAX_TIME_US, MigInstance, SampleSource, mig_uuid
+from ledger.events import MAX_TIME_US, MigInstance, SampleSource
+from ledger.mig_devices import mig_uuid
 from ledger.topology import NO_TOPOLOGY, GpuTopology, topology_of, topology_to_dict
 
 MAX_TEXT = 256

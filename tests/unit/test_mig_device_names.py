@@ -13,9 +13,10 @@ import pytest
 from collectors.fake_nvml import FakeNvml, fake_mig_uuid, gpu_uuid, mig_gpu
 from collectors.inventory import reports_from_samples
 from ledger.errors import EventError
-from ledger.events import MigInstance, decode_message, encode_batch, envelope_for, mig_uuid
+from ledger.events import MigInstance, decode_message, encode_batch, envelope_for
 from ledger.inventory.events import decode_report_message, encode_report
 from ledger.inventory.state import encode_record, fold_reports
+from ledger.mig_devices import mig_uuid
 from scheduler.executors.launch import visible_devices
 from scheduler.inventory import FleetInventory
 from scheduler.model import Flavor, GpuRef, RunningJob
