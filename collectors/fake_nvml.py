@@ -3,7 +3,10 @@
 This module owns the fake side of the NVML port. `FakeNvml` answers every function in
 `collectors.nvml.NvmlPort` the way nvidia-ml-py 13.x does:
 
-- names and UUIDs are `str` (the binding's `convertStrBytes` decodes them);
+- names and UUIDs are `str` (the binding's `convertStrBytes` decodes them); a MIG device
+  handle's UUID is the device's own, `MIG-<UUID>` as drivers since R470 give it (`FakeMig.uuid`,
+  else one derived from the GPU's UUID and the instance ids: `fake_mig_uuid`), or — on a GPU
+  with `legacy_mig_uuids`, as R450/R460 drivers did — `MIG-GPU-<GPU UUID>/<gi>/<ci>`;
 - memory, utilisation, process-utilisation samples, device attributes and GPU-instance profile
   info are the binding's own ctypes structures; running processes are `nvmlFriendlyObject`s
   with `pid`, `usedGpuMemory` (None when the driver cannot say), `gpuInstanceId`,
@@ -26,6 +29,7 @@ timestamps passed to `nvmlDeviceGetProcessUtilization` are kept in `process_util
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -148,6 +152,7 @@ class FakeGpu:
     nvlinks: list[str | None] | None = None  # per link, the far end's bus id (None: inactive)
     numa_node: int | None = None  # what nvmlDeviceGetNumaNodeId says (None: NotSupported)
     cpu_socket: int = 0  # the socket its PCI tree hangs off (nvmlDeviceGetTopologyCommonAncestor)
+    legacy_mig_uuids: bool = False  # MIG devices named as before R470: MIG-<GPU UUID>/<gi>/<ci>
 
 
 def _raise(code: int) -> None:
@@ -215,9 +220,9 @@ class FakeNvml(TopologyCalls):
             self._owed_s = 0.0
 
     def _name_migs(self, gpu: FakeGpu) -> None:
-        for index, mig in gpu.migs.items():
+        for mig in gpu.migs.values():
             if not mig.uuid:
-                mig.uuid = f"MIG-{gpu.uuid[4:12]}-{index:04d}-{mig.gi:04d}-{mig.ci:04d}"
+                mig.uuid = fake_mig_uuid(gpu.uuid, mig.gi, mig.ci)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -279,7 +284,12 @@ class FakeNvml(TopologyCalls):
 
     def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str:
         gpu = self._gpu("nvmlDeviceGetUUID", handle)
-        return gpu.uuid if handle.mig is None else self._mig(gpu, handle).uuid
+        if handle.mig is None:
+            return gpu.uuid
+        mig = self._mig(gpu, handle)
+        if gpu.legacy_mig_uuids:
+            return f"MIG-{gpu.uuid}/{mig.gi}/{mig.ci}"
+        return mig.uuid or fake_mig_uuid(gpu.uuid, mig.gi, mig.ci)
 
     def nvmlDeviceGetName(self, handle: FakeHandle) -> str:
         gpu = self._gpu("nvmlDeviceGetName", handle)
@@ -482,6 +492,13 @@ class FakeNvml(TopologyCalls):
 
 
 # ---------------------------------------------------------------------------- scenarios
+
+
+def fake_mig_uuid(gpu_uuid: str, gi: int, ci: int) -> str:
+    """A MIG device's own UUID as R470+ drivers form it (`MIG-` and a UUID of its own, not the
+    GPU's), derived deterministically from the GPU's UUID and the instance ids."""
+    digest = hashlib.sha256(f"{gpu_uuid}/{gi}/{ci}".encode()).hexdigest()
+    return f"MIG-{digest[:8]}-{digest[8:12]}-5{digest[13:16]}-8{digest[17:20]}-{digest[20:32]}"
 
 
 def gpu_uuid(index: int, node: int = 0) -> str:

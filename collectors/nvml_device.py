@@ -27,8 +27,10 @@ from typing import Any, Protocol
 
 import pynvml
 
+from ledger.errors import EventError
 from ledger.events import MAX_ENERGY_DELTA_MJ, MAX_SLICES, MAX_TEXT, MigInstance
 from ledger.excerpts import shown
+from ledger.mig_devices import mig_uuid
 
 NOT_AVAILABLE_U32 = 0xFFFFFFFF
 MIB = 1 << 20
@@ -347,7 +349,12 @@ class DeviceReader:
                 if ci < existing.mig.compute_instance_id:
                     existing.handle = handle
                     existing.mig = MigInstance(
-                        gi, ci, existing.mig.profile, existing.mig.slices, total
+                        gi,
+                        ci,
+                        existing.mig.profile,
+                        existing.mig.slices,
+                        total,
+                        uuid=self.mig_uuid(gpu, handle),
                     )
                 continue
             name = self.call(gpu, "MIG name", nvml.nvmlDeviceGetName, handle)
@@ -355,7 +362,8 @@ class DeviceReader:
             attrs = self.call(gpu, "MIG attributes", nvml.nvmlDeviceGetAttributes, handle)
             slices = int(attrs.gpuInstanceSliceCount) if attrs is not None else 0
             slices = slices or _slices_of(profile) or 1
-            mig = MigInstance(gi, ci, profile, min(slices, total), total)
+            uuid = self.mig_uuid(gpu, handle)
+            mig = MigInstance(gi, ci, profile, min(slices, total), total, uuid=uuid)
             memory_total = int(attrs.memorySizeMB) * MIB if attrs is not None else 0
             previous = gpu.slots.get(gi)
             if previous is not None and previous.mig == mig:
@@ -364,6 +372,16 @@ class DeviceReader:
             else:
                 found[gi] = MigSlot(handle, mig, memory_total)
         gpu.slots = dict(sorted(found.items()))
+
+    def mig_uuid(self, gpu: GpuState, handle: Any) -> str | None:
+        """The MIG device's own UUID (`nvmlDeviceGetUUID` on its handle: `MIG-<UUID>` since
+        R470, `MIG-GPU-<GPU UUID>/<gi>/<ci>` before — both what CUDA accepts); None when NVML
+        cannot say or answers something else."""
+        raw = self.call(gpu, "MIG UUID", self.nvml.nvmlDeviceGetUUID, handle)
+        try:
+            return None if raw is None else mig_uuid(nvml_text(raw))
+        except EventError:
+            return None
 
     def total_slices(self, gpu: GpuState) -> int:
         for profile in _FULL_PROFILES:

@@ -6,6 +6,13 @@ simulated workload), else the owners of its processes, else the scheduler's assi
 over the interval (split by how long each job held it, so an owner change mid-interval is
 exact), else nobody (unallocated capacity).
 
+GPU shares (`ledger.fractional`, time-sliced): when the scheduler's timeline says jobs held
+shares of the sample's GPU over the interval (and the sample itself names no team), each share
+job is charged what it held — its per-mille × the time it held it — whatever its processes
+used, and the unheld rest goes where an unheld GPU's time goes (unallocated capacity; a whole
+holder's time to it). The parts are split by `cumulative_parts`, the rule MIG slices split a
+GPU's time by, so they sum exactly to the sample's physical GPU time.
+
 When several owners' processes share a GPU without MIG, the time is split by per-process SM
 utilisation; if no process reports any, by used memory; if that is zero too, equally. Processes
 with no known owner count towards the unallocated share. Every split uses largest-remainder
@@ -28,7 +35,7 @@ from ledger.events import GpuSample, MigInstance, Owner, SampleEnvelope
 from ledger.periods import period_label
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.pricing import PriceBook, cost_of, energy_cost
-from ledger.units import US_PER_MS, Unit, divide_round_half_even
+from ledger.units import SHARE_UNITS, US_PER_MS, Unit, divide_round_half_even
 
 
 def largest_remainder(total: int, weights: Sequence[int]) -> list[int]:
@@ -48,6 +55,42 @@ def largest_remainder(total: int, weights: Sequence[int]) -> list[int]:
     for i in order[:short]:
         parts[i] += 1
     return parts
+
+
+def cumulative_parts(total: int, weights: Sequence[int]) -> list[int]:
+    """Split `total` into integer parts proportional to `weights` (summing to more than 0) as
+    MIG slices split a GPU's time (`physical_gpu_ms`): each part is the total up to its end
+    less the total up to its start, each rounded half-even, so the parts sum exactly to
+    `total` and each is within 1 of its exact share."""
+    whole = sum(weights)
+    parts: list[int] = []
+    before = reached = 0
+    for weight in weights:
+        reached += weight
+        end = divide_round_half_even(total * reached, whole)
+        parts.append(end - before)
+        before = end
+    return parts
+
+
+def share_holders(
+    held: Sequence[OwnedPiece], start_us: int, end_us: int
+) -> list[tuple[Owner | None, int]] | None:
+    """Who held the GPU over `[start_us, end_us)` when shares of it were held (None when no
+    share was): each share holder weighted by per-mille × µs held, a whole holder by
+    `SHARE_UNITS` × µs, and the unheld rest (None) last; one entry per holder, in order."""
+    if not any(p.share is not None for p in held):
+        return None
+    weights: dict[Owner | None, int] = {}
+    for piece in held:
+        if piece.owner is None:
+            continue
+        units = SHARE_UNITS if piece.share is None else piece.share
+        weights[piece.owner] = weights.get(piece.owner, 0) + units * (piece.end_us - piece.start_us)
+    rest = SHARE_UNITS * (end_us - start_us) - sum(weights.values())
+    if rest > 0:
+        weights[None] = rest
+    return list(weights.items())
 
 
 UNCONFIGURED_GPU_INSTANCE = 0xFFFF
@@ -170,7 +213,8 @@ def attribute_usage(
     in which its interval starts. Raises PricingError for an unpriced model.
 
     `held` is who the scheduler says held the GPU over the sample's interval; it decides the
-    owners only when the sample names none, splitting the time by how long each held it.
+    owners only when the sample names none, splitting the time by how long each held it — or
+    when it holds shares of the GPU and the sample names no team (`share_holders`).
     """
     sample = envelope.data
     total_ms = physical_gpu_ms(sample)
@@ -180,15 +224,24 @@ def attribute_usage(
         rate = prices.energy_rate_at(sample.pool, sample.start_us)
         if rate is not None:
             total_cost += energy_cost(energy, rate)
-    shares = owner_shares(sample)
-    first_owner = _charged(shares[0][0])
-    if held and all(_charged(owner) is None for owner, _ in shares):
-        by_holder: dict[Owner | None, int] = {}
-        for piece in held:
-            by_holder[piece.owner] = by_holder.get(piece.owner, 0) + piece.end_us - piece.start_us
-        shares = sorted(by_holder.items(), key=lambda item: item[0] is None)
-    weights = [w for _, w in shares]
-    ms_parts = largest_remainder(total_ms, weights) if len(shares) > 1 else [total_ms]
+    held_shares = None
+    if held and sample.mig is None and _charged(sample.owner) is None:
+        held_shares = share_holders(held, sample.start_us, sample.sample_time_us)
+    if held_shares is not None:
+        shares = held_shares
+        ms_parts = cumulative_parts(total_ms, [w for _, w in shares])
+        first_owner = main_holder(held)
+    else:
+        shares = owner_shares(sample)
+        first_owner = _charged(shares[0][0])
+        if held and all(_charged(owner) is None for owner, _ in shares):
+            by_holder: dict[Owner | None, int] = {}
+            for piece in held:
+                span = piece.end_us - piece.start_us
+                by_holder[piece.owner] = by_holder.get(piece.owner, 0) + span
+            shares = sorted(by_holder.items(), key=lambda item: item[0] is None)
+        weights = [w for _, w in shares]
+        ms_parts = largest_remainder(total_ms, weights) if len(shares) > 1 else [total_ms]
     cost_parts = largest_remainder(total_cost, ms_parts) if len(shares) > 1 else [total_cost]
     energy_parts = largest_remainder(energy, ms_parts) if len(shares) > 1 else [energy]
     postings: list[Posting] = []

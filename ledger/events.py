@@ -7,7 +7,7 @@ never raises for bad input: each undecodable message or element becomes a `DeadL
 
 Schemas of `tally.gpu.sample` data:
 - v1 (current): the fields of `GpuSample` as `sample_to_dict` writes them; `mig.first_slice`
-  was added to v1 and is written only when set (a sample without it is what it always was);
+  and `mig.uuid` were added to v1 and are written only when set (as a sample always was);
 - v0: the first collectors named the GPU `gpu` (not `gpu_uuid`) and reported power in whole
   watts as `power_w` (not milliwatts as `power_mw`); `sample_v0_to_v1` upcasts it. A v0
   envelope's id was derived as today (source, subject, time), so it is unchanged.
@@ -45,6 +45,7 @@ from ledger.envelope import (
 from ledger.errors import EventError
 from ledger.excerpts import shown
 from ledger.fast_build import builder
+from ledger.mig_devices import mig_uuid
 
 __all__ = [
     "CURRENT_SCHEMA",
@@ -131,7 +132,8 @@ class MigInstance:
     `first_slice`: where its slices begin in the collector's accounting layout of the GPU (its
     instances in GPU-instance-id order, then the uncarved rest: `ledger.fractional.lay_out`);
     None when the collector gave none. With it, the GPU time of the instances of one sampling
-    pass sums exactly to the whole GPU's (`ledger.attribution.physical_gpu_ms`).
+    pass sums exactly to the whole GPU's (`ledger.attribution.physical_gpu_ms`). `uuid`: the
+    MIG device's own name, `ledger.mig_devices` (None: the collector could not read it).
     """
 
     gpu_instance_id: int
@@ -140,6 +142,7 @@ class MigInstance:
     slices: int
     total_slices: int = 7
     first_slice: int | None = None
+    uuid: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +262,7 @@ def sample_to_dict(sample: GpuSample) -> dict[str, Any]:
             "slices": mig.slices,
             "total_slices": mig.total_slices,
             **({} if mig.first_slice is None else {"first_slice": mig.first_slice}),
+            **({} if mig.uuid is None else {"uuid": mig.uuid}),
         },
         "processes": [
             {
@@ -367,6 +371,7 @@ def _mig(data: Any) -> MigInstance | None:
         slices=slices,
         total_slices=total,
         first_slice=_opt_int(data, "first_slice", 0, total - slices),
+        uuid=mig_uuid(data.get("uuid")),
     )
 
 

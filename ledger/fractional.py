@@ -35,8 +35,9 @@ from decimal import Decimal, InvalidOperation
 from ledger.attribution import unconfigured_slices
 from ledger.errors import EventError
 from ledger.events import MigInstance
+from ledger.units import SHARE_UNITS as _SHARE_UNITS
 
-SHARE_UNITS = 1000  # per-mille: a share of 250 is a quarter of a GPU
+SHARE_UNITS = _SHARE_UNITS  # per-mille: 250 is a quarter of a GPU (`ledger.units`)
 SPEC_ADDED = ("models", "topology", "mig_profile", "gpu_share")  # `JobSpec`: written when set
 MAX_MIG_INSTANCES = 64  # per job
 MIG_SEP = "/"

@@ -21,8 +21,8 @@ Schemas of job and GPU-assignment event data (every `JobEventType`):
   `client` (the caller's address) say who made an API submission or cancel, for the audit
   trail. Likewise `JobSpec.models` (a job that accepts several GPU models),
   `JobSpec.topology` (what a gang requires of where its GPUs sit), `JobSpec.mig_profile` and
-  `JobSpec.gpu_share` (fractional requests, `ledger.fractional`) and `JobStarted.slurm_job_id`
-  are written only when set, and
+  `JobSpec.gpu_share` (fractional requests, `ledger.fractional`), `JobStarted.slurm_job_id`
+  and `GpuAssigned.share` (a GPU share's per-mille) are written only when set, and
   `JobAdmitted.placement` (why that model was chosen) only when not empty;
 - v0: the first scheduler stamped events in milliseconds, `time_ms`, where v1 has `time_us`
   (other times were already in µs); `job_v0_to_v1` upcasts it. The envelope's `time` was in
@@ -312,7 +312,9 @@ class JobFailed:
 
 @dataclass(frozen=True, slots=True)
 class GpuAssigned:
-    """From `time_us` on, GPU `gpu_uuid` is held by `job_id` (keyed by GPU UUID)."""
+    """From `time_us` on, GPU `gpu_uuid` is held by `job_id` (keyed by GPU UUID). A GPU share
+    (`gpu_uuid` = `<GPU UUID>/share/<job id>`) says its per-mille of the GPU in `share`, which
+    the ledger charges the job (`ledger.attribution`); None: the whole GPU or MIG instance."""
 
     KIND: ClassVar[JobEventType] = JobEventType.GPU_ASSIGNED
     gpu_uuid: str
@@ -324,6 +326,7 @@ class GpuAssigned:
     project: str
     user: str
     time_us: int
+    share: int | None = field(default=None, metadata={"min": 1, "max": SHARE_UNITS - 1})
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,20 +437,21 @@ _ADDED: Mapping[type[Any], frozenset[str]] = {
     JobSubmitted: frozenset({"idempotency_key", "requested_by", "request_digest", "client"}),
     JobFailed: frozenset({"idempotency_key", "requested_by", "client"}),
     JobStarted: frozenset({"slurm_job_id"}),
+    GpuAssigned: frozenset({"share"}),
 }  # optional fields added to v1: written only when set
 
 
 def _as_data(event: JobEvent) -> Any:
     """The event itself: orjson writes a dataclass as its fields in order, tuples as arrays. A
-    `JobSubmitted`, `JobFailed` or `JobStarted` is written without its unset added fields, a
-    `JobSpec` without `models` and a `JobAdmitted` with no `placement` without those, as before
-    they existed."""
+    `JobSubmitted`, `JobFailed`, `JobStarted` or `GpuAssigned` is written without its unset
+    added fields, a `JobSpec` without `models` and a `JobAdmitted` with no `placement` without
+    those, as before they existed."""
     if isinstance(event, JobSubmitted):
         data = _unset_added_left_out(event, _without(event, "spec"))
         return {"spec": _spec_data(event.spec), **data}
     if isinstance(event, JobAdmitted) and not event.placement:
         return _without(event, "placement")
-    if isinstance(event, JobFailed | JobStarted):
+    if isinstance(event, JobFailed | JobStarted | GpuAssigned):
         return _unset_added_left_out(event, _without(event))
     return event
 

@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from ledger.accounts import AccountKind, consumer_account, unallocated_account
 from ledger.assignments import OwnedPiece
-from ledger.attribution import largest_remainder
+from ledger.attribution import cumulative_parts, largest_remainder, share_holders
 from ledger.envelope import event_id
 from ledger.events import GpuSample, Owner, SampleEnvelope
 from ledger.job_events import GpuAssigned, JobEnvelope, JobStarted, JobSubmitted
@@ -178,12 +178,18 @@ def reassigned(
     held = [p for p in original.postings if not p.account.startswith(_CAPACITY)]
     if not held or not all(_suspense(p) for p in held):
         return None
-    by_holder: dict[Owner | None, int] = {}
-    for piece in pieces:
-        by_holder[piece.owner] = by_holder.get(piece.owner, 0) + piece.end_us - piece.start_us
-    shares = sorted(by_holder.items(), key=lambda item: item[0] is None)
     totals = {p.unit: -p.amount for p in capacity}
-    ms_parts = largest_remainder(totals.get(Unit.GPU_MS, 0), [w for _, w in shares])
+    held_shares = share_holders(pieces, original.start_us, original.end_us)
+    if held_shares is not None:  # shares of the GPU: each charged what it held
+        shares = held_shares
+        ms_parts = cumulative_parts(totals.get(Unit.GPU_MS, 0), [w for _, w in shares])
+    else:
+        by_holder: dict[Owner | None, int] = {}
+        for piece in pieces:
+            span = piece.end_us - piece.start_us
+            by_holder[piece.owner] = by_holder.get(piece.owner, 0) + span
+        shares = sorted(by_holder.items(), key=lambda item: item[0] is None)
+        ms_parts = largest_remainder(totals.get(Unit.GPU_MS, 0), [w for _, w in shares])
     parts = {Unit.GPU_MS: ms_parts}
     for unit in (Unit.MONEY, Unit.ENERGY_MJ):
         if unit in totals:

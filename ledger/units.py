@@ -18,6 +18,7 @@ US_PER_MS = 1_000
 US_PER_SECOND = 1_000_000
 MS_PER_HOUR = 3_600_000
 US_PER_HOUR = 3_600_000_000
+SHARE_UNITS = 1000  # per-mille of one GPU: a GPU share of 250 is a quarter of it
 
 
 class Unit(StrEnum):

@@ -53,13 +53,16 @@ from scheduler.model_choice import (
 from scheduler.ordering import Nomination
 from scheduler.placement import place
 from scheduler.quota import (
+    UNITS,
     QuotaCheck,
     QuotaOutcome,
     UsageOf,
     check_quota,
     cohort_totals,
+    gpus_of,
     over,
     spare,
+    units_of,
 )
 from scheduler.running_index import Ranked, victim_key
 from scheduler.snapshot import ClusterSnapshot
@@ -119,16 +122,16 @@ class Workspace:
             )
         return found[0], found[1]
 
-    def _set_used(self, team: str, flavor: Flavor, gpus: int) -> None:
+    def _set_used(self, team: str, flavor: Flavor, units: int) -> None:
         before = self.used(team, flavor)
-        self._usage[(team, flavor)] = gpus
+        self._usage[(team, flavor)] = units
         book = self.snap.quotas
         cohort = book.cohort_of(team)
         totals = None if cohort is None else self._cohorts.get((cohort, flavor))
         q = book.quota.get((team, flavor))
         if totals is not None and q is not None:
-            totals[0] += over(q, gpus) - over(q, before)
-            totals[1] += spare(q, gpus) - spare(q, before)
+            totals[0] += over(q, units) - over(q, before)
+            totals[1] += spare(q, units) - spare(q, before)
 
     def usage_in(self, flavor: Flavor) -> UsageOf:
         """`used` for one flavor, as the quota checks take it."""
@@ -172,7 +175,8 @@ class Workspace:
             else:
                 del free[node]
         self._totals[flavor] = self.free_total(flavor) - len(whole)
-        self._set_used(team, flavor, self.used(team, flavor) + len(gpus))
+        units = share if share is not None else len(gpus) * UNITS
+        self._set_used(team, flavor, self.used(team, flavor) + units)
         if hold != NO_HOLD:
             self._holds[team] = self.holds(team) + hold
 
@@ -185,7 +189,8 @@ class Workspace:
         for gpu in whole:
             free[gpu.node] = (*free.get(gpu.node, ()), gpu.uuid)
         self._totals[job.flavor] = self.free_total(job.flavor) + len(whole)
-        self._set_used(job.team, job.flavor, self.used(job.team, job.flavor) - len(job.gpus))
+        units = units_of(job.spec)
+        self._set_used(job.team, job.flavor, self.used(job.team, job.flavor) - units)
         self.removed.add(job.job_id)
 
     def share_loads(self, flavor: Flavor) -> dict[str, tuple[str, int]]:
@@ -288,7 +293,9 @@ def nominate(
             f
             for f in candidates
             if not _never_fits(snap, f, spec)
-            and (not policy.enforce_quota or book.ceiling(spec.team, f, may_borrow) >= spec.gpus)
+            and (
+                not policy.enforce_quota or book.ceiling(spec.team, f, may_borrow) >= units_of(spec)
+            )
         )
         if not flavors:
             verdicts.append(
@@ -305,7 +312,7 @@ def nominate(
         borrows = False
         if policy.enforce_quota:
             q = book.quota[(spec.team, flavors[0])]
-            borrows = snap.used(spec.team, flavors[0]) + spec.gpus > q.nominal
+            borrows = snap.used(spec.team, flavors[0]) + units_of(spec) > q.nominal * UNITS
         nominations.append(Nomination(job, queue, priority, flavors, borrows, dropped))
     return nominations, verdicts
 
@@ -406,7 +413,7 @@ def evaluate(n: Nomination, ws: Workspace, policy: Policy) -> Fit | Blocked:
         if policy.enforce_quota:
             totals = None if cohort is None else ws.cohort_totals(cohort, flavor)
             quota = check_quota(
-                snap.quotas, team, flavor, spec.gpus, ws.usage_in(flavor), may_borrow, totals
+                snap.quotas, team, flavor, units_of(spec), ws.usage_in(flavor), may_borrow, totals
             )
             if not quota.fits:
                 reason, text = _QUOTA_REASON[quota.outcome]
@@ -442,14 +449,14 @@ def evaluate(n: Nomination, ws: Workspace, policy: Policy) -> Fit | Blocked:
                 note = placement_note(
                     flavor, n.flavors, tried, snap.prices, snap.now_us, n.dropped, n.queue
                 )
-                return Fit(flavor, gpus, quota.borrowed, hold, over_budget, note)
+                return Fit(flavor, gpus, gpus_of(quota.borrowed), hold, over_budget, note)
             blocked = (WaitReason.NO_CAPACITY, f"no placement for {spec.gpus} GPU(s) of {flavor}")
             if sharing:
                 blocked = (WaitReason.NO_CAPACITY, f"no GPU of {flavor} has {share_of(spec)} free")
             if spec.topology is not None and place(free, spec.gpus, spec.span_nodes) is not None:
                 detail = unmet_detail(free, spec.gpus, spec.topology, where, flavor)
                 blocked = (WaitReason.TOPOLOGY, detail)
-        if blocked[0] in _PREEMPTION_HELPS and budget.fits and not sharing:
+        if blocked[0] in _PREEMPTION_HELPS and budget.fits:
             options.append((flavor, quota))
         tried.append((flavor, blocked[0]))
         first = first or blocked

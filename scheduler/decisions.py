@@ -62,6 +62,7 @@ def admission_events(
             project=spec.project,
             user=spec.user,
             time_us=now_us,
+            share=spec.gpu_share,  # a share's per-mille, which the ledger charges
         )
         for g in gpus
     )

@@ -68,7 +68,7 @@ from scheduler.lifecycle import cancel, fail, overdue, runtime_limit
 from scheduler.metering import first_metering
 from scheduler.model import NO_HOLD, Balance, PendingJob, Policy, RunningJob
 from scheduler.ports import Clock, Executor, JobStatus, RebuildsFromTopic, StopReason, Work
-from scheduler.reclaim import IdleAlert, IdleGpu, idle_decisions
+from scheduler.reclaim import IdleAlert, IdleGpu, idle_decisions, reported_idle
 from scheduler.records import JobRecord, JobState, PriorityBounds, SubmitRequest, advance
 from scheduler.state import SchedulerState
 from scheduler.submission import check_names, submitted
@@ -471,8 +471,7 @@ class Dispatcher:
             return []
         idle = []
         for gpu, (since, job) in self._idle.items():
-            holder = self.state.holder(gpu)
-            if holder is not None and (job is None or job == holder):
+            if reported_idle(job, self.state.holder(gpu)):
                 idle.append(IdleGpu(gpu, since))
         decisions = idle_decisions(idle, self.state.snapshot(now, 1))
         events: list[JobEvent] = []

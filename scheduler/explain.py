@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
+from ledger.fractional import share_text
 from ledger.job_events import (
     FailReason,
     GpuAssigned,
@@ -20,6 +21,7 @@ from ledger.job_events import (
     JobFinished,
     JobPreempted,
     JobReclaimed,
+    JobSpec,
     JobStarted,
     JobSubmitted,
     JobWaiting,
@@ -104,7 +106,7 @@ def explain(job_id: str, events: Iterable[JobEvent]) -> str:
         model = "|".join(spec.accepted_models) or "any model"
         lines.append(
             f"job {job_id}: team {spec.team}, project {spec.project}, user {spec.user}, "
-            f"queue {spec.queue}, {spec.gpus} GPU(s) of {model}"
+            f"queue {spec.queue}, {_asked(spec)} of {model}"
             + ("" if spec.span_nodes else " on one node")
         )
     else:
@@ -113,6 +115,13 @@ def explain(job_id: str, events: Iterable[JobEvent]) -> str:
     lines.append("history:")
     lines.extend(f"  {text}" for text in map(_line, mine) if text is not None)
     return "\n".join(lines)
+
+
+def _asked(spec: JobSpec) -> str:
+    """What a job asks for: `2 GPU(s)`, or a share of one GPU (`0.25 of a GPU`)."""
+    if spec.gpu_share is not None:
+        return f"{share_text(spec.gpu_share)} of a GPU"
+    return f"{spec.gpus} GPU(s)"
 
 
 def _status(events: Sequence[JobEvent]) -> str:

@@ -58,12 +58,13 @@ def mig_units(gpu: InventoryGpu) -> tuple[tuple[str, str, GpuTopology], ...]:
 
 
 def mig_devices(gpu: InventoryGpu) -> dict[str, str]:
-    """MIG instance name → what `CUDA_VISIBLE_DEVICES` names it by (empty outside MIG mode)."""
+    """MIG instance name → what `CUDA_VISIBLE_DEVICES` names it by: its own `MIG-…` UUID as
+    the collector reported it, else `MIG-<GPU UUID>/<gi>/<ci>` (empty outside MIG mode)."""
     if not gpu.mig_mode:
         return {}
     return {
         mig_key(gpu.uuid, m.gpu_instance_id): cuda_mig_device(
-            gpu.uuid, m.gpu_instance_id, m.compute_instance_id
+            gpu.uuid, m.gpu_instance_id, m.compute_instance_id, m.uuid
         )
         for m in gpu.mig
         if m.profile != UNCONFIGURED_PROFILE
@@ -145,6 +146,36 @@ def place_share(
         return None
     node = loads[gpu][0] if gpu in loads else home[gpu]
     return (GpuRef(share_key(gpu, spec.job_id), node),)
+
+
+def freed_by(
+    victims: Iterable[RunningJob], loads: Mapping[str, tuple[str, int]]
+) -> tuple[dict[str, list[str]], dict[str, tuple[str, int]]]:
+    """What stopping `victims` frees: the whole GPUs per node (a whole-GPU job's GPUs; a GPU
+    whose every share stops), and the share loads left on the GPUs still running shares
+    (`loads`: GPU → (node, per-mille held) before). Stopping a share frees only that share."""
+    freed: dict[str, list[str]] = {}
+    left = dict(loads)
+    for job in victims:
+        share = job.spec.gpu_share
+        for ref in job.gpus:
+            gpu = share_parent(ref.uuid)
+            if share is None or gpu is None:
+                freed.setdefault(ref.node, []).append(ref.uuid)
+                continue
+            node, held = left.get(gpu, (ref.node, share))
+            if held - share > 0:
+                left[gpu] = (node, held - share)
+            elif gpu in left:
+                del left[gpu]
+                freed.setdefault(node, []).append(gpu)
+    return freed, left
+
+
+def share_fits(share: int, loads: Mapping[str, tuple[str, int]], free_total: int) -> bool:
+    """Whether a share of `share` per-mille has room: a GPU running shares with that much left,
+    or a free GPU."""
+    return free_total > 0 or any(held + share <= SHARE_UNITS for _, held in loads.values())
 
 
 def share_of(spec: JobSpec) -> str:

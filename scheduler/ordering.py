@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ledger.job_events import JobSpec
 from scheduler.fairshare import standing
 from scheduler.model import Flavor, Ordering, PendingJob, Queue
+from scheduler.quota import units_of
 from scheduler.snapshot import ClusterSnapshot
 
 OrderKey = tuple[int, int, int, int, str]
@@ -43,7 +44,7 @@ class Nomination:
 
 
 def team_allocations(usage: Mapping[tuple[str, Flavor], int]) -> dict[str, int]:
-    """GPUs held per team, over all flavors."""
+    """What each team holds over all flavors, in quota units (`scheduler.quota.units_of`)."""
     totals: dict[str, int] = {}
     for (team, _), gpus in usage.items():
         totals[team] = totals.get(team, 0) + gpus
@@ -61,7 +62,7 @@ def order_key(
         return (0, 0, 0, spec.submit_us, spec.job_id)
     weight = snapshot.quotas.weight_of(spec.team)
     if ordering is Ordering.REQUESTED_SHARE:
-        share = standing(allocated.get(spec.team, 0) + spec.gpus, weight)
+        share = standing(allocated.get(spec.team, 0) + units_of(spec), weight)
     else:
         share = standing(snapshot.fair_share.get(spec.team, 0), weight)
     return (-n.priority, int(n.borrows), share, spec.submit_us, spec.job_id)

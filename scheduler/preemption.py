@@ -11,6 +11,11 @@ job admitted from a non-preemptible queue):
 - a job of T itself with a lower priority than J;
 - with quotas not enforced, any job with a lower priority than J.
 
+GPU shares (`JobSpec.gpu_share`): a share job preempts and is preempted by the same rules;
+stopping a share frees only that share, so a GPU is freed for a whole-GPU job only when every
+share on it stops, and a share job fits once a GPU has room for its share
+(`scheduler.fractional.freed_by`, `share_fits`).
+
 Which of them: the FEWEST victims, then the lowest priority, then the most recently started
 (then the most recently submitted).
 `need` is a lower bound on the GPUs to free (the free-GPU shortfall, the quota deficit, the
@@ -30,9 +35,10 @@ from typing import NamedTuple
 
 from ledger.job_events import PreemptReason
 from scheduler.admission import Workspace
+from scheduler.fractional import freed_by, share_fits
 from scheduler.model import Flavor, Policy, RunningJob
 from scheduler.ordering import Nomination
-from scheduler.quota import QuotaCheck, QuotaOutcome, check_quota
+from scheduler.quota import UNITS, QuotaCheck, QuotaOutcome, check_quota, gpus_of, units_of
 from scheduler.running_index import Ranked, VictimKey
 from scheduler.topology import REQUIRED, place_gang
 
@@ -83,7 +89,8 @@ def _candidates(n: Nomination, flavor: Flavor, ws: Workspace, policy: Policy) ->
     if not policy.enforce_quota:
         teams = tuple({t for t, f in ws.snap.running if f == flavor})
     else:
-        within_nominal = ws.used(team, flavor) + n.spec.gpus <= book.quota[(team, flavor)].nominal
+        nominal = book.quota[(team, flavor)].nominal * UNITS
+        within_nominal = ws.used(team, flavor) + units_of(n.spec) <= nominal
         if cohort is not None:
             teams = book.members.get((cohort, flavor), teams)
     removed = ws.removed
@@ -94,7 +101,7 @@ def _candidates(n: Nomination, flavor: Flavor, ws: Workspace, policy: Policy) ->
         borrowing = False
         if not own:
             q = book.quota[(other, flavor)]
-            borrowing = ws.used(other, flavor) > q.nominal
+            borrowing = ws.used(other, flavor) > q.nominal * UNITS
         ranked = ws.victims_of(other, flavor)
         # A team's jobs come in preference order, over-budget ones first, then by priority, so
         # its candidates are a prefix: all of them (a borrower whose quota J reclaims), or the
@@ -130,13 +137,13 @@ def _need(n: Nomination, flavor: Flavor, quota: QuotaCheck, ws: Workspace, polic
     quota_need = 0
     if policy.enforce_quota and not quota.fits:
         q = ws.snap.quotas.quota[(spec.team, flavor)]
-        after = ws.used(spec.team, flavor) + spec.gpus
+        after = ws.used(spec.team, flavor) + units_of(spec)
         if quota.outcome is QuotaOutcome.NOT_ALLOWED:
-            quota_need = after - q.nominal
+            quota_need = gpus_of(after - q.nominal * UNITS)
         elif quota.outcome is QuotaOutcome.BORROWING_LIMIT:
-            quota_need = after - q.nominal - (q.borrowing_limit or 0)
+            quota_need = gpus_of(after - (q.nominal + (q.borrowing_limit or 0)) * UNITS)
         else:
-            quota_need = quota.deficit
+            quota_need = gpus_of(quota.deficit)
     return max(phys, quota_need, 0)
 
 
@@ -146,18 +153,20 @@ def _fits_after(
     """Would `n` fit in `flavor` (capacity and quota) once `victims` are gone?"""
     spec = n.spec
     removed: Counter[str] = Counter()
-    freed_on: Counter[str] = Counter()
     for v in victims:
         if v.borrower:  # a borrower is a victim only while its team still borrows
             q = ws.snap.quotas.quota[(v.job.team, flavor)]
-            if ws.used(v.job.team, flavor) - removed[v.job.team] <= q.nominal:
+            if ws.used(v.job.team, flavor) - removed[v.job.team] <= q.nominal * UNITS:
                 return False
-        removed[v.job.team] += len(v.job.gpus)
-        for gpu in v.job.gpus:
-            freed_on[gpu.node] += 1
+        removed[v.job.team] += units_of(v.job.spec)
+    freed, loads = freed_by((v.job for v in victims), ws.share_loads(flavor))
+    freed_on = Counter({node: len(uuids) for node, uuids in freed.items()})
     free = ws.free_nodes(flavor)
     total = ws.free_total(flavor) + sum(freed_on.values())
-    if spec.span_nodes:
+    if spec.gpu_share is not None:
+        if not share_fits(spec.gpu_share, loads, total):
+            return False
+    elif spec.span_nodes:
         if total < spec.gpus:
             return False
     elif not any(
@@ -172,7 +181,7 @@ def _fits_after(
         ws.snap.quotas,
         spec.team,
         flavor,
-        spec.gpus,
+        units_of(spec),
         lambda t: ws.used(t, flavor) - removed[t],
         policy.borrowing and n.queue.may_borrow,
     )
@@ -184,9 +193,9 @@ def _meets_topology(
 ) -> bool:
     """Whether the GPUs free once `victims` are gone offer the topology `n` requires."""
     after = {node: list(uuids) for node, uuids in ws.free_nodes(flavor).items()}
-    for v in victims:
-        for gpu in v.job.gpus:
-            after.setdefault(gpu.node, []).append(gpu.uuid)
+    freed, _ = freed_by((v.job for v in victims), ws.share_loads(flavor))
+    for node, uuids in freed.items():
+        after.setdefault(node, []).extend(uuids)
     free = {node: tuple(sorted(uuids)) for node, uuids in after.items()}
     spec = n.spec
     where = ws.snap.fleet.where
@@ -247,7 +256,7 @@ def worth_trying(n: Nomination, flavor: Flavor, ws: Workspace, policy: Policy) -
     team = n.spec.team
     cohort = snap.quotas.cohort_of(team)
     q = snap.quotas.quota.get((team, flavor))
-    if cohort is None or q is None or ws.used(team, flavor) + n.spec.gpus > q.nominal:
+    if cohort is None or q is None or ws.used(team, flavor) + units_of(n.spec) > q.nominal * UNITS:
         return False
     return ws.cohort_totals(cohort, flavor)[0] > 0  # someone borrows: reclaim may help
 
@@ -272,11 +281,11 @@ def plan_preemption(
         team = c.job.team
         if (
             c.borrower
-            and ws.used(team, flavor) - removed[team] <= book.quota[(team, flavor)].nominal
+            and ws.used(team, flavor) - removed[team] <= book.quota[(team, flavor)].nominal * UNITS
         ):
             continue  # its team no longer borrows
         picked.append(c)
-        removed[team] += len(c.job.gpus)
+        removed[team] += units_of(c.job.spec)
         if _fits_after(n, flavor, picked, ws, policy):
             break
     else:

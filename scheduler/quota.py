@@ -1,6 +1,13 @@
 """Quotas, cohorts and borrowing: who may hold how many GPUs of a flavor.
 
-Per flavor, with U a team's GPUs in use, N its nominal quota, B its borrowing limit and L its
+Quotas are whole GPUs (config, `Quota`); usage and requests are counted in per-mille of a GPU
+(`UNITS` = `ledger.fractional.SHARE_UNITS` per GPU, `units_of`): a whole-GPU job (or a MIG
+instance, in its MIG flavor) is 1000 per GPU, a GPU share its per-mille, so a team running four
+quarter-GPU shares uses one GPU of its quota. Every quantity below is in those units, the
+quotas scaled by `UNITS`. `gpus_of` rounds units up to whole GPUs where a count of GPUs is
+reported (`JobAdmitted.borrowed_gpus`).
+
+Per flavor, with U a team's usage, N its nominal quota, B its borrowing limit and L its
 lending limit (None: no limit / all of it):
 
 - over(t)  = max(0, U − N)                what the team borrows;
@@ -20,10 +27,23 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from ledger.fractional import SHARE_UNITS
+from ledger.job_events import JobSpec
 from scheduler.errors import ConfigError
 from scheduler.model import Flavor, Quota, Team
 
-UsageOf = Callable[[str], int]  # team → GPUs it holds in the flavor being checked
+UsageOf = Callable[[str], int]  # team → what it holds in the flavor being checked, in units
+UNITS = SHARE_UNITS  # quota units per GPU: usage is counted in per-mille of a GPU
+
+
+def units_of(spec: JobSpec) -> int:
+    """What a job counts against its team's quota, in units: its share, else its GPUs."""
+    return spec.gpu_share if spec.gpu_share is not None else spec.gpus * UNITS
+
+
+def gpus_of(units: int) -> int:
+    """Units as whole GPUs, rounded up."""
+    return -(-units // UNITS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +73,8 @@ class QuotaBook:
         return cls(by_name, quota, {k: tuple(v) for k, v in members.items()})
 
     def ceiling(self, team: str, flavor: Flavor, may_borrow: bool) -> int:
-        """The most GPUs of `flavor` the team could ever hold: its nominal, plus what it may
-        borrow (its borrowing limit, at most what the rest of its cohort may lend)."""
+        """The most of `flavor` the team could ever hold, in units: its nominal, plus what it
+        may borrow (its borrowing limit, at most what the rest of its cohort may lend)."""
         key = (team, flavor, may_borrow)
         found = self._ceilings.get(key)
         if found is not None:
@@ -73,6 +93,7 @@ class QuotaBook:
             )
             limit = lendable if q.borrowing_limit is None else min(q.borrowing_limit, lendable)
             found = q.nominal + limit
+        found *= UNITS
         self._ceilings[key] = found
         return found
 
@@ -90,11 +111,13 @@ class QuotaBook:
 
 
 def over(q: Quota, used: int) -> int:
-    return max(0, used - q.nominal)
+    """What a team using `used` units borrows, in units."""
+    return max(0, used - q.nominal * UNITS)
 
 
 def spare(q: Quota, used: int) -> int:
-    return min(q.lendable, max(0, q.nominal - used))
+    """What a team using `used` units can lend now, in units."""
+    return min(q.lendable * UNITS, max(0, q.nominal * UNITS - used))
 
 
 class QuotaOutcome(StrEnum):
@@ -109,8 +132,8 @@ class QuotaOutcome(StrEnum):
 @dataclass(frozen=True, slots=True)
 class QuotaCheck:
     outcome: QuotaOutcome
-    borrowed: int = 0  # GPUs of this job above the team's nominal
-    deficit: int = 0  # for RECLAIM and COHORT_EXHAUSTED: Σ over − Σ spare after admission
+    borrowed: int = 0  # units of this job above the team's nominal
+    deficit: int = 0  # for RECLAIM and COHORT_EXHAUSTED: Σ over − Σ spare after admission (units)
 
     @property
     def fits(self) -> bool:
@@ -118,7 +141,8 @@ class QuotaCheck:
 
 
 def cohort_totals(book: QuotaBook, cohort: str, flavor: Flavor, used: UsageOf) -> tuple[int, int]:
-    """(Σ over, Σ spare) of the cohort's members in `flavor`; invariant: Σ over ≤ Σ spare."""
+    """(Σ over, Σ spare) of the cohort's members in `flavor`, in units; invariant: Σ over ≤
+    Σ spare."""
     borrowed = lendable = 0
     for member in book.members.get((cohort, flavor), ()):
         q = book.quota[(member, flavor)]
@@ -132,12 +156,13 @@ def check_quota(
     book: QuotaBook,
     team: str,
     flavor: Flavor,
-    gpus: int,
+    units: int,
     used: UsageOf,
     may_borrow: bool,
     totals: tuple[int, int] | None = None,
 ) -> QuotaCheck:
-    """May `team` take `gpus` more GPUs of `flavor`, given what every team holds (`used`)?
+    """May `team` take `units` more of `flavor` (`units_of` a job), given what every team holds
+    (`used`, in units)?
 
     `totals` is the cohort's `cohort_totals` in `flavor`, for callers that keep it.
     """
@@ -145,13 +170,14 @@ def check_quota(
     if q is None:
         return QuotaCheck(QuotaOutcome.NO_QUOTA)
     u = used(team)
-    after = u + gpus
+    after = u + units
     cohort = book.cohort_of(team)
     borrowed = over(q, after) - over(q, u)
     if borrowed > 0:
         if not may_borrow or cohort is None:
             return QuotaCheck(QuotaOutcome.NOT_ALLOWED, borrowed)
-        if q.borrowing_limit is not None and after - q.nominal > q.borrowing_limit:
+        limit = q.borrowing_limit
+        if limit is not None and after - q.nominal * UNITS > limit * UNITS:
             return QuotaCheck(QuotaOutcome.BORROWING_LIMIT, borrowed)
     if cohort is None:
         return QuotaCheck(QuotaOutcome.FITS)

@@ -9,7 +9,11 @@ done no work). Rules, per running job:
   `IdleAlert`, `never` does nothing;
 - when only some of its GPUs have been idle that long, `reclaim` and `alert` raise an
   `IdleAlert` (partial idleness is a sizing problem, not abandonment); `never` does nothing;
-- GPUs nobody holds, and jobs of unknown queues, are left alone.
+- GPUs nobody holds, and jobs of unknown queues, are left alone;
+- a GPU share (`<GPU UUID>/share/<job id>`) is idle when it is reported idle itself, or when
+  the GPU it is a share of is (a GPU running shares that does no work: every share on it is
+  idle), and each share job is then handled by its own queue's policy: reclaiming one frees
+  only its share (`reported_idle` keeps a shared GPU's report whichever job it names).
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ledger.fractional import share_parent
 from ledger.job_events import JobEvent, JobReclaimed
 from scheduler.decisions import release_events
 from scheduler.model import IdleAction
 from scheduler.snapshot import ClusterSnapshot
+from scheduler.state import SHARED
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +50,20 @@ class IdleAlert:
     time_us: int
 
 
+def reported_idle(job: str | None, holder: str | None) -> bool:
+    """Whether an idle report naming `job` (None: no owner) concerns the GPU's holder now: its
+    holder's own GPU, or a GPU running shares (`SHARED`: each share job on it)."""
+    return holder is not None and (job is None or holder in (job, SHARED))
+
+
+def _since(since: dict[str, int], uuid: str) -> int | None:
+    """When `uuid` went idle: its own report, else — for a share — its GPU's."""
+    found = since.get(uuid)
+    if found is None and (gpu := share_parent(uuid)) is not None:
+        found = since.get(gpu)
+    return found
+
+
 def idle_decisions(
     idle: Iterable[IdleGpu], snap: ClusterSnapshot
 ) -> tuple[JobEvent | IdleAlert, ...]:
@@ -56,7 +76,11 @@ def idle_decisions(
         queue = snap.queues.get(job.spec.queue)
         if queue is None or queue.idle.action is IdleAction.NEVER:
             continue
-        idle_since = {g.uuid: max(since[g.uuid], job.since_us) for g in job.gpus if g.uuid in since}
+        idle_since = {
+            g.uuid: max(t, job.since_us)
+            for g in job.gpus
+            if (t := _since(since, g.uuid)) is not None
+        }
         due = {uuid: t for uuid, t in idle_since.items() if snap.now_us - t >= queue.idle.after_us}
         if not due:
             continue

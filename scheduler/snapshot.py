@@ -80,7 +80,7 @@ class ClusterSnapshot:
     quotas: QuotaBook
     fleet: Fleet
     free: Mapping[Flavor, FreeGpus]
-    usage: Mapping[tuple[str, Flavor], int]  # GPUs held per (team, flavor)
+    usage: Mapping[tuple[str, Flavor], int]  # quota units held per (team, flavor)
     running: Mapping[tuple[str, Flavor], tuple[RunningJob, ...]]  # per (team, flavor)
     heads: tuple[PendingJob, ...]
     balances: Mapping[str, Balance] = field(default_factory=dict)

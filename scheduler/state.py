@@ -18,7 +18,8 @@ Invariants (a violating event raises `StateError` and changes nothing):
   each share by its job;
 - a job is pending, running, or done — never two of these; a duplicate `JobSubmitted` is
   ignored, an admission of a job that is not pending is refused;
-- the GPUs held per (team, flavor) equal the GPUs assigned and not released.
+- the quota units held per (team, flavor) (`scheduler.quota.units_of`: per-mille of a GPU, a
+  share its own) equal those of the GPUs and shares assigned and not released.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from scheduler.model import (
     RunningJob,
     Team,
 )
-from scheduler.quota import QuotaBook
+from scheduler.quota import UNITS, QuotaBook
 from scheduler.running_index import RunningIndex
 from scheduler.snapshot import ClusterSnapshot, Fleet, FreeGpus, heads
 
@@ -97,6 +98,7 @@ class SchedulerState:
         self._known: Counter[Flavor] = Counter()  # GPUs of `_home` per flavor, kept with it
         self._placeable: frozenset[str] = frozenset()
         self._held_as: dict[str, tuple[str, Flavor]] = {}  # a held GPU: where it was assigned
+        self._held_units: dict[str, int] = {}  # a held GPU or share: its quota units
         self._free: dict[Flavor, dict[str, tuple[str, ...]]] = {}
         self._free_total: dict[Flavor, int] = {}
         self._holder: dict[str, str] = {}  # a GPU running shares: held by `SHARED`
@@ -389,8 +391,10 @@ class SchedulerState:
         self._unfree(uuid, node, flavor)
         self._holder[uuid] = event.job_id
         self._held_as[uuid] = home
+        units = UNITS if parent is None or event.share is None else event.share
+        self._held_units[uuid] = units
         key = (event.team, flavor)
-        self._usage[key] = self._usage.get(key, 0) + 1
+        self._usage[key] = self._usage.get(key, 0) + units
 
     def _unfree(self, uuid: str, node: str, flavor: Flavor) -> None:
         free = self._free.get(flavor, {})
@@ -440,7 +444,7 @@ class SchedulerState:
             self._home.pop(uuid, None)
             self._share(parent, event, -1)
         key = (event.team, flavor)
-        left = self._usage[key] - 1
+        left = self._usage[key] - self._held_units.pop(uuid, UNITS)
         if left:
             self._usage[key] = left
         else:

@@ -312,11 +312,13 @@ class TokensConfig(Strict):
 
 class SlurmConfig(Strict):
     """How the Slurm executor submits: partition, whether Tally's node choice is pinned
-    (`--nodelist`; node names must then match the fleet's), and extra `sbatch` arguments."""
+    (`--nodelist`; node names must then match the fleet's), extra `sbatch` arguments, and the
+    shards each GPU has in Slurm's sharding gres (GPU shares ask for `--gres=shard:n`)."""
 
     partition: str | None = Field(None, min_length=1, max_length=64)
     pin_nodes: bool = False
     extra_args: tuple[str, ...] = ()
+    shards_per_gpu: int | None = Field(None, ge=1, le=1000)  # Slurm's shard gres per GPU
 
 
 class SchedulerConfig(Strict):

@@ -366,6 +366,7 @@ def configured_executor(config: TallyConfig, inventory: Inventory | FleetInvento
             partition=s.slurm.partition,
             pin_nodes=s.slurm.pin_nodes,
             extra_args=s.slurm.extra_args,
+            shards_per_gpu=s.slurm.shards_per_gpu,
             accounts=slurm_account_of_team(config.identity.slurm_accounts),
             os_users=os_users,
         )

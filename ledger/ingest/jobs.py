@@ -14,7 +14,7 @@ time is before its job's (holds) or GPU's (assignments) dedupe cutoff is a dead 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, tzinfo
 
@@ -25,11 +25,13 @@ from ledger.assignments import (
     forget_before,
     owners_over,
     release,
+    shares_over,
 )
 from ledger.audit import AuditEntry
 from ledger.closing import booking_period
 from ledger.dedupe import assignment_scope, job_scope, too_late
 from ledger.events import DeadLetter, Owner
+from ledger.fractional import share_parent
 from ledger.holds import HoldBook, HoldEnvelope, HoldPlaced, decode_jobs_message
 from ledger.ingest.audit import job_entry
 from ledger.ingest.batch import Folded, booker, located, refused, sourced
@@ -73,15 +75,17 @@ class DecodedJobs:
 
     def keys(self) -> ViewKeys:
         gpus = frozenset(e.subject for e, _ in self.assignments)
+        shared = {g for e, _ in self.assignments if (g := share_parent(e.subject)) is not None}
         return ViewKeys(
             event_ids=[e.id for e, _ in self.holds] + [e.id for e, _ in self.assignments],
-            gpu_uuids=gpus,
+            gpu_uuids=gpus | shared,
             scopes=frozenset(job_scope(e.data.job_id) for e, _ in self.holds)
             | {assignment_scope(g) for g in gpus},
             holds=True,
             audit_ids=[e.event_id for e in self.audited],
             job_keys=frozenset(k for e, _ in self.identities for k in _job_keys(e))
-            | {gpu_key(e.subject) for e, _ in self.assignments if isinstance(e.data, GpuAssigned)},
+            | {gpu_key(e.subject) for e, _ in self.assignments if isinstance(e.data, GpuAssigned)}
+            | {gpu_key(g) for g in shared},
         )
 
 
@@ -152,8 +156,7 @@ def fold_jobs(
         if change.id in seen:
             duplicates += 1
             continue
-        gpu = change.subject
-        scope = assignment_scope(gpu)
+        scope = assignment_scope(change.subject)
         late = too_late(change.time_us, scope, cutoffs.get(scope))
         if late is not None:
             dead.append(refused(late, change.id, message))
@@ -161,6 +164,7 @@ def fold_jobs(
         seen.add(change.id)
         newest = change.time_us if newest is None else max(newest, change.time_us)
         without_postings.append((change.id, change.time_us, scope))
+        gpu = timeline_key(change, lambda key: timelines.get(key, view.timelines.get(key, ())))
         timelines[gpu] = fold_assignment(timelines.get(gpu, view.timelines.get(gpu, ())), change)
         if isinstance(change.data, GpuAssigned):
             assigned[gpu] = (change, message)
@@ -205,12 +209,31 @@ def fold_jobs(
     )
 
 
+def timeline_key(envelope: JobEnvelope, timeline_of: Callable[[str], tuple[Holding, ...]]) -> str:
+    """The timeline an assignment event changes: its GPU's (`subject`), but a GPU share's is
+    the GPU it is a share of (`ledger.fractional.share_parent`), where samples find it — when
+    its `GpuAssigned` says the share (an assignment without one keeps the share's own key),
+    and for a `GpuReleased` when that GPU's timeline holds the job's open share."""
+    gpu = share_parent(envelope.subject)
+    event = envelope.data
+    if gpu is None:
+        return envelope.subject
+    if isinstance(event, GpuAssigned):
+        return gpu if event.share is not None else envelope.subject
+    held = any(
+        h.share is not None and h.to_us is None and h.owner.job_id == event.job_id
+        for h in timeline_of(gpu)
+    )
+    return gpu if held else envelope.subject
+
+
 def fold_assignment(timeline: tuple[Holding, ...], envelope: JobEnvelope) -> tuple[Holding, ...]:
     """A GPU's timeline after one `GpuAssigned` or `GpuReleased`."""
     event = envelope.data
     if isinstance(event, GpuAssigned):
         owner = Owner(event.team, event.project, event.user, event.job_id)
-        timeline = assign(timeline, Holding(event.gpu_uuid, owner, event.time_us))
+        holding = Holding(event.gpu_uuid, owner, event.time_us, share=event.share)
+        timeline = assign(timeline, holding)
     elif isinstance(event, GpuReleased):
         timeline = release(timeline, event.job_id, event.time_us)
     return forget_before(timeline, envelope.time_us - HOLDING_MEMORY_US)
@@ -237,7 +260,8 @@ class _Corrections:
         held the GPU over the usage's interval."""
         for gpu, (envelope, message) in sorted(assigned.items()):
             for original in self._open(gpu_key(gpu)):
-                pieces = owners_over(timelines[gpu], original.start_us, original.end_us)
+                span = (original.start_us, original.end_us)
+                pieces = [*owners_over(timelines[gpu], *span), *shares_over(timelines[gpu], *span)]
                 period = _period(original, self.view)
                 fixed = reassigned(original, pieces, self.cost_centres, envelope.id, period)
                 yield from self._apply(original, fixed, envelope.id, message)

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ledger.accounts import capacity_account, consumer_account, unallocated_account
-from ledger.assignments import Holding, OwnedPiece, owners_over
+from ledger.assignments import Holding, OwnedPiece, owners_over, shares_over
 from ledger.attribution import attribute_usage, owner_shares, physical_gpu_ms, usage_cost
 from ledger.closing import booking_period
 from ledger.dedupe import sample_scope, too_late
@@ -189,7 +189,8 @@ def _add_common_case(
         return None
     owner = shares[0][0]
     charged = owner if owner is not None and owner.team is not None else None
-    if charged is None and timeline and held_over(timeline, envelope):
+    held = held_over(timeline, envelope)
+    if held and (charged is None or any(p.share is not None for p in held)):
         return None
     if charged is not None and (charged.job_id or "") in held_jobs:
         return None
@@ -291,12 +292,14 @@ def assignment_of(
 
 
 def held_over(timeline: tuple[Holding, ...] | None, envelope: SampleEnvelope) -> list[OwnedPiece]:
-    """Who the scheduler says held the sample's GPU over its interval; empty when nobody."""
+    """Who the scheduler says held the sample's GPU over its interval, whole holders' pieces
+    then its shares' (`ledger.assignments.shares_over`); empty when nobody."""
     if not timeline:
         return []
     sample = envelope.data
     pieces = owners_over(timeline, sample.start_us, sample.sample_time_us)
-    return pieces if any(p.owner is not None for p in pieces) else []
+    shares = shares_over(timeline, sample.start_us, sample.sample_time_us)
+    return [*pieces, *shares] if shares or any(p.owner is not None for p in pieces) else []
 
 
 def awaiting_usage(

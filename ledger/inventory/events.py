@@ -29,6 +29,7 @@ import orjson
 from ledger.envelope import REGISTRY, DeadLetter, Envelope, Family, decode, event_id, family_to_dict
 from ledger.errors import EventError
 from ledger.events import MAX_TIME_US, MigInstance, SampleSource
+from ledger.mig_devices import mig_uuid
 from ledger.topology import NO_TOPOLOGY, GpuTopology, topology_of, topology_to_dict
 
 MAX_TEXT = 256
@@ -100,6 +101,7 @@ def mig_to_dict(mig: MigInstance) -> dict[str, Any]:
         "profile": mig.profile,
         "slices": mig.slices,
         "total_slices": mig.total_slices,
+        **({} if mig.uuid is None else {"uuid": mig.uuid}),
     }
 
 
@@ -175,6 +177,7 @@ def mig_of(data: Any) -> MigInstance:
         profile=text(data, "profile"),
         slices=integer(data, "slices", 1, total),
         total_slices=total,
+        uuid=mig_uuid(data.get("uuid")),
     )
 
 

@@ -82,6 +82,7 @@ CREATE TABLE IF NOT EXISTS gpu_holdings (
     gpu_uuid VARCHAR NOT NULL, team VARCHAR, project VARCHAR, "user" VARCHAR, job_id VARCHAR,
     from_us BIGINT NOT NULL, to_us BIGINT
 );
+ALTER TABLE gpu_holdings ADD COLUMN IF NOT EXISTS share INTEGER;
 CREATE TABLE IF NOT EXISTS admin_log (
     seq BIGINT NOT NULL, event_id VARCHAR PRIMARY KEY, type VARCHAR NOT NULL,
     effective_us BIGINT NOT NULL, entry VARCHAR NOT NULL, applied_at_us BIGINT NOT NULL
@@ -158,6 +159,7 @@ def write_changes(con: duckdb.DuckDBPyConnection, changes: StateChanges, now: in
                     h.owner.job_id,
                     h.from_us,
                     h.to_us,
+                    h.share,
                 )
                 for uuid, timeline in changes.timelines.items()
                 for h in timeline
@@ -221,15 +223,16 @@ def read_gpu_timelines(
     if not gpu_uuids:
         return {}
     rows = con.execute(
-        'SELECT gpu_uuid, team, project, "user", job_id, from_us, to_us FROM gpu_holdings '
-        "WHERE list_contains(?, gpu_uuid) ORDER BY gpu_uuid, from_us",
+        'SELECT gpu_uuid, team, project, "user", job_id, from_us, to_us, share '
+        "FROM gpu_holdings WHERE list_contains(?, gpu_uuid) ORDER BY gpu_uuid, from_us",
         [sorted(gpu_uuids)],
     ).fetchall()
     timelines: dict[str, list[Holding]] = {}
-    for uuid, team, project, user, job, from_us, to_us in rows:
+    for uuid, team, project, user, job, from_us, to_us, share in rows:
         owner = Owner(team, project, user, job)
+        end = None if to_us is None else int(to_us)
         timelines.setdefault(str(uuid), []).append(
-            Holding(str(uuid), owner, int(from_us), None if to_us is None else int(to_us))
+            Holding(str(uuid), owner, int(from_us), end, None if share is None else int(share))
         )
     return {uuid: tuple(timeline) for uuid, timeline in timelines.items()}
 

@@ -271,12 +271,16 @@ class BudgetUnit(Response):
 
 
 class QuotaView(Response):
+    """A quota in whole GPUs; what the team holds against it: `in_use` whole GPUs rounded up,
+    `in_use_gpus` exactly (a GPU share counts as its share: `"2.25"`)."""
+
     pool: str
     model: str
     nominal: int
     borrowing_limit: int | None
     lending_limit: int | None
     in_use: int
+    in_use_gpus: str
 
 
 class Overdraft(Response):

@@ -28,6 +28,7 @@ from scheduler.api.models import (
 from scheduler.dispatcher import Dispatcher
 from scheduler.inventory import FleetInventory, placeable
 from scheduler.model import IdleAction
+from scheduler.quota import gpus_of
 from scheduler.records import JobRecord, JobState
 from scheduler.state import SchedulerState
 
@@ -154,7 +155,8 @@ def balance_view(d: Dispatcher, team: str) -> BalanceView:
             nominal=quota.nominal,
             borrowing_limit=quota.borrowing_limit,
             lending_limit=quota.lending_limit,
-            in_use=d.state.used(team, flavor),
+            in_use=gpus_of(d.state.used(team, flavor)),
+            in_use_gpus=share_text(d.state.used(team, flavor)),
         )
         for (name, flavor), quota in sorted(d.state.quotas.quota.items())
         if name == team

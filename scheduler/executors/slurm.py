@@ -7,10 +7,12 @@ What each order becomes:
             [--account=<the team's account>] [--uid=<user> --gid=<gid>, as root, for the
             submitter's OS user: `scheduler.executors.run_as`; a job that may not run as its
             submitter is reported FAILED by the next poll, never submitted]; the script comes
-            on stdin. A job that was preempted (parked, below) is restarted
-            instead: `scontrol update StartTime=now` (a requeued job is otherwise not eligible
-            for ~120 s) and `scontrol release`, so it is the same Slurm job, with
-            SLURM_RESTART_COUNT telling it so;
+            on stdin. A GPU share asks for Slurm's sharding gres instead, `--gres=shard:n`
+            (n: its per-mille of `shards_per_gpu`, rounded up; `slurm_text.gres_args`); with
+            no `shards_per_gpu` it is reported FAILED, never submitted. A job that was
+            preempted (parked, below) is restarted instead: `scontrol update StartTime=now`
+            (a requeued job is otherwise not eligible for ~120 s) and `scontrol release`, so
+            it is the same Slurm job, with SLURM_RESTART_COUNT telling it so;
 - stop      PREEMPTED: `scontrol requeuehold` a running job (`scontrol hold` one Slurm has
             not started yet) and park it; any other reason: `scancel`. Either way `stop`
             waits until squeue shows none of the jobs RUNNING or COMPLETING (their processes
@@ -154,6 +156,7 @@ class SlurmExecutor:
         clock: Clock | None = None,
         accounts: Mapping[str, str] | None = None,
         os_users: OsUsers = NO_OS_USERS,
+        shards_per_gpu: int | None = None,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -162,6 +165,7 @@ class SlurmExecutor:
         self.run: Runner = runner or SubprocessRunner()
         self.partition = partition
         self.pin_nodes = pin_nodes
+        self.shards_per_gpu = shards_per_gpu
         self.extra_args = tuple(extra_args)
         self.stop_timeout_s = stop_timeout_s
         self.restart_gap_s = restart_gap_s
@@ -188,6 +192,12 @@ class SlurmExecutor:
                 JobStatus(job.job_id, RunState.FAILED, self._now(), 126, (), "", detail)
             )
             return
+        if job.spec.gpu_share is not None and self.shards_per_gpu is None:
+            detail = "a GPU share needs Slurm's sharding gres: set scheduler.slurm.shards_per_gpu"
+            self._reports.append(
+                JobStatus(job.job_id, RunState.FAILED, self._now(), None, (), "", detail)
+            )
+            return
         argv = sbatch_argv(
             job,
             work,
@@ -198,6 +208,7 @@ class SlurmExecutor:
             extra_args=self.extra_args,
             account=self.accounts.get(job.team),
             run_as=who,
+            shards_per_gpu=self.shards_per_gpu,
         )
         env = {**tally_env(job), **dict(work.env)}
         try:

@@ -33,10 +33,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ledger.fractional import split_mig_model
-from ledger.units import US_PER_SECOND
+from ledger.units import SHARE_UNITS, US_PER_SECOND
 from scheduler.executors.errors import (
     ExecutorError,
     ExecutorUnavailable,
+    InvalidWork,
     SlurmError,
     SlurmJobUnknown,
     SlurmOutputError,
@@ -257,11 +258,27 @@ def batch_script(work: Work) -> str:
     return f"#!/bin/sh\nexec {shlex.join(work.command)}\n"
 
 
-def gres_args(job: RunningJob, pin_nodes: bool) -> list[str]:
+def shards_for(share: int, shards_per_gpu: int) -> int:
+    """Slurm shards (`--gres=shard:n`) for a GPU share of `share` per-mille, on GPUs each
+    configured with `shards_per_gpu` shards: the share's part of them, rounded up (at least
+    one), so a job never gets less of the GPU than it asked for."""
+    return max(1, -(-share * shards_per_gpu // SHARE_UNITS))
+
+
+def gres_args(job: RunningJob, pin_nodes: bool, shards_per_gpu: int | None = None) -> list[str]:
     """GPUs and nodes: `--gres=gpu:N` is per node, so a gang over k nodes asks for k nodes and
     N/k GPUs each when they split evenly, else `--gpus=N` in total. MIG instances are asked
-    for by profile, Slurm's MIG gres type: `--gres=gpu:1g.10gb:2` (`--gpus=1g.10gb:N`). A node
-    is named by its host (a scheduler node label `host/model` is one host's GPUs of a flavor)."""
+    for by profile, Slurm's MIG gres type: `--gres=gpu:1g.10gb:2` (`--gpus=1g.10gb:N`). A GPU
+    share is asked for as Slurm's sharding gres, `--gres=shard:n` on one node (`shards_for`;
+    `shards_per_gpu` must then be given). A node is named by its host (a scheduler node label
+    `host/model` is one host's GPUs of a flavor)."""
+    share = job.spec.gpu_share
+    if share is not None:
+        if shards_per_gpu is None:
+            raise InvalidWork(f"job {job.job_id}: a GPU share needs the shards per GPU")
+        hosts = list(dict.fromkeys(g.node.split("/", 1)[0] for g in job.gpus))
+        args = ["--nodes=1", f"--gres=shard:{shards_for(share, shards_per_gpu)}"]
+        return [*args, f"--nodelist={','.join(hosts)}"] if pin_nodes else args
     per_node: dict[str, int] = {}
     for gpu in job.gpus:
         host = gpu.node.split("/", 1)[0]
@@ -294,12 +311,14 @@ def sbatch_argv(
     extra_args: Sequence[str] = (),
     account: str | None = None,
     run_as: RunAs | None = None,
+    shards_per_gpu: int | None = None,
 ) -> list[str]:
     """sbatch for one job; the script comes on stdin. Variables are exported by name only
     (`--export=ALL,TALLY_JOB_ID,…`) with their values in sbatch's environment, so no value
     is ever parsed by Slurm's comma-separated list. `account`: the team's Slurm account
     (`--account=`); `run_as`: the submitter's OS user when the scheduler is root
-    (`--uid=<name> --gid=<gid>`: Slurm runs the job as that user)."""
+    (`--uid=<name> --gid=<gid>`: Slurm runs the job as that user); `shards_per_gpu`: the
+    shards each GPU has in Slurm's sharding gres, for GPU shares (`gres_args`)."""
     exported = ",".join(["ALL", "TALLY_JOB_ID", "TALLY_ATTEMPT", *(n for n, _ in work.env)])
     argv = [
         "sbatch",
@@ -309,7 +328,7 @@ def sbatch_argv(
         "--open-mode=append",
         "--requeue",
         f"--export={exported}",
-        *gres_args(job, pin_nodes),
+        *gres_args(job, pin_nodes, shards_per_gpu),
     ]
     if time_limit_us is not None:
         argv.append(f"--time={time_limit_minutes(time_limit_us)}")

@@ -205,6 +205,11 @@ def test_mig_mode_and_devices(nvml: Any) -> None:
             assert is_uint(nvml.nvmlDeviceGetComputeInstanceId(mig))
             name = nvml.nvmlDeviceGetName(mig)
             assert type(name) is str and "MIG" in name
+            # the MIG device's own name for CUDA_VISIBLE_DEVICES: MIG-<UUID> (R470+) or, on
+            # older drivers, MIG-GPU-<GPU UUID>/<gi>/<ci>; never the parent GPU's UUID
+            uuid = nvml.nvmlDeviceGetUUID(mig)
+            assert type(uuid) is str and uuid.startswith("MIG-")
+            assert uuid != nvml.nvmlDeviceGetUUID(handle)
             attrs = nvml.nvmlDeviceGetAttributes(mig)
             assert is_uint(attrs.gpuInstanceSliceCount) and attrs.gpuInstanceSliceCount >= 1
             assert is_uint(attrs.memorySizeMB)

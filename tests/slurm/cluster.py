@@ -12,6 +12,9 @@ What this takes, learned on Debian 12 (slurm-wlm 22.05.8):
   (`SlurmdParameters=config_overrides`), so many small jobs start at once;
 - no `AccountingStorageTRES=gres/gpu` without slurmdbd (it kills slurmctld), and no slurmdbd:
   `sacct` answers "Slurm accounting storage is disabled", the executor's fallback path;
+- Slurm's sharding gres for GPU shares: `GresTypes=gpu,shard`, the node's `Gres=` with
+  `shard:<GPUs × shards_per_gpu>`, and in gres.conf one `Name=shard Count=<shards_per_gpu>
+  File=<device>` line per GPU, so each GPU holds its own shards;
 - `KillWait=2`: scancel and requeue escalate SIGTERM to SIGKILL after 2 s, not 30;
 - `ProctrackType=proctrack/linuxproc`, `TaskPlugin=task/none`: no cgroups needed.
 
@@ -73,6 +76,7 @@ class SlurmCluster:
     root: Path
     node: str = "tally-node"
     gpus: int = 16
+    shards_per_gpu: int = 4  # Slurm's sharding gres: GPU shares ask for --gres=shard:n
     cpus: int = 64
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     ports: tuple[int, int] = (0, 0)
@@ -137,20 +141,22 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-GresTypes=gpu
+GresTypes=gpu,shard
 SchedulerType=sched/builtin
 SchedulerParameters=batch_sched_delay=0
 SlurmdParameters=config_overrides
 MpiDefault=none
 ReturnToService=2
 KillWait=2
-NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=1000 Gres=gpu:{self.gpus} State=UNKNOWN
+NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=1000 Gres=gpu:{self.gpus},shard:{self.gpus * self.shards_per_gpu} State=UNKNOWN
 PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 """  # noqa: E501
         )
         last = self.gpus - 1
+        per_gpu = f"NodeName={self.node} Name=shard Count={self.shards_per_gpu}"
+        shards = "".join(f"{per_gpu} File={root}/dev/nvidia{i}\n" for i in range(self.gpus))
         (root / "gres.conf").write_text(
-            f"NodeName={self.node} Name=gpu File={root}/dev/nvidia[0-{last}]\n"
+            f"NodeName={self.node} Name=gpu File={root}/dev/nvidia[0-{last}]\n{shards}"
         )
 
     def start(self, timeout_s: float = 30.0) -> SlurmCluster:

@@ -237,6 +237,33 @@ def test_the_runtime_limit_becomes_slurms_time_limit(
     assert " TimeLimit=00:02:00 " in shown
 
 
+@pytest.mark.slurm
+def test_a_gpu_share_runs_on_slurms_shards(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """A quarter GPU on GPUs of `shards_per_gpu` shards asks for `--gres=shard:1`, and Slurm
+    runs it: the job sees one GPU of the node."""
+    ex = SlurmExecutor(
+        tmp_path / "logs",
+        runner=SubprocessRunner(env=slurm_cluster.env),
+        shards_per_gpu=slurm_cluster.shards_per_gpu,
+    )
+    job = RunningJob(
+        spec=a_spec("share", queue="dev", gpu_share=250),
+        flavor=Flavor("main", "A100"),
+        gpus=(GpuRef("GPU-share-0/share/share", "tally-node"),),
+        priority=0,
+        preemptible=True,
+        admitted_us=0,
+    )
+    ex.start(job, Work(command=("/bin/sh", "-c", 'echo "devices=$CUDA_VISIBLE_DEVICES"')))
+    slurm_id = ex.slurm_id("share")
+    assert slurm_id is not None
+    shown = slurm_cluster.run("scontrol", "--oneliner", "show", "job", slurm_id).stdout
+    assert "shard:1" in shown
+    wait_log(ex.log_path("share"), "devices=")
+    devices = ex.log_path("share").read_text().split("devices=", 1)[1].strip()
+    assert devices.isdigit(), devices  # one GPU, by index
+
+
 # A Tally job whose worker process has only Slurm's variables (as under srun or an MPI launcher
 # that does not pass TALLY_JOB_ID on), then a batch job submitted outside Tally.
 LAUNCHED = Work(command=("/bin/sh", "-c", "env -u TALLY_JOB_ID sleep 60 & echo launched; wait"))

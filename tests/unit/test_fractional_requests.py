@@ -13,12 +13,15 @@ from ledger.errors import EventError
 from ledger.fractional import parse_mig, parse_share, share_text, split_mig_model
 from ledger.inventory import InventoryGpu, encode_record
 from ledger.job_events import JobAdmitted, JobSubmitted, decode_job_event, encode_job_event
+from scheduler.executors.errors import InvalidWork
 from scheduler.executors.launch import visible_devices
 from scheduler.executors.local import LocalExecutor
-from scheduler.executors.slurm_text import gres_args
+from scheduler.executors.slurm import SlurmExecutor
+from scheduler.executors.slurm_text import gres_args, sbatch_argv
 from scheduler.fractional import mig_devices, pack_share
 from scheduler.inventory import FleetInventory
 from scheduler.model import Flavor, GpuRef, RunningJob
+from scheduler.ports import RunState
 from scheduler.service import SchedulerService
 from tally.components import desired_admin_state
 from tally.config import ConfigError, parse_config
@@ -204,6 +207,54 @@ def test_sbatch_asks_for_mig_instances_by_profile(
     instances: tuple[int, ...], pin: bool, expected: list[str]
 ) -> None:
     assert gres_args(mig_job(*instances), pin) == expected
+
+
+def share_job(share: int, node: str = "node-02") -> RunningJob:
+    return RunningJob(
+        spec=a_spec(queue="dev", gpu_share=share),
+        flavor=Flavor("a100", "A100"),
+        gpus=(GpuRef("GPU-7/share/job-1", node),),
+        priority=0,
+        preemptible=True,
+        admitted_us=0,
+        attempt=1,
+    )
+
+
+@pytest.mark.parametrize(
+    ("share", "shards", "pin", "expected"),
+    [
+        pytest.param(250, 8, False, ["--nodes=1", "--gres=shard:2"], id="quarter-of-8"),
+        pytest.param(300, 8, False, ["--nodes=1", "--gres=shard:3"], id="rounds-up"),
+        pytest.param(1, 8, False, ["--nodes=1", "--gres=shard:1"], id="at-least-one"),
+        pytest.param(999, 8, False, ["--nodes=1", "--gres=shard:8"], id="nearly-whole"),
+        pytest.param(125, 1000, False, ["--nodes=1", "--gres=shard:125"], id="per-mille-shards"),
+        pytest.param(
+            500, 100, True, ["--nodes=1", "--gres=shard:50", "--nodelist=node-02"], id="pinned"
+        ),
+    ],
+)
+def test_sbatch_asks_for_a_share_as_slurm_shards(
+    share: int, shards: int, pin: bool, expected: list[str]
+) -> None:
+    assert gres_args(share_job(share, "node-02/A100" if pin else "node-02"), pin, shards) == (
+        expected
+    )
+
+
+def test_sbatch_argv_of_a_share_and_a_share_without_shards_configured(tmp_path: Path) -> None:
+    argv = sbatch_argv(
+        share_job(250), sh("true"), log_path="l", time_limit_us=None, shards_per_gpu=4
+    )
+    assert "--gres=shard:1" in argv and not any(a.startswith("--gres=gpu") for a in argv)
+    with pytest.raises(InvalidWork, match="shards per GPU"):
+        gres_args(share_job(250), False, None)
+    calls: list[list[str]] = []
+    ex = SlurmExecutor(tmp_path, runner=lambda argv, **_: calls.append(argv))  # type: ignore
+    ex.start(share_job(250), sh("true"))
+    (failed,) = ex.poll()
+    assert failed.state is RunState.FAILED and "shards_per_gpu" in failed.detail
+    assert calls == []  # never submitted
 
 
 # ---------------------------------------------------------------------------- the API

@@ -13,6 +13,7 @@ from scheduler.health import unhealthy_decisions
 from scheduler.inventory import placeable_nodes
 from scheduler.lifecycle import finish
 from scheduler.model import Flavor, Policy, QueueClass, Quota, Team
+from scheduler.quota import UNITS
 from tests.inventory_builders import a_mig_slice, a_record
 from tests.scheduler_builders import T0_US, Cluster, a_cluster, a_queue, a_spec
 
@@ -143,7 +144,7 @@ def test_a_quota_per_profile_counts_instances_apart_from_whole_gpus() -> None:
     c.submit(a_spec("v-3", gpus=1, mig_profile="1g.10gb"))
     c.settle()
     assert c.reason("v-3") is WaitReason.QUOTA_EXHAUSTED
-    assert c.state.used("vision", MIG_1G) == 1 and c.state.used("vision", WHOLE) == 2
+    assert c.state.used("vision", MIG_1G) == UNITS and c.state.used("vision", WHOLE) == 2 * UNITS
     c.submit(a_spec("v-4", gpus=1, mig_profile="3g.40gb"))
     c.settle()
     assert admitted(c, "v-4").gpu_uuids == ("GPU-M/gi1",)

@@ -303,3 +303,12 @@ def test_a_large_job_event_archived_compressed_comes_back_whole(tmp_path):
         store.seal()
     log = jh.read_job_event_log(tmp_path)
     assert (log.events, log.undecodable) == (tuple(events), 0)
+
+
+def test_a_share_jobs_row_keeps_its_share_and_its_explanation_says_it() -> None:
+    share = submitted("s", T0_US, gpus=1, gpu_share=250)
+    row = {r.job_id: r for r in jh.fold_jobs([share, submitted("w", T0_US)])}
+    assert row["s"].gpu_share == 250 and row["w"].gpu_share is None
+    events = [share, admitted("s", T0_US + MIN)]
+    why = jh.explain_job("s", events, T0_US + 2 * MIN)
+    assert "a 0.25 share of one GPU of" in why.headline

@@ -21,6 +21,7 @@ from scheduler.model import (
     Team,
 )
 from scheduler.placement import place
+from scheduler.quota import UNITS
 from tests.scheduler_builders import (
     A100,
     H100,
@@ -471,7 +472,7 @@ def test_evaluate_never_changes_the_snapshot() -> None:
     ws.take("vision", outcome.flavor, outcome.gpus, outcome.hold)
     assert isinstance(evaluate(nominations[0], ws, cluster.policy), Fit)
     assert (dict(snap.usage), {f: dict(g.by_node) for f, g in snap.free.items()}) == before
-    assert ws.used("vision", A100) == 4 and snap.used("vision", A100) == 0
+    assert ws.used("vision", A100) == 4 * UNITS and snap.used("vision", A100) == 0
 
 
 def test_blocked_reports_where_preemption_could_help() -> None:

@@ -16,6 +16,7 @@ from ledger.job_events import (
     WaitReason,
 )
 from scheduler.model import Balance, Node, OverBudget, Policy, Queue, Team
+from scheduler.quota import UNITS
 from tests.scheduler_builders import (
     A100,
     T0_US,
@@ -213,5 +214,5 @@ def test_a_reclaiming_team_gets_its_nominal_back_over_cycles() -> None:
         cluster.run(replace(spec, submit_us=T0_US + i))
     cluster.submit(*[a_spec(f"v{i}", "vision", submit_us=T0_US + 100 + i) for i in range(8)])
     cluster.settle()
-    assert cluster.state.used("vision", A100) == 8
-    assert cluster.state.used("audio", A100) == 8
+    assert cluster.state.used("vision", A100) == 8 * UNITS
+    assert cluster.state.used("audio", A100) == 8 * UNITS

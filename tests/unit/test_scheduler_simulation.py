@@ -53,7 +53,7 @@ from scheduler.model import (
     Quota,
     Team,
 )
-from scheduler.quota import over, spare
+from scheduler.quota import UNITS, over, spare
 from scheduler.simulation import SimJob, Simulation
 from scheduler.state import SchedulerState
 from tests.scheduler_builders import (
@@ -244,7 +244,8 @@ class Bookkeeper:
     def usage(self) -> Counter[tuple[str, Flavor]]:
         used: Counter[tuple[str, Flavor]] = Counter()
         for uuid, job_id in self.holder.items():
-            used[(self.specs[job_id].team, self.home[uuid][1])] += 1
+            spec = self.specs[job_id]
+            used[(spec.team, self.home[uuid][1])] += spec.gpu_share or UNITS
         return used
 
     def check_quotas(self) -> None:
@@ -255,7 +256,8 @@ class Bookkeeper:
                 u = used[(team.name, q.flavor)]
                 limit = 0 if team.cohort is None else q.borrowing_limit
                 if limit is not None:
-                    assert u <= q.nominal + limit, f"{team.name} holds {u} of {q.flavor}"
+                    held = f"{team.name} holds {u / UNITS:g} of {q.flavor}"
+                    assert u <= (q.nominal + limit) * UNITS, held
                 if team.cohort is not None:
                     t = totals.setdefault((team.cohort, q.flavor), [0, 0])
                     t[0] += over(q, u)

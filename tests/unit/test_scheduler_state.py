@@ -13,6 +13,7 @@ from ledger.job_events import (
 )
 from scheduler.errors import ConfigError, SchedulerError, StateError
 from scheduler.model import Flavor, Node, Policy, Quota, Team
+from scheduler.quota import UNITS
 from scheduler.state import SchedulerState
 from tests.scheduler_builders import A100, T0_US, a_cluster, a_queue, a_spec, a_team, nodes
 
@@ -33,7 +34,7 @@ def _assigned(uuid: str = "GPU-a100-00-0", job_id: str = "j") -> GpuAssigned:
 
 def _released(uuid: str = "GPU-a100-00-0", job_id: str = "j") -> GpuReleased:
     a = _assigned(uuid, job_id)
-    return GpuReleased(**{f.name: getattr(a, f.name) for f in fields(a)})
+    return GpuReleased(**{f.name: getattr(a, f.name) for f in fields(a) if f.name != "share"})
 
 
 def test_a_gpu_cannot_be_assigned_twice() -> None:
@@ -42,7 +43,7 @@ def test_a_gpu_cannot_be_assigned_twice() -> None:
     with pytest.raises(StateError, match="held by one"):
         cluster.state.apply(_assigned(job_id="two"))
     assert cluster.state.holder("GPU-a100-00-0") == "one"
-    assert cluster.state.used("vision", A100) == 1
+    assert cluster.state.used("vision", A100) == UNITS
 
 
 def test_only_the_holder_releases_a_gpu() -> None:
@@ -58,7 +59,7 @@ def test_a_gpu_outside_the_fleet_is_held_where_the_event_says_and_never_freed() 
     state = a_cluster().state
     free = state.free_total(A100)
     state.apply(_assigned(uuid="GPU-elsewhere"))  # e.g. replayed before the inventory is read
-    assert state.holder("GPU-elsewhere") == "j" and state.used("vision", A100) == 1
+    assert state.holder("GPU-elsewhere") == "j" and state.used("vision", A100) == UNITS
     state.apply(_released(uuid="GPU-elsewhere"))
     assert state.holder("GPU-elsewhere") is None and state.used("vision", A100) == 0
     assert state.free_total(A100) == free and not state.placeable("GPU-elsewhere")

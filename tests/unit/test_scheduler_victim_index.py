@@ -26,6 +26,7 @@ from scheduler.cycle import run_cycle
 from scheduler.model import FIFO_POLICY, Flavor, Ordering, Policy, RunningJob
 from scheduler.ordering import Nomination
 from scheduler.preemption import _candidates
+from scheduler.quota import UNITS, units_of
 from scheduler.running_index import victim_key
 from scheduler.simulation import Simulation
 from scheduler.snapshot import ClusterSnapshot
@@ -52,7 +53,9 @@ def plain_candidates(
     if not policy.enforce_quota:
         teams = tuple({t for t, f in ws.snap.running if f == flavor})
     else:
-        within_nominal = ws.used(team, flavor) + n.spec.gpus <= book.quota[(team, flavor)].nominal
+        within_nominal = ws.used(team, flavor) + units_of(n.spec) <= (
+            book.quota[(team, flavor)].nominal * UNITS
+        )
         cohort = book.cohort_of(team)
         if cohort is not None:
             teams = book.members.get((cohort, flavor), teams)
@@ -60,7 +63,7 @@ def plain_candidates(
     for other in teams:
         borrowing = policy.enforce_quota and other != team
         if borrowing:
-            borrowing = ws.used(other, flavor) > book.quota[(other, flavor)].nominal
+            borrowing = ws.used(other, flavor) > book.quota[(other, flavor)].nominal * UNITS
         for job in ws.snap.running.get((other, flavor), ()):
             if not job.preemptible or job.job_id in ws.removed:
                 continue

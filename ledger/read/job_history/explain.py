@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from ledger.fractional import share_text
 from ledger.job_events import (
     FailReason,
     GpuAssigned,
@@ -370,9 +371,10 @@ def _headline(
                 reason=tr(PREEMPT_PLAIN[last.reason]),
             )
         return text, advice
-    place = tr("{gpus} of {model} in pool {pool}").format(
-        gpus=_gpus(len(row.gpu_uuids) or row.gpus, tr), model=row.model, pool=row.pool
-    )
+    held = _gpus(len(row.gpu_uuids) or row.gpus, tr)
+    if row.gpu_share is not None:
+        held = tr("a {share} share of one GPU").format(share=share_text(row.gpu_share))
+    place = tr("{gpus} of {model} in pool {pool}").format(gpus=held, model=row.model, pool=row.pool)
     if row.state is JobState.STARTING:
         return tr("{job} has been given {place} and is starting.").format(job=name, place=place), ""
     if row.state is JobState.RUNNING:

@@ -96,6 +96,7 @@ class JobRow:
     borrowed_gpus: int = 0
     over_budget: bool = False
     preemptions: tuple[Preemption, ...] = ()
+    gpu_share: int | None = None  # per-mille of one GPU, for a GPU share (`JobSpec.gpu_share`)
     fail_reason: FailReason | None = None
     exit_code: int | None = None
     estimated_runtime_us: int | None = None
@@ -163,6 +164,7 @@ class _Acc:
     borrowed_gpus: int = 0
     over_budget: bool = False
     preemptions: list[Preemption] = field(default_factory=list)
+    gpu_share: int | None = None
     fail_reason: FailReason | None = None
     exit_code: int | None = None
     estimated_runtime_us: int | None = None
@@ -218,6 +220,7 @@ class _Acc:
             borrowed_gpus=self.borrowed_gpus,
             over_budget=self.over_budget,
             preemptions=tuple(self.preemptions),
+            gpu_share=self.gpu_share,
             fail_reason=self.fail_reason,
             exit_code=self.exit_code,
             estimated_runtime_us=self.estimated_runtime_us,
@@ -235,6 +238,7 @@ def _apply(acc: _Acc, event: JobEvent) -> None:
         spec = event.spec
         acc.team, acc.project, acc.user, acc.queue = spec.team, spec.project, spec.user, spec.queue
         acc.gpus, acc.estimated_runtime_us = spec.gpus, spec.estimated_runtime_us
+        acc.gpu_share = spec.gpu_share
         acc.model = acc.model or spec.model
         acc.pool = acc.pool or spec.pool
         acc.submitted_us = at

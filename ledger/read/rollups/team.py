@@ -16,6 +16,7 @@ from ledger.balances import BudgetStatus as TeamBudgetStatus
 from ledger.balances import budget_status as balance_budget_status
 from ledger.balances import fold_rows
 from ledger.errors import LedgerError
+from ledger.fractional import SHARE_UNITS
 from ledger.read import job_history
 from ledger.read.reports import CONSUMER_SQL, IDLE_LEG_SQL, ReportQueries
 from ledger.read.rollups.finance import JobCost
@@ -129,7 +130,9 @@ def team_budget(q: ReportQueries, team: str, period: str | None = None) -> TeamB
 @dataclass(frozen=True, slots=True)
 class QuotaLine:
     """A team's quota of one pool and model (`quotas:` admin events), and its GPUs in use now
-    by its running jobs (`borrowed_gpus` of them count against other teams' unused quota)."""
+    by its running jobs (`borrowed_gpus` of them count against other teams' unused quota). A
+    GPU share counts as its share, as the scheduler counts quota: `in_use_gpus` is the GPUs in
+    use rounded up (four 0.25 shares: 1)."""
 
     pool: str
     model: str
@@ -166,7 +169,8 @@ def team_quotas(
     for row in job_history.fold_jobs(archived_job_log(q, topic).events):
         if row.team == team and row.state.active:
             used = in_use[(row.pool, row.model)]
-            used[0] += len(row.gpu_uuids) or row.gpus
+            whole = (len(row.gpu_uuids) or row.gpus) * SHARE_UNITS
+            used[0] += whole if row.gpu_share is None else row.gpu_share
             used[1] += row.borrowed_gpus
     lines = tuple(
         QuotaLine(
@@ -175,7 +179,7 @@ def team_quotas(
             quota.nominal_gpus,
             quota.borrowing_limit,
             quota.lending_limit,
-            in_use[(quota.pool, quota.model)][0],
+            -(-in_use[(quota.pool, quota.model)][0] // SHARE_UNITS),  # GPUs, rounded up
             in_use[(quota.pool, quota.model)][1],
             quota.actor,
             quota.effective_us,
