@@ -129,7 +129,7 @@ def run(
         fail(str(exc), Exit.USAGE)
     configure_logging("alerts", log_level, log_format)
     kafka = kafka_or_exit(config)
-    metrics = TallyMetrics(config.ledger.data_dir)
+    metrics = TallyMetrics(sections=("alerts",))  # its own figures: the ledger is not on its volume
     progress, heartbeat = ConsumerProgress(), Heartbeat()
     if metrics_port is None and config.metrics.enabled:
         metrics_port = config.metrics.alerts_port

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from aiokafka import AIOKafkaProducer
 
 from ledger.balances import BalanceUpdate, BudgetLine, BudgetStatus, encode_balance_update
 from ledger.fleet_alerts import FleetKind, JobAlert, alert_key, encode_fleet_alert
+from tally.broker import free_port
 from tests.builders import a_config_dict
 from tests.conftest import child_env, create_topics, tally_command, write_config
 from tests.robots import Robot, start_robot, stop_robot
@@ -93,9 +95,10 @@ def test_alerts_and_budgets_on_the_topics_reach_signed_robots(broker, tmp_path: 
     path = write_config(tmp_path / "tally.yaml", data)
     log = tmp_path / "alerts.log"
     env = child_env(DING_SECRET="SEC-dingtalk-secret", LARK_SECRET="feishu-secret")
+    port = free_port()
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            tally_command("alerts", "run", "--config", str(path)),
+            tally_command("alerts", "run", "--config", str(path), "--metrics-port", str(port)),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -109,6 +112,8 @@ def test_alerts_and_budgets_on_the_topics_reach_signed_robots(broker, tmp_path: 
             assert proc.poll() is None, log.read_text(errors="replace")
             time.sleep(0.1)
         time.sleep(0.5)  # nothing more should come: the resend is the same alert
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+            served = page.read().decode()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -124,3 +129,6 @@ def test_alerts_and_budgets_on_the_topics_reach_signed_robots(broker, tmp_path: 
         assert sum("budget crossed 50%" in t for t in texts) == 1
         assert sum("budget crossed 80% — 85.00 GPU-hours of 100.00 GPU-hours" in t for t in texts)
     assert all("timestamp" in m and "sign" in m for m in feishu.messages)
+    # alert delivery serves its own figures, never a ledger it does not hold
+    assert "tally_alert_deliveries_total" in served
+    assert "tally_ledger" not in served and "tally_idle_gpus" not in served
