@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from tally.dashboard_login import secrets_path
 from tests.deploy.commands import (
     DASHBOARD_HEALTH_PATH,
     DEPLOY,
@@ -347,14 +348,20 @@ def test_the_sealed_ledger_is_read_from_the_object_store(
     claim = volume_under(workload, container, config.ledger.data_dir)["persistentVolumeClaim"]
     assert not is_ledger_claim(objects, claim["claimName"])
     assert named(objects, "PersistentVolumeClaim", claim["claimName"])["spec"]["accessModes"]
+    # what the dashboard keeps (people's saved job templates) survives a restart
+    workload, container, config = configs[("dashboard",)]
+    kept = volume_under(workload, container, secrets_path(config).parent / "templates")
+    assert "persistentVolumeClaim" in kept, kept
+    assert not is_ledger_claim(objects, kept["persistentVolumeClaim"]["claimName"])
+    assert workload["spec"].get("strategy", {}).get("type") == "Recreate"  # one pod per claim
 
 
 def volume_under(workload: dict[str, Any], container: dict[str, Any], path: Path) -> dict[str, Any]:
     """The pod volume `path` lies on in `container`, mounted writable."""
     where = f"{workload['metadata']['name']}: {path}"
     mounts = [m for m in container["volumeMounts"] if path.is_relative_to(m["mountPath"])]
-    assert len(mounts) == 1, f"{where} is on {len(mounts)} volumes"
-    (mount,) = mounts
+    assert mounts, f"{where} is on no volume"
+    mount = max(mounts, key=lambda m: len(Path(m["mountPath"]).parts))  # the innermost wins
     assert not mount.get("readOnly", False), f"{where} is read-only"
     (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
     return dict(volume)
