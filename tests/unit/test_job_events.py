@@ -98,7 +98,7 @@ EVERY_EVENT: list[Any] = [
     ),
     pytest.param(ASSIGNED, id="gpu-assigned"),
     pytest.param(
-        GpuReleased(**{f.name: getattr(ASSIGNED, f.name) for f in fields(ASSIGNED)}),
+        GpuReleased(**{f.name: getattr(ASSIGNED, f.name) for f in fields(GpuReleased)}),
         id="gpu-released",
     ),
 ]
@@ -148,7 +148,7 @@ def test_id_is_derived_from_content() -> None:
         ),
         pytest.param(
             ASSIGNED,
-            GpuReleased(**{f.name: getattr(ASSIGNED, f.name) for f in fields(ASSIGNED)}),
+            GpuReleased(**{f.name: getattr(ASSIGNED, f.name) for f in fields(GpuReleased)}),
             id="assign-and-release-one-gpu",
         ),
         pytest.param(JobFinished("job-1", T0_US), JobFinished("job-1", T0_US + 1), id="times"),
