@@ -19,6 +19,13 @@ from tests.s3_server import s3_bucket, s3_server, s3_store  # noqa: F401  (fixtu
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests first (a stable sort: otherwise collection order). `make test` spreads the
+    suite's files over worker processes (pytest-xdist, `--dist loadfile`) in this order, so
+    the minutes-long campaigns start at once, side by side, instead of one of them last."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _restore_logging() -> Iterator[None]:
     """A long-running command run in this process (CliRunner) configures logging

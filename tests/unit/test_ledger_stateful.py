@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -628,6 +629,7 @@ PROFILE = settings(
 )
 
 
+@pytest.mark.slow
 def test_ledger_invariants_hold_under_a_random_life() -> None:
     TOTAL_STEPS["n"] = 0
     run_state_machine_as_test(LedgerMachine, settings=PROFILE)
