@@ -28,7 +28,9 @@ PRICES = PriceBook((Price("*", 3_600_000),))  # one micro per GPU-ms
 def _sample(step: int, sm: int = 50) -> object:
     owner = Owner(None, None, "ada", "job-7")  # names only its job: suspense until known
     return an_envelope(
-        sample_time_us=T0_US + step * INTERVAL_US, processes=(a_process(sm=sm, owner=owner),)
+        sample_time_us=T0_US + step * INTERVAL_US,
+        util_gpu_pct=sm,
+        processes=(a_process(sm=sm, owner=owner),),
     )
 
 
@@ -43,6 +45,9 @@ class Case:
 
 CASES = {
     "owner-known-late-counted-once-as-busy": Case("job-7", 50, 1, (), 30_000),
+    "owner-known-late-idle-run-counted-once": Case(
+        "job-7", 0, 0, ((rollups.GpuState.ALLOCATED_IDLE, "vision", 30_000),), 30_000
+    ),
     "owner-never-known-stays-unallocated": Case(
         "job-8", 50, 0, ((rollups.GpuState.UNALLOCATED, None, 30_000),), 0
     ),
