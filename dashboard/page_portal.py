@@ -187,7 +187,8 @@ if team_view:  # the team lead's view of the team's requests (filed on the Reque
                 {
                     _("request"): r.request_id,
                     _("change"): r.change,
-                    _("status"): _(STATUS_LABELS.get(r.status, r.status)),
+                    _("status"): _(STATUS_LABELS.get(r.status, r.status))
+                    + (f": {r.refused_reason}" if r.refused_reason else ""),
                     _("requested by"): r.requested_by,
                     _("decided by"): r.decided_by,
                     _("comment"): r.comment,

@@ -153,7 +153,8 @@ else:
                 _("request"): r.request_id,
                 _("team"): r.team,
                 _("change"): r.change,
-                _("status"): _(STATUS_LABELS.get(r.status, r.status)),
+                _("status"): _(STATUS_LABELS.get(r.status, r.status))
+                + (f": {r.refused_reason}" if r.refused_reason else ""),
                 _("requested by"): r.requested_by,
                 _("reason"): r.reason,
                 _("approvers"): r.approvers,

@@ -53,6 +53,7 @@ STATUS_LABELS = {  # a row's status → its label (translated where shown)
     "approved": N_("approved"),
     "rejected": N_("rejected"),
     "expired": N_("expired"),
+    "refused": N_("refused by the ledger"),
 }
 NO_REASON = N_("Reason: say why the change is needed.")
 BAD_PERIOD = N_("Period: a month as YYYY-MM.")
@@ -118,7 +119,7 @@ class RequestRow:
     team: str
     kind: str
     change: str
-    status: str  # pending | approved | rejected | expired
+    status: str  # pending | approved | rejected | expired | refused (by the ledger: open again)
     requested_by: str
     reason: str
     approvers: str  # the roles that may decide it, e.g. "finance, admin"
@@ -127,6 +128,7 @@ class RequestRow:
     comment: str
     effect: str  # the admin event an approval made ("" otherwise)
     decidable: bool  # still open: an approver may approve or reject it
+    refused_reason: str = ""  # why the ledger refused the approval ("" unless refused)
 
 
 def request_rows(
@@ -153,7 +155,8 @@ def request_rows(
                 decided_by=str(decided_by),
                 comment=str(v.get("comment") or ""),
                 effect=str(v.get("effect") or "") if status == "approved" else "",
-                decidable=status == "open",
+                decidable=status in ("open", "refused"),
+                refused_reason=str(v.get("refused_reason") or "") if status == "refused" else "",
             )
         )
     return rows
@@ -161,7 +164,7 @@ def request_rows(
 
 def status_counts(rows: Sequence[RequestRow]) -> dict[str, int]:
     """How many requests have each status, in the order a reader scans them."""
-    order = (PENDING, "approved", "rejected", "expired")
+    order = (PENDING, "refused", "approved", "rejected", "expired")
     counts = {s: 0 for s in order}
     for row in rows:
         counts[row.status] = counts.get(row.status, 0) + 1

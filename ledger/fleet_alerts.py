@@ -12,7 +12,9 @@
   `tally.gpu.health.resolved` when it is healthy again.
 - `RequestAlert`: a quota or budget request was opened, approved, rejected or expired
   (`tally.request.opened` / `.approved` / `.rejected` / `.expired`, raised by the ledger worker
-  from the admin fold, `ledger.admin.requests`); each step is reported once.
+  from the admin fold, `ledger.admin.requests`); each step is reported once. The ledger refused
+  a decision step (`tally.request.refused`: `step` the refused event's id, `comment` the
+  ledger's reason), once per refused step: how the scheduler's request desk learns it.
 - `JobAlert`: a job holds GPUs idle longer than its queue allows (`tally.job.idle`, resolved by
   `tally.job.idle.resolved`), or waits longer than its queue's threshold
   (`tally.job.pending`, resolved by `tally.job.pending.resolved` once admitted or ended).
@@ -58,6 +60,7 @@ class FleetKind(StrEnum):
     REQUEST_APPROVED = "tally.request.approved"
     REQUEST_REJECTED = "tally.request.rejected"
     REQUEST_EXPIRED = "tally.request.expired"
+    REQUEST_REFUSED = "tally.request.refused"  # the ledger refused a decision step
 
 
 RESOLVING = frozenset(
@@ -74,6 +77,7 @@ REQUEST_KINDS = frozenset(
         FleetKind.REQUEST_APPROVED,
         FleetKind.REQUEST_REJECTED,
         FleetKind.REQUEST_EXPIRED,
+        FleetKind.REQUEST_REFUSED,
     }
 )
 ONE_SHOT = frozenset({FleetKind.BUDGET_THRESHOLD, FleetKind.TEAM_IDLE}) | REQUEST_KINDS
@@ -260,6 +264,7 @@ class RequestAlert:
     comment: str
     approvers: str
     at_us: int
+    step: str = ""  # a refusal's: the id of the refused step's event (`comment`: the reason)
 
     @property
     def subject(self) -> str:
@@ -271,6 +276,8 @@ class RequestAlert:
 
     @property
     def id(self) -> str:
+        if self.step:  # one per refused step
+            return _id(f"{self.episode[0]}/{self.step}", self.kind, 0)
         return _id(self.episode[0], self.kind, 0)  # one alert per request and step
 
     @property
@@ -325,6 +332,7 @@ def _data(alert: FleetAlert) -> dict[str, Any]:
             "comment": bounded(alert.comment, ID_LIMIT),
             "approvers": bounded(alert.approvers, ID_LIMIT),
             "at_us": alert.at_us,
+            **({"step": bounded(alert.step, ID_LIMIT)} if alert.step else {}),
         }
     if isinstance(alert, TeamIdleAlert):
         return {
@@ -427,6 +435,7 @@ def _fleet_from(doc: dict[str, Any], kind: FleetKind) -> FleetAlert:
             kind=kind,
             **{k: _str(data, k) for k in _REQUEST_TEXTS},
             at_us=_int(data, "at_us"),
+            step=_str(data, "step") if "step" in data else "",
         )
     if kind is FleetKind.TEAM_IDLE:
         return TeamIdleAlert(

@@ -14,7 +14,11 @@ Rules (`IdlePolicy`):
 - hysteresis: an open alert resolves (`IdleGpuResolved`) only when utilisation has stayed at or
   above `resolve_pct` for `resolve_duration_us`, or the owner changes or leaves;
 - samples older than the last one seen for the GPU are not considered (late data never reopens
-  or resolves an alert).
+  or resolves an alert);
+- a job is one holder whatever is known of its owner (`same_holder`): a sample that names only
+  its job (booked to `unallocated:` until the jobs topic makes the owner known) steps the
+  detector as that job's, so the late owner's correction re-posts usage whose idle flag is the
+  one it would have had, and the owner becoming known continues the episode.
 
 The alerts it emits (`IdleAlert`, `AlertKind`, `ResolveReason`) and their one encoding and
 decoding live in `ledger.alerts`; they are re-exported here for the detector's callers.
@@ -97,7 +101,7 @@ def step(
         return state, (), False
     alerts: list[IdleAlert] = []
     subject, end, owner = obs.subject, obs.end_us, obs.owner
-    if state is None or owner != state.owner:  # a new holder starts from nothing
+    if state is None or not same_holder(owner, state.owner):  # a new holder starts from nothing
         if state is not None and state.alert_since_us is not None:
             reason = ResolveReason.RELEASED if owner is None else ResolveReason.OWNER_CHANGED
             alerts.append(_alert(AlertKind.RESOLVED, state, obs, reason))
@@ -151,6 +155,14 @@ def step(
         alerts.append(_alert(AlertKind.RESOLVED, new, obs, ResolveReason.BUSY_AGAIN))
         new = GpuIdleState(subject, end, owner=owner)
     return new, tuple(alerts), False
+
+
+def same_holder(a: Owner | None, b: Owner | None) -> bool:
+    """Whether two observed owners are one holder: equal, or naming the same job (a job whose
+    owner was known only late is first observed by its job id alone, then with its team)."""
+    if a is None or b is None:
+        return a is b
+    return a == b or (a.job_id is not None and a.job_id == b.job_id)
 
 
 def _alert(

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ledger.balances import decode_balance_update
@@ -332,12 +332,7 @@ class Feeds:
                     if self.prices.on_admin(m.value):
                         self.dispatcher.state.prices = self.prices.book
                     if self.requests is not None:
-                        before = self.requests.quota_changes
-                        self.requests.on_admin(m.value)
-                        if self.requests.quota_changes != before:
-                            self.dispatcher.state.set_quotas(
-                                with_applied(self._configured_teams, self.requests.quotas)
-                            )
+                        self._on_requests(self.requests.on_admin, m.value)
                 elif tp.topic == self.settings.balances_topic:
                     self.balance_messages += 1
                     if m.value is None:
@@ -352,8 +347,21 @@ class Feeds:
                 else:
                     self.alert_messages += 1
                     self.dispatcher.on_alert(m.value)
+                    if self.requests is not None:  # the ledger's refusals of request steps
+                        self._on_requests(self.requests.on_alert, m.value)
         await self._acknowledge()
         return count
+
+    def _on_requests(self, fold: Callable[[bytes | None], None], value: bytes | None) -> None:
+        """Fold one message into the request desk; hand the scheduler the applied quotas when
+        that changed them."""
+        assert self.requests is not None
+        before = self.requests.quota_changes
+        fold(value)
+        if self.requests.quota_changes != before:
+            self.dispatcher.state.set_quotas(
+                with_applied(self._configured_teams, self.requests.quotas)
+            )
 
     async def _acknowledge(self) -> None:
         """Move holds along: committed by the ledger → barrier; barrier reached → counted by

@@ -2,7 +2,8 @@
 the `admin` topic (`RequestOpened`, `RequestApproved`, `RequestRejected`, `RequestExpired`,
 defined in `request_events`) do — the request projection (`RequestState`, `fold_request`), the
 approval policy (`ApprovalPolicy`, `approvers_for`, `verdict`), an approval's effect (`effect`)
-and the alert each step raises (`request_alert`). Pure.
+and the alert each step raises (`request_alert`), or its refusal (`refused_step`,
+`refusal_alert`: the ledger's reason, shown as the status `refused`). Pure.
 
 A request is keyed on the topic by its id (`request_id`, derived from its content), and so is
 every later step, so one partition holds a request's whole history in order. The writer of a
@@ -40,6 +41,8 @@ from ledger.roles import Role
 from ledger.units import Unit
 
 REQUESTS_SOURCE = "tally://ledger/requests"  # the source of the effects approvals make
+REFUSED = "refused"  # a status readers show (`RequestState.shown_at`), never a step's
+REFUSED_OUTCOME = "refused: "  # an admin log entry's outcome, then the reason
 HOUR_US = 3_600_000_000
 
 
@@ -127,10 +130,19 @@ class RequestState:
     decided_us: int | None = None
     comment: str | None = None
     effect: str | None = None
+    refused: str | None = None  # the ledger's reason for refusing the latest decision step
 
     @property
     def request_id(self) -> str:
         return self.opened.request_id
+
+    def shown_at(self, now_us: int) -> str:
+        """The status readers show at `now_us`: `status_at`'s, or `refused` while the latest
+        decision step was refused by the ledger (the request stays open: another may decide)."""
+        status = self.status_at(now_us)
+        if self.refused is not None and status is RequestStatus.OPEN:
+            return REFUSED
+        return status.value
 
     def status_at(self, now_us: int) -> RequestStatus:
         """The status a reader shows at `now_us`: an open request past its expiry is expired,
@@ -188,7 +200,21 @@ def advance(
         decided_us=event.effective_us,
         comment=event.reason,
         effect=effect,
+        refused=None,
     )
+
+
+def refused_step(
+    states: dict[str, RequestState], event: RequestEvent, reason: str
+) -> RequestState | None:
+    """Record in `states` (in place) that the ledger refused decision step `event` for
+    `reason`; the request's state, or None when `event` opens a request or names none that is
+    open (a step on a decided request changes nothing a reader could have believed)."""
+    state = states.get(event.request_id)
+    if state is None or isinstance(event, RequestOpened) or state.status is not RequestStatus.OPEN:
+        return None
+    states[event.request_id] = replace(state, refused=reason)
+    return states[event.request_id]
 
 
 def effect(opened: RequestOpened, approval: RequestApproved) -> BudgetGranted | QuotaSet:
@@ -300,6 +326,17 @@ def request_alert(event: RequestEvent, state: RequestState) -> RequestAlert:
         comment=event.reason,
         approvers=", ".join(state.opened.approvers),
         at_us=event.effective_us,
+    )
+
+
+def refusal_alert(event: RequestEvent, state: RequestState, step_id: str) -> RequestAlert:
+    """The alert the ledger raises when it refuses decision step `event` (envelope id
+    `step_id`) on `state`'s request: the reason is its comment (once per refused step)."""
+    return replace(
+        request_alert(event, state),
+        kind=FleetKind.REQUEST_REFUSED,
+        comment=state.refused or "",
+        step=step_id,
     )
 
 

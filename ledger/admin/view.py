@@ -25,7 +25,7 @@ from ledger.admin.events import (
 )
 from ledger.admin.recurring import AppliedPolicy, PolicyKey
 from ledger.admin.request_events import REQUEST_CLASSES
-from ledger.admin.requests import RequestState, fold_request
+from ledger.admin.requests import REFUSED_OUTCOME, RequestState, fold_request, refused_step
 from ledger.errors import EventError
 from ledger.pricing import Price, PriceBook
 from ledger.units import Unit
@@ -85,6 +85,9 @@ class AdminView:
         requests: dict[str, RequestState] = {}
         for entry in entries:
             if entry.outcome != "applied":
+                step = entry.envelope.data
+                if entry.outcome.startswith(REFUSED_OUTCOME) and isinstance(step, REQUEST_CLASSES):
+                    refused_step(requests, step, entry.outcome.removeprefix(REFUSED_OUTCOME))
                 continue
             event = entry.envelope.data
             if isinstance(event, PriceSet):

@@ -17,7 +17,10 @@ Requests (`ledger.admin.requests`): each step is checked against the request pro
 not expired by the step's time, an approver the request names, never the requester), recorded,
 audited and raised as an alert; an approval's effect — the `BudgetGranted` or `QuotaSet` the
 change needs, with a content-derived id — is applied right after it like any admin event, so
-it happens once, and a rebuild makes it again with the same id.
+it happens once, and a rebuild makes it again with the same id. A decision step refused on a
+request the ledger knows (not open, expired, a wrong approver, its change refused) is a dead
+letter and also logged with the outcome `refused: <reason>` and alerted (`tally.request.refused`),
+so readers and the scheduler's desk show the request `refused` with the ledger's reason.
 
 Every event applied (not one that changed nothing) is also an audit entry
 (`ledger.ingest.audit`) with the value it replaced: the previous price, team definition, quota,
@@ -48,7 +51,15 @@ from ledger.admin import (
     reversal_transaction,
 )
 from ledger.admin.request_events import REQUEST_CLASSES, RequestOpened
-from ledger.admin.requests import RequestState, fold_request, request_alert, request_states
+from ledger.admin.requests import (
+    REFUSED_OUTCOME,
+    RequestState,
+    fold_request,
+    refusal_alert,
+    refused_step,
+    request_alert,
+    request_states,
+)
 from ledger.audit import AuditEntry
 from ledger.closing import booking_period
 from ledger.events import DeadLetter
@@ -273,13 +284,14 @@ class _AdminFold:
         states = dict(self.requests)
         made, problem = fold_request(states, event)
         if problem is not None:
-            return problem
+            return self._refused(envelope, problem)
         state = states[event.request_id]
         at, audit_at = len(self.entries), len(self.audit)
         if made is not None:
             problem = self.apply(made, message)
             if problem is not None:
-                return f"request {event.request_id}: its change is refused: {problem}"
+                reason = f"request {event.request_id}: its change is refused: {problem}"
+                return self._refused(envelope, reason)
         self.requests = states
         if isinstance(event, RequestOpened):
             before, after = request_states(event)
@@ -290,6 +302,22 @@ class _AdminFold:
         self.audit.insert(audit_at, admin_entry(envelope, before, after))
         self.alerts.append(request_alert(event, state))
         return None
+
+    def _refused(self, envelope: AdminEnvelope, reason: str) -> str:
+        """A decision step the ledger refuses (a dead letter, `reason`) on a request it knows:
+        logged with the outcome `refused: <reason>` (so the request projection shows it, and
+        a resent copy is a duplicate) and alerted (`tally.request.refused`), so the scheduler's
+        desk, which saw the step on the topic, learns the ledger's answer. The request stays
+        as it was."""
+        event = envelope.data
+        assert isinstance(event, REQUEST_CLASSES)
+        states = dict(self.requests)
+        state = refused_step(states, event, reason)
+        if state is not None:
+            self.requests = states
+            self.entries.append(AppliedAdmin(envelope, REFUSED_OUTCOME + reason))
+            self.alerts.append(refusal_alert(event, state, envelope.id))
+        return reason
 
     def _reversal(self, envelope: AdminEnvelope, target: str) -> Transaction | str:
         """The reversal of `target`, or why it is refused."""

@@ -13,9 +13,10 @@ a MIG instance's sample reads the instance's own timeline, `<GPU UUID>/gi<id>`, 
 assigned it one), else to unallocated capacity, where it awaits its GPU's assignment for a while (a
 `GpuAssigned` consumed after it corrects it); an unpriced model is a dead letter. A sample whose
 natural period is closed is booked into the next open one. Each GPU subject's idle detector is
-stepped in sample-time order and flags confirmed-idle usage. Usage settles the open holds of its
-jobs; holds whose expiry the batch's newest new event has passed are released (a duplicate moves no
-clock).
+stepped in sample-time order and flags confirmed-idle usage (a sample awaiting its job's owner is
+observed as that job's, so its correction re-posts the flag the owner's usage would have had).
+Usage settles the open holds of its jobs; holds whose expiry the batch's newest new event has
+passed are released (a duplicate moves no clock).
 
 Two paths give the same transactions. The common case (one holder: a whole GPU or a MIG slice
 whose owner the sample names, or nobody with no scheduler assignment; an open period; a job
@@ -139,7 +140,12 @@ def fold_samples(
             continue
         observed.append(
             _Observed(
-                envelope, False, len(transactions), usage.owner, usage.gpu_ms, usage.cost_micros
+                envelope,
+                False,
+                len(transactions),
+                usage.owner or _awaiting_owner(envelope),
+                usage.gpu_ms,
+                usage.cost_micros,
             )
         )
         transactions.extend(sourced([txn], message))
@@ -242,7 +248,14 @@ def _add_common_case(
             energy,
         )
     )
-    return _observed(envelope, True, row, charged, ms, money)
+    return _observed(envelope, True, row, owner, ms, money)  # its job's, if awaiting its owner
+
+
+def _awaiting_owner(envelope: SampleEnvelope) -> Owner | None:
+    """The job-only owner a sample charged to nobody names (its usage awaits that job's owner):
+    the idle detector sees the GPU held by that job (`ledger.idle.same_holder`)."""
+    first = owner_shares(envelope.data)[0][0]
+    return first if first is not None and first.job_id else None
 
 
 def detect_idle(

@@ -44,8 +44,7 @@ state before applying that batch.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import duckdb
@@ -55,17 +54,17 @@ import pyarrow.compute as pc
 from ledger.admin import AppliedAdmin, PeriodClosed
 from ledger.assignments import Holding
 from ledger.closing import ClosedPeriod
-from ledger.errors import SealError, StoreError
+from ledger.errors import StoreError
 from ledger.events import DeadLetter
-from ledger.excerpts import bounded
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState, state_to_row
 from ledger.posting_columns import PostingColumns
 from ledger.store.balance_outbox import queue_balance_messages
-from ledger.store.hot_audit import AUDIT_DDL, HotAudit
-from ledger.store.hot_dedupe import DedupeSet, Pruned
+from ledger.store.hot_audit import AUDIT_DDL
+from ledger.store.hot_dedupe import DedupeSet
 from ledger.store.hot_identity import IDENTITY_DDL, HotIdentity, write_identity
-from ledger.store.hot_reads import BALANCES_VERSION, HotReads
+from ledger.store.hot_outbox import HotOutbox, now_us
+from ledger.store.hot_reads import BALANCES_VERSION
 from ledger.store.hot_tables import (
     HOT_TABLES_DDL,
     insert_postings,
@@ -75,6 +74,7 @@ from ledger.store.hot_tables import (
     read_open_holds,
     write_changes,
 )
+from ledger.store.hot_upkeep import PRUNE_WINDOW_KEY, PRUNED_BEFORE_KEY, HotUpkeep
 from ledger.store.layout import (
     ARCHIVE_DIR,
     HOT_DB_NAME,
@@ -90,32 +90,22 @@ from ledger.store.port import (
     OffsetRange,
     OutboxMessage,
     PartitionKey,
-    SealResult,
     SourcedTransaction,
     StateChanges,
-    Undeliverable,
     ViewKeys,
     assemble_view,
     ranges_from_offsets,
 )
 from ledger.store.schema import archive_to_arrow, transactions_to_arrow, usage_to_arrow
-from ledger.store.sealing import Segmenter, io_reason
-from ledger.store.segments import SegmentInfo
+from ledger.store.sealing import Segmenter
 from ledger.store.side_files import period_checksum
-
-# The ledger_meta keys of the prunes run since the last archived batch (archived with the next).
-_WINDOW, _CUTOFF = "prune_window_us", "pruned_before_us"
 
 
 def _postings_table(fresh: Sequence[SourcedTransaction], incarnation: str) -> pa.Table:
     return transactions_to_arrow(fresh, incarnation)
 
 
-def _now_us() -> int:
-    return time.time_ns() // 1_000
-
-
-class DuckDBStore(HotReads, HotAudit, HotIdentity):
+class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
     """The single writer of one ledger data directory: the DuckDB implementation of the store
     port (`ledger.store.port.LedgerStore`)."""
 
@@ -147,21 +137,10 @@ class DuckDBStore(HotReads, HotAudit, HotIdentity):
             self.rebuild_balances()  # a store from before the balances table: fold once
         row = first_row(self._con.execute("SELECT max(batch_seq) FROM source_ranges"))
         self._batch_seq = int(row[0]) if row and row[0] is not None else 0
-        pruned = self._meta(_CUTOFF)
+        pruned = self._meta(PRUNED_BEFORE_KEY)
         self._pruned_before: int | None = None if pruned is None else int(pruned)
-        window = self._meta(_WINDOW)
+        window = self._meta(PRUNE_WINDOW_KEY)
         self._prune_window: int | None = None if window is None else int(window)
-
-    def _meta(self, key: str) -> str | None:
-        row = first_row(self._con.execute("SELECT value FROM ledger_meta WHERE key = ?", [key]))
-        return None if row is None else str(row[0])
-
-    def _set_meta(self, key: str, value: object) -> None:
-        self._con.execute(
-            "INSERT INTO ledger_meta VALUES (?, ?) "
-            "ON CONFLICT DO UPDATE SET value = excluded.value",
-            [key, str(value)],
-        )
 
     # ------------------------------------------------------------------ exactly-once bookkeeping
 
@@ -199,7 +178,7 @@ class DuckDBStore(HotReads, HotAudit, HotIdentity):
         while committed rows are still unsealed.
         """
         con = self._con
-        now = _now_us()
+        now = now_us()
         changes = changes or StateChanges()
         if raw and ranges_from_offsets((m.topic, m.partition, m.offset) for m in raw) != list(
             ranges
@@ -426,44 +405,6 @@ class DuckDBStore(HotReads, HotAudit, HotIdentity):
     def open_holds(self) -> dict[HoldKey, OpenHold]:
         return dict(self._state().holds)
 
-    def pending_outbox(self, limit: int = 1000) -> list[OutboxMessage]:
-        rows = self._con.execute(
-            'SELECT id, topic, "key", "value" FROM outbox WHERE NOT sent '
-            "ORDER BY created_at_us, rowid LIMIT ?",
-            [limit],
-        ).fetchall()
-        return [OutboxMessage(str(i), str(t), k, v) for i, t, k, v in rows]
-
-    def mark_sent(self, ids: Sequence[str]) -> None:
-        """Forget messages the broker acknowledged (the outbox holds only what is owed)."""
-        if ids:
-            self._con.execute("DELETE FROM outbox WHERE list_contains(?, id)", [list(ids)])
-
-    def mark_undeliverable(self, message_id: str, reason: str) -> None:
-        """Move a refused outbox message to `undeliverable`, with the broker's reason."""
-        con = self._con
-        con.execute("BEGIN TRANSACTION")
-        try:
-            con.execute(
-                'INSERT INTO undeliverable SELECT id, topic, "key", "value", ?, ? FROM outbox '
-                "WHERE id = ?",
-                [bounded(reason), _now_us(), message_id],
-            )
-            con.execute("DELETE FROM outbox WHERE id = ?", [message_id])
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-
-    def undeliverable(self) -> list[Undeliverable]:
-        rows = self._con.execute(
-            'SELECT id, topic, "key", "value", reason FROM undeliverable '
-            "ORDER BY recorded_at_us, rowid"
-        ).fetchall()
-        return [
-            Undeliverable(OutboxMessage(str(i), str(t), k, v), str(r)) for i, t, k, v, r in rows
-        ]
-
     def _drop_seen_columns(
         self, columns: PostingColumns | None, fresh: Sequence[SourcedTransaction]
     ) -> PostingColumns | None:
@@ -490,105 +431,6 @@ class DuckDBStore(HotReads, HotAudit, HotIdentity):
             seen.add(item.txn.txn_id)
             fresh.append(item)
         return fresh
-
-    # ------------------------------------------------------------------ sealing
-
-    def seal(self, compact_below_rows: int = 500_000, compact_min_segments: int = 8) -> SealResult:
-        """Seal every committed, unsealed range into segments and archive segments; then compact
-        small ones of each.
-
-        The archive manifest is written before the postings manifest, so the archive never lags
-        the postings a reader sees; an interrupted seal leaves its ranges unsealed, and the next
-        one writes the same files again. A file the system refuses to write (the disk is full)
-        raises a `SealError` and leaves the committed rows where they were (see
-        `ledger.store.sealing`).
-        """
-        try:
-            result = self._segments.seal_committed()
-            result.compacted = self.compact(compact_below_rows, compact_min_segments)
-            result.archive_compacted = self._segments.align_archive()
-            self._segments.remove_unlisted_files()
-            self.export_closed_periods()  # after sealing: a closed period's rows are all sealed
-            self.export_refused()
-            self.export_inventory()
-            if not self._admin_log_exported:
-                self.export_admin_log()
-            self.export_audit()
-        except OSError as exc:  # a side file, a manifest or a directory could not be written
-            raise SealError(str(exc.filename or self.segments_root), io_reason(exc)) from exc
-        return result
-
-    def compact(self, below_rows: int, min_segments: int) -> list[SegmentInfo]:
-        """Merge runs of ≥ `min_segments` adjacent small segments of a partition into one."""
-        return self._segments.compact(self._segments.postings, below_rows, min_segments)
-
-    def remove_unlisted_files(self) -> int:
-        """Delete segment and archive files their manifest does not name."""
-        return self._segments.remove_unlisted_files()
-
-    # ------------------------------------------------------------------ inspection
-
-    def hot_rows(self) -> int:
-        row = first_row(self._con.execute("SELECT count(*) FROM postings"))
-        return int(row[0]) if row else 0
-
-    def hot_archived(self) -> int:
-        """Archived messages not sealed yet."""
-        row = first_row(self._con.execute("SELECT count(*) FROM raw_events"))
-        return int(row[0]) if row else 0
-
-    @property
-    def batch_seq(self) -> int:
-        """The sequence number of the last archived batch (0: none yet)."""
-        return self._batch_seq
-
-    def dead_letters(self) -> list[tuple[object, ...]]:
-        return self._con.execute(
-            'SELECT topic, "partition", "offset", event_id, reason FROM dead_letters '
-            "ORDER BY recorded_at_us"
-        ).fetchall()
-
-    def prune_seen_events(self, window_us: int) -> int:
-        """Per dedupe scope, raise its forgotten-before cutoff to its newest applied time less
-        `window_us`, and forget its ids older than the cutoff; returns how many were forgotten.
-
-        The window is measured in each scope's own event time, so replaying old data dedupes
-        the same way as live data, and a scope that fell silent keeps its ids and cutoff where
-        its last event left them. A prune that changed anything is recorded with the next
-        archived batch (with no batch between them, prunes compose to the smallest window), so
-        a rebuild runs it on the same state before applying that batch.
-        """
-        window = window_us if self._prune_window is None else min(window_us, self._prune_window)
-        return self._prune(lambda: self._dedupe.prune_to_window(window_us), _WINDOW, window)
-
-    def prune_seen_before(self, cutoff_us: int) -> int:
-        """Forget every applied id older than `cutoff_us`, whatever its scope, and raise every
-        scope's cutoff to it; returns how many were forgotten (see `LedgerStore`). Recorded
-        with the next archived batch like `prune_seen_events` (the greatest cutoff since)."""
-        cutoff = cutoff_us if self._pruned_before is None else max(cutoff_us, self._pruned_before)
-        return self._prune(lambda: self._dedupe.prune_before(cutoff_us), _CUTOFF, cutoff)
-
-    def _prune(self, prune: Callable[[], Pruned], meta: str, recorded: int) -> int:
-        """Run `prune` in one transaction; when it changed anything, record `recorded` (the
-        window or cutoff) under `meta` for the next archived batch."""
-        con = self._con
-        con.execute("BEGIN TRANSACTION")
-        try:
-            pruned = prune()
-            changed = bool(pruned[0] or pruned[1])
-            if changed:
-                self._set_meta(meta, recorded)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        if changed:
-            if meta == _WINDOW:
-                self._prune_window = recorded
-            else:
-                self._pruned_before = recorded
-            self._dedupe.forgotten(pruned)
-        return len(pruned[0])
 
     def close(self) -> None:
         self._con.close()

@@ -1,13 +1,15 @@
 """The in-memory ledger store: `MemoryStore`, the pure-Python implementation of the store port
 (`ledger.store.port.LedgerStore`), for tests and for folding a ledger without a data directory.
 
-It owns one `_State` (plain dicts and lists of frozen values) and keeps the same observable
-contract as `ledger.store.hot.DuckDBStore` (`tests/contract/test_store_contract.py`):
+It owns one `MemoryState` (`ledger.store.memory_state`: plain dicts and lists of frozen values)
+and keeps the same observable contract as `ledger.store.hot.DuckDBStore`
+(`tests/contract/test_store_contract.py`):
 - a commit builds the next state on a copy and swaps it in only once everything succeeded, so a
   commit that raises leaves the store exactly as it was (all or nothing by construction);
 - a transaction whose id was applied before, or repeats within its batch, is dropped;
 - nothing is booked into a closed period; a close is committed only with every range sealed,
-  and records the checksum `ledger.closing` defines, computed here in pure Python;
+  and records the checksum `ledger.closing` defines, computed in pure Python
+  (`ledger.store.memory_checksum`);
 - `balances` always equals the fold of the postings per (account, unit, period);
 - a key the DuckDB tables hold once (an event id, a hold, an idle subject, an admin event, a
   reversed transaction, a closed period, an outbox id) inserted twice raises `StoreError`.
@@ -18,11 +20,9 @@ still counts the batches committed with their messages.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from ledger.accounts import AccountKind, budget_account
 from ledger.admin import AdminView, AppliedAdmin, PeriodClosed
@@ -37,7 +37,7 @@ from ledger.balances import (
     encode_balance_update,
 )
 from ledger.balances import current_period as _current_period
-from ledger.closing import CHECKSUM_COLUMNS, ClosedPeriod
+from ledger.closing import ClosedPeriod
 from ledger.dedupe import transaction_scope
 from ledger.errors import StoreError
 from ledger.events import DeadLetter
@@ -48,7 +48,9 @@ from ledger.inventory import InventoryGpu
 from ledger.posting_columns import PostingColumns
 from ledger.postings import Transaction
 from ledger.pricing import PriceBook
+from ledger.store.memory_checksum import period_checksum
 from ledger.store.memory_identity import JobIdentity, MemoryIdentityReads
+from ledger.store.memory_state import BalanceKey, Booked, MemoryState, Range
 from ledger.store.port import (
     CommitResult,
     ConsumedMessage,
@@ -67,140 +69,11 @@ from ledger.store.port import (
 from ledger.units import Unit
 
 _PUBLISHED_KINDS = (AccountKind.CONSUMER, AccountKind.BUDGET, AccountKind.HOLD)
-BalanceKey = tuple[str, str, str]  # (account, unit, period)
-
-
-@dataclass(frozen=True, slots=True)
-class _Booked:
-    """One committed transaction, where it came from, and whether sealing has taken it."""
-
-    item: SourcedTransaction
-    incarnation: str
-    sealed: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class _Range:
-    """One consumed offset range, as `source_ranges` keeps it."""
-
-    incarnation: str
-    topic: str
-    partition: int
-    first: int
-    last: int
-    sealed: bool = False
-
-
-@dataclass(slots=True)
-class _State:
-    """Everything the store holds. Containers hold frozen values only, so `copy` (one level
-    deep) is a snapshot that later changes to either side do not reach."""
-
-    booked: list[_Booked] = field(default_factory=list)
-    transactions: dict[str, Transaction] = field(default_factory=dict)  # the first of each id
-    seen: dict[str, tuple[int, str]] = field(default_factory=dict)  # id → (time, scope)
-    ranges: list[_Range] = field(default_factory=list)
-    idle: dict[str, GpuIdleState] = field(default_factory=dict)
-    outbox: dict[str, OutboxMessage] = field(default_factory=dict)  # unsent, in queue order
-    dead: list[tuple[object, ...]] = field(default_factory=list)
-    balances: dict[BalanceKey, int] = field(default_factory=dict)
-    holds: dict[HoldKey, OpenHold] = field(default_factory=dict)
-    timelines: dict[str, tuple[Holding, ...]] = field(default_factory=dict)
-    admin: list[AppliedAdmin] = field(default_factory=list)
-    admin_ids: set[str] = field(default_factory=set)
-    closed: dict[str, ClosedPeriod] = field(default_factory=dict)
-    reversals: dict[str, str] = field(default_factory=dict)
-    published_period: str | None = None  # the current period the last balances message named
-    publish_seq: int = 0
-    batch_seq: int = 0
-    undeliverable: list[Undeliverable] = field(default_factory=list)
-    # dedupe scope → (newest applied time, forgotten-before cutoff), as `dedupe_scopes`
-    scopes: dict[str, tuple[int, int | None]] = field(default_factory=dict)
-    inventory: dict[str, InventoryGpu] = field(default_factory=dict)
-    audit: list[AuditRecord] = field(default_factory=list)  # the trail, chained
-    audit_ids: set[str] = field(default_factory=set)
-    identity: JobIdentity = field(default_factory=JobIdentity)  # job owners, awaiting ones
-
-    def copy(self) -> _State:
-        return _State(
-            list(self.booked),
-            dict(self.transactions),
-            dict(self.seen),
-            list(self.ranges),
-            dict(self.idle),
-            dict(self.outbox),
-            list(self.dead),
-            dict(self.balances),
-            dict(self.holds),
-            dict(self.timelines),
-            list(self.admin),
-            set(self.admin_ids),
-            dict(self.closed),
-            dict(self.reversals),
-            self.published_period,
-            self.publish_seq,
-            self.batch_seq,
-            list(self.undeliverable),
-            dict(self.scopes),
-            dict(self.inventory),
-            list(self.audit),
-            set(self.audit_ids),
-            self.identity.copy(),
-        )
 
 
 def _stored(txn: Transaction) -> Transaction:
     """`txn` as the DuckDB store gives it back: its cause goes through one space-joined column."""
     return replace(txn, cause=tuple(" ".join(txn.cause).split(" ")))
-
-
-def checksum_lines(transactions: Iterable[Transaction], period: str) -> list[str]:
-    """The lines `ledger.closing`'s checksum is the sha256 of, for the postings of
-    `transactions` booked into `period`: one compact JSON object per posting, columns in
-    `CHECKSUM_COLUMNS` order, sorted by (txn_id, leg), as DuckDB's `to_json` renders them."""
-    rows: list[tuple[str, int, str]] = []
-    for txn in transactions:
-        if txn.period != period:
-            continue
-        for leg, p in enumerate(txn.postings):
-            values = (
-                txn.txn_id,
-                leg,
-                txn.kind.value,
-                p.account,
-                p.unit.value,
-                p.amount,
-                p.team,
-                p.project,
-                p.user,
-                p.job_id,
-                p.cost_centre,
-                txn.gpu_uuid or None,  # stored NULL when empty (`transactions_to_arrow`)
-                txn.model or None,
-                txn.pool or None,
-                txn.node or None,
-                txn.start_us,
-                txn.end_us,
-                " ".join(txn.cause),
-                txn.period,
-                txn.util_pct,
-                txn.idle,
-            )
-            line = json.dumps(
-                dict(zip(CHECKSUM_COLUMNS, values, strict=True)),
-                separators=(",", ":"),
-                ensure_ascii=False,
-            )
-            rows.append((txn.txn_id, leg, line))
-    rows.sort(key=lambda r: (r[0].encode(), r[1]))  # DuckDB orders text by its bytes
-    return [line for _, _, line in rows]
-
-
-def period_checksum(transactions: Iterable[Transaction], period: str) -> tuple[int, str]:
-    """(rows, sha256) of the postings of `transactions` booked into `period`."""
-    lines = checksum_lines(transactions, period)
-    digest = hashlib.sha256("".join(f"{line}\n" for line in lines).encode())
-    return len(lines), digest.hexdigest()
 
 
 def _once(keys: Iterable[object], what: str, held: Collection[object] = ()) -> None:
@@ -225,7 +98,7 @@ class MemoryStore(MemoryIdentityReads):
     """A ledger kept in memory: the pure-Python implementation of the store port."""
 
     def __init__(self) -> None:
-        self._s = _State()
+        self._s = MemoryState()
 
     # ------------------------------------------------------------------ exactly-once bookkeeping
 
@@ -291,7 +164,7 @@ class MemoryStore(MemoryIdentityReads):
         postings = 0
         for item in fresh:
             txn = _stored(item.txn)
-            s.booked.append(_Booked(replace(item, txn=txn), incarnation))
+            s.booked.append(Booked(replace(item, txn=txn), incarnation))
             s.transactions.setdefault(txn.txn_id, txn)
             for p in txn.postings:
                 key = (p.account, p.unit.value, txn.period)
@@ -299,7 +172,7 @@ class MemoryStore(MemoryIdentityReads):
                 accounts.add(p.account)
                 postings += 1
         self._insert_seen(s, fresh, changes.seen)
-        s.ranges.extend(_Range(incarnation, r.topic, r.partition, r.first, r.last) for r in ranges)
+        s.ranges.extend(Range(incarnation, r.topic, r.partition, r.first, r.last) for r in ranges)
         if raw:
             s.batch_seq += 1
         _once((i.subject for i in idle_states), "idle state")
@@ -325,7 +198,7 @@ class MemoryStore(MemoryIdentityReads):
         )
 
     @staticmethod
-    def _refuse_closed(s: _State, fresh: Sequence[SourcedTransaction], closing: bool) -> None:
+    def _refuse_closed(s: MemoryState, fresh: Sequence[SourcedTransaction], closing: bool) -> None:
         """The commit guards: nothing posts into a closed period; a close finds all sealed."""
         late = sorted({t.txn.period for t in fresh} & s.closed.keys())
         if late:
@@ -335,7 +208,7 @@ class MemoryStore(MemoryIdentityReads):
 
     @staticmethod
     def _insert_seen(
-        s: _State, fresh: Sequence[SourcedTransaction], extra: Sequence[tuple[str, int, str]]
+        s: MemoryState, fresh: Sequence[SourcedTransaction], extra: Sequence[tuple[str, int, str]]
     ) -> None:
         """Record the applied ids with their dedupe time and scope, and move each scope's
         newest applied time (as `DuckDBStore._insert_seen`)."""
@@ -348,7 +221,7 @@ class MemoryStore(MemoryIdentityReads):
             s.scopes[scope] = (max(newest, time_us), cutoff)
 
     @staticmethod
-    def _apply_changes(s: _State, changes: StateChanges) -> None:
+    def _apply_changes(s: MemoryState, changes: StateChanges) -> None:
         s.inventory.update(changes.inventory)
         for uuid, timeline in changes.timelines.items():
             if timeline:  # a timeline replaces the GPU's whole one; an empty one removes it
@@ -370,7 +243,7 @@ class MemoryStore(MemoryIdentityReads):
         s.identity.apply(changes)
 
     @staticmethod
-    def _close(s: _State, entry: AppliedAdmin) -> str:
+    def _close(s: MemoryState, entry: AppliedAdmin) -> str:
         """Record a close with the checksum of everything booked into the period so far."""
         event = entry.envelope.data
         assert isinstance(event, PeriodClosed)
@@ -388,7 +261,7 @@ class MemoryStore(MemoryIdentityReads):
         return event.period
 
     @staticmethod
-    def _queue_balances(s: _State, accounts: set[str], topic: str) -> int:
+    def _queue_balances(s: MemoryState, accounts: set[str], topic: str) -> int:
         """Queue one message per changed account (and per affected team's budget account); a
         queued message not yet sent for the same account is superseded. The same selection as
         `DuckDBStore._queue_balances`."""

@@ -26,7 +26,14 @@ from ledger.admin.request_events import (
     RequestRejected,
     RequestStatus,
 )
-from ledger.admin.requests import RequestState, Verdict, change_text, new_request, verdict
+from ledger.admin.requests import (
+    REFUSED,
+    RequestState,
+    Verdict,
+    change_text,
+    new_request,
+    verdict,
+)
 from ledger.roles import Action, Role, Scope, scope_of
 from ledger.units import MS_PER_HOUR, Unit, parse_micros
 from scheduler.api.auth import Principal, Tokens, authenticate, authorize
@@ -52,7 +59,7 @@ def request_view(state: RequestState, now_us: int) -> RequestView:
         request_id=o.request_id,
         team=o.team,
         kind=o.kind.value,
-        status=state.status_at(now_us).value,
+        status=state.shown_at(now_us),
         change=change_text(o),
         requested_by=o.actor,
         requested_role=(o.role or Role.ADMIN).value,
@@ -65,6 +72,7 @@ def request_view(state: RequestState, now_us: int) -> RequestView:
         decided_us=state.decided_us,
         comment=state.comment,
         effect=state.effect,
+        refused_reason=state.refused if state.shown_at(now_us) == REFUSED else None,
     )
 
 
@@ -202,7 +210,7 @@ class RequestRoutes:
                 desk.states.values(), key=lambda s: (s.opened.effective_us, s.request_id)
             )
             if (team is None or s.opened.team == team)
-            and (query.status is None or s.status_at(now).value == query.status)
+            and (query.status is None or s.shown_at(now) == query.status)
         ]
         return json_response(dumped(RequestsList(requests=views)))
 

@@ -47,13 +47,16 @@ class RequestsQuery(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     team: Name | None = None
-    status: Literal["open", "approved", "rejected", "expired"] | None = None
+    status: Literal["open", "approved", "rejected", "expired", "refused"] | None = None
 
 
 class RequestView(Response):
     """A request: what it asks (`change`, in the ledger's integers), who asked and why, who may
-    approve it, its status now (an open one past `expires_us` is `expired`) and, once decided,
-    who decided, as what, when, with which comment, and the admin event an approval made."""
+    approve it, its status now (an open one past `expires_us` is `expired`; `refused` while the
+    ledger refused its latest decision — e.g. an approval whose grant fell in a closed period —
+    with the ledger's reason in `refused_reason`: the request is open again and may be decided
+    anew) and, once decided, who decided, as what, when, with which comment, and the admin
+    event an approval made."""
 
     request_id: str
     team: str
@@ -71,6 +74,7 @@ class RequestView(Response):
     decided_us: int | None
     comment: str | None
     effect: str | None
+    refused_reason: str | None = None
 
 
 class RequestAnswer(Response):

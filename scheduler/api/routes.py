@@ -117,7 +117,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", REQUEST, "get_request", "One request", response=RequestAnswer,
           errors=(*AUTH_ERRORS, 503)),
     Route("POST", f"{REQUEST}/approve", "approve_request",
-          "Approve a request: the ledger then applies its grant or quota",
+          "Approve a request: the ledger then applies its grant or quota, or refuses it "
+          "(the request then shows refused, with the ledger's reason)",
           response=RequestAnswer, body=DecisionBody, errors=DECIDE_ERRORS),
     Route("POST", f"{REQUEST}/reject", "reject_request", "Reject a request",
           response=RequestAnswer, body=DecisionBody, errors=DECIDE_ERRORS),

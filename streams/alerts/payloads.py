@@ -44,6 +44,7 @@ ALERT_NAMES = {
     FleetKind.REQUEST_APPROVED: "TallyRequestApproved",
     FleetKind.REQUEST_REJECTED: "TallyRequestRejected",
     FleetKind.REQUEST_EXPIRED: "TallyRequestExpired",
+    FleetKind.REQUEST_REFUSED: "TallyRequestRefused",
 }
 
 

@@ -40,6 +40,7 @@ TITLES = {
     FleetKind.REQUEST_APPROVED: "Tally: quota/budget request approved",
     FleetKind.REQUEST_REJECTED: "Tally: quota/budget request rejected",
     FleetKind.REQUEST_EXPIRED: "Tally: quota/budget request expired",
+    FleetKind.REQUEST_REFUSED: "Tally: quota/budget request decision refused by the ledger",
 }
 
 
@@ -198,6 +199,12 @@ def summary(alert: AnyAlert, currency: str) -> str:
             return (
                 f"{alert.actor} ({alert.role}) asks for {alert.change} for team {alert.team} "
                 f"(request {alert.request_id}; approvers: {alert.approvers}): {alert.comment}"
+            )
+        if alert.kind is FleetKind.REQUEST_REFUSED:
+            return (
+                f"The ledger refused a decision by {alert.actor} ({alert.role}) on request "
+                f"{alert.request_id} of team {alert.team} ({alert.change}); the request stays "
+                f"as it was: {alert.comment}"
             )
         return (
             f"Request {alert.request_id} of team {alert.team} ({alert.change}) {step} by "

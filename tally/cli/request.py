@@ -21,7 +21,14 @@ from ledger.admin.request_events import (
     RequestRejected,
     RequestStatus,
 )
-from ledger.admin.requests import RequestState, Verdict, change_text, new_request, verdict
+from ledger.admin.requests import (
+    REFUSED,
+    RequestState,
+    Verdict,
+    change_text,
+    new_request,
+    verdict,
+)
 from ledger.roles import Action, Caller, Decision, Role, decide
 from ledger.units import Unit, parse_micros
 from tally.cli.admin import (
@@ -51,7 +58,7 @@ from tally.language import _
 from tally.output import OutputFormat, render
 
 COLUMNS = ("request", "team", "status", "change", "requested_by", "opened", "expires", "decided_by")
-DETAIL = (*COLUMNS, "approvers", "reason", "comment", "effect")
+DETAIL = (*COLUMNS, "approvers", "reason", "comment", "effect", "refused_reason")
 
 
 def _caller(config: TallyConfig, token: str | None) -> Caller | None:
@@ -92,7 +99,7 @@ def request_row(state: RequestState, now: int) -> dict[str, Any]:
     return {
         "request": o.request_id,
         "team": o.team,
-        "status": state.status_at(now).value,
+        "status": state.shown_at(now),
         "change": change_text(o),
         "requested_by": o.actor,
         "opened": _utc(o.effective_us),
@@ -102,6 +109,7 @@ def request_row(state: RequestState, now: int) -> dict[str, Any]:
         "reason": o.reason,
         "comment": state.comment or "-",
         "effect": state.effect or "-",
+        "refused_reason": (state.refused if state.shown_at(now) == REFUSED else None) or "-",
     }
 
 
@@ -385,7 +393,9 @@ def _visible(caller: Caller | None, view: AdminView) -> list[RequestState]:
 @config_option
 @data_dir_option
 @click.option("--team", default=None, help="Only this team's requests.")
-@click.option("--status", type=click.Choice([s.value for s in RequestStatus]), default=None)
+@click.option(
+    "--status", type=click.Choice([*(s.value for s in RequestStatus), REFUSED]), default=None
+)
 @output_option
 @admin_token_option
 def list_requests(
@@ -404,8 +414,7 @@ def list_requests(
     rows = [
         request_row(s, now)
         for s in sorted(_visible(caller, applied_admin(directory)), key=_opened_order)
-        if (team is None or s.opened.team == team)
-        and (status is None or s.status_at(now).value == status)
+        if (team is None or s.opened.team == team) and (status is None or s.shown_at(now) == status)
     ]
     fmt = OutputFormat(output)
     if not rows and fmt is OutputFormat.TABLE:

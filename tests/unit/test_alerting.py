@@ -88,18 +88,23 @@ def _start_receiver() -> Receiver:
     return receiver
 
 
+def _stop_receiver(receiver: Receiver) -> None:
+    receiver.server.shutdown()  # stops serve_forever; its listening socket stays open until
+    receiver.server.server_close()  # closed here (else: "unclosed socket" when collected)
+
+
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     r = _start_receiver()
     yield r
-    r.server.shutdown()
+    _stop_receiver(r)
 
 
 @pytest.fixture
 def second() -> Iterator[Receiver]:
     r = _start_receiver()
     yield r
-    r.server.shutdown()
+    _stop_receiver(r)
 
 
 def _free_port() -> int:

@@ -272,12 +272,35 @@ def test_a_step_the_request_does_not_allow_is_a_dead_letter(memory, steps, reaso
     assert memory.admin_view().budgets == {}
 
 
-def test_an_approval_whose_grant_is_refused_leaves_the_request_open(memory):
-    ing = ingestor(memory)
+def test_an_approval_whose_grant_is_refused_leaves_the_request_open_and_says_why(store):
+    ing = ingestor(store)
     ing.apply([admin_message(0, BUDGET, PeriodClosed("2026-11", "fran", "close", WHEN))])
-    result = ing.apply([admin_message(1, approve())])
-    assert "its change is refused: budget for 2026-11 refused" in result.dead_letters[0].reason
-    assert memory.admin_view().requests[RID].status is RequestStatus.OPEN
+    approval = approve()
+    result = ing.apply([admin_message(1, approval)])
+    reason = result.dead_letters[0].reason
+    assert "its change is refused: budget for 2026-11 refused" in reason
+    state = store.admin_view().requests[RID]  # folded from the admin log
+    assert (state.status, state.shown_at(WHEN), state.refused) == (
+        RequestStatus.OPEN,
+        "refused",
+        reason,
+    )
+    assert state.shown_at(BUDGET.expires_us) == "expired"
+    (refusal,) = [a for a in _alerts(store) if a.kind is FleetKind.REQUEST_REFUSED]
+    assert isinstance(refusal, RequestAlert)
+    assert (refusal.step, refusal.comment, refusal.actor) == (
+        admin_envelope(approval).id,
+        reason,
+        "fran",
+    )
+    # A resend is a duplicate (refused and alerted once); a later good decision clears it.
+    assert ing.apply([admin_message(2, approval)]).dead_letters == ()
+    reject = RequestRejected(RID, "root", "next month", WHEN + 10, Role.ADMIN)
+    assert ing.apply([admin_message(3, reject)]).dead_letters == ()
+    state = store.admin_view().requests[RID]
+    assert (state.shown_at(WHEN), state.refused) == ("rejected", None)
+    kinds = [a.kind for a in _alerts(store)]
+    assert kinds.count(FleetKind.REQUEST_REFUSED) == 1
 
 
 def test_rejection_and_expiry_change_nothing_but_the_request(memory):

@@ -168,6 +168,13 @@ DECIDED = {"decided_by": "bo", "decided_role": "finance", "decided_us": 150, "co
         pytest.param(
             a_view(status="expired"), a_row(status="expired", decidable=False), id="expired"
         ),
+        pytest.param(
+            a_view(status="refused", effect="adm-9", refused_reason="period 2026-11 is closed",
+                   **DECIDED),
+            a_row(status="refused", decided_by="bo (finance)", comment="ok",
+                  refused_reason="period 2026-11 is closed"),
+            id="refused-by-the-ledger-is-open-again-with-its-reason",
+        ),
     ],
 )  # fmt: skip
 def test_request_rows(view, row):
@@ -181,7 +188,8 @@ def test_rows_newest_first_and_counted_by_status():
             a_view(request_id="b", opened_us=3),
             a_view(request_id="c", opened_us=2, status="approved", effect="e"),
             a_view(request_id="d", opened_us=3),
+            a_view(request_id="e", opened_us=0, status="refused", refused_reason="closed"),
         ]
     )
-    assert [r.request_id for r in rows] == ["b", "d", "c", "a"]
-    assert status_counts(rows) == {"pending": 2, "approved": 1, "expired": 1}
+    assert [r.request_id for r in rows] == ["b", "d", "c", "a", "e"]
+    assert status_counts(rows) == {"pending": 2, "refused": 1, "approved": 1, "expired": 1}

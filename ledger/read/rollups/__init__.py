@@ -19,7 +19,9 @@ Rules every rollup here keeps:
   the pages describe the ledger as sealed and a historic ledger reads the same tomorrow;
 - one row per usage transaction is its capacity leg (`capacity:%`, unit `gpu_ms`): it carries the
   physical GPU time and the sample's `util_pct`; consumer and unallocated legs split that time
-  between owners and nobody.
+  between owners and nobody;
+- usage counts net of its reversals (`shared.USAGE_SQL`): a sample booked to `unallocated:` before
+  its job's owner was known, then reversed and re-posted to the owner, counts once, as re-posted.
 
 Modules, one per page, over what they share:
 - `shared`: units, SQL fragments, the sidebar's `Filters`, `ledger_version`, `closed_periods`,

@@ -68,6 +68,23 @@ _STATE_SQL = (
 _OWNER = ("team", "project", "user", "job_id")
 
 
+def _net_usage_sql(name: str, where: str) -> str:
+    """A relation `name`: the consumer and unallocated legs of usage per GPU and sample slot,
+    net of reversals (`USAGE_SQL`), of the postings `where` selects. A corrected sample's leg
+    and its reversal cancel, so a slot shows only what its re-posting charged."""
+    return f"""{name} AS (
+            SELECT gpu_uuid, start_us, max(end_us) AS end_us, any_value(node) AS node,
+                any_value(pool) AS pool, any_value(model) AS model, account, idle, unit,
+                team, project, "user", job_id, any_value(util_pct) AS util_pct,
+                sum(amount) AS amount
+            FROM {{postings}}
+            WHERE {USAGE_SQL} AND gpu_uuid <> '' AND ({where})
+                AND (account LIKE 'consumer:%' OR account LIKE 'unallocated:%')
+            GROUP BY gpu_uuid, start_us, account, idle, unit, team, project, "user", job_id
+            HAVING sum(amount) <> 0
+        )"""
+
+
 def fleet_now(
     q: ReportQueries,
     pool: str | None = None,
@@ -79,7 +96,9 @@ def fleet_now(
     A GPU (or MIG slice) is allocated-but-idle when its latest usage is flagged idle, and
     unallocated when its latest usage is on an `unallocated:` account. GPUs with no sample in
     the window (stopped reporting) are left out. How long a GPU has been idle is looked for in
-    the last `lookback_us` only (so the scan stays bounded on a long ledger).
+    the last `lookback_us` only, for the GPUs idle now (so the scan stays bounded on a long
+    ledger). A corrected sample (reversed and re-posted to its late-known owner) is what its
+    re-posting says (`_net_usage_sql`).
     """
     segments = q.segments()
     newest = max((s.max_end_us for s in segments if s.max_end_us is not None), default=None)
@@ -89,28 +108,27 @@ def fleet_now(
     horizon = newest - lookback_us
     pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
     owner_match = " AND ".join(f'p."{c}" IS NOT DISTINCT FROM c."{c}"' for c in _OWNER)
+    recent_sql = _net_usage_sql("recent", f"end_us > ? {pool_sql}")
+    # only the GPUs idle now, and only as far back as the lookback (a bounded scan)
+    history_sql = _net_usage_sql(
+        "history", "start_us >= ? AND gpu_uuid IN (SELECT gpu_uuid FROM idle_now)"
+    )
     rows = q.rows(
         f"""
-        WITH recent AS (
-            SELECT * FROM {{postings}}
-            WHERE {USAGE_SQL} AND end_us > ? AND gpu_uuid <> '' {pool_sql}
-        ), latest AS (
+        WITH {recent_sql}, latest AS (
             SELECT gpu_uuid, max(start_us) AS slot FROM recent GROUP BY gpu_uuid
         ), current AS (
             SELECT DISTINCT r.gpu_uuid, r.node, r.pool, r.model, {_STATE_SQL} AS state,
                 r.team, r.project, r."user", r.job_id, r.util_pct
             FROM recent r JOIN latest l ON r.gpu_uuid = l.gpu_uuid AND r.start_us = l.slot
-            WHERE r.account LIKE 'consumer:%' OR r.account LIKE 'unallocated:%'
         ), idle_now AS (
             SELECT * FROM current WHERE state <> 'busy'
-        ), hist AS (
+        ), {history_sql}, hist AS (
             SELECT c.*, p.start_us, p.end_us, p.unit, p.amount,
                 (CASE WHEN p.account LIKE 'unallocated:%' THEN 'unallocated'
                     WHEN p.idle THEN 'allocated_idle' ELSE 'busy' END) = c.state
                     AND {owner_match} AS same
-            FROM {{postings}} p JOIN idle_now c ON p.gpu_uuid = c.gpu_uuid
-            WHERE p.{USAGE_SQL} AND p.start_us >= ?
-                AND (p.account LIKE 'consumer:%' OR p.account LIKE 'unallocated:%')
+            FROM history p JOIN idle_now c ON p.gpu_uuid = c.gpu_uuid
         ), broke AS (
             SELECT gpu_uuid, state, team, project, "user", job_id,
                 coalesce(max(start_us) FILTER (NOT same), -1) AS break_us
@@ -134,14 +152,12 @@ def fleet_now(
     )
     counts = q.rows(
         f"""
-        WITH recent AS (
-            SELECT gpu_uuid, start_us, {_STATE_SQL} AS state FROM {{postings}}
-            WHERE {USAGE_SQL} AND end_us > ? AND gpu_uuid <> '' {pool_sql}
-                AND (account LIKE 'consumer:%' OR account LIKE 'unallocated:%')
-        ), latest AS (SELECT gpu_uuid, max(start_us) AS slot FROM recent GROUP BY gpu_uuid)
+        WITH {recent_sql}, states AS (
+            SELECT gpu_uuid, start_us, {_STATE_SQL} AS state FROM recent
+        ), latest AS (SELECT gpu_uuid, max(start_us) AS slot FROM states GROUP BY gpu_uuid)
         SELECT count(DISTINCT r.gpu_uuid),
             count(DISTINCT r.gpu_uuid) FILTER (r.state = 'busy')
-        FROM recent r JOIN latest l ON r.gpu_uuid = l.gpu_uuid AND r.start_us = l.slot
+        FROM states r JOIN latest l ON r.gpu_uuid = l.gpu_uuid AND r.start_us = l.slot
         """,
         [newest - window_us, *pool_params],
     )[0]

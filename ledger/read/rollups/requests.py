@@ -17,7 +17,8 @@ from ledger.store.side_files import load_admin_log
 class RequestRow:
     request_id: str
     team: str
-    status: str  # at the time asked for: an open request past its expiry is `expired`
+    status: str  # at the time asked for: an open request past its expiry is `expired`, one
+    # whose latest decision the ledger refused `refused` (`RequestState.shown_at`)
     change: str
     requested_by: str
     reason: str
@@ -45,7 +46,7 @@ def requests(q: ReportQueries, now_us: int, team: str | None = None) -> Requests
         RequestRow(
             request_id=s.request_id,
             team=s.opened.team,
-            status=s.status_at(now_us).value,
+            status=s.shown_at(now_us),
             change=change_text(s.opened),
             requested_by=s.opened.actor,
             reason=s.opened.reason,

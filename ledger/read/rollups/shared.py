@@ -21,7 +21,11 @@ DAY_US = 24 * HOUR_US
 WEEK_US = 7 * DAY_US
 MS_PER_HOUR = 3_600_000
 CAPACITY_SQL = "account LIKE 'capacity:%'"
-USAGE_SQL = "kind = 'usage'"
+# Usage net of its reversals: a usage transaction counts, and so does the reversal of one (its
+# exact negation, same GPU, model, pool and interval: a late owner's correction, an admin
+# reversal), so a corrected sample and its re-posting sum to the re-posting alone. A reversal of
+# an adjustment (no model) is no usage.
+USAGE_SQL = "(kind = 'usage' OR kind = 'reversal' AND model <> '')"
 
 
 @dataclass(frozen=True, slots=True)
