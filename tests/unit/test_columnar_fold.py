@@ -156,7 +156,7 @@ def _rows(folded: Folded) -> list[dict[str, Any]]:
     return sorted(pa.concat_tables(tables).to_pylist(), key=lambda r: (r["txn_id"], r["leg"]))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches())
 def test_the_column_path_books_exactly_what_the_per_sample_path_books(batch: Any) -> None:
     messages, view, rules = batch
