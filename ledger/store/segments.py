@@ -32,7 +32,8 @@ recomputes it, and an entry without one (an older manifest) is summarised when r
 Each postings segment sealed since rollups exist has a rollup beside it
 (`<first>-<last>.rollup.parquet`, `ledger.store.rollup_files`: its postings summed per period,
 account, unit, owner, job, model, pool and hour), written with the segment and named by the
-same entry (`SegmentInfo.rollup`, with its own sha256), so the two become visible together.
+same entry (`SegmentInfo.rollup`, with its own sha256), so the two become visible together; so is
+its coarse rollup (`<first>-<last>.coarse.parquet`, `SegmentInfo.coarse`).
 
 Every entry records the sha256 of its file. Readers take the files to read from
 `Manifest.checked` / `Manifest.files`, which check each one against its checksum
@@ -149,10 +150,15 @@ class SegmentInfo:
     max_end_us: int | None
     summary: SegmentSummary | None = None  # postings segments only
     rollup: RollupInfo | None = None  # postings segments sealed with one (`rollup_files`)
+    coarse: RollupInfo | None = None  # its coarse rollup (`rollup_files.COARSE`), likewise
+
+    def rollups(self) -> tuple[RollupInfo, ...]:
+        """This entry's rollup files (fine, coarse), those it has."""
+        return tuple(r for r in (self.rollup, self.coarse) if r is not None)
 
     def files(self) -> tuple[str, ...]:
-        """The paths (relative to the root) of this entry's files: the segment, its rollup."""
-        return (self.path,) if self.rollup is None else (self.path, self.rollup.path)
+        """The paths (relative to the root) of this entry's files: the segment, its rollups."""
+        return (self.path, *(r.path for r in self.rollups()))
 
 
 def safe_name(text: str) -> str:
@@ -196,16 +202,18 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def _segment_info(entry: dict[str, object]) -> SegmentInfo:
-    summary, rollup = entry.get("summary"), entry.get("rollup")
+    summary, rollup, coarse = entry.get("summary"), entry.get("rollup"), entry.get("coarse")
     if summary is not None and not isinstance(summary, dict):
         raise TypeError("summary: expected an object")
-    if rollup is not None and not isinstance(rollup, dict):
-        raise TypeError("rollup: expected an object")
-    fields = {k: v for k, v in entry.items() if k not in ("summary", "rollup")}
+    for name, value in (("rollup", rollup), ("coarse", coarse)):
+        if value is not None and not isinstance(value, dict):
+            raise TypeError(f"{name}: expected an object")
+    fields = {k: v for k, v in entry.items() if k not in ("summary", "rollup", "coarse")}
     return SegmentInfo(
         **fields,  # type: ignore[arg-type]
         summary=None if summary is None else SegmentSummary.from_dict(summary),
-        rollup=None if rollup is None else RollupInfo.from_dict(rollup),
+        rollup=None if not isinstance(rollup, dict) else RollupInfo.from_dict(rollup),
+        coarse=None if not isinstance(coarse, dict) else RollupInfo.from_dict(coarse),
     )
 
 
@@ -277,11 +285,12 @@ class Manifest:
 
 
 def _entry(seg: SegmentInfo) -> dict[str, object]:
-    """A manifest entry; `rollup` only when there is one (older readers' entries stay as they
-    were)."""
+    """A manifest entry; `rollup` and `coarse` only when there is one (older readers' entries
+    stay as they were)."""
     entry = asdict(seg)
-    if seg.rollup is None:
-        del entry["rollup"]
+    for name in ("rollup", "coarse"):
+        if entry[name] is None:
+            del entry[name]
     return entry
 
 

@@ -131,6 +131,7 @@ def fleet_now(
         ORDER BY h.state, 14 DESC, h.gpu_uuid
         """,
         [newest - window_us, *pool_params, horizon],
+        (min(horizon, newest - window_us), newest + 1),
     )
     counts = q.rows(
         f"""
@@ -144,6 +145,7 @@ def fleet_now(
         FROM recent r JOIN latest l ON r.gpu_uuid = l.gpu_uuid AND r.start_us = l.slot
         """,
         [newest - window_us, *pool_params],
+        (newest - window_us, newest + 1),
     )[0]
     idle = tuple(
         IdleGpu(
@@ -195,6 +197,7 @@ def utilisation_heatmap(
         f"AND gpu_uuid <> '' AND start_us >= ? AND start_us < ? {pool_sql} "
         "GROUP BY gpu_uuid, bucket ORDER BY 3, 2, gpu_uuid, bucket",
         [since_us, until_us, *pool_params],
+        (since_us, until_us),
     )
     return tuple(
         HeatCell(r[0], r[1], r[2], r[3], int(r[4]), float(r[5] or 0.0), int(r[6])) for r in rows
@@ -224,6 +227,7 @@ def utilisation_distribution(
         f"AND ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND start_us >= ? AND start_us < ? "
         f'{pool_sql} GROUP BY ALL ORDER BY "pool", "model", band, allocated',
         [since_us, until_us, *pool_params],
+        (since_us, until_us),
     )
     return tuple(UtilisationBand(r[0], r[1], int(r[2]), bool(r[3]), int(r[4])) for r in rows)
 
@@ -255,6 +259,7 @@ def utilisation_summary(
         f"AND ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND start_us >= ? AND start_us < ? "
         f'{pool_sql} GROUP BY ALL ORDER BY "pool", "model"',
         [since_us, until_us, *pool_params],
+        (since_us, until_us),
     )
     return tuple(
         UtilisationSummary(r[0], r[1], int(r[2]), int(r[3]), float(r[4]), float(r[5])) for r in rows
@@ -294,6 +299,7 @@ def occupancy(
         f"AND start_us >= ? AND start_us < ? {pool_sql} "
         'GROUP BY ALL ORDER BY bucket, "pool", "model"',
         [since_us, since_us, since_us, until_us, *pool_params],
+        (since_us, until_us),
     )
     return tuple(Occupancy(int(r[0]), r[1], r[2], *(int(v) for v in r[3:])) for r in rows)
 
@@ -321,5 +327,6 @@ def nodes_last_seen(
         f"FROM {{postings}} WHERE {USAGE_SQL} AND {CAPACITY_SQL} AND unit = 'gpu_ms' "
         f"AND end_us > ? AND coalesce(node, '') <> '' {pool_sql} GROUP BY node ORDER BY 4, node",
         [newest - lookback_us, *pool_params],
+        (newest - lookback_us, newest + 1),
     )
     return tuple(NodeSeen(r[0], r[1], int(r[2]), int(r[3])) for r in rows)

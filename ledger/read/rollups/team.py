@@ -79,6 +79,7 @@ def job_costs(
         f"FROM {{rollups}} WHERE {CONSUMER_SQL} AND job_id IS NOT NULL AND {where} "
         "GROUP BY job_id ORDER BY money DESC, job_id",
         params,
+        booked=filters.booked,
     )
     return tuple(
         JobCost(r[0], r[1], r[2], r[3], r[4] or "", *(int(v) for v in r[5:])) for r in rows
@@ -109,9 +110,9 @@ def team_budget(q: ReportQueries, team: str, period: str | None = None) -> TeamB
     if chosen is None:
         return TeamBudget(team, None, True, None)
     rows = q.rows(  # what budget_status needs: budget and holds of every period, usage of one
-        "SELECT account, unit, period, sum(amount) FROM {rollups} "
+        "SELECT account, unit, period, sum(amount) FROM {coarse} "
         "WHERE account = ? OR account = ? GROUP BY ALL "
-        "UNION ALL SELECT account, unit, period, sum(amount) FROM {rollups} "
+        "UNION ALL SELECT account, unit, period, sum(amount) FROM {coarse} "
         "WHERE period = ? AND starts_with(account, ?) GROUP BY ALL",
         [
             f"{AccountKind.BUDGET}:{team}",
@@ -222,14 +223,29 @@ def fair_share(
     weight is the team's total nominal GPUs from the `quotas:` admin events (at least 1); a
     `weight:` set in the scheduler's configuration is not in the ledger and not applied here.
     """
-    rows = q.rows(
-        f"SELECT team, (end_us - 1) // {HOUR_US} AS hour, sum(amount) FROM {{postings}} "
-        f"WHERE {CONSUMER_SQL} AND unit = 'gpu_ms' AND team IS NOT NULL AND end_us <= ? "
-        "GROUP BY ALL ORDER BY team, hour",
-        [as_of_us],
+    sql = (
+        f"SELECT team, (end_us - 1) // {HOUR_US} AS hour, sum(amount) FROM {{source}} "
+        f"WHERE {CONSUMER_SQL} AND unit = 'gpu_ms' AND team IS NOT NULL AND {{ends}} "
+        "GROUP BY ALL"
     )
-    decayed: dict[str, float] = defaultdict(float)
+    # Whole end hours from the coarse rollup (grouped by end hour, so its `end_us` has every
+    # posting's end hour); the part of the hour `as_of_us` falls in from the postings.
+    cut = as_of_us // HOUR_US * HOUR_US
+    rows = q.rows(
+        sql.format(source="{coarse}", ends=f"((end_us - 1) // {HOUR_US} + 1) * {HOUR_US} <= ?"),
+        [cut],
+    )
+    if cut < as_of_us:
+        rows += q.rows(
+            sql.format(source="{postings}", ends="end_us > ? AND end_us <= ?"),
+            [cut, as_of_us],
+            (cut, as_of_us + 1),
+        )
+    totals: dict[tuple[str, int], int] = defaultdict(int)
     for team, hour, amount in rows:
+        totals[(team, int(hour))] += int(amount)
+    decayed: dict[str, float] = defaultdict(float)
+    for (team, hour), amount in sorted(totals.items()):
         age = max(0, as_of_us - min(as_of_us, (int(hour) + 1) * HOUR_US))
         decayed[team] += int(amount) * 2.0 ** (-age / half_life_us)
     view, problem = _admin_view(q)
