@@ -9,7 +9,8 @@ Periods select postings by the start of their interval (`start_us`), half-open `
 SQL may also read `{rollups}`: the same ledger pre-aggregated per segment
 (`ledger.store.rollup_files`), which answers any query that only sums `amount`, takes
 `min(start_us)` / `max(end_us)` and groups or filters by the rollups' columns; `{coarse}` is the
-coarse rollup (no job or user: far fewer rows) for queries that need neither. A query that
+coarse rollup (no job or user: far fewer rows) for queries that need neither, `{daily}` the
+same per UTC day, `{metered}` consumer GPU time per team and hour it ended in. A query that
 selects one booked period says so (`booked`), and only the segments holding postings booked
 into it are listed.
 `LedgerQueries.zone` is the ledger's time zone (`ledger.store.identity`): the months and days
@@ -34,7 +35,9 @@ from ledger.store.integrity import require_intact
 from ledger.store.layout import SEGMENTS_DIR, sql_list
 from ledger.store.rollup_files import (
     COARSE,
+    DAILY,
     FINE,
+    METERED,
     RollupInfo,
     RollupLevel,
     hour_aligned,
@@ -183,7 +186,7 @@ class LedgerQueries:
         retried when a file vanished because a compaction replaced it meanwhile."""
 
         def rollup_of(s: SegmentInfo) -> RollupInfo | None:
-            return s.rollup if level is FINE else s.coarse
+            return s.rollup_of(level.name)
 
         for attempt in range(_RETRIES):
             segments = self._listed(started, booked)  # a damaged ledger is refused, rollups or not
@@ -202,12 +205,14 @@ class LedgerQueries:
     def _bind(
         self, sql: str, started: tuple[int, int] | None = None, booked: str | None = None
     ) -> str:
-        """`sql` with `{postings}`, `{rollups}` and `{coarse}` bound (each source listed only
-        if used)."""
+        """`sql` with `{postings}` and each rollup level (`{rollups}`, `{coarse}`, `{daily}`,
+        `{metered}`) bound (each source listed only if used)."""
         return sql.format(
             postings=self._source(started, booked) if "{postings}" in sql else "",
             rollups=self._rollup_source(FINE, started, booked) if "{rollups}" in sql else "",
             coarse=self._rollup_source(COARSE, started, booked) if "{coarse}" in sql else "",
+            daily=self._rollup_source(DAILY, started, booked) if "{daily}" in sql else "",
+            metered=self._rollup_source(METERED, started, booked) if "{metered}" in sql else "",
         )
 
     def _query(

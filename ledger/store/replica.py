@@ -209,7 +209,7 @@ class Publisher:
 
 def _named_files(entries: list[SegmentInfo]) -> list[tuple[str, str]]:
     """(path, sha256) of every file the manifest entries name: segments and their rollups
-    (fine and coarse)."""
+    (every level)."""
     named = [(seg.path, seg.sha256) for seg in entries]
     named += [(r.path, r.sha256) for seg in entries for r in seg.rollups()]
     return named

@@ -24,8 +24,12 @@ is the same without `user` and `job_id`, grouped also by the UTC hour its interv
 (`(end_us - 1) // HOUR_US`): what the pages' headline figures and charts read (`{coarse}`). With
 neither job nor user its size follows teams × projects × models × pools per hour, whatever the
 sampling rate; grouping by the end hour too lets `max(end_us)` stand for every posting's end
-hour (fair share decays usage by the hour it ended). Both levels are one `RollupLevel`: the
-seal writes, `verify` checks and readers read each the same way.
+hour (fair share decays usage by the hour it ended). The **daily rollup**
+(`<first>-<last>.daily.parquet`, `SegmentInfo.daily`) has the coarse keys per UTC day of the
+start (`{daily}`: the Capacity page's daily usage over all history), and the **metered
+rollup** (`<first>-<last>.metered.parquet`, `SegmentInfo.metered`) only the consumer GPU time
+per team and UTC hour it ended in (`{metered}`: fair share). Each level is one
+`RollupLevel`: the seal writes, `verify` checks and readers read each the same way.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ class RollupLevel:
     keys: tuple[str, ...]
     hours: tuple[str, ...]
     suffix: str
+    where: str = "TRUE"  # the postings it sums (SQL over a posting)
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -104,6 +109,18 @@ COARSE = RollupLevel(
     (f"start_us // {HOUR_US}", f"(end_us - 1) // {HOUR_US}"),
     ".coarse.parquet",
 )
+DAY_US = 24 * HOUR_US
+# The coarse keys per UTC day of the start: the capacity charts' daily usage over all history.
+DAILY = RollupLevel("daily", COARSE_KEYS, (f"start_us // {DAY_US}",), ".daily.parquet")
+# Consumer GPU time per team and UTC hour its usage ended in: metered usage for fair share.
+METERED = RollupLevel(
+    "metered",
+    ("team",),
+    (f"(end_us - 1) // {HOUR_US}",),
+    ".metered.parquet",
+    "account LIKE 'consumer:%' AND unit = 'gpu_ms' AND team IS NOT NULL",
+)
+LEVELS = (FINE, COARSE, DAILY, METERED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +153,7 @@ def rollup_sql(source: str, level: RollupLevel = FINE) -> str:
     return (
         f"SELECT {keys}, CAST(sum(amount) AS BIGINT) AS amount, "
         "CAST(count(*) AS BIGINT) AS postings, min(start_us) AS start_us, "
-        f"max(end_us) AS end_us FROM (SELECT *, {hours} FROM {source}) "
+        f"max(end_us) AS end_us FROM (SELECT *, {hours} FROM {source} WHERE {level.where}) "
         f"GROUP BY {keys}, {buckets} ORDER BY {buckets}, {keys}"
     )
 
@@ -144,7 +161,10 @@ def rollup_sql(source: str, level: RollupLevel = FINE) -> str:
 def postings_as_rollup_sql(source: str, level: RollupLevel = FINE) -> str:
     """SQL reading the postings of `source` in `level`'s shape (one posting per row)."""
     keys = level.keys_sql()
-    return f"SELECT {keys}, amount, CAST(1 AS BIGINT) AS postings, start_us, end_us FROM {source}"
+    return (
+        f"SELECT {keys}, amount, CAST(1 AS BIGINT) AS postings, start_us, end_us FROM {source} "
+        f"WHERE {level.where}"
+    )
 
 
 def rollup_columns_sql(level: RollupLevel = FINE) -> str:

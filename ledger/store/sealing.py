@@ -1,7 +1,7 @@
 """Writing sealed segments from the hot tables: postings and archived messages of committed
 source ranges out to immutable Parquet files, compaction of small segments, and the archive
 kept cut as the postings are; every postings segment written (sealed or compacted) gets its
-rollups, fine and coarse (`ledger.store.rollup_files`), beside it, named by its manifest
+rollups of every level (`ledger.store.rollup_files`), beside it, named by its manifest
 entry. Every file is written to a temporary name, fsynced and renamed, so an interrupted run
 leaves nothing a manifest names half-written.
 
@@ -26,7 +26,7 @@ from ledger.errors import SealError, StoreError
 from ledger.store.integrity import remember_intact, require_intact
 from ledger.store.layout import first_row, sql_path
 from ledger.store.port import SealResult
-from ledger.store.rollup_files import COARSE, FINE, RollupInfo, RollupLevel, write_rollup
+from ledger.store.rollup_files import LEVELS, RollupInfo, RollupLevel, write_rollup
 from ledger.store.segments import (
     Manifest,
     SegmentInfo,
@@ -200,8 +200,10 @@ class Segmenter:
                 os.fsync(handle.fileno())
             tmp.replace(target)
             rolled = kind is self.postings
-            rollup = self._write_rollup(target, rel, FINE) if rolled else None
-            coarse = self._write_rollup(target, rel, COARSE) if rolled else None
+            levels = {
+                level.name: self._write_rollup(target, rel, level) if rolled else None
+                for level in LEVELS
+            }
             fsync_dir(target.parent)
             sha256 = file_sha256(target)
         except (OSError, duckdb.IOException) as exc:
@@ -220,8 +222,7 @@ class Segmenter:
             min_start_us=stats[1],
             max_end_us=stats[2],
             summary=summary,
-            rollup=rollup,
-            coarse=coarse,
+            **levels,
         )
 
     def _write_rollup(self, segment: Path, rel: str, level: RollupLevel) -> RollupInfo:

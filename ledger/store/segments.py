@@ -33,7 +33,8 @@ Each postings segment sealed since rollups exist has a rollup beside it
 (`<first>-<last>.rollup.parquet`, `ledger.store.rollup_files`: its postings summed per period,
 account, unit, owner, job, model, pool and hour), written with the segment and named by the
 same entry (`SegmentInfo.rollup`, with its own sha256), so the two become visible together; so is
-its coarse rollup (`<first>-<last>.coarse.parquet`, `SegmentInfo.coarse`).
+its coarse, daily and metered rollups (`<first>-<last>.coarse.parquet`, `….daily.parquet`,
+`….metered.parquet`: `SegmentInfo.coarse`, `.daily`, `.metered`).
 
 Every entry records the sha256 of its file. Readers take the files to read from
 `Manifest.checked` / `Manifest.files`, which check each one against its checksum
@@ -65,6 +66,7 @@ ARCHIVE_DIR = "archive"
 MANIFEST_VERSION = 1
 _CHECK_RETRIES = 3
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
+_ROLLUP_ENTRIES = ("rollup", "coarse", "daily", "metered")  # SegmentInfo's rollup fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +153,17 @@ class SegmentInfo:
     summary: SegmentSummary | None = None  # postings segments only
     rollup: RollupInfo | None = None  # postings segments sealed with one (`rollup_files`)
     coarse: RollupInfo | None = None  # its coarse rollup (`rollup_files.COARSE`), likewise
+    daily: RollupInfo | None = None  # its daily rollup (`rollup_files.DAILY`), likewise
+    metered: RollupInfo | None = None  # its metered rollup (`rollup_files.METERED`), likewise
 
     def rollups(self) -> tuple[RollupInfo, ...]:
-        """This entry's rollup files (fine, coarse), those it has."""
-        return tuple(r for r in (self.rollup, self.coarse) if r is not None)
+        """This entry's rollup files (fine, coarse, daily, metered), those it has."""
+        return tuple(r for r in map(self.rollup_of, _ROLLUP_ENTRIES) if r is not None)
+
+    def rollup_of(self, level: str) -> RollupInfo | None:
+        """Its rollup of the level named `level` (`RollupLevel.name`: one of `_ROLLUP_ENTRIES`)."""
+        found: RollupInfo | None = getattr(self, level)
+        return found
 
     def files(self) -> tuple[str, ...]:
         """The paths (relative to the root) of this entry's files: the segment, its rollups."""
@@ -202,18 +211,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def _segment_info(entry: dict[str, object]) -> SegmentInfo:
-    summary, rollup, coarse = entry.get("summary"), entry.get("rollup"), entry.get("coarse")
+    summary = entry.get("summary")
     if summary is not None and not isinstance(summary, dict):
         raise TypeError("summary: expected an object")
-    for name, value in (("rollup", rollup), ("coarse", coarse)):
+    levels: dict[str, RollupInfo | None] = {}
+    for name in _ROLLUP_ENTRIES:
+        value = entry.get(name)
         if value is not None and not isinstance(value, dict):
             raise TypeError(f"{name}: expected an object")
-    fields = {k: v for k, v in entry.items() if k not in ("summary", "rollup", "coarse")}
+        levels[name] = None if value is None else RollupInfo.from_dict(value)
+    fields = {k: v for k, v in entry.items() if k not in ("summary", *_ROLLUP_ENTRIES)}
     return SegmentInfo(
         **fields,  # type: ignore[arg-type]
         summary=None if summary is None else SegmentSummary.from_dict(summary),
-        rollup=None if not isinstance(rollup, dict) else RollupInfo.from_dict(rollup),
-        coarse=None if not isinstance(coarse, dict) else RollupInfo.from_dict(coarse),
+        **levels,  # type: ignore[arg-type]
     )
 
 
@@ -288,7 +299,7 @@ def _entry(seg: SegmentInfo) -> dict[str, object]:
     """A manifest entry; `rollup` and `coarse` only when there is one (older readers' entries
     stay as they were)."""
     entry = asdict(seg)
-    for name in ("rollup", "coarse"):
+    for name in _ROLLUP_ENTRIES:
         if entry[name] is None:
             del entry[name]
     return entry

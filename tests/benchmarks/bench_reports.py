@@ -27,7 +27,7 @@ from ledger.periods import Period
 from ledger.read.focus import ExportFormat, FocusContext, export_focus
 from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
 from ledger.store.layout import SEGMENTS_DIR
-from ledger.store.rollup_files import COARSE, FINE, RollupInfo, RollupLevel, write_rollup
+from ledger.store.rollup_files import COARSE, DAILY, FINE, RollupInfo, RollupLevel, write_rollup
 from ledger.store.schema import POSTINGS_SCHEMA
 from ledger.store.segments import (
     Manifest,
@@ -122,9 +122,9 @@ def write_level(
 
 
 def generate(data_dir: Path, postings: int, progress: Progress, rollups: bool = True) -> list[Path]:
-    """A sealed ledger of `postings` rows in `data_dir`, each segment with its rollups, fine and
-    coarse (as the seal writes them, `ledger.store.rollup_files`) unless `rollups` is False;
-    returns the segment files."""
+    """A sealed ledger of `postings` rows in `data_dir`, each segment with its rollups, fine,
+    coarse and daily (as the seal writes them, `ledger.store.rollup_files`) unless `rollups` is
+    False; returns the segment files."""
     root = data_dir / SEGMENTS_DIR
     root.mkdir(parents=True)
     transactions = postings // LEGS
@@ -145,10 +145,11 @@ def generate(data_dir: Path, postings: int, progress: Progress, rollups: bool = 
         assert stats is not None
         rollup = write_level(con, root, rel, FINE) if rollups else None
         coarse = write_level(con, root, rel, COARSE) if rollups else None
+        daily = write_level(con, root, rel, DAILY) if rollups else None
         infos.append(
             SegmentInfo(
                 rel, INCARNATION, TOPIC, 0, lo, hi - 1, int(stats[0]), file_sha256(target),
-                int(stats[1]), int(stats[2]), summarise_segment(con, target), rollup, coarse,
+                int(stats[1]), int(stats[2]), summarise_segment(con, target), rollup, coarse, daily,
             )
         )  # fmt: skip
         files.append(target)

@@ -19,6 +19,7 @@ import duckdb
 import pytest
 
 from ledger.read import rollups
+from ledger.read.metered import hourly_team_usage
 from ledger.read.queries import time_bucket_sql
 from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
 from ledger.read.reports import ledger_money_total as money_total
@@ -26,7 +27,17 @@ from ledger.read.statements import team_statement
 from ledger.store.hot import DuckDBStore
 from ledger.store.identity import IDENTITY_NAME, IDENTITY_VERSION
 from ledger.store.layout import SEGMENTS_DIR, sql_list
-from ledger.store.rollup_files import COARSE, FINE, HOUR_US, RollupLevel, hour_aligned
+from ledger.store.rollup_files import (
+    COARSE,
+    DAILY,
+    DAY_US,
+    FINE,
+    HOUR_US,
+    LEVELS,
+    METERED,
+    RollupLevel,
+    hour_aligned,
+)
 from ledger.store.segments import MANIFEST_NAME, Manifest, file_sha256
 from ledger.store.verify import verify_ledger
 from tests.unit.test_dashboard_seed import A100, END_US, H100, seed_ledger
@@ -41,13 +52,17 @@ def postings_folded(data_dir: Path, level: RollupLevel = FINE) -> dict[Group, li
     first start, last end]."""
     files = Manifest(data_dir / SEGMENTS_DIR).files()
     rows = duckdb.connect().execute(
-        f"SELECT {level.keys_sql()}, amount, start_us, end_us "
+        f"SELECT {level.keys_sql()}, amount, start_us, end_us, account, unit "
         f"FROM read_parquet([{sql_list(files)}])"
     )
     folded: dict[Group, list[int]] = {}
     n = len(level.keys)
     for row in rows.fetchall():
-        amount, start, end = row[n:]
+        amount, start, end, account, unit = row[n:]
+        if level is METERED and not (
+            account.startswith("consumer:") and unit == "gpu_ms" and row[0] is not None
+        ):
+            continue  # the metered rollup sums teams' consumer GPU time only
         key = (*row[:n], *_hours(level, start, end))
         acc = folded.setdefault(key, [0, 0, start, end])
         acc[0] += amount
@@ -58,10 +73,15 @@ def postings_folded(data_dir: Path, level: RollupLevel = FINE) -> dict[Group, li
 
 
 def _hours(level: RollupLevel, start: int | None, end: int | None) -> tuple[int | None, ...]:
-    first = None if start is None else start // HOUR_US
-    if level is FINE:
-        return (first,)
-    return first, None if end is None else (end - 1) // HOUR_US
+    """A posting's (or a group's: its first start, last end) buckets at `level`, in Python."""
+    if start is None or end is None:
+        return (None,) * len(level.hours)
+    return {
+        FINE: (start // HOUR_US,),
+        COARSE: (start // HOUR_US, (end - 1) // HOUR_US),
+        DAILY: (start // DAY_US,),
+        METERED: ((end - 1) // HOUR_US,),
+    }[level]
 
 
 def rollups_folded(data_dir: Path, level: RollupLevel = FINE) -> dict[Group, list[int]]:
@@ -69,7 +89,7 @@ def rollups_folded(data_dir: Path, level: RollupLevel = FINE) -> dict[Group, lis
     boundaries is in several rollups); a group's first start and last end give its hours."""
     root = data_dir / SEGMENTS_DIR
     entries = Manifest(root).load()
-    infos = [s.rollup if level is FINE else s.coarse for s in entries]
+    infos = [s.rollup_of(level.name) for s in entries]
     assert entries and all(r is not None for r in infos)
     files = [root / r.path for r in infos if r is not None]
     rows = duckdb.connect().execute(
@@ -90,7 +110,7 @@ def rollups_folded(data_dir: Path, level: RollupLevel = FINE) -> dict[Group, lis
 
 def test_rollups_equal_the_postings_after_seals_and_after_compaction(tmp_path):
     data_dir = tmp_path / "ledger"
-    levels = (FINE, COARSE)
+    levels = LEVELS
     with DuckDBStore(data_dir) as store:
         for n in range(5):  # five small segments over two partitions, hours apart
             times = (n * 40, n * 40 + 1, n * 40 + 30)
@@ -105,7 +125,8 @@ def test_rollups_equal_the_postings_after_seals_and_after_compaction(tmp_path):
     assert len(segments) == 2
     assert [rollups_folded(data_dir, level) for level in levels] == sealed
     assert [postings_folded(data_dir, level) for level in levels] == sealed
-    for infos in ([s.rollup for s in segments], [s.coarse for s in segments]):
+    for level in levels:
+        infos = [s.rollup_of(level.name) for s in segments]
         assert sum(r.rows for r in infos if r) < sum(s.rows for s in segments)
     assert not Manifest(data_dir / SEGMENTS_DIR).strays()  # the parts' rollups went with them
     assert verify_ledger(data_dir).ok
@@ -119,12 +140,12 @@ def test_verify_names_a_rollup_that_differs_from_its_segment(tmp_path):
     root = data_dir / SEGMENTS_DIR
     doc = json.loads((root / MANIFEST_NAME).read_text())
     altered = []
-    for entry in ("rollup", "coarse"):  # each level checked on its own
+    for entry in ("rollup", "coarse", "daily", "metered"):  # each level checked on its own
         rollup = doc["segments"][0][entry]
         path = root / rollup["path"]
         tmp = path.with_name("rewritten.tmp")
         duckdb.connect().execute(  # one more GPU-ms, checksum updated: only the sums can tell
-            f"COPY (SELECT * REPLACE (CASE WHEN unit = 'gpu_ms' AND amount > 0 THEN amount + 1 "
+            f"COPY (SELECT * REPLACE (CASE WHEN amount > 0 THEN amount + 1 "
             f"ELSE amount END AS amount) FROM read_parquet('{path}')) TO '{tmp}' (FORMAT parquet)"
         )
         tmp.replace(path)
@@ -166,9 +187,11 @@ def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     shutil.copytree(rolled, plain)
     manifest = plain / SEGMENTS_DIR / MANIFEST_NAME
     doc = json.loads(manifest.read_text())
-    assert all("rollup" in entry and "coarse" in entry for entry in doc["segments"])
+    levels = {level.name for level in LEVELS}
+    assert all(levels <= set(entry) for entry in doc["segments"])
     for entry in doc["segments"]:
-        del entry["rollup"], entry["coarse"]
+        for name in levels:
+            del entry[name]
     manifest.write_text(json.dumps(doc))
     return rolled, plain
 
@@ -204,6 +227,7 @@ READS: dict[str, Callable[[ReportQueries], Any]] = {
     "usage-trend-pool": lambda q: rollups.usage_trend(q, A100, "a100", 28, 4),
     "fair-share-at-the-end": lambda q: rollups.fair_share(q, END_US),
     "fair-share-mid-hour": lambda q: rollups.fair_share(q, END_US - 1_234_567),
+    "metered-for-whatif": lambda q: hourly_team_usage(q, END_US - 1_234_567),
     "model-trends": lambda q: rollups.model_trends(q, END_US),
     "demand": lambda q: rollups.demand(q, H100, END_US - 2 * rollups.DAY_US, END_US),
     "fleet-now": rollups.fleet_now,

@@ -53,7 +53,7 @@ def daily_usage(
         f'SELECT start_us - start_us % {DAY_US} AS day, "pool", "model", '
         f"coalesce(sum(amount) FILTER ({CONSUMER_SQL}), 0), "
         f"coalesce(-sum(amount) FILTER ({CAPACITY_SQL}), 0) "
-        f"FROM {{coarse}} WHERE {USAGE_SQL} AND unit = 'gpu_ms' {clause} "
+        f"FROM {{daily}} WHERE {USAGE_SQL} AND unit = 'gpu_ms' {clause} "
         'GROUP BY ALL ORDER BY day, "pool", "model"',
         params,
     )
@@ -87,7 +87,7 @@ def usage_trend(
         per_day[row.day_us][0] += row.allocated_gpu_ms
         per_day[row.day_us][1] += row.physical_gpu_ms
     span = q.rows(
-        f"SELECT min(start_us), max(end_us) FROM {{coarse}} WHERE {USAGE_SQL} AND model = ?"
+        f"SELECT min(start_us), max(end_us) FROM {{daily}} WHERE {USAGE_SQL} AND model = ?"
         + (" AND pool = ?" if pool is not None else ""),
         [model] + ([pool] if pool is not None else []),
     )[0]

@@ -17,6 +17,7 @@ from ledger.balances import budget_status as balance_budget_status
 from ledger.balances import fold_rows
 from ledger.errors import LedgerError
 from ledger.read import job_history
+from ledger.read.metered import team_hour_usage
 from ledger.read.reports import CONSUMER_SQL, IDLE_LEG_SQL, ReportQueries
 from ledger.read.rollups.finance import JobCost
 from ledger.read.rollups.shared import HOUR_US, MS_PER_HOUR, Filters, archived_job_log
@@ -223,29 +224,9 @@ def fair_share(
     weight is the team's total nominal GPUs from the `quotas:` admin events (at least 1); a
     `weight:` set in the scheduler's configuration is not in the ledger and not applied here.
     """
-    sql = (
-        f"SELECT team, (end_us - 1) // {HOUR_US} AS hour, sum(amount) FROM {{source}} "
-        f"WHERE {CONSUMER_SQL} AND unit = 'gpu_ms' AND team IS NOT NULL AND {{ends}} "
-        "GROUP BY ALL"
-    )
-    # Whole end hours from the coarse rollup (grouped by end hour, so its `end_us` has every
-    # posting's end hour); the part of the hour `as_of_us` falls in from the postings.
-    cut = as_of_us // HOUR_US * HOUR_US
-    rows = q.rows(
-        sql.format(source="{coarse}", ends=f"((end_us - 1) // {HOUR_US} + 1) * {HOUR_US} <= ?"),
-        [cut],
-    )
-    if cut < as_of_us:
-        rows += q.rows(
-            sql.format(source="{postings}", ends="end_us > ? AND end_us <= ?"),
-            [cut, as_of_us],
-            (cut, as_of_us + 1),
-        )
-    totals: dict[tuple[str, int], int] = defaultdict(int)
-    for team, hour, amount in rows:
-        totals[(team, int(hour))] += int(amount)
     decayed: dict[str, float] = defaultdict(float)
-    for (team, hour), amount in sorted(totals.items()):
+    # each team's hours in time order (`ledger.read.metered`, from the metered rollups)
+    for team, hour, amount in team_hour_usage(q, as_of_us):
         age = max(0, as_of_us - min(as_of_us, (int(hour) + 1) * HOUR_US))
         decayed[team] += int(amount) * 2.0 ** (-age / half_life_us)
     view, problem = _admin_view(q)
