@@ -179,8 +179,10 @@ def write_rollup(
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
         query = rollup_sql(f"read_parquet('{sql_path(segment)}')", level)
-        con.execute(f"COPY ({query}) TO '{sql_path(tmp)}' (FORMAT parquet, COMPRESSION zstd)")
-        row = first_row(con.execute(f"SELECT count(*) FROM read_parquet('{sql_path(tmp)}')"))
+        # COPY answers with the number of rows it wrote
+        row = first_row(
+            con.execute(f"COPY ({query}) TO '{sql_path(tmp)}' (FORMAT parquet, COMPRESSION zstd)")
+        )
         assert row is not None
         with tmp.open("rb") as handle:
             os.fsync(handle.fileno())

@@ -27,7 +27,7 @@ from ledger.periods import Period
 from ledger.read.focus import ExportFormat, FocusContext, export_focus
 from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
 from ledger.store.layout import SEGMENTS_DIR
-from ledger.store.rollup_files import COARSE, DAILY, FINE, RollupInfo, RollupLevel, write_rollup
+from ledger.store.rollup_files import LEVELS, RollupInfo, RollupLevel, write_rollup
 from ledger.store.schema import POSTINGS_SCHEMA
 from ledger.store.segments import (
     Manifest,
@@ -122,8 +122,8 @@ def write_level(
 
 
 def generate(data_dir: Path, postings: int, progress: Progress, rollups: bool = True) -> list[Path]:
-    """A sealed ledger of `postings` rows in `data_dir`, each segment with its rollups, fine,
-    coarse and daily (as the seal writes them, `ledger.store.rollup_files`) unless `rollups` is
+    """A sealed ledger of `postings` rows in `data_dir`, each segment with its rollups of every
+    level (as the seal writes them, `ledger.store.rollup_files`) unless `rollups` is
     False; returns the segment files."""
     root = data_dir / SEGMENTS_DIR
     root.mkdir(parents=True)
@@ -143,13 +143,11 @@ def generate(data_dir: Path, postings: int, progress: Progress, rollups: bool = 
             f"SELECT count(*), min(start_us), max(end_us) FROM read_parquet('{target}')"
         ).fetchone()
         assert stats is not None
-        rollup = write_level(con, root, rel, FINE) if rollups else None
-        coarse = write_level(con, root, rel, COARSE) if rollups else None
-        daily = write_level(con, root, rel, DAILY) if rollups else None
+        levels = {lv.name: write_level(con, root, rel, lv) if rollups else None for lv in LEVELS}
         infos.append(
             SegmentInfo(
                 rel, INCARNATION, TOPIC, 0, lo, hi - 1, int(stats[0]), file_sha256(target),
-                int(stats[1]), int(stats[2]), summarise_segment(con, target), rollup, coarse, daily,
+                int(stats[1]), int(stats[2]), summarise_segment(con, target), **levels,
             )
         )  # fmt: skip
         files.append(target)

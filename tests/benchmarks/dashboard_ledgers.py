@@ -14,7 +14,7 @@ import duckdb
 
 from ledger.store.layout import SEGMENTS_DIR
 from ledger.store.objects import ObjectStore, S3Settings, open_object_store
-from ledger.store.rollup_files import COARSE, DAILY, FINE
+from ledger.store.rollup_files import LEVELS
 from ledger.store.segments import (
     MANIFEST_NAME,
     Manifest,
@@ -47,7 +47,7 @@ def without_rollups(rolled: Path, plain: Path) -> Path:
         if child.name != MANIFEST_NAME:
             (root / child.name).symlink_to(child, target_is_directory=child.is_dir())
     entries = [
-        dataclasses.replace(s, rollup=None, coarse=None, daily=None)
+        dataclasses.replace(s, rollup=None, coarse=None, daily=None, metered=None)
         for s in Manifest(source).load()
     ]
     Manifest(root).save(entries)
@@ -73,8 +73,7 @@ def append_seal(data_dir: Path, postings: int, seal: int) -> SegmentInfo:
         info = SegmentInfo(
             rel, INCARNATION, TOPIC, 0, lo, hi - 1, int(stats[0]), file_sha256(root / rel),
             int(stats[1]), int(stats[2]), summarise_segment(con, root / rel),
-            write_level(con, root, rel, FINE), write_level(con, root, rel, COARSE),
-            write_level(con, root, rel, DAILY),
+            **{level.name: write_level(con, root, rel, level) for level in LEVELS},
         )  # fmt: skip
     finally:
         con.close()
