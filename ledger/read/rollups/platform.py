@@ -89,8 +89,7 @@ def fleet_now(
     horizon = newest - lookback_us
     pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
     owner_match = " AND ".join(f'p."{c}" IS NOT DISTINCT FROM c."{c}"' for c in _OWNER)
-    rows = q.rows(
-        f"""
+    sql = f"""
         WITH recent AS (
             SELECT * FROM {{postings}}
             WHERE {USAGE_SQL} AND end_us > ? AND gpu_uuid <> '' {pool_sql}
@@ -98,7 +97,7 @@ def fleet_now(
             SELECT gpu_uuid, max(start_us) AS slot FROM recent GROUP BY gpu_uuid
         ), current AS (
             SELECT DISTINCT r.gpu_uuid, r.node, r.pool, r.model, {_STATE_SQL} AS state,
-                r.team, r.project, r."user", r.job_id, r.util_pct
+                r.team, r.project, r."user", r.job_id, r.util_pct, l.slot
             FROM recent r JOIN latest l ON r.gpu_uuid = l.gpu_uuid AND r.start_us = l.slot
             WHERE r.account LIKE 'consumer:%' OR r.account LIKE 'unallocated:%'
         ), idle_now AS (
@@ -109,7 +108,7 @@ def fleet_now(
                     WHEN p.idle THEN 'allocated_idle' ELSE 'busy' END) = c.state
                     AND {owner_match} AS same
             FROM {{postings}} p JOIN idle_now c ON p.gpu_uuid = c.gpu_uuid
-            WHERE p.{USAGE_SQL} AND p.start_us >= ?
+            WHERE p.{USAGE_SQL} AND p.start_us >= greatest(?, least(?, c.slot))
                 AND (p.account LIKE 'consumer:%' OR p.account LIKE 'unallocated:%')
         ), broke AS (
             SELECT gpu_uuid, state, team, project, "user", job_id,
@@ -129,10 +128,19 @@ def fleet_now(
         WHERE h.same AND h.start_us > b.break_us
         GROUP BY h.state, h.gpu_uuid, h.team, h.project, h."user", h.job_id
         ORDER BY h.state, 14 DESC, h.gpu_uuid
-        """,
-        [newest - window_us, *pool_params, horizon],
-        (min(horizon, newest - window_us), newest + 1),
-    )
+        """
+    # Look back a day first, then further while a run found no earlier sample of another state
+    # (its last column): a run found whole is the same whatever lies before it.
+    since = max(horizon, newest - max(DAY_US, 2 * window_us))
+    while True:
+        rows = q.rows(
+            sql,
+            [newest - window_us, *pool_params, horizon, since],
+            (min(horizon, newest - window_us), newest + 1),
+        )
+        if since <= horizon or not any(r[14] for r in rows):
+            break
+        since = max(horizon, newest - 4 * (newest - since))
     counts = q.rows(
         f"""
         WITH recent AS (
