@@ -8,14 +8,18 @@ be read, raises a `SegmentError` naming it rather than a total without it.
 Periods select postings by the start of their interval (`start_us`), half-open `[start, end)`.
 SQL may also read `{rollups}`: the same ledger pre-aggregated per segment
 (`ledger.store.rollup_files`), which answers any query that only sums `amount`, takes
-`min(start_us)` / `max(end_us)` and groups or filters by the rollups' columns.
+`min(start_us)` / `max(end_us)` and groups or filters by the rollups' columns; `{coarse}` is the
+coarse rollup (no job or user: far fewer rows) for queries that need neither, `{daily}` the
+same per UTC day, `{metered}` consumer GPU time per team and hour it ended in. A query that
+selects one booked period says so (`booked`), and only the segments holding postings booked
+into it are listed.
 `LedgerQueries.zone` is the ledger's time zone (`ledger.store.identity`): the months and days
 readers group by are that zone's (`time_bucket_sql`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, tzinfo
 from pathlib import Path
@@ -29,7 +33,17 @@ from ledger.postings import Transaction
 from ledger.store.identity import recorded_zone
 from ledger.store.integrity import require_intact
 from ledger.store.layout import SEGMENTS_DIR, sql_list
-from ledger.store.rollup_files import hour_aligned, postings_as_rollup_sql, rollup_columns_sql
+from ledger.store.rollup_files import (
+    COARSE,
+    DAILY,
+    FINE,
+    METERED,
+    RollupInfo,
+    RollupLevel,
+    hour_aligned,
+    postings_as_rollup_sql,
+    rollup_columns_sql,
+)
 from ledger.store.schema import POSTING_COLUMNS_SQL, POSTINGS_SCHEMA, transaction_from_rows
 from ledger.store.segments import Manifest, SegmentInfo, SegmentSummary, summarise_segment
 
@@ -104,83 +118,122 @@ class LedgerQueries:
                 last = exc
         raise LedgerError(f"the sealed ledger could not be read: {last}")
 
-    def _source(self, started: tuple[int, int] | None = None) -> str:
-        """The sealed postings; with `started` (lo, hi), only the segments that can hold a
-        posting whose interval started in [lo, hi) (by the manifest's interval extents)."""
-        if started is None:
-            files = self.manifest.files()  # each checked against its checksum
-        else:
-            lo, hi = started
-            files = [
-                self.root / s.path
-                for s in self.manifest.checked_where(
-                    lambda s: (
-                        s.min_start_us is not None
-                        and s.max_end_us is not None
-                        and s.min_start_us < hi
-                        and s.max_end_us >= lo
-                    )
-                )
-            ]
+    def _wanted(
+        self, started: tuple[int, int] | None, booked: str | None
+    ) -> Callable[[SegmentInfo], bool] | None:
+        """Which listed segments a query needs: with `started` (lo, hi), those that can hold a
+        posting whose interval started in [lo, hi) (by the manifest's interval extents); with
+        `booked`, those holding postings booked into that period (by their summaries; an entry
+        without one is read). None: all of them."""
+        if started is None and booked is None:
+            return None
+
+        def wanted(s: SegmentInfo) -> bool:
+            if started is not None:
+                lo, hi = started
+                if s.min_start_us is None or s.max_end_us is None:
+                    return False
+                if not (s.min_start_us < hi and s.max_end_us >= lo):
+                    return False
+            return booked is None or s.summary is None or booked in s.summary.periods
+
+        return wanted
+
+    def _listed(
+        self, started: tuple[int, int] | None = None, booked: str | None = None
+    ) -> list[SegmentInfo]:
+        """The segments a query reads (`_wanted`), each checked against its checksum."""
+        wanted = self._wanted(started, booked)
+        return self.manifest.checked() if wanted is None else self.manifest.checked_where(wanted)
+
+    def _source(self, started: tuple[int, int] | None = None, booked: str | None = None) -> str:
+        """The sealed postings of the segments `_wanted` picks."""
+        files = [self.root / s.path for s in self._listed(started, booked)]
         if not files:
             return self._empty
         listed = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
         return f"read_parquet([{listed}], union_by_name = true)"
 
-    def _rollup_source(self) -> str:
-        """The sealed ledger in the rollups' shape (`ledger.store.rollup_files`): each segment's
-        rollup, or its postings (one per row) for a segment sealed without one; the postings
-        themselves where the ledger's zone has hours that do not begin on UTC hours."""
+    def _rollup_source(
+        self,
+        level: RollupLevel = FINE,
+        started: tuple[int, int] | None = None,
+        booked: str | None = None,
+    ) -> str:
+        """The sealed ledger in `level`'s shape (`ledger.store.rollup_files`): each picked
+        segment's rollup of that level, or its postings (one per row) for a segment sealed
+        without one; the postings themselves where the ledger's zone has hours that do not
+        begin on UTC hours."""
         if not hour_aligned(self.zone):
-            return f"({postings_as_rollup_sql(self._source())})"
-        rolled, raw = self._rollup_files()
+            return f"({postings_as_rollup_sql(self._source(started, booked), level)})"
+        rolled, raw = self._rollup_files(level, started, booked)
         parts = []
         if rolled:
-            parts.append(f"SELECT {rollup_columns_sql()} FROM read_parquet([{sql_list(rolled)}])")
+            parts.append(
+                f"SELECT {rollup_columns_sql(level)} FROM read_parquet([{sql_list(rolled)}])"
+            )
         if raw:
-            parts.append(postings_as_rollup_sql(f"read_parquet([{sql_list(raw)}])"))
+            parts.append(postings_as_rollup_sql(f"read_parquet([{sql_list(raw)}])", level))
         if not parts:
-            return f"({postings_as_rollup_sql(self._empty)})"
+            return f"({postings_as_rollup_sql(self._empty, level)})"
         return "(" + " UNION ALL ".join(parts) + ")"
 
-    def _rollup_files(self) -> tuple[list[Path], list[Path]]:
-        """The listed rollups and the segments listed without one, every listed file checked
-        against its checksum (once per process, `ledger.store.integrity`); retried when a file
-        vanished because a compaction replaced it meanwhile."""
+    def _rollup_files(
+        self, level: RollupLevel, started: tuple[int, int] | None, booked: str | None
+    ) -> tuple[list[Path], list[Path]]:
+        """The picked segments' rollups of `level` and the segments picked without one, every
+        picked file checked against its checksum (once per process, `ledger.store.integrity`);
+        retried when a file vanished because a compaction replaced it meanwhile."""
+
+        def rollup_of(s: SegmentInfo) -> RollupInfo | None:
+            return s.rollup_of(level.name)
+
         for attempt in range(_RETRIES):
-            segments = self.manifest.checked()  # a damaged ledger is refused, rollups or not
+            segments = self._listed(started, booked)  # a damaged ledger is refused, rollups or not
             try:
                 rolled = [
-                    require_intact(self.root / s.rollup.path, s.rollup.sha256)
-                    for s in segments
-                    if s.rollup is not None
+                    require_intact(self.root / r.path, r.sha256)
+                    for r in map(rollup_of, segments)
+                    if r is not None
                 ]
-                return rolled, [self.root / s.path for s in segments if s.rollup is None]
+                return rolled, [self.root / s.path for s in segments if rollup_of(s) is None]
             except SegmentError:
-                if attempt == _RETRIES - 1 or self.manifest.load() == segments:
+                if attempt == _RETRIES - 1 or self._listed(started, booked) == segments:
                     raise
         raise AssertionError("unreachable")
 
-    def _bind(self, sql: str, started: tuple[int, int] | None = None) -> str:
-        """`sql` with `{postings}` and `{rollups}` bound (each source listed only if used)."""
+    def _bind(
+        self, sql: str, started: tuple[int, int] | None = None, booked: str | None = None
+    ) -> str:
+        """`sql` with `{postings}` and each rollup level (`{rollups}`, `{coarse}`, `{daily}`,
+        `{metered}`) bound (each source listed only if used)."""
         return sql.format(
-            postings=self._source(started) if "{postings}" in sql else "",
-            rollups=self._rollup_source() if "{rollups}" in sql else "",
+            postings=self._source(started, booked) if "{postings}" in sql else "",
+            rollups=self._rollup_source(FINE, started, booked) if "{rollups}" in sql else "",
+            coarse=self._rollup_source(COARSE, started, booked) if "{coarse}" in sql else "",
+            daily=self._rollup_source(DAILY, started, booked) if "{daily}" in sql else "",
+            metered=self._rollup_source(METERED, started, booked) if "{metered}" in sql else "",
         )
 
     def _query(
-        self, sql: str, params: Sequence[Any] = (), started: tuple[int, int] | None = None
+        self,
+        sql: str,
+        params: Sequence[Any] = (),
+        started: tuple[int, int] | None = None,
+        booked: str | None = None,
     ) -> list[tuple[Any, ...]]:
-        """Run `sql` with `{postings}` bound to the sealed postings and `{rollups}` to their
-        rollups (`_rollup_source`); `started`: the query reads only postings whose interval
-        started in [lo, hi), so only the segments that can hold one are listed.
+        """Run `sql` with `{postings}` bound to the sealed postings, `{rollups}` and `{coarse}`
+        to their rollups (`_rollup_source`); `started`: the query reads only postings whose
+        interval started in [lo, hi); `booked`: only postings booked into that period (a
+        `YYYY-MM` label) — either way only the segments that can hold one are listed.
 
         Retried when a listed file vanished: compaction replaced it between manifest read and scan.
         """
         last: Exception | None = None
         for _ in range(_RETRIES):
             try:
-                return self._con.execute(self._bind(sql, started), list(params)).fetchall()
+                bound = self._bind(sql, started, booked)
+                return self._con.execute(bound, list(params)).fetchall()
             except duckdb.IOException as exc:  # a listed file was compacted away meanwhile
                 last = exc
         raise LedgerError(f"the sealed ledger could not be read: {last}")

@@ -41,7 +41,7 @@ from ledger.attribution import largest_remainder
 from ledger.errors import LedgerError
 from ledger.periods import Period
 from ledger.read.queries import DIMENSIONS, LedgerQueries
-from ledger.store.rollup_files import ROLLUP_DIMENSIONS
+from ledger.store.rollup_files import COARSE_DIMENSIONS, ROLLUP_DIMENSIONS
 from ledger.units import MS_PER_HOUR
 
 _RETRIES = 3
@@ -65,11 +65,16 @@ class ReportQueries(LedgerQueries):
     """`LedgerQueries` plus generic hooks: SQL with `{postings}` bound to the sealed postings."""
 
     def rows(
-        self, sql: str, params: Sequence[Any] = (), started: tuple[int, int] | None = None
+        self,
+        sql: str,
+        params: Sequence[Any] = (),
+        started: tuple[int, int] | None = None,
+        booked: str | None = None,
     ) -> list[tuple[Any, ...]]:
-        """`sql` over `{postings}` / `{rollups}`; `started` (lo, hi): the SQL selects only
-        postings whose interval started in [lo, hi), so other segments are not listed."""
-        return self._query(sql, params, started)
+        """`sql` over `{postings}` / `{rollups}` / `{coarse}`; `started` (lo, hi): the SQL
+        selects only postings whose interval started in [lo, hi); `booked`: only postings booked
+        into that period (`YYYY-MM`); either way other segments are not listed."""
+        return self._query(sql, params, started, booked)
 
     def arrow(
         self,
@@ -118,6 +123,20 @@ def period_clause(period: Period | None) -> tuple[str, list[Any]]:
 def gpu_hours(gpu_ms: int, places: int = 3) -> Decimal:
     """GPU-milliseconds as GPU-hours, rounded half-even to `places` (display only)."""
     return (Decimal(gpu_ms) / MS_PER_HOUR).quantize(Decimal(1).scaleb(-places), ROUND_HALF_EVEN)
+
+
+def source_for(dims: Sequence[str]) -> str:
+    """The smallest source that answers a query grouping or filtering by `dims` (besides the
+    rollups' other columns): `{coarse}`, `{rollups}` (job or user) or `{postings}` (GPU, node)."""
+    if COARSE_DIMENSIONS.issuperset(dims):
+        return "{coarse}"
+    return "{rollups}" if ROLLUP_DIMENSIONS.issuperset(dims) else "{postings}"
+
+
+def booked_label(period: Period | None) -> str | None:
+    """The label of the one booked period a query selects (None: all), for `ReportQueries.rows`
+    to list only the segments holding it."""
+    return None if period is None else period.label
 
 
 def check_dimensions(dims: Sequence[str]) -> tuple[str, ...]:
@@ -216,7 +235,8 @@ def cost_report(
     if filters and sharing is not IdleSharing.NONE:
         raise ValueError("idle sharing applies to a whole report; it cannot be filtered")
     columns = ", ".join(f'"{d}"' for d in dims)
-    source = "{rollups}" if ROLLUP_DIMENSIONS.issuperset((*dims, *filters)) else "{postings}"
+    source = source_for((*dims, *filters))
+    booked = booked_label(chosen)
     when, params = period_clause(chosen)
     for name, value in filters.items():
         when += f' AND "{name}" = ?'
@@ -229,6 +249,7 @@ def cost_report(
         f"coalesce(sum(amount) FILTER (unit = 'money_micros' AND {IDLE_LEG_SQL}), 0) "
         f"FROM {source} WHERE {CONSUMER_SQL} AND {when} GROUP BY ALL",
         params,
+        booked=booked,
     )
     idle_when, idle_params = period_clause(chosen)
     unallocated = queries.rows(
@@ -237,6 +258,7 @@ def cost_report(
         "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) "
         f"FROM {source} WHERE {UNALLOCATED_SQL} AND {idle_when} GROUP BY ALL",
         idle_params,
+        booked=booked,
     )
     n = len(dims)
     sums: dict[Keys, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
@@ -302,11 +324,13 @@ def _unallocated_lines(
 
 def ledger_money_total(queries: ReportQueries, period: Period | str | None = None) -> int:
     """Money debited to consumer and unallocated accounts in the selection (what exports bill)."""
-    when, params = period_clause(period_of(period, queries.zone))
+    chosen = period_of(period, queries.zone)
+    when, params = period_clause(chosen)
     rows = queries.rows(
-        "SELECT coalesce(sum(amount), 0) FROM {rollups} "
+        "SELECT coalesce(sum(amount), 0) FROM {coarse} "
         f"WHERE unit = 'money_micros' AND ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND {when}",
         params,
+        booked=booked_label(chosen),
     )
     return int(rows[0][0])
 
@@ -375,14 +399,16 @@ def idle_report(
         f'SELECT "pool", "model", {sums}, '
         f"coalesce(sum(amount) FILTER (unit = 'gpu_ms' AND {UNALLOCATED_SQL}), 0), "
         f"coalesce(sum(amount) FILTER (unit = 'money_micros' AND {UNALLOCATED_SQL}), 0) "
-        f"FROM {{rollups}} WHERE ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND {when} "
+        f"FROM {{coarse}} WHERE ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND {when} "
         'GROUP BY ALL ORDER BY 7 DESC, 5 DESC, "pool", "model"',
         params,
+        booked=booked_label(chosen),
     )
     team_rows = queries.rows(
-        f'SELECT "team", {sums} FROM {{rollups}} WHERE {CONSUMER_SQL} AND {when} '
+        f'SELECT "team", {sums} FROM {{coarse}} WHERE {CONSUMER_SQL} AND {when} '
         'GROUP BY ALL ORDER BY 4 DESC, 3 DESC, "team"',
         params,
+        booked=booked_label(chosen),
     )
     shares: dict[str | None, int] = {}
     if sharing is not IdleSharing.NONE:

@@ -372,7 +372,9 @@ def team_statement(
     zone, or a `Period`)."""
     chosen = period_of(period, queries.zone)
     assert chosen is not None
-    rows = queries.rows(_STATEMENT_SQL, [chosen.start_us, chosen.end_us, team, chosen.label])
+    rows = queries.rows(
+        _STATEMENT_SQL, [chosen.start_us, chosen.end_us, team, chosen.label], booked=chosen.label
+    )
     by_set: dict[int, list[tuple[Any, ...]]] = {1: [], 2: [], 3: []}
     for row in rows:
         by_set[int(row[0])].append(row[1:])
@@ -380,9 +382,10 @@ def team_statement(
     totals = by_set[3][0] if by_set[3] else (None, None, 0, 0, 0, 0, 0, 0, 0, "")
     _, _, gpu_ms, money, idle_ms, idle_money, energy, corrections, prior, centres = totals
     grants = queries.rows(
-        "SELECT unit, sum(amount) FROM {rollups} "
+        "SELECT unit, sum(amount) FROM {coarse} "
         "WHERE account = ? AND kind = ? AND period = ? GROUP BY unit ORDER BY unit",
         [budget_account(team), BUDGET_GRANT_KIND, chosen.label],
+        booked=chosen.label,
     )
     used_by_unit = {
         Unit.GPU_MS.value: int(gpu_ms),

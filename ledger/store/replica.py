@@ -208,9 +208,10 @@ class Publisher:
 
 
 def _named_files(entries: list[SegmentInfo]) -> list[tuple[str, str]]:
-    """(path, sha256) of every file the manifest entries name: segments and their rollups."""
+    """(path, sha256) of every file the manifest entries name: segments and their rollups
+    (every level)."""
     named = [(seg.path, seg.sha256) for seg in entries]
-    named += [(seg.rollup.path, seg.rollup.sha256) for seg in entries if seg.rollup is not None]
+    named += [(r.path, r.sha256) for seg in entries for r in seg.rollups()]
     return named
 
 

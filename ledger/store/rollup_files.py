@@ -18,6 +18,18 @@ the rollups as from the postings (`ledger.read.queries`' `{rollups}`; hour and d
 month boundaries of a zone whose offsets are whole hours never split a group). A segment
 without a rollup (sealed before rollups existed) is read as its postings in the same shape.
 `ledger.store.verify` recomputes every rollup from its segment and compares exactly.
+
+Beside it, the segment's **coarse rollup** (`<first>-<last>.coarse.parquet`, `SegmentInfo.coarse`)
+is the same without `user` and `job_id`, grouped also by the UTC hour its intervals *ended* in
+(`(end_us - 1) // HOUR_US`): what the pages' headline figures and charts read (`{coarse}`). With
+neither job nor user its size follows teams × projects × models × pools per hour, whatever the
+sampling rate; grouping by the end hour too lets `max(end_us)` stand for every posting's end
+hour (fair share decays usage by the hour it ended). The **daily rollup**
+(`<first>-<last>.daily.parquet`, `SegmentInfo.daily`) has the coarse keys per UTC day of the
+start (`{daily}`: the Capacity page's daily usage over all history), and the **metered
+rollup** (`<first>-<last>.metered.parquet`, `SegmentInfo.metered`) only the consumer GPU time
+per team and UTC hour it ended in (`{metered}`: fair share). Each level is one
+`RollupLevel`: the seal writes, `verify` checks and readers read each the same way.
 """
 
 from __future__ import annotations
@@ -59,8 +71,56 @@ ROLLUP_DIMENSIONS = frozenset(ROLLUP_KEYS) & {
     "model",
     "pool",
 }
-_KEYS_SQL = ", ".join(f'"{k}"' for k in ROLLUP_KEYS)
-_SELECT_SQL = ", ".join(f'"{c}"' for c in ROLLUP_COLUMNS)
+# The coarse rollup's grouping columns: the rollup's without job and user.
+COARSE_KEYS = tuple(k for k in ROLLUP_KEYS if k not in ("user", "job_id"))
+COARSE_DIMENSIONS = ROLLUP_DIMENSIONS - {"user", "job_id"}
+
+
+@dataclass(frozen=True, slots=True)
+class RollupLevel:
+    """One kind of per-segment rollup: the postings' columns it groups by (`keys`), the hour
+    buckets it also groups by (SQL over a posting, not stored), and its file's suffix."""
+
+    name: str
+    keys: tuple[str, ...]
+    hours: tuple[str, ...]
+    suffix: str
+    where: str = "TRUE"  # the postings it sums (SQL over a posting)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (*self.keys, "amount", "postings", "start_us", "end_us")
+
+    def keys_sql(self) -> str:
+        return ", ".join(f'"{k}"' for k in self.keys)
+
+    def columns_sql(self) -> str:
+        return ", ".join(f'"{c}"' for c in self.columns)
+
+    def path(self, segment_rel: str) -> str:
+        """The file's path beside the segment at `segment_rel`."""
+        return f"{segment_rel.removesuffix('.parquet')}{self.suffix}"
+
+
+FINE = RollupLevel("rollup", ROLLUP_KEYS, (f"start_us // {HOUR_US}",), ".rollup.parquet")
+COARSE = RollupLevel(
+    "coarse",
+    COARSE_KEYS,
+    (f"start_us // {HOUR_US}", f"(end_us - 1) // {HOUR_US}"),
+    ".coarse.parquet",
+)
+DAY_US = 24 * HOUR_US
+# The coarse keys per UTC day of the start: the capacity charts' daily usage over all history.
+DAILY = RollupLevel("daily", COARSE_KEYS, (f"start_us // {DAY_US}",), ".daily.parquet")
+# Consumer GPU time per team and UTC hour its usage ended in: metered usage for fair share.
+METERED = RollupLevel(
+    "metered",
+    ("team",),
+    (f"(end_us - 1) // {HOUR_US}",),
+    ".metered.parquet",
+    "account LIKE 'consumer:%' AND unit = 'gpu_ms' AND team IS NOT NULL",
+)
+LEVELS = (FINE, COARSE, DAILY, METERED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,38 +141,48 @@ class RollupInfo:
 
 def rollup_path(segment_rel: str) -> str:
     """The rollup's path beside the segment at `segment_rel` (`….parquet` → `….rollup.parquet`)."""
-    stem = segment_rel.removesuffix(".parquet")
-    return f"{stem}.rollup.parquet"
+    return FINE.path(segment_rel)
 
 
-def rollup_sql(source: str) -> str:
-    """SQL aggregating the postings of `source` (a relation) into rollup rows, in a fixed order."""
+def rollup_sql(source: str, level: RollupLevel = FINE) -> str:
+    """SQL aggregating the postings of `source` (a relation) into `level`'s rows, in a fixed
+    order."""
+    keys = level.keys_sql()
+    hours = ", ".join(f"{expr} AS _h{n}" for n, expr in enumerate(level.hours))
+    buckets = ", ".join(f"_h{n}" for n in range(len(level.hours)))
     return (
-        f"SELECT {_KEYS_SQL}, CAST(sum(amount) AS BIGINT) AS amount, "
+        f"SELECT {keys}, CAST(sum(amount) AS BIGINT) AS amount, "
         "CAST(count(*) AS BIGINT) AS postings, min(start_us) AS start_us, "
-        f"max(end_us) AS end_us FROM (SELECT *, start_us // {HOUR_US} AS _hour FROM {source}) "
-        f"GROUP BY {_KEYS_SQL}, _hour ORDER BY _hour, {_KEYS_SQL}"
+        f"max(end_us) AS end_us FROM (SELECT *, {hours} FROM {source} WHERE {level.where}) "
+        f"GROUP BY {keys}, {buckets} ORDER BY {buckets}, {keys}"
     )
 
 
-def postings_as_rollup_sql(source: str) -> str:
-    """SQL reading the postings of `source` in the rollups' shape (one posting per row)."""
-    keys = _KEYS_SQL
-    return f"SELECT {keys}, amount, CAST(1 AS BIGINT) AS postings, start_us, end_us FROM {source}"
+def postings_as_rollup_sql(source: str, level: RollupLevel = FINE) -> str:
+    """SQL reading the postings of `source` in `level`'s shape (one posting per row)."""
+    keys = level.keys_sql()
+    return (
+        f"SELECT {keys}, amount, CAST(1 AS BIGINT) AS postings, start_us, end_us FROM {source} "
+        f"WHERE {level.where}"
+    )
 
 
-def rollup_columns_sql() -> str:
-    return _SELECT_SQL
+def rollup_columns_sql(level: RollupLevel = FINE) -> str:
+    return level.columns_sql()
 
 
-def write_rollup(con: duckdb.DuckDBPyConnection, segment: Path, target: Path) -> int:
-    """Write the rollup of the postings segment file `segment` to `target` (through a
+def write_rollup(
+    con: duckdb.DuckDBPyConnection, segment: Path, target: Path, level: RollupLevel = FINE
+) -> int:
+    """Write `level`'s rollup of the postings segment file `segment` to `target` (through a
     temporary name, fsynced); its number of rows. Raises `OSError` / `duckdb.Error`."""
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
-        query = rollup_sql(f"read_parquet('{sql_path(segment)}')")
-        con.execute(f"COPY ({query}) TO '{sql_path(tmp)}' (FORMAT parquet, COMPRESSION zstd)")
-        row = first_row(con.execute(f"SELECT count(*) FROM read_parquet('{sql_path(tmp)}')"))
+        query = rollup_sql(f"read_parquet('{sql_path(segment)}')", level)
+        # COPY answers with the number of rows it wrote
+        row = first_row(
+            con.execute(f"COPY ({query}) TO '{sql_path(tmp)}' (FORMAT parquet, COMPRESSION zstd)")
+        )
         assert row is not None
         with tmp.open("rb") as handle:
             os.fsync(handle.fileno())
@@ -123,11 +193,13 @@ def write_rollup(con: duckdb.DuckDBPyConnection, segment: Path, target: Path) ->
     return int(row[0])
 
 
-def rollup_differences(con: duckdb.DuckDBPyConnection, segment: Path, rollup: Path) -> int:
-    """How many rows differ between the rollup file and the aggregation of its segment's
+def rollup_differences(
+    con: duckdb.DuckDBPyConnection, segment: Path, rollup: Path, level: RollupLevel = FINE
+) -> int:
+    """How many rows differ between the rollup file and `level`'s aggregation of its segment's
     postings (0: equal, exact integers, every column)."""
-    fresh = rollup_sql(f"read_parquet('{sql_path(segment)}')")
-    stored = f"SELECT {_SELECT_SQL} FROM read_parquet('{sql_path(rollup)}')"
+    fresh = rollup_sql(f"read_parquet('{sql_path(segment)}')", level)
+    stored = f"SELECT {level.columns_sql()} FROM read_parquet('{sql_path(rollup)}')"
     row = first_row(
         con.execute(
             f"WITH a AS ({fresh}), b AS ({stored}) SELECT "

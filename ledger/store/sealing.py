@@ -1,9 +1,9 @@
 """Writing sealed segments from the hot tables: postings and archived messages of committed
 source ranges out to immutable Parquet files, compaction of small segments, and the archive
 kept cut as the postings are; every postings segment written (sealed or compacted) gets its
-rollup (`ledger.store.rollup_files`) beside it, named by its manifest entry. Every file is
-written to a temporary name, fsynced and renamed, so an interrupted run leaves nothing a
-manifest names half-written.
+rollups of every level (`ledger.store.rollup_files`), beside it, named by its manifest
+entry. Every file is written to a temporary name, fsynced and renamed, so an interrupted run
+leaves nothing a manifest names half-written.
 
 A write the system refuses (the disk is full, an I/O error) removes its temporary file and
 raises a `SealError` naming the file being written and the reason; the manifests are written
@@ -26,7 +26,7 @@ from ledger.errors import SealError, StoreError
 from ledger.store.integrity import remember_intact, require_intact
 from ledger.store.layout import first_row, sql_path
 from ledger.store.port import SealResult
-from ledger.store.rollup_files import RollupInfo, rollup_path, write_rollup
+from ledger.store.rollup_files import LEVELS, RollupInfo, RollupLevel, write_rollup
 from ledger.store.segments import (
     Manifest,
     SegmentInfo,
@@ -199,7 +199,11 @@ class Segmenter:
             with tmp.open("rb") as handle:
                 os.fsync(handle.fileno())
             tmp.replace(target)
-            rollup = self._write_rollup(target, rel) if kind is self.postings else None
+            rolled = kind is self.postings
+            levels = {
+                level.name: self._write_rollup(target, rel, level) if rolled else None
+                for level in LEVELS
+            }
             fsync_dir(target.parent)
             sha256 = file_sha256(target)
         except (OSError, duckdb.IOException) as exc:
@@ -218,14 +222,14 @@ class Segmenter:
             min_start_us=stats[1],
             max_end_us=stats[2],
             summary=summary,
-            rollup=rollup,
+            **levels,
         )
 
-    def _write_rollup(self, segment: Path, rel: str) -> RollupInfo:
-        """Write the rollup of the postings segment just written at `segment` beside it."""
-        path = rollup_path(rel)
+    def _write_rollup(self, segment: Path, rel: str, level: RollupLevel) -> RollupInfo:
+        """Write `level`'s rollup of the postings segment just written at `segment` beside it."""
+        path = level.path(rel)
         target = self.postings.root / path
-        rows = write_rollup(self._con, segment, target)
+        rows = write_rollup(self._con, segment, target, level)
         sha256 = file_sha256(target)
         remember_intact(target, sha256)
         return RollupInfo(path, rows, sha256)

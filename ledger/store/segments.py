@@ -32,7 +32,9 @@ recomputes it, and an entry without one (an older manifest) is summarised when r
 Each postings segment sealed since rollups exist has a rollup beside it
 (`<first>-<last>.rollup.parquet`, `ledger.store.rollup_files`: its postings summed per period,
 account, unit, owner, job, model, pool and hour), written with the segment and named by the
-same entry (`SegmentInfo.rollup`, with its own sha256), so the two become visible together.
+same entry (`SegmentInfo.rollup`, with its own sha256), so the two become visible together; so is
+its coarse, daily and metered rollups (`<first>-<last>.coarse.parquet`, `….daily.parquet`,
+`….metered.parquet`: `SegmentInfo.coarse`, `.daily`, `.metered`).
 
 Every entry records the sha256 of its file. Readers take the files to read from
 `Manifest.checked` / `Manifest.files`, which check each one against its checksum
@@ -64,6 +66,7 @@ ARCHIVE_DIR = "archive"
 MANIFEST_VERSION = 1
 _CHECK_RETRIES = 3
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
+_ROLLUP_ENTRIES = ("rollup", "coarse", "daily", "metered")  # SegmentInfo's rollup fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +152,22 @@ class SegmentInfo:
     max_end_us: int | None
     summary: SegmentSummary | None = None  # postings segments only
     rollup: RollupInfo | None = None  # postings segments sealed with one (`rollup_files`)
+    coarse: RollupInfo | None = None  # its coarse rollup (`rollup_files.COARSE`), likewise
+    daily: RollupInfo | None = None  # its daily rollup (`rollup_files.DAILY`), likewise
+    metered: RollupInfo | None = None  # its metered rollup (`rollup_files.METERED`), likewise
+
+    def rollups(self) -> tuple[RollupInfo, ...]:
+        """This entry's rollup files (fine, coarse, daily, metered), those it has."""
+        return tuple(r for r in map(self.rollup_of, _ROLLUP_ENTRIES) if r is not None)
+
+    def rollup_of(self, level: str) -> RollupInfo | None:
+        """Its rollup of the level named `level` (`RollupLevel.name`: one of `_ROLLUP_ENTRIES`)."""
+        found: RollupInfo | None = getattr(self, level)
+        return found
 
     def files(self) -> tuple[str, ...]:
-        """The paths (relative to the root) of this entry's files: the segment, its rollup."""
-        return (self.path,) if self.rollup is None else (self.path, self.rollup.path)
+        """The paths (relative to the root) of this entry's files: the segment, its rollups."""
+        return (self.path, *(r.path for r in self.rollups()))
 
 
 def safe_name(text: str) -> str:
@@ -196,16 +211,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def _segment_info(entry: dict[str, object]) -> SegmentInfo:
-    summary, rollup = entry.get("summary"), entry.get("rollup")
+    summary = entry.get("summary")
     if summary is not None and not isinstance(summary, dict):
         raise TypeError("summary: expected an object")
-    if rollup is not None and not isinstance(rollup, dict):
-        raise TypeError("rollup: expected an object")
-    fields = {k: v for k, v in entry.items() if k not in ("summary", "rollup")}
+    levels: dict[str, RollupInfo | None] = {}
+    for name in _ROLLUP_ENTRIES:
+        value = entry.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise TypeError(f"{name}: expected an object")
+        levels[name] = None if value is None else RollupInfo.from_dict(value)
+    fields = {k: v for k, v in entry.items() if k not in ("summary", *_ROLLUP_ENTRIES)}
     return SegmentInfo(
         **fields,  # type: ignore[arg-type]
         summary=None if summary is None else SegmentSummary.from_dict(summary),
-        rollup=None if rollup is None else RollupInfo.from_dict(rollup),
+        **levels,  # type: ignore[arg-type]
     )
 
 
@@ -277,11 +296,12 @@ class Manifest:
 
 
 def _entry(seg: SegmentInfo) -> dict[str, object]:
-    """A manifest entry; `rollup` only when there is one (older readers' entries stay as they
-    were)."""
+    """A manifest entry; `rollup` and `coarse` only when there is one (older readers' entries
+    stay as they were)."""
     entry = asdict(seg)
-    if seg.rollup is None:
-        del entry["rollup"]
+    for name in _ROLLUP_ENTRIES:
+        if entry[name] is None:
+            del entry[name]
     return entry
 
 

@@ -3,8 +3,9 @@
 Problems are returned as values (a `VerifyReport`), one readable line each:
 - every segment the manifest lists exists, matches its checksum and row count, and holds only
   rows of its own incarnation, topic, partition and offset range;
-- every segment's rollup (`ledger.store.rollup_files`) matches its checksum and equals, row for
-  row in exact integers, the aggregation of the segment's postings;
+- every segment's rollups, of every level (`ledger.store.rollup_files`), match their
+  checksums and equal, row for row in exact integers, their aggregation of the segment's
+  postings;
 - per incarnation, topic and partition, the sealed offset ranges neither overlap nor leave gaps;
 - no transaction appears in two segments (nothing counted twice);
 - every transaction sums to zero per unit;
@@ -41,7 +42,7 @@ from ledger.closing import CHECKSUM_ALGORITHM
 from ledger.errors import SegmentError
 from ledger.store.integrity import segment_damage
 from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR
-from ledger.store.rollup_files import RollupInfo, rollup_differences
+from ledger.store.rollup_files import LEVELS, RollupInfo, RollupLevel, rollup_differences
 from ledger.store.segments import Manifest, SegmentInfo, summarise_segment
 from ledger.store.side_files import load_audit_file, load_closed_periods, period_checksum
 
@@ -392,22 +393,28 @@ def _check_segment(con: duckdb.DuckDBPyConnection, root: Path, seg: SegmentInfo)
         problems.append(f"{name}: amounts are {amount_type}, not integers")
     if seg.summary is not None and summarise_segment(con, path) != seg.summary:
         problems.append(f"{name}: the manifest's summary does not match the segment's rows")
-    if seg.rollup is not None:
-        problems.extend(_check_rollup(con, root, seg.path, seg.rollup))
+    for level in LEVELS:
+        rollup = seg.rollup_of(level.name)
+        if rollup is not None:
+            problems.extend(_check_rollup(con, root, seg.path, rollup, level))
     return problems
 
 
 def _check_rollup(
-    con: duckdb.DuckDBPyConnection, root: Path, segment: str, rollup: RollupInfo
+    con: duckdb.DuckDBPyConnection,
+    root: Path,
+    segment: str,
+    rollup: RollupInfo,
+    level: RollupLevel,
 ) -> list[str]:
-    """A segment's rollup: intact, and equal row for row (exact integers) to the aggregation of
-    the segment's postings (`ledger.store.rollup_files`)."""
+    """A segment's rollup (of any level): intact, and equal row for row (exact integers) to
+    `level`'s aggregation of the segment's postings (`ledger.store.rollup_files`)."""
     name = f"{root.name}/{rollup.path}"
     damage = segment_damage(root / rollup.path, rollup.sha256)
     if damage is not None:
         return [f"{name}: {damage}"]
     try:
-        differing = rollup_differences(con, root / segment, root / rollup.path)
+        differing = rollup_differences(con, root / segment, root / rollup.path, level)
     except duckdb.Error as exc:
         return [f"{name}: unreadable: {exc}"]
     if differing:

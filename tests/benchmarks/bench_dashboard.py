@@ -1,6 +1,6 @@
 """Dashboard load time: the ledger queries each page runs on a cold cache (what the first visitor
 after a new seal waits for), over the synthetic sealed ledger of `bench_reports` (each segment
-with its rollup, `ledger.store.rollup_files`), beside a plain DuckDB scan of the same segments
+with its rollups, `ledger.store.rollup_files`), beside a plain DuckDB scan of the same segments
 and beside the same pages read from the segments alone (the manifest naming no rollups, as
 before rollups existed). The same pages are then read over the S3 API server of the tests
 (moto, loopback): the ledger published there, each load a `pull` into the reader's cache plus

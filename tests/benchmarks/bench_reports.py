@@ -27,7 +27,7 @@ from ledger.periods import Period
 from ledger.read.focus import ExportFormat, FocusContext, export_focus
 from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
 from ledger.store.layout import SEGMENTS_DIR
-from ledger.store.rollup_files import RollupInfo, rollup_path, write_rollup
+from ledger.store.rollup_files import LEVELS, RollupInfo, RollupLevel, write_rollup
 from ledger.store.schema import POSTINGS_SCHEMA
 from ledger.store.segments import (
     Manifest,
@@ -112,10 +112,19 @@ def _segment_sql(lo: int, hi: int, interval_us: int, path: Path) -> str:
     """
 
 
+def write_level(
+    con: duckdb.DuckDBPyConnection, root: Path, rel: str, level: RollupLevel
+) -> RollupInfo:
+    """Write `level`'s rollup of the segment `rel` under `root` as the seal does."""
+    path = level.path(rel)
+    count = write_rollup(con, root / rel, root / path, level)
+    return RollupInfo(path, count, file_sha256(root / path))
+
+
 def generate(data_dir: Path, postings: int, progress: Progress, rollups: bool = True) -> list[Path]:
-    """A sealed ledger of `postings` rows in `data_dir`, each segment with its rollup (as the
-    seal writes it, `ledger.store.rollup_files`) unless `rollups` is False; returns the segment
-    files."""
+    """A sealed ledger of `postings` rows in `data_dir`, each segment with its rollups of every
+    level (as the seal writes them, `ledger.store.rollup_files`) unless `rollups` is
+    False; returns the segment files."""
     root = data_dir / SEGMENTS_DIR
     root.mkdir(parents=True)
     transactions = postings // LEGS
@@ -134,15 +143,11 @@ def generate(data_dir: Path, postings: int, progress: Progress, rollups: bool = 
             f"SELECT count(*), min(start_us), max(end_us) FROM read_parquet('{target}')"
         ).fetchone()
         assert stats is not None
-        rollup = None
-        if rollups:
-            rolled = rollup_path(rel)
-            count = write_rollup(con, target, root / rolled)
-            rollup = RollupInfo(rolled, count, file_sha256(root / rolled))
+        levels = {lv.name: write_level(con, root, rel, lv) if rollups else None for lv in LEVELS}
         infos.append(
             SegmentInfo(
                 rel, INCARNATION, TOPIC, 0, lo, hi - 1, int(stats[0]), file_sha256(target),
-                int(stats[1]), int(stats[2]), summarise_segment(con, target), rollup,
+                int(stats[1]), int(stats[2]), summarise_segment(con, target), **levels,
             )
         )  # fmt: skip
         files.append(target)

@@ -14,7 +14,7 @@ import duckdb
 
 from ledger.store.layout import SEGMENTS_DIR
 from ledger.store.objects import ObjectStore, S3Settings, open_object_store
-from ledger.store.rollup_files import RollupInfo, rollup_path, write_rollup
+from ledger.store.rollup_files import LEVELS
 from ledger.store.segments import (
     MANIFEST_NAME,
     Manifest,
@@ -30,6 +30,7 @@ from tests.benchmarks.bench_reports import (
     TOPIC,
     YEAR_US,
     _segment_sql,
+    write_level,
 )
 from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY
 
@@ -45,7 +46,10 @@ def without_rollups(rolled: Path, plain: Path) -> Path:
     for child in source.iterdir():
         if child.name != MANIFEST_NAME:
             (root / child.name).symlink_to(child, target_is_directory=child.is_dir())
-    entries = [dataclasses.replace(s, rollup=None) for s in Manifest(source).load()]
+    entries = [
+        dataclasses.replace(s, rollup=None, coarse=None, daily=None, metered=None)
+        for s in Manifest(source).load()
+    ]
     Manifest(root).save(entries)
     return plain
 
@@ -66,12 +70,10 @@ def append_seal(data_dir: Path, postings: int, seal: int) -> SegmentInfo:
             f"SELECT count(*), min(start_us), max(end_us) FROM read_parquet('{root / rel}')"
         ).fetchone()
         assert stats is not None
-        rolled = rollup_path(rel)
-        count = write_rollup(con, root / rel, root / rolled)
         info = SegmentInfo(
             rel, INCARNATION, TOPIC, 0, lo, hi - 1, int(stats[0]), file_sha256(root / rel),
             int(stats[1]), int(stats[2]), summarise_segment(con, root / rel),
-            RollupInfo(rolled, count, file_sha256(root / rolled)),
+            **{level.name: write_level(con, root, rel, level) for level in LEVELS},
         )  # fmt: skip
     finally:
         con.close()

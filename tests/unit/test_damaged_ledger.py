@@ -88,12 +88,13 @@ class Damage:
     harm: Callable[[Path], None]  # applied to the file
     manifest: bool  # True: harms the manifest, else the first listed segment
     says: str  # the phrase naming the damage
-    rollup: bool = False  # True: harms the first listed segment's rollup
+    rollup: str | None = None  # "rollup" / "coarse": harms the first listed segment's one
 
     def apply(self, data_dir: Path) -> Path:
         """Damage `data_dir`; the path of the damaged file."""
-        if self.rollup:
-            rollup = Manifest(data_dir / self.root).load()[0].rollup
+        if self.rollup is not None:
+            first = Manifest(data_dir / self.root).load()[0]
+            rollup = first.rollup if self.rollup == "rollup" else first.coarse
             assert rollup is not None
             path = data_dir / self.root / rollup.path
         elif self.manifest:
@@ -131,10 +132,22 @@ ROLLUP_DAMAGE = {
         _rewrite_valid,
         False,
         "checksum does not match the manifest: a valid Parquet file whose bytes changed",
-        rollup=True,
+        rollup="rollup",
     ),
     "rollup-missing": Damage(
-        SEGMENTS_DIR, lambda p: p.unlink(), False, "listed in the manifest but missing", True
+        SEGMENTS_DIR, lambda p: p.unlink(), False, "listed in the manifest but missing", "rollup"
+    ),
+}
+COARSE_DAMAGE = {
+    "coarse-altered-still-valid-parquet": Damage(
+        SEGMENTS_DIR,
+        _rewrite_valid,
+        False,
+        "checksum does not match the manifest: a valid Parquet file whose bytes changed",
+        rollup="coarse",
+    ),
+    "coarse-missing": Damage(
+        SEGMENTS_DIR, lambda p: p.unlink(), False, "listed in the manifest but missing", "coarse"
     ),
 }
 ARCHIVE_DAMAGE = {
@@ -163,7 +176,8 @@ def _named(path: Path, data_dir: Path, damage: Damage) -> str:
     [
         pytest.param(d, id=name)
         for name, d in (SEGMENT_DAMAGE | ROLLUP_DAMAGE | ARCHIVE_DAMAGE).items()
-    ],
+    ]
+    + [pytest.param(COARSE_DAMAGE["coarse-altered-still-valid-parquet"], id="coarse-altered")],
 )
 def test_verify_names_the_file_and_the_damage(ledger, damage):
     path = damage.apply(ledger)
@@ -218,8 +232,12 @@ POSTINGS_READERS: dict[str, Callable[[Path], Any]] = {
     "writer-store": _writer_balances,
     "cli-report-cost": _cli_report,
 }
-# the readers that read the segments' rollups (`ledger.store.rollup_files`)
-ROLLUP_READERS = {
+# the readers that read the segments' rollups (`ledger.store.rollup_files`): by user, the
+# fine ones; by team, the coarse ones
+ROLLUP_READERS: dict[str, Callable[[Path], Any]] = {
+    "report-cost-by-user": _with_queries(lambda q: cost_report(q, ("user",))),
+}
+COARSE_READERS = {
     name: POSTINGS_READERS[name] for name in ("report-cost", "rollup-cost-table", "cli-report-cost")
 }
 ARCHIVE_READERS: dict[str, Callable[[Path], Any]] = {
@@ -240,6 +258,7 @@ def _cases(damages: dict[str, Damage], readers: dict[str, Callable[[Path], Any]]
     ("damage", "read"),
     _cases(SEGMENT_DAMAGE, POSTINGS_READERS)
     + _cases(ROLLUP_DAMAGE, ROLLUP_READERS)
+    + _cases(COARSE_DAMAGE, COARSE_READERS)
     + _cases(ARCHIVE_DAMAGE, ARCHIVE_READERS),
 )
 def test_readers_refuse_a_damaged_ledger(ledger, damage, read):

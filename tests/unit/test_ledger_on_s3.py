@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from ledger.errors import SealError
 from ledger.read.queries import LedgerQueries
+from ledger.read.reports import ReportQueries
 from ledger.store.objects import ObjectInfo, ObjectStore
 from ledger.store.published import PublishedStore
 from ledger.store.replica import REPLICA_DIR, Publisher, pull
@@ -28,8 +29,21 @@ from tests.unit.test_store import ingest, message
 
 
 def totals(data_dir: Path) -> tuple[int, dict[str, int]]:
-    q = LedgerQueries(data_dir)
+    """Transactions and positive amounts per unit; each rollup level must hold every account's
+    (the metered one: every team's) sum and postings count exactly, so a rollup missing or stale
+    cannot pass."""
+    q = ReportQueries(data_dir)
     try:
+        by_account = "SELECT account, unit, sum(amount), {count} FROM {source} GROUP BY ALL"
+        direct = q.rows(by_account.format(count="count(*)", source="{postings}"))
+        for source in ("{rollups}", "{coarse}", "{daily}"):
+            rolled = q.rows(by_account.format(count="sum(postings)", source=source))
+            assert sorted(rolled) == sorted(direct), source
+        metered = "SELECT team, sum(amount), {count} FROM {source} WHERE {where} GROUP BY ALL"
+        consumer = "account LIKE 'consumer:%' AND unit = 'gpu_ms' AND team IS NOT NULL"
+        assert sorted(
+            q.rows(metered.format(count="sum(postings)", source="{metered}", where="TRUE"))
+        ) == sorted(q.rows(metered.format(count="count(*)", source="{postings}", where=consumer)))
         return q.transaction_count(), q.totals_by_unit()
     finally:
         q.close()
@@ -225,7 +239,7 @@ def test_a_reader_racing_a_compaction_sees_a_whole_manifest(
             writer.seal(compact_min_segments=100)
         expected = totals(live)
         old = {o.key for o in s3_store.list("segments/") if o.key.endswith(".parquet")}
-        assert len(old) == 8  # four segments, each with its rollup
+        assert len(old) == 20  # four segments, each with its four rollups
 
         racing = RacingStore(s3_store, lambda: writer.seal(compact_min_segments=2))
         reader = pull(racing, tmp_path / "reader")

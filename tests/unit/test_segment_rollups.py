@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, tzinfo
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ import duckdb
 import pytest
 
 from ledger.read import rollups
+from ledger.read.metered import hourly_team_usage
 from ledger.read.queries import time_bucket_sql
 from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
 from ledger.read.reports import ledger_money_total as money_total
@@ -26,7 +27,17 @@ from ledger.read.statements import team_statement
 from ledger.store.hot import DuckDBStore
 from ledger.store.identity import IDENTITY_NAME, IDENTITY_VERSION
 from ledger.store.layout import SEGMENTS_DIR, sql_list
-from ledger.store.rollup_files import HOUR_US, ROLLUP_KEYS, hour_aligned
+from ledger.store.rollup_files import (
+    COARSE,
+    DAILY,
+    DAY_US,
+    FINE,
+    HOUR_US,
+    LEVELS,
+    METERED,
+    RollupLevel,
+    hour_aligned,
+)
 from ledger.store.segments import MANIFEST_NAME, Manifest, file_sha256
 from ledger.store.verify import verify_ledger
 from tests.unit.test_dashboard_seed import A100, END_US, H100, seed_ledger
@@ -35,19 +46,24 @@ from tests.unit.test_store import ingest, message
 Group = tuple[Any, ...]
 
 
-def postings_folded(data_dir: Path) -> dict[Group, list[int]]:
-    """The oracle: every posting of the sealed segments, folded in Python per rollup key and
-    UTC hour of its start into [amount, postings, first start, last end]."""
+def postings_folded(data_dir: Path, level: RollupLevel = FINE) -> dict[Group, list[int]]:
+    """The oracle: every posting of the sealed segments, folded in Python per `level`'s keys
+    and UTC hours (of its start; for the coarse level also of its end) into [amount, postings,
+    first start, last end]."""
     files = Manifest(data_dir / SEGMENTS_DIR).files()
-    names = ", ".join(f'"{k}"' for k in ROLLUP_KEYS)
     rows = duckdb.connect().execute(
-        f"SELECT {names}, amount, start_us, end_us FROM read_parquet([{sql_list(files)}])"
+        f"SELECT {level.keys_sql()}, amount, start_us, end_us, account, unit "
+        f"FROM read_parquet([{sql_list(files)}])"
     )
     folded: dict[Group, list[int]] = {}
-    n = len(ROLLUP_KEYS)
+    n = len(level.keys)
     for row in rows.fetchall():
-        amount, start, end = row[n:]
-        key = (*row[:n], None if start is None else start // HOUR_US)
+        amount, start, end, account, unit = row[n:]
+        if level is METERED and not (
+            account.startswith("consumer:") and unit == "gpu_ms" and row[0] is not None
+        ):
+            continue  # the metered rollup sums teams' consumer GPU time only
+        key = (*row[:n], *_hours(level, start, end))
         acc = folded.setdefault(key, [0, 0, start, end])
         acc[0] += amount
         acc[1] += 1
@@ -56,22 +72,35 @@ def postings_folded(data_dir: Path) -> dict[Group, list[int]]:
     return folded
 
 
-def rollups_folded(data_dir: Path) -> dict[Group, list[int]]:
-    """The rollups the manifest names, merged per key and hour (a group cut by segment
-    boundaries is in several rollups)."""
+def _hours(level: RollupLevel, start: int | None, end: int | None) -> tuple[int | None, ...]:
+    """A posting's (or a group's: its first start, last end) buckets at `level`, in Python."""
+    if start is None or end is None:
+        return (None,) * len(level.hours)
+    return {
+        FINE: (start // HOUR_US,),
+        COARSE: (start // HOUR_US, (end - 1) // HOUR_US),
+        DAILY: (start // DAY_US,),
+        METERED: ((end - 1) // HOUR_US,),
+    }[level]
+
+
+def rollups_folded(data_dir: Path, level: RollupLevel = FINE) -> dict[Group, list[int]]:
+    """`level`'s rollups the manifest names, merged per key and hours (a group cut by segment
+    boundaries is in several rollups); a group's first start and last end give its hours."""
     root = data_dir / SEGMENTS_DIR
     entries = Manifest(root).load()
-    assert entries and all(s.rollup is not None for s in entries)
-    files = [root / s.rollup.path for s in entries if s.rollup is not None]
-    names = ", ".join(f'"{k}"' for k in ROLLUP_KEYS)
+    infos = [s.rollup_of(level.name) for s in entries]
+    assert entries and all(r is not None for r in infos)
+    files = [root / r.path for r in infos if r is not None]
     rows = duckdb.connect().execute(
-        f"SELECT {names}, amount, postings, start_us, end_us FROM read_parquet([{sql_list(files)}])"
+        f"SELECT {level.keys_sql()}, amount, postings, start_us, end_us "
+        f"FROM read_parquet([{sql_list(files)}])"
     )
     folded: dict[Group, list[int]] = defaultdict(lambda: [0, 0, None, None])  # type: ignore[list-item]
-    n = len(ROLLUP_KEYS)
+    n = len(level.keys)
     for row in rows.fetchall():
         amount, count, start, end = row[n:]
-        acc = folded[(*row[:n], None if start is None else start // HOUR_US)]
+        acc = folded[(*row[:n], *_hours(level, start, end))]
         acc[0] += amount
         acc[1] += count
         acc[2] = start if acc[2] is None else min(acc[2], start)
@@ -81,20 +110,24 @@ def rollups_folded(data_dir: Path) -> dict[Group, list[int]]:
 
 def test_rollups_equal_the_postings_after_seals_and_after_compaction(tmp_path):
     data_dir = tmp_path / "ledger"
+    levels = LEVELS
     with DuckDBStore(data_dir) as store:
         for n in range(5):  # five small segments over two partitions, hours apart
             times = (n * 40, n * 40 + 1, n * 40 + 30)
             ingest(store, message(n // 2, *times, partition=n % 2))
             store.seal(compact_min_segments=100)
         assert len(Manifest(data_dir / SEGMENTS_DIR).load()) == 5
-        sealed = rollups_folded(data_dir)
-        assert sealed == postings_folded(data_dir)
+        sealed = [rollups_folded(data_dir, level) for level in levels]
+        assert sealed == [postings_folded(data_dir, level) for level in levels]
         assert verify_ledger(data_dir).ok
         store.seal(compact_min_segments=2)  # merges each partition's segments
     segments = Manifest(data_dir / SEGMENTS_DIR).load()
     assert len(segments) == 2
-    assert rollups_folded(data_dir) == postings_folded(data_dir) == sealed
-    assert sum(s.rollup.rows for s in segments if s.rollup) < sum(s.rows for s in segments)
+    assert [rollups_folded(data_dir, level) for level in levels] == sealed
+    assert [postings_folded(data_dir, level) for level in levels] == sealed
+    for level in levels:
+        infos = [s.rollup_of(level.name) for s in segments]
+        assert sum(r.rows for r in infos if r) < sum(s.rows for s in segments)
     assert not Manifest(data_dir / SEGMENTS_DIR).strays()  # the parts' rollups went with them
     assert verify_ledger(data_dir).ok
 
@@ -106,21 +139,25 @@ def test_verify_names_a_rollup_that_differs_from_its_segment(tmp_path):
         store.seal()
     root = data_dir / SEGMENTS_DIR
     doc = json.loads((root / MANIFEST_NAME).read_text())
-    rollup = doc["segments"][0]["rollup"]
-    path = root / rollup["path"]
-    tmp = path.with_name("rewritten.tmp")
-    duckdb.connect().execute(  # one more GPU-ms, checksum updated: only the sums can tell
-        f"COPY (SELECT * REPLACE (CASE WHEN unit = 'gpu_ms' AND amount > 0 THEN amount + 1 "
-        f"ELSE amount END AS amount) FROM read_parquet('{path}')) TO '{tmp}' (FORMAT parquet)"
-    )
-    tmp.replace(path)
-    rollup["sha256"] = file_sha256(path)
+    altered = []
+    for entry in ("rollup", "coarse", "daily", "metered"):  # each level checked on its own
+        rollup = doc["segments"][0][entry]
+        path = root / rollup["path"]
+        tmp = path.with_name("rewritten.tmp")
+        duckdb.connect().execute(  # one more GPU-ms, checksum updated: only the sums can tell
+            f"COPY (SELECT * REPLACE (CASE WHEN amount > 0 THEN amount + 1 "
+            f"ELSE amount END AS amount) FROM read_parquet('{path}')) TO '{tmp}' (FORMAT parquet)"
+        )
+        tmp.replace(path)
+        rollup["sha256"] = file_sha256(path)
+        altered.append(rollup["path"])
     (root / MANIFEST_NAME).write_text(json.dumps(doc))
     problems = verify_ledger(data_dir).problems
-    assert any(
-        p.startswith(f"segments/{rollup['path']}: ") and "rows differ from the aggregation" in p
-        for p in problems
-    ), problems
+    for name in altered:
+        assert any(
+            p.startswith(f"segments/{name}: ") and "rows differ from the aggregation" in p
+            for p in problems
+        ), problems
 
 
 @pytest.mark.parametrize(
@@ -150,14 +187,17 @@ def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     shutil.copytree(rolled, plain)
     manifest = plain / SEGMENTS_DIR / MANIFEST_NAME
     doc = json.loads(manifest.read_text())
-    assert all("rollup" in entry for entry in doc["segments"])
+    levels = {level.name for level in LEVELS}
+    assert all(levels <= set(entry) for entry in doc["segments"])
     for entry in doc["segments"]:
-        del entry["rollup"]
+        for name in levels:
+            del entry[name]
     manifest.write_text(json.dumps(doc))
     return rolled, plain
 
 
 PERIOD = "2026-11"
+DAY = rollups.DAY_US
 FILTERS = rollups.Filters(PERIOD)
 TEAM = rollups.Filters(PERIOD, "vision", None)
 POOL = rollups.Filters(None, None, "a100")
@@ -185,20 +225,43 @@ READS: dict[str, Callable[[ReportQueries], Any]] = {
     "daily-usage": lambda q: rollups.daily_usage(q, None, None),
     "usage-trend": lambda q: rollups.usage_trend(q, H100, None, 28, 4),
     "usage-trend-pool": lambda q: rollups.usage_trend(q, A100, "a100", 28, 4),
+    "fair-share-at-the-end": lambda q: rollups.fair_share(q, END_US),
+    "fair-share-mid-hour": lambda q: rollups.fair_share(q, END_US - 1_234_567),
+    "metered-for-whatif": lambda q: hourly_team_usage(q, END_US - 1_234_567),
+    "model-trends": lambda q: rollups.model_trends(q, END_US),
+    "demand": lambda q: rollups.demand(q, H100, END_US - 2 * rollups.DAY_US, END_US),
+    "fleet-now": rollups.fleet_now,
+    "heatmap": lambda q: rollups.utilisation_heatmap(q, END_US - DAY, END_US, HOUR_US),
+    "occupancy-mid-hour": lambda q: rollups.occupancy(q, END_US - DAY - 999, END_US, HOUR_US),
+    "nodes-last-seen": rollups.nodes_last_seen,
 }
+
+
+class Unpruned(ReportQueries):
+    """Reads every listed segment whatever a query says it selects (`started`, `booked`): what
+    pruning by the manifest must not change."""
+
+    def rows(
+        self,
+        sql: str,
+        params: Sequence[Any] = (),
+        started: tuple[int, int] | None = None,
+        booked: str | None = None,
+    ) -> list[tuple[Any, ...]]:
+        return super().rows(sql, params)
 
 
 @pytest.mark.parametrize("read", [pytest.param(r, id=name) for name, r in READS.items()])
 def test_each_read_model_is_the_same_from_rollups_as_from_segments(both, read):
     rolled, plain = both
     answers = []
-    for data_dir in (rolled, plain):
-        q = ReportQueries(data_dir)
+    for data_dir, kind in ((rolled, ReportQueries), (plain, ReportQueries), (plain, Unpruned)):
+        q = kind(data_dir)
         try:
             answers.append(read(q))
         finally:
             q.close()
-    assert answers[0] == answers[1]
+    assert answers[0] == answers[1] == answers[2]
     assert answers[0]  # something to compare: the seeded ledger has it
 
 

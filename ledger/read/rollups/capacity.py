@@ -59,7 +59,7 @@ def daily_usage(
         f'SELECT {time_bucket_sql("start_us", DAY_US, q.zone)} AS day, "pool", "model", '
         f"coalesce(sum(amount) FILTER ({CONSUMER_SQL}), 0), "
         f"coalesce(-sum(amount) FILTER ({CAPACITY_SQL}), 0) "
-        f"FROM {{rollups}} WHERE {USAGE_SQL} AND unit = 'gpu_ms' {clause} "
+        f"FROM {{daily}} WHERE {USAGE_SQL} AND unit = 'gpu_ms' {clause} "
         'GROUP BY ALL ORDER BY day, "pool", "model"',
         params,
     )
@@ -93,7 +93,7 @@ def usage_trend(
         per_day[row.day_us][0] += row.allocated_gpu_ms
         per_day[row.day_us][1] += row.physical_gpu_ms
     span = q.rows(
-        f"SELECT min(start_us), max(end_us) FROM {{rollups}} WHERE {USAGE_SQL} AND model = ?"
+        f"SELECT min(start_us), max(end_us) FROM {{daily}} WHERE {USAGE_SQL} AND model = ?"
         + (" AND pool = ?" if pool is not None else ""),
         [model] + ([pool] if pool is not None else []),
     )[0]
@@ -147,6 +147,7 @@ def model_trends(
         f"FROM {{postings}} WHERE {USAGE_SQL} AND unit = 'gpu_ms' AND start_us >= ? "
         f'AND start_us < ? {pool_sql} GROUP BY ALL ORDER BY "pool", "model"',
         [mid, mid, mid, mid, start, end, *pool_params],
+        (start, end),
     )
     return tuple(ModelTrend(r[0], r[1], *(int(v) for v in r[2:])) for r in rows)
 
@@ -286,6 +287,7 @@ def demand(
         f"FROM {{postings}} WHERE {USAGE_SQL} AND unit = 'gpu_ms' AND model = ? "
         f"AND start_us >= ? AND start_us < ? {pool_sql}",
         [model, since_us, until_us, *pool_params],
+        (since_us, until_us),
     )[0]
     jobs = q.rows(
         "WITH j AS (SELECT job_id, min(start_us) AS first, max(end_us) AS last, "
@@ -296,6 +298,7 @@ def demand(
         "SELECT count(*), count(*) FILTER (first > ?), "
         "coalesce(sum((last - first) // 1000000), 0), coalesce(sum(ms), 0) FROM j",
         [model, since_us, until_us, *pool_params, since_us],
+        (since_us, until_us),
     )[0]
     return Demand(
         model,

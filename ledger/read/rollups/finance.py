@@ -29,10 +29,11 @@ from ledger.read.reports import (
     check_dimensions,
     cost_report,
     period_of,
+    source_for,
 )
 from ledger.read.rollups.shared import DAY_US, Filters
 from ledger.read.texts import Translate, english
-from ledger.store.rollup_files import HOUR_US, ROLLUP_DIMENSIONS
+from ledger.store.rollup_files import HOUR_US
 from ledger.store.side_files import load_admin_log
 from ledger.units import Unit
 
@@ -61,7 +62,7 @@ def cost_over_time(
     """
     (dim,) = check_dimensions((dim,))
     where, params = filters.sql()
-    source = "{rollups}" if dim in ROLLUP_DIMENSIONS else "{postings}"
+    source = source_for((dim,))
     rows = q.rows(
         f'SELECT {time_bucket_sql("start_us", bucket_us, q.zone)} AS bucket, "{dim}", '
         "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
@@ -69,6 +70,7 @@ def cost_over_time(
         f"FROM {source} WHERE {CONSUMER_SQL} AND {where} "
         f'GROUP BY ALL ORDER BY bucket, "{dim}" NULLS LAST',
         params,
+        booked=filters.booked,
     )
     return tuple(TimeCost(int(b), k, int(ms), int(m)) for b, k, ms, m in rows)
 
@@ -141,8 +143,9 @@ def cost_table(
     unallocated = q.rows(
         "SELECT coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
         "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) "
-        f"FROM {{rollups}} WHERE {UNALLOCATED_SQL} AND {where}",
+        f"FROM {{coarse}} WHERE {UNALLOCATED_SQL} AND {where}",
         params,
+        booked=filters.booked,
     )[0]
     return CostTable(dim, mode, tuple(rows), int(unallocated[0]), int(unallocated[1]))
 
@@ -183,6 +186,7 @@ def top_jobs(q: ReportQueries, filters: Filters, limit: int = 20) -> tuple[JobCo
         f"min(start_us), max(end_us) FROM s SEMI JOIN t ON {same} "
         f"GROUP BY ALL ORDER BY money DESC, {key}",
         [*params, int(limit)],
+        booked=filters.booked,
     )
     return tuple(
         JobCost(r[0], r[1], r[2], r[3], r[4] or "", *(int(v) for v in r[5:])) for r in rows
@@ -246,18 +250,20 @@ def idle_waste(q: ReportQueries, filters: Filters) -> IdleWaste:
         "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
         f"coalesce(sum(amount) FILTER (unit = 'gpu_ms' AND {IDLE_LEG_SQL}), 0), "
         f"coalesce(sum(amount) FILTER (unit = 'money_micros' AND {IDLE_LEG_SQL}), 0) AS waste "
-        f"FROM {{rollups}} WHERE {CONSUMER_SQL} AND {where} "
+        f"FROM {{coarse}} WHERE {CONSUMER_SQL} AND {where} "
         'GROUP BY ALL ORDER BY waste DESC, team, "pool", "model"',
         params,
+        booked=filters.booked,
     )
     where, params = Filters(filters.period, None, filters.pool).sql()
     capacity = q.rows(
         'SELECT "pool", "model", '
         "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
         "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) AS money "
-        f"FROM {{rollups}} WHERE {UNALLOCATED_SQL} AND {where} "
+        f"FROM {{coarse}} WHERE {UNALLOCATED_SQL} AND {where} "
         'GROUP BY ALL ORDER BY money DESC, "pool", "model"',
         params,
+        booked=filters.booked,
     )
     return IdleWaste(
         rows=tuple(IdleWasteRow(r[0], r[1], r[2], *(int(v) for v in r[3:])) for r in rows),
@@ -350,16 +356,18 @@ def budget_burn(
     day_sql = time_bucket_sql(f"greatest(start_us, {int(chosen.start_us)})", DAY_US, q.zone)
     daily = q.rows(
         f"SELECT team, {day_sql} AS day, sum(amount) "
-        f"FROM {{rollups}} WHERE {CONSUMER_SQL} AND unit = 'money_micros' AND period = ? "
+        f"FROM {{coarse}} WHERE {CONSUMER_SQL} AND unit = 'money_micros' AND period = ? "
         f"{team_sql} GROUP BY ALL ORDER BY team, day",
         [chosen.label, *team_params],
+        booked=chosen.label,
     )
     grants = q.rows(
-        "SELECT substr(account, ?), -sum(amount) FROM {rollups} "
+        "SELECT substr(account, ?), -sum(amount) FROM {coarse} "
         "WHERE kind = ? AND account LIKE 'budget:%' AND unit = 'money_micros' AND period = ? "
         f"{'AND account = ?' if team is not None else ''} GROUP BY ALL",
         [len(BUDGET_PREFIX) + 1, BUDGET_GRANT_KIND, chosen.label]
         + ([BUDGET_PREFIX + team] if team is not None else []),
+        booked=chosen.label,
     )
     now = min(max(as_of_us, chosen.start_us), chosen.end_us)
     window_start = max(chosen.start_us, now - window_days * DAY_US)
@@ -439,12 +447,17 @@ def _spend_between(
     rows: list[tuple[Any, ...]] = []
     if first_hour < last_hour:
         rows += q.rows(
-            sql.format(source="{rollups}"), [period, first_hour, last_hour, *team_params]
+            sql.format(source="{coarse}"),
+            [period, first_hour, last_hour, *team_params],
+            booked=period,
         )
     for start, end in spans:
         if start < end:
             rows += q.rows(
-                sql.format(source="{postings}"), [period, start, end, *team_params], (start, end)
+                sql.format(source="{postings}"),
+                [period, start, end, *team_params],
+                (start, end),
+                booked=period,
             )
     spent: dict[str | None, int] = defaultdict(int)
     for team, amount in rows:

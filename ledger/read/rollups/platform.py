@@ -109,17 +109,18 @@ def fleet_now(
     pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
     owner_match = " AND ".join(f'p."{c}" IS NOT DISTINCT FROM c."{c}"' for c in _OWNER)
     recent_sql = _net_usage_sql("recent", f"end_us > ? {pool_sql}")
-    # only the GPUs idle now, and only as far back as the lookback (a bounded scan)
+    # only the GPUs idle now, and only as far back as this pass looks (a bounded scan)
     history_sql = _net_usage_sql(
-        "history", "start_us >= ? AND gpu_uuid IN (SELECT gpu_uuid FROM idle_now)"
+        "history",
+        "start_us >= greatest(?, least(?, (SELECT min(slot) FROM idle_now))) "
+        "AND gpu_uuid IN (SELECT gpu_uuid FROM idle_now)",
     )
-    rows = q.rows(
-        f"""
+    sql = f"""
         WITH {recent_sql}, latest AS (
             SELECT gpu_uuid, max(start_us) AS slot FROM recent GROUP BY gpu_uuid
         ), current AS (
             SELECT DISTINCT r.gpu_uuid, r.node, r.pool, r.model, {_STATE_SQL} AS state,
-                r.team, r.project, r."user", r.job_id, r.util_pct
+                r.team, r.project, r."user", r.job_id, r.util_pct, l.slot
             FROM recent r JOIN latest l ON r.gpu_uuid = l.gpu_uuid AND r.start_us = l.slot
         ), idle_now AS (
             SELECT * FROM current WHERE state <> 'busy'
@@ -129,6 +130,7 @@ def fleet_now(
                     WHEN p.idle THEN 'allocated_idle' ELSE 'busy' END) = c.state
                     AND {owner_match} AS same
             FROM history p JOIN idle_now c ON p.gpu_uuid = c.gpu_uuid
+            WHERE p.start_us >= greatest(?, least(?, c.slot))
         ), broke AS (
             SELECT gpu_uuid, state, team, project, "user", job_id,
                 coalesce(max(start_us) FILTER (NOT same), -1) AS break_us
@@ -147,9 +149,19 @@ def fleet_now(
         WHERE h.same AND h.start_us > b.break_us
         GROUP BY h.state, h.gpu_uuid, h.team, h.project, h."user", h.job_id
         ORDER BY h.state, 14 DESC, h.gpu_uuid
-        """,
-        [newest - window_us, *pool_params, horizon],
-    )
+        """
+    # Look back a day first, then further while a run found no earlier sample of another state
+    # (its last column): a run found whole is the same whatever lies before it.
+    since = max(horizon, newest - max(DAY_US, 2 * window_us))
+    while True:
+        rows = q.rows(
+            sql,
+            [newest - window_us, *pool_params, horizon, since, horizon, since],
+            (min(horizon, newest - window_us), newest + 1),
+        )
+        if since <= horizon or not any(r[14] for r in rows):
+            break
+        since = max(horizon, newest - 4 * (newest - since))
     counts = q.rows(
         f"""
         WITH {recent_sql}, states AS (
@@ -160,6 +172,7 @@ def fleet_now(
         FROM states r JOIN latest l ON r.gpu_uuid = l.gpu_uuid AND r.start_us = l.slot
         """,
         [newest - window_us, *pool_params],
+        (newest - window_us, newest + 1),
     )[0]
     idle = tuple(
         IdleGpu(
@@ -211,6 +224,7 @@ def utilisation_heatmap(
         f"AND gpu_uuid <> '' AND start_us >= ? AND start_us < ? {pool_sql} "
         "GROUP BY gpu_uuid, bucket ORDER BY 3, 2, gpu_uuid, bucket",
         [since_us, until_us, *pool_params],
+        (since_us, until_us),
     )
     return tuple(
         HeatCell(r[0], r[1], r[2], r[3], int(r[4]), float(r[5] or 0.0), int(r[6])) for r in rows
@@ -240,6 +254,7 @@ def utilisation_distribution(
         f"AND ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND start_us >= ? AND start_us < ? "
         f'{pool_sql} GROUP BY ALL ORDER BY "pool", "model", band, allocated',
         [since_us, until_us, *pool_params],
+        (since_us, until_us),
     )
     return tuple(UtilisationBand(r[0], r[1], int(r[2]), bool(r[3]), int(r[4])) for r in rows)
 
@@ -271,6 +286,7 @@ def utilisation_summary(
         f"AND ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND start_us >= ? AND start_us < ? "
         f'{pool_sql} GROUP BY ALL ORDER BY "pool", "model"',
         [since_us, until_us, *pool_params],
+        (since_us, until_us),
     )
     return tuple(
         UtilisationSummary(r[0], r[1], int(r[2]), int(r[3]), float(r[4]), float(r[5])) for r in rows
@@ -310,6 +326,7 @@ def occupancy(
         f"AND start_us >= ? AND start_us < ? {pool_sql} "
         'GROUP BY ALL ORDER BY bucket, "pool", "model"',
         [since_us, since_us, since_us, until_us, *pool_params],
+        (since_us, until_us),
     )
     return tuple(Occupancy(int(r[0]), r[1], r[2], *(int(v) for v in r[3:])) for r in rows)
 
@@ -337,5 +354,6 @@ def nodes_last_seen(
         f"FROM {{postings}} WHERE {USAGE_SQL} AND {CAPACITY_SQL} AND unit = 'gpu_ms' "
         f"AND end_us > ? AND coalesce(node, '') <> '' {pool_sql} GROUP BY node ORDER BY 4, node",
         [newest - lookback_us, *pool_params],
+        (newest - lookback_us, newest + 1),
     )
     return tuple(NodeSeen(r[0], r[1], int(r[2]), int(r[3])) for r in rows)

@@ -51,6 +51,12 @@ class Filters:
             params.append(self.pool)
         return clause, params
 
+    @property
+    def booked(self) -> str | None:
+        """The booked period `sql()` (by booking) selects, for `ReportQueries.rows`' `booked`."""
+        chosen = period_of(self.period)
+        return None if chosen is None else chosen.label
+
 
 # ------------------------------------------------------------------------------ the ledger
 

@@ -18,6 +18,7 @@ from ledger.balances import fold_rows
 from ledger.errors import LedgerError
 from ledger.fractional import SHARE_UNITS
 from ledger.read import job_history
+from ledger.read.metered import team_hour_usage
 from ledger.read.reports import CONSUMER_SQL, IDLE_LEG_SQL, ReportQueries
 from ledger.read.rollups.finance import JobCost
 from ledger.read.rollups.shared import HOUR_US, MS_PER_HOUR, Filters, archived_job_log
@@ -82,6 +83,7 @@ def job_costs(
         f"FROM {{rollups}} WHERE {CONSUMER_SQL} AND job_id IS NOT NULL AND {where} "
         "GROUP BY job_id ORDER BY money DESC, job_id",
         params,
+        booked=filters.booked,
     )
     return tuple(
         JobCost(r[0], r[1], r[2], r[3], r[4] or "", *(int(v) for v in r[5:])) for r in rows
@@ -112,9 +114,9 @@ def team_budget(q: ReportQueries, team: str, period: str | None = None) -> TeamB
     if chosen is None:
         return TeamBudget(team, None, True, None)
     rows = q.rows(  # what budget_status needs: budget and holds of every period, usage of one
-        "SELECT account, unit, period, sum(amount) FROM {rollups} "
+        "SELECT account, unit, period, sum(amount) FROM {coarse} "
         "WHERE account = ? OR account = ? GROUP BY ALL "
-        "UNION ALL SELECT account, unit, period, sum(amount) FROM {rollups} "
+        "UNION ALL SELECT account, unit, period, sum(amount) FROM {coarse} "
         "WHERE period = ? AND starts_with(account, ?) GROUP BY ALL",
         [
             f"{AccountKind.BUDGET}:{team}",
@@ -228,14 +230,9 @@ def fair_share(
     weight is the team's total nominal GPUs from the `quotas:` admin events (at least 1); a
     `weight:` set in the scheduler's configuration is not in the ledger and not applied here.
     """
-    rows = q.rows(
-        f"SELECT team, (end_us - 1) // {HOUR_US} AS hour, sum(amount) FROM {{postings}} "
-        f"WHERE {CONSUMER_SQL} AND unit = 'gpu_ms' AND team IS NOT NULL AND end_us <= ? "
-        "GROUP BY ALL ORDER BY team, hour",
-        [as_of_us],
-    )
     decayed: dict[str, float] = defaultdict(float)
-    for team, hour, amount in rows:
+    # each team's hours in time order (`ledger.read.metered`, from the metered rollups)
+    for team, hour, amount in team_hour_usage(q, as_of_us):
         age = max(0, as_of_us - min(as_of_us, (int(hour) + 1) * HOUR_US))
         decayed[team] += int(amount) * 2.0 ** (-age / half_life_us)
     view, problem = _admin_view(q)
