@@ -5,6 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CONFIG ?= deploy/examples/tally.yaml
 PYTEST_ARGS ?=
+# make test runs the suite's files in this many processes (pytest-xdist; 1: in this process)
+TEST_WORKERS ?= 2
 
 .PHONY: up test lint format bench soak clean
 
@@ -19,7 +21,7 @@ up: $(STAMP)
 	$(BIN)/tally up --config $(CONFIG)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
