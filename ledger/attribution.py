@@ -93,6 +93,14 @@ def share_holders(
     return list(weights.items())
 
 
+def share_split(sample: GpuSample, held: Sequence[OwnedPiece]) -> bool:
+    """Whether the sample's time is split among the shares of its GPU held over it
+    (`share_holders`): a whole GPU's sample that names no team, with a share held over it."""
+    if not held or sample.mig is not None or _charged(sample.owner) is not None:
+        return False
+    return any(p.share is not None for p in held)
+
+
 UNCONFIGURED_GPU_INSTANCE = 0xFFFF
 UNCONFIGURED_PROFILE = "unconfigured"
 
@@ -225,7 +233,7 @@ def attribute_usage(
         if rate is not None:
             total_cost += energy_cost(energy, rate)
     held_shares = None
-    if held and sample.mig is None and _charged(sample.owner) is None:
+    if share_split(sample, held):
         held_shares = share_holders(held, sample.start_us, sample.sample_time_us)
     if held_shares is not None:
         shares = held_shares

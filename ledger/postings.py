@@ -4,6 +4,10 @@ A transaction is a set of postings that sums to zero per unit. Amounts are Pytho
 floats or bools. Dimensions (team, project, user, job) ride on the posting; the GPU and the
 interval ride on the transaction. Every transaction names its cause: the ids of the events it
 came from.
+
+Allocated-but-idle usage is flagged: a whole GPU's (or MIG slice's) idle usage flags its
+transaction (`Transaction.idle`, every leg stored idle); a GPU share's idle usage flags only
+that share's legs (`Posting.idle`), since the other shares of the same sample may be busy.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class Posting:
     user: str | None = None
     job_id: str | None = None
     cost_centre: str | None = None
+    idle: bool = False  # a GPU share's allocated-but-idle leg (`ledger.idle_shares`)
 
 
 @dataclass(frozen=True, slots=True)

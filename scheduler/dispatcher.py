@@ -343,7 +343,7 @@ class Dispatcher:
         if not isinstance(alert, Alert):
             return
         if alert.kind is AlertKind.RESOLVED:
-            self._idle.pop(alert.subject, None)  # a GPU's UUID, or a MIG instance's name
+            self._idle.pop(alert.subject, None)  # a GPU's UUID, a MIG instance's or share's name
         elif alert.kind is AlertKind.DETECTED:
             self._idle[alert.subject] = (alert.since_us, alert.job)
 

@@ -10,10 +10,13 @@ done no work). Rules, per running job:
 - when only some of its GPUs have been idle that long, `reclaim` and `alert` raise an
   `IdleAlert` (partial idleness is a sizing problem, not abandonment); `never` does nothing;
 - GPUs nobody holds, and jobs of unknown queues, are left alone;
-- a GPU share (`<GPU UUID>/share/<job id>`) is idle when it is reported idle itself, or when
-  the GPU it is a share of is (a GPU running shares that does no work: every share on it is
-  idle), and each share job is then handled by its own queue's policy: reclaiming one frees
-  only its share (`reported_idle` keeps a shared GPU's report whichever job it names).
+- a GPU share (`<GPU UUID>/share/<job id>`) is idle when it is reported idle itself — the
+  ledger detects idleness per share, from the share job's own processes on the GPU
+  (`ledger.idle_shares`), so one share idle beside a busy one is reclaimed alone — or when the
+  GPU it is a share of is reported idle (a whole-GPU report, kept for alerts raised before
+  per-share detection); each share job is handled by its own queue's policy, and reclaiming
+  one frees only its share (`reported_idle` keeps a shared GPU's report whichever job it
+  names).
 """
 
 from __future__ import annotations

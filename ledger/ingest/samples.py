@@ -14,7 +14,9 @@ assigned it one), else to unallocated capacity, where it awaits its GPU's assign
 `GpuAssigned` consumed after it corrects it); an unpriced model is a dead letter. A sample whose
 natural period is closed is booked into the next open one. Each GPU subject's idle detector is
 stepped in sample-time order and flags confirmed-idle usage (a sample awaiting its job's owner is
-observed as that job's, so its correction re-posts the flag the owner's usage would have had).
+observed as that job's, so its correction re-posts the flag the owner's usage would have had); a
+sample split among GPU shares steps each share's own detector and flags only its legs, and the
+shares its GPU released step theirs without an owner (`ledger.idle_shares`).
 Usage settles the open holds of its jobs; holds whose expiry the batch's newest new event has
 passed are released (a duplicate moves no clock).
 
@@ -32,7 +34,13 @@ from dataclasses import dataclass, replace
 
 from ledger.accounts import capacity_account, consumer_account, unallocated_account
 from ledger.assignments import Holding, OwnedPiece, owners_over, shares_over
-from ledger.attribution import attribute_usage, owner_shares, physical_gpu_ms, usage_cost
+from ledger.attribution import (
+    attribute_usage,
+    owner_shares,
+    physical_gpu_ms,
+    share_split,
+    usage_cost,
+)
 from ledger.closing import booking_period
 from ledger.dedupe import sample_scope, too_late
 from ledger.errors import PricingError
@@ -40,6 +48,7 @@ from ledger.events import DeadLetter, Owner, SampleEnvelope
 from ledger.fast_build import builder
 from ledger.holds import HoldBook
 from ledger.idle import GpuIdleState, IdleAlert, IdleObservation, step
+from ledger.idle_shares import ShareStep, ended_shares, flag_legs, release_step, share_steps
 from ledger.ingest.batch import Folded, FoldRules, booker, refused, sourced
 from ledger.ingest.validation import MAX_POSTING_AMOUNT, check_transaction
 from ledger.job_owners import (
@@ -103,6 +112,8 @@ def fold_samples(
     transactions: list[SourcedTransaction] = []
     columns = PostingColumns()
     observed: list[_Observed] = []
+    shares: list[ShareStep] = []  # of samples split among GPU shares, and released shares
+    released: set[tuple[str, str, int]] = set()  # (GPU, job, end) of the ended shares stepped
     duplicates = 0
     newest: int | None = None  # of the events new to the ledger: a duplicate moves nothing
     for given, message in decoded:
@@ -124,6 +135,8 @@ def fold_samples(
             fast = _add_common_case(columns, envelope, message, rules, timeline, held_jobs, view)
             if fast is not None:
                 observed.append(fast)
+                if timeline:
+                    shares.extend(_release(envelope, timeline, (), released))
                 continue
         held = held_over(timeline, envelope)
         try:
@@ -138,24 +151,36 @@ def fold_samples(
         if problem is not None:
             dead.append(refused(problem, envelope.id, message))
             continue
-        observed.append(
-            _Observed(
-                envelope,
-                False,
-                len(transactions),
-                usage.owner or _awaiting_owner(envelope),
-                usage.gpu_ms,
-                usage.cost_micros,
+        if timeline:
+            shares.extend(_release(envelope, timeline, held, released))
+        if share_split(envelope.data, held):
+            shares.extend(share_steps(envelope, held, txn, len(transactions)))
+        else:
+            observed.append(
+                _Observed(
+                    envelope,
+                    False,
+                    len(transactions),
+                    usage.owner or _awaiting_owner(envelope),
+                    usage.gpu_ms,
+                    usage.cost_micros,
+                )
             )
-        )
         transactions.extend(sourced([txn], message))
-    states, alerts, flagged = detect_idle(observed, view.idle, rules)
+    states, alerts, flagged = detect_idle(observed, view.idle, rules, shares)
+    idle_legs: dict[int, set[str]] = {}
     for item in flagged:
-        if item.columnar:
+        if isinstance(item, ShareStep):
+            if item.job_id is not None:
+                idle_legs.setdefault(item.row, set()).add(item.job_id)
+        elif item.columnar:
             columns.idle.add(item.row)
         else:
             flag = transactions[item.row]
             transactions[item.row] = replace(flag, txn=replace(flag.txn, idle=True))
+    for row, jobs in idle_legs.items():
+        flag = transactions[row]
+        transactions[row] = replace(flag, txn=flag_legs(flag.txn, jobs))
     awaiting = awaiting_usage(transactions, columns)
     holds = HoldBook(view.holds, booker(view.closed, rules.zone))
     derived = len(transactions)
@@ -251,6 +276,23 @@ def _add_common_case(
     return _observed(envelope, True, row, owner, ms, money)  # its job's, if awaiting its owner
 
 
+def _release(
+    envelope: SampleEnvelope,
+    timeline: tuple[Holding, ...],
+    held: Sequence[OwnedPiece],
+    released: set[tuple[str, str, int]],
+) -> list[ShareStep]:
+    """The release steps of the ended shares of the sample's GPU not stepped yet in this batch
+    (`ledger.idle_shares.ended_shares`); marks them stepped in `released`."""
+    steps: list[ShareStep] = []
+    gpu = envelope.data.gpu_uuid
+    for job, end in ended_shares(envelope, timeline, held):
+        if (gpu, job, end) not in released:
+            released.add((gpu, job, end))
+            steps.append(release_step(envelope, job))
+    return steps
+
+
 def _awaiting_owner(envelope: SampleEnvelope) -> Owner | None:
     """The job-only owner a sample charged to nobody names (its usage awaits that job's owner):
     the idle detector sees the GPU held by that job (`ledger.idle.same_holder`)."""
@@ -259,18 +301,37 @@ def _awaiting_owner(envelope: SampleEnvelope) -> Owner | None:
 
 
 def detect_idle(
-    observed: list[_Observed], stored: Mapping[str, GpuIdleState], rules: FoldRules
-) -> tuple[list[GpuIdleState], list[IdleAlert], list[_Observed]]:
+    observed: list[_Observed],
+    stored: Mapping[str, GpuIdleState],
+    rules: FoldRules,
+    shares: Sequence[ShareStep] = (),
+) -> tuple[list[GpuIdleState], list[IdleAlert], list[_Observed | ShareStep]]:
     """Step each GPU subject's idle detector in sample-time order: the new states, the alerts
-    raised and the samples whose usage is confirmed idle. A GPU the scheduler assigned is
-    allocated even when its sample names no owner (its observed owner is then the holder)."""
-    if not observed:
+    raised and the samples (or shares of samples) whose usage is confirmed idle. A GPU the
+    scheduler assigned is allocated even when its sample names no owner (its observed owner is
+    then the holder). `shares`: the steps of samples split among GPU shares and of released
+    shares (`ledger.idle_shares`); a release steps only a detector that still names an owner."""
+    if not observed and not shares:
         return [], [], []
-    ordered = sorted(observed, key=lambda o: (o.envelope.subject, o.envelope.time_us))
+    ordered: Sequence[_Observed | ShareStep] = (
+        sorted([*observed, *shares], key=_step_order) if shares else _in_sample_order(observed)
+    )
     states: dict[str, GpuIdleState] = {}
     alerts: list[IdleAlert] = []
-    flagged: list[_Observed] = []
+    flagged: list[_Observed | ShareStep] = []
+    policy = rules.idle_policy
     for item in ordered:
+        if isinstance(item, ShareStep):
+            subject = item.obs.subject
+            before = states.get(subject) or stored.get(subject)
+            if item.release and (before is None or before.owner is None):
+                continue
+            state, raised, flag = step(before, item.obs, policy)
+            states[subject] = state
+            alerts.extend(raised)
+            if flag:
+                flagged.append(item)
+            continue
         envelope = item.envelope
         sample = envelope.data
         obs = _observation(  # IdleObservation's fields, in order
@@ -287,12 +348,22 @@ def detect_idle(
             item.cost_micros,
         )
         before = states.get(envelope.subject) or stored.get(envelope.subject)
-        state, raised, flag = step(before, obs, rules.idle_policy)
+        state, raised, flag = step(before, obs, policy)
         states[envelope.subject] = state
         alerts.extend(raised)
         if flag:
             flagged.append(item)
     return list(states.values()), alerts, flagged
+
+
+def _in_sample_order(observed: list[_Observed]) -> list[_Observed]:
+    return sorted(observed, key=lambda o: (o.envelope.subject, o.envelope.time_us))
+
+
+def _step_order(item: _Observed | ShareStep) -> tuple[str, int]:
+    if isinstance(item, ShareStep):
+        return item.obs.subject, item.order_us
+    return item.envelope.subject, item.envelope.time_us
 
 
 def assignment_of(

@@ -41,7 +41,7 @@ def checksum_lines(transactions: Iterable[Transaction], period: str) -> list[str
                 " ".join(txn.cause),
                 txn.period,
                 txn.util_pct,
-                txn.idle,
+                txn.idle or p.idle,  # a share's idle legs (`transactions_to_arrow`)
             )
             line = json.dumps(
                 dict(zip(CHECKSUM_COLUMNS, values, strict=True)),

@@ -38,6 +38,7 @@ from ledger.closing import ClosedPeriod
 from ledger.events import DeadLetter, Owner
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState
+from ledger.idle_shares import share_subjects
 from ledger.inventory import InventoryGpu
 from ledger.posting_columns import PostingColumns
 from ledger.postings import Transaction
@@ -177,7 +178,8 @@ class ViewKeys:
     - `event_ids`: ids whose applied-before status matters (samples, holds, assignments);
     - `admin_ids`: admin event ids (kept for good, unlike the dedupe window of `event_ids`);
     - `gpu_uuids`: GPUs whose assignment timeline the fold reads;
-    - `subjects`: idle-detector subjects (GPUs or MIG slices) whose state the fold steps;
+    - `subjects`: idle-detector subjects (GPUs or MIG slices) whose state the fold steps (with
+      those of the GPU shares their timelines remember, `ledger.idle_shares.share_subjects`);
     - `budget_keys`: (team, period, unit) whose granted total a grant is checked against;
     - `txn_ids`: transactions a reversal names (the transaction and who reversed it, if anyone);
     - `scopes`: dedupe scopes of the batch's events, whose forgotten-before cutoffs it checks;
@@ -267,14 +269,16 @@ def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
     txn_ids = sorted(keys.txn_ids)
     found = {t: txn for t in txn_ids if (txn := store.find_transaction(t)) is not None}
     awaiting = store.awaiting_transactions(keys.job_keys) if keys.job_keys else {}
+    timelines = store.gpu_timelines(keys.gpu_uuids)
+    subjects = keys.subjects | share_subjects(timelines, keys.subjects)
     asked = sorted(set(txn_ids).union(*({t.txn_id for t in a} for a in awaiting.values())))
     return LedgerView(
         seen=frozenset(store.seen_ids(keys.event_ids)),
         admin_applied=frozenset(store.admin_ids(keys.admin_ids)),
         closed=store.closed_period_labels(),
         admin=store.admin_view() if keys.admin else AdminView(),
-        timelines=store.gpu_timelines(keys.gpu_uuids),
-        idle=store.idle_states(sorted(keys.subjects)),
+        timelines=timelines,
+        idle=store.idle_states(sorted(subjects)),
         holds=store.open_holds() if keys.holds else {},
         budget_totals={k: store.budget_total(*k) for k in keys.budget_keys},
         transactions=found,

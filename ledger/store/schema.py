@@ -90,7 +90,6 @@ _TXN_COLUMNS = (
     "src_offset",
     "period",
     "util_pct",
-    "idle",
 )
 
 
@@ -114,7 +113,7 @@ def transactions_to_arrow(items: Sequence[SourcedTransaction], incarnation: str)
     offset: list[int] = []
     period: list[str] = []
     util: list[int | None] = []
-    idle: list[bool] = []
+    idle: list[bool] = []  # per posting: its transaction's flag, or a share leg's own
     owner_index: list[int] = []
     leg: list[int] = []
     account: list[str] = []
@@ -141,8 +140,9 @@ def transactions_to_arrow(items: Sequence[SourcedTransaction], incarnation: str)
         offset.append(item.offset)
         period.append(txn.period)
         util.append(txn.util_pct)
-        idle.append(txn.idle)
+        whole_idle = txn.idle
         for number, p in enumerate(txn.postings):
+            idle.append(whole_idle or p.idle)
             owner_index.append(index)
             leg.append(number)
             account.append(p.account)
@@ -169,7 +169,6 @@ def transactions_to_arrow(items: Sequence[SourcedTransaction], incarnation: str)
             offset,
             period,
             util,
-            idle,
         ],
         schema=pa.schema([POSTINGS_SCHEMA.field(name) for name in _TXN_COLUMNS]),
     ).take(pa.array(owner_index, pa.int32()))
@@ -185,6 +184,7 @@ def transactions_to_arrow(items: Sequence[SourcedTransaction], incarnation: str)
         "user": pa.array(user, pa.string()),
         "job_id": pa.array(job, pa.string()),
         "cost_centre": pa.array(centre, pa.string()),
+        "idle": pa.array(idle, pa.bool_()),
         "incarnation": pa.array([incarnation] * rows, pa.string()),
     }
     return pa.table([columns[name] for name in POSTINGS_SCHEMA.names], schema=POSTINGS_SCHEMA)
@@ -247,7 +247,10 @@ _INDEX = {name: i for i, name in enumerate(POSTINGS_SCHEMA.names)}
 
 
 def transaction_from_rows(rows: Sequence[tuple[object, ...]]) -> Transaction | None:
-    """Rebuild a transaction from its posting rows (in the postings schema's column order)."""
+    """Rebuild a transaction from its posting rows (in the postings schema's column order).
+
+    Every row idle is an idle transaction (`Transaction.idle`); some rows idle are a shared
+    GPU's idle shares' legs (`Posting.idle`)."""
     if not rows:
         return None
     first = rows[0]
@@ -259,6 +262,7 @@ def transaction_from_rows(rows: Sequence[tuple[object, ...]]) -> Transaction | N
         value = col(row, name)
         return None if value is None else str(value)
 
+    whole_idle = all(bool(col(r, "idle")) for r in rows)
     postings = tuple(
         Posting(
             account=str(col(r, "account")),
@@ -269,6 +273,7 @@ def transaction_from_rows(rows: Sequence[tuple[object, ...]]) -> Transaction | N
             user=text(r, "user"),
             job_id=text(r, "job_id"),
             cost_centre=text(r, "cost_centre"),
+            idle=not whole_idle and bool(col(r, "idle")),
         )
         for r in rows
     )
@@ -286,7 +291,7 @@ def transaction_from_rows(rows: Sequence[tuple[object, ...]]) -> Transaction | N
         cause=tuple(str(col(first, "cause")).split(" ")),
         period=str(col(first, "period")),
         util_pct=None if util is None else int(str(util)),
-        idle=bool(col(first, "idle")),
+        idle=whole_idle,
     )
 
 

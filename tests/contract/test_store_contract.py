@@ -561,6 +561,10 @@ def test_both_stores_record_the_same_close_checksum(tmp_path):
         ),
     )
     txns = [a_txn("b"), a_txn("a", 3), odd, a_grant("g", 5), a_txn("z", at_us=DEC_US + INTERVAL_US)]
+    idle_leg = replace(odd.postings[0], amount=4, idle=True)  # a GPU share's idle leg
+    busy_leg = replace(idle_leg, amount=5, idle=False)
+    share = replace(a_txn("s", 9), postings=(idle_leg, busy_leg, odd.postings[1]))
+    txns += [replace(a_txn("w"), idle=True), share]  # a whole GPU's idle usage; a shared GPU's
     checksums = []
     for store in both_stores(tmp_path):
         commit(store, *txns)
@@ -571,7 +575,7 @@ def test_both_stores_record_the_same_close_checksum(tmp_path):
         store.close()
     duck, memory = checksums
     assert memory == duck
-    assert memory[0].rows == 8
+    assert memory[0].rows == 13
 
 
 def test_both_stores_queue_the_same_balances_messages(tmp_path):

@@ -2,11 +2,13 @@
 
 Generated batches mix whole GPUs and MIG slices, owners named by the sample, by one process or
 by several (shared GPUs), unowned GPUs and MIG instances the scheduler assigned (from a time
-inside the batch), team-less owners whose job's owner the ledger knows (late owners: completed)
-or does not (booked awaiting it), jobs with open holds, energy with and without an energy price,
-price changes inside intervals, unpriced models, closed periods, idle stretches long enough to
-raise and resolve alerts, duplicates (inside the batch and against the store), samples too late
-to deduplicate (their GPU's dedupe cutoff passed) and undecodable messages.
+inside the batch), GPU shares (one released inside the batch while its idle alert is open, one
+held on: per-share idle detection), team-less owners whose job's owner the ledger knows (late
+owners: completed) or does not (booked awaiting it), jobs with open holds, energy with and
+without an energy price, price changes inside intervals, unpriced models, closed periods, idle
+stretches long enough to raise and resolve alerts, duplicates (inside the batch and against the
+store), samples too late to deduplicate (their GPU's dedupe cutoff passed) and undecodable
+messages.
 Both paths fold the same decoded batch against the same view; every posting row, dead letter,
 idle state, alert and state change must be identical.
 """
@@ -25,8 +27,9 @@ from hypothesis import strategies as st
 from ledger.assignments import Holding
 from ledger.dedupe import sample_scope
 from ledger.events import decode_message, encode_batch, envelope_for
+from ledger.fractional import share_key
 from ledger.holds import OpenHold
-from ledger.idle import IdlePolicy
+from ledger.idle import GpuIdleState, IdlePolicy
 from ledger.ingest.batch import Folded, FoldRules, decode_all
 from ledger.ingest.samples import fold_samples
 from ledger.periods import period_label
@@ -114,6 +117,17 @@ def batches(draw: st.DrawFn) -> tuple[list[ConsumedMessage], LedgerView, FoldRul
     for subject in draw(st.lists(st.sampled_from([e.subject for e in envelopes]), max_size=2)):
         since = T0_US + draw(st.integers(0, 6)) * INTERVAL_US  # a MIG instance's own, or a GPU's
         timelines[subject] = (Holding(subject, OWNERS[0], since),)
+    idle: dict[str, GpuIdleState] = {}
+    for g in draw(st.lists(st.integers(0, len(GPUS) - 1), max_size=1)):  # shares of a GPU
+        gone, kept = share_key(GPUS[g], "job-1"), share_key(GPUS[g], "job-2")
+        ended = T0_US + draw(st.integers(0, 8)) * INTERVAL_US
+        timelines[GPUS[g]] = (
+            *timelines.get(GPUS[g], ()),
+            Holding(gone, OWNERS[0], T0_US - INTERVAL_US, to_us=ended, share=500),
+            Holding(kept, OWNERS[1], T0_US + draw(st.integers(0, 4)) * INTERVAL_US, share=250),
+        )
+        since = T0_US - 5 * INTERVAL_US  # job-1's share: idle, its alert open
+        idle[gone] = GpuIdleState(gone, T0_US - INTERVAL_US, OWNERS[0], since, None, since)
     known = draw(
         st.sampled_from([{}, {"job-1": OWNERS[1]}, {"job-1": OWNERS[0], "job-2": OWNERS[2]}])
     )
@@ -142,6 +156,7 @@ def batches(draw: st.DrawFn) -> tuple[list[ConsumedMessage], LedgerView, FoldRul
         seen=seen,
         closed=closed,
         timelines=timelines,
+        idle=idle,
         holds=holds,
         forgotten_before=cutoffs,
         job_owners=known,
