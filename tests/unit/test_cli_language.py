@@ -34,6 +34,7 @@ from ledger.read.statements import Budget, StatementLine, TeamStatement
 from ledger.units import Unit
 from streams.kafka import BrokerError
 from tally import config_errors, language
+from tally.broker import INSTALL_EMBEDDED
 from tally.cli import click_words, options
 from tally.cli.explain_text import explanation_text
 from tally.cli.help import Command, help_text
@@ -424,6 +425,7 @@ def test_every_broker_error_is_translated() -> None:
     missing = {t: where for t, where in templates.items() if not zh.get(t, "").strip()}
     assert not missing, missing
     assert not {t: zh[t] for t in templates if fields(t) != fields(zh[t])}
+    assert zh.get(INSTALL_EMBEDDED, "").strip()  # EmbeddedBrokerMissing's message
 
 
 @pytest.mark.parametrize(
