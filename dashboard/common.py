@@ -14,7 +14,7 @@ import io
 import os
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, tzinfo
+from datetime import datetime, tzinfo
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
@@ -283,13 +283,16 @@ def csv_text(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def when(time_us: int | None) -> str:
+    """`time_us` to the minute on the ledger's zone's clock, the zone named (`—`: none)."""
     if time_us is None:
         return "—"
-    return i18n.date_time(time_us)
+    return local_when(time_us)
 
 
 def timestamp(time_us: int) -> datetime:
-    return datetime.fromtimestamp(time_us / 1e6, tz=UTC)
+    """A time a table or chart shows: the ledger's zone's wall clock (`wall_clock`); the
+    column's or axis's title names the zone (`zone_label`), a chart reads it on a `utc` scale."""
+    return wall_clock(time_us)
 
 
 def zone_label() -> str:

@@ -11,7 +11,7 @@ period, team and pool filters do not apply here.
 from __future__ import annotations
 
 import time as clock
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import date, datetime, time, timedelta
 
 import pandas as pd
 import streamlit as st
@@ -84,11 +84,14 @@ kind = middle.selectbox(
 )
 first_day = common.timestamp(records[0].entry.time_us).date()
 last_day = common.timestamp(records[-1].entry.time_us).date()
-days = right.date_input(_("Days"), (first_day, last_day), key="audit_days")
+days = right.date_input(
+    _("Days ({zone})").format(zone=common.zone_label()), (first_day, last_day), key="audit_days"
+)
 
 
 def _start_us(day: date) -> int:
-    return int(datetime.combine(day, time(), tzinfo=UTC).timestamp()) * 1_000_000
+    """The first microsecond of `day` on the ledger's zone's clock."""
+    return int(datetime.combine(day, time(), tzinfo=common.zone()).timestamp()) * 1_000_000
 
 
 since_us = until_us = None

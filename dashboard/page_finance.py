@@ -144,11 +144,15 @@ if series:
         alt.Chart(frame)
         .mark_bar()
         .encode(
-            x=alt.X("time:T", title=_("Time (UTC, per {bucket})").format(bucket=per)),
+            x=alt.X(
+                "time:T",
+                scale=alt.Scale(type="utc"),
+                title=_("Time ({zone}, per {bucket})").format(zone=common.zone_label(), bucket=per),
+            ),
             y=alt.Y(f"sum({cost_col}):Q", title=_("Cost") + f" ({cur})"),
             color=alt.Color(f"{label}:N"),
             tooltip=[
-                alt.Tooltip("time:T", title=_("Time")),
+                alt.Tooltip("utcyearmonthdatehoursminutes(time):T", title=_("Time")),
                 f"{label}:N",
                 f"{cost_col}:Q",
                 f"{hours_col}:Q",
@@ -321,7 +325,11 @@ else:
             alt.Chart(line)
             .mark_line(point=True)
             .encode(
-                x=alt.X("time:T", title=_("Day (UTC)")),
+                x=alt.X(
+                    "time:T",
+                    scale=alt.Scale(type="utc"),
+                    title=_("Day ({zone})").format(zone=common.zone_label()),
+                ),
                 y=alt.Y("amount:Q", title=_("Cumulative spend") + f" ({cur})"),
                 color=alt.Color("series:N", title=""),
                 strokeDash=alt.StrokeDash("series:N", legend=None),
@@ -391,10 +399,11 @@ if jobs:
                 _("Idle waste") + f" ({cur})", format="%.2f"
             ),
             "first": st.column_config.DatetimeColumn(
-                _("First usage (UTC)"), format="YYYY-MM-DD HH:mm"
+                _("First usage ({zone})").format(zone=common.zone_label()),
+                format="YYYY-MM-DD HH:mm",
             ),
             "last": st.column_config.DatetimeColumn(
-                _("Last usage (UTC)"), format="YYYY-MM-DD HH:mm"
+                _("Last usage ({zone})").format(zone=common.zone_label()), format="YYYY-MM-DD HH:mm"
             ),
         },
     )

@@ -93,7 +93,8 @@ if allocated_idle:
             "job": _("Job"),
             "util": st.column_config.NumberColumn(_("Utilisation now (%)"), format="%d"),
             "since": st.column_config.DatetimeColumn(
-                _("Flagged idle since (UTC)"), format="YYYY-MM-DD HH:mm"
+                _("Flagged idle since ({zone})").format(zone=common.zone_label()),
+                format="YYYY-MM-DD HH:mm",
             ),
             "idle_hours": st.column_config.NumberColumn(_("Idle GPU-hours"), format="%.2f"),
             "waste": st.column_config.NumberColumn(_("Waste so far") + f" ({cur})", format="%.2f"),
@@ -137,7 +138,8 @@ if unallocated:
             "pool": _("Pool"),
             "model": _("GPU model"),
             "since": st.column_config.DatetimeColumn(
-                _("Unallocated since (UTC)"), format="YYYY-MM-DD HH:mm"
+                _("Unallocated since ({zone})").format(zone=common.zone_label()),
+                format="YYYY-MM-DD HH:mm",
             ),
             "hours": st.column_config.NumberColumn(_("GPU-hours since"), format="%.2f"),
             "cost": st.column_config.NumberColumn(
@@ -191,7 +193,11 @@ if cells:
         alt.Chart(heat)
         .mark_rect()
         .encode(
-            x=alt.X("time:T", title=_("Time (UTC)")),
+            x=alt.X(
+                "time:T",
+                scale=alt.Scale(type="utc"),
+                title=_("Time ({zone})").format(zone=common.zone_label()),
+            ),
             y=alt.Y(
                 "gpu:N", title=_("GPU (node · UUID)"), sort=None, axis=alt.Axis(labelLimit=260)
             ),
@@ -204,7 +210,7 @@ if cells:
                 alt.Tooltip("gpu:N", title=_("GPU (node · UUID)")),
                 alt.Tooltip("pool:N", title=_("Pool")),
                 alt.Tooltip("model:N", title=_("GPU model")),
-                alt.Tooltip("time:T", title=_("Time")),
+                alt.Tooltip("utcyearmonthdatehoursminutes(time):T", title=_("Time")),
                 alt.Tooltip("utilisation:Q", title=_("Utilisation %")),
             ],
         )
@@ -321,7 +327,11 @@ if occ:
         alt.Chart(occ_frame)
         .mark_line(point=True)
         .encode(
-            x=alt.X("time:T", title=_("Time (UTC)")),
+            x=alt.X(
+                "time:T",
+                scale=alt.Scale(type="utc"),
+                title=_("Time ({zone})").format(zone=common.zone_label()),
+            ),
             y=alt.Y("occupancy:Q", title=_("Occupancy"), axis=alt.Axis(format="%")),
             color=alt.Color("pool:N", title=_("Pool")),
         ),
@@ -394,7 +404,7 @@ else:
             hide_index=True,
             column_config={
                 "since": st.column_config.DatetimeColumn(
-                    _("Since (UTC)"), format="YYYY-MM-DD HH:mm"
+                    _("Since ({zone})").format(zone=common.zone_label()), format="YYYY-MM-DD HH:mm"
                 ),
             },
         )
@@ -415,7 +425,9 @@ else:
             ),
             hide_index=True,
             column_config={
-                "time": st.column_config.DatetimeColumn(_("Time (UTC)"), format="YYYY-MM-DD HH:mm"),
+                "time": st.column_config.DatetimeColumn(
+                    _("Time ({zone})").format(zone=common.zone_label()), format="YYYY-MM-DD HH:mm"
+                ),
                 "xid": st.column_config.NumberColumn(_("XID"), format="%d"),
             },
         )
@@ -446,7 +458,8 @@ if nodes:
             "pool": _("Pool"),
             "gpus": st.column_config.NumberColumn(_("GPUs seen"), format="%d"),
             "last": st.column_config.DatetimeColumn(
-                _("Last sample (UTC)"), format="YYYY-MM-DD HH:mm"
+                _("Last sample ({zone})").format(zone=common.zone_label()),
+                format="YYYY-MM-DD HH:mm",
             ),
             "status": st.column_config.TextColumn(
                 _("Status"), help=_("silent: no sample in the 15 minutes before the newest data")

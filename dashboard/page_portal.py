@@ -23,8 +23,10 @@ from dashboard.portal_view import (
     Template,
     job_rows,
     left_of,
+    state_shown,
     submit_body,
     templates_from_json,
+    wait_shown,
 )
 from dashboard.requests_view import STATUS_LABELS, request_rows
 from ledger.roles import Role
@@ -32,6 +34,7 @@ from ledger.roles import Role
 BY_HAND = "(by hand)"
 SHARED, MINE = "shared:", "mine:"
 FLASH, PICK = "portal_flash", "template_pick"
+tr = i18n.translator()
 
 st.title(_("My jobs"))
 caller = access.signed_in()
@@ -109,7 +112,11 @@ with st.form("submit", border=True):
     if submitted and form is not None:
         try:
             job = client.submit(submit_body(form, user))
-            st.success(_("Submitted {job} ({state})").format(job=job["job_id"], state=job["state"]))
+            st.success(
+                _("Submitted {job} ({state})").format(
+                    job=job["job_id"], state=state_shown(str(job["state"]), tr)
+                )
+            )
         except PortalError as exc:
             st.error(str(exc))
     if saved and form is not None and store is not None:
@@ -149,8 +156,8 @@ else:
             {
                 _("job"): r.job_id,
                 _("user"): r.user,
-                _("state"): r.state,
-                _("waits because"): r.wait_reason,
+                _("state"): state_shown(r.state, tr),
+                _("waits because"): wait_shown(r.wait_reason, tr),
                 _("queue"): r.queue,
                 _("GPUs"): r.gpus,
                 _("GPU-hours"): i18n.number(common.hours(r.gpu_ms), 3),
@@ -166,7 +173,9 @@ else:
             try:
                 job = client.cancel(victim)
                 st.success(
-                    _("Cancelled {job} ({state})").format(job=job["job_id"], state=job["state"])
+                    _("Cancelled {job} ({state})").format(
+                        job=job["job_id"], state=state_shown(str(job["state"]), tr)
+                    )
                 )
             except PortalError as exc:
                 st.error(str(exc))
@@ -175,7 +184,7 @@ else:
 if team_view:  # the team lead's view of the team's requests (filed on the Requests page)
     st.subheader(_("Team's requests"))
     try:
-        requests = request_rows(client.requests(), common.money)
+        requests = request_rows(client.requests(), common.money, tr)
     except PortalError as exc:
         requests = []
         st.error(str(exc))

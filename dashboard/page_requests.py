@@ -10,11 +10,11 @@ decide — a refused decision shows the API's reason as it is. What is sent and 
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 
 import streamlit as st
 
-from dashboard import access, common
+from dashboard import access, common, i18n
 from dashboard.i18n import N_, _
 from dashboard.portal_api import PortalClient, PortalError, api_url
 from dashboard.requests_view import (
@@ -67,7 +67,9 @@ if can_open:
         else:
             team = left.text_input(_("Team"))
         if kind == "budget":
-            period = right.text_input(_("Period (YYYY-MM)"), datetime.now(UTC).strftime("%Y-%m"))
+            period = right.text_input(
+                _("Period (YYYY-MM)"), datetime.now(common.zone()).strftime("%Y-%m")
+            )
             unit = left.radio(
                 _("In"), list(UNITS), format_func=lambda u: _(UNITS[u]), horizontal=True
             )
@@ -103,7 +105,7 @@ if can_open:
 
 # ------------------------------------------------------------------------------ decide
 try:
-    rows = request_rows(client.requests(), common.money)
+    rows = request_rows(client.requests(), common.money, i18n.translator())
 except PortalError as exc:
     st.error(str(exc))
     st.stop()

@@ -165,7 +165,8 @@ if waiting:
             "model": _("GPU model asked"),
             "pool": _("Pool"),
             "since": st.column_config.DatetimeColumn(
-                _("Waiting since (UTC)"), format="YYYY-MM-DD HH:mm"
+                _("Waiting since ({zone})").format(zone=common.zone_label()),
+                format="YYYY-MM-DD HH:mm",
             ),
             "waited": st.column_config.NumberColumn(_("Waiting for (hours)"), format="%.1f"),
             "reason": _("Why it waits"),
@@ -191,7 +192,9 @@ if choices:
         format_func=lambda job: f"{job} · {states[job]}",
         key="explain_job",
     )
-    why: job_history.Explanation = common.query("job_explanation", topic, chosen, as_of, tr)
+    why: job_history.Explanation = common.query(
+        "job_explanation", topic, chosen, as_of, tr, common.zone()
+    )
     if why.state is JobState.WAITING:
         st.warning(why.headline, icon=":material/hourglass_top:")
     elif why.state in (JobState.FAILED, JobState.RECLAIMED):
@@ -218,7 +221,8 @@ if choices:
             hide_index=True,
             column_config={
                 "time": st.column_config.DatetimeColumn(
-                    _("Time (UTC)"), format="YYYY-MM-DD HH:mm:ss"
+                    _("Time ({zone})").format(zone=common.zone_label()),
+                    format="YYYY-MM-DD HH:mm:ss",
                 ),
                 "what": st.column_config.TextColumn(_("What happened"), width="large"),
             },
@@ -262,7 +266,8 @@ if running:
             "model": _("GPU model"),
             "pool": _("Pool"),
             "since": st.column_config.DatetimeColumn(
-                _("Running since (UTC)"), format="YYYY-MM-DD HH:mm"
+                _("Running since ({zone})").format(zone=common.zone_label()),
+                format="YYYY-MM-DD HH:mm",
             ),
             "running": st.column_config.NumberColumn(_("Running for (hours)"), format="%.1f"),
             "gpu_hours": st.column_config.NumberColumn(_("GPU-hours so far"), format="%.2f"),
@@ -304,7 +309,9 @@ if ended:
             "user": _("User"),
             "project": _("Project"),
             "outcome": _("Outcome"),
-            "ended": st.column_config.DatetimeColumn(_("Ended (UTC)"), format="YYYY-MM-DD HH:mm"),
+            "ended": st.column_config.DatetimeColumn(
+                _("Ended ({zone})").format(zone=common.zone_label()), format="YYYY-MM-DD HH:mm"
+            ),
             "runtime": st.column_config.NumberColumn(_("Runtime (hours)"), format="%.2f"),
             "waited": st.column_config.NumberColumn(_("Waited (hours)"), format="%.2f"),
             "gpu_hours": st.column_config.NumberColumn(_("GPU-hours"), format="%.2f"),

@@ -158,7 +158,10 @@ st.header(_("Recorded admissions the baseline did not reproduce"))
 divergences = doc.get("divergences") or []
 if divergences:
     st.dataframe(
-        pd.DataFrame(divergences, columns=["job_id", "recorded", "replayed", "cause"]),
+        pd.DataFrame(
+            [whatif_text.divergence(d, tr) for d in divergences],
+            columns=["job_id", "recorded", "replayed", "cause"],
+        ),
         hide_index=True,
         column_config={
             "job_id": _("Job"),

@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.errors import PricingError
+from ledger.job_events import WaitReason
 from ledger.pricing import PriceBook, cost_of
+from ledger.read.job_history import WAIT_SHORT
+from ledger.read.texts import N_, Translate
 
 TEMPLATES_ENV = "TALLY_JOB_TEMPLATES"  # tally.portal_config.TEMPLATES_ENV
 US_PER_MS = 1000
@@ -107,6 +110,42 @@ def cost_so_far(job: Mapping[str, Any], gpu_ms: int, prices: PriceBook | None) -
         return cost_of(gpu_ms, prices.rate_at(str(model), str(pool), int(started)))
     except PricingError:
         return None
+
+
+# the API's job states (`scheduler.records.JobState`) in the ledger's words for them, translated
+# where shown; a pending job is "waiting" (the requests' "pending" is another word: awaiting a
+# decision)
+JOB_STATES = {
+    "pending": N_("waiting"),
+    "running": N_("running"),
+    "finished": N_("finished"),
+    "failed": N_("failed"),
+    "cancelled": N_("cancelled"),
+    "reclaimed": N_("reclaimed"),
+}
+_PREEMPTED = "preempted: "  # a requeued job's reason until its next wait (`preempted: <code>`)
+
+
+def _shown(code: str, english: str, tr: Translate) -> str:
+    """`english` through `tr`; the API's own `code` where it stays English."""
+    said = tr(english)
+    return code if said == english else said
+
+
+def state_shown(state: str, tr: Translate) -> str:
+    """A job state from the API as the page shows it: as it is in English, else translated."""
+    return _shown(state, JOB_STATES[state], tr) if state in JOB_STATES else state
+
+
+def wait_shown(reason: str, tr: Translate) -> str:
+    """A pending job's reason from the API (a `WaitReason` code, or `preempted: <code>`) in a
+    few words of the session's language; as it is in English or when it is no code."""
+    code = WaitReason.PREEMPTED.value if reason.startswith(_PREEMPTED) else reason
+    try:
+        wait = WaitReason(code)
+    except ValueError:
+        return reason
+    return _shown(reason, WAIT_SHORT[wait], tr)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from ledger.read.texts import Translate, english
+
 MONEY = re.compile(r"^-?[0-9]{1,15}(\.[0-9]{1,6})?$")  # the API's MONEY_PATTERN
 PERIOD = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")
 MICROS = 1_000_000
@@ -23,6 +25,8 @@ PENDING = "pending"
 SHOWN_STATUS = {"open": PENDING}  # the API's "open" is what a requester calls pending
 Money = Callable[[int], str]  # micro-units → an amount as shown
 _BUDGET_CHANGE = re.compile(r"^budget (\S+) (money_micros|gpu_ms) ([+-][0-9]+)$")
+_QUOTA_CHANGE = re.compile(r"^quota (\S+) ([0-9]+) GPUs \(borrowing (\S+), lending (\S+)\)$")
+UNLIMITED = "unlimited"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +102,18 @@ def request_body(form: RequestForm) -> dict[str, Any] | str:
     return body
 
 
-def change_shown(change: str, money: Money | None = None) -> str:
+def change_shown(change: str, money: Money | None = None, tr: Translate = english) -> str:
     """The API's change line with its integers as a person reads them: a money budget in
-    currency units (`money` formats micro-units; default: plain decimal), GPU-ms in GPU-hours."""
+    currency units (`money` formats micro-units; default: plain decimal), GPU-ms in GPU-hours;
+    its words in `tr`'s language (a line of another shape as it is)."""
+    quota = _QUOTA_CHANGE.match(change)
+    if quota is not None:
+        borrowing, lending = (
+            tr("unlimited") if v == UNLIMITED else v for v in (quota.group(3), quota.group(4))
+        )
+        return tr("quota {where} {gpus} GPUs (borrowing {borrowing}, lending {lending})").format(
+            where=quota.group(1), gpus=quota.group(2), borrowing=borrowing, lending=lending
+        )
     found = _BUDGET_CHANGE.match(change)
     if found is None:
         return change
@@ -110,7 +123,7 @@ def change_shown(change: str, money: Money | None = None) -> str:
         text = money(abs(amount)) if money else str(Decimal(abs(amount)) / MICROS)
     else:
         text = f"{Decimal(abs(amount)) / MS_PER_HOUR:f} GPU-h"
-    return f"budget {period} {sign}{text}"
+    return tr("budget {period} {amount}").format(period=period, amount=sign + text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +145,10 @@ class RequestRow:
 
 
 def request_rows(
-    views: Sequence[Mapping[str, Any]], money: Money | None = None
+    views: Sequence[Mapping[str, Any]], money: Money | None = None, tr: Translate = english
 ) -> list[RequestRow]:
-    """The requests table, newest first; `money` formats micro-units (see `change_shown`)."""
+    """The requests table, newest first; `money` formats micro-units, `tr` is the reader's
+    language (see `change_shown`)."""
     rows = []
     for v in sorted(views, key=lambda v: (-int(v["opened_us"]), str(v["request_id"]))):
         status = str(v["status"])
@@ -146,7 +160,7 @@ def request_rows(
                 request_id=str(v["request_id"]),
                 team=str(v["team"]),
                 kind=str(v["kind"]),
-                change=change_shown(str(v["change"]), money),
+                change=change_shown(str(v["change"]), money, tr),
                 status=SHOWN_STATUS.get(status, status),
                 requested_by=str(v["requested_by"]),
                 reason=str(v["reason"]),

@@ -4,8 +4,11 @@ table's metric and scope names, its durations, the flags and the capacity senten
 A saved report (`tally whatif --save`) holds them as the English text `scheduler.whatif`
 wrote; the page shows them in Chinese by reading them back into values (a metric's code, a
 scope's kind and name, a duration's microseconds) and writing them again through the catalog.
-What it does not recognise it shows as it is; the CSV download keeps the report's own text.
-Every function takes the session's `Translator` (msgids marked `tr`/`N_`), so it is pure.
+The divergences from the record too: where each job was admitted, and the cause, whose wait
+reason the report names by its code (`no_capacity`: shown as the Team page's few words; the
+scheduler's free-text notes are not in a report). What it does not recognise it shows as it
+is; the CSV download keeps the report's own text. Every function takes the session's
+`Translator` (msgids marked `tr`/`N_`), so it is pure.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import re
 from typing import Any
 
 from dashboard.i18n import EN, N_, Translator
-from ledger.read.job_history import duration_text
+from ledger.job_events import WaitReason
+from ledger.read.job_history import NOT_YET_CONSIDERED, WAIT_SHORT, duration_text
 
 METRICS = {
     "gpu_hours": N_("GPU-hours"),
@@ -102,3 +106,70 @@ def capacity(doc: dict[str, Any], tr: Translator) -> str:
         else tr("adding {what} would raise p95 wait from {before} to {after}")
     )
     return said.format(what=what, before=before, after=after)
+
+
+# `scheduler.whatif.compare.divergences`' English: where a job was first admitted, and why the
+# record and the replay differ; a wait reason is its code there (`no_capacity`)
+_WHERE = re.compile(r"\+(.+) on (\S+)")
+_NOT_ADMITTED = "not admitted"
+_NOT_CONSIDERED = "not yet considered"
+_CAUSES = (
+    (re.compile(r"placed on (\S+) instead of (\S+)"), None),
+    (re.compile(r"the replay kept it waiting \((.+)\)"), N_("the replay kept it waiting ({why})")),
+    (re.compile(r"the record kept it waiting \((.+)\)"), N_("the record kept it waiting ({why})")),
+    (
+        re.compile(r"the replay never admitted it \((.+)\)"),
+        N_("the replay never admitted it ({why})"),
+    ),
+    (
+        re.compile(r"never admitted in the record \((.+)\)"),
+        N_("never admitted in the record ({why})"),
+    ),
+)
+
+
+def where(text: str, tr: Translator) -> str:
+    """A divergence's `recorded`/`replayed` cell: `+3 h 05 min on pool/model`, `not admitted`."""
+    if text == _NOT_ADMITTED:
+        return tr("not admitted")
+    m = _WHERE.fullmatch(text)
+    if m is None:
+        return text
+    return tr("+{after} on {place}").format(after=duration(m[1], tr), place=m[2])
+
+
+def _why(code: str, tr: Translator) -> str:
+    if code == _NOT_CONSIDERED:
+        return tr(NOT_YET_CONSIDERED)
+    try:
+        return tr(WAIT_SHORT[WaitReason(code)])
+    except ValueError:
+        return code
+
+
+def cause(text: str, tr: Translator) -> str:
+    """Why the record and the baseline replay differ for a job, in the session's language: the
+    sentence from its parts, the wait reason's code as its few words."""
+    for pattern, said in _CAUSES:
+        m = pattern.fullmatch(text)
+        if m is None:
+            continue
+        if said is None:
+            return tr("placed on {replayed} instead of {recorded}").format(
+                replayed=m[1], recorded=m[2]
+            )
+        return tr(said).format(why=_why(m[1], tr))
+    return text
+
+
+def divergence(values: dict[str, Any], tr: Translator) -> list[str]:
+    """A saved divergence (`job_id`, `recorded`, `replayed`, `cause`) as the page shows it, in
+    that order; in English the report's own words."""
+    if tr.language == EN:
+        return [str(values[c]) for c in ("job_id", "recorded", "replayed", "cause")]
+    return [
+        str(values["job_id"]),
+        where(str(values["recorded"]), tr),
+        where(str(values["replayed"]), tr),
+        cause(str(values["cause"]), tr),
+    ]

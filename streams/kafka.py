@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -39,7 +39,25 @@ DEFAULT_GROUP_OPTIONS: Mapping[str, int] = MappingProxyType(
 
 
 class BrokerError(Exception):
-    """The broker cannot be reached or refused what was asked."""
+    """The broker cannot be reached or refused what was asked.
+
+    Its message is an English template with named fields (`BrokerError("broker at {bootstrap}
+    …", bootstrap=…)`), kept as `template` and `fields`, so that a reader can say it in its own
+    language (`say`; the CLI hands in its catalog). The template is the catalog's msgid."""
+
+    def __init__(self, template: str, **fields: object) -> None:
+        self.template = template
+        self.fields = fields
+        super().__init__(template.format(**fields) if fields else template)
+
+    def say(self, translate: Callable[[str], str]) -> str:
+        """The message through `translate` (a field that is itself a BrokerError too); the
+        fields' values as they are."""
+        said = {
+            k: v.say(translate) if isinstance(v, BrokerError) else v for k, v in self.fields.items()
+        }
+        text = translate(self.template)
+        return text.format(**said) if said else text
 
 
 # The broker (or the client, before sending) refuses these for the message itself: sending the
@@ -80,11 +98,13 @@ async def fetch_cluster_id(
         response = await asyncio.wait_for(client.send(node, MetadataRequest(topics=[])), timeout_s)
         cluster_id = getattr(response, "cluster_id", None)
         if not cluster_id:
-            raise BrokerError(f"broker at {bootstrap} reported no cluster id")
+            raise BrokerError("broker at {bootstrap} reported no cluster id", bootstrap=bootstrap)
         return str(cluster_id)
     except (KafkaError, OSError, TimeoutError) as exc:
         raise BrokerError(
-            f"broker at {bootstrap} did not answer a metadata request: {exc}"
+            "broker at {bootstrap} did not answer a metadata request: {problem}",
+            bootstrap=bootstrap,
+            problem=exc,
         ) from exc
     finally:
         await client.close()
@@ -108,7 +128,12 @@ async def wait_for_broker(
                 await asyncio.sleep(0.1)
     finally:
         quiet.setLevel(level)
-    raise BrokerError(f"broker at {bootstrap} not ready after {timeout_s:.0f}s: {last}")
+    raise BrokerError(
+        "broker at {bootstrap} not ready after {seconds}s: {problem}",
+        bootstrap=bootstrap,
+        seconds=f"{timeout_s:.0f}",
+        problem=last,
+    )
 
 
 async def ensure_topics(

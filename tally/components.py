@@ -9,6 +9,7 @@ from collectors.simulated import PoolSpec, SimulatedFleet, TeamSpec, WorkloadKin
 from ledger import admin
 from ledger.units import Unit
 from tally.config import TallyConfig
+from tally.language import _
 
 if TYPE_CHECKING:
     # Importing `streams.worker` imports Faust, which parses the process's argv for its own
@@ -34,8 +35,10 @@ def bootstrap_servers(config: TallyConfig, override: str | None = None) -> tuple
     if config.broker.mode == "external":
         return config.broker.bootstrap_servers
     raise NoBrokerError(
-        "the configured broker is embedded, and it runs only under `tally up`; "
-        "pass --bootstrap HOST:PORT to reach a running one"
+        _(
+            "the configured broker is embedded, and it runs only under `tally up`; "
+            "pass --bootstrap HOST:PORT to reach a running one"
+        )
     )
 
 

@@ -25,7 +25,6 @@ from pydantic import (
 )
 
 from ledger.events import MAX_TIME_US
-from ledger.excerpts import bounded
 from ledger.fractional import MIG_SEP, mig_model, valid_profile
 from ledger.idle import IdlePolicy
 from ledger.periods import DEFAULT_ZONE_NAME, parse_zone
@@ -36,10 +35,12 @@ from tally.approvals_config import ApprovalsConfig
 from tally.auth_config import AuthConfig, check_auth_teams
 from tally.broker_config import BrokerConfig, TlsConfig, TopicsConfig
 from tally.budgets_config import BudgetConfig
+from tally.config_errors import format_validation_error
 from tally.config_fields import EnvName, GpuMs, Micros, Name, Strict
 from tally.config_yaml import YamlRefused, read_yaml
 from tally.identity_config import IdentityConfig, check_identity_names
 from tally.inventory_config import InventoryConfig
+from tally.language import _
 from tally.metrics_config import MetricsConfig
 from tally.portal_config import JobTemplateConfig
 from tally.segments_config import SEGMENTS_URL_PATTERN, ObjectStoreConfig
@@ -506,34 +507,17 @@ class TallyConfig(Strict):
         )
 
 
-def _location(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part.startswith("function-") or part.startswith("function_"):
-            continue
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "(top level)"
-
-
-def format_validation_error(source: str, exc: ValidationError) -> str:
-    lines = []
-    for err in exc.errors():
-        # bounded: a message may quote the value, and a value may be a 1 MiB string
-        message = bounded(err["msg"].removeprefix("Value error, "), 512)
-        lines.append(f"{source}: {_location(tuple(err['loc']))}: {message}")
-    return "\n".join(lines)
-
-
 def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = None) -> TallyConfig:
     """Validate `data` (the file's mapping). Relative paths (`ledger.data_dir`,
     `scheduler.work_dir`, `scheduler.tokens.file`, the `broker.tls` files) resolve against
     `base_dir`; without one
     (a config given as a dict) they stay relative, i.e. to the current directory."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the file must hold a mapping of sections (broker, ledger, …)")
+        raise ConfigError(
+            _("{source}: the file must hold a mapping of sections (broker, ledger, …)").format(
+                source=source
+            )
+        )
     try:
         config = TallyConfig.model_validate(data)
     except ValidationError as exc:
@@ -579,16 +563,23 @@ def load_config(path: Path | str, relative_to: Path | None = None) -> TallyConfi
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
+        raise ConfigError(_("{path}: no such file").format(path=path)) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
+        raise ConfigError(
+            _("{path}: cannot read: {problem}").format(path=path, problem=exc)
+        ) from None
     try:
         data = read_yaml(text)
     except YamlRefused as exc:
-        raise ConfigError(f"{path}: refused: {exc}") from None
+        raise ConfigError(_("{path}: refused: {problem}").format(path=path, problem=exc)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{path}: {where}not valid YAML: {problem}") from None
+        if mark is None:
+            said = _("{path}: not valid YAML: {problem}").format(path=path, problem=problem)
+        else:
+            said = _("{path}: line {line}, column {column}: not valid YAML: {problem}").format(
+                path=path, line=mark.line + 1, column=mark.column + 1, problem=problem
+            )
+        raise ConfigError(said) from None
     return parse_config(data, str(path), (relative_to or path.resolve().parent).resolve())

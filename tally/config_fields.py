@@ -24,6 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from ledger.admin import MAX_AMOUNT
 from ledger.units import MS_PER_HOUR, parse_micros
+from tally.language import _
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -77,7 +78,11 @@ def secret_from_env(field: str, variable: str, environ: Mapping[str, str] | None
     when it is not set or empty."""
     value = (os.environ if environ is None else environ).get(variable)
     if not value:
-        raise ConfigError(f"{field}: environment variable {variable} is not set")
+        raise ConfigError(
+            _("{field}: environment variable {variable} is not set").format(
+                field=field, variable=variable
+            )
+        )
     return value
 
 

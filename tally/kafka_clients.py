@@ -23,6 +23,7 @@ from typing import Any
 from streams.kafka import DEFAULT_GROUP_OPTIONS
 from tally.broker_config import BrokerConfig, TlsConfig
 from tally.config_fields import ConfigError, secret_from_env
+from tally.language import _
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,11 @@ def ssl_context(tls: TlsConfig, environ: Mapping[str, str] | None = None) -> ssl
             cafile=str(tls.ca_file) if tls.ca_file is not None else None
         )
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"broker.tls.ca_file: cannot use {tls.ca_file}: {exc}") from None
+        raise ConfigError(
+            _("{field}: cannot use {files}: {problem}").format(
+                field="broker.tls.ca_file", files=tls.ca_file, problem=exc
+            )
+        ) from None
     context.check_hostname = tls.check_hostname
     if tls.cert_file is not None:
         password = None
@@ -97,7 +102,11 @@ def ssl_context(tls: TlsConfig, environ: Mapping[str, str] | None = None) -> ssl
             )
         except (OSError, ssl.SSLError) as exc:
             files = f"{tls.cert_file}" + (f", {tls.key_file}" if tls.key_file else "")
-            raise ConfigError(f"broker.tls.cert_file: cannot use {files}: {exc}") from None
+            raise ConfigError(
+                _("{field}: cannot use {files}: {problem}").format(
+                    field="broker.tls.cert_file", files=files, problem=exc
+                )
+            ) from None
     return context
 
 

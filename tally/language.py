@@ -10,12 +10,17 @@ Machine output (`-o json`, `-o csv`) never changes with the language: only `tall
 asks for headers. The catalog is `tally/locale/zh_CN/LC_MESSAGES/tally.po`, read with Babel on
 first use (no compiled `.mo`; `babel.cfg` extracts its msgids); `tests/unit/test_cli_language.py`
 fails on a marked message, a help text or a table header the catalog lacks.
+
+The sentences the read models write (`ledger.read.texts`: a job's explanation, a team's
+statement) have one translation, in the dashboard's catalog, which checks them
+(`tests/unit/test_dashboard_i18n.py`); `reader` is the CLI's `Translate` for them: this catalog
+first, then that one.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
 
@@ -23,6 +28,8 @@ EN = "en"
 ZH_CN = "zh-CN"
 ENV = "TALLY_LANG"
 CATALOG = Path(__file__).parent / "locale" / "zh_CN" / "LC_MESSAGES" / "tally.po"
+# the read models' sentences (`reader`): translated once, in the dashboard's catalog
+READ_CATALOG = Path(__file__).parents[1] / "dashboard/locale/zh_CN/LC_MESSAGES/dashboard.po"
 _LOCALE_VARS = ("LC_ALL", "LC_MESSAGES", "LANG")
 
 
@@ -33,12 +40,10 @@ def language(env: Mapping[str, str] | None = None) -> str:
     return ZH_CN if asked.strip().lower().startswith("zh") else EN
 
 
-@cache
-def messages() -> dict[str, str]:
-    """The Chinese catalog's translated, non-fuzzy messages."""
+def _read(path: Path) -> dict[str, str]:
     from babel.messages.pofile import read_po
 
-    with CATALOG.open("rb") as f:
+    with path.open("rb") as f:
         catalog = read_po(f)
     return {
         str(m.id): str(m.string)
@@ -47,11 +52,36 @@ def messages() -> dict[str, str]:
     }
 
 
+@cache
+def messages() -> dict[str, str]:
+    """The Chinese catalog's translated, non-fuzzy messages."""
+    return _read(CATALOG)
+
+
+@cache
+def read_model_messages() -> dict[str, str]:
+    """The read models' sentences in Chinese (the dashboard's catalog), under the CLI's own."""
+    return {**_read(READ_CATALOG), **messages()}
+
+
 def translate(message: str, lang: str | None = None) -> str:
     """`message` in `lang` (default: the environment's); untranslated, as it is."""
     if (lang or language()) == EN:
         return message
     return messages().get(message, message)
+
+
+def reader(lang: str | None = None) -> Callable[[str], str]:
+    """The `ledger.read.texts.Translate` of `lang` (default: the environment's) for the
+    sentences a read model writes (`tally report statement`, `tally job explain`)."""
+    if (lang or language()) == EN:
+        return _english
+    table = read_model_messages()
+    return lambda message: table.get(message, message)
+
+
+def _english(message: str) -> str:
+    return message
 
 
 def _(message: str) -> str:

@@ -1,10 +1,12 @@
-"""How the CLI prints results: aligned tables for people, JSON and CSV for scripts."""
+"""How the CLI prints results: aligned tables for people, JSON and CSV for scripts; the times in
+them (a table's on the ledger's clock, JSON's and CSV's in UTC)."""
 
 from __future__ import annotations
 
 import csv
 import io
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta, tzinfo
 from enum import StrEnum
 from typing import Any
 from unicodedata import east_asian_width
@@ -80,3 +82,22 @@ def _cell(value: Any) -> str:
 
 def _is_amount(value: Any) -> bool:
     return isinstance(value, str) and value.replace(".", "", 1).replace("-", "", 1).isdigit()
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def utc_time(time_us: int) -> str:
+    """An instant to the second as ISO 8601 in UTC (`2026-11-30T16:00:00Z`): what JSON and CSV
+    print (integer µs, no float on the way)."""
+    return (_EPOCH + timedelta(microseconds=time_us)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def shown_time(time_us: int, fmt: OutputFormat, zone: tzinfo) -> str:
+    """An instant as a command prints it: in a table on the ledger's clock (`ledger.timezone`),
+    ISO 8601 with its offset (`2026-12-01T00:00:00+08:00`; in UTC `…Z`, as JSON and CSV);
+    in JSON and CSV always UTC (`utc_time`), whatever the zone."""
+    if fmt is not OutputFormat.TABLE or zone is UTC:
+        return utc_time(time_us)
+    local = (_EPOCH + timedelta(microseconds=time_us)).astimezone(zone)
+    return local.isoformat(timespec="seconds")

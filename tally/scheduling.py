@@ -57,6 +57,7 @@ from tally.config import ConfigError, QueueConfig, TallyConfig
 from tally.config_fields import secret_from_env
 from tally.config_yaml import YamlRefused, read_yaml
 from tally.identity_config import slurm_account_of_team
+from tally.language import _
 
 US_PER_HOUR = 3_600 * US_PER_SECOND
 MIN_TOKEN_LENGTH = 16
@@ -173,21 +174,33 @@ def _named_tokens(path: Path, entries: Any) -> NamedTokens:
     """The file's `tokens:` list: each entry a `name`, a `token`, a `role` and, for `team-lead`
     and `member`, a `team` (a member also a `user`, whose jobs are its own)."""
     if not isinstance(entries, list):
-        raise ConfigError(f"{path}: tokens: expected a list of {{name, token, role, team, user}}")
+        raise ConfigError(
+            _("{path}: tokens: expected a list of {{name, token, role, team, user}}").format(
+                path=path
+            )
+        )
     named: NamedTokens = {}
     names: set[str] = set()
     for index, entry in enumerate(entries):
         where = f"{path}: tokens[{index}]"
         fields = {"name", "token", "role", "team", "user"}
         if not isinstance(entry, dict) or set(entry) - fields:
-            raise ConfigError(f"{where}: expected a mapping of {', '.join(sorted(fields))}")
+            raise ConfigError(
+                _("{where}: expected a mapping of {fields}").format(
+                    where=where, fields=", ".join(sorted(fields))
+                )
+            )
         if not all(isinstance(v, str) for v in entry.values()):
-            raise ConfigError(f"{where}: every field is a string")
+            raise ConfigError(_("{where}: every field is a string").format(where=where))
         if not entry.get("name") or not entry.get("token"):
-            raise ConfigError(f"{where}: `name` and `token` are required")
+            raise ConfigError(_("{where}: `name` and `token` are required").format(where=where))
         roles = ", ".join(Role)
         if entry.get("role") not in set(Role):
-            raise ConfigError(f"{where}: role: one of {roles}, not {entry.get('role')!r}")
+            raise ConfigError(
+                _("{where}: role: one of {roles}, not {value}").format(
+                    where=where, roles=roles, value=repr(entry.get("role"))
+                )
+            )
         try:
             caller = Caller(
                 Role(entry["role"]), entry.get("team"), entry.get("user"), entry["name"]
@@ -195,9 +208,13 @@ def _named_tokens(path: Path, entries: Any) -> NamedTokens:
         except ValueError as exc:
             raise ConfigError(f"{where}: {exc}") from None
         if caller.label in names:
-            raise ConfigError(f"{where}: the name {caller.label!r} is used twice")
+            raise ConfigError(
+                _("{where}: the name {name} is used twice").format(
+                    where=where, name=repr(caller.label)
+                )
+            )
         if entry["token"] in named:
-            raise ConfigError("scheduler tokens: two principals share a token")
+            raise ConfigError(_("scheduler tokens: two principals share a token"))
         names.add(entry["name"])
         named[entry["token"]] = caller
     return named
@@ -207,21 +224,25 @@ def _read_tokens_file(path: Path) -> tuple[str | None, dict[str, str], NamedToke
     try:
         data = read_yaml(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such tokens file") from None
+        raise ConfigError(_("{path}: no such tokens file").format(path=path)) from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError, YamlRefused) as exc:
-        raise ConfigError(f"{path}: cannot read the tokens file: {exc}") from None
+        raise ConfigError(
+            _("{path}: cannot read the tokens file: {problem}").format(path=path, problem=exc)
+        ) from None
     if data is None:
         return None, {}, {}
     if not isinstance(data, dict) or set(data) - {"admin", "teams", "tokens"}:
-        raise ConfigError(f"{path}: expected a mapping with `admin`, `teams` and `tokens`")
+        raise ConfigError(
+            _("{path}: expected a mapping with `admin`, `teams` and `tokens`").format(path=path)
+        )
     admin = data.get("admin")
     teams = data.get("teams") or {}
     if admin is not None and not isinstance(admin, str):
-        raise ConfigError(f"{path}: admin: expected a string")
+        raise ConfigError(_("{path}: admin: expected a string").format(path=path))
     if not isinstance(teams, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in teams.items()
     ):
-        raise ConfigError(f"{path}: teams: expected a mapping of team → token")
+        raise ConfigError(_("{path}: teams: expected a mapping of team → token").format(path=path))
     return admin, dict(teams), _named_tokens(path, data.get("tokens") or [])
 
 
@@ -251,12 +272,18 @@ def load_tokens(config: TallyConfig, environ: Mapping[str, str] | None = None) -
     known = {t.name for t in config.organisation.teams()}
     unknown = sorted((set(teams) | {c.team for c in named.values() if c.team}) - known)
     if unknown:
-        raise ConfigError(f"scheduler tokens: unknown team(s) {', '.join(unknown)}")
+        raise ConfigError(
+            _("scheduler tokens: unknown team(s) {teams}").format(teams=", ".join(unknown))
+        )
     every = [*([admin] if admin else []), *teams.values(), *named]
     if any(len(token) < MIN_TOKEN_LENGTH for token in every):
-        raise ConfigError(f"scheduler tokens: every token needs {MIN_TOKEN_LENGTH}+ characters")
+        raise ConfigError(
+            _("scheduler tokens: every token needs {length}+ characters").format(
+                length=MIN_TOKEN_LENGTH
+            )
+        )
     if len(set(every)) != len(every):
-        raise ConfigError("scheduler tokens: two principals share a token")
+        raise ConfigError(_("scheduler tokens: two principals share a token"))
     return Tokens(admin=admin, teams=teams, named=named)
 
 

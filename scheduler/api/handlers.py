@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from ledger.errors import EventError
 from ledger.fractional import parse_share
+from ledger.job_events import encode_job_event
 from ledger.roles import Action, Role, Scope, scope_of
 from ledger.units import US_PER_SECOND
 from scheduler.api.auth import Principal, Tokens, authenticate, authorize
@@ -49,6 +50,7 @@ from scheduler.api.views import (
 )
 from scheduler.dispatcher import Dispatcher
 from scheduler.executors.errors import InvalidWork
+from scheduler.jobs_topic import SOURCE
 from scheduler.ports import Work
 from scheduler.records import JobRecord, SubmitRequest
 from scheduler.service import Accepted, SchedulerService
@@ -281,8 +283,12 @@ class Api(RequestRoutes):
     async def explain(self, request: web.Request) -> web.Response:
         principal = await authenticate(request, self.tokens, self.oidc)
         record = self._job(request, principal, Action.JOB_READ)
+        history = self.dispatcher.history.get(record.job_id, ())
         answer = Explanation(
-            job_id=record.job_id, explanation=self.dispatcher.explain(record.job_id)
+            job_id=record.job_id,
+            explanation=self.dispatcher.explain(record.job_id),
+            as_of_us=self.dispatcher.clock.now_us(),
+            events=[orjson.loads(encode_job_event(e, SOURCE)) for e in history],
         )
         return json_response(dumped(answer))
 

@@ -228,8 +228,15 @@ class JobsPage(Response):
 
 
 class Explanation(Response):
+    """Why a job waits, runs or ended: `explanation` in the scheduler's English words, and what
+    it is read from, for a client that writes it in another language (`tally job explain` in
+    Chinese: `ledger.read.job_history.explain_job`): the job's events as the jobs topic carries
+    them (`events`, envelopes) and the scheduler's time (`as_of_us`)."""
+
     job_id: str
     explanation: str
+    as_of_us: int = 0
+    events: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class PriorityRange(Response):

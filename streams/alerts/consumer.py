@@ -99,7 +99,12 @@ async def consume_alerts(
             await observe(consumer, progress)
     except KafkaError as exc:
         progress.failed(exc)
-        raise BrokerError(f"alerts topic {topic} on {','.join(bootstrap)}: {exc}") from exc
+        raise BrokerError(
+            "alerts topic {topic} on {bootstrap}: {problem}",
+            topic=topic,
+            bootstrap=",".join(bootstrap),
+            problem=exc,
+        ) from exc
     finally:
         with contextlib.suppress(Exception):
             await consumer.stop()

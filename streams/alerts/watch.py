@@ -194,7 +194,9 @@ async def run_watch(
                 raised += watch.idle_check()
             await _publish(producer, alerts_topic, raised)
     except KafkaError as exc:
-        raise BrokerError(f"alert watch on {','.join(bootstrap)}: {exc}") from exc
+        raise BrokerError(
+            "alert watch on {bootstrap}: {problem}", bootstrap=",".join(bootstrap), problem=exc
+        ) from exc
     finally:
         with contextlib.suppress(Exception):
             await consumer.stop()

@@ -41,6 +41,7 @@ from tally.cli.options import (
     require_ledger,
     resolve_data_dir,
     resolve_ledger_dir,
+    said,
     warn_topic_drift,
 )
 from tally.cli.report import report as report_group
@@ -140,14 +141,20 @@ def send_admin_events(
                 key, value = encode_admin(envelope)
                 await producer.send_and_wait(topic, value, key=key)
         except (KafkaError, OSError) as exc:
-            raise BrokerError(f"could not send to {topic} on {servers[0]}: {exc}") from exc
+            raise BrokerError(
+                "could not send to {topic} on {bootstrap}: {problem}",
+                topic=topic,
+                bootstrap=servers[0],
+                problem=exc,
+            ) from exc
         finally:
             await producer.stop()
 
     try:
         asyncio.run(asyncio.wait_for(send(), SEND_TIMEOUT_S))
     except (BrokerError, TimeoutError) as exc:
-        fail(str(exc) or f"the broker did not answer in {SEND_TIMEOUT_S:.0f}s", Exit.BROKER)
+        late = _("the broker did not answer in {seconds}s").format(seconds=f"{SEND_TIMEOUT_S:.0f}")
+        fail(said(exc) or late, Exit.BROKER)
     return [e.id for e in envelopes]
 
 

@@ -20,6 +20,7 @@ from tally.cli.options import (
     kafka_or_exit,
     log_format_option,
     log_level_option,
+    said,
 )
 from tally.config import ConfigError, TallyConfig, load_config
 from tally.language import _
@@ -189,6 +190,6 @@ def run(
     try:
         asyncio.run(main())
     except BrokerError as exc:
-        fail(str(exc), Exit.BROKER)
+        fail(said(exc), Exit.BROKER)
     finally:
         dispatcher.stop()

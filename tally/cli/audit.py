@@ -4,7 +4,7 @@ hash chain."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, tzinfo
 from typing import Any
 
 import click
@@ -13,6 +13,7 @@ import orjson
 from ledger.audit import AuditFilter, AuditRecord
 from ledger.errors import LedgerError
 from ledger.read.audit import audit_trail
+from ledger.store.identity import recorded_zone
 from tally.cli.admin import parse_effective
 from tally.cli.help import Command
 from tally.cli.options import (
@@ -24,9 +25,8 @@ from tally.cli.options import (
     resolve_ledger_dir,
 )
 from tally.language import _
-from tally.output import OutputFormat, render
+from tally.output import OutputFormat, render, shown_time
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 TABLE_COLUMNS = ("seq", "time", "kind", "actor", "role", "client", "subject", "before", "after")
 COLUMNS = (
     "seq",
@@ -45,10 +45,6 @@ COLUMNS = (
 )
 
 
-def _utc(time_us: int) -> str:
-    return (_EPOCH + timedelta(microseconds=time_us)).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _time_option(name: str, text: str | None) -> int | None:
     if text is None:
         return None
@@ -63,11 +59,11 @@ def _time_option(name: str, text: str | None) -> int | None:
         )
 
 
-def _row(record: AuditRecord, fmt: OutputFormat) -> list[Any]:
+def _row(record: AuditRecord, fmt: OutputFormat, zone: tzinfo = UTC) -> list[Any]:
     e = record.entry
     values: dict[str, Any] = {
         "seq": record.seq,
-        "time": _utc(e.time_us),
+        "time": shown_time(e.time_us, fmt, zone),
         "time_us": e.time_us,
         "kind": e.kind,
         "actor": e.actor,
@@ -115,7 +111,8 @@ def audit(
     Admin events (grants, prices, teams, quotas, adjustments, reversals, closes) with the value
     before and after, and job submissions and cancellations with the API token that made them
     and the caller's address. As of the last seal; `tally ledger verify` checks the trail's
-    hash chain. Exit 4 when there is no ledger."""
+    hash chain. Times: in the table on the ledger's clock (`ledger.timezone`, ISO 8601 with its
+    offset), in JSON and CSV in UTC. Exit 4 when there is no ledger."""
     directory = resolve_ledger_dir(config_path, data_dir)
     where = AuditFilter(actor, kind, _time_option("--since", since), _time_option("--until", until))
     try:
@@ -127,4 +124,5 @@ def audit(
         click.echo("no audit records match")
         return
     columns = TABLE_COLUMNS if fmt is OutputFormat.TABLE else COLUMNS
-    click.echo(render(list(columns), [_row(r, fmt) for r in records], fmt))
+    zone = recorded_zone(directory)
+    click.echo(render(list(columns), [_row(r, fmt, zone) for r in records], fmt))

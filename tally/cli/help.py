@@ -6,6 +6,8 @@ What passes through the catalog (`tally.language`): a command's help text (its d
 `inspect.cleandoc`, up to a form feed — that is the msgid), its short help in a group's list
 (the first sentence of the translated text), its epilog, every option's help, and click's own
 words around them (`Usage:`, `Options`, `Commands`, `[default: …; env var: …; required]`).
+Importing this module also points click's own messages at the catalog (`tally.cli.click_words`):
+every command is made with these classes, so click's errors speak the help's language.
 Option names, metavars, choices, defaults and command names stay as they are.
 
 `extract_help` is the Babel extraction method `babel.cfg` names for `tally/cli/`: besides the
@@ -25,9 +27,12 @@ from typing import IO, Any
 
 import click
 
+from tally.cli import click_words
 from tally.language import EN, _, language, translate
 
 SHORT_HELP_LIMIT = 45
+
+click_words.install()  # click's own errors and words in the same language as the help
 
 
 def help_text(text: str | None) -> str:

@@ -19,7 +19,7 @@ import os
 import re
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any, NoReturn
 
 import click
@@ -30,7 +30,8 @@ from ledger.errors import EventError
 from ledger.fractional import parse_mig, parse_share
 from tally.cli.help import Group
 from tally.cli.options import Exit, config_option, fail, load_or_exit, output_option
-from tally.language import _
+from tally.config import ConfigError, load_config
+from tally.language import EN, _, language, reader
 from tally.output import OutputFormat, render
 
 TIMEOUT_S = 30.0
@@ -409,8 +410,21 @@ def explain(config_path: str, api: str | None, token: str | None, job_id: str, o
     elif fmt is OutputFormat.CSV:
         row = [answer["job_id"], answer["explanation"]]
         click.echo(render(["job_id", "explanation"], [row], fmt))
-    else:
+    elif language() == EN or not answer.get("events"):
         click.echo(answer["explanation"])
+    else:
+        from tally.cli.explain_text import explanation_text
+
+        click.echo(explanation_text(answer, reader(), _ledger_zone(config_path)))
+
+
+def _ledger_zone(config_path: str) -> tzinfo:
+    """The configuration's `ledger.timezone`; UTC when there is no configuration to read (a
+    client given only --api and a token)."""
+    try:
+        return load_config(config_path).ledger.zone()
+    except ConfigError:
+        return UTC
 
 
 def _quote(job_id: str) -> str:

@@ -67,6 +67,7 @@ from tally.cli.options import (
     reader_directory,
     require_ledger,
     resolve_ledger_dir,
+    said,
 )
 from tally.components import NoBrokerError, bootstrap_servers
 from tally.config import TallyConfig
@@ -528,7 +529,7 @@ def rebuild(
                 kafka = kafka_or_exit(config)
                 _got, fetched = fetch_from_topics(servers[0], live, kafka.security)
             except (NoBrokerError, BrokerError) as exc:
-                fail(str(exc), Exit.BROKER)
+                fail(said(exc), Exit.BROKER)
             batches = batches_from_messages(batches, fetched, found)
         if sys.stderr.isatty() and total:
             bar = click.progressbar(length=total, label="replaying batches", file=sys.stderr)

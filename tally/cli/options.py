@@ -12,7 +12,7 @@ import click
 
 from ledger.store.layout import has_ledger
 from tally.config import ConfigError, TallyConfig, load_config
-from tally.language import _
+from tally.language import _, translate
 from tally.output import OutputFormat
 
 if TYPE_CHECKING:
@@ -30,6 +30,13 @@ class Exit(IntEnum):
     INTERNAL = 70
     INTERRUPTED = 130
     OUTPUT_CLOSED = 141  # stdout closed early (a broken pipe), as SIGPIPE would end a tool
+
+
+def said(exc: BaseException) -> str:
+    """An error's message in the CLI's language: a broker error's template (`BrokerError.say`)
+    through the catalog, any other error's message as it is."""
+    say = getattr(exc, "say", None)
+    return str(say(translate)) if callable(say) else str(exc)
 
 
 def fail(message: str, code: Exit) -> NoReturn:
@@ -177,7 +184,7 @@ def ensure_topics_or_exit(
     try:
         report = asyncio.run(ensure_topic_specs(servers[0], config.topics.specs(), kafka.security))
     except BrokerError as exc:
-        fail(str(exc), Exit.BROKER)
+        fail(said(exc), Exit.BROKER)
     warn_topic_drift(report.drift)
 
 

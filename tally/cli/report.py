@@ -8,7 +8,6 @@ GPU-hours are shown to three places everywhere.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from ledger.read.reports import (
     idle_report,
 )
 from ledger.read.statements import team_statement
+from ledger.store.identity import recorded_zone
 from ledger.store.layout import SEGMENTS_DIR
 from ledger.store.side_files import load_refused
 from ledger.units import format_micros
@@ -41,8 +41,8 @@ from tally.cli.options import (
     output_option,
     resolve_ledger_dir,
 )
-from tally.language import _
-from tally.output import OutputFormat, render
+from tally.language import _, reader
+from tally.output import OutputFormat, render, shown_time
 
 DEFAULT_CURRENCY = "USD"
 
@@ -332,16 +332,7 @@ def statement(
         headers, rows = result.rows()
         click.echo(render(headers, rows, fmt))
     else:
-        click.echo(result.render_text())
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _utc(time_us: int) -> str:
-    """A UTC time to the second, ISO 8601 (integer µs, no float on the way)."""
-    moment = _EPOCH + timedelta(microseconds=time_us)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+        click.echo(result.render_text(reader()))
 
 
 @report.command()
@@ -355,7 +346,8 @@ def refused(config_path: str, data_dir: str | None, output: str) -> None:
     csv add the newest letter's whole reason as `example`). `too late to deduplicate`: an event
     not seen before, older than what the ledger still remembers for its GPU or job, so it may
     have been applied already; it is never booked. Times are when the ledger recorded the
-    first and the last letter (UTC).
+    first and the last letter: in the table on the ledger's clock (`ledger.timezone`), in JSON
+    and CSV in UTC.
     """
     directory = resolve_ledger_dir(config_path, data_dir)
     try:
@@ -366,9 +358,16 @@ def refused(config_path: str, data_dir: str | None, output: str) -> None:
     if not groups and fmt is OutputFormat.TABLE:
         click.echo("nothing refused in the sealed ledger")
         return
+    zone = recorded_zone(directory)
     headers = ["reason", "topic", "letters", "first_recorded", "last_recorded"]
     rows: list[list[Any]] = [
-        [g.reason, g.topic, g.letters, _utc(g.first_recorded_us), _utc(g.last_recorded_us)]
+        [
+            g.reason,
+            g.topic,
+            g.letters,
+            shown_time(g.first_recorded_us, fmt, zone),
+            shown_time(g.last_recorded_us, fmt, zone),
+        ]
         for g in groups
     ]
     if fmt is not OutputFormat.TABLE:

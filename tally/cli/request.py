@@ -40,7 +40,6 @@ from tally.cli.admin import (
     now_us,
     send_admin_events,
 )
-from tally.cli.audit import _utc
 from tally.cli.caller import admin_token_option, token_caller
 from tally.cli.help import Group
 from tally.cli.options import (
@@ -55,7 +54,7 @@ from tally.cli.options import (
 )
 from tally.config import TallyConfig
 from tally.language import _
-from tally.output import OutputFormat, render
+from tally.output import OutputFormat, render, utc_time
 
 COLUMNS = ("request", "team", "status", "change", "requested_by", "opened", "expires", "decided_by")
 DETAIL = (*COLUMNS, "approvers", "reason", "comment", "effect", "refused_reason")
@@ -102,8 +101,8 @@ def request_row(state: RequestState, now: int) -> dict[str, Any]:
         "status": state.shown_at(now),
         "change": change_text(o),
         "requested_by": o.actor,
-        "opened": _utc(o.effective_us),
-        "expires": _utc(o.expires_us),
+        "opened": utc_time(o.effective_us),
+        "expires": utc_time(o.expires_us),
         "decided_by": state.decided_by or "-",
         "approvers": ", ".join(o.approvers),
         "reason": o.reason,

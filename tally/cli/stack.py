@@ -28,6 +28,7 @@ from tally.cli.options import (
     load_or_exit,
     log_format_option,
     log_level_option,
+    said,
 )
 from tally.components import NoBrokerError, bootstrap_servers, worker_settings
 from tally.config import ConfigError
@@ -151,7 +152,7 @@ def up(config_path: str, no_dashboard: bool, log_level: str, log_format: str) ->
     try:
         code = stack.run()
     except BrokerError as exc:
-        fail(str(exc), Exit.BROKER)
+        fail(said(exc), Exit.BROKER)
     except MetricsPortError as exc:
         fail(
             _("{exc} (see metrics: in {config_path}; 0 picks a free port)").format(

@@ -7,25 +7,42 @@ and an error that ends a command said in Chinese with its exit code unchanged.""
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import string
 from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, tzinfo
 from functools import cache
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import click
 import orjson
 import pytest
-from babel.messages.extract import extract_from_file
+from babel.messages.extract import extract_from_dir, extract_from_file
 from babel.messages.frontend import parse_mapping_cfg
 from babel.util import pathmatch
 from click.testing import CliRunner
+from pydantic_core import PydanticKnownError
 
 import tally.cli
-from tally import language
+from ledger.job_events import encode_job_event
+from ledger.read.job_history import when_text
+from ledger.read.reports import IdleSharing
+from ledger.read.statements import Budget, StatementLine, TeamStatement
+from ledger.units import Unit
+from streams.kafka import BrokerError
+from tally import config_errors, language
+from tally.broker import INSTALL_EMBEDDED
+from tally.cli import click_words, options
+from tally.cli.explain_text import explanation_text
 from tally.cli.help import Command, help_text
-from tally.output import OutputFormat, render
-from tests.conftest import REPO
+from tally.config import ConfigError, load_config
+from tally.output import OutputFormat, render, shown_time
+from tests.builders import a_config_dict
+from tests.conftest import REPO, write_config
+from tests.unit.test_job_history import MIN, history
 
 TALLY = REPO / "tally"
 # names whose list or tuple value is a table's headers (`headers`, `HEADERS`, `JOB_COLUMNS`, …)
@@ -225,3 +242,287 @@ def test_an_error_that_ends_a_command_is_said_in_the_language(
     )
     assert result.exit_code == 4
     assert result.stderr.strip() == said.format(directory=missing)
+
+
+# ------------------------------------------------------------------ click's own words (#15 item 9)
+
+CLICK_DIR = Path(click.__file__).parent
+
+
+def click_msgids() -> dict[str, str]:
+    """Every message click marks for gettext (Babel's extraction of the installed click),
+    both forms of a plural → file:line."""
+    found: dict[str, str] = {}
+    for path, line, message, _c, _x in extract_from_dir(
+        str(CLICK_DIR), method_map=[("**.py", "python")], keywords={"_": None, "ngettext": (1, 2)}
+    ):
+        for text in message if isinstance(message, tuple) else (message,):
+            found.setdefault(str(text), f"click/{path}:{line}")
+    return found
+
+
+def test_every_click_module_speaks_through_the_catalog() -> None:
+    """Each click module that imports the standard library's gettext has it pointed at ours,
+    and every message click marks has a Chinese translation with its placeholders."""
+    using = [
+        f"click.{p.stem}"
+        for p in sorted(CLICK_DIR.glob("*.py"))
+        if re.search(r"^from gettext import", p.read_text(), re.MULTILINE)
+    ]
+    assert len(using) >= 8 and set(using) <= set(click_words.CLICK_MODULES)
+    click_words.install()
+    for name in using:
+        module = importlib.import_module(name)
+        if hasattr(module, "_"):
+            assert module._ is click_words.gettext, name
+        if hasattr(module, "ngettext"):
+            assert module.ngettext is click_words.ngettext, name
+    zh = language.messages()
+    msgids = click_msgids()
+    assert len(msgids) > 50
+    missing = {m: where for m, where in msgids.items() if not zh.get(m, "").strip()}
+    assert not missing, f"click's messages missing from the zh_CN catalog: {missing}"
+    assert not {m: zh[m] for m in msgids if fields(m) != fields(zh[m])}
+
+
+@pytest.mark.parametrize(
+    ("args", "lang", "lines"),
+    [
+        (
+            ["report", "cost", "--perod", "2026-11"],
+            "zh-CN",
+            [
+                "用法： tally report cost [OPTIONS]",
+                "运行 'tally report cost -h' 查看帮助。",
+                "",
+                "错误：没有此选项：--perod 您是不是要用 --period？",
+            ],
+        ),
+        (
+            ["report", "cost", "--perod", "2026-11"],
+            "en",
+            [
+                "Usage: tally report cost [OPTIONS]",
+                "Try 'tally report cost -h' for help.",
+                "",
+                "Error: No such option: --perod Did you mean --period?",
+            ],
+        ),
+        (
+            ["job", "explain"],
+            "zh-CN",
+            [
+                "用法： tally job explain [OPTIONS] JOB_ID",
+                "运行 'tally job explain -h' 查看帮助。",
+                "",
+                "错误：缺少参数 'JOB_ID'.",
+            ],
+        ),
+        (
+            ["job", "explain"],
+            "en",
+            [
+                "Usage: tally job explain [OPTIONS] JOB_ID",
+                "Try 'tally job explain -h' for help.",
+                "",
+                "Error: Missing argument 'JOB_ID'.",
+            ],
+        ),
+    ],
+    ids=["wrong-option-zh", "wrong-option-en", "missing-argument-zh", "missing-argument-en"],
+)
+def test_clicks_usage_errors_are_said_in_the_language(
+    args: list[str], lang: str, lines: list[str]
+) -> None:
+    result = CliRunner().invoke(tally.cli.cli, args, env={"TALLY_LANG": lang}, prog_name="tally")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == lines
+
+
+# ------------------------------------------------- configuration and broker errors (#15 item 9)
+
+EXAMPLE_CONTEXT = {
+    "gt": 0, "ge": 0, "lt": 1, "le": 1, "expected": "'a' or 'b'", "min_length": 1,
+    "max_length": 9, "pattern": "^x$", "class_name": "Team", "multiple_of": 2,
+}  # fmt: skip
+
+
+def test_every_pydantic_sentence_a_config_meets_is_translated() -> None:
+    zh = language.messages()
+    for kind in config_errors.PYDANTIC_TYPES:
+        template = PydanticKnownError(kind, EXAMPLE_CONTEXT).message_template
+        assert zh.get(template, "").strip(), (kind, template)
+        assert fields(zh[template]) == fields(template), kind
+
+
+@pytest.mark.parametrize(
+    ("change", "lang", "said"),
+    [
+        ({"ledger": {"nope": 1}}, "zh-CN", "{path}: ledger.nope: 不允许的额外字段"),
+        ({"ledger": {"nope": 1}}, "en", "{path}: ledger.nope: Extra inputs are not permitted"),
+        ({"ledger": {"seal_interval_s": 0}}, "zh-CN", "{path}: ledger.seal_interval_s: 应大于 0"),
+        (
+            {"ledger": {"seal_interval_s": 0}},
+            "en",
+            "{path}: ledger.seal_interval_s: Input should be greater than 0",
+        ),
+    ],
+    ids=["extra-zh", "extra-en", "greater-than-zh", "greater-than-en"],
+)
+def test_a_config_error_is_framed_in_the_language(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    change: dict[str, dict[str, int]],
+    lang: str,
+    said: str,
+) -> None:
+    """pydantic's sentence in the language; the file, the field path and values as they are."""
+    data = a_config_dict()
+    for section, values in change.items():
+        data[section] = {**data.get(section, {}), **values}
+    path = write_config(tmp_path / "t.yaml", data)
+    monkeypatch.setenv("TALLY_LANG", lang)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == said.format(path=path)
+
+
+@pytest.mark.parametrize(
+    ("lang", "said"),
+    [("zh-CN", "错误：{path}：文件不存在"), ("en", "error: {path}: no such file")],
+    ids=["zh-CN", "en"],
+)
+def test_a_missing_config_file_is_said_in_the_language(
+    tmp_path: Path, lang: str, said: str
+) -> None:
+    missing = tmp_path / "none.yaml"
+    result = CliRunner().invoke(
+        tally.cli.cli, ["report", "cost", "-c", str(missing)], env={"TALLY_LANG": lang}
+    )
+    assert result.exit_code == 2
+    assert result.stderr.strip() == said.format(path=missing)
+
+
+def broker_templates() -> dict[str, str]:
+    """The message of every `BrokerError(...)` raised in the source → file:line; a message
+    that is not a literal template (an f-string) fails here, as it could not be translated."""
+    found: dict[str, str] = {}
+    for directory in (REPO / "streams", TALLY):
+        for path in sorted(directory.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "BrokerError":
+                    where = f"{path.name}:{node.lineno}"
+                    (first, *_rest) = node.args
+                    assert isinstance(first, ast.Constant), f"{where}: not a literal template"
+                    found.setdefault(str(first.value), where)
+    return found
+
+
+def test_every_broker_error_is_translated() -> None:
+    zh = language.messages()
+    templates = broker_templates()
+    assert len(templates) >= 8
+    missing = {t: where for t, where in templates.items() if not zh.get(t, "").strip()}
+    assert not missing, missing
+    assert not {t: zh[t] for t in templates if fields(t) != fields(zh[t])}
+    assert zh.get(INSTALL_EMBEDDED, "").strip()  # EmbeddedBrokerMissing's message
+
+
+@pytest.mark.parametrize(
+    ("lang", "said"),
+    [
+        (
+            "zh-CN",
+            "h:9092 上的消息代理在 5 秒后仍未就绪：h:9092 上的消息代理没有应答元数据请求："
+            "[Errno 111] refused",
+        ),
+        (
+            "en",
+            "broker at h:9092 not ready after 5s: broker at h:9092 did not answer a metadata "
+            "request: [Errno 111] refused",
+        ),
+    ],
+    ids=["zh-CN", "en"],
+)
+def test_a_broker_error_is_said_in_the_language(
+    monkeypatch: pytest.MonkeyPatch, lang: str, said: str
+) -> None:
+    """The framing translated, the inner error's too; the address and the OS's words as
+    they are; `str` is always the English."""
+    inner = BrokerError(
+        "broker at {bootstrap} did not answer a metadata request: {problem}",
+        bootstrap="h:9092",
+        problem=ConnectionRefusedError(111, "refused"),
+    )
+    error = BrokerError(
+        "broker at {bootstrap} not ready after {seconds}s: {problem}",
+        bootstrap="h:9092",
+        seconds="5",
+        problem=inner,
+    )
+    monkeypatch.setenv("TALLY_LANG", lang)
+    assert options.said(error) == said
+    assert str(error).startswith("broker at h:9092 not ready after 5s: broker at h:9092")
+
+
+# ------------------------------------ statements and explanations, times in tables (#15 items 8, 9)
+
+
+def test_a_statement_speaks_the_clis_language() -> None:
+    """`tally report statement`'s text through the CLI's reader: the read models' sentences
+    (translated in the dashboard's catalog) in Chinese; English as it always was."""
+    line = StatementLine("detection", 7_200_000, 12_000_000, 3_600_000, 1_500_000)
+    statement = TeamStatement(
+        "vision", "2026-11", "USD", ("research",), 7_200_000, 12_000_000, 3_600_000, 1_500_000,
+        250_000, 0, IdleSharing.WEIGHTED, 2_000_000, (line,), (replace(line, name="ada"),),
+        (Budget(Unit.MONEY, 20_000_000, 12_000_000),),
+    )  # fmt: skip
+    zh = statement.render_text(language.reader(language.ZH_CN))
+    assert zh.startswith("团队 vision 对账单，2026-11（USD）\n成本中心：research")
+    assert statement.render_text(language.reader(language.EN)) == statement.render_text()
+
+
+SHANGHAI = ZoneInfo("Asia/Shanghai")
+
+
+def test_an_explanation_is_written_from_the_apis_events_in_chinese() -> None:
+    """`tally job explain` in zh-CN: the API's envelopes decoded, the Team page's reading
+    through the CLI's reader, every time on the ledger's clock and named; the scheduler's
+    free-text note quoted as written."""
+    events = history()
+    answer = {
+        "job_id": "job-a",
+        "explanation": "(the scheduler's English)",
+        "as_of_us": events[0].time_us + 100 * MIN,
+        "events": [orjson.loads(encode_job_event(e, "tally://scheduler")) for e in events],
+    }
+    text = explanation_text(answer, language.reader(language.ZH_CN), SHANGHAI)
+    headline, *rest = text.split("\n")
+    assert re.search("[\u4e00-\u9fff]", headline) and "job-a" in headline
+    timeline = [line for line in rest if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d ", line)]
+    assert len(timeline) >= 5
+    first = events[0].time_us
+    assert timeline[0].startswith(when_text(first, SHANGHAI) + "  ")
+    assert when_text(first, SHANGHAI).endswith(" Asia/Shanghai")
+    assert "UTC" not in text
+    english = explanation_text(answer, language.reader(language.EN))
+    assert "job-a" in english and not re.search("[\u4e00-\u9fff]", english)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "zone", "shown"),
+    [
+        (OutputFormat.TABLE, UTC, "2026-11-30T16:00:00Z"),
+        (OutputFormat.TABLE, SHANGHAI, "2026-12-01T00:00:00+08:00"),
+        (OutputFormat.JSON, SHANGHAI, "2026-11-30T16:00:00Z"),
+        (OutputFormat.CSV, SHANGHAI, "2026-11-30T16:00:00Z"),
+    ],
+    ids=["table-utc", "table-shanghai", "json-utc", "csv-utc"],
+)
+def test_a_tables_times_follow_the_ledgers_clock(
+    fmt: OutputFormat, zone: tzinfo, shown: str
+) -> None:
+    """The first instant of December in Shanghai (16:00 UTC on 30 November): a table shows
+    it on the ledger's clock with its offset, JSON and CSV in UTC as documented."""
+    december_us = 1_796_054_400_000_000  # 2026-11-30T16:00:00Z, exactly
+    assert shown_time(december_us, fmt, zone) == shown

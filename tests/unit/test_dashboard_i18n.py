@@ -14,12 +14,14 @@ import re
 import string
 from dataclasses import replace
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from babel.messages.extract import extract_from_dir
 from babel.messages.pofile import read_po
 
-from dashboard import i18n, whatif_text
+from dashboard import i18n, portal_view, whatif_text
+from dashboard.requests_view import change_shown
 from ledger.read import job_history, rollups
 from ledger.read.reports import IdleSharing
 from ledger.read.statements import Budget, StatementLine, TeamStatement
@@ -304,3 +306,91 @@ def test_a_statement_reads_in_chinese_and_stays_english_for_the_cli() -> None:
     assert zh.startswith("团队 vision 对账单，2026-11（USD）\n成本中心：research")
     assert "按项目" in zh and "GPU_HOURS" not in zh
     assert not ENGLISH.search(re.sub(r"\b(vision|research|detection|ada)\b", "", zh)), zh
+
+
+# ------------------------------------------------ the API's words on My jobs and Requests (#15)
+
+ZH, EN_TR = i18n.Translator(i18n.ZH_CN), i18n.Translator(i18n.EN)
+
+
+@pytest.mark.parametrize(
+    ("state", "zh"),
+    [("pending", "排队中"), ("running", "运行中"), ("cancelled", "已取消"), ("odd", "odd")],
+    ids=["pending", "running", "cancelled", "unknown"],
+)
+def test_a_job_state_from_the_api_is_shown_translated(state: str, zh: str) -> None:
+    assert portal_view.state_shown(state, ZH) == zh
+    assert portal_view.state_shown(state, EN_TR) == state  # the API's own word
+
+
+@pytest.mark.parametrize(
+    ("reason", "zh"),
+    [
+        ("quota_exhausted", "团队配额已用满"),
+        ("preempted: higher_priority", "被其他作业抢占，已回到队列"),
+        ("a free-text reason", "a free-text reason"),
+    ],
+    ids=["code", "preempted", "free-text"],
+)
+def test_a_wait_reason_code_is_shown_in_words(reason: str, zh: str) -> None:
+    assert portal_view.wait_shown(reason, ZH) == zh
+    assert portal_view.wait_shown(reason, EN_TR) == reason
+
+
+@pytest.mark.parametrize(
+    ("change", "zh"),
+    [
+        (
+            "quota train/H100 8 GPUs (borrowing unlimited, lending 2)",
+            "配额 train/H100 8 块 GPU（借入上限 不限，借出上限 2）",
+        ),
+        ("budget 2026-12 gpu_ms +7200000", "预算 2026-12 +2 GPU-h"),
+    ],
+    ids=["quota", "budget"],
+)
+def test_a_requests_change_reads_in_chinese(change: str, zh: str) -> None:
+    assert change_shown(change, None, ZH) == zh
+    assert change_shown(change, None, EN_TR) == change_shown(change)
+
+
+DIVERGENCES = [
+    (
+        {"job_id": "j1", "recorded": "+5 min on train/H100", "replayed": "not admitted",
+         "cause": "the replay never admitted it (quota_exhausted)"},
+        ["j1", "+5 分钟，在 train/H100", "未准入", "回放从未准入它（团队配额已用满）"],
+    ),
+    (
+        {"job_id": "j2", "recorded": "+1 h 00 min on a/H100", "replayed": "+1 h 00 min on b/A100",
+         "cause": "placed on b/A100 instead of a/H100"},
+        ["j2", "+1 小时 00 分，在 a/H100", "+1 小时 00 分，在 b/A100",
+         "被放在 b/A100，而不是 a/H100"],
+    ),
+    (
+        {"job_id": "j3", "recorded": "+0 s on a/H100", "replayed": "+9 min on a/H100",
+         "cause": "the replay kept it waiting (not yet considered)"},
+        ["j3", "+0 秒，在 a/H100", "+9 分钟，在 a/H100", "回放中它仍在等待（尚未被调度）"],
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("saved", "shown"), DIVERGENCES, ids=["never", "placed", "waiting"])
+def test_a_what_if_divergence_reads_in_chinese(saved: dict[str, str], shown: list[str]) -> None:
+    """The cause's wait reason is a code in the report: shown in words; English as saved."""
+    assert whatif_text.divergence(saved, ZH) == shown
+    assert whatif_text.divergence(saved, EN_TR) == list(saved.values())
+
+
+def test_an_explanations_times_are_on_the_ledgers_clock() -> None:
+    shanghai = ZoneInfo("Asia/Shanghai")
+    events = history()
+    as_of = events[0].time_us + 100 * MIN
+    local = job_history.explain_job(
+        "job-a", events, as_of, None, i18n.Translator(i18n.ZH_CN), shanghai
+    )
+    utc = job_history.explain_job("job-a", events, as_of)
+    said = " ".join((local.headline, *(t.text for t in local.timeline)))
+    assert "Asia/Shanghai" in said and "UTC" not in said
+    assert "UTC" in " ".join((utc.headline, *(t.text for t in utc.timeline)))
+    december = 1_796_054_400_000_000  # 2026-11-30T16:00:00Z: December's first instant there
+    assert job_history.when_text(december, shanghai) == "2026-12-01 00:00 Asia/Shanghai"
+    assert job_history.when_text(december) == "2026-11-30 16:00 UTC"

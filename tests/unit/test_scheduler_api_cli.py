@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import re
 import threading
 from collections.abc import Iterator
 
@@ -105,6 +106,14 @@ def test_submit_list_explain_cancel_and_queues(served):
     assert row["job_id"] == job and "now: running" in row["explanation"]
     as_json = orjson.loads(tally(served, "job", "explain", job, "-o", "json").output)
     assert as_json["job_id"] == job and "now: running" in as_json["explanation"]
+    assert as_json["as_of_us"] > 0 and as_json["events"][0]["type"] == "tally.job.submitted"
+    zh = CliRunner().invoke(
+        cli,
+        ["job", "explain", "--api", served.url, job],
+        env={"TALLY_TOKEN": VISION, "TALLY_LANG": "zh-CN"},
+    )  # written here from the events, in the CLI's language (#15 item 9)
+    assert zh.exit_code == 0 and job in zh.output and "now: running" not in zh.output
+    assert re.search("[\u4e00-\u9fff]", zh.output.splitlines()[0]), zh.output
 
     queues = tally(served, "queue", "list")
     assert queues.exit_code == 0

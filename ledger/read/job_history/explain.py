@@ -4,14 +4,15 @@ Team page uses for waits, outcomes, times and durations.
 
 `scheduler.explain` answers the same question for the CLI from the scheduler's own copy of the
 events; this is the same reading in fuller sentences. Every text is English unless a `Translate`
-is handed in (`ledger.read.texts`: the dashboard's catalog for its language).
+is handed in (`ledger.read.texts`: the dashboard's catalog for its language), and every time is
+on UTC's clock unless a zone is (the ledger's, `ledger.timezone`), named either way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, tzinfo
 
 from ledger.fractional import share_text
 from ledger.job_events import (
@@ -30,6 +31,7 @@ from ledger.job_events import (
     PreemptReason,
     WaitReason,
 )
+from ledger.periods import local_time, zone_name
 from ledger.read.job_history.fold import JobRow, JobState, fold_jobs
 from ledger.read.texts import N_, Translate, english
 
@@ -193,8 +195,10 @@ def wait_text(row: JobRow, tr: Translate = english) -> str:
     return tr(NOT_YET_CONSIDERED if row.wait_reason is None else WAIT_SHORT[row.wait_reason])
 
 
-def when_text(time_us: int) -> str:
-    return f"{datetime.fromtimestamp(time_us / 1e6, tz=UTC):%Y-%m-%d %H:%M} UTC"
+def when_text(time_us: int, zone: tzinfo = UTC) -> str:
+    """An instant to the minute on `zone`'s clock, the zone named: `2026-11-30 22:05
+    Asia/Shanghai`."""
+    return f"{local_time(time_us, zone):%Y-%m-%d %H:%M} {zone_name(zone)}"
 
 
 def duration_text(us: int, tr: Translate = english) -> str:
@@ -264,7 +268,9 @@ def _note(detail: str | None, tr: Translate) -> str:
     return tr(" (scheduler's note: {note})").format(note=detail) if detail else ""
 
 
-def _event_text(event: JobEvent, teams: Mapping[str, str], tr: Translate) -> str | None:
+def _event_text(
+    event: JobEvent, teams: Mapping[str, str], tr: Translate, zone: tzinfo
+) -> str | None:
     if isinstance(event, JobSubmitted):
         spec = event.spec
         where = tr(" in pool {pool}").format(pool=spec.pool) if spec.pool else ""
@@ -329,7 +335,7 @@ def _event_text(event: JobEvent, teams: Mapping[str, str], tr: Translate) -> str
     if isinstance(event, JobReclaimed):
         return tr(
             "Stopped because its GPUs sat allocated but unused since {since}; it is not requeued."
-        ).format(since=when_text(event.idle_since_us))
+        ).format(since=when_text(event.idle_since_us, zone))
     if isinstance(event, JobFinished):
         return tr("Finished.")
     if isinstance(event, JobFailed):
@@ -343,11 +349,11 @@ def _event_text(event: JobEvent, teams: Mapping[str, str], tr: Translate) -> str
 
 
 def _headline(
-    row: JobRow, as_of_us: int, teams: Mapping[str, str], tr: Translate
+    row: JobRow, as_of_us: int, teams: Mapping[str, str], tr: Translate, zone: tzinfo
 ) -> tuple[str, str]:
     since = row.since_us
     name = job_name(row.job_id, tr)
-    at = when_text(since)
+    at = when_text(since, zone)
     if row.state is JobState.WAITING:
         waited = duration_text(as_of_us - since, tr)
         if row.wait_reason is None:
@@ -366,7 +372,7 @@ def _headline(
         if row.preemptions:
             last = row.preemptions[-1]
             text += tr(" It was last stopped at {when} by {by} because {reason}.").format(
-                when=when_text(last.time_us),
+                when=when_text(last.time_us, zone),
                 by=_by(last.by, teams, last.reason, tr),
                 reason=tr(PREEMPT_PLAIN[last.reason]),
             )
@@ -419,11 +425,13 @@ def explain_job(
     as_of_us: int,
     teams: Mapping[str, str] | None = None,
     tr: Translate = english,
+    zone: tzinfo = UTC,
 ) -> Explanation:
     """Why `job_id` waits, runs, was stopped or ended, from job events in publication order.
 
     `as_of_us` is "now" (how long the current wait has lasted); `teams` names the team of other
-    jobs (the preemptor's), where known; `tr` is the reader's language (English by default).
+    jobs (the preemptor's), where known; `tr` is the reader's language (English by default);
+    `zone` the clock its times are on (UTC by default).
     """
     known = teams or {}
     mine = [
@@ -441,11 +449,11 @@ def explain_job(
             (),
         )
     (row,) = fold_jobs(mine)
-    headline, advice = _headline(row, as_of_us, known, tr)
+    headline, advice = _headline(row, as_of_us, known, tr, zone)
     timeline = tuple(
         TimelineEntry(e.time_us, text)
         for e in mine
-        if (text := _event_text(e, known, tr)) is not None
+        if (text := _event_text(e, known, tr, zone)) is not None
     )
     return Explanation(
         job_id,

@@ -9,6 +9,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, tzinfo
 
 from ledger.accounts import AccountKind
 from ledger.admin import AdminView
@@ -53,13 +54,18 @@ def job_history_of(q: ReportQueries, topic: str = job_history.DEFAULT_JOBS_TOPIC
 
 
 def job_explanation(
-    q: ReportQueries, topic: str, job_id: str, as_of_us: int, tr: Translate = english
+    q: ReportQueries,
+    topic: str,
+    job_id: str,
+    as_of_us: int,
+    tr: Translate = english,
+    zone: tzinfo = UTC,
 ) -> job_history.Explanation:
     """`ledger.read.job_history.explain_job` for `job_id`, naming the preemptors' teams, in the
-    reader's language `tr`."""
+    reader's language `tr`, its times on `zone`'s clock."""
     log = archived_job_log(q, topic)
     teams = job_history.job_teams(job_history.fold_jobs(log.events))
-    return job_history.explain_job(job_id, log.events, as_of_us, teams, tr)
+    return job_history.explain_job(job_id, log.events, as_of_us, teams, tr, zone)
 
 
 def job_costs(
