@@ -58,7 +58,7 @@ from scheduler.model import (
 )
 from scheduler.simulation import SimJob, SimReport, Simulation
 from scheduler.state import SchedulerState
-from tests.benchmarks.harness import Figure, Progress
+from tests.benchmarks.harness import Figure, FigureSpec, Progress, policy_figures
 from tests.benchmarks.scheduler_price import price_figures
 
 BENCH = "scheduler"
@@ -318,7 +318,7 @@ def _figures(results: Mapping[str, Mapping[str, float]], jobs: int, fleet: int) 
         f"{SATURATION_JOBS:,} jobs submitted at once on {int(tally['gpus']):,} GPUs (full VC "
         "table); only snapshot + decide + apply is timed"
     )
-    specs: tuple[tuple[str, str, str, bool, str | None, str | None], ...] = (
+    specs: tuple[FigureSpec, ...] = (
         ("rate", "decisions/s", "decisions/s", True, "≥ 1,000 decisions/s", saturation_note),
         ("admit_rate", "admissions/s", "jobs/s", True, None, "admitted jobs only, same cycles"),
         ("mean", "queueing delay mean", "s", False, None, replay),
@@ -360,22 +360,4 @@ def _figures(results: Mapping[str, Mapping[str, float]], jobs: int, fleet: int) 
             "runs cut short by preemption (no checkpointing assumed)",
         ),
     )
-    figures: list[Figure] = []
-    for key, label, unit, higher, target, note in specs:
-        for name, r in results.items():
-            if name == "Tally":
-                continue
-            figures.append(
-                Figure(
-                    BENCH,
-                    f"{label} (Tally vs {name.split()[0]})",
-                    tally[key],
-                    unit,
-                    name,
-                    r[key],
-                    higher_is_better=higher,
-                    target=target,
-                    note=note if name == "FIFO" else None,
-                )
-            )
-    return figures
+    return policy_figures(BENCH, results, specs)

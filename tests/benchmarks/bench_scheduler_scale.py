@@ -36,7 +36,7 @@ from tests.benchmarks.bench_scheduler import (
     load_vc_nodes,
     sim_jobs,
 )
-from tests.benchmarks.harness import Figure, Progress
+from tests.benchmarks.harness import Figure, FigureSpec, Progress, policy_figures
 
 BENCH = "scheduler scale"
 JOBS = 100_000
@@ -95,8 +95,7 @@ def run(progress: Progress) -> list[Figure]:
         f"table scaled); cycles that began with ≥ {PENDING_FLOOR:,} pending, at most "
         f"{MAX_CYCLES:,}; a cycle judges ≤ 8 heads per (team, queue) backlog"
     )
-    figures: list[Figure] = []
-    specs = (
+    specs: tuple[FigureSpec, ...] = (
         ("rate", "decisions/s @100k", "decisions/s", True, f"≥ {TARGET:,} decisions/s", note),
         (
             "cpu_rate",
@@ -110,21 +109,4 @@ def run(progress: Progress) -> list[Figure]:
         ("admit_rate", "admissions/s @100k", "jobs/s", True, None, None),
         ("cycle_ms", "cycle time @100k", "ms", False, None, "snapshot + decide + apply, mean"),
     )
-    for key, label, unit, higher, target, text in specs:
-        for name, r in results.items():
-            if name == "Tally":
-                continue
-            figures.append(
-                Figure(
-                    BENCH,
-                    f"{label} (Tally vs {name.split()[0]})",
-                    tally[key],
-                    unit,
-                    name,
-                    r[key],
-                    higher_is_better=higher,
-                    target=target,
-                    note=text if name == "FIFO" else None,
-                )
-            )
-    return figures
+    return policy_figures(BENCH, results, specs)

@@ -8,11 +8,13 @@ import pkgutil
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 Progress = Callable[[str], None]
+# key in the results, label, unit, higher is better, target, note
+FigureSpec = tuple[str, str, str, bool, str | None, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,34 @@ class Figure:
             return None
         assert self.baseline_value is not None
         return self.value / self.baseline_value
+
+
+def policy_figures(
+    bench: str,
+    results: Mapping[str, Mapping[str, float]],
+    specs: Sequence[FigureSpec],
+    ours: str = "Tally",
+) -> list[Figure]:
+    """The figures of policies measured in the same run: for each spec, `ours`'s value beside
+    each other policy's (the baselines, in `results`' order; a baseline is named by its first
+    word in the label), the spec's note on the first baseline's figure only."""
+    mine = results[ours]
+    baselines = [name for name in results if name != ours]
+    return [
+        Figure(
+            bench,
+            f"{label} (Tally vs {name.split()[0]})",
+            mine[key],
+            unit,
+            name,
+            results[name][key],
+            higher_is_better=higher,
+            target=target,
+            note=note if name == baselines[0] else None,
+        )
+        for key, label, unit, higher, target, note in specs
+        for name in baselines
+    ]
 
 
 def discover() -> list[str]:
