@@ -142,9 +142,9 @@ class SchedulerService:
     decide (which polls the executor) to the end of its enactment — and a submit never takes
     it: it waits only for the publishing round that carries its `JobSubmitted`.
 
-    The `observer` hears, under the lock, the admissions and preemptions of every decision
-    when it is made, and every queue's length after each tick, submit and cancel; it never
-    affects a decision, and an observer that raises is logged and ignored.
+    The `observer` hears the admissions and preemptions of every decision in the step that
+    makes it, and every queue's length after each tick, submit and cancel; it never affects a
+    decision, and an observer that raises is logged and ignored.
     """
 
     def __init__(
