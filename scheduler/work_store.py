@@ -2,14 +2,17 @@
 
 - `WorkStore` (`work_dir/jobs/<job>.json`, mode 0600): each job's `Work`. Commands are not
   events (they are not the ledger's business and may carry secrets in their environment), so a
-  restarted service finds them here. A job's work is written, atomically, before its
-  `JobSubmitted` is applied, and is on disk (fsync) before that event is published: the
-  dispatcher syncs the store whenever its outbox is taken for publishing, every file written
-  since the last sync at once (concurrent fsyncs share the file system's journal commits, so
-  submits published together cost about one disk flush, not one each). A job whose work is
+  restarted service finds them here. A job's work is kept in memory when its `JobSubmitted` is
+  applied and is on disk — written atomically, then fsynced — before that event is published:
+  the publishing round writes every work `put` since the last one at once, off the event loop
+  (`detach`; concurrent fsyncs share the file system's journal commits, so submits published
+  together cost about one disk flush, not one each). A submit the service crashed before
+  publishing was never answered, and its job does not exist after the replay. A job whose work is
   missing fails with `executor_lost` instead of starting.
 - `RunFiles` (`work_dir/runs/<job>.pid`): the process group of each local run, recorded while it
-  runs and forgotten when its job stops running. After a restart, jobs the topic says are
+  runs and forgotten when its job stops running — written off the event loop after each tick
+  (`detach`), so a crash within that tick may leave a run unrecorded, as one between its start
+  and the poll that first reports it always could. After a restart, jobs the topic says are
   running but the executor does not know fail with `executor_lost` (retried per their queue),
   and the group such a job left behind is killed — only if its leader still carries the job's
   `TALLY_JOB_ID`.
@@ -20,7 +23,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from urllib.parse import quote
 
@@ -40,6 +46,35 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _write(item: tuple[Path, bytes]) -> None:
+    """Atomically (a temporary file renamed), mode 0600, then fsync."""
+    path, data = item
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    tmp.replace(path)
+    _fsync(path)
+
+
+def _write_all(items: list[tuple[Path, bytes]]) -> None:
+    if len(items) == 1:
+        _write(items[0])
+    elif items:
+        with ThreadPoolExecutor(min(SYNC_THREADS, len(items))) as pool:
+            list(pool.map(_write, items))
+
+
+@dataclass(frozen=True, slots=True)
+class Unwritten:
+    """Works taken from the store to be written and synced, by calling this (in a thread)."""
+
+    items: list[tuple[Path, bytes]]
+
+    def __call__(self) -> None:
+        _write_all(self.items)
+
+
 class WorkStore:
     """Each job's `Work`, one JSON file per job under `dir`, written before it is submitted."""
 
@@ -47,7 +82,7 @@ class WorkStore:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self._cache: dict[str, Work] = {}
-        self._unsynced: list[Path] = []
+        self._unsynced: list[tuple[Path, bytes]] = []  # put, not yet written and synced
 
     def _path(self, job_id: str) -> Path:
         return self.dir / (quote(job_id, safe="") + ".json")
@@ -59,29 +94,29 @@ class WorkStore:
             "env": [list(pair) for pair in work.env],
             "cwd": work.cwd,
         }
-        path = self._path(job_id)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(orjson.dumps(data))
-        tmp.replace(path)
         self._cache[job_id] = work
-        self._unsynced.append(path)
+        self._unsynced.append((self._path(job_id), orjson.dumps(data)))
 
     @property
     def unsynced(self) -> int:
-        """Files `put` and not yet synced."""
+        """Works `put` and not yet on disk."""
         return len(self._unsynced)
 
     def sync(self) -> None:
-        """fsync every file `put` since the last sync (before their jobs' events are
+        """Write and fsync every work `put` since the last sync (before their jobs' events are
         published), concurrently."""
-        paths, self._unsynced = self._unsynced, []
-        if len(paths) == 1:
-            _fsync(paths[0])
-        elif paths:
-            with ThreadPoolExecutor(min(SYNC_THREADS, len(paths))) as pool:
-                list(pool.map(_fsync, paths))
+        self.detach()()
+
+    def detach(self) -> Unwritten:
+        """The works `put` since the last sync, taken now, as a call that writes and fsyncs
+        them (to run off the event loop while later submits `put` more); `restore` gives them
+        back if that call failed."""
+        taken, self._unsynced = self._unsynced, []
+        return Unwritten(taken)
+
+    def restore(self, detached: Unwritten) -> None:
+        """Works a failed `detach` call took: written and synced with the next ones."""
+        self._unsynced[:0] = detached.items
 
     def get(self, job_id: str) -> Work | None:
         found = self._cache.get(job_id)
@@ -108,20 +143,45 @@ class RunFiles:
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._pending: dict[str, str | None] = {}  # job → its group to record, None: forget
 
     def _path(self, job_id: str) -> Path:
         return self.dir / (quote(job_id, safe="") + ".pid")
 
     def record(self, job_id: str, native_id: str) -> None:
+        """Record the job's group (written by the next `flush`)."""
         if native_id.isdigit():
-            self._path(job_id).write_text(native_id)
+            self._pending[job_id] = native_id
 
     def forget(self, job_id: str) -> None:
-        with contextlib.suppress(OSError):
-            self._path(job_id).unlink()
+        """Forget the job's group (its file removed by the next `flush`)."""
+        self._pending[job_id] = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def detach(self) -> Callable[[], None]:
+        """The records and removals since the last flush, taken now, as a call that carries
+        them out (off the event loop: the service runs it after each tick's decisions)."""
+        taken, self._pending = self._pending, {}
+        return partial(self._carry_out, taken)
+
+    def flush(self) -> None:
+        self.detach()()
+
+    def _carry_out(self, taken: dict[str, str | None]) -> None:
+        for job_id, native_id in taken.items():
+            path = self._path(job_id)
+            with contextlib.suppress(OSError):
+                if native_id is None:
+                    path.unlink()
+                else:
+                    path.write_text(native_id)
 
     def kill_orphan(self, job_id: str) -> bool:
         """SIGKILL the group the job's last run left, if it is still that job's; True if so."""
+        self.flush()
         path = self._path(job_id)
         try:
             pgid = int(path.read_text())
