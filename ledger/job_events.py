@@ -84,6 +84,7 @@ class WaitReason(StrEnum):
     NO_PRICE = "no_price"  # a money budget applies but no price is known for the GPU model
     TOPOLOGY = "topology_unmet"  # free GPUs enough, but not in the one node/NVLink/rail required
     BEHIND_HEAD = "behind_head"  # strict FIFO: an earlier job waits
+    TICK_LIMIT = "tick_limit"  # the tick admitted its cap of jobs; it is looked at next tick
     UNKNOWN_QUEUE = "unknown_queue"  # the job names a queue or team that is not configured
     PREEMPTED = "preempted"  # requeued after preemption
     RETRYING = "retrying"  # requeued after a failure, within the retry limit

@@ -78,6 +78,7 @@ log = logging.getLogger("tally.scheduler")
 
 HOLD_SLACK_US = US_PER_HOUR  # a hold outlives its job's expected end by this much
 MAX_CYCLES_PER_TICK = 64
+ADMISSIONS_PER_TICK = 256  # a tick's decide and enactment stay short; the rest wait a tick
 DEFAULT_POLICY = Policy()
 
 
@@ -108,8 +109,11 @@ class Dispatcher:
         priority_bounds: Mapping[str, PriorityBounds] | None = None,
         job_alerts: JobAlertWatch | None = None,
         zone: tzinfo = UTC,
+        admissions_per_tick: int | None = ADMISSIONS_PER_TICK,
     ) -> None:
         self.state = state
+        self.admissions_per_tick = admissions_per_tick  # None: no cap
+        self.capped = False  # the last decide left jobs out for its cap: tick again at once
         self.zone = zone  # ledger.timezone: whose months budget periods are
         self.executor = executor
         self.clock = clock
@@ -432,22 +436,28 @@ class Dispatcher:
 
     def decide(self) -> list[JobEvent]:
         """One round: the executor's news, runtime limits, idle reclaim, then cycles until one
-        admits and preempts nothing. Returns the applied events (their messages are queued)."""
+        admits and preempts nothing or `admissions_per_tick` jobs are admitted (the jobs the
+        cap leaves out wait with `tick_limit`). Returns the applied events (their messages are
+        queued)."""
         events: list[JobEvent] = []
         for observed in self._observe():
             events.extend(self.apply(observed))
         events.extend(self.apply(overdue(self.state.snapshot(self.now_us(), 1))))
         events.extend(self._reclaim(self.now_us()))
         self._refresh_balances()
+        left = self.admissions_per_tick
         for _ in range(MAX_CYCLES_PER_TICK):
-            if not self.state.pending_count:
+            if not self.state.pending_count or left == 0:
                 break
             snap = self.state.snapshot(self.now_us(), self.policy.heads_per_queue)
-            result = run_cycle(snap, self.policy)
+            result = run_cycle(snap, self.policy, left)
             events.extend(self.apply(result.events))
+            if left is not None:
+                left -= len(result.admitted)
             if not result.admitted and not result.preempted:
                 break
             self._refresh_balances()
+        self.capped = left == 0 and self.state.pending_count > 0
         if self.job_alerts is not None:  # queued in its outbox for the alerts topic
             self.job_alerts.after_tick(self.now_us(), self._idle_found, self.state)
         return events

@@ -9,18 +9,23 @@ enactment is in flight never races it).
   missing from the work store fails at once (`executor_lost`, not retried);
 - `carry_out` (in a thread): every stop, then every start (`scheduler.executors.bridge`'s
   order); a start the executor refuses comes back as a `FailedStart`; one the executor already
-  runs (`JobAlreadyStarted`) is left alone;
+  runs (`JobAlreadyStarted`) is left alone. An executor that `StartsConcurrently` gets up to
+  its `concurrent_starts` starts at a time (a pool of threads; the failed ones are reported in
+  plan order all the same); one that `KnowsProcessGroups` has each run's group recorded
+  (`RunFiles.write`) right after its start, before the enactment ends;
 - `failures` (on the loop): the `JobFailed` (retried per queue) of each failed start, each
   followed by its GPU releases, for the caller to apply.
 
-Pure but for the executor's calls in `carry_out`.
+Pure but for the executor's calls and the run files written in `carry_out`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 from ledger.job_events import FailReason, GpuReleased, JobEvent, JobFailed
 from scheduler.decisions import release_events
@@ -28,8 +33,9 @@ from scheduler.executors.bridge import admitted, stop_orders
 from scheduler.executors.errors import ExecutorError, JobAlreadyStarted, StopTimeout
 from scheduler.lifecycle import fail, runtime_limit
 from scheduler.model import RunningJob
-from scheduler.ports import Executor, StopReason, Work
+from scheduler.ports import Executor, KnowsProcessGroups, StartsConcurrently, StopReason, Work
 from scheduler.state import SchedulerState
+from scheduler.work_store import RunFiles
 
 log = logging.getLogger("tally.scheduler")
 
@@ -81,8 +87,10 @@ def plan(
     return Plan(stop_orders(events), tuple(starts), tuple(missing))
 
 
-def carry_out(todo: Plan, executor: Executor) -> list[FailedStart]:
-    """Every stop, then every start; the starts the executor could not make."""
+def carry_out(todo: Plan, executor: Executor, runs: RunFiles | None = None) -> list[FailedStart]:
+    """Every stop, then every start (concurrently where the executor allows); the starts the
+    executor could not make, in plan order. Each run's process group goes in `runs` as soon as
+    it is started."""
     for reason, job_ids in todo.stops:
         try:
             executor.stop(job_ids, reason)
@@ -90,15 +98,33 @@ def carry_out(todo: Plan, executor: Executor) -> list[FailedStart]:
             log.error("%s: their GPUs may still be busy", exc)
         except ExecutorError as exc:
             log.error("could not stop %s: %s", ", ".join(job_ids), exc)
-    failed: list[FailedStart] = []
-    for start in todo.starts:
-        try:
-            executor.start(start.job, start.work, time_limit_us=start.time_limit_us)
-        except JobAlreadyStarted:
-            continue
-        except ExecutorError as exc:
-            failed.append(FailedStart(start.job, f"cannot start: {exc}"))
-    return failed
+    start = partial(_start, executor=executor, runs=runs)
+    width = executor.concurrent_starts if isinstance(executor, StartsConcurrently) else 1
+    width = min(width, len(todo.starts))
+    if width > 1:
+        with ThreadPoolExecutor(width, thread_name_prefix="tally-start") as pool:
+            outcomes = list(pool.map(start, todo.starts))
+    else:
+        outcomes = [start(s) for s in todo.starts]
+    return [failed for failed in outcomes if failed is not None]
+
+
+def _start(start: Start, executor: Executor, runs: RunFiles | None) -> FailedStart | None:
+    job_id = start.job.job_id
+    try:
+        executor.start(start.job, start.work, time_limit_us=start.time_limit_us)
+    except JobAlreadyStarted:
+        return None
+    except ExecutorError as exc:
+        return FailedStart(start.job, f"cannot start: {exc}")
+    if runs is not None and isinstance(executor, KnowsProcessGroups):
+        pgid = executor.pgid(job_id)
+        if pgid is not None:
+            try:
+                runs.write(job_id, str(pgid))
+            except OSError as exc:  # the run goes on; a restart may not find what it left
+                log.error("could not record the process group of %s: %s", job_id, exc)
+    return None
 
 
 def failures(

@@ -16,7 +16,9 @@ messages in the dispatcher's outbox in `tally-seq` order. Then:
   outbox in order and a failed round puts its messages back at the outbox's front, so "up to
   seq" holds exactly when no message at or before seq is in the outbox or in the round in
   flight (`published`). A submit answered 201 is therefore on the topic (acks=all), its work on
-  disk; one answered 202 stays in the outbox and goes out with a later round.
+  disk; one answered 202 (the broker did not take the round in time, or its work could not be
+  written: nothing of that round is sent) stays in the outbox, its work in the store's memory,
+  and goes out with a later round.
 - **Enactment** (`enact`): the decisions that need the executor are queued in decision order
   as batches (`decided`, with the seq of their last message, in the synchronous step that made
   them — no await between — so batches are in seq order) and carried out in that order once
@@ -43,6 +45,7 @@ from scheduler.enactment import carry_out, failures, plan
 from scheduler.errors import BrokerUnavailable, MessageRefused
 from scheduler.jobs_topic import Outgoing
 from scheduler.ports import Placement, Publisher, Refused
+from scheduler.work_store import Unwritten
 
 log = logging.getLogger("tally.scheduler")
 
@@ -100,21 +103,15 @@ class Pipeline:
         pending = self.dispatcher.take_outbox()  # finds no work left to sync
         if not pending:
             if sync is not None:  # work of a submit the state refused
-                try:
-                    await asyncio.to_thread(sync)
-                except BaseException:
-                    works.restore(sync)
-                    raise
+                await self._write(sync, 0)
             return True
         self._round_first = pending[0].seq
         done = False
         try:
-            if sync is not None:  # the submitted jobs' work is on disk before their events
-                try:
-                    await asyncio.to_thread(sync)
-                except BaseException:
-                    works.restore(sync)
-                    raise
+            # the submitted jobs' work is on disk before their events; if it cannot be
+            # written, nothing is sent: the round gave up, its submits are answered 202
+            if sync is not None and not await self._write(sync, len(pending)):
+                return False
             placed = await self._send(pending, deadline_s)
             if placed is None:
                 return False
@@ -130,6 +127,20 @@ class Pipeline:
             self._round_first = None
             if not done:  # failed, given up or cancelled: back in front, in order
                 self.dispatcher.outbox[:0] = pending
+
+    async def _write(self, sync: Unwritten, waiting: int) -> bool:
+        """Write and fsync the works `sync` took; False (and they are taken back, for the next
+        round) if the disk refused."""
+        try:
+            await asyncio.to_thread(sync)
+        except OSError as exc:
+            self.dispatcher.works.restore(sync)
+            log.error("job commands not written (%s); %d message(s) wait", exc, waiting)
+            return False
+        except BaseException:
+            self.dispatcher.works.restore(sync)
+            raise
+        return True
 
     async def _send(self, pending: Sequence[Outgoing], deadline_s: float) -> list[Placement] | None:
         delay = 0.1
@@ -177,7 +188,7 @@ class Pipeline:
         planned = plan(todo, d.state, d.works.get)
         self.in_flight = planned.job_ids
         try:
-            failed = await asyncio.to_thread(carry_out, planned, d.executor)
+            failed = await asyncio.to_thread(carry_out, planned, d.executor, d.runs)
         finally:
             self.in_flight = frozenset()
         self.decided(d.apply(failures(planned, failed, d.state, d.now_us())))

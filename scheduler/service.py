@@ -306,6 +306,9 @@ class SchedulerService:
             except Exception:  # a bug in one tick must not stop the scheduler
                 log.exception("a scheduling tick failed")
             self._wake.clear()
+            if self.dispatcher.capped:  # what the cap left out is the next tick's, at once
+                await asyncio.sleep(0)  # (submits and cancels first)
+                continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.cycle_interval_s)
 

@@ -9,10 +9,13 @@
   together cost about one disk flush, not one each). A submit the service crashed before
   publishing was never answered, and its job does not exist after the replay. A job whose work is
   missing fails with `executor_lost` instead of starting.
-- `RunFiles` (`work_dir/runs/<job>.pid`): the process group of each local run, recorded while it
-  runs and forgotten when its job stops running — written off the event loop after each tick
-  (`detach`), so a crash within that tick may leave a run unrecorded, as one between its start
-  and the poll that first reports it always could. After a restart, jobs the topic says are
+- `RunFiles` (`work_dir/runs/<job>.pid`): the process group of each local run, written
+  (atomically) by the enactment's thread right after the executor started it (`write`), so it
+  is on disk before the poll that reports the start, and before the enactment ends; removed
+  when its job stops running (`forget`, carried out off the event loop after each tick's
+  decisions, before that tick enacts anything: a job started again is written after its old
+  file is gone). Not fsynced: the file has to outlive the service's process, not the machine,
+  whose crash ends the process group too. After a restart, jobs the topic says are
   running but the executor does not know fail with `executor_lost` (retried per their queue),
   and the group such a job left behind is killed — only if its leader still carries the job's
   `TALLY_JOB_ID`.
@@ -144,17 +147,29 @@ class RunFiles:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self._pending: dict[str, str | None] = {}  # job → its group to record, None: forget
+        self._written: dict[str, str] = {}  # job → the group its file holds (`write`)
 
     def _path(self, job_id: str) -> Path:
         return self.dir / (quote(job_id, safe="") + ".pid")
 
+    def write(self, job_id: str, native_id: str) -> None:
+        """Record the job's group now (any thread: the enactment's, right after its start)."""
+        if not native_id.isdigit():
+            return
+        path = self._path(job_id)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(native_id)
+        tmp.replace(path)
+        self._written[job_id] = native_id
+
     def record(self, job_id: str, native_id: str) -> None:
-        """Record the job's group (written by the next `flush`)."""
-        if native_id.isdigit():
+        """Record the job's group (written by the next `flush`), unless `write` did already."""
+        if native_id.isdigit() and self._written.get(job_id) != native_id:
             self._pending[job_id] = native_id
 
     def forget(self, job_id: str) -> None:
         """Forget the job's group (its file removed by the next `flush`)."""
+        self._written.pop(job_id, None)
         self._pending[job_id] = None
 
     @property

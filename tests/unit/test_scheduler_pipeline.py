@@ -3,7 +3,8 @@ enactment is in flight: the executor's start is held on a gate in its thread, an
 meanwhile is asserted by the order of what was recorded, never by timing — a submit is answered
 (published) while the start is still held, a second tick waits, a cancel's stop comes after the
 start, and no job is started twice. Plus the pipeline's publication watermark and the
-enactment plan, as tables."""
+enactment plan, as tables; a tick's admission cap, concurrent starts, and a local run's process
+group on disk before its start is reported."""
 
 from __future__ import annotations
 
@@ -19,13 +20,17 @@ from ledger.job_events import (
     JobFailed,
     JobStarted,
     JobSubmitted,
+    JobWaiting,
+    WaitReason,
 )
 from scheduler import work_store
+from scheduler.api.handlers import _answer
 from scheduler.enactment import failures, plan
 from scheduler.executors.fake import RUNS_FOREVER, FakeExecutor
+from scheduler.executors.local import LocalExecutor
 from scheduler.jobs_topic import Outgoing
 from scheduler.model import RunningJob
-from scheduler.ports import JobStatus, StopReason, Work
+from scheduler.ports import JobStatus, KnowsProcessGroups, StartsConcurrently, StopReason, Work
 from scheduler.records import SubmitRequest
 from scheduler.work_store import WorkStore
 from tests.unit.test_scheduler_service_support import Rig
@@ -199,12 +204,13 @@ def test_the_plan_starts_only_jobs_the_state_still_runs_and_fails_those_without_
     assert not events[0].retry  # no work: retrying cannot help
 
 
-def test_a_published_submit_has_its_work_on_disk_and_a_failed_write_publishes_nothing(
+def test_a_published_submit_has_its_work_on_disk_and_a_failed_write_answers_202_with_the_job(
     tmp_path, monkeypatch
 ):
     """201 means the `JobSubmitted` is acknowledged and the job's command is on disk (a fresh
-    work store, as after a restart, reads it); a round whose write fails sends nothing and the
-    next one writes and sends it."""
+    work store, as after a restart, reads it); a round whose write fails sends nothing, and its
+    submit is answered 202 with the job it made (which exists: the next round writes and sends
+    it), never 500."""
     rig = Rig(tmp_path)
     real_write = work_store._write
     failing = {"left": 1}
@@ -218,16 +224,109 @@ def test_a_published_submit_has_its_work_on_disk_and_a_failed_write_publishes_no
     monkeypatch.setattr(work_store, "_write", write)
 
     async def go():
-        with pytest.raises(OSError):
-            await rig.service.submit(rig_request(rig))
+        first = await rig.service.submit(rig_request(rig))
         nothing = list(rig.publisher.messages)
         accepted = await rig.service.submit(rig_request(rig))
-        return nothing, accepted
+        return first, nothing, accepted
 
-    nothing, accepted = asyncio.run(go())
-    assert nothing == []
+    first, nothing, accepted = asyncio.run(go())
+    assert nothing == [] and not first.published and accepted.published
+    assert _answer(first, 201).status == 202
     submitted = [e.job_id for e in rig.events() if isinstance(e, JobSubmitted)]
-    assert len(submitted) == 2 and accepted.published
+    assert submitted == [first.record.job_id, accepted.record.job_id]
     fresh = WorkStore(rig.dispatcher.works.dir)
     for job in submitted:
         assert fresh.get(job) == Work(command=("true",))
+
+
+@pytest.mark.parametrize(
+    ("cap", "first_tick", "second_tick", "capped"),
+    [(None, 3, 3, False), (1, 1, 2, True), (2, 2, 3, True), (3, 3, 3, False)],
+    ids=["no-cap", "cap-1", "cap-2", "cap-equal-to-the-backlog"],
+)
+def test_a_tick_admits_at_most_its_cap_and_the_rest_wait_with_tick_limit_for_the_next(
+    tmp_path, cap, first_tick, second_tick, capped
+):
+    rig = Rig(tmp_path)
+    rig.executor.default = RUNS_FOREVER
+    rig.dispatcher.admissions_per_tick = cap
+
+    async def go() -> tuple[list[str], int, bool, int]:
+        jobs = [(await rig.submit()).job_id for _ in range(3)]
+        await rig.ticks(1)
+        once = len([e for e in rig.events() if isinstance(e, JobAdmitted)])
+        was_capped = rig.dispatcher.capped
+        await rig.ticks(1)
+        return jobs, once, was_capped, len([e for e in rig.events() if isinstance(e, JobAdmitted)])
+
+    jobs, once, was_capped, twice = asyncio.run(go())
+    assert (once, twice, was_capped) == (first_tick, second_tick, capped)
+    admitted = [e.job_id for e in rig.events() if isinstance(e, JobAdmitted)]
+    assert admitted == jobs[:twice]  # in order, each once
+    limited = [
+        e.job_id
+        for e in rig.events()
+        if isinstance(e, JobWaiting) and e.reason is WaitReason.TICK_LIMIT
+    ]
+    assert limited == jobs[first_tick:]  # what the first tick's cap left out, and said so
+
+
+class PairedExecutor(FakeExecutor):
+    """The fake executor, whose starts may run concurrently and must: each waits at a barrier
+    for the other (started one after the other, the first would break it)."""
+
+    concurrent_starts = 2
+
+    def __init__(self, rig: Rig) -> None:
+        super().__init__(clock=rig.clock, default=RUNS_FOREVER)
+        self.barrier = threading.Barrier(2, timeout=WAIT_S)
+        self.lock = threading.Lock()
+
+    def start(self, job: RunningJob, work: Work, *, time_limit_us: int | None = None) -> None:
+        self.barrier.wait()
+        with self.lock:  # the fake itself is not thread-safe
+            super().start(job, work, time_limit_us=time_limit_us)
+
+
+def test_an_executor_that_allows_it_gets_its_starts_concurrently_each_job_once(tmp_path):
+    rig = Rig(tmp_path)
+    paired = PairedExecutor(rig)
+    rig.executor = rig.dispatcher.executor = paired
+    assert isinstance(paired, StartsConcurrently)
+
+    async def go() -> list[str]:
+        jobs = [(await rig.submit()).job_id for _ in range(2)]
+        await rig.ticks(2)
+        return jobs
+
+    jobs = asyncio.run(go())
+    assert not paired.barrier.broken
+    assert sorted(s.job_id for s in paired.starts) == sorted(jobs)
+    started = [e.job_id for e in rig.events() if isinstance(e, JobStarted)]
+    assert sorted(started) == sorted(jobs)
+
+
+def test_a_local_runs_process_group_is_on_disk_before_its_start_is_reported(tmp_path):
+    """The enactment records the group right after the start, so a crash before the poll that
+    reports it (the next tick's) still leaves a file for the restart to kill it by."""
+    rig = Rig(tmp_path)
+    local = LocalExecutor(tmp_path / "logs", grace_s=1.0)
+    rig.executor = rig.dispatcher.executor = local
+    assert isinstance(local, StartsConcurrently) and isinstance(local, KnowsProcessGroups)
+    runs = rig.dispatcher.runs
+    assert runs is not None
+
+    async def go() -> tuple[str, str, bool]:
+        job = (await rig.submit(work=Work(command=("sleep", "30")))).job_id
+        await rig.ticks(1)  # admitted, published, started; no poll has seen it yet
+        reported = any(isinstance(e, JobStarted) for e in rig.events())
+        on_disk = (runs.dir / f"{job}.pid").read_text()
+        await rig.ticks(1)
+        return job, on_disk, reported
+
+    try:
+        job, on_disk, reported = asyncio.run(go())
+        assert not reported and on_disk == str(local.pgid(job))
+        assert [e.job_id for e in rig.events() if isinstance(e, JobStarted)] == [job]
+    finally:
+        local.stop(local.active(), StopReason.CANCELLED)
