@@ -7,7 +7,8 @@ between reading the state and changing it, so two never interleave), each queuin
 messages in the dispatcher's outbox in `tally-seq` order. Then:
 
 - **Publishing** (`publish`): one round at a time (the `publishing` lock) takes the whole
-  outbox, fsyncs the work files of the submits in it (`WorkStore.detach`, off the loop), hands
+  outbox, writes the works of the submits in it as one fsynced batch file (`WorkStore.detach`,
+  off the loop), hands
   every message to the publisher, which sends them all before it waits for their
   acknowledgements (`KafkaPublisher`: no await per delivery), and retries with backoff for the
   caller's deadline while the broker is unavailable. A caller waits until every message up to

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Collection
+from urllib.parse import quote
 
+import orjson
 import pytest
 
 from ledger.job_events import (
@@ -330,3 +332,26 @@ def test_a_local_runs_process_group_is_on_disk_before_its_start_is_reported(tmp_
         assert [e.job_id for e in rig.events() if isinstance(e, JobStarted)] == [job]
     finally:
         local.stop(local.active(), StopReason.CANCELLED)
+
+
+@pytest.mark.parametrize("layout", ["batch", "one-file-per-job"])
+def test_a_fresh_work_store_reads_batches_and_the_older_one_file_per_job(tmp_path, layout):
+    works = WorkStore(tmp_path / "jobs")
+    wanted = {
+        "job-a": Work(command=("train", "--lr", "0.1"), env=(("K", "v"),), cwd="/srv"),
+        "job/b": Work(script="#!/bin/sh\necho hi\n"),
+    }
+    for job, work in wanted.items():
+        works.put(job, work)
+    works.sync()
+    if layout == "one-file-per-job":  # what earlier versions wrote: <job>.json, no "job" key
+        (batch,) = (tmp_path / "jobs").glob("batch-*.jsonl")
+        for line in batch.read_bytes().splitlines():
+            data = orjson.loads(line)
+            (tmp_path / "jobs" / (quote(data.pop("job"), safe="") + ".json")).write_bytes(
+                orjson.dumps(data)
+            )
+        batch.unlink()
+    fresh = WorkStore(tmp_path / "jobs")
+    assert {job: fresh.get(job) for job in wanted} == wanted
+    assert fresh.get("job-c") is None
