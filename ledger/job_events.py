@@ -84,6 +84,7 @@ class WaitReason(StrEnum):
     NO_PRICE = "no_price"  # a money budget applies but no price is known for the GPU model
     TOPOLOGY = "topology_unmet"  # free GPUs enough, but not in the one node/NVLink/rail required
     BEHIND_HEAD = "behind_head"  # strict FIFO: an earlier job waits
+    TICK_LIMIT = "tick_limit"  # the tick admitted its cap of jobs; it is looked at next tick
     UNKNOWN_QUEUE = "unknown_queue"  # the job names a queue or team that is not configured
     PREEMPTED = "preempted"  # requeued after preemption
     RETRYING = "retrying"  # requeued after a failure, within the retry limit
@@ -421,11 +422,17 @@ def job_envelope(event: JobEvent, source: str) -> JobEnvelope:
 # ---------------------------------------------------------------------------- encoding
 
 
+_FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}  # a dataclass → its fields' names, in order
+
+
 def _without(event: Any, *names: str) -> dict[str, Any]:
-    data = {f.name: getattr(event, f.name) for f in fields(event)}
-    for name in names:
-        del data[name]
-    return data
+    """The event's fields but `names`, in order (`fields()` is read once per class: it was
+    the largest cost of encoding a job event)."""
+    cls = type(event)
+    known = _FIELD_NAMES.get(cls)
+    if known is None:
+        known = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return {name: getattr(event, name) for name in known if name not in names}
 
 
 def _spec_data(spec: JobSpec) -> Any:

@@ -17,6 +17,10 @@
                their reason changed; preempted jobs go back to theirs (the state applies
                `JobPreempted` by requeueing the job with its original submit time).
 
+A tick may bound its admissions (`run_cycle`'s `admit_limit`, what the service's tick has left
+of `scheduler.admissions_per_tick`): once a cycle has admitted that many, every later job waits
+with `tick_limit`, to be looked at by the next tick.
+
 With `strict_fifo`, the first job that waits for free GPUs makes every later job wait behind
 it; a job blocked by its own team's quota or budget does not hold up other teams.
 `run_cycle` returns the events in the order they must be applied.
@@ -89,8 +93,10 @@ def _preempt_and_fit(
     return blocked
 
 
-def run_cycle(snap: ClusterSnapshot, policy: Policy) -> CycleResult:
-    """Phases 3–7 over `snap` (whose heads are phase 1's output)."""
+def run_cycle(snap: ClusterSnapshot, policy: Policy, admit_limit: int | None = None) -> CycleResult:
+    """Phases 3–7 over `snap` (whose heads are phase 1's output), admitting at most
+    `admit_limit` jobs (None: no limit); the jobs ordered after the last one it allows wait
+    with `tick_limit`."""
     nominations, waits = nominate(snap, snap.heads, policy)
     ordered = order(nominations, policy.ordering, snap)
     ws = Workspace(snap)
@@ -104,6 +110,10 @@ def run_cycle(snap: ClusterSnapshot, policy: Policy) -> CycleResult:
         spec = n.spec
         if blocking is not None:
             waits.append(Verdict(n.job, WaitReason.BEHIND_HEAD, f"behind job {blocking}"))
+            continue
+        if admit_limit is not None and len(admitted) >= admit_limit:
+            detail = "the tick admitted as many jobs as it may; the next tick looks at it"
+            waits.append(Verdict(n.job, WaitReason.TICK_LIMIT, detail))
             continue
         outcome = evaluate(n, ws, policy)
         if isinstance(outcome, Blocked) and outcome.preemptible_in and plans_left > 0:

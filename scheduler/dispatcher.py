@@ -7,7 +7,8 @@ metered usage per team and the open idle alerts. Invariants:
 
 - every decision is an event applied to the state as it is made and queued, in order, as an
   `Outgoing` message for the `jobs` topic (`outbox`); the caller publishes the outbox before it
-  passes those events to `enact`, so what runs is always on the topic. An event the state
+  carries those events out (`scheduler.pipeline`, `scheduler.enactment`), so what runs is
+  always on the topic. An event the state
   refuses is logged and dropped, never queued;
 - an admission with a hold is followed by its `HoldPlaced` messages (one per unit), and the end
   of a held run (preemption, reclaim, finish, failure) by its `HoldReleased`;
@@ -55,10 +56,9 @@ from ledger.job_events import (
 )
 from ledger.units import US_PER_HOUR, Unit
 from scheduler.cycle import run_cycle
-from scheduler.decisions import release_events
 from scheduler.errors import Rejected, RejectKind, StateError
-from scheduler.executors.bridge import admitted, status_events, stop_orders
-from scheduler.executors.errors import ExecutorError, JobAlreadyStarted, StopTimeout
+from scheduler.executors.bridge import status_events
+from scheduler.executors.errors import ExecutorError
 from scheduler.explain import explain
 from scheduler.hold_acks import HoldAcknowledgements
 from scheduler.idempotency import RequestKeys
@@ -78,6 +78,7 @@ log = logging.getLogger("tally.scheduler")
 
 HOLD_SLACK_US = US_PER_HOUR  # a hold outlives its job's expected end by this much
 MAX_CYCLES_PER_TICK = 64
+ADMISSIONS_PER_TICK = 256  # a tick's decide and enactment stay short; the rest wait a tick
 DEFAULT_POLICY = Policy()
 
 
@@ -90,8 +91,8 @@ class TeamBudgetRules:
 
 
 class Dispatcher:
-    """The service's synchronous heart; see the module. Not thread-safe: one caller at a time
-    (the service's lock), except `enact`, which reads the state and calls the executor."""
+    """The service's synchronous heart; see the module. Not thread-safe: called from the
+    service's event loop only (`stop_all` at shutdown, in a thread, once nothing else runs)."""
 
     def __init__(
         self,
@@ -108,8 +109,11 @@ class Dispatcher:
         priority_bounds: Mapping[str, PriorityBounds] | None = None,
         job_alerts: JobAlertWatch | None = None,
         zone: tzinfo = UTC,
+        admissions_per_tick: int | None = ADMISSIONS_PER_TICK,
     ) -> None:
         self.state = state
+        self.admissions_per_tick = admissions_per_tick  # None: no cap
+        self.capped = False  # the last decide left jobs out for its cap: tick again at once
         self.zone = zone  # ledger.timezone: whose months budget periods are
         self.executor = executor
         self.clock = clock
@@ -154,6 +158,11 @@ class Dispatcher:
 
     def _queue_hold(self, event: HoldEvent) -> None:
         self.outbox.append(hold_message(event, self._next_seq()))
+
+    @property
+    def last_seq(self) -> int:
+        """The `tally-seq` of the latest message queued (or replayed)."""
+        return self._seq
 
     def take_outbox(self) -> list[Outgoing]:
         self.works.sync()  # the submitted jobs' work is on disk before their events go out
@@ -427,22 +436,28 @@ class Dispatcher:
 
     def decide(self) -> list[JobEvent]:
         """One round: the executor's news, runtime limits, idle reclaim, then cycles until one
-        admits and preempts nothing. Returns the applied events (their messages are queued)."""
+        admits and preempts nothing or `admissions_per_tick` jobs are admitted (the jobs the
+        cap leaves out wait with `tick_limit`). Returns the applied events (their messages are
+        queued)."""
         events: list[JobEvent] = []
         for observed in self._observe():
             events.extend(self.apply(observed))
         events.extend(self.apply(overdue(self.state.snapshot(self.now_us(), 1))))
         events.extend(self._reclaim(self.now_us()))
         self._refresh_balances()
+        left = self.admissions_per_tick
         for _ in range(MAX_CYCLES_PER_TICK):
-            if not self.state.pending_count:
+            if not self.state.pending_count or left == 0:
                 break
             snap = self.state.snapshot(self.now_us(), self.policy.heads_per_queue)
-            result = run_cycle(snap, self.policy)
+            result = run_cycle(snap, self.policy, left)
             events.extend(self.apply(result.events))
+            if left is not None:
+                left -= len(result.admitted)
             if not result.admitted and not result.preempted:
                 break
             self._refresh_balances()
+        self.capped = left == 0 and self.state.pending_count > 0
         if self.job_alerts is not None:  # queued in its outbox for the alerts topic
             self.job_alerts.after_tick(self.now_us(), self._idle_found, self.state)
         return events
@@ -497,47 +512,6 @@ class Dispatcher:
     def work_for(self, job_id: str) -> Work | None:
         return self.works.get(job_id)
 
-    def enact(self, events: Sequence[JobEvent]) -> list[JobEvent]:
-        """Carry out published decisions: every stop, then every start (see
-        `scheduler.executors.bridge`). Returns events for starts that could not happen; they
-        are to be applied by the caller. Reads the state; never changes it."""
-        follow_up: list[JobEvent] = []
-        for reason, job_ids in stop_orders(events):
-            try:
-                self.executor.stop(job_ids, reason)
-            except StopTimeout as exc:
-                log.error("%s: their GPUs may still be busy", exc)
-            except ExecutorError as exc:
-                log.error("could not stop %s: %s", ", ".join(job_ids), exc)
-        for job_id in admitted(events):
-            job = self.state.running_job(job_id)
-            if job is None:
-                continue
-            work = self.works.get(job_id)
-            now = self.now_us()
-            if work is None:
-                follow_up.append(
-                    JobFailed(
-                        job_id=job_id,
-                        reason=FailReason.EXECUTOR_LOST,
-                        attempt=job.attempt,
-                        retry=False,
-                        time_us=now,
-                        detail="its command is not in the scheduler's work store",
-                    )
-                )
-                continue
-            queue = self.state.queues.get(job.spec.queue)
-            try:
-                self.executor.start(job, work, time_limit_us=runtime_limit(job, queue))
-            except JobAlreadyStarted:
-                continue
-            except ExecutorError as exc:
-                follow_up.extend(
-                    fail(job, queue, FailReason.EXECUTOR_LOST, now, detail=f"cannot start: {exc}")
-                )
-        return _with_releases(follow_up, self.state)
-
     def stop_all(self, detail: str) -> list[JobEvent]:
         """Stop every job the executor runs (a clean shutdown): they fail with
         `executor_lost`, retried per queue when the service runs again."""
@@ -580,17 +554,3 @@ class Dispatcher:
 
     def explain(self, job_id: str) -> str:
         return explain(job_id, self.history.get(job_id, ()))
-
-
-def _with_releases(events: list[JobEvent], state: SchedulerState) -> list[JobEvent]:
-    """A hand-made `JobFailed` of a running job, followed by its GPU releases."""
-    out: list[JobEvent] = []
-    for event in events:
-        out.append(event)
-        if isinstance(event, JobFailed) and not any(
-            isinstance(e, GpuReleased) and e.job_id == event.job_id for e in events
-        ):
-            job = state.running_job(event.job_id)
-            if job is not None:
-                out.extend(release_events(job, event.time_us))
-    return out

@@ -40,6 +40,8 @@ WAIT_TEXT: dict[WaitReason, str] = {
     WaitReason.TOPOLOGY: "enough GPUs are free, but not in the one node, NVLink domain or rail "
     "the job requires",
     WaitReason.BEHIND_HEAD: "an earlier job waits first (first in, first out)",
+    WaitReason.TICK_LIMIT: "the tick had admitted its cap of jobs (`scheduler.admissions_per_tick`)"
+    "; it is looked at in the next one",
     WaitReason.UNKNOWN_QUEUE: "the job names a queue or team that is not configured",
     WaitReason.PREEMPTED: "it was preempted and is back in its queue",
     WaitReason.RETRYING: "it failed and is back in its queue for another attempt",

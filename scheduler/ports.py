@@ -192,6 +192,24 @@ class RebuildsFromTopic(Protocol):
         ...
 
 
+@runtime_checkable
+class StartsConcurrently(Protocol):
+    """An executor whose `start` may run in several threads at once (for different jobs):
+    an enactment starts up to `concurrent_starts` jobs at a time (`scheduler.enactment`)."""
+
+    concurrent_starts: int
+
+
+@runtime_checkable
+class KnowsProcessGroups(Protocol):
+    """An executor whose runs are process groups on this machine (the local executor): each is
+    recorded as soon as it is started (`scheduler.work_store.RunFiles`)."""
+
+    def pgid(self, job_id: str) -> int | None:
+        """The process group of the job's run, None if it runs no more."""
+        ...
+
+
 class SchedulerObserver(Protocol):
     """What the service reports for monitoring (`tally.metrics` implements it); never part of a
     decision. Counts are per decision applied (not per publication), so a decision that waits

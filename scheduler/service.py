@@ -7,12 +7,13 @@ It is three layers, each testable without the next:
   jobs' records and histories, the holds it placed, the ledger's budgets and open idle alerts.
   Every decision is an event applied to the state as it is made and queued, in order, as a
   message for the `jobs` topic (`scheduler.jobs_topic`);
-- `SchedulerService` (here, asyncio): one lock around decide → publish → enact. A decision
-  reaches the executor only after the broker acknowledged its events, so what runs is on the
-  topic (unless the broker refused a message for its content: see Errors); submit and cancel
-  answer once their events are published (submits that arrive together are published
-  together: each adds its event under the lock, then the first to take the lock again
-  publishes the outbox for all);
+- `SchedulerService` (here, asyncio): decide → publish → enact through its `Pipeline`
+  (`scheduler.pipeline`). A decision reaches the executor only after the broker acknowledged
+  its events, so what runs is on the topic (unless the broker refused a message for its
+  content: see Errors); submit and cancel answer once their events are published (submits
+  that arrive together are published together in one round: group commit). Decisions are made
+  in synchronous steps on the loop; only the uses of the executor are serialised (a tick's
+  decide and enactment, a cancel's stop), so a submit never waits for a tick's executor calls;
 - `run_service` (here): the Kafka adapters (`scheduler.kafka`) and the API server around it.
 
 Monitoring goes through the `SchedulerObserver` port (`scheduler.ports`): admissions and
@@ -81,7 +82,8 @@ from scheduler.inventory import FleetInventory
 from scheduler.jobs_topic import Outgoing
 from scheduler.kafka import Feeds, KafkaPublisher, read_topic
 from scheduler.model import Policy
-from scheduler.ports import AlertPublisher, Publisher, Refused, SchedulerObserver
+from scheduler.pipeline import Pipeline
+from scheduler.ports import AlertPublisher, Publisher, SchedulerObserver
 from scheduler.records import JobRecord, SubmitRequest
 from scheduler.requests import RequestDesk
 from scheduler.undeliverable import FILE_NAME as UNDELIVERABLE_FILE
@@ -128,17 +130,21 @@ class Accepted:
 
 
 class SchedulerService:
-    """The asyncio side: one lock around decide → publish → enact, the tick timer, and what the
-    API calls.
+    """The asyncio side: decide → publish → enact (`scheduler.pipeline`), the tick timer, and
+    what the API calls.
 
     Invariant: a decision is enacted only after the broker acknowledged its events (or refused
     one for its content: never retried, it is set aside as undeliverable). Decisions
     whose publication did not finish wait in the dispatcher's outbox, and their enactment in
-    `_unenacted`, for the next attempt (each tick tries again); nothing is lost or reordered.
+    the pipeline's queue, for the next attempt (each tick tries again); nothing is lost or
+    reordered. Decisions are made in synchronous steps on the loop; the executor lock
+    (`pipeline.executor`) serialises the uses of the executor — a tick holds it from its
+    decide (which polls the executor) to the end of its enactment — and a submit never takes
+    it: it waits only for the publishing round that carries its `JobSubmitted`.
 
-    The `observer` hears, under the lock, the admissions and preemptions of every decision
-    when it is made, and every queue's length after each tick, submit and cancel; it never
-    affects a decision, and an observer that raises is logged and ignored.
+    The `observer` hears the admissions and preemptions of every decision in the step that
+    makes it, and every queue's length after each tick, submit and cancel; it never affects a
+    decision, and an observer that raises is logged and ignored.
     """
 
     def __init__(
@@ -155,7 +161,7 @@ class SchedulerService:
         inventory: FleetInventory | None = None,
         requests: RequestDesk | None = None,
     ) -> None:
-        self.dispatcher = dispatcher
+        self._dispatcher = dispatcher
         self.requests = requests  # None: no admin topic, no requests API
         self.publisher = publisher
         self.alert_publisher = alert_publisher
@@ -166,43 +172,20 @@ class SchedulerService:
         self.cycle_interval_s = cycle_interval_s
         self.publish_timeout_s = publish_timeout_s
         self.tick_publish_timeout_s = tick_publish_timeout_s
-        self.lock = asyncio.Lock()
+        self.pipeline = Pipeline(dispatcher, publisher, self._undeliverable)
+        self.lock = self.pipeline.executor  # the uses of the executor, one at a time
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._unenacted: list[JobEvent] = []
         self.ticks = 0
 
-    async def _publish(self, deadline_s: float) -> bool:
-        """Publish the dispatcher's outbox in order, retrying with backoff for `deadline_s`;
-        True once all of it is acknowledged, False (the rest back in the outbox) if not."""
-        if self.dispatcher.works.unsynced:  # the fsyncs of submitted work, off the loop
-            await asyncio.to_thread(self.dispatcher.works.sync)
-        pending = self.dispatcher.take_outbox()
-        delay = 0.1
-        started = time.monotonic()
-        while pending:
-            try:
-                placed = await self.publisher.publish(pending)
-            except MessageRefused as exc:  # a publisher that cannot say which: no retry loop
-                self.dispatcher.outbox[:0] = pending
-                log.error("publishing refused (%s); %d message(s) wait", exc, len(pending))
-                return False
-            except BrokerUnavailable as exc:
-                if time.monotonic() - started + delay > deadline_s:
-                    self.dispatcher.outbox[:0] = pending
-                    log.warning("publishing failed (%s); %d message(s) wait", exc, len(pending))
-                    return False
-                log.warning("publishing failed (%s); retrying in %.1f s", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            for message, placement in zip(pending, placed, strict=True):
-                if isinstance(placement, Refused):
-                    self._undeliverable(message, placement.reason)
-                else:
-                    self.dispatcher.published(message, *placement)
-            pending = self.dispatcher.take_outbox()
-        return True
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return self._dispatcher
+
+    @dispatcher.setter
+    def dispatcher(self, dispatcher: Dispatcher) -> None:
+        """Another dispatcher (a test's): the pipeline publishes and enacts its decisions."""
+        self._dispatcher = self.pipeline.dispatcher = dispatcher
 
     def _undeliverable(self, message: Outgoing, reason: str) -> None:
         """Set aside a message the broker refused for its content: counted, recorded, logged."""
@@ -226,19 +209,16 @@ class SchedulerService:
         except Exception:  # monitoring must never stop scheduling
             log.exception("the scheduler observer failed")
 
-    async def _commit(self, events: Sequence[JobEvent], deadline_s: float) -> bool:
-        """Publish, then enact `events` and whatever earlier decisions still wait. Executor
-        calls run in a thread (a stop may wait out a grace period); starts that fail come back
-        as events, committed in turn."""
-        self._unenacted.extend(events)
+    async def _commit(self, deadline_s: float) -> bool:
+        """Publish everything decided so far, then enact what is published, until nothing
+        waits (starts that fail come back as events, committed in turn); the caller holds the
+        executor lock. False when publishing gave up: the rest waits for the next try."""
         while True:
-            if not await self._publish(deadline_s):
+            if not await self.pipeline.publish(self.dispatcher.last_seq, deadline_s):
                 return False
-            todo, self._unenacted = self._unenacted, []
-            if not todo:
+            if not self.pipeline.ready():
                 return True
-            follow_up = await asyncio.to_thread(self.dispatcher.enact, todo)
-            self._unenacted = self.dispatcher.apply(follow_up)
+            await self.pipeline.enact()
 
     def _report(self, events: Sequence[JobEvent]) -> None:
         observer = self.observer
@@ -284,7 +264,11 @@ class SchedulerService:
             events = self.stop_on_unhealthy()
             events += self.dispatcher.decide()
             self._report(events)
-            await self._commit(events, self.tick_publish_timeout_s)
+            self.pipeline.decided(events)  # in the step that decided them: in decision order
+            runs = self.dispatcher.runs
+            if runs is not None and runs.pending:  # the runs' process groups, off the loop
+                await asyncio.to_thread(runs.detach())
+            await self._commit(self.tick_publish_timeout_s)
             await self._publish_alerts()
             self.ticks += 1
             return events
@@ -311,7 +295,8 @@ class SchedulerService:
             self.sync_fleet()
             events = self.dispatcher.recover()
             self._report(events)
-            await self._commit(events, self.publish_timeout_s)
+            self.pipeline.decided(events)
+            await self._commit(self.publish_timeout_s)
 
     async def run(self) -> None:
         """Tick every `cycle_interval_s`, or sooner when woken, until `stop`."""
@@ -321,6 +306,9 @@ class SchedulerService:
             except Exception:  # a bug in one tick must not stop the scheduler
                 log.exception("a scheduling tick failed")
             self._wake.clear()
+            if self.dispatcher.capped:  # what the cap left out is the next tick's, at once
+                await asyncio.sleep(0)  # (submits and cancels first)
+                continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.cycle_interval_s)
 
@@ -331,25 +319,26 @@ class SchedulerService:
             return
         async with self.lock:
             await asyncio.to_thread(self.dispatcher.stop_all, "the scheduler stopped")
-            await self._publish(deadline_s=5.0)
+            if self.dispatcher.runs is not None:
+                await asyncio.to_thread(self.dispatcher.runs.flush)
+            await self.pipeline.publish(self.dispatcher.last_seq, deadline_s=5.0)
 
     # ------------------------------------------------------------------ what the API calls
 
     async def submit(self, request: SubmitRequest) -> Accepted:
         """Submit, once per idempotency key: a repeat (same key and request) answers with the
-        job the first made, publishing what of it still waits."""
-        async with self.lock:
-            earlier = self.dispatcher.keys.submitted(request)
-            if earlier is None:
-                job_id = self.dispatcher.submit(request).job_id
-                self._report(())
-            else:
-                job_id = earlier
-        # Group commit: the submits that queued for the lock meanwhile are in the outbox too,
-        # and the first of them to get it back publishes them all in one round trip; the rest
-        # find an empty outbox (their messages acknowledged) and answer at once.
-        async with self.lock:
-            published = await self._commit((), self.publish_timeout_s)
+        job the first made, publishing what of it still waits. Decided in one synchronous step
+        (checked against the key, applied, queued); then it waits for a publishing round to
+        carry its message (group commit with the other submits, the ticks' decisions and their
+        enactment going on meanwhile)."""
+        earlier = self.dispatcher.keys.submitted(request)
+        if earlier is None:
+            job_id = self.dispatcher.submit(request).job_id
+            self._report(())
+        else:
+            job_id = earlier
+        seq = self.dispatcher.last_seq
+        published = await self.pipeline.publish(seq, self.publish_timeout_s)
         self.wake()
         return Accepted(self.dispatcher.records[job_id], published, replayed=earlier is not None)
 
@@ -364,22 +353,27 @@ class SchedulerService:
         """Cancel a job `team` (None: every team) may see. The same idempotency key again answers
         with the cancelled job (a repeat), not a conflict. `client` (the caller's address) goes
         in the event with who cancelled (`caller`, else `admin` or `team:<name>`), for the audit
-        trail."""
-        async with self.lock:
-            record = self.dispatcher.visible(job_id, team)
-            if record is None:
-                raise Rejected(RejectKind.NOT_FOUND, f"no job {job_id}")
-            key = None
-            who = caller or ("admin" if team is None else f"team:{team}")
-            if idempotency_key is not None:
-                key = (who, idempotency_key)
-                if self.dispatcher.keys.cancelled(*key, job_id):
-                    published = await self._commit((), self.publish_timeout_s)
-                    return Accepted(record, published, replayed=True)
-            by = None if client is None else (who, client)
-            record, events = self.dispatcher.cancel(job_id, key=key, by=by)
-            self._report(events)
-            published = await self._commit(events, self.publish_timeout_s)
+        trail. Decided in one synchronous step; answered once its events are published and its
+        stop carried out (after any enactment in flight, e.g. the job's own start)."""
+        record = self.dispatcher.visible(job_id, team)
+        if record is None:
+            raise Rejected(RejectKind.NOT_FOUND, f"no job {job_id}")
+        key = None
+        who = caller or ("admin" if team is None else f"team:{team}")
+        if idempotency_key is not None:
+            key = (who, idempotency_key)
+            if self.dispatcher.keys.cancelled(*key, job_id):
+                seq = self.dispatcher.last_seq
+                published = await self.pipeline.publish(seq, self.publish_timeout_s)
+                return Accepted(record, published, replayed=True)
+        by = None if client is None else (who, client)
+        record, events = self.dispatcher.cancel(job_id, key=key, by=by)
+        self._report(events)
+        self.pipeline.decided(events)
+        published = await self.pipeline.publish(self.dispatcher.last_seq, self.publish_timeout_s)
+        if published:
+            async with self.pipeline.executor:
+                published = await self._commit(self.publish_timeout_s)
         self.wake()
         return Accepted(self.dispatcher.records[record.job_id], published)
 

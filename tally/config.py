@@ -336,6 +336,7 @@ class SchedulerConfig(Strict):
     work_dir: Path = Path(".tally/scheduler")
     max_body_kib: int = Field(64, ge=1, le=16_384)
     heads_per_queue: int = Field(8, ge=1, le=10_000)
+    admissions_per_tick: int = Field(256, ge=1, le=1_000_000)
     tokens: TokensConfig = TokensConfig()
     teams: tuple[SchedulerTeamConfig, ...] = ()
 

@@ -428,4 +428,5 @@ def build_dispatcher(
         default_estimate_us=int(s.default_estimated_runtime_hours * US_PER_HOUR),
         job_alerts=JobAlertWatch(rules.pending.rules(), idle=rules.job_idle),
         zone=config.ledger.zone(),
+        admissions_per_tick=s.admissions_per_tick,
     )

@@ -1,6 +1,6 @@
 """The scheduler's HTTP API: JSON over aiohttp, served in the service's own event loop (so
-handlers and scheduling ticks never run at the same time on the state; the service's lock
-orders submits, cancels and ticks).
+handlers and scheduling ticks never run at the same time on the state: each decision is one
+synchronous step; a submit then waits only for its publication, `scheduler.pipeline`).
 
 Modules: `routes` (the route table: one source for the application and the OpenAPI document),
 `models` (pydantic request and response bodies), `auth` (tokens and principals), `oidc`

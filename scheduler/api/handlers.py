@@ -58,7 +58,10 @@ from scheduler.service import Accepted, SchedulerService
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 KEY = re.compile(r"[\x21-\x7e]{1,128}")  # visible ASCII: a UUID, a hash, a counter
 REPLAYED_HEADER = "Idempotent-Replayed"
-BROKER_NOTE = "the broker is unavailable: this is carried out once it takes the job's events"
+BROKER_NOTE = (
+    "not published yet (the broker, or the scheduler's disk, did not take it in time): this is "
+    "carried out once the job's events are published"
+)
 DEFAULT_BODY_TIMEOUT_S = 10.0
 
 Q = TypeVar("Q", bound=BaseModel)

@@ -10,6 +10,9 @@ Invariants:
 - `stop` sends SIGTERM to every group it stops, waits one grace period for all of them, then
   SIGKILLs the survivors; it returns once no process of those groups is alive, or raises
   `StopTimeout` (a process stuck in the kernel) naming the jobs whose GPUs are not free;
+- `start` may be called from several threads at once for different jobs (up to
+  `concurrent_starts`, `scheduler.enactment`): each touches only its own run, log and script;
+  `poll`, `stop` and `active` are never called during starts;
 - every leader is reaped (`Popen.poll`/`wait`), so no job leaves a zombie behind; children a
   job orphans are reparented to init, which reaps them;
 - a command that cannot be executed (missing, not executable, bad working directory) is not an
@@ -42,7 +45,16 @@ from scheduler.executors.launch import job_environment, log_file, log_name, visi
 from scheduler.executors.processes import alive_groups, signal_group, wait_until
 from scheduler.executors.run_as import NO_OS_USERS, OsUsers, Refusal, RunAs, decide
 from scheduler.model import RunningJob
-from scheduler.ports import Clock, Executor, JobStatus, RunState, StopReason, Work
+from scheduler.ports import (
+    Clock,
+    Executor,
+    JobStatus,
+    KnowsProcessGroups,
+    RunState,
+    StartsConcurrently,
+    StopReason,
+    Work,
+)
 
 
 class WallClock:
@@ -98,7 +110,8 @@ class LocalExecutor:
     "0"); unmapped GPUs appear by UUID. It is read at each start, so a mapping that changes
     (the inventory's) is followed. `env`: the environment jobs start from (default: this
     process's environment when the job starts). `os_users`: the submitter → OS user mapping
-    (`identity.os_users`); none: every job runs as this process's user.
+    (`identity.os_users`); none: every job runs as this process's user. `concurrent_starts`:
+    how many starts an enactment may run at once (each waits for its child's exec).
     """
 
     def __init__(
@@ -111,7 +124,9 @@ class LocalExecutor:
         env: Mapping[str, str] | None = None,
         clock: Clock | None = None,
         os_users: OsUsers = NO_OS_USERS,
+        concurrent_starts: int = 8,
     ) -> None:
+        self.concurrent_starts = concurrent_starts
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.device_ids: Mapping[str, str] = device_ids if device_ids is not None else {}
@@ -292,3 +307,5 @@ class LocalExecutor:
 
 if TYPE_CHECKING:
     _conforms: Executor = LocalExecutor(Path())
+    _concurrent: StartsConcurrently = LocalExecutor(Path())
+    _groups: KnowsProcessGroups = LocalExecutor(Path())

@@ -271,7 +271,7 @@ def _figures(
         f"{_pct(decide, 50):.1f} ms p99 {_pct(decide, 99):.1f} ms, enact p50 "
         f"{_pct(enact, 50):.1f} ms p99 {_pct(enact, 99):.1f} ms, whole tick p50 "
         f"{_pct(tick, 50):.1f} ms p99 {_pct(tick, 99):.1f} ms ({sum(tick) / 1000:.1f} s under "
-        f"the lock in all); {len(publish)} publishes p50 {_pct(publish, 50):.1f} ms p99 "
+        f"ticks in all); {len(publish)} publishes p50 {_pct(publish, 50):.1f} ms p99 "
         f"{_pct(publish, 99):.1f} ms; scheduler CPU {stats['cpu_s']:.1f} s, load clients' CPU "
         f"{load.cpu_s:.1f} s over {load.seconds:.1f} s; scheduler RSS {rss_mib:.0f} MiB"
     )
@@ -329,7 +329,7 @@ def _figures(
             "p50",
             _pct(tick, 50),
             False,
-            note="decide → publish → enact, all under the service lock that submits wait for",
+            note="decide → publish → enact, under the executor lock (submits do not take it)",
         ),
         Figure(BENCH, "publish call p99", _pct(publish, 99), "ms", "p50", _pct(publish, 50), False),
         Figure(BENCH, "scheduler peak RSS", rss_mib, "MiB", higher_is_better=False),

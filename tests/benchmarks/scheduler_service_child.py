@@ -2,8 +2,9 @@
 process: what `tally scheduler run` runs — the jobs-topic replay, the Kafka feeds and
 publisher, the HTTP API, the ticks and the local executor — on the configured (simulated) fleet,
 fixed, instead of the fleet the inventory topic reports (which would need collectors and the
-ledger worker running beside it). Each tick (under the service lock), its decide (the cycles
-and the executor's news) and enact (the executor's starts and stops), and each publish call
+ledger worker running beside it). Each tick (decide → publish → enact, under the executor lock
+that submits do not take), its decide (the cycles and the executor's news) and each enactment
+(planning, the executor's starts and stops in a thread, the follow-up), and each publish call
 (sends and acknowledgements) are timed; on SIGTERM it writes those times, its CPU time and its
 peak RSS as JSON (and, with `TALLY_BENCH_PROFILE=PATH` in its environment, a cProfile of the
 whole run to PATH).
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 from ledger.job_events import JobEvent
 from scheduler.api import api_server
 from scheduler.kafka import KafkaPublisher
+from scheduler.pipeline import Pipeline
 from scheduler.service import SchedulerService, run_service
 from tally.config import load_config
 from tally.scheduling import build_dispatcher, load_tokens, service_settings
@@ -74,8 +76,8 @@ def main(argv: Sequence[str]) -> int:
         return events
 
     dispatcher.decide = _timed(counted, decide)  # type: ignore[method-assign]
-    dispatcher.enact = _timed(dispatcher.enact, enact)  # type: ignore[method-assign]
-    ticks: list[float] = []  # the whole tick, under the service lock
+    Pipeline.enact = _timed_async(Pipeline.enact, enact)  # type: ignore[method-assign]
+    ticks: list[float] = []  # the whole tick: decide, publish, enact
     publishes: list[float] = []  # one publish call: send, then every acknowledgement
     SchedulerService.tick = _timed_async(SchedulerService.tick, ticks)  # type: ignore[method-assign]
     KafkaPublisher.publish = _timed_async(KafkaPublisher.publish, publishes)  # type: ignore[method-assign]

@@ -636,9 +636,14 @@ def test_every_published_message_decodes_as_what_the_ledger_and_replay_expect(tm
     assert JobWaiting not in kinds  # admitted at once: no wait to report
 
 
-def test_a_restart_kills_what_a_lost_local_run_left_and_retries_it(tmp_path):
+@pytest.mark.parametrize(
+    "ticks", [1, 2], ids=["crash-before-the-start-is-reported", "crash-after-the-start-is-reported"]
+)
+def test_a_restart_kills_what_a_lost_local_run_left_and_retries_it(tmp_path, ticks):
     """A real process group from the local executor outlives the service that started it; the
-    next service marks the job failed (executor_lost, retried) and kills the group."""
+    next service marks the job failed (executor_lost, retried) and kills the group — also when
+    the service died right after the tick that started it, before any poll reported it (its
+    group was recorded as it started)."""
     import os
     import signal
 
@@ -653,7 +658,7 @@ def test_a_restart_kills_what_a_lost_local_run_left_and_retries_it(tmp_path):
 
     async def go():
         job = await rig.submit(queue="train", work=Work(command=("sleep", "60")))
-        await rig.ticks(2)
+        await rig.ticks(ticks)
         return job.job_id
 
     job = asyncio.run(go())

@@ -67,6 +67,10 @@ WAIT_PLAIN: Mapping[WaitReason, str] = {
         "its queue is first in, first out, and an earlier job is still "
         "waiting; yours comes after it"
     ),
+    WaitReason.TICK_LIMIT: N_(
+        "the scheduler starts a bounded number of jobs at a time, and many jobs were "
+        "submitted at once; it is looked at again in a moment"
+    ),
     WaitReason.UNKNOWN_QUEUE: N_("it names a queue or team the scheduler does not know"),
     WaitReason.PREEMPTED: N_(
         "it was stopped to make room for another job and is back in its queue"
@@ -84,6 +88,7 @@ WAIT_SHORT: Mapping[WaitReason, str] = {
     WaitReason.NO_PRICE: N_("GPU model has no price"),
     WaitReason.TOPOLOGY: N_("free GPUs not together as required"),
     WaitReason.BEHIND_HEAD: N_("behind an earlier job"),
+    WaitReason.TICK_LIMIT: N_("many jobs starting, next in a moment"),
     WaitReason.UNKNOWN_QUEUE: N_("unknown queue or team"),
     WaitReason.PREEMPTED: N_("stopped for another job, back in queue"),
     WaitReason.RETRYING: N_("failed, waiting to retry"),
@@ -123,6 +128,7 @@ WAIT_ADVICE: Mapping[WaitReason, str] = {
         "(`--topology rail` instead of `nvlink`, or none) can let it start sooner."
     ),
     WaitReason.BEHIND_HEAD: N_("Nothing to do: it moves up as the jobs ahead of it start."),
+    WaitReason.TICK_LIMIT: N_("Nothing to do: it starts as soon as the jobs before it have."),
     WaitReason.UNKNOWN_QUEUE: N_(
         "Cancel it and submit it again to a queue that exists (`tally queue list` shows them)."
     ),

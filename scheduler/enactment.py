@@ -1,0 +1,175 @@
+"""Carrying out published decisions: what the executor is told, in which order, and what becomes
+of a start that cannot happen — split so that only the executor's own calls run off the event
+loop, and the state is read and changed on the loop alone (a submit or cancel decided while an
+enactment is in flight never races it).
+
+- `plan` (on the loop): the stops, grouped by reason in the order each first appears, and the
+  starts — each admitted job still running in the state (one admitted and ended before its
+  enactment is not started), with its work and runtime limit; an admitted job whose work is
+  missing from the work store fails at once (`executor_lost`, not retried);
+- `carry_out` (in a thread): every stop, then every start (`scheduler.executors.bridge`'s
+  order); a start the executor refuses comes back as a `FailedStart`; one the executor already
+  runs (`JobAlreadyStarted`) is left alone. An executor that `StartsConcurrently` gets up to
+  its `concurrent_starts` starts at a time (a pool of threads; the failed ones are reported in
+  plan order all the same); one that `KnowsProcessGroups` has each run's group recorded
+  (`RunFiles.write`) right after its start, before the enactment ends;
+- `failures` (on the loop): the `JobFailed` (retried per queue) of each failed start, each
+  followed by its GPU releases, for the caller to apply.
+
+Pure but for the executor's calls and the run files written in `carry_out`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+
+from ledger.job_events import FailReason, GpuReleased, JobEvent, JobFailed
+from scheduler.decisions import release_events
+from scheduler.executors.bridge import admitted, stop_orders
+from scheduler.executors.errors import ExecutorError, JobAlreadyStarted, StopTimeout
+from scheduler.lifecycle import fail, runtime_limit
+from scheduler.model import RunningJob
+from scheduler.ports import Executor, KnowsProcessGroups, StartsConcurrently, StopReason, Work
+from scheduler.state import SchedulerState
+from scheduler.work_store import RunFiles
+
+log = logging.getLogger("tally.scheduler")
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    job: RunningJob
+    work: Work
+    time_limit_us: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The executor calls a batch of published decisions stands for."""
+
+    stops: tuple[tuple[StopReason, tuple[str, ...]], ...]
+    starts: tuple[Start, ...]
+    missing_work: tuple[RunningJob, ...]  # admitted, still running, no work stored: they fail
+
+    @property
+    def job_ids(self) -> frozenset[str]:
+        """Every job this plan stops or starts."""
+        stopped = {j for _, ids in self.stops for j in ids}
+        return frozenset(stopped | {s.job.job_id for s in self.starts})
+
+
+@dataclass(frozen=True, slots=True)
+class FailedStart:
+    job: RunningJob
+    detail: str
+
+
+def plan(
+    events: Sequence[JobEvent], state: SchedulerState, work_for: Callable[[str], Work | None]
+) -> Plan:
+    """What `events` (applied and published) ask of the executor, read from `state` now."""
+    starts: list[Start] = []
+    missing: list[RunningJob] = []
+    for job_id in admitted(events):
+        job = state.running_job(job_id)
+        if job is None:
+            continue  # admitted and ended before its enactment: nothing to start
+        work = work_for(job_id)
+        if work is None:
+            missing.append(job)
+            continue
+        limit = runtime_limit(job, state.queues.get(job.spec.queue))
+        starts.append(Start(job, work, limit))
+    return Plan(stop_orders(events), tuple(starts), tuple(missing))
+
+
+def carry_out(todo: Plan, executor: Executor, runs: RunFiles | None = None) -> list[FailedStart]:
+    """Every stop, then every start (concurrently where the executor allows); the starts the
+    executor could not make, in plan order. Each run's process group goes in `runs` as soon as
+    it is started."""
+    for reason, job_ids in todo.stops:
+        try:
+            executor.stop(job_ids, reason)
+        except StopTimeout as exc:
+            log.error("%s: their GPUs may still be busy", exc)
+        except ExecutorError as exc:
+            log.error("could not stop %s: %s", ", ".join(job_ids), exc)
+    start = partial(_start, executor=executor, runs=runs)
+    width = executor.concurrent_starts if isinstance(executor, StartsConcurrently) else 1
+    width = min(width, len(todo.starts))
+    if width > 1:
+        with ThreadPoolExecutor(width, thread_name_prefix="tally-start") as pool:
+            outcomes = list(pool.map(start, todo.starts))
+    else:
+        outcomes = [start(s) for s in todo.starts]
+    return [failed for failed in outcomes if failed is not None]
+
+
+def _start(start: Start, executor: Executor, runs: RunFiles | None) -> FailedStart | None:
+    job_id = start.job.job_id
+    try:
+        executor.start(start.job, start.work, time_limit_us=start.time_limit_us)
+    except JobAlreadyStarted:
+        return None
+    except ExecutorError as exc:
+        return FailedStart(start.job, f"cannot start: {exc}")
+    if runs is not None and isinstance(executor, KnowsProcessGroups):
+        pgid = executor.pgid(job_id)
+        if pgid is not None:
+            try:
+                runs.write(job_id, str(pgid))
+            except OSError as exc:  # the run goes on; a restart may not find what it left
+                log.error("could not record the process group of %s: %s", job_id, exc)
+    return None
+
+
+def failures(
+    todo: Plan, failed: Sequence[FailedStart], state: SchedulerState, now_us: int
+) -> list[JobEvent]:
+    """The events of the starts that did not happen: work missing (never retried), or refused
+    by the executor (retried per queue); each followed by the job's GPU releases. A job the
+    state no longer runs in that attempt (cancelled or preempted while its start was in
+    flight) has its ending already."""
+    events: list[JobEvent] = []
+    for job in todo.missing_work:
+        if not _still_running(job, state):
+            continue
+        events.append(
+            JobFailed(
+                job_id=job.job_id,
+                reason=FailReason.EXECUTOR_LOST,
+                attempt=job.attempt,
+                retry=False,
+                time_us=now_us,
+                detail="its command is not in the scheduler's work store",
+            )
+        )
+    for start in failed:
+        if not _still_running(start.job, state):
+            continue
+        queue = state.queues.get(start.job.spec.queue)
+        events.extend(fail(start.job, queue, FailReason.EXECUTOR_LOST, now_us, detail=start.detail))
+    return _with_releases(events, state)
+
+
+def _still_running(job: RunningJob, state: SchedulerState) -> bool:
+    now = state.running_job(job.job_id)
+    return now is not None and now.attempt == job.attempt
+
+
+def _with_releases(events: list[JobEvent], state: SchedulerState) -> list[JobEvent]:
+    """A hand-made `JobFailed` of a running job, followed by its GPU releases."""
+    out: list[JobEvent] = []
+    for event in events:
+        out.append(event)
+        if isinstance(event, JobFailed) and not any(
+            isinstance(e, GpuReleased) and e.job_id == event.job_id for e in events
+        ):
+            job = state.running_job(event.job_id)
+            if job is not None:
+                out.extend(release_events(job, event.time_us))
+    return out
