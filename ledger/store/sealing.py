@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -210,7 +210,7 @@ class Segmenter:
             tmp.unlink(missing_ok=True)
             raise SealError(str(target), io_reason(exc)) from exc
         remember_intact(target, sha256)
-        info = SegmentInfo(
+        return SegmentInfo(
             path=rel,
             incarnation=incarnation,
             topic=topic,
@@ -222,8 +222,9 @@ class Segmenter:
             min_start_us=stats[1],
             max_end_us=stats[2],
             summary=summary,
+            unknown=(),
+            **levels,
         )
-        return replace(info, **levels)
 
     def _write_rollup(self, segment: Path, rel: str, level: RollupLevel) -> RollupInfo:
         """Write `level`'s rollup of the postings segment just written at `segment` beside it."""
