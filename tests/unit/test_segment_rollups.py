@@ -23,6 +23,7 @@ from ledger.read.metered import hourly_team_usage, team_hour_columns, team_hour_
 from ledger.read.queries import time_bucket_sql
 from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
 from ledger.read.reports import ledger_money_total as money_total
+from ledger.read.rollups.finance import POOLS_SQL
 from ledger.read.rollups.team import DEFAULT_HALF_LIFE_US, decayed_usage
 from ledger.read.statements import team_statement
 from ledger.store.hot import DuckDBStore
@@ -351,6 +352,17 @@ def test_the_jobs_rollups_hold_what_the_fine_rollups_hold_per_job(both):
     assert jobs == fine
     assert any(idle for *_, idle, _, _, _ in jobs)  # idle money to compare
     assert len(jobs) <= rows < sum(r[-3] for r in jobs)  # a row per job and period per segment
+
+
+def test_a_jobs_pools_are_listed_as_a_distinct_string_aggregate_lists_them():
+    rows = duckdb.connect().execute(
+        f"SELECT job, {POOLS_SQL}, coalesce(string_agg(DISTINCT pool, ', ' ORDER BY pool), '') "
+        "FROM (VALUES ('a', 'h100'), ('a', 'a100'), ('a', 'h100'), ('a', NULL), ('b', NULL), "
+        "('c', 'l4'), ('d', 'a100'), ('d', 'A100'), ('d', 'a100-x')) t(job, pool) GROUP BY job"
+    )
+    found = {job: (listed, aggregated) for job, listed, aggregated in rows.fetchall()}
+    assert found["a"] == ("a100, h100", "a100, h100")
+    assert all(listed == aggregated for listed, aggregated in found.values()), found
 
 
 @pytest.mark.parametrize(

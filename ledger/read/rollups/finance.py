@@ -179,7 +179,7 @@ def top_jobs(q: ReportQueries, filters: Filters, limit: int = 20) -> tuple[JobCo
         f"WITH s AS NOT MATERIALIZED (SELECT * FROM {{jobs}} WHERE {where}), "
         f"t AS (SELECT {key}, sum(money_micros) AS money "
         f"FROM s GROUP BY ALL ORDER BY money DESC, {key} LIMIT ?) "
-        f"SELECT {key}, string_agg(DISTINCT pool, ', ' ORDER BY pool), "
+        f"SELECT {key}, {POOLS_SQL}, "
         "sum(gpu_ms), sum(money_micros) AS money, sum(idle_money_micros), "
         f"min(start_us), max(end_us) FROM s SEMI JOIN t ON {same} "
         f"GROUP BY ALL ORDER BY money DESC, {key}",
@@ -192,6 +192,9 @@ def top_jobs(q: ReportQueries, filters: Filters, limit: int = 20) -> tuple[JobCo
 
 
 _JOB_KEY = ("job_id", "team", "project", "user")
+# A job's pools, distinct, sorted and joined (what `string_agg(DISTINCT pool, ', ' ORDER BY
+# pool)` gives, without the DISTINCT aggregate's extra pass: job costs took twice as long)
+POOLS_SQL = "array_to_string(list_sort(list_distinct(list(pool))), ', ')"
 
 
 @dataclass(frozen=True, slots=True)

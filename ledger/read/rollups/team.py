@@ -22,7 +22,7 @@ from ledger.fractional import SHARE_UNITS
 from ledger.read import job_history
 from ledger.read.metered import TeamHours, team_hour_columns
 from ledger.read.reports import ReportQueries
-from ledger.read.rollups.finance import JobCost
+from ledger.read.rollups.finance import POOLS_SQL, JobCost
 from ledger.read.rollups.shared import HOUR_US, MS_PER_HOUR, Filters, archived_job_log
 from ledger.read.texts import Translate, english
 from ledger.store.side_files import load_admin_log
@@ -78,7 +78,7 @@ def job_costs(
         params.append(list(only))
     rows = q.rows(
         'SELECT job_id, any_value(team), any_value(project), any_value("user"), '
-        "string_agg(DISTINCT pool, ', ' ORDER BY pool), "
+        f"{POOLS_SQL}, "
         "sum(gpu_ms), sum(money_micros) AS money, sum(idle_money_micros), "
         "min(start_us), max(end_us) "
         f"FROM {{jobs}} WHERE {where} GROUP BY job_id ORDER BY money DESC, job_id",
