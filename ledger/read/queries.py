@@ -10,7 +10,9 @@ SQL may also read `{rollups}`: the same ledger pre-aggregated per segment
 (`ledger.store.rollup_files`), which answers any query that only sums `amount`, takes
 `min(start_us)` / `max(end_us)` and groups or filters by the rollups' columns; `{coarse}` is the
 coarse rollup (no job or user: far fewer rows) for queries that need neither, `{daily}` the
-same per UTC day, `{metered}` consumer GPU time per team and hour it ended in. A query that
+same per UTC day, `{metered}` consumer GPU time per team and hour it ended in, `{jobs}` each
+job's consumer totals per booked period (its own columns: `gpu_ms`, `money_micros`,
+`idle_gpu_ms`, `idle_money_micros`, `postings`, `start_us`, `end_us`). A query that
 selects one booked period says so (`booked`), and only the segments holding postings booked
 into it are listed.
 `LedgerQueries.zone` is the ledger's time zone (`ledger.store.identity`): the months and days
@@ -37,6 +39,7 @@ from ledger.store.rollup_files import (
     COARSE,
     DAILY,
     FINE,
+    JOBS,
     METERED,
     RollupInfo,
     RollupLevel,
@@ -163,8 +166,8 @@ class LedgerQueries:
         """The sealed ledger in `level`'s shape (`ledger.store.rollup_files`): each picked
         segment's rollup of that level, or its postings (one per row) for a segment sealed
         without one; the postings themselves where the ledger's zone has hours that do not
-        begin on UTC hours."""
-        if not hour_aligned(self.zone):
+        begin on UTC hours and the level groups by hour."""
+        if level.hours and not hour_aligned(self.zone):
             return f"({postings_as_rollup_sql(self._source(started, booked), level)})"
         rolled, raw = self._rollup_files(level, started, booked)
         parts = []
@@ -206,13 +209,14 @@ class LedgerQueries:
         self, sql: str, started: tuple[int, int] | None = None, booked: str | None = None
     ) -> str:
         """`sql` with `{postings}` and each rollup level (`{rollups}`, `{coarse}`, `{daily}`,
-        `{metered}`) bound (each source listed only if used)."""
+        `{metered}`, `{jobs}`) bound (each source listed only if used)."""
         return sql.format(
             postings=self._source(started, booked) if "{postings}" in sql else "",
             rollups=self._rollup_source(FINE, started, booked) if "{rollups}" in sql else "",
             coarse=self._rollup_source(COARSE, started, booked) if "{coarse}" in sql else "",
             daily=self._rollup_source(DAILY, started, booked) if "{daily}" in sql else "",
             metered=self._rollup_source(METERED, started, booked) if "{metered}" in sql else "",
+            jobs=self._rollup_source(JOBS, started, booked) if "{jobs}" in sql else "",
         )
 
     def _query(

@@ -28,8 +28,13 @@ hour (fair share decays usage by the hour it ended). The **daily rollup**
 (`<first>-<last>.daily.parquet`, `SegmentInfo.daily`) has the coarse keys per UTC day of the
 start (`{daily}`: the Capacity page's daily usage over all history), and the **metered
 rollup** (`<first>-<last>.metered.parquet`, `SegmentInfo.metered`) only the consumer GPU time
-per team and UTC hour it ended in (`{metered}`: fair share). Each level is one
-`RollupLevel`: the seal writes, `verify` checks and readers read each the same way.
+per team and UTC hour it ended in (`{metered}`: fair share). The **jobs rollup**
+(`<first>-<last>.jobs.parquet`, `SegmentInfo.jobs`) holds each job's consumer totals per booked
+period — one row per period, team, project, user, job, model and pool, with its GPU time, money
+and their idle parts as columns of their own (`gpu_ms`, `money_micros`, `idle_gpu_ms`,
+`idle_money_micros`) — what the pages' per-job tables read (`{jobs}`). Each level is one
+`RollupLevel` (its keys, hour buckets, the postings it rolls up and its `Measure`s): the seal
+writes, `verify` checks and readers read each the same way.
 """
 
 from __future__ import annotations
@@ -77,19 +82,42 @@ COARSE_DIMENSIONS = ROLLUP_DIMENSIONS - {"user", "job_id"}
 
 
 @dataclass(frozen=True, slots=True)
+class Measure:
+    """One value a rollup row holds for its group: `agg` (`sum`, `min`, `max`) of `posting`,
+    SQL giving one posting's BIGINT value (a segment without the level is read one posting per
+    row, each row holding `posting`)."""
+
+    name: str
+    posting: str
+    agg: str = "sum"
+
+
+# What the fine, coarse, daily and metered levels hold: the postings' summed amount, their
+# count, the group's first start and last end, named as in the postings.
+AMOUNTS = (
+    Measure("amount", "amount"),
+    Measure("postings", "CAST(1 AS BIGINT)"),
+    Measure("start_us", "start_us", "min"),
+    Measure("end_us", "end_us", "max"),
+)
+
+
+@dataclass(frozen=True, slots=True)
 class RollupLevel:
     """One kind of per-segment rollup: the postings' columns it groups by (`keys`), the hour
-    buckets it also groups by (SQL over a posting, not stored), and its file's suffix."""
+    buckets it also groups by (SQL over a posting, not stored), its file's suffix, the postings
+    it rolls up (`where`) and what each row holds for its group (`measures`)."""
 
     name: str
     keys: tuple[str, ...]
     hours: tuple[str, ...]
     suffix: str
     where: str = "TRUE"  # the postings it sums (SQL over a posting)
+    measures: tuple[Measure, ...] = AMOUNTS
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return (*self.keys, "amount", "postings", "start_us", "end_us")
+        return (*self.keys, *(m.name for m in self.measures))
 
     def keys_sql(self) -> str:
         return ", ".join(f'"{k}"' for k in self.keys)
@@ -120,7 +148,34 @@ METERED = RollupLevel(
     ".metered.parquet",
     "account LIKE 'consumer:%' AND unit = 'gpu_ms' AND team IS NOT NULL",
 )
-LEVELS = (FINE, COARSE, DAILY, METERED)
+
+
+def _of(unit: str, idle: bool = False) -> str:
+    """One consumer posting's amount if it is in `unit` (and idle, with `idle`), else 0."""
+    return f"CASE WHEN unit = '{unit}'{' AND idle' if idle else ''} THEN amount ELSE 0 END"
+
+
+# A job's consumer totals per booked period: one row per job (its owner, model and pool) per
+# period per segment, GPU time and money with their idle parts side by side (`{jobs}`: the
+# pages' per-job tables: top jobs, job costs).
+JOB_KEYS = ("period", "team", "project", "user", "job_id", "model", "pool")
+JOBS = RollupLevel(
+    "jobs",
+    JOB_KEYS,
+    (),
+    ".jobs.parquet",
+    "account LIKE 'consumer:%' AND job_id IS NOT NULL",
+    (
+        Measure("gpu_ms", _of("gpu_ms")),
+        Measure("money_micros", _of("money_micros")),
+        Measure("idle_gpu_ms", _of("gpu_ms", idle=True)),
+        Measure("idle_money_micros", _of("money_micros", idle=True)),
+        Measure("postings", "CAST(1 AS BIGINT)"),
+        Measure("start_us", "start_us", "min"),
+        Measure("end_us", "end_us", "max"),
+    ),
+)
+LEVELS = (FINE, COARSE, DAILY, METERED, JOBS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,23 +203,26 @@ def rollup_sql(source: str, level: RollupLevel = FINE) -> str:
     """SQL aggregating the postings of `source` (a relation) into `level`'s rows, in a fixed
     order."""
     keys = level.keys_sql()
+    values = ", ".join(
+        f'CAST({m.agg}({m.posting}) AS BIGINT) AS "{m.name}"' for m in level.measures
+    )
+    if not level.hours:
+        return (
+            f"SELECT {keys}, {values} FROM {source} WHERE {level.where} "
+            f"GROUP BY {keys} ORDER BY {keys}"
+        )
     hours = ", ".join(f"{expr} AS _h{n}" for n, expr in enumerate(level.hours))
     buckets = ", ".join(f"_h{n}" for n in range(len(level.hours)))
     return (
-        f"SELECT {keys}, CAST(sum(amount) AS BIGINT) AS amount, "
-        "CAST(count(*) AS BIGINT) AS postings, min(start_us) AS start_us, "
-        f"max(end_us) AS end_us FROM (SELECT *, {hours} FROM {source} WHERE {level.where}) "
+        f"SELECT {keys}, {values} FROM (SELECT *, {hours} FROM {source} WHERE {level.where}) "
         f"GROUP BY {keys}, {buckets} ORDER BY {buckets}, {keys}"
     )
 
 
 def postings_as_rollup_sql(source: str, level: RollupLevel = FINE) -> str:
     """SQL reading the postings of `source` in `level`'s shape (one posting per row)."""
-    keys = level.keys_sql()
-    return (
-        f"SELECT {keys}, amount, CAST(1 AS BIGINT) AS postings, start_us, end_us FROM {source} "
-        f"WHERE {level.where}"
-    )
+    values = ", ".join(f'{m.posting} AS "{m.name}"' for m in level.measures)
+    return f"SELECT {level.keys_sql()}, {values} FROM {source} WHERE {level.where}"
 
 
 def rollup_columns_sql(level: RollupLevel = FINE) -> str:

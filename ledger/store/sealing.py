@@ -222,6 +222,7 @@ class Segmenter:
             min_start_us=stats[1],
             max_end_us=stats[2],
             summary=summary,
+            unknown=(),
             **levels,
         )
 

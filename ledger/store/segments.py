@@ -33,8 +33,12 @@ Each postings segment sealed since rollups exist has a rollup beside it
 (`<first>-<last>.rollup.parquet`, `ledger.store.rollup_files`: its postings summed per period,
 account, unit, owner, job, model, pool and hour), written with the segment and named by the
 same entry (`SegmentInfo.rollup`, with its own sha256), so the two become visible together; so is
-its coarse, daily and metered rollups (`<first>-<last>.coarse.parquet`, `….daily.parquet`,
-`….metered.parquet`: `SegmentInfo.coarse`, `.daily`, `.metered`).
+its coarse, daily, metered and jobs rollups (`<first>-<last>.coarse.parquet`, `….daily.parquet`,
+`….metered.parquet`, `….jobs.parquet`: `SegmentInfo.coarse`, `.daily`, `.metered`, `.jobs`).
+The manifest is forward compatible: an entry's keys this code does not know (a level a newer
+writer adds) are kept and written back unchanged (`SegmentInfo.unknown`), and the files such a
+key names (shaped like a rollup's entry) count as the entry's — published, pulled, never
+removed as strays — though nothing here reads them.
 
 Every entry records the sha256 of its file. Readers take the files to read from
 `Manifest.checked` / `Manifest.files`, which check each one against its checksum
@@ -66,7 +70,7 @@ ARCHIVE_DIR = "archive"
 MANIFEST_VERSION = 1
 _CHECK_RETRIES = 3
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
-_ROLLUP_ENTRIES = ("rollup", "coarse", "daily", "metered")  # SegmentInfo's rollup fields
+_ROLLUP_ENTRIES = ("rollup", "coarse", "daily", "metered", "jobs")  # SegmentInfo's rollup fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,10 +159,17 @@ class SegmentInfo:
     coarse: RollupInfo | None = None  # its coarse rollup (`rollup_files.COARSE`), likewise
     daily: RollupInfo | None = None  # its daily rollup (`rollup_files.DAILY`), likewise
     metered: RollupInfo | None = None  # its metered rollup (`rollup_files.METERED`), likewise
+    jobs: RollupInfo | None = None  # its jobs rollup (`rollup_files.JOBS`), likewise
+    # Entries this code does not know (a newer writer's levels), as (key, JSON text): kept and
+    # written back as they were; those shaped like a rollup name files of the entry's.
+    unknown: tuple[tuple[str, str], ...] = ()
 
     def rollups(self) -> tuple[RollupInfo, ...]:
-        """This entry's rollup files (fine, coarse, daily, metered), those it has."""
-        return tuple(r for r in map(self.rollup_of, _ROLLUP_ENTRIES) if r is not None)
+        """This entry's rollup files (fine, coarse, daily, metered, jobs), those it has, then
+        those of levels this code does not know (`unknown`): published, pulled and kept with
+        the segment, though no query here reads them."""
+        known = (r for r in map(self.rollup_of, _ROLLUP_ENTRIES) if r is not None)
+        return (*known, *_unknown_rollups(self.unknown))
 
     def rollup_of(self, level: str) -> RollupInfo | None:
         """Its rollup of the level named `level` (`RollupLevel.name`: one of `_ROLLUP_ENTRIES`)."""
@@ -210,6 +221,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+_FIELDS = frozenset(SegmentInfo.__dataclass_fields__) - {"unknown"}
+
+
 def _segment_info(entry: dict[str, object]) -> SegmentInfo:
     summary = entry.get("summary")
     if summary is not None and not isinstance(summary, dict):
@@ -220,12 +234,34 @@ def _segment_info(entry: dict[str, object]) -> SegmentInfo:
         if value is not None and not isinstance(value, dict):
             raise TypeError(f"{name}: expected an object")
         levels[name] = None if value is None else RollupInfo.from_dict(value)
-    fields = {k: v for k, v in entry.items() if k not in ("summary", *_ROLLUP_ENTRIES)}
+    fields = {
+        k: v for k, v in entry.items() if k in _FIELDS and k not in ("summary", *_ROLLUP_ENTRIES)
+    }
+    # forward compatible: a newer writer's entries (a rollup level added since) are kept as
+    # they are, not refused
+    unknown = tuple(
+        (k, json.dumps(v, sort_keys=True)) for k, v in sorted(entry.items()) if k not in _FIELDS
+    )
     return SegmentInfo(
         **fields,  # type: ignore[arg-type]
         summary=None if summary is None else SegmentSummary.from_dict(summary),
         **levels,  # type: ignore[arg-type]
+        unknown=unknown,
     )
+
+
+def _unknown_rollups(unknown: tuple[tuple[str, str], ...]) -> tuple[RollupInfo, ...]:
+    """The files that entries of levels this code does not know name: each one shaped like a
+    rollup's entry (path, rows, sha256)."""
+    found = []
+    for _, text in unknown:
+        value = json.loads(text)
+        if isinstance(value, dict):
+            try:
+                found.append(RollupInfo.from_dict(value))
+            except TypeError:
+                continue
+    return tuple(found)
 
 
 class Manifest:
@@ -302,6 +338,8 @@ def _entry(seg: SegmentInfo) -> dict[str, object]:
     for name in _ROLLUP_ENTRIES:
         if entry[name] is None:
             del entry[name]
+    del entry["unknown"]
+    entry.update((k, json.loads(text)) for k, text in seg.unknown)
     return entry
 
 

@@ -47,7 +47,7 @@ def without_rollups(rolled: Path, plain: Path) -> Path:
         if child.name != MANIFEST_NAME:
             (root / child.name).symlink_to(child, target_is_directory=child.is_dir())
     entries = [
-        dataclasses.replace(s, rollup=None, coarse=None, daily=None, metered=None)
+        dataclasses.replace(s, rollup=None, coarse=None, daily=None, metered=None, jobs=None)
         for s in Manifest(source).load()
     ]
     Manifest(root).save(entries)

@@ -19,20 +19,25 @@ import duckdb
 import pytest
 
 from ledger.read import rollups
-from ledger.read.metered import hourly_team_usage
+from ledger.read.metered import hourly_team_usage, team_hour_columns, team_hour_usage
 from ledger.read.queries import time_bucket_sql
 from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
 from ledger.read.reports import ledger_money_total as money_total
+from ledger.read.rollups.finance import POOLS_SQL
+from ledger.read.rollups.team import DEFAULT_HALF_LIFE_US, decayed_usage
 from ledger.read.statements import team_statement
 from ledger.store.hot import DuckDBStore
 from ledger.store.identity import IDENTITY_NAME, IDENTITY_VERSION
 from ledger.store.layout import SEGMENTS_DIR, sql_list
+from ledger.store.objects import LocalObjectStore
+from ledger.store.replica import Publisher, pull
 from ledger.store.rollup_files import (
     COARSE,
     DAILY,
     DAY_US,
     FINE,
     HOUR_US,
+    JOBS,
     LEVELS,
     METERED,
     RollupLevel,
@@ -48,28 +53,41 @@ Group = tuple[Any, ...]
 
 def postings_folded(data_dir: Path, level: RollupLevel = FINE) -> dict[Group, list[int]]:
     """The oracle: every posting of the sealed segments, folded in Python per `level`'s keys
-    and UTC hours (of its start; for the coarse level also of its end) into [amount, postings,
-    first start, last end]."""
+    and UTC hours (of its start; for the coarse level also of its end) into its measures: [amount,
+    postings, first start, last end]; for the jobs level [GPU-ms, money, idle GPU-ms, idle
+    money, postings, first start, last end]."""
     files = Manifest(data_dir / SEGMENTS_DIR).files()
     rows = duckdb.connect().execute(
-        f"SELECT {level.keys_sql()}, amount, start_us, end_us, account, unit "
+        f"SELECT {level.keys_sql()}, amount, start_us, end_us, account, unit, idle, team, job_id "
         f"FROM read_parquet([{sql_list(files)}])"
     )
     folded: dict[Group, list[int]] = {}
     n = len(level.keys)
     for row in rows.fetchall():
-        amount, start, end, account, unit = row[n:]
-        if level is METERED and not (
-            account.startswith("consumer:") and unit == "gpu_ms" and row[0] is not None
-        ):
+        amount, start, end, account, unit, idle, team, job = row[n:]
+        consumer = account.startswith("consumer:")
+        if level is METERED and not (consumer and unit == "gpu_ms" and team is not None):
             continue  # the metered rollup sums teams' consumer GPU time only
+        if level is JOBS and not (consumer and job is not None):
+            continue  # the jobs rollup: consumer postings with a job id
         key = (*row[:n], *_hours(level, start, end))
-        acc = folded.setdefault(key, [0, 0, start, end])
-        acc[0] += amount
-        acc[1] += 1
-        acc[2] = start if acc[2] is None else min(acc[2], start)
-        acc[3] = end if acc[3] is None else max(acc[3], end)
+        if level is JOBS:
+            gpu, money = (amount if unit == u else 0 for u in ("gpu_ms", "money_micros"))
+            values = [gpu, money, gpu if idle else 0, money if idle else 0, 1, start, end]
+        else:
+            values = [amount, 1, start, end]
+        _merge(folded.setdefault(key, [0] * (len(values) - 2) + [None, None]), values)
     return folded
+
+
+def _merge(acc: list[Any], values: Sequence[Any]) -> None:
+    """Add a posting's (or a rollup row's) measures to a group's: sums, then first start and
+    last end."""
+    for n, value in enumerate(values[:-2]):
+        acc[n] += value
+    start, end = values[-2:]
+    acc[-2] = start if acc[-2] is None else acc[-2] if start is None else min(acc[-2], start)
+    acc[-1] = end if acc[-1] is None else acc[-1] if end is None else max(acc[-1], end)
 
 
 def _hours(level: RollupLevel, start: int | None, end: int | None) -> tuple[int | None, ...]:
@@ -81,6 +99,7 @@ def _hours(level: RollupLevel, start: int | None, end: int | None) -> tuple[int 
         COARSE: (start // HOUR_US, (end - 1) // HOUR_US),
         DAILY: (start // DAY_US,),
         METERED: ((end - 1) // HOUR_US,),
+        JOBS: (),
     }[level]
 
 
@@ -93,19 +112,15 @@ def rollups_folded(data_dir: Path, level: RollupLevel = FINE) -> dict[Group, lis
     assert entries and all(r is not None for r in infos)
     files = [root / r.path for r in infos if r is not None]
     rows = duckdb.connect().execute(
-        f"SELECT {level.keys_sql()}, amount, postings, start_us, end_us "
-        f"FROM read_parquet([{sql_list(files)}])"
+        f"SELECT {level.columns_sql()} FROM read_parquet([{sql_list(files)}])"
     )
-    folded: dict[Group, list[int]] = defaultdict(lambda: [0, 0, None, None])  # type: ignore[list-item]
+    folded: dict[Group, list[int]] = {}
     n = len(level.keys)
     for row in rows.fetchall():
-        amount, count, start, end = row[n:]
-        acc = folded[(*row[:n], *_hours(level, start, end))]
-        acc[0] += amount
-        acc[1] += count
-        acc[2] = start if acc[2] is None else min(acc[2], start)
-        acc[3] = end if acc[3] is None else max(acc[3], end)
-    return dict(folded)
+        values = row[n:]
+        key = (*row[:n], *_hours(level, *values[-2:]))
+        _merge(folded.setdefault(key, [0] * (len(values) - 2) + [None, None]), values)
+    return folded
 
 
 def test_rollups_equal_the_postings_after_seals_and_after_compaction(tmp_path):
@@ -140,13 +155,15 @@ def test_verify_names_a_rollup_that_differs_from_its_segment(tmp_path):
     root = data_dir / SEGMENTS_DIR
     doc = json.loads((root / MANIFEST_NAME).read_text())
     altered = []
-    for entry in ("rollup", "coarse", "daily", "metered"):  # each level checked on its own
-        rollup = doc["segments"][0][entry]
+    for level in LEVELS:  # each level checked on its own
+        rollup = doc["segments"][0][level.name]
         path = root / rollup["path"]
         tmp = path.with_name("rewritten.tmp")
+        column = level.measures[0].name  # the amount, or the jobs level's GPU-ms
         duckdb.connect().execute(  # one more GPU-ms, checksum updated: only the sums can tell
-            f"COPY (SELECT * REPLACE (CASE WHEN amount > 0 THEN amount + 1 "
-            f"ELSE amount END AS amount) FROM read_parquet('{path}')) TO '{tmp}' (FORMAT parquet)"
+            f"COPY (SELECT * REPLACE (CASE WHEN {column} > 0 THEN {column} + 1 "
+            f"ELSE {column} END AS {column}) FROM read_parquet('{path}')) TO '{tmp}' "
+            "(FORMAT parquet)"
         )
         tmp.replace(path)
         rollup["sha256"] = file_sha256(path)
@@ -158,6 +175,48 @@ def test_verify_names_a_rollup_that_differs_from_its_segment(tmp_path):
             p.startswith(f"segments/{name}: ") and "rows differ from the aggregation" in p
             for p in problems
         ), problems
+
+
+def test_a_manifest_from_a_newer_writer_is_read_and_its_unknown_levels_kept(tmp_path):
+    """Forward compatible: an entry's keys this code does not know (a level a newer writer adds)
+    are neither refused nor lost — kept through this writer's next seal, their files published,
+    pulled, and never removed as strays."""
+    data_dir = tmp_path / "ledger"
+    root = data_dir / SEGMENTS_DIR
+    with DuckDBStore(data_dir) as store:
+        ingest(store, message(0, 1, 2))
+        store.seal()
+        before = _transactions(data_dir)
+        doc = json.loads((root / MANIFEST_NAME).read_text())
+        entry = doc["segments"][0]
+        future = root / entry["path"].replace(".parquet", ".hourly-gpu.parquet")
+        future.write_bytes(b"a level this code does not read")
+        entry["hourly_gpu"] = {"path": str(future.relative_to(root)), "rows": 1,
+                               "sha256": file_sha256(future)}  # fmt: skip
+        entry["written_by"] = {"version": 9}
+        (root / MANIFEST_NAME).write_text(json.dumps(doc))
+        (loaded,) = Manifest(root).load()
+        assert future.relative_to(root).as_posix() in loaded.files()
+        ingest(store, message(1, 3))
+        store.seal(compact_min_segments=100)  # rewrites the manifest, removes strays
+    first, second = json.loads((root / MANIFEST_NAME).read_text())["segments"]
+    assert first == entry  # the unknown entries as they were
+    assert "hourly_gpu" not in second
+    assert future.exists() and not Manifest(root).strays()
+    assert _transactions(data_dir) > before > 0  # both segments read
+    bucket = LocalObjectStore(tmp_path / "bucket")
+    Publisher(data_dir, bucket).push()
+    reader = pull(bucket, tmp_path / "reader")
+    assert (reader / SEGMENTS_DIR / future.relative_to(root)).read_bytes() == future.read_bytes()
+    assert Manifest(reader / SEGMENTS_DIR).load()[0].unknown == Manifest(root).load()[0].unknown
+
+
+def _transactions(data_dir: Path) -> int:
+    q = ReportQueries(data_dir)
+    try:
+        return q.transaction_count()
+    finally:
+        q.close()
 
 
 @pytest.mark.parametrize(
@@ -216,10 +275,14 @@ READS: dict[str, Callable[[ReportQueries], Any]] = {
         q, "model", rollups.DAY_US, TEAM
     ),
     "top-jobs": lambda q: rollups.top_jobs(q, FILTERS, 3),
+    "top-jobs-all-periods-pool": lambda q: rollups.top_jobs(q, POOL, 20),
+    "top-jobs-team-pool": lambda q: rollups.top_jobs(q, rollups.Filters(PERIOD, "search", "a100")),
     "idle-waste": lambda q: rollups.idle_waste(q, POOL),
     "budget-burn-at-the-end": lambda q: rollups.budget_burn(q, PERIOD, END_US, None),
     "budget-burn-mid-hour": lambda q: rollups.budget_burn(q, PERIOD, END_US - 1_234_567, "vision"),
     "job-costs": lambda q: rollups.job_costs(q, TEAM),
+    "job-costs-all": lambda q: rollups.job_costs(q, rollups.Filters()),
+    "job-costs-only": lambda q: rollups.job_costs(q, FILTERS, ["job-v1", "job-notebook", "x"]),
     "team-budget": lambda q: rollups.team_budget(q, "vision"),
     "team-statement-weighted": lambda q: team_statement(q, "vision", PERIOD, "USD", "weighted"),
     "daily-usage": lambda q: rollups.daily_usage(q, None, None),
@@ -263,6 +326,69 @@ def test_each_read_model_is_the_same_from_rollups_as_from_segments(both, read):
             q.close()
     assert answers[0] == answers[1] == answers[2]
     assert answers[0]  # something to compare: the seeded ledger has it
+
+
+def test_the_jobs_rollups_hold_what_the_fine_rollups_hold_per_job(both):
+    rolled, _ = both
+    per_job = 'period, team, project, "user", job_id, model, pool'
+    q = ReportQueries(rolled)
+    try:
+        fine = q.rows(
+            f"SELECT {per_job}, coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
+            "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0), "
+            "coalesce(sum(amount) FILTER (unit = 'gpu_ms' AND idle), 0), "
+            "coalesce(sum(amount) FILTER (unit = 'money_micros' AND idle), 0), "
+            "sum(postings), min(start_us), max(end_us) FROM {rollups} "
+            "WHERE account LIKE 'consumer:%' AND job_id IS NOT NULL GROUP BY ALL ORDER BY ALL"
+        )
+        jobs = q.rows(
+            f"SELECT {per_job}, sum(gpu_ms), sum(money_micros), sum(idle_gpu_ms), "
+            "sum(idle_money_micros), sum(postings), min(start_us), max(end_us) FROM {jobs} "
+            "GROUP BY ALL ORDER BY ALL"
+        )
+        ((rows,),) = q.rows("SELECT count(*) FROM {jobs}")
+    finally:
+        q.close()
+    assert jobs == fine
+    assert any(idle for *_, idle, _, _, _ in jobs)  # idle money to compare
+    assert len(jobs) <= rows < sum(r[-3] for r in jobs)  # a row per job and period per segment
+
+
+def test_a_jobs_pools_are_listed_as_a_distinct_string_aggregate_lists_them():
+    rows = duckdb.connect().execute(
+        f"SELECT job, {POOLS_SQL}, coalesce(string_agg(DISTINCT pool, ', ' ORDER BY pool), '') "
+        "FROM (VALUES ('a', 'h100'), ('a', 'a100'), ('a', 'h100'), ('a', NULL), ('b', NULL), "
+        "('c', 'l4'), ('d', 'a100'), ('d', 'A100'), ('d', 'a100-x')) t(job, pool) GROUP BY job"
+    )
+    found = {job: (listed, aggregated) for job, listed, aggregated in rows.fetchall()}
+    assert found["a"] == ("a100, h100", "a100, h100")
+    assert all(listed == aggregated for listed, aggregated in found.values()), found
+
+
+@pytest.mark.parametrize(
+    "as_of_us",
+    [
+        pytest.param(END_US, id="at-the-end"),
+        pytest.param(END_US - 1_234_567, id="mid-hour"),
+        pytest.param(END_US + 30 * DAY, id="a-month-later"),
+    ],
+)
+def test_fair_share_folds_the_same_floats_as_the_plain_loop(both, as_of_us):
+    rolled, _ = both
+    q = ReportQueries(rolled)
+    try:
+        rows = team_hour_usage(q, as_of_us)
+        columns = team_hour_columns(q, as_of_us)
+        nothing = team_hour_columns(q, HOUR_US + 1)  # before the ledger: no rows at all
+    finally:
+        q.close()
+    plain: dict[str, float] = defaultdict(float)
+    for team, hour, amount in rows:  # the fold as it was written before it was columnar
+        age = max(0, as_of_us - min(as_of_us, (hour + 1) * HOUR_US))
+        plain[team] += amount * 2.0 ** (-age / DEFAULT_HALF_LIFE_US)
+    assert len(rows) > 24 and len(plain) > 1
+    assert decayed_usage(columns, as_of_us, DEFAULT_HALF_LIFE_US) == plain
+    assert decayed_usage(nothing, HOUR_US + 1, DEFAULT_HALF_LIFE_US) == {}
 
 
 def test_the_rollups_stand_for_the_segments_that_have_them(both):
