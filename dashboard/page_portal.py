@@ -28,7 +28,7 @@ from dashboard.portal_view import (
     templates_from_json,
     wait_shown,
 )
-from dashboard.requests_view import STATUS_LABELS, request_rows
+from dashboard.requests_view import request_rows, status_text
 from ledger.roles import Role
 
 BY_HAND = "(by hand)"
@@ -196,8 +196,7 @@ if team_view:  # the team lead's view of the team's requests (filed on the Reque
                 {
                     _("request"): r.request_id,
                     _("change"): r.change,
-                    _("status"): _(STATUS_LABELS.get(r.status, r.status))
-                    + (f": {r.refused_reason}" if r.refused_reason else ""),
+                    _("status"): status_text(r, _),
                     _("requested by"): r.requested_by,
                     _("decided by"): r.decided_by,
                     _("comment"): r.comment,

@@ -23,6 +23,7 @@ from dashboard.requests_view import (
     request_body,
     request_rows,
     status_counts,
+    status_text,
 )
 from ledger.roles import Action, scope_of
 
@@ -155,8 +156,7 @@ else:
                 _("request"): r.request_id,
                 _("team"): r.team,
                 _("change"): r.change,
-                _("status"): _(STATUS_LABELS.get(r.status, r.status))
-                + (f": {r.refused_reason}" if r.refused_reason else ""),
+                _("status"): status_text(r, _),
                 _("requested by"): r.requested_by,
                 _("reason"): r.reason,
                 _("approvers"): r.approvers,

@@ -176,6 +176,12 @@ def request_rows(
     return rows
 
 
+def status_text(row: RequestRow, tr: Translate = english) -> str:
+    """A row's status as shown: its label, with the ledger's reason when it refused."""
+    label = tr(STATUS_LABELS.get(row.status, row.status))
+    return f"{label}: {row.refused_reason}" if row.refused_reason else label
+
+
 def status_counts(rows: Sequence[RequestRow]) -> dict[str, int]:
     """How many requests have each status, in the order a reader scans them."""
     order = (PENDING, "refused", "approved", "rejected", "expired")

@@ -25,6 +25,7 @@ from dashboard.requests_view import (
     request_body,
     request_rows,
     status_counts,
+    status_text,
 )
 from scheduler.api.request_models import RequestBody
 
@@ -193,3 +194,19 @@ def test_rows_newest_first_and_counted_by_status():
     )
     assert [r.request_id for r in rows] == ["b", "d", "c", "a", "e"]
     assert status_counts(rows) == {"pending": 2, "refused": 1, "approved": 1, "expired": 1}
+
+
+@pytest.mark.parametrize(
+    ("row", "shown"),
+    [
+        pytest.param(a_row(), "PENDING", id="pending"),
+        pytest.param(a_row(status="approved"), "APPROVED", id="approved"),
+        pytest.param(
+            a_row(status="refused", refused_reason="period 2026-11 is closed"),
+            "REFUSED BY THE LEDGER: period 2026-11 is closed",
+            id="refused-says-the-ledgers-reason",
+        ),
+    ],
+)
+def test_status_as_shown_in_the_language(row, shown):
+    assert status_text(row, str.upper) == shown
