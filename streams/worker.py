@@ -38,6 +38,12 @@ ingesting into the hot tables, where the committed rows stay; every seal interva
 again, and the first seal that succeeds logs `sealing resumed` and clears the gauge. (A batch
 that closes a period must seal first: while sealing is blocked that batch fails like any failing
 batch — the worker exits, to be restarted — and is applied once sealing works again.)
+
+With the sealed ledger on an object store, a seal whose publish finds that another writer has
+claimed the ledger since this one did (`WriterFenced`, `ledger.store.head`) ends the worker at
+once (75, `FENCED_EXIT`), logging who holds the ledger now: nothing it published after that
+claim is named by the store's head, so no reader reads it, and its committed rows stay in its
+hot database, to be published when it is started again (and claims the ledger anew).
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, tzinfo
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import faust
 
@@ -59,6 +65,7 @@ from ledger.excerpts import TEXT_LIMIT, bounded
 from ledger.idle import IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, IngestResult, InputTopics, OutputTopics
 from ledger.pricing import PriceBook
+from ledger.store.head import WriterFenced
 from ledger.store.hot import DuckDBStore
 from ledger.store.identity import claim_zone
 from ledger.store.port import OutboxMessage, SealResult
@@ -76,6 +83,7 @@ from streams.sample_batches import SampleBatchConsumer
 
 log = logging.getLogger("tally.worker")
 INCARNATION_CHANGED_EXIT = 75  # EX_TEMPFAIL: run it again
+FENCED_EXIT = 75  # another writer claimed the published ledger: start again to claim it anew
 DEFAULT_IDLE_POLICY = IdlePolicy()
 HEARTBEAT_S = 1.0
 
@@ -205,6 +213,13 @@ async def _die(agent: Any, exc: BaseException) -> None:
 def _apply_batch(ingestor: Ingestor, messages: list[ConsumedMessage]) -> IngestResult:
     with collector_paused():
         return ingestor.apply(messages)
+
+
+def _fenced(exc: WriterFenced) -> NoReturn:
+    """Stop at once: another writer holds the published ledger (see the module docstring)."""
+    log.critical("%s; exiting", bounded(str(exc), TEXT_LIMIT))
+    logging.shutdown()
+    os._exit(FENCED_EXIT)
 
 
 class LedgerWorker:
@@ -373,7 +388,10 @@ class LedgerWorker:
             ingestor = self._ingestor
             assert ingestor is not None
             started = time.perf_counter()
-            result = await asyncio.to_thread(_apply_batch, ingestor, messages)
+            try:  # a batch that closes a period seals, and so publishes, first
+                result = await asyncio.to_thread(_apply_batch, ingestor, messages)
+            except WriterFenced as exc:
+                _fenced(exc)
             elapsed = time.perf_counter() - started
             self.stats.last_commit_ms = elapsed * 1000
         self._count(result)
@@ -520,6 +538,8 @@ class LedgerWorker:
                 self._last_seal = time.monotonic()
                 self._seal_failed(exc)
                 return
+            except WriterFenced as exc:
+                _fenced(exc)
             await asyncio.to_thread(self.store.prune_seen_events, s.dedupe_window_us)
             self._last_seal = time.monotonic()
         self._sealed(result)
@@ -559,6 +579,8 @@ class LedgerWorker:
             self._sealed(self.store.seal(s.compact_below_rows, s.compact_min_segments))
         except (SealError, SegmentError) as exc:
             self._seal_failed(exc)
+        except WriterFenced as exc:
+            _fenced(exc)
         freeze_startup_objects()
         worker = faust.Worker(
             self.app,

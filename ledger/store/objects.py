@@ -14,15 +14,29 @@ one. Every failure to reach or use the store is an `OSError` (a missing object:
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import hashlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 
+from ledger.errors import StoreError
 from ledger.store.segments import atomic_write_bytes
+
+
+class WriteConflict(StoreError):
+    """A conditional put (`ObjectStore.put_if`) found the object not as the writer last saw
+    it: another writer replaced it, created it, or removed it."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(f"{where}: changed by another writer since this one last read it")
+        self.where = where
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +62,17 @@ class ObjectStore(Protocol):
 
     def delete(self, key: str) -> None:
         """Remove the object (none there: nothing happens)."""
+        ...
+
+    def get_tagged(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes and its tag (what `put_if` compares); `FileNotFoundError` when
+        there is none."""
+        ...
+
+    def put_if(self, key: str, data: bytes, tag: str | None) -> str:
+        """Store `data` under `key` only if the object there still has `tag` (None: only if
+        there is no object), atomically, and return the new object's tag; `WriteConflict`
+        otherwise."""
         ...
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
@@ -80,6 +105,25 @@ class LocalObjectStore:
 
     def delete(self, key: str) -> None:
         (self.root / _check_key(key)).unlink(missing_ok=True)
+
+    def get_tagged(self, key: str) -> tuple[bytes, str]:
+        data = self.get(key)
+        return data, hashlib.sha256(data).hexdigest()
+
+    def put_if(self, key: str, data: bytes, tag: str | None) -> str:
+        path = self.root / _check_key(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # `.name.lock`: skipped by `list`, like a write in progress
+        with (path.parent / f".{path.name}.lock").open("a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes
+            try:
+                current: str | None = hashlib.sha256(path.read_bytes()).hexdigest()
+            except FileNotFoundError:
+                current = None
+            if current != tag:
+                raise WriteConflict(f"{self.describe()}/{key}")
+            atomic_write_bytes(path, data)
+        return hashlib.sha256(data).hexdigest()
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         if not self.root.is_dir():
@@ -137,6 +181,8 @@ class S3ObjectStore:
             options["endpoint_override"] = endpoint.netloc or endpoint.path
             options["scheme"] = endpoint.scheme or "https"
         self._fs = pafs.S3FileSystem(**options)
+        self._settings = settings
+        self._client: Any = None  # boto3's, for the conditional requests only; made when used
 
     def _path(self, key: str) -> str:
         base = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
@@ -153,6 +199,68 @@ class S3ObjectStore:
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._fs.delete_file(self._path(key))
+
+    def get_tagged(self, key: str) -> tuple[bytes, str]:
+        with self._s3_errors(key, conflict=False):
+            answer = self._boto().get_object(Bucket=self.bucket, Key=self._object_key(key))
+            return bytes(answer["Body"].read()), str(answer["ETag"])
+
+    def put_if(self, key: str, data: bytes, tag: str | None) -> str:
+        condition = {"IfNoneMatch": "*"} if tag is None else {"IfMatch": tag}
+        with self._s3_errors(key, conflict=True):
+            answer = self._boto().put_object(
+                Bucket=self.bucket, Key=self._object_key(key), Body=data, **condition
+            )
+            return str(answer["ETag"])
+
+    def _object_key(self, key: str) -> str:
+        return f"{self.prefix}/{_check_key(key)}" if self.prefix else _check_key(key)
+
+    def _boto(self) -> Any:
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            s = self._settings
+            self._client = boto3.client(
+                "s3",
+                endpoint_url=s.endpoint_url,
+                region_name=s.region,
+                aws_access_key_id=s.access_key_id or None,
+                aws_secret_access_key=s.secret_access_key or None,
+                aws_session_token=s.session_token or None,
+                config=Config(
+                    connect_timeout=s.timeout_s,
+                    read_timeout=s.timeout_s,
+                    retries={"max_attempts": 2, "mode": "standard"},
+                ),
+            )
+        return self._client
+
+    @contextlib.contextmanager
+    def _s3_errors(self, key: str, *, conflict: bool) -> Iterator[None]:
+        """boto3's errors as this port's: a failed condition (412, or 409 when two conditional
+        writes race; on a put, an object gone too) is a `WriteConflict`, a missing object a
+        `FileNotFoundError`, anything else an `OSError` naming the key."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        where = f"{self.describe()}/{key}"
+        try:
+            yield
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            missing = code in ("NoSuchKey", "404") or status == 404
+            if code in ("PreconditionFailed", "ConditionalRequestConflict") or (
+                conflict and (status in (409, 412) or missing)
+            ):
+                raise WriteConflict(where) from exc
+            if missing:
+                raise FileNotFoundError(errno.ENOENT, "no such object", key) from exc
+            raise OSError(errno.EIO, f"{code}: {error.get('Message', exc)}", key) from exc
+        except BotoCoreError as exc:
+            raise OSError(errno.EIO, str(exc), key) from exc
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         base = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket

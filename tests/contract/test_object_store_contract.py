@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.store.objects import LocalObjectStore, ObjectStore, open_object_store
+from ledger.store.objects import LocalObjectStore, ObjectStore, WriteConflict, open_object_store
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -84,3 +84,39 @@ def test_a_segments_url_opens_its_store(url, described):
 def test_a_segments_url_of_another_kind_is_refused(url):
     with pytest.raises(ValueError, match="expected s3://bucket"):
         open_object_store(url)
+
+
+def test_a_conditional_put_replaces_only_the_object_the_writer_last_saw(store):
+    first = store.put_if("head.json", b"one", None)  # only if absent: it is
+    data, tag = store.get_tagged("head.json")
+    assert (data, tag) == (b"one", first)
+    second = store.put_if("head.json", b"two", tag)
+    assert second != first
+    with pytest.raises(WriteConflict, match=r"head\.json"):
+        store.put_if("head.json", b"stale", first)  # a writer holding the old tag
+    with pytest.raises(WriteConflict):
+        store.put_if("head.json", b"again", None)  # "only if absent" when there is one
+    assert store.get_tagged("head.json") == (b"two", second)
+
+
+def test_a_conditional_put_of_an_object_removed_meanwhile_conflicts(store):
+    tag = store.put_if("head.json", b"one", None)
+    store.delete("head.json")
+    with pytest.raises(WriteConflict):
+        store.put_if("head.json", b"two", tag)
+    with pytest.raises(FileNotFoundError):
+        store.get_tagged("head.json")
+
+
+def test_of_two_writers_holding_one_tag_exactly_one_wins(store):
+    tag = store.put_if("head.json", b"zero", None)
+    outcomes = []
+    for body in (b"a", b"b"):
+        try:
+            store.put_if("head.json", body, tag)
+            outcomes.append(body)
+        except WriteConflict:
+            outcomes.append(None)
+    assert outcomes == [b"a", None]
+    assert store.get_tagged("head.json")[0] == b"a"
+    assert [o.key for o in store.list()] == ["head.json"]  # no lock or temporary file listed

@@ -18,7 +18,7 @@ from ledger.read.queries import LedgerQueries
 from ledger.read.reports import ReportQueries
 from ledger.store.objects import ObjectInfo, ObjectStore
 from ledger.store.published import PublishedStore
-from ledger.store.replica import REPLICA_DIR, Publisher, pull
+from ledger.store.replica import REPLICA_DIR, Publisher, pull, read_published
 from ledger.store.rollup_files import LEVELS
 from ledger.store.verify import verify_ledger
 from tally.cli import cli
@@ -70,11 +70,21 @@ class FaultyStore:
         return self.inner.get(key)
 
     def put(self, key: str, data: bytes) -> None:
+        self._fault(key)
+        self.inner.put(key, data)
+
+    def get_tagged(self, key: str) -> tuple[bytes, str]:
+        return self.inner.get_tagged(key)
+
+    def put_if(self, key: str, data: bytes, tag: str | None) -> str:
+        self._fault(key)
+        return self.inner.put_if(key, data, tag)
+
+    def _fault(self, key: str) -> None:
         if self.times > 0 and self.hit(key):
             self.times -= 1
             self.failed.append(key)
             raise OSError(errno.EIO, "injected store failure", key)
-        self.inner.put(key, data)
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)
@@ -169,11 +179,16 @@ def _segment(key: str) -> bool:
     return key.startswith("segments/") and key.endswith(".parquet")
 
 
+def _version_of(path: str) -> Callable[[str], bool]:
+    return lambda key: key.startswith(f"versions/{path}/")
+
+
 FAILURES = [
     pytest.param(_segment, False, id="a-segment"),
-    pytest.param(lambda key: key == "segments/manifest.json", False, id="the-postings-manifest"),
+    pytest.param(_version_of("segments/manifest.json"), False, id="the-postings-manifest"),
+    pytest.param(lambda key: key == "head.json", False, id="the-head"),
     # side files are written after the rows are published: those are sealed, the file waits
-    pytest.param(lambda key: key == "segments/refused.json", True, id="a-side-file"),
+    pytest.param(_version_of("segments/refused.json"), True, id="a-side-file"),
 ]
 
 
@@ -188,7 +203,7 @@ def test_a_store_failing_mid_seal_shows_no_partial_manifest_and_loses_nothing(
         ingest(writer, message(0, 1, 2), message(1, 3))
         writer.seal()
         before = totals(pull(s3_store, tmp_path / "r1"))
-        remote_manifest = s3_store.get("segments/manifest.json")
+        remote_manifest = read_published(s3_store, "segments/manifest.json")
         local_manifest = writer.manifest.path.read_bytes()
         ingest(writer, message(2, 4, 5), message(3, 6), message(4, value=b"{not json"))
         waiting = writer.hot_rows()
@@ -205,7 +220,7 @@ def test_a_store_failing_mid_seal_shows_no_partial_manifest_and_loses_nothing(
             assert totals(pull(s3_store, tmp_path / "r2")) == after
         else:  # nothing lost: the rows wait in the hot tables; nothing partial visible
             assert writer.hot_rows() == waiting
-            assert s3_store.get("segments/manifest.json") == remote_manifest
+            assert read_published(s3_store, "segments/manifest.json") == remote_manifest
             assert totals(pull(s3_store, tmp_path / "r2")) == before
             assert writer.manifest.path.read_bytes() == local_manifest
             assert totals(live) == before
@@ -260,7 +275,7 @@ def test_a_writer_without_a_sealed_ledger_never_publishes_over_one(tmp_path, s3_
     with PublishedStore(tmp_path / "first", Publisher(tmp_path / "first", s3_store)) as first:
         ingest(first, message(0, 1, 2))
         first.seal()
-    published = s3_store.get("segments/manifest.json")
+    published = read_published(s3_store, "segments/manifest.json")
     lost = tmp_path / "new-disk"  # the writer's disk was replaced: the store has the ledger
     with PublishedStore(lost, Publisher(lost, s3_store, attempts=1)) as second:
         ingest(second, message(0, 5))
@@ -268,7 +283,7 @@ def test_a_writer_without_a_sealed_ledger_never_publishes_over_one(tmp_path, s3_
         with pytest.raises(SealError, match=r"the store holds a sealed ledger and .* has none"):
             second.seal()
         assert second.hot_rows() == waiting
-    assert s3_store.get("segments/manifest.json") == published
+    assert read_published(s3_store, "segments/manifest.json") == published
 
 
 def test_a_reader_elsewhere_keeps_the_books_in_the_writers_time_zone(tmp_path, s3_store):
