@@ -7,7 +7,7 @@ measured (`metrics`) and compared (`compare`, `report`): cost and GPU-hours per 
 delay p50/p95 per team and queue, utilisation, preemptions and GPU-hours lost, Jain fairness,
 budget overruns; the recorded admissions against the baseline replay (every divergence with
 its cause); and, when GPUs are added, whether any team's p95 wait rose and the capacity
-sentence.
+sentence; `texts` writes all of it in a reader's language (`WhatIfReport.said`).
 
 Everything here is pure but `replay`'s wall-clock timing; `tally.whatif` turns configuration
 files into scenarios and reads the archive.
@@ -17,11 +17,13 @@ from scheduler.whatif.compare import COLUMNS, Divergence, divergences, same_deci
 from scheduler.whatif.history import Admission, History, read_history
 from scheduler.whatif.metrics import Delay, Metrics, Overrun, jain_permille, metrics
 from scheduler.whatif.replay import Outcome, Run, Scenario, Wait, replay
-from scheduler.whatif.report import WhatIfReport, what_if
+from scheduler.whatif.report import Said, WhatIfReport, what_if
+from scheduler.whatif.texts import Cause
 
 __all__ = [
     "COLUMNS",
     "Admission",
+    "Cause",
     "Delay",
     "Divergence",
     "History",
@@ -29,6 +31,7 @@ __all__ = [
     "Outcome",
     "Overrun",
     "Run",
+    "Said",
     "Scenario",
     "Wait",
     "WhatIfReport",

@@ -8,7 +8,8 @@
 - `comparison_rows`: baseline vs alternative, one row per (metric, scope), values as text;
 - `wait_flags` and `capacity_sentence`: what adding GPUs did to the waits.
 
-Pure: values in, values out.
+The words are `scheduler.whatif.texts`' (English unless a `Translate` is handed in). Pure:
+values in, values out.
 """
 
 from __future__ import annotations
@@ -16,21 +17,62 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ledger.job_events import WaitReason
-from ledger.read.job_history import duration_text
+from ledger.read.texts import Translate, english
 from ledger.units import MS_PER_HOUR, format_micros
 from scheduler.whatif.history import Admission
 from scheduler.whatif.metrics import Metrics, Overrun
 from scheduler.whatif.replay import Outcome
+from scheduler.whatif.texts import (
+    Cause,
+    capacity_text,
+    cause_text,
+    flag_text,
+    gpu_hours_text,
+    wait_text,
+    where_text,
+    why_code,
+    why_words,
+)
 
 COLUMNS = ("metric", "scope", "baseline", "alternative")
 
 
 @dataclass(frozen=True, slots=True)
 class Divergence:
+    """A job whose first admission differs between the record and a replay: each side's first
+    admission (None: not admitted in the window), how they differ, and the wait reason behind
+    it at the time (None: the job was not yet considered)."""
+
     job_id: str
-    recorded: str  # "12:00:05 on main/H100", or "not admitted"
-    replayed: str
-    cause: str
+    recorded_first: Admission | None
+    replayed_first: Admission | None
+    kind: Cause
+    why: WaitReason | None
+    since_us: int  # the window's start: admissions are said as time after it
+
+    @property
+    def recorded(self) -> str:
+        """`+3 h 05 min on main/H100`, or `not admitted` (the report's words)."""
+        return where_text(self.recorded_first, self.since_us)
+
+    @property
+    def replayed(self) -> str:
+        return where_text(self.replayed_first, self.since_us)
+
+    @property
+    def cause(self) -> str:
+        """The cause as the report says it, the wait reason by its code (`no_capacity`)."""
+        return cause_text(self.kind, why_code(self.why), self.recorded_first, self.replayed_first)
+
+    def said(self, tr: Translate = english) -> tuple[str, str, str, str]:
+        """Job, recorded, replayed and cause as a table says them: the wait reason in words."""
+        since, rec, rep = self.since_us, self.recorded_first, self.replayed_first
+        return (
+            self.job_id,
+            where_text(rec, since, tr),
+            where_text(rep, since, tr),
+            cause_text(self.kind, why_words(self.why, tr), rec, rep, tr),
+        )
 
 
 def _reason_at(
@@ -41,12 +83,6 @@ def _reason_at(
         if job == job_id and time_us <= at_us:
             latest = reason
     return latest
-
-
-def _where(a: Admission | None, since_us: int) -> str:
-    if a is None:
-        return "not admitted"
-    return f"+{duration_text(a.time_us - since_us)} on {a.pool}/{a.model}"
 
 
 def divergences(
@@ -61,26 +97,26 @@ def divergences(
     out = []
     for job_id in sorted(set(mine) | set(theirs)):
         rec, rep = mine.get(job_id), theirs.get(job_id)
+        why = None
         if rec is not None and rep is not None:
             if (rec.pool, rec.model) != (rep.pool, rep.model):
-                cause = f"placed on {rep.pool}/{rep.model} instead of {rec.pool}/{rec.model}"
+                kind = Cause.ELSEWHERE
             elif abs(rec.time_us - rep.time_us) <= tolerance_us:
                 continue
             elif rep.time_us > rec.time_us:
+                kind = Cause.REPLAY_WAITED
                 why = _reason_at(outcome.wait_reasons, job_id, rec.time_us)
-                cause = f"the replay kept it waiting ({why or 'not yet considered'})"
             else:
+                kind = Cause.RECORD_WAITED
                 why = _reason_at(recorded_waits, job_id, rep.time_us)
-                cause = f"the record kept it waiting ({why or 'not yet considered'})"
         elif rec is not None:
+            kind = Cause.REPLAY_NEVER
             why = _reason_at(outcome.wait_reasons, job_id, outcome.until_us)
-            cause = f"the replay never admitted it ({why or 'not yet considered'})"
         else:
             assert rep is not None
+            kind = Cause.RECORD_NEVER
             why = _reason_at(recorded_waits, job_id, outcome.until_us)
-            cause = f"never admitted in the record ({why or 'not yet considered'})"
-        since = outcome.since_us
-        out.append(Divergence(job_id, _where(rec, since), _where(rep, since), cause))
+        out.append(Divergence(job_id, rec, rep, kind, why, outcome.since_us))
     return tuple(out)
 
 
@@ -96,11 +132,25 @@ def gpu_hours(gpu_ms: int) -> str:
     return f"{whole}.{rest * 1000 // MS_PER_HOUR:03d}"
 
 
-def _wait(us: int) -> str:
-    return duration_text(us)
+def comparison_rows(
+    a: Metrics, b: Metrics, tr: Translate = english
+) -> list[tuple[str, str, str, str]]:
+    """(metric code, scope, baseline, alternative): the values in `tr`'s words (waits, GPU-h),
+    the metric and scope as codes (`scheduler.whatif.texts.metric_name` says them)."""
 
+    def wait(us: int) -> str:
+        return wait_text(us, tr)
 
-def comparison_rows(a: Metrics, b: Metrics) -> list[tuple[str, str, str, str]]:
+    def overrun(o: Overrun | None) -> str:
+        if o is None:
+            return "-"
+        parts = []
+        if o.money_micros:
+            parts.append(format_micros(o.money_micros))
+        if o.gpu_ms:
+            parts.append(gpu_hours_text(gpu_hours(o.gpu_ms), tr))
+        return " + ".join(parts)
+
     rows: list[tuple[str, str, str, str]] = []
     for team in sorted(set(a.gpu_ms) | set(b.gpu_ms)):
         rows.append(
@@ -125,28 +175,20 @@ def comparison_rows(a: Metrics, b: Metrics) -> list[tuple[str, str, str, str]]:
                     (
                         f"wait_{q}",
                         f"{label}:{name}",
-                        "-" if x is None else _wait(getattr(x, f"{q}_us")),
-                        "-" if y is None else _wait(getattr(y, f"{q}_us")),
+                        "-" if x is None else wait(getattr(x, f"{q}_us")),
+                        "-" if y is None else wait(getattr(y, f"{q}_us")),
                     )
                 )
-    rows.append(("wait_p50", "all", _wait(a.delay_all.p50_us), _wait(b.delay_all.p50_us)))
-    rows.append(("wait_p95", "all", _wait(a.delay_all.p95_us), _wait(b.delay_all.p95_us)))
-    rows.append(
-        (
-            "utilisation",
-            "fleet",
-            _pct(a.utilisation_bp),
-            _pct(b.utilisation_bp),
-        )
-    )
+    rows.append(("wait_p50", "all", wait(a.delay_all.p50_us), wait(b.delay_all.p50_us)))
+    rows.append(("wait_p95", "all", wait(a.delay_all.p95_us), wait(b.delay_all.p95_us)))
+    rows.append(("utilisation", "fleet", _pct(a.utilisation_bp), _pct(b.utilisation_bp)))
     rows.append(("preemptions", "all", str(a.preemptions), str(b.preemptions)))
     rows.append(("gpu_hours_lost", "all", gpu_hours(a.lost_gpu_ms), gpu_hours(b.lost_gpu_ms)))
     rows.append(("jain_fairness", "teams", _permille(a.jain_permille), _permille(b.jain_permille)))
     over_a = {o.team: o for o in a.overruns}
     over_b = {o.team: o for o in b.overruns}
     for team in sorted(set(over_a) | set(over_b)):
-        row = ("budget_overrun", team, _overrun(over_a.get(team)), _overrun(over_b.get(team)))
-        rows.append(row)
+        rows.append(("budget_overrun", team, overrun(over_a.get(team)), overrun(over_b.get(team))))
     return rows
 
 
@@ -158,31 +200,17 @@ def _permille(value: int) -> str:
     return f"{value // 1000}.{value % 1000:03d}"
 
 
-def _overrun(o: Overrun | None) -> str:
-    if o is None:
-        return "-"
-    parts = []
-    if o.money_micros:
-        parts.append(format_micros(o.money_micros))
-    if o.gpu_ms:
-        parts.append(f"{gpu_hours(o.gpu_ms)} GPU-h")
-    return " + ".join(parts)
-
-
-def wait_flags(a: Metrics, b: Metrics) -> tuple[str, ...]:
+def wait_flags(a: Metrics, b: Metrics, tr: Translate = english) -> tuple[str, ...]:
     """Teams whose p95 wait rose from baseline to alternative."""
     return tuple(
-        f"team {team}: p95 wait rose from {_wait(x.p95_us)} to {_wait(y.p95_us)}"
+        flag_text(team, x.p95_us, y.p95_us, tr)
         for team, x in a.delay_by_team.items()
         if (y := b.delay_by_team.get(team)) is not None and y.p95_us > x.p95_us
     )
 
 
-def capacity_sentence(added: dict[str, int], a: Metrics, b: Metrics) -> str:
+def capacity_sentence(
+    added: dict[str, int], a: Metrics, b: Metrics, tr: Translate = english
+) -> str:
     """ "adding N GPUs of model M would cut p95 wait from X to Y" (or not cut it)."""
-    what = " and ".join(f"{n} GPUs of model {m}" for m, n in sorted(added.items()))
-    x, y = a.delay_all.p95_us, b.delay_all.p95_us
-    if x == y:
-        return f"adding {what} would leave p95 wait at {_wait(x)}"
-    verb = "cut" if y < x else "raise"
-    return f"adding {what} would {verb} p95 wait from {_wait(x)} to {_wait(y)}"
+    return capacity_text(added, a.delay_all.p95_us, b.delay_all.p95_us, tr)

@@ -1,5 +1,7 @@
 """One what-if: the window's history replayed under the baseline scenario (the recorded
-configuration) and under the alternative, and everything `tally whatif` prints about them.
+configuration) and under the alternative, and everything `tally whatif` prints about them:
+the report's own text (English, codes where a program reads them: `-o json|csv`, a saved
+report) and `said`, the same in a reader's words for a table (`scheduler.whatif.texts`).
 
 Pure but for the clock it reads to say how fast the replays ran.
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ledger.read.texts import Translate
 from ledger.units import US_PER_SECOND
 from scheduler.whatif.compare import (
     Divergence,
@@ -21,6 +24,7 @@ from scheduler.whatif.compare import (
 from scheduler.whatif.history import History
 from scheduler.whatif.metrics import Metrics, metrics
 from scheduler.whatif.replay import Outcome, Progress, Scenario, replay
+from scheduler.whatif.texts import metric_name, scope_name
 
 DAY_US = 86_400 * US_PER_SECOND
 
@@ -40,11 +44,37 @@ class WhatIfReport:
     capacity: str | None  # with GPUs added: the capacity sentence
     replay_seconds: float  # wall-clock seconds of both replays
     undecodable: int = 0  # archived job messages that could not be read
+    added_gpus: tuple[tuple[str, int], ...] = ()  # (model, count) the alternative was given
 
     @property
     def simulated_days_per_second(self) -> float:
         days = 2 * (self.until_us - self.since_us) / DAY_US
         return days / self.replay_seconds if self.replay_seconds > 0 else 0.0
+
+    def said(self, tr: Translate) -> Said:
+        """The comparison, divergences, flags and capacity sentence in `tr`'s words, written
+        again from the figures (metric and scope names, waits, wait reasons in words)."""
+        a, b = self.baseline, self.alternative
+        added = dict(self.added_gpus)
+        return Said(
+            tuple(
+                (metric_name(metric, tr), scope_name(scope, tr), x, y)
+                for metric, scope, x, y in comparison_rows(a, b, tr)
+            ),
+            tuple(d.said(tr) for d in self.divergences),
+            wait_flags(a, b, tr) if added else (),
+            capacity_sentence(added, a, b, tr) if added else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Said:
+    """A report as a table says it (`WhatIfReport.said`)."""
+
+    rows: tuple[tuple[str, str, str, str], ...]  # metric, scope, baseline, alternative
+    divergences: tuple[tuple[str, str, str, str], ...]  # job, recorded, replayed, cause
+    flags: tuple[str, ...]
+    capacity: str | None
 
 
 def what_if(
@@ -85,5 +115,6 @@ def what_if(
         capacity_sentence(added, ma, mb) if added else None,
         a.wall_s + b.wall_s,
         history.undecodable,
+        tuple(sorted(added.items())),
     )
     return report, a, b

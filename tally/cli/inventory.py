@@ -1,14 +1,15 @@
 """`tally inventory list`: the GPUs the collectors report, as the ledger's last seal recorded
 them (`segments/inventory.json`, `ledger.store.side_files`), with each GPU's status now (`live`
 or `stale` after `inventory.stale_after_intervals` silent sampling intervals), its health and
-cordon; `tally inventory cordon|uncordon NODE_OR_GPU --reason …`: the admin events that keep
-new placements off a node or GPU, and let them back."""
+cordon, and when it was first and last seen (in a table on the ledger's clock, `ledger.timezone`;
+in JSON and CSV in UTC); `tally inventory cordon|uncordon NODE_OR_GPU --reason …`: the admin
+events that keep new placements off a node or GPU, and let them back."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from ledger.admin import (
 )
 from ledger.errors import EventError, LedgerError
 from ledger.inventory import InventoryGpu, status_of
+from ledger.store.identity import recorded_zone
 from ledger.store.layout import SEGMENTS_DIR
 from ledger.store.side_files import load_inventory
 from ledger.topology import GpuTopology, topology_to_dict
@@ -48,7 +50,7 @@ from tally.cli.options import (
 )
 from tally.inventory_config import InventoryConfig
 from tally.language import _
-from tally.output import OutputFormat, render
+from tally.output import OutputFormat, render, shown_time
 
 HEADERS = [
     "node",
@@ -72,10 +74,6 @@ HEADERS = [
 ]
 
 
-def _utc(time_us: int) -> str:
-    return datetime.fromtimestamp(time_us / 1e6, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _topology(topology: GpuTopology, structured: bool) -> Any:
     """Where the GPU sits: an object in JSON, `nvlink_domain=…,numa_node=…` as text (None: not
     known)."""
@@ -86,9 +84,14 @@ def _topology(topology: GpuTopology, structured: bool) -> Any:
 
 
 def inventory_rows(
-    gpus: list[InventoryGpu], now_us: int, stale_after_intervals: int, fmt: OutputFormat
+    gpus: list[InventoryGpu],
+    now_us: int,
+    stale_after_intervals: int,
+    fmt: OutputFormat,
+    zone: tzinfo = UTC,
 ) -> list[list[Any]]:
-    """One row per GPU; JSON keeps labels as an object and MIG profiles as a list."""
+    """One row per GPU; JSON keeps labels as an object and MIG profiles as a list; first and
+    last seen on `zone`'s clock in a table, in UTC otherwise (`tally.output.shown_time`)."""
     rows: list[list[Any]] = []
     for g in gpus:
         profiles = [m.profile for m in g.mig]
@@ -112,8 +115,8 @@ def inventory_rows(
                 g.faults,
                 f"{g.cordoned_by}: {g.cordon_reason}" if g.cordoned else None,
                 status.value,
-                _utc(g.first_seen_us),
-                _utc(g.last_seen_us),
+                shown_time(g.first_seen_us, fmt, zone),
+                shown_time(g.last_seen_us, fmt, zone),
             ]
         )
     return rows
@@ -142,6 +145,7 @@ def list_gpus(config_path: str, data_dir: str | None, output: str, pool: str | N
     directory = resolve_ledger_dir(config_path, data_dir)
     try:
         gpus = load_inventory(directory / SEGMENTS_DIR)
+        zone = recorded_zone(directory)
     except LedgerError as exc:
         fail(str(exc), Exit.LEDGER)
     gpus = [g for g in gpus if pool is None or g.pool == pool]
@@ -150,7 +154,7 @@ def list_gpus(config_path: str, data_dir: str | None, output: str, pool: str | N
         click.echo("no GPUs reported" + (f" in pool {pool}" if pool else ""))
         return
     now = time.time_ns() // 1000
-    rows = inventory_rows(gpus, now, stale_after, fmt)
+    rows = inventory_rows(gpus, now, stale_after, fmt, zone)
     click.echo(render(HEADERS, rows, fmt))
 
 

@@ -10,6 +10,8 @@ or wrong token, a role that may not: 403); 3 the scheduler could not be reached 
 `submit` and `cancel` send an `Idempotency-Key` (a fresh UUID, or `--idempotency-key`) and
 retry with the same key when the scheduler cannot be reached or answers 5xx, so a retry never
 makes a second job. `list` follows the API's cursors to the last page (or `--limit` jobs).
+A job's `submitted` is on the ledger's clock in a table (the configuration's `ledger.timezone`,
+UTC without one), in UTC in CSV; JSON is the API's record (`submitted_us`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import re
 import time
 import uuid
-from datetime import UTC, datetime, tzinfo
+from datetime import UTC, tzinfo
 from typing import Any, NoReturn
 
 import click
@@ -32,7 +34,7 @@ from tally.cli.help import Group
 from tally.cli.options import Exit, config_option, fail, load_or_exit, output_option
 from tally.config import ConfigError, load_config
 from tally.language import EN, _, language, reader
-from tally.output import OutputFormat, render
+from tally.output import OutputFormat, render, shown_time
 
 TIMEOUT_S = 30.0
 RETRIES = 3  # attempts of a request that carries an idempotency key
@@ -68,13 +70,6 @@ def parse_duration(text: str) -> float:
         )
     days, hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
     return days * 86_400 + hours * 3_600 + minutes * 60 + seconds
-
-
-def _when(time_us: int | None) -> str | None:
-    if time_us is None:
-        return None
-    moment = datetime.fromtimestamp(time_us / 1_000_000, tz=UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
 class Client:
@@ -150,7 +145,10 @@ class Client:
 JOB_COLUMNS = ("job_id", "team", "queue", "gpus", "state", "reason", "attempt", "submitted")
 
 
-def _job_row(job: dict[str, Any]) -> list[Any]:
+def job_row(job: dict[str, Any], fmt: OutputFormat, zone: tzinfo = UTC) -> list[Any]:
+    """A job of the API's as `-o table` and `-o csv` print it: `submitted` on the ledger's clock
+    in a table (`tally.output.shown_time`), in UTC in CSV (JSON prints the API's record)."""
+    submitted = job["submitted_us"]
     return [
         job["job_id"],
         job["team"],
@@ -159,15 +157,16 @@ def _job_row(job: dict[str, Any]) -> list[Any]:
         job["state"],
         job["reason"] or None,
         job["attempt"],
-        _when(job["submitted_us"]),
+        None if submitted is None else shown_time(submitted, fmt, zone),
     ]
 
 
-def _echo_jobs(jobs: list[dict[str, Any]], fmt: OutputFormat) -> None:
+def _echo_jobs(jobs: list[dict[str, Any]], fmt: OutputFormat, config_path: str) -> None:
     if fmt is OutputFormat.JSON:
         click.echo(orjson.dumps(jobs, option=orjson.OPT_INDENT_2).decode())
         return
-    click.echo(render(JOB_COLUMNS, [_job_row(j) for j in jobs], fmt))
+    zone = _ledger_zone(config_path) if fmt is OutputFormat.TABLE else UTC
+    click.echo(render(JOB_COLUMNS, [job_row(j, fmt, zone) for j in jobs], fmt))
 
 
 @click.group(cls=Group)
@@ -320,7 +319,7 @@ def submit(
     if fmt is OutputFormat.TABLE:
         click.echo(answer["job"]["job_id"])
     else:
-        _echo_jobs([answer["job"]], fmt)
+        _echo_jobs([answer["job"]], fmt, config_path)
 
 
 @job.command("list")
@@ -364,7 +363,7 @@ def list_jobs(
         cursor = answer["next_cursor"]
         if cursor is None:
             break
-    _echo_jobs(jobs, OutputFormat(output))
+    _echo_jobs(jobs, OutputFormat(output), config_path)
 
 
 @job.command("show")
@@ -392,7 +391,7 @@ def cancel(config_path: str, api: str | None, token: str | None, job_id: str, ou
         click.secho(
             _("warning: {warning}").format(warning=answer["warning"]), fg="yellow", err=True
         )
-    _echo_jobs([answer["job"]], OutputFormat(output))
+    _echo_jobs([answer["job"]], OutputFormat(output), config_path)
 
 
 @job.command("explain")

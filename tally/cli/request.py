@@ -5,10 +5,13 @@ Like `tally admin`, these commands never touch the ledger: they read the request
 has applied (the admin log beside the segments), check what they can (the caller's role and
 team, the request's approvers, never one's own request), and put one admin event on the admin
 topic; the ledger checks it again and, for an approval, applies the grant or quota itself.
+`list` and `show` print when a request was opened, expires and was decided: in a table on the
+ledger's clock (`ledger.timezone`, ISO 8601 with its offset), in JSON and CSV in UTC.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, tzinfo
 from typing import Any
 
 import click
@@ -30,6 +33,7 @@ from ledger.admin.requests import (
     verdict,
 )
 from ledger.roles import Action, Caller, Decision, Role, decide
+from ledger.store.identity import recorded_zone
 from ledger.units import Unit, parse_micros
 from tally.cli.admin import (
     actor_option,
@@ -54,10 +58,10 @@ from tally.cli.options import (
 )
 from tally.config import TallyConfig
 from tally.language import _
-from tally.output import OutputFormat, render, utc_time
+from tally.output import OutputFormat, render, shown_time
 
 COLUMNS = ("request", "team", "status", "change", "requested_by", "opened", "expires", "decided_by")
-DETAIL = (*COLUMNS, "approvers", "reason", "comment", "effect", "refused_reason")
+DETAIL = (*COLUMNS, "decided", "approvers", "reason", "comment", "effect", "refused_reason")
 
 
 def _caller(config: TallyConfig, token: str | None) -> Caller | None:
@@ -92,18 +96,23 @@ def _send(config: TallyConfig, bootstrap: str | None, event: AdminEvent, dry_run
     click.echo(_("sent {sent} to {admin}").format(sent=sent, admin=config.topics.admin), err=True)
 
 
-def request_row(state: RequestState, now: int) -> dict[str, Any]:
-    """A request as `list` and `show` print it (and the API answers it)."""
+def request_row(
+    state: RequestState, now: int, fmt: OutputFormat = OutputFormat.JSON, zone: tzinfo = UTC
+) -> dict[str, Any]:
+    """A request as `list` and `show` print it in `fmt`: its times on `zone`'s clock in a table,
+    in UTC in JSON and CSV (`tally.output.shown_time`)."""
     o = state.opened
+    decided = state.decided_us
     return {
         "request": o.request_id,
         "team": o.team,
         "status": state.shown_at(now),
         "change": change_text(o),
         "requested_by": o.actor,
-        "opened": utc_time(o.effective_us),
-        "expires": utc_time(o.expires_us),
+        "opened": shown_time(o.effective_us, fmt, zone),
+        "expires": shown_time(o.expires_us, fmt, zone),
         "decided_by": state.decided_by or "-",
+        "decided": "-" if decided is None else shown_time(decided, fmt, zone),
         "approvers": ", ".join(o.approvers),
         "reason": o.reason,
         "comment": state.comment or "-",
@@ -409,13 +418,13 @@ def list_requests(
     directory = resolve_ledger_dir(config_path, data_dir)
     caller = _caller(load_or_exit(config_path), token) if token else None
     _check(caller, Action.REQUEST_READ, team)
-    now = now_us()
+    now, fmt = now_us(), OutputFormat(output)
+    zone = recorded_zone(directory)
     rows = [
-        request_row(s, now)
+        request_row(s, now, fmt, zone)
         for s in sorted(_visible(caller, applied_admin(directory)), key=_opened_order)
         if (team is None or s.opened.team == team) and (status is None or s.shown_at(now) == status)
     ]
-    fmt = OutputFormat(output)
     if not rows and fmt is OutputFormat.TABLE:
         click.echo("no requests match")
         return
@@ -447,5 +456,6 @@ def show(
             _("no request {request_id} (as of the last seal)").format(request_id=request_id),
             Exit.USAGE,
         )
-    row = request_row(state, now_us())
-    click.echo(render(list(DETAIL), [[row[c] for c in DETAIL]], OutputFormat(output)))
+    fmt = OutputFormat(output)
+    row = request_row(state, now_us(), fmt, recorded_zone(directory))
+    click.echo(render(list(DETAIL), [[row[c] for c in DETAIL]], fmt))

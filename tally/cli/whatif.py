@@ -1,6 +1,11 @@
 """`tally whatif`: replay a window of the ledger's archived jobs topic under the recorded
 configuration and under another (`--config-b`, and/or `--add-gpus MODEL=N`), and print the two
-side by side (`scheduler.whatif`; the files are read by `tally.whatif`)."""
+side by side (`scheduler.whatif`; the files are read by `tally.whatif`).
+
+The table and the checks under it are for people, in the CLI's language: the report said again
+in words (`WhatIfReport.said` through `tally.language.reader`: metric and scope names, waits,
+causes with the wait reason in words) and the CLI's own sentences (`_`). `-o json` and `-o csv`
+are the report's own text, English with codes, in every language."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ import orjson
 
 from ledger.errors import LedgerError
 from scheduler.errors import ConfigError as SchedulerConfigError
-from scheduler.whatif import COLUMNS, WhatIfReport, what_if
+from scheduler.whatif import COLUMNS, Said, WhatIfReport, what_if
 from tally.cli.admin import parse_effective
 from tally.cli.help import Command
 from tally.cli.options import (
@@ -28,7 +33,7 @@ from tally.cli.options import (
     resolve_ledger_dir,
 )
 from tally.config import ConfigError
-from tally.language import _
+from tally.language import _, reader
 from tally.output import OutputFormat, render
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -134,26 +139,43 @@ def _json(report: WhatIfReport) -> dict[str, Any]:
     }
 
 
-def _checks(report: WhatIfReport) -> list[str]:
-    lines = [f"{report.jobs} jobs replayed ({len(report.skipped)} never ran: left out)"]
+def _checks(report: WhatIfReport, said: Said) -> list[str]:
+    """The lines under the table: what was replayed, the divergences from the record, whether
+    the alternative decided alike, the flags and the capacity sentence (`said`'s words)."""
+    lines = [
+        _("{jobs} jobs replayed ({skipped} never ran: left out)").format(
+            jobs=report.jobs, skipped=len(report.skipped)
+        )
+    ]
     if report.undecodable:
         lines.append(
-            f"WARNING: {report.undecodable} archived job messages could not be read: "
-            "the replay does not know them, and may diverge for it"
+            _(
+                "WARNING: {count} archived job messages could not be read: the replay does not "
+                "know them, and may diverge for it"
+            ).format(count=report.undecodable)
         )
-    if report.divergences:
-        lines.append(f"{len(report.divergences)} recorded admissions diverge from the baseline:")
+    if said.divergences:
+        lines.append(
+            _("{count} recorded admissions diverge from the baseline:").format(
+                count=len(said.divergences)
+            )
+        )
         lines += [
-            f"  {d.job_id}: recorded {d.recorded}, replayed {d.replayed}: {d.cause}"
-            for d in report.divergences
+            "  "
+            + _("{job}: recorded {recorded}, replayed {replayed}: {cause}").format(
+                job=job, recorded=recorded, replayed=replayed, cause=cause
+            )
+            for job, recorded, replayed, cause in said.divergences
         ]
     else:
-        lines.append("the baseline replay reproduces every recorded admission")
-    same = "the same" if report.decisions_unchanged else "different"
-    lines.append(f"the alternative made {same} decisions")
-    lines += [f"FLAG: {flag}" for flag in report.flags]
-    if report.capacity:
-        lines.append(report.capacity)
+        lines.append(_("the baseline replay reproduces every recorded admission"))
+    if report.decisions_unchanged:
+        lines.append(_("the alternative made the same decisions"))
+    else:
+        lines.append(_("the alternative made different decisions"))
+    lines += [_("FLAG: {flag}").format(flag=flag) for flag in said.flags]
+    if said.capacity:
+        lines.append(said.capacity)
     return lines
 
 
@@ -227,7 +249,7 @@ def whatif(
     def progress(done: int, total: int) -> None:
         nonlocal bar
         if bar is None and sys.stderr.isatty() and total > 20:
-            bar = click.progressbar(length=total, label="replaying", file=sys.stderr)
+            bar = click.progressbar(length=total, label=_("replaying"), file=sys.stderr)
             bar.__enter__()
         if bar is not None:
             bar.update(done - bar.pos)
@@ -251,8 +273,9 @@ def whatif(
     elif fmt is OutputFormat.CSV:
         click.echo(render(COLUMNS, report.rows, fmt))
     else:
-        click.echo(render(COLUMNS, report.rows, fmt))
+        said = report.said(reader())
+        click.echo(render(COLUMNS, said.rows, fmt))
         click.echo()
-        click.echo("\n".join(_checks(report)))
+        click.echo("\n".join(_checks(report, said)))
     if report.flags:
         sys.exit(int(Exit.CHECK_FAILED))

@@ -32,6 +32,7 @@ from ledger.read.job_history import when_text
 from ledger.read.reports import IdleSharing
 from ledger.read.statements import Budget, StatementLine, TeamStatement
 from ledger.units import Unit
+from scheduler.whatif import COLUMNS as WHATIF_COLUMNS
 from streams.kafka import BrokerError
 from tally import config_errors, language
 from tally.broker import INSTALL_EMBEDDED
@@ -133,7 +134,13 @@ def test_the_language_comes_from_the_environment(env: dict[str, str], lang: str)
 
 def test_every_marked_message_and_table_header_is_translated() -> None:
     zh = language.messages()
-    wanted = {**marked_messages(), **header_literals(), **{d: "--by" for d in DIMENSIONS}}
+    whatif = {c: "scheduler.whatif.COLUMNS" for c in WHATIF_COLUMNS}  # `tally whatif`'s table
+    wanted = {
+        **marked_messages(),
+        **header_literals(),
+        **{d: "--by" for d in DIMENSIONS},
+        **whatif,
+    }
     assert len(wanted) > 90
     missing = {m: where for m, where in wanted.items() if not zh.get(m, "").strip()}
     assert not missing, f"missing from tally/locale/zh_CN/LC_MESSAGES/tally.po: {missing}"
@@ -242,6 +249,27 @@ def test_an_error_that_ends_a_command_is_said_in_the_language(
     )
     assert result.exit_code == 4
     assert result.stderr.strip() == said.format(directory=missing)
+
+
+WHATIF = REPO / "scheduler" / "whatif"
+
+
+def test_every_word_whatif_prints_is_translated() -> None:
+    """`tally whatif`'s table and checks say the report through `scheduler.whatif.texts`
+    (msgids marked `tr`/`N_`): each is in the catalogs the CLI reads for them
+    (`tally.language.reader`) with its placeholders; the CLI's own lines are marked `_()`
+    (the test above)."""
+    found = {
+        str(message): f"{path}:{line}"
+        for path, line, message, _c, _x in extract_from_dir(
+            str(WHATIF), method_map=[("**.py", "python")], keywords={"tr": None, "N_": None}
+        )
+    }
+    assert len(found) > 20
+    zh = language.read_model_messages()
+    missing = {m: where for m, where in found.items() if not zh.get(m, "").strip()}
+    assert not missing, f"missing from the zh_CN catalogs: {missing}"
+    assert not {m: zh[m] for m in found if fields(m) != fields(zh[m])}
 
 
 # ------------------------------------------------------------------ click's own words (#15 item 9)

@@ -9,6 +9,7 @@ flagged); the capacity sentence."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
@@ -49,6 +50,8 @@ from scheduler.whatif import (
 )
 from scheduler.whatif.compare import capacity_sentence, gpu_hours, wait_flags
 from scheduler.whatif.replay import idle_runtimes
+from scheduler.whatif.texts import METRICS
+from tally import language
 from tally.cli import cli
 from tally.config import TallyConfig
 from tally.whatif import add_gpus, history_of, scenario_of
@@ -137,11 +140,19 @@ def _p95s(**p95_us: int) -> Metrics:
     return Metrics({}, {}, by_team, {}, Delay(0, 0, 0), 0, 0, 0, 1000, ())
 
 
-def test_a_rising_p95_is_flagged():
+@pytest.mark.parametrize(
+    ("lang", "flag"),
+    [
+        (language.EN, "team vision: p95 wait rose from 1 h 00 min to 2 h 00 min"),
+        (language.ZH_CN, "团队 vision：p95 等待从 1 小时 00 分 升至 2 小时 00 分"),
+    ],
+    ids=["en", "zh-CN"],
+)
+def test_a_rising_p95_is_flagged(lang, flag):
     a = _p95s(vision=HOUR_US, language=HOUR_US)
     b = _p95s(vision=2 * HOUR_US, language=MINUTE_US)
-    assert wait_flags(a, b) == ("team vision: p95 wait rose from 1 h 00 min to 2 h 00 min",)
-    assert wait_flags(b, b) == ()
+    assert wait_flags(a, b, language.reader(lang)) == (flag,)
+    assert wait_flags(b, b, language.reader(lang)) == ()
 
 
 # ---------------------------------------------------------------------------- reading history
@@ -260,6 +271,31 @@ def test_the_command_prints_both_side_by_side_and_the_capacity_sentence(tmp_path
     assert table.exit_code == 0, table.output
     assert "the baseline replay reproduces every recorded admission" in table.stdout
     assert "the alternative made the same decisions" in table.stdout
+
+
+def test_the_command_speaks_chinese_and_its_json_stays_english(tmp_path, ledger_dir):
+    """zh-CN, against a smaller fleet than the record's (divergences) with GPUs added: the
+    table's headings, metric and scope names and waits, the checks, each divergence's places
+    and cause (its wait reason in words) and the capacity sentence in Chinese; names (teams,
+    queues, pools, GPU models, job ids) and numbers as they are. `-o json` keeps English and
+    codes."""
+    path = write_config(tmp_path / "smaller.yaml", whatif_config(nodes=1))
+    argv = ["whatif", "-c", str(path), "--data-dir", str(ledger_dir), "--since", str(SINCE),
+            "--until", str(UNTIL), "--add-gpus", f"{H100}=4"]  # fmt: skip
+    zh = CliRunner().invoke(cli, argv, env={"TALLY_LANG": "zh-CN"})
+    assert zh.exit_code in (0, 1), zh.output
+    out = zh.stdout
+    assert out.startswith("指标") and "基线" in out.split("\n")[0]
+    assert "与基线回放不一致" in out and "GPU 繁忙" in out and "增加 4 块" in out
+    left = re.sub(r"job-\d{4}", "", out)
+    for name in (H100, "h100", "vision", "language", "train", "prod", "GPU", "p50", "p95", "Jain"):
+        left = left.replace(name, "")
+    assert re.findall(r"[A-Za-z]{2,}", left) == []
+    machine = CliRunner().invoke(cli, [*argv, "-o", "json"], env={"TALLY_LANG": "zh-CN"})
+    doc = json.loads(machine.stdout)
+    assert doc["capacity"].startswith("adding 4 GPUs") and doc["divergences"]
+    assert {r["metric"] for r in doc["rows"]} <= set(METRICS)  # the codes
+    assert any("(no_capacity)" in d["cause"] for d in doc["divergences"])
 
 
 @pytest.mark.parametrize(
