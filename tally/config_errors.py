@@ -15,6 +15,7 @@ through the catalog here (`Invalid.say`), so validation itself knows no language
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -61,6 +62,10 @@ PYDANTIC_TYPES = (
 )
 # words pydantic puts into a sentence (`too_short`'s `{field_type}`), said in the language too
 CONTEXT_WORDS = ("field_type",)
+# `literal_error`'s and `enum`'s choices, `'a', 'b' or 'c'`: the last one after " or " (quoted,
+# or a bare number), said as `{choices} or {last}` in the language
+CHOICES = ("literal_error", "enum")
+LAST_CHOICE = re.compile(r"(.+) or ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^'\" ]+)", re.DOTALL)
 # a placeholder pydantic fills itself (`item{expected_plural}`): nothing in a translation
 PLURAL = "expected_plural"
 
@@ -99,6 +104,11 @@ def error_message(err: Any) -> str:
     if said == template:
         return english
     context.setdefault(PLURAL, "")  # filled by pydantic in English; Chinese has no plural
+    choices = LAST_CHOICE.fullmatch(str(context.get("expected", "")))
+    if err["type"] in CHOICES and choices:
+        context["expected"] = translate("{choices} or {last}").format(
+            choices=choices[1], last=choices[2]
+        )
     for word in CONTEXT_WORDS:
         value = context.get(word)
         if isinstance(value, str):

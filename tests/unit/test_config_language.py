@@ -12,7 +12,7 @@ import string
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from pydantic import BaseModel, ValidationError
@@ -20,11 +20,13 @@ from pydantic_core import PydanticKnownError
 
 from ledger.invalid import Invalid
 from tally import config_errors, language
+from tally.alerts_config import AlertSinkConfig
 from tally.cli.ledger import parse_amount
 from tally.cli.options import load_or_exit
 from tally.config import (
     LedgerConfig,
     PriceConfig,
+    QueueConfig,
     TallyConfig,
     TeamConfig,
 )
@@ -256,6 +258,13 @@ def test_every_error_pydantic_raises_for_the_configuration_is_translated() -> No
         assert catalog.get(template, "").strip(), (kind, template)
         assert specs(catalog[template]) == specs(template), kind
     assert all(catalog.get(word) for word in ("Tuple", "List", "Dictionary"))  # {field_type}
+    assert specs(catalog["{choices} or {last}"]) == specs("{choices} or {last}")  # {expected}
+
+
+class Literally(BaseModel):
+    """A choice whose values hold the word that separates choices."""
+
+    choice: Literal["a or b", "x or y"]
 
 
 @pytest.mark.parametrize(
@@ -297,8 +306,36 @@ def test_every_error_pydantic_raises_for_the_configuration_is_translated() -> No
             "data_dir: Input is not a valid path for <class 'pathlib.Path'>",
             "data_dir: 应为有效的路径",
         ),
+        (
+            QueueConfig,
+            {"name": "q", "class": "x"},
+            "class: Input should be 'training', 'inference' or 'dev'",
+            "class: 应为 'training', 'inference' 或 'dev'",
+        ),
+        (
+            Literally,
+            {"choice": "c"},
+            "choice: Input should be 'a or b' or 'x or y'",
+            "choice: 应为 'a or b' 或 'x or y'",
+        ),
+        (
+            AlertSinkConfig,
+            {"name": "s", "kind": "mail", "url": "https://x"},
+            "kind: Input should be 'slack', 'alertmanager', 'dingtalk', 'feishu' or 'wecom'",
+            "kind: 应为 'slack', 'alertmanager', 'dingtalk', 'feishu' 或 'wecom'",
+        ),
     ],
-    ids=["too-short", "too-long", "string-too-short", "string-too-long", "tuple", "path"],
+    ids=[
+        "too-short",
+        "too-long",
+        "string-too-short",
+        "string-too-long",
+        "tuple",
+        "path",
+        "literal",
+        "literal-or-in-a-choice",
+        "enum",
+    ],
 )
 def test_pydantics_sentence_in_english_and_chinese(
     monkeypatch: pytest.MonkeyPatch,
