@@ -23,6 +23,7 @@ from scheduler.job_alerts import PendingRules
 from streams.alerts.settings import DEFAULT_GROUP_ID, SinkKind, SinkSettings
 from streams.alerts.watch import WatchRules
 from tally.config_fields import ConfigError, EnvName, Name, Strict, secret_from_env
+from tally.language import _, translate
 
 SIGNED_KINDS = frozenset({SinkKind.DINGTALK, SinkKind.FEISHU})
 
@@ -76,8 +77,12 @@ class AlertSinkConfig(Strict):
             url = secret_from_env(f"{where}.url_env", self.url_env, environ)
             try:
                 _url(url)
-            except ValueError as exc:
-                raise ConfigError(f"{where}.url_env: ${self.url_env}: {exc}") from None
+            except Invalid as exc:
+                raise ConfigError(
+                    _("{field}: ${variable}: {problem}").format(
+                        field=f"{where}.url_env", variable=self.url_env, problem=exc.say(translate)
+                    )
+                ) from None
         assert url is not None
         headers = dict(self.headers)
         for header, variable in self.headers_env.items():

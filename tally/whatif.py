@@ -25,6 +25,7 @@ from ledger.units import US_PER_SECOND
 from scheduler.model import Balance, Node, Policy
 from scheduler.whatif import History, Scenario, read_history
 from tally.config import ConfigError, TallyConfig
+from tally.language import _
 from tally.scheduling import inventory_of, queues_of, teams_of
 
 US_PER_HOUR = 3_600 * US_PER_SECOND
@@ -53,7 +54,11 @@ def add_gpus(nodes: tuple[Node, ...], added: Mapping[str, int]) -> tuple[Node, .
         like = next((n for n in nodes if n.model == model), None)
         if like is None:
             known = ", ".join(sorted({n.model for n in nodes})) or "none"
-            raise ConfigError(f"--add-gpus: no GPU of model {model!r} in the fleet ({known})")
+            raise ConfigError(
+                _("--add-gpus: no GPU of model {model!r} in the fleet ({known})").format(
+                    model=model, known=known
+                )
+            )
         size = max(1, len(like.gpu_uuids))
         left, index = count, 0
         while left > 0:

@@ -1,5 +1,6 @@
 """Configurations that make each of Tally's own validators refuse (#15 item 9): `CASES`, one
-row per `ledger.invalid.Invalid` sentence the configuration's models can raise, with the English
+row per `ledger.invalid.Invalid` sentence the configuration's models (and the tokens file's
+callers) can raise, with the English
 an operator read before the sentences were translated, byte for byte (after `t.yaml: `).
 `tests/unit/test_config_language.py` checks each row in English and Chinese, and that every
 sentence raised in the source has a row."""
@@ -12,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ledger.roles import Caller, Role
 from ledger.units import parse_micros
 from tally.alerts_config import AlertsConfig, AlertSinkConfig
 from tally.auth_config import ClaimRuleConfig, OidcConfig
@@ -90,6 +92,11 @@ CASES: dict[str, Case] = {
     "money-overflow": Case(
         PriceConfig, {"model": "m", "per_gpu_hour": "1e999999"}, "per_gpu_hour: too large an amount"
     ),
+    "caller-team": Case(
+        lambda: Caller(Role.ADMIN, "vision"), None, "role admin is organisation-wide: no team"
+    ),
+    "caller-no-team": Case(lambda: Caller(Role.TEAM_LEAD), None, "role team-lead needs a team"),
+    "caller-no-user": Case(lambda: Caller(Role.MEMBER, "vision"), None, "role member needs a user"),
     "amount-boolean": Case(lambda: parse_micros(True), None, "a boolean is not an amount"),
     "amount-float": Case(
         lambda: parse_micros(2.5),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticKnownError
 
@@ -24,13 +25,16 @@ from tally.alerts_config import AlertSinkConfig
 from tally.cli.ledger import parse_amount
 from tally.cli.options import load_or_exit
 from tally.config import (
+    ConfigError,
     LedgerConfig,
     PriceConfig,
     QueueConfig,
     TallyConfig,
     TeamConfig,
+    parse_config,
 )
 from tally.identity_config import IdentityConfig
+from tally.scheduling import load_tokens
 from tests.builders import a_config_dict
 from tests.config_error_cases import CASES, Case
 from tests.conftest import REPO, write_config
@@ -377,6 +381,27 @@ def test_a_validators_sentence_ends_a_command_in_the_language(
         load_or_exit(str(path))
     assert ended.value.code == 2
     assert capsys.readouterr().err.strip() == said.format(path=path)
+
+
+@pytest.mark.parametrize(
+    ("lang", "said"),
+    [
+        ("zh-CN", "{path}: tokens[0]: 角色 admin 属于整个组织，不能指定团队"),
+        ("en", "{path}: tokens[0]: role admin is organisation-wide: no team"),
+    ],
+    ids=["zh-CN", "en"],
+)
+def test_a_tokens_files_caller_is_refused_in_the_language(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, lang: str, said: str
+) -> None:
+    tokens = tmp_path / "tokens.yaml"
+    entry = {"name": "ops", "token": "t" * 16, "role": "admin", "team": "vision"}
+    tokens.write_text(yaml.safe_dump({"tokens": [entry]}))
+    config = parse_config(a_config_dict(scheduler={"tokens": {"file": str(tokens)}}))
+    monkeypatch.setenv("TALLY_LANG", lang)
+    with pytest.raises(ConfigError) as caught:
+        load_tokens(config, {})
+    assert str(caught.value) == said.format(path=tokens)
 
 
 @pytest.mark.parametrize(
