@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from ledger.invalid import Invalid
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
 DEFAULT_ZONE_NAME = "UTC"
@@ -30,8 +32,8 @@ def parse_zone(name: str) -> tzinfo:
             raise ValueError(name)
         return ZoneInfo(name)
     except (ValueError, ZoneInfoNotFoundError) as exc:
-        raise ValueError(
-            f"{name!r} is not an IANA time zone name such as UTC or Asia/Shanghai"
+        raise Invalid(
+            "{name!r} is not an IANA time zone name such as UTC or Asia/Shanghai", name=name
         ) from exc
 
 
@@ -84,7 +86,7 @@ class Period:
             year, month = int(year_text), int(month_text)
             start = datetime(year, month, 1, tzinfo=zone)
         except (ValueError, TypeError) as exc:
-            raise ValueError(f"{text!r} is not a month such as 2026-11") from exc
+            raise Invalid("{text!r} is not a month such as 2026-11", text=text) from exc
         after = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=zone)
         return cls(text, to_us(start), to_us(after), zone)
 

@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ledger.invalid import Invalid
 from ledger.roles import Caller, Role
 
 OIDC_LABEL = "oidc:"  # a signed-in person's caller label: `oidc:<user>`
@@ -29,8 +30,19 @@ class ClaimRule:
 
     def __post_init__(self) -> None:
         if self.role.per_team != (self.team is not None):
-            need = "needs a team" if self.role.per_team else "is organisation-wide: no team"
-            raise ValueError(f"claim rule {self.claim}={self.value}: role {self.role} {need}")
+            if self.role.per_team:
+                raise Invalid(
+                    "claim rule {claim}={value}: role {role} needs a team",
+                    claim=self.claim,
+                    value=self.value,
+                    role=str(self.role),
+                )
+            raise Invalid(
+                "claim rule {claim}={value}: role {role} is organisation-wide: no team",
+                claim=self.claim,
+                value=self.value,
+                role=str(self.role),
+            )
 
 
 def claim_values(claims: Mapping[str, object], claim: str) -> tuple[str, ...]:

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 
+from ledger.invalid import Invalid
+
 
 class Role(StrEnum):
     """A caller's role. `team-lead` and `member` belong to one team; the others are
@@ -112,11 +114,11 @@ class Caller:
 
     def __post_init__(self) -> None:
         if self.role.per_team and self.team is None:
-            raise ValueError(f"role {self.role} needs a team")
+            raise Invalid("role {role} needs a team", role=str(self.role))
         if not self.role.per_team and self.team is not None:
-            raise ValueError(f"role {self.role} is organisation-wide: no team")
+            raise Invalid("role {role} is organisation-wide: no team", role=str(self.role))
         if self.role is Role.MEMBER and self.user is None:
-            raise ValueError("role member needs a user")
+            raise Invalid("role member needs a user")
 
     @property
     def name(self) -> str:

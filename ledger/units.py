@@ -13,6 +13,8 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 
+from ledger.invalid import Invalid
+
 MICROS_PER_UNIT = 1_000_000
 US_PER_MS = 1_000
 US_PER_SECOND = 1_000_000
@@ -32,25 +34,25 @@ class Unit(StrEnum):
 def parse_micros(text: str | int | Decimal) -> int:
     """Return `text` (a decimal amount such as "2.50") as integer micro-units, exactly.
 
-    Raises ValueError for anything that is not a finite decimal with at most six places.
-    Floats are refused: they cannot be converted without guessing.
+    Raises `Invalid` (a ValueError) for anything that is not a finite decimal with at most six
+    places. Floats are refused: they cannot be converted without guessing.
     """
     if isinstance(text, bool):
-        raise ValueError("a boolean is not an amount")
+        raise Invalid("a boolean is not an amount")
     if isinstance(text, float):
-        raise ValueError("floats are not accepted as amounts; write the amount as text")
+        raise Invalid("floats are not accepted as amounts; write the amount as text")
     try:
         value = Decimal(text) if not isinstance(text, Decimal) else text
     except (InvalidOperation, ValueError) as exc:
-        raise ValueError(f"{text!r} is not a decimal amount") from exc
+        raise Invalid("{text!r} is not a decimal amount", text=text) from exc
     if not value.is_finite():
-        raise ValueError(f"{text!r} is not a finite amount")
+        raise Invalid("{text!r} is not a finite amount", text=text)
     try:
         micros = value * MICROS_PER_UNIT
     except ArithmeticError:  # decimal.Overflow: beyond the decimal context's exponent
-        raise ValueError("too large an amount") from None
+        raise Invalid("too large an amount") from None
     if micros != micros.to_integral_value():
-        raise ValueError(f"{text!r} has more than six decimal places")
+        raise Invalid("{text!r} has more than six decimal places", text=text)
     return int(micros)
 
 

@@ -17,18 +17,20 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, model_validator
 
 from ledger.alert_rules import BudgetRules
+from ledger.invalid import Invalid
 from ledger.units import MS_PER_HOUR, US_PER_SECOND
 from scheduler.job_alerts import PendingRules
 from streams.alerts.settings import DEFAULT_GROUP_ID, SinkKind, SinkSettings
 from streams.alerts.watch import WatchRules
 from tally.config_fields import ConfigError, EnvName, Name, Strict, secret_from_env
+from tally.language import _, translate
 
 SIGNED_KINDS = frozenset({SinkKind.DINGTALK, SinkKind.FEISHU})
 
 
 def _url(value: Any) -> str:
     if not isinstance(value, str) or not value.startswith(("http://", "https://")):
-        raise ValueError("expected an http:// or https:// URL")
+        raise Invalid("expected an http:// or https:// URL")
     return value
 
 
@@ -59,9 +61,11 @@ class AlertSinkConfig(Strict):
     @model_validator(mode="after")
     def _one_url(self) -> AlertSinkConfig:
         if (self.url is None) == (self.url_env is None):
-            raise ValueError("give exactly one of url or url_env")
+            raise Invalid("give exactly one of url or url_env")
         if self.secret_env is not None and self.kind not in SIGNED_KINDS:
-            raise ValueError(f"secret_env: a {self.kind.value} sink does not sign its requests")
+            raise Invalid(
+                "secret_env: a {kind} sink does not sign its requests", kind=self.kind.value
+            )
         return self
 
     def settings(self, environ: Mapping[str, str] | None = None) -> SinkSettings:
@@ -73,8 +77,12 @@ class AlertSinkConfig(Strict):
             url = secret_from_env(f"{where}.url_env", self.url_env, environ)
             try:
                 _url(url)
-            except ValueError as exc:
-                raise ConfigError(f"{where}.url_env: ${self.url_env}: {exc}") from None
+            except Invalid as exc:
+                raise ConfigError(
+                    _("{field}: ${variable}: {problem}").format(
+                        field=f"{where}.url_env", variable=self.url_env, problem=exc.say(translate)
+                    )
+                ) from None
         assert url is not None
         headers = dict(self.headers)
         for header, variable in self.headers_env.items():
@@ -157,7 +165,7 @@ class AlertsConfig(Strict):
     def _unique_names(self) -> AlertsConfig:
         names = [s.name for s in self.sinks]
         if len(set(names)) != len(names):
-            raise ValueError("alert sink names must be unique")
+            raise Invalid("alert sink names must be unique")
         return self
 
     def sink_settings(self, environ: Mapping[str, str] | None = None) -> tuple[SinkSettings, ...]:

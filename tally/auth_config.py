@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ledger.invalid import Invalid
 from ledger.role_claims import ClaimRule
 from ledger.roles import Role
 from tally.config_fields import EnvName, Name, Strict
@@ -65,7 +66,7 @@ class OidcConfig(Strict):
     @classmethod
     def _distinct(cls, algorithms: tuple[Algorithm, ...]) -> tuple[Algorithm, ...]:
         if len(set(algorithms)) != len(algorithms):
-            raise ValueError("an algorithm appears twice")
+            raise Invalid("an algorithm appears twice")
         return algorithms
 
     def rules(self) -> tuple[ClaimRule, ...]:
@@ -87,4 +88,4 @@ def check_auth_teams(auth: AuthConfig, teams: Mapping[str, object]) -> None:
         return
     unknown = sorted({r.team for r in auth.oidc.roles if r.team and r.team not in teams})
     if unknown:
-        raise ValueError(f"auth.oidc.roles: unknown team(s) {', '.join(unknown)}")
+        raise Invalid("auth.oidc.roles: unknown team(s) {teams}", teams=", ".join(unknown))

@@ -28,6 +28,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from ledger.invalid import Invalid
 from streams.topics import TopicSpec
 from tally.config_fields import EnvName, Name, Strict
 
@@ -63,9 +64,9 @@ class TlsConfig(Strict):
     @model_validator(mode="after")
     def _key_needs_cert(self) -> TlsConfig:
         if self.cert_file is None and self.key_file is not None:
-            raise ValueError("key_file needs cert_file (the client certificate)")
+            raise Invalid("key_file needs cert_file (the client certificate)")
         if self.cert_file is None and self.key_password_env is not None:
-            raise ValueError("key_password_env needs cert_file (the client certificate)")
+            raise Invalid("key_password_env needs cert_file (the client certificate)")
         return self
 
 
@@ -83,9 +84,11 @@ class ConsumerConfig(Strict):
     @model_validator(mode="after")
     def _heartbeat_within_session(self) -> ConsumerConfig:
         if self.heartbeat_interval_s >= self.session_timeout_s:
-            raise ValueError(
-                f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be below "
-                f"session_timeout_s ({self.session_timeout_s}); a third of it is usual"
+            raise Invalid(
+                "heartbeat_interval_s ({heartbeat}) must be below session_timeout_s "
+                "({session}); a third of it is usual",
+                heartbeat=self.heartbeat_interval_s,
+                session=self.session_timeout_s,
             )
         return self
 
@@ -105,32 +108,37 @@ class BrokerConfig(Strict):
     @model_validator(mode="after")
     def _external_needs_servers(self) -> BrokerConfig:
         if self.mode == "external" and not self.bootstrap_servers:
-            raise ValueError("an external broker needs bootstrap_servers (host:port, …)")
+            raise Invalid("an external broker needs bootstrap_servers (host:port, …)")
         for server in self.bootstrap_servers:
             host, sep, port = server.rpartition(":")
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"bootstrap server {server!r} is not host:port")
+                raise Invalid("bootstrap server {server!r} is not host:port", server=server)
         return self
 
     @model_validator(mode="after")
     def _security_fits_protocol(self) -> BrokerConfig:
         protocol = self.security_protocol
         if self.mode == "embedded" and protocol != "PLAINTEXT":
-            raise ValueError(
-                f"security_protocol: the embedded broker speaks PLAINTEXT only, not {protocol} "
-                "(use mode: external for a secured cluster)"
+            raise Invalid(
+                "security_protocol: the embedded broker speaks PLAINTEXT only, not {protocol} "
+                "(use mode: external for a secured cluster)",
+                protocol=protocol,
             )
         sasl = protocol.startswith("SASL_")
         if sasl and self.sasl is None:
-            raise ValueError(f"sasl: security_protocol {protocol} needs a sasl: section")
+            raise Invalid(
+                "sasl: security_protocol {protocol} needs a sasl: section", protocol=protocol
+            )
         if not sasl and self.sasl is not None:
-            raise ValueError(
-                f"sasl: given, but security_protocol is {protocol} "
-                "(SASL_PLAINTEXT or SASL_SSL use it)"
+            raise Invalid(
+                "sasl: given, but security_protocol is {protocol} "
+                "(SASL_PLAINTEXT or SASL_SSL use it)",
+                protocol=protocol,
             )
         if self.tls is not None and not protocol.endswith("SSL"):
-            raise ValueError(
-                f"tls: given, but security_protocol is {protocol} (SSL or SASL_SSL use it)"
+            raise Invalid(
+                "tls: given, but security_protocol is {protocol} (SSL or SASL_SSL use it)",
+                protocol=protocol,
             )
         return self
 
@@ -176,9 +184,13 @@ class TopicsConfig(Strict):
             replicas, insync = self.replication_of(key)
             if insync > replicas:
                 where = f"settings.{key}" if key in self.settings else "topics"
-                raise ValueError(
-                    f"{where}: min_insync_replicas ({insync}) exceeds replication_factor "
-                    f"({replicas}) for the {key} topic: no write could ever succeed"
+                raise Invalid(
+                    "{where}: min_insync_replicas ({insync}) exceeds replication_factor "
+                    "({replicas}) for the {key} topic: no write could ever succeed",
+                    where=where,
+                    insync=insync,
+                    replicas=replicas,
+                    key=key,
                 )
         return self
 

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import field_validator, model_validator
 
 from ledger.admin import CarryOver
+from ledger.invalid import Invalid
 from ledger.periods import Period
 from ledger.units import Unit
 from tally.config_fields import GpuMs, Micros, Name, Strict
@@ -31,9 +32,9 @@ class CarryCap(Strict):
     @model_validator(mode="after")
     def _some_cap(self) -> CarryCap:
         if self.money is None and self.gpu_hours is None:
-            raise ValueError("a carry-over cap needs money, gpu_hours, or both")
+            raise Invalid("a carry-over cap needs money, gpu_hours, or both")
         if self.money is not None and self.money < 0:
-            raise ValueError("a carry-over cap cannot be negative")
+            raise Invalid("a carry-over cap cannot be negative")
         return self
 
 
@@ -65,31 +66,34 @@ class BudgetConfig(Strict):
             return value
         match = _PERCENT.match(value)
         if match is None or int(match.group(1)) > 100:
-            raise ValueError(
-                f'carry_over: none, all, a percentage such as "25%" (at most 100), or a cap '
-                f'such as {{money: "500.00"}}, not {value!r}'
+            raise Invalid(
+                'carry_over: none, all, a percentage such as "25%" (at most 100), or a cap '
+                'such as {{money: "500.00"}}, not {value!r}',
+                value=value,
             )
         return f"{int(match.group(1))}%"
 
     @model_validator(mode="after")
     def _some_amount(self) -> BudgetConfig:
         if self.money is None and self.gpu_hours is None:
-            raise ValueError("a budget needs money, gpu_hours, or both")
+            raise Invalid("a budget needs money, gpu_hours, or both")
         if self.money is not None and self.money < 0:
-            raise ValueError("a budget cannot be negative")
+            raise Invalid("a budget cannot be negative")
         if (self.period is None) == (self.every is None):
-            raise ValueError("a budget has either a period (one month) or every (month|quarter)")
+            raise Invalid("a budget has either a period (one month) or every (month|quarter)")
         if self.period is not None and (self.start or self.end or self.carry_over != "none"):
-            raise ValueError("start, end and carry_over belong to a recurring budget (every:)")
+            raise Invalid("start, end and carry_over belong to a recurring budget (every:)")
         if self.start and self.end and self.end < self.start:
-            raise ValueError(f"end {self.end} is before start {self.start}")
+            raise Invalid("end {end} is before start {start}", end=self.end, start=self.start)
         if isinstance(self.carry_over, CarryCap):
             for unit, amount, cap in (
                 ("money", self.money, self.carry_over.money),
                 ("gpu_hours", self.gpu_hours, self.carry_over.gpu_hours),
             ):
                 if (amount is None) != (cap is None):
-                    raise ValueError(f"carry_over: a cap names exactly the budgeted units ({unit})")
+                    raise Invalid(
+                        "carry_over: a cap names exactly the budgeted units ({unit})", unit=unit
+                    )
         return self
 
     def carry(self, unit: Unit) -> tuple[CarryOver, int | None]:

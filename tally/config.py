@@ -27,6 +27,7 @@ from pydantic import (
 from ledger.events import MAX_TIME_US
 from ledger.fractional import MIG_SEP, mig_model, valid_profile
 from ledger.idle import IdlePolicy
+from ledger.invalid import Invalid
 from ledger.periods import DEFAULT_ZONE_NAME, parse_zone
 from ledger.pricing import ANY_MODEL, EnergyPrice, Price, PriceBook
 from tally import config_fields
@@ -93,7 +94,7 @@ class OrganisationConfig(Strict):
         for centre in self.cost_centres:
             for team in centre.teams:
                 if team.name in seen:
-                    raise ValueError(f"team {team.name!r} appears twice")
+                    raise Invalid("team {team!r} appears twice", team=team.name)
                 seen.add(team.name)
         return self
 
@@ -115,7 +116,7 @@ class WorkloadMix(Strict):
     @model_validator(mode="after")
     def _some_weight(self) -> WorkloadMix:
         if self.training + self.inference + self.notebook + self.unallocated == 0:
-            raise ValueError("at least one workload weight must be positive")
+            raise Invalid("at least one workload weight must be positive")
         return self
 
 
@@ -155,7 +156,7 @@ class FleetConfig(Strict):
     def _unique_pools(cls, pools: tuple[PoolConfig, ...]) -> tuple[PoolConfig, ...]:
         names = [p.name for p in pools]
         if len(set(names)) != len(names):
-            raise ValueError("pool names must be unique")
+            raise Invalid("pool names must be unique")
         return pools
 
 
@@ -169,7 +170,7 @@ class PriceConfig(Strict):
     @classmethod
     def _non_negative(cls, value: int) -> int:
         if value < 0:
-            raise ValueError("a price cannot be negative")
+            raise Invalid("a price cannot be negative")
         return value
 
 
@@ -184,7 +185,7 @@ class EnergyPriceConfig(Strict):
     @classmethod
     def _non_negative(cls, value: int) -> int:
         if value < 0:
-            raise ValueError("a price cannot be negative")
+            raise Invalid("a price cannot be negative")
         return value
 
 
@@ -204,9 +205,12 @@ class QuotaConfig(Strict):
     @model_validator(mode="after")
     def _profile(self) -> QuotaConfig:
         if self.mig_profile is not None and not valid_profile(self.mig_profile):
-            raise ValueError(f"mig_profile {self.mig_profile!r}: expected e.g. 1g.10gb or 3g.40gb")
+            raise Invalid(
+                "mig_profile {profile!r}: expected e.g. 1g.10gb or 3g.40gb",
+                profile=self.mig_profile,
+            )
         if MIG_SEP in self.model:
-            raise ValueError(f"model {self.model!r}: name a MIG profile in mig_profile")
+            raise Invalid("model {model!r}: name a MIG profile in mig_profile", model=self.model)
         return self
 
     @property
@@ -229,7 +233,7 @@ class IdleReclaimAfter(Strict):
     @model_validator(mode="after")
     def _one(self) -> IdleReclaimAfter:
         if (self.reclaim_after_min is None) == (self.alert_after_min is None):
-            raise ValueError("give exactly one of reclaim_after_min or alert_after_min")
+            raise Invalid("give exactly one of reclaim_after_min or alert_after_min")
         return self
 
 
@@ -243,7 +247,7 @@ class PriorityBoundsConfig(Strict):
     @model_validator(mode="after")
     def _ordered(self) -> PriorityBoundsConfig:
         if self.min > self.max:
-            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+            raise Invalid("min ({min}) is above max ({max})", min=self.min, max=self.max)
         return self
 
 
@@ -271,7 +275,7 @@ class QueueConfig(Strict):
     @model_validator(mode="after")
     def _over_budget_needs_preemptible(self) -> QueueConfig:
         if self.run_preemptible_when_over_budget and not self.preemptible:
-            raise ValueError(
+            raise Invalid(
                 "run_preemptible_when_over_budget needs a preemptible queue "
                 "(over-budget jobs run preemptible)"
             )
@@ -292,7 +296,7 @@ class SchedulerTeamConfig(Strict):
     @classmethod
     def _non_negative(cls, value: int) -> int:
         if value < 0:
-            raise ValueError("an overdraft cannot be negative")
+            raise Invalid("an overdraft cannot be negative")
         return value
 
 
@@ -347,7 +351,7 @@ class SchedulerConfig(Strict):
     ) -> tuple[SchedulerTeamConfig, ...]:
         names = [t.name for t in teams]
         if len(set(names)) != len(names):
-            raise ValueError("a team appears twice")
+            raise Invalid("a team appears twice")
         return teams
 
 
@@ -366,7 +370,7 @@ class IdleConfig(Strict):
     @model_validator(mode="after")
     def _hysteresis(self) -> IdleConfig:
         if self.resolve_pct < self.threshold_pct:
-            raise ValueError("resolve_pct must be at least threshold_pct (hysteresis)")
+            raise Invalid("resolve_pct must be at least threshold_pct (hysteresis)")
         return self
 
     def policy(self) -> IdlePolicy:
@@ -430,21 +434,27 @@ class TallyConfig(Strict):
         seen_budgets: set[tuple[str, str]] = set()
         for budget in self.budgets:
             if budget.team not in teams:
-                raise ValueError(f"budget for unknown team {budget.team!r}")
+                raise Invalid("budget for unknown team {team!r}", team=budget.team)
             if (budget.team, budget.period or "every") in seen_budgets:
-                raise ValueError(
-                    f"two budgets for team {budget.team!r} "
-                    + (f"in {budget.period}" if budget.period else "that recur")
-                )
+                if budget.period:
+                    raise Invalid(
+                        "two budgets for team {team!r} in {period}",
+                        team=budget.team,
+                        period=budget.period,
+                    )
+                raise Invalid("two budgets for team {team!r} that recur", team=budget.team)
             seen_budgets.add((budget.team, budget.period or "every"))
         seen_quotas: set[tuple[str, str, str]] = set()
         for quota in self.quotas:
             if quota.team not in teams:
-                raise ValueError(f"quota for unknown team {quota.team!r}")
+                raise Invalid("quota for unknown team {team!r}", team=quota.team)
             key = (quota.team, quota.pool, quota.flavor_model)
             if key in seen_quotas:
-                raise ValueError(
-                    f"two quotas for team {quota.team!r} on {quota.pool}/{quota.flavor_model}"
+                raise Invalid(
+                    "two quotas for team {team!r} on {pool}/{model}",
+                    team=quota.team,
+                    pool=quota.pool,
+                    model=quota.flavor_model,
                 )
             seen_quotas.add(key)
         return self
@@ -454,13 +464,13 @@ class TallyConfig(Strict):
         teams = {t.name for t in self.organisation.teams()}
         queues = [q.name for q in self.queues]
         if len(set(queues)) != len(queues):
-            raise ValueError("queue names must be unique")
+            raise Invalid("queue names must be unique")
         for team in self.scheduler.teams:
             if team.name not in teams:
-                raise ValueError(f"scheduler.teams: unknown team {team.name!r}")
+                raise Invalid("scheduler.teams: unknown team {team!r}", team=team.name)
         for name in self.scheduler.tokens.team_env:
             if name not in teams:
-                raise ValueError(f"scheduler.tokens.team_env: unknown team {name!r}")
+                raise Invalid("scheduler.tokens.team_env: unknown team {team!r}", team=name)
         check_auth_teams(self.auth, dict.fromkeys(teams))
         return self
 
@@ -474,13 +484,15 @@ class TallyConfig(Strict):
             named = (*(queue.allowed_models or ()), *queue.forbidden_models)
             unknown = sorted({m for m in named if m not in known})
             if unknown:
-                raise ValueError(
-                    f"queue {queue.name!r}: unknown GPU model(s) {', '.join(unknown)} "
-                    f"(configured: {', '.join(sorted(known))})"
+                raise Invalid(
+                    "queue {queue!r}: unknown GPU model(s) {unknown} (configured: {known})",
+                    queue=queue.name,
+                    unknown=", ".join(unknown),
+                    known=", ".join(sorted(known)),
                 )
             allowed = set(queue.allowed_models or known) - set(queue.forbidden_models)
             if not allowed:
-                raise ValueError(f"queue {queue.name!r}: its model policy allows no model")
+                raise Invalid("queue {queue!r}: its model policy allows no model", queue=queue.name)
         return self
 
     @model_validator(mode="after")
@@ -490,8 +502,10 @@ class TallyConfig(Strict):
             return self
         for pool in self.fleet.pools:
             if pool.model not in priced:
-                raise ValueError(
-                    f"fleet pool {pool.name!r} uses model {pool.model!r}, which has no price"
+                raise Invalid(
+                    "fleet pool {pool!r} uses model {model!r}, which has no price",
+                    pool=pool.name,
+                    model=pool.model,
                 )
         return self
 

@@ -4,20 +4,25 @@ one line each, `FILE: field.path: what is wrong`, in the CLI's language (`tally.
 The field path and the values quoted stay as they are. pydantic's own sentences are translated
 by their English message template (`PydanticKnownError(type, ctx).message_template`, the
 catalog's msgid, e.g. `Input should be greater than {gt}`), then filled with the error's context;
-a type the catalog does not have keeps pydantic's English. The sentences of Tally's own
-validators (`Value error, …`) are free text written where they are raised, and stay English.
-`PYDANTIC_TYPES` are the error types translated; `tests/unit/test_cli_language.py` checks that
-each one's template is in the catalog.
+a custom error type (`path_type`, a union's own message) by its message. `PYDANTIC_TYPES` are the
+types translated: every type the configuration's models can raise
+(`tests/unit/test_config_language.py` walks their schema and checks each one's template is in
+the catalog); any other keeps pydantic's English. The sentences of Tally's own validators
+(`Value error, …`) are `ledger.invalid.Invalid`s: an English template and its fields, said
+through the catalog here (`Invalid.say`), so validation itself knows no language; a plain
+`ValueError` stays English.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import ValidationError
 from pydantic_core import PydanticKnownError
 
 from ledger.excerpts import bounded
+from ledger.invalid import Invalid
 from tally.language import _, translate
 
 # the pydantic error types a configuration file meets, whose sentence the catalog translates
@@ -46,7 +51,23 @@ PYDANTIC_TYPES = (
     "decimal_parsing",
     "decimal_type",
     "multiple_of",
+    "int_parsing_size",
+    "string_unicode",
+    "string_too_short",
+    "string_too_long",
+    "tuple_type",
+    "too_short",
+    "too_long",
+    "path_type",
 )
+# words pydantic puts into a sentence (`too_short`'s `{field_type}`), said in the language too
+CONTEXT_WORDS = ("field_type",)
+# `literal_error`'s and `enum`'s choices, `'a', 'b' or 'c'`: the last one after " or " (quoted,
+# or a bare number), said as `{choices} or {last}` in the language
+CHOICES = ("literal_error", "enum")
+LAST_CHOICE = re.compile(r"(.+) or ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^'\" ]+)", re.DOTALL)
+# a placeholder pydantic fills itself (`item{expected_plural}`): nothing in a translation
+PLURAL = "expected_plural"
 
 
 def location(loc: tuple[int | str, ...]) -> str:
@@ -63,8 +84,11 @@ def location(loc: tuple[int | str, ...]) -> str:
 
 
 def error_message(err: Any) -> str:
-    """One pydantic error's sentence in the CLI's language (a validator's own: as written)."""
+    """One pydantic error's sentence in the CLI's language (a plain `ValueError`'s: as written)."""
     english = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "value_error":
+        problem = (err.get("ctx") or {}).get("error")
+        return problem.say(translate) if isinstance(problem, Invalid) else english
     if err["type"] not in PYDANTIC_TYPES:
         return english
     # a whole float as pydantic writes it (`greater than 0`, not `0.0`)
@@ -74,11 +98,21 @@ def error_message(err: Any) -> str:
     }
     try:
         template = PydanticKnownError(err["type"], context or None).message_template
-    except (TypeError, KeyError, ValueError):  # a context this pydantic no longer gives
-        return english
+    except (TypeError, KeyError, ValueError):  # a custom type (its message is the msgid), or
+        return translate(english)  # a context this pydantic no longer gives
     said = translate(template)
     if said == template:
         return english
+    context.setdefault(PLURAL, "")  # filled by pydantic in English; Chinese has no plural
+    choices = LAST_CHOICE.fullmatch(str(context.get("expected", "")))
+    if err["type"] in CHOICES and choices:
+        context["expected"] = translate("{choices} or {last}").format(
+            choices=choices[1], last=choices[2]
+        )
+    for word in CONTEXT_WORDS:
+        value = context.get(word)
+        if isinstance(value, str):
+            context[word] = translate(value)
     try:
         return said.format(**context)
     except (KeyError, IndexError, ValueError):

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from ledger.admin import MAX_AMOUNT
+from ledger.invalid import Invalid
 from ledger.units import MS_PER_HOUR, parse_micros
 from tally.language import _
 
@@ -40,9 +41,9 @@ def _money(value: Any) -> int:
     if isinstance(value, int | str | Decimal) and not isinstance(value, bool):
         micros = parse_micros(value)
         if abs(micros) > MAX_AMOUNT:  # the ledger books no amount beyond this
-            raise ValueError(f"at most {MAX_AMOUNT // 1_000_000:,} in magnitude")
+            raise Invalid("at most {limit:,} in magnitude", limit=MAX_AMOUNT // 1_000_000)
         return micros
-    raise ValueError('expected a decimal amount such as "2.50"')
+    raise Invalid('expected a decimal amount such as "2.50"')
 
 
 Micros = Annotated[int, BeforeValidator(_money)]
@@ -50,7 +51,7 @@ Micros = Annotated[int, BeforeValidator(_money)]
 
 def _name(value: Any) -> str:
     if not isinstance(value, str) or not NAME.match(value):
-        raise ValueError(
+        raise Invalid(
             "names use letters, digits, '.', '_' and '-', start with a letter or digit, "
             "and are at most 64 characters"
         )
@@ -66,7 +67,7 @@ class Strict(BaseModel):
 
 def _env_name(value: Any) -> str:
     if not isinstance(value, str) or not ENV_NAME.match(value):
-        raise ValueError("an environment variable name: letters, digits and '_'")
+        raise Invalid("an environment variable name: letters, digits and '_'")
     return value
 
 
@@ -89,23 +90,23 @@ def secret_from_env(field: str, variable: str, environ: Mapping[str, str] | None
 def _gpu_hours(value: Any) -> int:
     """GPU-hours as decimal text (or a YAML number) → integer GPU-milliseconds, exactly."""
     if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
-        raise ValueError('expected GPU-hours such as 500 or "12.5"')
+        raise Invalid('expected GPU-hours such as 500 or "12.5"')
     if isinstance(value, float):
         value = Decimal(repr(value))
     try:
         hours = Decimal(value)
     except ArithmeticError:
-        raise ValueError(f"{value!r} is not a number of GPU-hours") from None
+        raise Invalid("{value!r} is not a number of GPU-hours", value=value) from None
     if not hours.is_finite() or hours < 0:
-        raise ValueError("GPU-hours must be a finite, non-negative number")
+        raise Invalid("GPU-hours must be a finite, non-negative number")
     try:
         ms = hours * MS_PER_HOUR
     except ArithmeticError:  # decimal.Overflow: beyond the decimal context's exponent
-        raise ValueError(f"at most {MAX_AMOUNT // MS_PER_HOUR:,} GPU-hours") from None
+        raise Invalid("at most {limit:,} GPU-hours", limit=MAX_AMOUNT // MS_PER_HOUR) from None
     if ms != ms.to_integral_value():
-        raise ValueError(f"{value} GPU-hours is not a whole number of GPU-milliseconds")
+        raise Invalid("{value} GPU-hours is not a whole number of GPU-milliseconds", value=value)
     if ms > MAX_AMOUNT:  # the ledger books no amount beyond this
-        raise ValueError(f"at most {MAX_AMOUNT // MS_PER_HOUR:,} GPU-hours")
+        raise Invalid("at most {limit:,} GPU-hours", limit=MAX_AMOUNT // MS_PER_HOUR)
     return int(ms)
 
 

@@ -29,6 +29,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, field_validator
 
 from collectors.k8s_identity import PodRules
+from ledger.invalid import Invalid
 from tally.config_fields import Name, Strict
 from tally.os_users_config import OsUsersConfig
 
@@ -41,9 +42,9 @@ NAMESPACE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")  # an RFC 1123
 
 def _label_key(value: Any) -> str:
     if not isinstance(value, str) or not LABEL_KEY.match(value):
-        raise ValueError(
-            f"{str(value)[:80]!r} is not a Kubernetes label key (prefix/name, e.g. "
-            "kueue.x-k8s.io/queue-name)"
+        raise Invalid(
+            "{key!r} is not a Kubernetes label key (prefix/name, e.g. kueue.x-k8s.io/queue-name)",
+            key=str(value)[:80],
         )
     return value
 
@@ -83,9 +84,10 @@ class KubernetesIdentity(Strict):
     def _namespace_names(cls, value: dict[str, OwnerRef]) -> dict[str, OwnerRef]:
         for namespace in value:
             if not NAMESPACE.match(namespace):
-                raise ValueError(
-                    f"{namespace[:80]!r} is not a namespace name (lower-case letters, digits "
-                    "and '-', at most 63)"
+                raise Invalid(
+                    "{namespace!r} is not a namespace name (lower-case letters, digits and "
+                    "'-', at most 63)",
+                    namespace=namespace[:80],
                 )
         return value
 
@@ -93,7 +95,7 @@ class KubernetesIdentity(Strict):
     @classmethod
     def _http(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError("kubelet_url must start with http:// or https://")
+            raise Invalid("kubelet_url must start with http:// or https://")
         return value
 
     def rules(self) -> PodRules:
@@ -129,7 +131,7 @@ class IdentityConfig(Strict):
     @classmethod
     def _non_empty(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if not all(0 < len(part) <= 4096 for part in value):
-            raise ValueError("scontrol: each part of the command must be non-empty")
+            raise Invalid("scontrol: each part of the command must be non-empty")
         return value
 
     def account_owners(self) -> dict[str, tuple[str, str | None]]:
@@ -151,11 +153,14 @@ def check_identity_names(identity: IdentityConfig, projects: Mapping[str, tuple[
     ]
     for where, ref in named:
         if ref.team not in projects:
-            raise ValueError(f"{where}: unknown team {ref.team!r}")
+            raise Invalid("{where}: unknown team {team!r}", where=where, team=ref.team)
         if ref.project is not None and ref.project not in projects[ref.team]:
-            raise ValueError(
-                f"{where}: team {ref.team!r} has no project {ref.project!r} "
-                f"(its projects: {', '.join(projects[ref.team])})"
+            raise Invalid(
+                "{where}: team {team!r} has no project {project!r} (its projects: {projects})",
+                where=where,
+                team=ref.team,
+                project=ref.project,
+                projects=", ".join(projects[ref.team]),
             )
 
 

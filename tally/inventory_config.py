@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from ledger.invalid import Invalid
 from tally.config_fields import Name, Strict
 
 
@@ -29,18 +30,20 @@ class InventoryConfig(Strict):
     @model_validator(mode="after")
     def _reports_within_the_window(self) -> InventoryConfig:
         if 2 * self.report_every_rounds > self.stale_after_intervals:
-            raise ValueError(
+            raise Invalid(
                 "report_every_rounds must be at most half of stale_after_intervals, or a GPU "
                 "goes stale between two reports"
             )
         for key, value in self.labels.items():
             if not key or len(key) > 256 or len(value) > 256:
-                raise ValueError(f"labels: {key[:64]!r}: keys and values of 1–256 characters")
+                raise Invalid("labels: {key!r}: keys and values of 1–256 characters", key=key[:64])
         if len(self.labels) > 64:
-            raise ValueError("labels: at most 64")
+            raise Invalid("labels: at most 64")
         for gpu, labels in self.gpu_labels.items():
             if not gpu or len(gpu) > 256 or len(labels) > 64:
-                raise ValueError(f"gpu_labels: {gpu[:64]!r}: a GPU index or UUID, 64 labels")
+                raise Invalid("gpu_labels: {gpu!r}: a GPU index or UUID, 64 labels", gpu=gpu[:64])
             if any(not k or len(k) > 256 or len(v) > 256 for k, v in labels.items()):
-                raise ValueError(f"gpu_labels: {gpu[:64]!r}: keys and values of 1–256 characters")
+                raise Invalid(
+                    "gpu_labels: {gpu!r}: keys and values of 1–256 characters", gpu=gpu[:64]
+                )
         return self

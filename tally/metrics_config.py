@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from ledger.invalid import Invalid
 from tally.config_fields import Strict
 
 MetricsProcess = Literal["worker", "scheduler", "collector", "alerts"]
@@ -38,7 +39,11 @@ class MetricsConfig(Strict):
             if not port:
                 continue
             if port in seen:
-                raise ValueError(f"{seen[port]}_port and {process}_port must differ (or be 0)")
+                raise Invalid(
+                    "{first}_port and {second}_port must differ (or be 0)",
+                    first=seen[port],
+                    second=process,
+                )
             seen[port] = process
         return self
 

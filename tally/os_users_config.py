@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
+from ledger.invalid import Invalid
 from scheduler.executors.run_as import OsUsers
 from tally.config_fields import Strict
 
@@ -27,8 +28,9 @@ _OS_USER = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,31}\$?$")
 
 def _os_user(value: Any) -> str:
     if not isinstance(value, str) or not _OS_USER.match(value):
-        raise ValueError(
-            f"{value!r} is not an OS user name (letters, digits, '_', '.', '-', at most 32)"
+        raise Invalid(
+            "{value!r} is not an OS user name (letters, digits, '_', '.', '-', at most 32)",
+            value=value,
         )
     return value
 

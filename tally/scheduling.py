@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from ledger.invalid import Invalid
 from ledger.roles import Caller, Role
 from ledger.units import US_PER_SECOND
 from scheduler.api import Tokens
@@ -57,7 +58,7 @@ from tally.config import ConfigError, QueueConfig, TallyConfig
 from tally.config_fields import secret_from_env
 from tally.config_yaml import YamlRefused, read_yaml
 from tally.identity_config import slurm_account_of_team
-from tally.language import _
+from tally.language import _, translate
 
 US_PER_HOUR = 3_600 * US_PER_SECOND
 MIN_TOKEN_LENGTH = 16
@@ -72,7 +73,9 @@ def _idle_policy(queue: QueueConfig, queue_class: QueueClass) -> IdlePolicy:
     if rule == "alert":
         return IdlePolicy(IdleAction.ALERT)
     if isinstance(rule, str):  # the config model admits no other text
-        raise ConfigError(f"queues: {queue.name}: unknown idle_reclaim {rule!r}")
+        raise ConfigError(
+            _("queues: {queue}: unknown idle_reclaim {rule!r}").format(queue=queue.name, rule=rule)
+        )
     if rule.reclaim_after_min is not None:
         return IdlePolicy(IdleAction.RECLAIM, int(rule.reclaim_after_min * US_PER_MINUTE))
     return IdlePolicy(IdleAction.ALERT, int((rule.alert_after_min or 0) * US_PER_MINUTE))
@@ -205,8 +208,8 @@ def _named_tokens(path: Path, entries: Any) -> NamedTokens:
             caller = Caller(
                 Role(entry["role"]), entry.get("team"), entry.get("user"), entry["name"]
             )
-        except ValueError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
+        except Invalid as exc:  # a team for an organisation-wide role, or none for a team's
+            raise ConfigError(f"{where}: {exc.say(translate)}") from None
         if caller.label in names:
             raise ConfigError(
                 _("{where}: the name {name} is used twice").format(

@@ -25,6 +25,7 @@ from ledger.admin import (
 )
 from ledger.errors import EventError, LedgerError
 from ledger.ingest import InputTopics
+from ledger.invalid import Invalid
 from ledger.periods import Period
 from ledger.read.queries import find_sealed_transaction
 from ledger.store.identity import recorded_zone
@@ -183,14 +184,14 @@ def parse_amount(text: str, unit: str) -> tuple[Unit, int]:
         if unit == "gpu_hours":
             ms = Decimal(text) * MS_PER_HOUR
             if not ms.is_finite() or ms != ms.to_integral_value():
-                raise ValueError("not a whole number of GPU-milliseconds")
+                raise Invalid("not a whole number of GPU-milliseconds")
             return Unit.GPU_MS, int(ms)
         if not text.lstrip("-").isdigit():
-            raise ValueError("expected an integer")
+            raise Invalid("expected an integer")
         return Unit(unit), int(text)
     except (ValueError, ArithmeticError) as exc:
         fail(
-            _("--amount {text!r} in {unit}: {exc}").format(text=text, unit=unit, exc=exc),
+            _("--amount {text!r} in {unit}: {exc}").format(text=text, unit=unit, exc=said(exc)),
             Exit.USAGE,
         )
 
