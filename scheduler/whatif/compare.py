@@ -1,7 +1,8 @@
 """Comparing what happened with what a replay says, and one replay with another.
 
 - `divergences`: the recorded first admissions against a replay's, job by job, each difference
-  with its cause (the reason the replay, or the record, gave the job for waiting at the time);
+  with its cause (the reason the replay, or the record, gave the job for waiting at the time
+  the other admitted it, and for a job one side never admitted also the last one);
   a time difference within `tolerance_us` (the live scheduler decides every cycle interval,
   the replay at once) is no divergence;
 - `same_decisions`: whether two replays admitted and preempted exactly alike;
@@ -43,6 +44,26 @@ def _reason_at(
     return latest
 
 
+def _reasons(
+    reasons: tuple[tuple[str, WaitReason, int], ...],
+    job_id: str,
+    at_us: int,
+    tolerance_us: int,
+    end_us: int,
+) -> str:
+    """The wait reason in force when the other side admitted the job (or, when none was yet,
+    the first given within the tolerance after), then the last one when it changed: a job the
+    live tick's cap left out says `tick_limit, then cohort_exhausted`."""
+    found = _reason_at(reasons, job_id, at_us)
+    if found is None:
+        found = next(
+            (r for j, r, t in reasons if j == job_id and at_us < t <= at_us + tolerance_us), None
+        )
+    at = found or "not yet considered"
+    end = _reason_at(reasons, job_id, end_us) or "not yet considered"
+    return at if at == end else f"{at}, then {end}"
+
+
 def _where(a: Admission | None, since_us: int) -> str:
     if a is None:
         return "not admitted"
@@ -73,12 +94,13 @@ def divergences(
                 why = _reason_at(recorded_waits, job_id, rep.time_us)
                 cause = f"the record kept it waiting ({why or 'not yet considered'})"
         elif rec is not None:
-            why = _reason_at(outcome.wait_reasons, job_id, outcome.until_us)
-            cause = f"the replay never admitted it ({why or 'not yet considered'})"
+            end = outcome.until_us
+            last = _reasons(outcome.wait_reasons, job_id, rec.time_us, tolerance_us, end)
+            cause = f"the replay never admitted it ({last})"
         else:
             assert rep is not None
-            why = _reason_at(recorded_waits, job_id, outcome.until_us)
-            cause = f"never admitted in the record ({why or 'not yet considered'})"
+            last = _reasons(recorded_waits, job_id, rep.time_us, tolerance_us, outcome.until_us)
+            cause = f"never admitted in the record ({last})"
         since = outcome.since_us
         out.append(Divergence(job_id, _where(rec, since), _where(rep, since), cause))
     return tuple(out)
