@@ -218,6 +218,8 @@ def test_platform_idle_gpus_now(monkeypatch, seeded, q):
     assert _metric(app, "GPUs reporting") == str(now.gpus) == "6"
     assert _metric(app, "Allocated but idle") == "1"
     assert _metric(app, "Unallocated") == "1"
+    assert _metric(app, "Idle shares") == "0"
+    assert int(_metric(app, "Busy")) + 1 + 1 == now.gpus  # each GPU counted once
     idle = _frame(app, "waste")
     (gpu,) = [g for g in now.idle if g.state is rollups.GpuState.ALLOCATED_IDLE]
     row = idle.iloc[0]
