@@ -9,7 +9,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard import common, i18n
+from dashboard import common, i18n, job_costs
 from dashboard.i18n import _
 from ledger.read import rollups
 from ledger.read.reports import IdleSharing
@@ -372,40 +372,9 @@ st.header(_("Top jobs by cost"))
 jobs: tuple[rollups.JobCost, ...] = common.query("top_jobs", filters, 20)
 if jobs:
     st.dataframe(
-        pd.DataFrame(
-            {
-                "job": [j.job_id for j in jobs],
-                "team": [j.team for j in jobs],
-                "project": [j.project for j in jobs],
-                "user": [j.user for j in jobs],
-                "pools": [j.pools for j in jobs],
-                "gpu_hours": [common.hours(j.gpu_ms) for j in jobs],
-                "cost": [common.amount(j.money_micros) for j in jobs],
-                "idle_waste": [common.amount(j.idle_waste_micros) for j in jobs],
-                "first": [common.timestamp(j.first_us) for j in jobs],
-                "last": [common.timestamp(j.last_us) for j in jobs],
-            }
-        ),
+        pd.DataFrame(job_costs.rows(jobs, job_costs.TEAM, job_costs.FIRST_LAST)),
         hide_index=True,
-        column_config={
-            "job": _("Job"),
-            "team": _("Team"),
-            "project": _("Project"),
-            "user": _("User"),
-            "pools": _("Pool(s)"),
-            "gpu_hours": st.column_config.NumberColumn(_("GPU-hours"), format="%.2f"),
-            "cost": st.column_config.NumberColumn(_("Cost") + f" ({cur})", format="%.2f"),
-            "idle_waste": st.column_config.NumberColumn(
-                _("Idle waste") + f" ({cur})", format="%.2f"
-            ),
-            "first": st.column_config.DatetimeColumn(
-                _("First usage ({zone})").format(zone=common.zone_label()),
-                format="YYYY-MM-DD HH:mm",
-            ),
-            "last": st.column_config.DatetimeColumn(
-                _("Last usage ({zone})").format(zone=common.zone_label()), format="YYYY-MM-DD HH:mm"
-            ),
-        },
+        column_config=job_costs.column_config(cur),
     )
 else:
     st.info(_("No usage with a job id in {scope}.").format(scope=scope))

@@ -52,16 +52,35 @@ allocated_idle = [
     if g.state is rollups.GpuState.ALLOCATED_IDLE and filters.team in (None, g.team)
 ]
 unallocated = [g for g in now.idle if g.state is rollups.GpuState.UNALLOCATED]
-m = st.columns(4)
+m = st.columns(5)
 m[0].metric(_("GPUs reporting"), f"{now.gpus:,}")
-m[1].metric(_("Busy"), f"{now.busy:,}")
+m[1].metric(_("Busy"), f"{now.busy:,}", help=_("Some holder of the GPU (or of a part) uses it."))
 m[2].metric(
     _("Allocated but idle"),
-    f"{len({g.gpu_uuid for g in allocated_idle}):,}",
-    help=_("Held by an owner below the idle threshold for longer than the grace period."),
+    f"{len({g.gpu_uuid for g in allocated_idle if not g.part_of_busy_gpu}):,}",
+    help=_(
+        "Held, and every holder (of the whole GPU, or of each share or MIG slice held) below the "
+        "idle threshold for longer than the grace period."
+    ),
 )
 m[3].metric(
-    _("Unallocated"), f"{now.count(rollups.GpuState.UNALLOCATED):,}", help=_("Held by nobody.")
+    _("Unallocated"),
+    f"{now.count(rollups.GpuState.UNALLOCATED):,}",
+    help=_("Nobody holds any of it."),
+)
+m[4].metric(
+    _("Idle shares"),
+    f"{sum(g.part_of_busy_gpu for g in allocated_idle):,}",
+    help=_(
+        "Shares (or MIG slices) idle on a GPU another holder keeps busy: the GPU counts as busy, "
+        "the share is listed below."
+    ),
+)
+st.caption(
+    _(
+        "Each GPU counts once, whatever holds parts of it: busy, allocated but idle, or "
+        "unallocated add up to the GPUs reporting."
+    )
 )
 
 st.subheader(_("Allocated but idle"))
@@ -80,6 +99,7 @@ if allocated_idle:
                 "since": [common.timestamp(g.since_us) for g in allocated_idle],
                 "idle_hours": [common.hours(g.gpu_ms) for g in allocated_idle],
                 "waste": [common.amount(g.money_micros) for g in allocated_idle],
+                "share": [g.part_of_busy_gpu for g in allocated_idle],
             }
         ),
         hide_index=True,
@@ -98,6 +118,7 @@ if allocated_idle:
             ),
             "idle_hours": st.column_config.NumberColumn(_("Idle GPU-hours"), format="%.2f"),
             "waste": st.column_config.NumberColumn(_("Waste so far") + f" ({cur})", format="%.2f"),
+            "share": st.column_config.CheckboxColumn(_("Idle share of a busy GPU")),
         },
     )
     st.caption(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import common, i18n
+from dashboard import common, i18n, job_costs
 from dashboard.i18n import _
 from ledger.read import job_history, rollups
 from ledger.read.job_history import JobRow, JobState
@@ -335,34 +335,12 @@ costs: tuple[rollups.JobCost, ...] = common.query(
 )
 if costs:
     scheduled = {j.job_id: job_history.state_text(j.state, tr) for j in history.rows}
+    table = job_costs.rows(costs)
+    table["state"] = [scheduled.get(c.job_id, _("not run by Tally's scheduler")) for c in costs]
     st.dataframe(
-        pd.DataFrame(
-            {
-                "job": [c.job_id for c in costs],
-                "project": [c.project for c in costs],
-                "user": [c.user for c in costs],
-                "pools": [c.pools for c in costs],
-                "gpu_hours": [common.hours(c.gpu_ms) for c in costs],
-                "cost": [common.amount(c.money_micros) for c in costs],
-                "idle_waste": [common.amount(c.idle_waste_micros) for c in costs],
-                "state": [
-                    scheduled.get(c.job_id, _("not run by Tally's scheduler")) for c in costs
-                ],
-            }
-        ),
+        pd.DataFrame(table),
         hide_index=True,
-        column_config={
-            "job": _("Job"),
-            "project": _("Project"),
-            "user": _("User"),
-            "pools": _("Pool(s)"),
-            "gpu_hours": st.column_config.NumberColumn(_("GPU-hours"), format="%.2f"),
-            "cost": st.column_config.NumberColumn(_("Cost") + f" ({cur})", format="%.2f"),
-            "idle_waste": st.column_config.NumberColumn(
-                _("Idle waste") + f" ({cur})", format="%.2f"
-            ),
-            "state": _("State"),
-        },
+        column_config=job_costs.column_config(cur) | {"state": _("State")},
     )
     st.caption(
         _(

@@ -139,6 +139,9 @@ def where(text: str, tr: Translator) -> str:
 
 
 def _why(code: str, tr: Translator) -> str:
+    first, then, last = code.partition(", then ")  # the reason then, and the last one
+    if then:
+        return tr("{first}, then {last}").format(first=_why(first, tr), last=_why(last, tr))
     if code == _NOT_CONSIDERED:
         return tr(NOT_YET_CONSIDERED)
     try:

@@ -13,6 +13,17 @@ Rules (the samples fold, `ledger.ingest.samples`, applies them):
   the sample is idle for that sample (0 %). When no process of the sample reports SM
   utilisation at all, a share with a process gets the GPU's utilisation (the driver does not
   tell them apart);
+- a process may name its job only by an executor alias the ledger has not learned yet
+  (`slurm:<id>` before its job's `JobStarted` is folded: a collector that reads the process's
+  cgroup, not its environment), so it belongs to no share the sample is split among
+  (`unresolved`). A share with no process of its own on a GPU where such processes run may be
+  their job: its utilisation is then the busiest such alias's (`share_util`'s `unresolved`),
+  the most it can be using. So a share held by a Slurm job is stepped from the first sample
+  after its assignment, before the alias is known: idle when no process it may own is busy
+  (none at all, or only idle ones), busy when exactly one unknown alias is busy and it is the
+  only share without processes (then the alias is its). The boundary: with two or more such
+  shares on one GPU and a busy unknown alias, which share is busy cannot be told until the
+  aliases are learned, so none of them is stepped idle meanwhile (never a false idle flag);
 - confirmed-idle flags only that share's legs (`Posting.idle`, `flag_legs`), never the
   transaction: the other shares of the sample may be busy. The GPU's own subject is stepped as
   held by its whole holder over the sample (none while only shares hold it), so an alert open
@@ -37,9 +48,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ledger.assignments import Holding, OwnedPiece, main_holder
-from ledger.events import GpuSample, Owner, SampleEnvelope
+from ledger.events import GpuSample, Owner, ProcessUsage, SampleEnvelope
 from ledger.fractional import share_key
 from ledger.idle import IdleObservation
+from ledger.job_owners import awaiting_key
 from ledger.postings import Transaction
 from ledger.units import Unit
 
@@ -58,14 +70,39 @@ class ShareStep:
     release: bool = False
 
 
-def share_util(sample: GpuSample, job_id: str) -> int:
-    """The utilisation of the sample's GPU by the share job's own processes (see the module)."""
+def share_util(sample: GpuSample, job_id: str, unresolved: Collection[str] = ()) -> int:
+    """The utilisation of the sample's GPU by the share job's own processes; with none, the
+    busiest of the `unresolved` aliases' (processes it may own, see the module), else 0."""
     mine = [p for p in sample.processes if p.owner is not None and p.owner.job_id == job_id]
-    if not mine:
-        return 0
+    if mine:
+        return _util(sample, mine)
+    return max(
+        (
+            _util(sample, [p for p in sample.processes if _job_of(p) == alias])
+            for alias in unresolved
+        ),
+        default=0,
+    )
+
+
+def unresolved(sample: GpuSample, held_jobs: Collection[str]) -> frozenset[str]:
+    """The job keys the sample's processes name with no team and no holding over the sample:
+    executor aliases (`slurm:<id>`) of jobs the ledger has not tied to a Tally job yet."""
+    return frozenset(
+        key
+        for p in sample.processes
+        if (key := awaiting_key(p.owner)) is not None and key not in held_jobs
+    )
+
+
+def _job_of(process: ProcessUsage) -> str | None:
+    return None if process.owner is None else process.owner.job_id
+
+
+def _util(sample: GpuSample, processes: Sequence[ProcessUsage]) -> int:
     if all(p.sm_util_pct is None for p in sample.processes):
         return sample.util_gpu_pct
-    return min(100, sum(p.sm_util_pct or 0 for p in mine))
+    return min(100, sum(p.sm_util_pct or 0 for p in processes))
 
 
 def charged_to(txn: Transaction, job_id: str) -> tuple[int, int]:
@@ -106,11 +143,12 @@ def share_steps(
         start = piece.start_us if first is None else min(first[1], piece.start_us)
         end = piece.end_us if first is None else max(first[2], piece.end_us)
         spans[owner.job_id] = (owner if first is None else first[0], start, end)
+    held_jobs = {p.owner.job_id for p in held if p.owner is not None and p.owner.job_id}
+    aliases = unresolved(sample, held_jobs)
     for job_id, (owner, start, end) in spans.items():
         ms, money = charged_to(txn, job_id)
-        obs = _observed(
-            sample, share_key(sample.gpu_uuid, job_id), owner, share_util(sample, job_id), ms, money
-        )
+        util = share_util(sample, job_id, aliases)
+        obs = _observed(sample, share_key(sample.gpu_uuid, job_id), owner, util, ms, money)
         steps.append(
             ShareStep(replace(obs, start_us=start, end_us=end), envelope.time_us, row, job_id)
         )

@@ -7,6 +7,12 @@ a run's usage settled into its team's budget when the run ends), and the clock. 
 nothing happens; at each event time the simulation applies what happened, then runs cycles
 until one admits and preempts nothing. Only the cycles (snapshot, decide, apply) are timed.
 
+With `admissions_per_tick` (the live scheduler's `scheduler.admissions_per_tick`), the cycles
+at one event time are ticks as the live dispatcher runs them: a tick admits at most that many
+jobs, the jobs its cap leaves out wait with `tick_limit`, and the next tick follows at once (at
+the same simulated time, with a fresh snapshot, so ordering sees what the last tick admitted).
+Without it (None, the default) nothing caps a cycle.
+
 Used by the scheduler benchmark and the randomised invariant tests; also a what-if tool.
 """
 
@@ -101,9 +107,11 @@ class Simulation:
         listener: Listener | None = None,
         time_cycles: bool = False,
         max_cycles_per_event: int = 1_000,
+        admissions_per_tick: int | None = None,
     ) -> None:
         self.state = state
         self.policy = policy
+        self.admissions_per_tick = admissions_per_tick  # None: no cap
         self.meter_interval_us = meter_interval_us
         self.share_interval_us = share_interval_us
         self.listener = listener
@@ -220,6 +228,7 @@ class Simulation:
 
     def _cycles(self, now_us: int) -> None:
         state, policy = self.state, self.policy
+        cap = left = self.admissions_per_tick
         for _ in range(self.max_cycles_per_event):
             pending = state.pending_count
             if not pending:
@@ -227,7 +236,7 @@ class Simulation:
             timed = self.time_cycles
             started = time.perf_counter() if timed else 0.0
             cpu = time.thread_time() if timed else 0.0
-            result = run_cycle(state.snapshot(now_us, policy.heads_per_queue), policy)
+            result = run_cycle(state.snapshot(now_us, policy.heads_per_queue), policy, left)
             self._apply(result.events)
             seconds = time.perf_counter() - started if timed else 0.0
             cpu = time.thread_time() - cpu if timed else 0.0
@@ -235,6 +244,11 @@ class Simulation:
                 CycleSample(pending, result.decisions, len(result.admitted), seconds, cpu)
             )
             self.report.preemptions += len(result.preempted)
+            if left is not None:
+                left -= len(result.admitted)
+                if left == 0:  # the tick's cap is reached: the next tick follows at once
+                    left = cap
+                    continue
             if not result.admitted and not result.preempted:
                 return
 

@@ -3,11 +3,12 @@ raw-event archive → a `History` (the one place a what-if touches files).
 
 A scenario takes from its configuration everything `tally.scheduling` gives the live
 scheduler — queues (priorities, classes, idle reclaim, model policy), teams with their quotas,
-cohorts and weights, prices, the fair-share half-life, `heads_per_queue` — plus the fleet (the
-configured fleet, `tally.scheduling.inventory_of`), and the budgets that apply to the window's
-first month (a one-off budget of that month wins over a recurring one) as the teams' starting
-balances. Fair share starts from the ledger's metered usage before the window, as the live
-scheduler's does. `--add-gpus MODEL=N` adds N GPUs of MODEL to the alternative's fleet, in nodes the
+cohorts and weights, prices, the fair-share half-life, `heads_per_queue`, the tick's admission
+cap (`admissions_per_tick`) — plus the fleet (the configured fleet,
+`tally.scheduling.inventory_of`), and the budgets that apply to the window's first month (a
+one-off budget of that month wins over a recurring one) as the teams' starting balances. Fair
+share starts from the ledger's metered usage before the window, as the live scheduler's does.
+`--add-gpus MODEL=N` adds N GPUs of MODEL to the alternative's fleet, in nodes the
 size of the fleet's first node of that model, in its pool.
 """
 
@@ -87,6 +88,7 @@ def scenario_of(
         half_life_us=int(s.fair_share_half_life_hours * US_PER_HOUR),
         policy=Policy(heads_per_queue=s.heads_per_queue),
         budgets=budgets_of(config, since_us),
+        admissions_per_tick=s.admissions_per_tick,
     )
 
 

@@ -97,6 +97,7 @@ def record(scenario: Scenario, jobs: Iterable[SimJob]) -> list[JobEvent]:
         scenario.policy,
         meter_interval_us=scenario.meter_interval_us,
         listener=lambda applied, _: events.extend(applied),
+        admissions_per_tick=scenario.admissions_per_tick,
     )
     simulation.run(jobs)
     return events

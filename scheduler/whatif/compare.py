@@ -1,7 +1,8 @@
 """Comparing what happened with what a replay says, and one replay with another.
 
 - `divergences`: the recorded first admissions against a replay's, job by job, each difference
-  with its cause (the reason the replay, or the record, gave the job for waiting at the time);
+  with its cause (the reason the replay, or the record, gave the job for waiting at the time
+  the other admitted it, and for a job one side never admitted also the last one);
   a time difference within `tolerance_us` (the live scheduler decides every cycle interval,
   the replay at once) is no divergence;
 - `same_decisions`: whether two replays admitted and preempted exactly alike;
@@ -28,10 +29,10 @@ from scheduler.whatif.texts import (
     cause_text,
     flag_text,
     gpu_hours_text,
+    reasons_words,
     wait_text,
     where_text,
     why_code,
-    why_words,
 )
 
 COLUMNS = ("metric", "scope", "baseline", "alternative")
@@ -49,6 +50,7 @@ class Divergence:
     kind: Cause
     why: WaitReason | None
     since_us: int  # the window's start: admissions are said as time after it
+    then: tuple[WaitReason | None, ...] = ()  # a job never admitted: its last reason, if other
 
     @property
     def recorded(self) -> str:
@@ -62,7 +64,8 @@ class Divergence:
     @property
     def cause(self) -> str:
         """The cause as the report says it, the wait reason by its code (`no_capacity`)."""
-        return cause_text(self.kind, why_code(self.why), self.recorded_first, self.replayed_first)
+        code = ", then ".join(why_code(w) for w in (self.why, *self.then))
+        return cause_text(self.kind, code, self.recorded_first, self.replayed_first)
 
     def said(self, tr: Translate = english) -> tuple[str, str, str, str]:
         """Job, recorded, replayed and cause as a table says them: the wait reason in words."""
@@ -71,7 +74,7 @@ class Divergence:
             self.job_id,
             where_text(rec, since, tr),
             where_text(rep, since, tr),
-            cause_text(self.kind, why_words(self.why, tr), rec, rep, tr),
+            cause_text(self.kind, reasons_words(self.why, self.then, tr), rec, rep, tr),
         )
 
 
@@ -83,6 +86,25 @@ def _reason_at(
         if job == job_id and time_us <= at_us:
             latest = reason
     return latest
+
+
+def _reasons(
+    reasons: tuple[tuple[str, WaitReason, int], ...],
+    job_id: str,
+    at_us: int,
+    tolerance_us: int,
+    end_us: int,
+) -> tuple[WaitReason | None, tuple[WaitReason | None, ...]]:
+    """The wait reason in force when the other side admitted the job (or, when none was yet,
+    the first given within the tolerance after), and the last one when it changed: a job the
+    live tick's cap left out says `tick_limit, then cohort_exhausted`."""
+    found = _reason_at(reasons, job_id, at_us)
+    if found is None:
+        found = next(
+            (r for j, r, t in reasons if j == job_id and at_us < t <= at_us + tolerance_us), None
+        )
+    end = _reason_at(reasons, job_id, end_us)
+    return found, (() if end == found else (end,))
 
 
 def divergences(
@@ -98,6 +120,7 @@ def divergences(
     for job_id in sorted(set(mine) | set(theirs)):
         rec, rep = mine.get(job_id), theirs.get(job_id)
         why = None
+        then: tuple[WaitReason | None, ...] = ()
         if rec is not None and rep is not None:
             if (rec.pool, rec.model) != (rep.pool, rep.model):
                 kind = Cause.ELSEWHERE
@@ -111,12 +134,15 @@ def divergences(
                 why = _reason_at(recorded_waits, job_id, rep.time_us)
         elif rec is not None:
             kind = Cause.REPLAY_NEVER
-            why = _reason_at(outcome.wait_reasons, job_id, outcome.until_us)
+            why, then = _reasons(
+                outcome.wait_reasons, job_id, rec.time_us, tolerance_us, outcome.until_us
+            )
         else:
             assert rep is not None
             kind = Cause.RECORD_NEVER
-            why = _reason_at(recorded_waits, job_id, outcome.until_us)
-        out.append(Divergence(job_id, rec, rep, kind, why, outcome.since_us))
+            end = outcome.until_us
+            why, then = _reasons(recorded_waits, job_id, rep.time_us, tolerance_us, end)
+        out.append(Divergence(job_id, rec, rep, kind, why, outcome.since_us, then))
     return tuple(out)
 
 

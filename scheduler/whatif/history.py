@@ -7,11 +7,13 @@ Pure: job events in (the archived `jobs` topic, `ledger.read.job_history.read_jo
 a frozen `History` out. Times are integer µs.
 
 How a job's runtime is read back: the length of its last run (admission to `JobFinished` or a
-final `JobFailed`); a run still going at the window's end ran until then; a job never admitted
-runs for its estimate. A job cancelled or refused before it ever ran is left out (`skipped`):
-the replay has no one to cancel it. A job whose last run was reclaimed for idling keeps how long
-that run worked before it went idle (`reclaimed`): the replay ends it by the scenario's idle
-policy (`scheduler.whatif.replay`).
+final `JobFailed`); a run still going at the window's end runs past it (as long as from its
+submission to the window's end: a replay that admits it earlier than the record did must not
+end it inside the window, where its GPUs would free up for others only in the replay); a job
+never admitted runs for its estimate. A job cancelled or refused before it ever ran is left out
+(`skipped`): the replay has no one to cancel it. A job whose last run was reclaimed for idling
+keeps how long that run worked before it went idle (`reclaimed`): the replay ends it by the
+scenario's idle policy (`scheduler.whatif.replay`).
 """
 
 from __future__ import annotations
@@ -120,8 +122,8 @@ def read_history(events: Iterable[JobEvent], since_us: int, until_us: int) -> Hi
     for submitted in in_window:
         spec = submitted.spec
         job_id = spec.job_id
-        if job_id in run_from:
-            runtime = max(1, until_us - run_from[job_id][0])
+        if job_id in run_from:  # at least to the window's end from any admission after submit
+            runtime = max(1, until_us - spec.submit_us)
         elif job_id in last_run:
             runtime = max(1, last_run[job_id])
         elif job_id in ended:

@@ -4,8 +4,10 @@ ledger's pricing (`ledger.pricing`: a run is charged per price piece in force, r
 piece, as attribution does), giving an `Outcome`: every run, every first admission, every wait.
 
 A scenario is plain domain values (`tally.whatif` builds one from a configuration): queues,
-teams with quotas and cohorts, the fleet, prices, the fair-share half-life, the policy and the
-budgets the teams start the window with. Fair share starts from the usage before the window
+teams with quotas and cohorts, the fleet, prices, the fair-share half-life, the policy, the
+budgets the teams start the window with, and the live tick's admission cap (each tick admits at
+most `admissions_per_tick` jobs, the rest wait with `tick_limit` for the next, as the live
+dispatcher's do: `scheduler.simulation`). Fair share starts from the usage before the window
 (`History.prior_gpu_ms`: the ledger's metered usage, or the archived runs' GPU time); during the
 window it is metered from the replay's own runs. A job the record shows reclaimed for idling
 works as long as it did, then idles: under a queue that reclaims after `after_us` it ends then;
@@ -56,6 +58,7 @@ class Scenario:
     policy: Policy
     budgets: tuple[Balance, ...] = ()
     meter_interval_us: int = 300_000_000
+    admissions_per_tick: int | None = None  # the live tick's cap (None: none)
 
     @property
     def fleet_gpus(self) -> int:
@@ -216,6 +219,7 @@ def replay(history: History, scenario: Scenario, progress: Progress | None = Non
         scenario.policy,
         meter_interval_us=scenario.meter_interval_us,
         listener=recorder,
+        admissions_per_tick=scenario.admissions_per_tick,
     )
     simulation.run(idle_runtimes(history, scenario), until_us=history.until_us - 1)
     for job_id in sorted(recorder.open):

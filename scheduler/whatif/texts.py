@@ -128,6 +128,17 @@ def why_words(why: WaitReason | None, tr: Translate = english) -> str:
     return tr(WAIT_SHORT[why]) if why in WAIT_SHORT else why.value
 
 
+def reasons_words(
+    why: WaitReason | None, then: tuple[WaitReason | None, ...], tr: Translate = english
+) -> str:
+    """`why` in words, and the last reason after it when there is one (`GPUs busy, then quota
+    used up`)."""
+    said = why_words(why, tr)
+    for last in then:
+        said = tr("{first}, then {last}").format(first=said, last=why_words(last, tr))
+    return said
+
+
 def cause_text(
     cause: Cause,
     why: str,

@@ -1,15 +1,14 @@
 """The store port's contract for the audit trail (`LedgerStore.audit_records`, `audited_ids`,
-`StateChanges.audit`), run against both stores with the fixtures of the main contract suite
-(`tests/contract/test_store_contract.py`, which also checks a refused commit appends nothing)."""
+`StateChanges.audit`), run against both stores with the `store` fixture of this folder's
+`conftest.py` (`tests/contract/test_store_contract.py` also checks a refused commit
+appends nothing)."""
 
 from __future__ import annotations
 
 from ledger.audit import AuditEntry, chain, verify_chain
 from ledger.store.port import StateChanges, ViewKeys
 from tests.builders import T0_US
-from tests.contract.test_store_contract import commit, store
-
-__all__ = ["store"]  # the fixture, parametrised duckdb / memory
+from tests.contract.store_support import commit
 
 
 def an_audit_entry(event_id: str, actor: str = "alice") -> AuditEntry:

@@ -1,18 +1,15 @@
 """The store port's contract for the request projection (`LedgerStore.admin_view().requests`,
 folded from the admin log): both stores, fed the same request steps through an `Ingestor`, hold
 the same requests, the same grants and the same audit trail, and drop a redelivered approval
-alike (fixtures of the main contract suite, `tests/contract/test_store_contract.py`)."""
+alike (the `store` fixture of this folder's `conftest.py`)."""
 
 from __future__ import annotations
 
 from ledger.admin.request_events import RequestRejected, RequestStatus
 from ledger.roles import Role
 from ledger.units import Unit
-from tests.contract.test_store_contract import store
 from tests.unit.test_admin import admin_message, ingestor
 from tests.unit.test_requests import BUDGET, QID, QUOTA, RID, approve
-
-__all__ = ["store"]  # the fixture, parametrised duckdb / memory
 
 
 def test_requests_fold_into_the_same_projection_in_every_store(store):

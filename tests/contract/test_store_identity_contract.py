@@ -14,7 +14,7 @@ from ledger.store.hot import DuckDBStore
 from ledger.store.memory import MemoryStore
 from ledger.store.port import StateChanges, ViewKeys
 from tests.builders import INTERVAL_US, T0_US
-from tests.contract.test_store_contract import a_txn, commit
+from tests.contract.store_support import a_txn, commit
 
 VISION_7 = Owner("vision", "detection", "ada", "job-7")
 LANGUAGE_7 = Owner("language", "pretraining", "bob", "job-7")

@@ -370,10 +370,18 @@ DIVERGENCES = [
          "cause": "the replay kept it waiting (not yet considered)"},
         ["j3", "+0 秒，在 a/H100", "+9 分钟，在 a/H100", "回放中它仍在等待（尚未被调度）"],
     ),
+    (
+        {"job_id": "j4", "recorded": "not admitted", "replayed": "+0 s on a/H100",
+         "cause": "never admitted in the record (tick_limit, then cohort_exhausted)"},
+        ["j4", "未准入", "+0 秒，在 a/H100",
+         "记录中从未被准入（大量作业正在启动，稍后轮到它，后来没有可借用的配额）"],
+    ),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("saved", "shown"), DIVERGENCES, ids=["never", "placed", "waiting"])
+@pytest.mark.parametrize(
+    ("saved", "shown"), DIVERGENCES, ids=["never", "placed", "waiting", "then"]
+)
 def test_a_what_if_divergence_reads_in_chinese(saved: dict[str, str], shown: list[str]) -> None:
     """The cause's wait reason is a code in the report: shown in words; English as saved."""
     assert whatif_text.divergence(saved, ZH) == shown

@@ -161,6 +161,10 @@ def test_budget_burn_down_and_forecast(monkeypatch, seeded, q):
 def test_top_jobs_and_idle_waste(monkeypatch, seeded, q):
     app = _app(monkeypatch, seeded)
     jobs = _frame(app, "job")
+    assert list(jobs.columns) == [  # the job-cost table's columns (`dashboard.job_costs`)
+        "job", "team", "project", "user", "pools", "gpu_hours", "cost", "idle_waste", "first",
+        "last",
+    ]  # fmt: skip
     expected = rollups.top_jobs(q, rollups.Filters("2026-11"), 20)
     assert list(jobs["job"]) == [j.job_id for j in expected]
     assert [round(c, 6) for c in jobs["cost"]] == [_money(j.money_micros) for j in expected]
@@ -214,6 +218,8 @@ def test_platform_idle_gpus_now(monkeypatch, seeded, q):
     assert _metric(app, "GPUs reporting") == str(now.gpus) == "6"
     assert _metric(app, "Allocated but idle") == "1"
     assert _metric(app, "Unallocated") == "1"
+    assert _metric(app, "Idle shares") == "0"
+    assert int(_metric(app, "Busy")) + 1 + 1 == now.gpus  # each GPU counted once
     idle = _frame(app, "waste")
     (gpu,) = [g for g in now.idle if g.state is rollups.GpuState.ALLOCATED_IDLE]
     row = idle.iloc[0]

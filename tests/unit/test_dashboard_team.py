@@ -102,6 +102,9 @@ def test_jobs_costs_and_budget_equal_the_ledger(monkeypatch, seeded, q):
         assert round(row.cost, 6) == _money(totals[row.job].money_micros)
 
     per_job = _frame(app, "idle_waste")
+    assert list(per_job.columns) == [  # the job-cost table's (`dashboard.job_costs`), and state
+        "job", "project", "user", "pools", "gpu_hours", "cost", "idle_waste", "state",
+    ]  # fmt: skip
     expected = rollups.job_costs(q, rollups.Filters("2026-11", "vision"))
     assert list(per_job["job"]) == [c.job_id for c in expected]
     assert [round(c, 6) for c in per_job["cost"]] == [_money(c.money_micros) for c in expected]
@@ -151,6 +154,9 @@ def test_filters_change_the_jobs_and_their_costs(monkeypatch, seeded, q):
     assert any("No job of vision is waiting" in s.value for s in app.success)
     assert "job-v0" in list(_frame(app, "outcome")["job"])
     per_job = _frame(app, "idle_waste")
+    assert list(per_job.columns) == [  # the job-cost table's (`dashboard.job_costs`), and state
+        "job", "project", "user", "pools", "gpu_hours", "cost", "idle_waste", "state",
+    ]  # fmt: skip
     october = rollups.job_costs(q, rollups.Filters("2026-10", "vision"))
     assert [round(c, 6) for c in per_job["cost"]] == [_money(c.money_micros) for c in october]
     budget = rollups.team_budget(q, "vision", "2026-10")

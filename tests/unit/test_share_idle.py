@@ -19,9 +19,15 @@ from ledger.attribution import physical_gpu_ms
 from ledger.events import Owner, ProcessUsage, encode_batch, envelope_for
 from ledger.fractional import share_key, share_parent
 from ledger.idle import MINUTE_US, IdlePolicy
-from ledger.idle_shares import share_util
+from ledger.idle_shares import share_util, unresolved
 from ledger.ingest import ConsumedMessage, Ingestor, OutputTopics
-from ledger.job_events import GpuAssigned, GpuReleased, JobReclaimed, encode_job_event
+from ledger.job_events import (
+    GpuAssigned,
+    GpuReleased,
+    JobReclaimed,
+    JobStarted,
+    encode_job_event,
+)
 from ledger.pricing import Price, PriceBook
 from ledger.read.reports import ReportQueries, cost_report
 from ledger.read.rollups.finance import top_jobs
@@ -278,3 +284,95 @@ def test_the_ledgers_share_alert_reclaims_that_share_alone(tmp_path) -> None:
         ]
 
     asyncio.run(scenario())
+
+
+# ------------------------------------------------- a Slurm share before its alias is learned
+
+
+def alias_minute(m: int, sm: Mapping[str, int]):
+    """Minute `m`: one process per key in `sm`; a `slurm:<id>` key names only its Slurm job (a
+    collector that read its cgroup), any other key its Tally job with the team."""
+    processes = tuple(
+        a_process(
+            pid=100 + i,
+            sm=util,
+            owner=Owner(None, None, "u", key)
+            if key.startswith("slurm:")
+            else an_owner("vision", "p", "u", key),
+        )
+        for i, (key, util) in enumerate(sorted(sm.items()))
+    )
+    sample = a_sample(
+        gpu_uuid=GPU,
+        sample_time_us=T0_US + (m + 1) * MINUTE_US,
+        interval_us=MINUTE_US,
+        util_gpu_pct=min(100, sum(sm.values())),
+        processes=processes,
+    )
+    return envelope_for(sample, "sim://node-01")
+
+
+@dataclass(frozen=True)
+class AliasCase:
+    shares: tuple[str, ...]  # jobs holding 250 ‰ each from T0
+    sm: dict[str, int]  # every minute: process key → SM %
+    detected: tuple[str, ...]  # the shares the ledger finds idle (from the first minutes)
+    known: tuple[tuple[str, str], ...] = ()  # (job, Slurm id) whose JobStarted is folded first
+
+
+ALIAS_CASES = {
+    "busy-under-its-unknown-alias-is-not-idle": AliasCase(("a",), {"slurm:77": 80}, ()),
+    "idle-under-its-unknown-alias-is-idle-from-the-start": AliasCase(
+        ("a",), {"slurm:77": 0}, ("a",)
+    ),
+    "an-unknown-alias-beside-a-known-busy-share": AliasCase(
+        ("a", "b"), {"slurm:77": 0, "slurm:78": 90}, ("a",), known=(("b", "78"),)
+    ),
+    "boundary-two-unknown-aliases-one-busy-neither-flagged": AliasCase(
+        ("a", "b"), {"slurm:77": 0, "slurm:78": 90}, ()
+    ),
+    "boundary-two-unknown-aliases-both-idle-both-flagged": AliasCase(
+        ("a", "b"), {"slurm:77": 0, "slurm:78": 2}, ("a", "b")
+    ),
+}
+
+
+@pytest.mark.parametrize("case", ALIAS_CASES.values(), ids=ALIAS_CASES.keys())
+def test_a_slurm_share_is_stepped_from_its_first_sample(case: AliasCase) -> None:
+    """A share held by a Slurm job whose processes carry only `slurm:<id>` (its `JobStarted`
+    not folded yet) is idle or busy from the first sample after its assignment, by the most
+    its possible processes use; it is never flagged idle while one of them may be its and busy."""
+    store = MemoryStore()
+    feed = Feed(store)
+    feed.jobs(*(share_assigned(job, "vision", 250, T0_US) for job in case.shares))
+    feed._apply(  # the Slurm ids the jobs topic already said
+        "tally.jobs",
+        [encode_job_event(JobStarted(j, T0_US, slurm_job_id=s), "s") for j, s in case.known],
+    )
+    feed.samples(*(alias_minute(m, case.sm) for m in range(5)))
+    found = {subject for kind, subject, _ in feed.alerts() if kind == DETECTED}
+    assert found == {share_key(GPU, job) for job in case.detected}
+    first = store.find_transaction(alias_minute(2, case.sm).id)  # the grace ends in minute 2
+    assert first is not None
+    assert {p.job_id for p in first.postings if p.idle} == set(case.detected)
+
+
+@pytest.mark.parametrize(
+    ("processes", "aliases", "expected"),
+    [
+        pytest.param((("slurm:7", 60),), {"slurm:7"}, 60, id="its-possible-alias"),
+        pytest.param((("slurm:7", 60), ("slurm:8", 20)), {"slurm:7", "slurm:8"}, 60, id="busiest"),
+        pytest.param((("a", 10), ("slurm:7", 60)), {"slurm:7"}, 10, id="its-own-process-wins"),
+        pytest.param((("slurm:7", 60),), set(), 0, id="no-alias-unknown"),
+    ],
+)
+def test_share_utilisation_with_unknown_aliases(processes, aliases, expected) -> None:
+    sample = a_sample(
+        util_gpu_pct=90,
+        processes=tuple(
+            ProcessUsage(i, 1, sm, Owner(None, None, "u", j) if ":" in j else an_owner(job_id=j))
+            for i, (j, sm) in enumerate(processes)
+        ),
+    )
+    assert share_util(sample, "a", aliases) == expected
+    assert unresolved(sample, {"a"}) == {j for j, _ in processes if ":" in j}

@@ -22,6 +22,7 @@ from ledger.ingest import ConsumedMessage, Ingestor
 from ledger.job_events import (
     FailReason,
     JobAdmitted,
+    JobEvent,
     JobFailed,
     JobFinished,
     JobPreempted,
@@ -29,12 +30,14 @@ from ledger.job_events import (
     JobSpec,
     JobSubmitted,
     PreemptReason,
+    WaitReason,
     encode_job_event,
 )
 from ledger.pricing import PriceBook
 from ledger.read.job_history import duration_text, read_job_event_log
 from ledger.read.reports import ReportQueries, cost_report
 from ledger.store.hot import DuckDBStore
+from scheduler.executors.fake import RUNS_FOREVER, FakeExecutor, ManualClock
 from scheduler.model import IdleAction, IdlePolicy
 from scheduler.whatif import (
     Delay,
@@ -54,6 +57,7 @@ from scheduler.whatif.texts import METRICS
 from tally import language
 from tally.cli import cli
 from tally.config import TallyConfig
+from tally.scheduling import build_dispatcher
 from tally.whatif import add_gpus, history_of, scenario_of
 from tests.builders import T0_US
 from tests.conftest import REPO, write_config
@@ -65,6 +69,7 @@ from tests.whatif_builders import (
     HOUR_US,
     JOBS_TOPIC,
     MINUTE_US,
+    PROJECTS,
     archive,
     record,
     whatif_config,
@@ -195,7 +200,7 @@ def test_history_reads_runtimes_retries_skips_and_prior_usage():
     assert got == {
         "preempted": (2 * HOUR_US, 0),  # its last run, from the start
         "retried": (30 * MINUTE_US, 1),
-        "running": (HOUR_US, 0),  # still running at the window's end
+        "running": (UNTIL - t - 3, 0),  # still running at the window's end: past it
         "waiting": (5 * HOUR_US, 0),  # never admitted: its estimate
     }
     assert h.skipped == ("cancelled",)
@@ -410,3 +415,55 @@ def test_an_unreadable_archived_job_message_is_warned_about(tmp_path):
     assert result.exit_code == 0, result.output
     assert "WARNING: 1 archived job messages could not be read" in result.stdout
     assert "WARNING" not in _run(tmp_path, tmp_path / "ledger", "-o", "csv").stdout
+
+
+# ---------------------------------------------------------------------------- the tick's cap
+
+BURST = (("a-v1", "vision"), ("a-v2", "vision"), ("a-v3", "vision"))
+BURST += (("b-l1", "language"), ("b-l2", "language"))
+
+
+def _capped_config(tmp_path: Path, cap: int | None) -> TallyConfig:
+    """One node of 4 H100s, nominal 2 each; `cap` admissions per tick (None: the default)."""
+    data = whatif_config(nodes=1, nominal=2)
+    data["scheduler"]["work_dir"] = str(tmp_path / "scheduler")
+    if cap is not None:
+        data["scheduler"]["admissions_per_tick"] = cap
+    return TallyConfig.model_validate(data)
+
+
+def _live_record(tmp_path: Path) -> list[JobEvent]:
+    """What the live dispatcher (cap 2) publishes for a burst of five one-GPU `train` jobs
+    submitted at one instant, ticking once a second: the first tick admits a-v1 and a-v2; the
+    second, seeing vision at its nominal quota, orders language (not borrowing) before a-v3
+    (borrowing), so a-v3 — which an uncapped cycle admits at once, borrowing — never runs."""
+    clock = ManualClock(T0_US)
+    executor = FakeExecutor(clock=clock, default=RUNS_FOREVER)
+    dispatcher = build_dispatcher(_capped_config(tmp_path, 2), executor, clock)
+    events: list[JobEvent] = []
+    for job_id, team in BURST:
+        spec = JobSpec(job_id, team, PROJECTS[team], "u", "train", 1, T0_US, HOUR_US)
+        events.extend(dispatcher.apply((JobSubmitted(spec, T0_US),)))
+    for _ in range(3):
+        events.extend(dispatcher.decide())
+        clock.advance(1_000_000)
+    return events
+
+
+@pytest.mark.parametrize(
+    ("cap", "diverging"),
+    [(2, {}), (None, {"a-v3": "tick_limit, then cohort_exhausted"})],
+    ids=["same-cap-reproduces-the-record", "default-cap-diverges-naming-tick_limit"],
+)
+def test_the_replay_runs_the_configs_admission_cap_per_tick(tmp_path, cap, diverging):
+    recorded = _live_record(tmp_path)
+    limited = {e.job_id for e in recorded if getattr(e, "reason", None) is WaitReason.TICK_LIMIT}
+    assert limited == {"a-v3", "b-l1", "b-l2"}  # the burst exceeded the live cap
+    history = read_history(recorded, T0_US, T0_US + HOUR_US)
+    outcome = replay(history, scenario_of("b", _capped_config(tmp_path, cap), T0_US))
+    found = divergences(history.recorded, history.recorded_waits, outcome, 4_000_000)
+    assert {d.job_id: d.cause.split("(")[1].rstrip(")") for d in found} == diverging
+    if cap is not None:
+        assert [a.job_id for a in outcome.admissions] == ["a-v1", "a-v2", "b-l1", "b-l2"]
+        replay_limited = {j for j, r, _ in outcome.wait_reasons if r is WaitReason.TICK_LIMIT}
+        assert replay_limited == limited  # the replay's ticks left out what the live ones did

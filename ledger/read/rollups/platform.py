@@ -1,5 +1,6 @@
 """Rollups behind the Platform page: the fleet now (busy, allocated-but-idle and unallocated
-GPUs), utilisation heatmap, distribution and summary, occupancy, and when each node was last seen.
+GPUs, and idle shares of busy GPUs), utilisation heatmap, distribution and summary, occupancy,
+and when each node was last seen.
 
 These are about when GPUs were used and select by `start_us`; "now" is the newest sealed sample.
 """
@@ -46,19 +47,34 @@ class IdleGpu:
     gpu_ms: int
     money_micros: int
     since_capped: bool = False
+    part_of_busy_gpu: bool = False  # an idle share (or MIG slice) beside a busy holder
 
 
 @dataclass(frozen=True, slots=True)
 class FleetNow:
-    """The fleet at the newest sealed sample: GPUs seen in the last `window_us`, idle ones."""
+    """The fleet at the newest sealed sample: GPUs seen in the last `window_us`, idle ones.
+
+    A GPU is one unit, whatever holds parts of it (shares, MIG slices, an unallocated rest):
+    busy when any holder of it is busy, allocated-but-idle when it has holders and every one
+    is idle, unallocated when nobody holds any of it — so `busy + allocated_idle + unallocated`
+    is `gpus`. `idle_shares` counts the holders idle on a GPU that is busy (a share idle beside
+    a busy one): they are in `idle` (`part_of_busy_gpu`), their GPU is not. The unallocated
+    rest of a GPU somebody holds is not an unallocated GPU and is not in `idle`.
+    """
 
     as_of_us: int | None
     gpus: int
     busy: int
     idle: tuple[IdleGpu, ...]
+    allocated_idle: int = 0
+    unallocated: int = 0
+    idle_shares: int = 0
 
     def count(self, state: GpuState) -> int:
-        return len({g.gpu_uuid for g in self.idle if g.state is state})
+        """GPUs in `state` (each GPU counted once, by the rule above)."""
+        if state is GpuState.BUSY:
+            return self.busy
+        return self.allocated_idle if state is GpuState.ALLOCATED_IDLE else self.unallocated
 
 
 _STATE_SQL = (
@@ -66,6 +82,11 @@ _STATE_SQL = (
     "WHEN idle THEN 'allocated_idle' ELSE 'busy' END"
 )
 _OWNER = ("team", "project", "user", "job_id")
+# A GPU's state from the states of everything on it in one sample slot (see `FleetNow`).
+_GPU_STATE_SQL = (
+    "CASE WHEN bool_or(state = 'busy') THEN 'busy' "
+    "WHEN bool_or(state = 'allocated_idle') THEN 'allocated_idle' ELSE 'unallocated' END"
+)
 
 
 def _net_usage_sql(name: str, where: str) -> str:
@@ -93,9 +114,10 @@ def fleet_now(
 ) -> FleetNow:
     """Idle GPUs now: each GPU's latest sample in the last `window_us` of sealed data.
 
-    A GPU (or MIG slice) is allocated-but-idle when its latest usage is flagged idle, and
-    unallocated when its latest usage is on an `unallocated:` account. GPUs with no sample in
-    the window (stopped reporting) are left out. How long a GPU has been idle is looked for in
+    A holding (a whole GPU's holder, a share, a MIG slice) is allocated-but-idle when its latest
+    usage is flagged idle, and unallocated usage is on an `unallocated:` account; each GPU is
+    counted once, by the rule of `FleetNow`. GPUs with no sample in the window (stopped
+    reporting) are left out. How long a GPU has been idle is looked for in
     the last `lookback_us` only, for the GPUs idle now (so the scan stays bounded on a long
     ledger). A corrected sample (reversed and re-posted to its late-known owner) is what its
     re-posting says (`_net_usage_sql`).
@@ -122,26 +144,35 @@ def fleet_now(
             SELECT DISTINCT r.gpu_uuid, r.node, r.pool, r.model, {_STATE_SQL} AS state,
                 r.team, r.project, r."user", r.job_id, r.util_pct, l.slot
             FROM recent r JOIN latest l ON r.gpu_uuid = l.gpu_uuid AND r.start_us = l.slot
+        ), gpus AS (
+            SELECT gpu_uuid, {_GPU_STATE_SQL} AS gpu_state FROM current GROUP BY gpu_uuid
         ), idle_now AS (
-            SELECT * FROM current WHERE state <> 'busy'
+            SELECT c.*, g.gpu_state FROM current c JOIN gpus g ON c.gpu_uuid = g.gpu_uuid
+            WHERE c.state = 'allocated_idle' OR g.gpu_state = 'unallocated'
         ), {history_sql}, hist AS (
-            SELECT c.*, p.start_us, p.end_us, p.unit, p.amount,
-                (CASE WHEN p.account LIKE 'unallocated:%' THEN 'unallocated'
-                    WHEN p.idle THEN 'allocated_idle' ELSE 'busy' END) = c.state
-                    AND {owner_match} AS same
-            FROM history p JOIN idle_now c ON p.gpu_uuid = c.gpu_uuid
+            SELECT c.*, p.start_us, p.end_us, p.unit, p.amount, p.state AS leg_state,
+                p.state = c.state AND {owner_match} AS same
+            FROM (SELECT *, {_STATE_SQL} AS state FROM history) p
+                JOIN idle_now c ON p.gpu_uuid = c.gpu_uuid
             WHERE p.start_us >= greatest(?, least(?, c.slot))
+        ), slots AS (
+            -- a slot keeps a holding's idle run when the holding is in it, idle; a GPU's
+            -- unallocated run when nothing of the GPU was held in it
+            SELECT gpu_uuid, state, team, project, "user", job_id, start_us,
+                CASE WHEN state = 'unallocated' THEN bool_and(leg_state = 'unallocated')
+                    ELSE bool_or(same) END AS kept
+            FROM hist GROUP BY gpu_uuid, state, team, project, "user", job_id, start_us
         ), broke AS (
             SELECT gpu_uuid, state, team, project, "user", job_id,
-                coalesce(max(start_us) FILTER (NOT same), -1) AS break_us
-            FROM hist GROUP BY ALL
+                coalesce(max(start_us) FILTER (NOT kept), -1) AS break_us
+            FROM slots GROUP BY ALL
         )
         SELECT h.state, h.gpu_uuid, any_value(h.node), any_value(h.pool), any_value(h.model),
             h.team, h.project, h."user", h.job_id, any_value(h.util_pct),
             min(h.start_us), max(h.end_us),
             coalesce(sum(h.amount) FILTER (h.unit = 'gpu_ms'), 0),
             coalesce(sum(h.amount) FILTER (h.unit = 'money_micros'), 0),
-            any_value(b.break_us) = -1
+            any_value(b.break_us) = -1, any_value(h.gpu_state)
         FROM hist h JOIN broke b ON h.gpu_uuid = b.gpu_uuid AND h.state = b.state
             AND h.team IS NOT DISTINCT FROM b.team AND h.project IS NOT DISTINCT FROM b.project
             AND h."user" IS NOT DISTINCT FROM b."user"
@@ -165,11 +196,22 @@ def fleet_now(
     counts = q.rows(
         f"""
         WITH {recent_sql}, states AS (
-            SELECT gpu_uuid, start_us, {_STATE_SQL} AS state FROM recent
-        ), latest AS (SELECT gpu_uuid, max(start_us) AS slot FROM states GROUP BY gpu_uuid)
-        SELECT count(DISTINCT r.gpu_uuid),
-            count(DISTINCT r.gpu_uuid) FILTER (r.state = 'busy')
-        FROM states r JOIN latest l ON r.gpu_uuid = l.gpu_uuid AND r.start_us = l.slot
+            SELECT gpu_uuid, start_us, {_STATE_SQL} AS state, team, project, "user", job_id
+            FROM recent
+        ), latest AS (SELECT gpu_uuid, max(start_us) AS slot FROM states GROUP BY gpu_uuid
+        ), now AS (
+            SELECT DISTINCT r.gpu_uuid, r.state, r.team, r.project, r."user", r.job_id
+            FROM states r JOIN latest l ON r.gpu_uuid = l.gpu_uuid AND r.start_us = l.slot
+        ), per_gpu AS (
+            SELECT gpu_uuid, {_GPU_STATE_SQL} AS gpu_state,
+                count(*) FILTER (state = 'allocated_idle') AS idle_parts
+            FROM now GROUP BY gpu_uuid
+        )
+        SELECT count(*), count(*) FILTER (gpu_state = 'busy'),
+            count(*) FILTER (gpu_state = 'allocated_idle'),
+            count(*) FILTER (gpu_state = 'unallocated'),
+            coalesce(sum(idle_parts) FILTER (gpu_state = 'busy'), 0)
+        FROM per_gpu
         """,
         [newest - window_us, *pool_params],
         (newest - window_us, newest + 1),
@@ -191,10 +233,12 @@ def fleet_now(
             gpu_ms=int(r[12]),
             money_micros=int(r[13]),
             since_capped=bool(r[14]) and oldest < horizon,
+            part_of_busy_gpu=r[15] == GpuState.BUSY,
         )
         for r in rows
     )
-    return FleetNow(newest, int(counts[0]), int(counts[1]), idle)
+    gpus, busy, allocated_idle, unallocated, idle_shares = (int(c) for c in counts)
+    return FleetNow(newest, gpus, busy, idle, allocated_idle, unallocated, idle_shares)
 
 
 @dataclass(frozen=True, slots=True)
