@@ -77,8 +77,19 @@ def help_record(param: click.Parameter, ctx: click.Context) -> tuple[str, str] |
     return record[0], said
 
 
+HELP_OPTION_HELP = "Show this message and exit."  # click's msgid, said by `help_record`
+
+
 class Command(click.Command):
     """A `tally` command whose help speaks the CLI's language."""
+
+    def get_help_option(self, ctx: click.Context) -> click.Option | None:
+        # click makes the `--help` option once per command and keeps it, with its help said in
+        # the language of that first run; its msgid keeps a later run's help in its own language
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.help = HELP_OPTION_HELP
+        return option
 
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         pieces = self.collect_usage_pieces(ctx)

@@ -540,3 +540,19 @@ def test_a_tables_times_follow_the_ledgers_clock(
     it on the ledger's clock with its offset, JSON and CSV in UTC as documented."""
     december_us = 1_796_054_400_000_000  # 2026-11-30T16:00:00Z, exactly
     assert shown_time(december_us, fmt, zone) == shown
+
+
+@pytest.mark.parametrize(
+    "order", [("zh_CN", "en"), ("en", "zh_CN")], ids=["chinese-first", "english-first"]
+)
+def test_the_help_option_speaks_the_language_of_each_run(monkeypatch, order):
+    """click keeps a command's `--help` option from its first run: a later run in the other
+    language must still say it in its own."""
+    said = {}
+    for lang in order:
+        monkeypatch.setenv("TALLY_LANG", lang)
+        result = CliRunner().invoke(tally.cli.cli, ["report", "cost", "--help"])
+        assert result.exit_code == 0, result.output
+        said[lang] = result.output
+    assert "Show this message and exit." in said["en"]
+    assert "Show this message and exit." not in said["zh_CN"]
