@@ -83,9 +83,19 @@ def location(loc: tuple[int | str, ...]) -> str:
     return out or _("(top level)")
 
 
+_PRIVATE_MODULE = re.compile(r"<class '([\w.]+?)\._\w+\.(\w+)'>")
+
+
+def public_names(message: str) -> str:
+    """`message` with a class named by its public module (`<class 'pathlib.Path'>`, which
+    Python 3.13 writes `<class 'pathlib._local.Path'>`): one sentence, and one msgid, on every
+    Python."""
+    return _PRIVATE_MODULE.sub(r"<class '\1.\2'>", message)
+
+
 def error_message(err: Any) -> str:
     """One pydantic error's sentence in the CLI's language (a plain `ValueError`'s: as written)."""
-    english = str(err["msg"]).removeprefix("Value error, ")
+    english = public_names(str(err["msg"]).removeprefix("Value error, "))
     if err["type"] == "value_error":
         problem = (err.get("ctx") or {}).get("error")
         return problem.say(translate) if isinstance(problem, Invalid) else english

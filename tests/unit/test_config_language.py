@@ -229,7 +229,8 @@ def errors_of(schema: Any, found: Raised) -> Raised:
         found.kinds.add("finite_number")
     if kind == "union" and schema.get("custom_error_type"):  # its members' errors never show
         found.kinds.add(schema["custom_error_type"])
-        found.custom[schema["custom_error_type"]] = schema["custom_error_message"]
+        message = config_errors.public_names(schema["custom_error_message"])
+        found.custom[schema["custom_error_type"]] = message
         return found
     children: list[Any] = []
     for key in CHILDREN:  # a tuple's `items_schema` is a list, one per position
@@ -435,3 +436,25 @@ def test_a_commands_amount_is_refused_in_the_language(
         parse_amount(amount, unit)
     assert ended.value.code == 2
     assert capsys.readouterr().err.strip() == said
+
+
+@pytest.mark.parametrize(
+    ("message", "said"),
+    [
+        pytest.param(
+            "Input is not a valid path for <class 'pathlib._local.Path'>",
+            "Input is not a valid path for <class 'pathlib.Path'>",
+            id="python-3.13-private-module",
+        ),
+        pytest.param(
+            "Input is not a valid path for <class 'pathlib.Path'>",
+            "Input is not a valid path for <class 'pathlib.Path'>",
+            id="python-3.11-unchanged",
+        ),
+        pytest.param(
+            "Input should be a valid integer", "Input should be a valid integer", id="plain"
+        ),
+    ],
+)
+def test_a_class_is_named_by_its_public_module_on_every_python(message, said):
+    assert config_errors.public_names(message) == said
