@@ -14,11 +14,12 @@
   hold) or from `<job>.json` (one file per job, what earlier versions wrote). A job whose work
   is missing fails with `executor_lost` instead of starting.
 - `RunFiles` (`work_dir/runs/<job>.pid`): the process group of each local run, written
-  (atomically) by the enactment's thread right after the executor started it (`write`), so it
-  is on disk before the poll that reports the start, and before the enactment ends; removed
-  when its job stops running (`forget`, carried out off the event loop after each tick's
-  decisions, before that tick enacts anything: a job started again is written after its old
-  file is gone). Not fsynced: the file has to outlive the service's process, not the machine,
+  (atomically) by the enactment's thread once its starts are made, all of them in one pass
+  (`write_all`), so it is on disk before the poll that reports the start (the enactment's own,
+  right after: `scheduler.enactment`), and before the enactment ends; removed
+  when its job stops running (`forget`, carried out off the event loop by whoever holds the
+  executor lock, before the enactment's stops and starts: a job started again is written
+  after its old file is gone). Not fsynced: the file has to outlive the service's process, not the machine,
   whose crash ends the process group too. After a restart, jobs the topic says are
   running but the executor does not know fail with `executor_lost` (retried per their queue),
   and the group such a job left behind is killed — only if its leader still carries the job's
@@ -32,7 +33,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -170,14 +171,31 @@ class RunFiles:
         return self.dir / (quote(job_id, safe="") + ".pid")
 
     def write(self, job_id: str, native_id: str) -> None:
-        """Record the job's group now (any thread: the enactment's, right after its start)."""
-        if not native_id.isdigit():
-            return
-        path = self._path(job_id)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(native_id)
-        tmp.replace(path)
-        self._written[job_id] = native_id
+        """Record the job's group now (any thread: the enactment's, after its starts)."""
+        self.write_all(((job_id, native_id),))
+
+    def write_all(self, groups: Iterable[tuple[str, str]]) -> list[tuple[str, OSError]]:
+        """Record each (job, group) now, one after the other (the enactment's thread, once its
+        starts are made): each file written whole under a temporary name and renamed, with
+        plain system calls; the ones the disk refused, with why (the others are written)."""
+        refused: list[tuple[str, OSError]] = []
+        for job_id, native_id in groups:
+            if not native_id.isdigit():
+                continue
+            path = os.path.join(self.dir, quote(job_id, safe="") + ".pid")
+            tmp = path + ".tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    os.write(fd, native_id.encode())
+                finally:
+                    os.close(fd)
+                os.replace(tmp, path)
+            except OSError as exc:
+                refused.append((job_id, exc))
+                continue
+            self._written[job_id] = native_id
+        return refused
 
     def record(self, job_id: str, native_id: str) -> None:
         """Record the job's group (written by the next `flush`), unless `write` did already."""

@@ -32,7 +32,14 @@ from scheduler.executors.fake import RUNS_FOREVER, FakeExecutor
 from scheduler.executors.local import LocalExecutor
 from scheduler.jobs_topic import Outgoing
 from scheduler.model import RunningJob
-from scheduler.ports import JobStatus, KnowsProcessGroups, StartsConcurrently, StopReason, Work
+from scheduler.ports import (
+    JobStatus,
+    KnowsProcessGroups,
+    PollsCheaply,
+    StartsConcurrently,
+    StopReason,
+    Work,
+)
 from scheduler.records import SubmitRequest
 from scheduler.work_store import WorkStore
 from tests.unit.test_scheduler_service_support import Rig
@@ -49,6 +56,7 @@ class GatedExecutor(FakeExecutor):
         self.calls: list[tuple[str, str]] = []
         self.entered = threading.Event()
         self.gate = threading.Event()
+        self.polls = 0
 
     def start(self, job: RunningJob, work: Work, *, time_limit_us: int | None = None) -> None:
         self.calls.append(("start", job.job_id))
@@ -60,6 +68,10 @@ class GatedExecutor(FakeExecutor):
     def stop(self, job_ids: Collection[str], reason: StopReason) -> tuple[JobStatus, ...]:
         self.calls.extend(("stop", j) for j in job_ids)
         return super().stop(job_ids, reason)
+
+    def poll(self) -> tuple[JobStatus, ...]:
+        self.polls += 1
+        return super().poll()
 
 
 def _gated(tmp_path) -> tuple[Rig, GatedExecutor]:
@@ -308,30 +320,72 @@ def test_an_executor_that_allows_it_gets_its_starts_concurrently_each_job_once(t
     assert sorted(started) == sorted(jobs)
 
 
-def test_a_local_runs_process_group_is_on_disk_before_its_start_is_reported(tmp_path):
-    """The enactment records the group right after the start, so a crash before the poll that
-    reports it (the next tick's) still leaves a file for the restart to kill it by."""
+def test_a_local_start_is_reported_by_its_own_enactment_once_its_group_is_on_disk(tmp_path):
+    """The enactment polls the local executor (`PollsCheaply`) once its starts are made and
+    their groups recorded, so the tick that admits a job publishes its `JobStarted` too — and
+    the group is on disk when that message is published (a crash after it still leaves a file
+    for the restart to kill the run by)."""
     rig = Rig(tmp_path)
     local = LocalExecutor(tmp_path / "logs", grace_s=1.0)
     rig.executor = rig.dispatcher.executor = local
     assert isinstance(local, StartsConcurrently) and isinstance(local, KnowsProcessGroups)
+    assert isinstance(local, PollsCheaply)
     runs = rig.dispatcher.runs
     assert runs is not None
+    on_disk: dict[str, str | None] = {}  # job → its group file when its JobStarted went out
 
-    async def go() -> tuple[str, str, bool]:
-        job = (await rig.submit(work=Work(command=("sleep", "30")))).job_id
-        await rig.ticks(1)  # admitted, published, started; no poll has seen it yet
-        reported = any(isinstance(e, JobStarted) for e in rig.events())
-        on_disk = (runs.dir / f"{job}.pid").read_text()
-        await rig.ticks(1)
-        return job, on_disk, reported
+    def look(message: Outgoing) -> None:
+        if isinstance(message.event, JobStarted):
+            path = runs.dir / f"{message.event.job_id}.pid"
+            on_disk[message.event.job_id] = path.read_text() if path.exists() else None
+
+    rig.publisher.refuse = look  # sees each message as it is published; refuses none
+
+    async def go() -> list[str]:
+        jobs = [(await rig.submit(work=Work(command=("sleep", "30")))).job_id for _ in range(2)]
+        await rig.ticks(1)  # admitted, published, started, reported
+        return jobs
 
     try:
-        job, on_disk, reported = asyncio.run(go())
-        assert not reported and on_disk == str(local.pgid(job))
-        assert [e.job_id for e in rig.events() if isinstance(e, JobStarted)] == [job]
+        jobs = asyncio.run(go())
+        started = [e.job_id for e in rig.events() if isinstance(e, JobStarted)]
+        assert sorted(started) == sorted(jobs)
+        assert on_disk == {job: str(local.pgid(job)) for job in jobs}
     finally:
         local.stop(local.active(), StopReason.CANCELLED)
+
+
+def test_a_tick_decides_while_an_enactment_is_in_flight_and_enacts_after_it(tmp_path):
+    """Deciding does not take the executor lock: with a start held at the gate, a tick's
+    decisions are made and published (the executor not polled meanwhile); their enactment
+    waits for the one in flight, and each job starts once, in decision order."""
+    rig, gated = _gated(tmp_path)
+
+    async def go() -> tuple[str, str, list[str], bool, bool]:
+        first = (await rig.submit()).job_id
+        tick = await _in_flight(rig, gated)
+        later = (await rig.service.submit(rig_request(rig))).record.job_id
+        polls = gated.polls
+        decided = await rig.service.decide()
+        gated.calls.append(("decided", later))
+        admitted = [e.job_id for e in decided if isinstance(e, JobAdmitted)]
+        unpolled = gated.polls == polls
+        published = [m.event for m in rig.publisher.messages]
+        on_topic = any(isinstance(e, JobAdmitted) and e.job_id == later for e in published)
+        gated.gate.set()
+        await tick
+        await rig.service.enact()
+        return first, later, admitted, unpolled, on_topic
+
+    first, later, admitted, unpolled, on_topic = asyncio.run(go())
+    assert admitted == [later] and unpolled and on_topic
+    assert gated.calls == [
+        ("start", first),
+        ("decided", later),
+        ("started", first),
+        ("start", later),
+        ("started", later),
+    ]
 
 
 @pytest.mark.parametrize("layout", ["batch", "one-file-per-job"])
