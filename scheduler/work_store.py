@@ -19,8 +19,8 @@
   right after: `scheduler.enactment`), and before the enactment ends; removed
   when its job stops running (`forget`, carried out off the event loop by whoever holds the
   executor lock, before the enactment's stops and starts: a job started again is written
-  after its old file is gone). Not fsynced: the file has to outlive the service's process, not the machine,
-  whose crash ends the process group too. After a restart, jobs the topic says are
+  after its old file is gone). Not fsynced: the file has to outlive the service's process,
+  not the machine, whose crash ends the process group too. After a restart, jobs the topic says are
   running but the executor does not know fail with `executor_lost` (retried per their queue),
   and the group such a job left behind is killed — only if its leader still carries the job's
   `TALLY_JOB_ID`.
