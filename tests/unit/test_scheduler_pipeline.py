@@ -1,14 +1,16 @@
 """The scheduler service's pipeline (`scheduler.pipeline`, `scheduler.enactment`) while an
 enactment is in flight: the executor's start is held on a gate in its thread, and what happens
 meanwhile is asserted by the order of what was recorded, never by timing — a submit is answered
-(published) while the start is still held, a second tick waits, a cancel's stop comes after the
-start, and no job is started twice. Plus the pipeline's publication watermark and the
-enactment plan, as tables; a tick's admission cap, concurrent starts, and a local run's process
-group on disk before its start is reported."""
+(published) while the start is still held, a second tick decides but its enactment waits, the
+running service keeps ticking and a stop waits for the enactment, a cancel's stop comes after
+the start, and no job is started twice. Plus the pipeline's publication watermark and the
+enactment plan, as tables; a tick's admission cap, concurrent starts, and a local run's start
+reported by its own enactment, its process group on disk before that."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Collection
 from urllib.parse import quote
@@ -152,6 +154,41 @@ def test_a_cancel_during_its_jobs_start_stops_it_after_the_start_and_it_runs_no_
     (failed,) = [e for e in rig.events() if isinstance(e, JobFailed)]
     assert failed.reason is FailReason.CANCELLED
     assert len(gated.starts) == 1 and not gated.active()
+
+
+def test_the_running_service_ticks_while_its_enactment_is_held_and_a_stop_waits_for_it(
+    tmp_path,
+):
+    """`run` enacts behind its ticks: with a start held at the gate, the ticks go on; a stop
+    returns only once that enactment is over, and the job was started once."""
+    rig, gated = _gated(tmp_path)
+    rig.service.cycle_interval_s = 0.001
+
+    async def go() -> tuple[str, bool, bool]:
+        runner = asyncio.create_task(rig.service.run())
+        job = (await rig.submit()).job_id  # wakes the ticks
+        assert await asyncio.to_thread(gated.entered.wait, WAIT_S)
+        held_at = rig.service.ticks
+        for _ in range(100_000):
+            if rig.service.ticks >= held_at + 3:
+                break
+            await asyncio.sleep(0)
+        ticked = rig.service.ticks >= held_at + 3
+        stopping = asyncio.create_task(rig.service.stop(stop_jobs=False))
+        for _ in range(100):
+            await asyncio.sleep(0)
+        waited = not stopping.done()
+        gated.gate.set()
+        await stopping
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+        return job, ticked, waited
+
+    job, ticked, waited = asyncio.run(go())
+    assert ticked and waited
+    assert [s.job_id for s in gated.starts] == [job]
+    assert gated.calls == [("start", job), ("started", job)]
 
 
 def rig_request(rig: Rig) -> SubmitRequest:
