@@ -15,7 +15,9 @@ enactment is in flight never races it).
   `KnowsProcessGroups` has the groups of the runs it started recorded in one pass
   (`RunFiles.write_all`) once the starts are made; one that `PollsCheaply` is then polled, so
   its starts are reported (`JobStarted`, applied on the loop) in the round after the
-  enactment instead of at the next tick — never before their groups are on disk;
+  enactment instead of at the next tick — never before their groups are on disk; any other
+  executor is polled there too when a tick skipped its poll meanwhile (`poll`), so a busy
+  service that always decides during an enactment still hears from it;
 - `failures` (on the loop): the `JobFailed` (retried per queue) of each failed start, each
   followed by its GPU releases, for the caller to apply.
 
@@ -113,11 +115,13 @@ def carry_out(
     executor: Executor,
     runs: RunFiles | None = None,
     before: Callable[[], None] | None = None,
+    poll: bool = False,
 ) -> Outcome:
     """`before` (the run files' pending removals), every stop, then every start (concurrently
     where the executor allows); then the started runs' process groups go in `runs`, all
-    together, and only then is an executor that `PollsCheaply` polled, so no start is reported
-    before its group is on disk."""
+    together, and only then is the executor polled — if it `PollsCheaply`, or `poll` (a tick
+    skipped its poll while the enactment was in flight) — so no start is reported before its
+    group is on disk."""
     if before is not None:
         before()
     for reason, job_ids in todo.stops:
@@ -138,7 +142,7 @@ def carry_out(
     if runs is not None and isinstance(executor, KnowsProcessGroups):
         _record_groups(todo, executor, runs)
     failed = tuple(f for f in outcomes if f is not None)
-    if not isinstance(executor, PollsCheaply) or not executor.polls_cheaply:
+    if not poll and not (isinstance(executor, PollsCheaply) and executor.polls_cheaply):
         return Outcome(failed)
     try:
         return Outcome(failed, tuple(executor.poll()))

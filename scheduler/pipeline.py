@@ -27,9 +27,10 @@ messages in the dispatcher's outbox in `tally-seq` order. Then:
   executor (enactment, with the run files' pending changes before it; recovery; the clean
   stop). A tick decides without it: it polls the executor only when no enactment is in flight
   (one in flight polls an executor that `PollsCheaply` itself, once its starts are made, and
-  its starts are reported — `JobStarted`, applied and queued — as it ends). A batch leaves
-  the queue when it is taken, under that lock, so each decision is carried out once; the
-  jobs whose stops and starts are under way are `in_flight`. The executor's calls run in a
+  its starts are reported — `JobStarted`, applied and queued — as it ends; a tick that skipped
+  its poll leaves it owed, `poll_owed`, to the next enactment, whatever the executor). A
+  batch leaves the queue when it is taken, under that lock, so each decision is carried out
+  once; the jobs whose stops and starts are under way are `in_flight`. The executor's calls run in a
   thread (`scheduler.enactment`: planned and followed up on the loop); a job cancelled or
   preempted meanwhile is stopped by its own later batch, after its start.
 """
@@ -77,6 +78,7 @@ class Pipeline:
         self.publishing = asyncio.Lock()
         self.executor = asyncio.Lock()
         self.in_flight: frozenset[str] = frozenset()
+        self.poll_owed = False  # a tick skipped its poll while an enactment was in flight
         self.rounds = 0  # publishing rounds that went through
         self._batches: deque[Batch] = deque()
         self._round_first: int | None = None  # seq of the first message of the round in flight
@@ -193,8 +195,9 @@ class Pipeline:
         runs = d.runs
         removals = runs.detach() if runs is not None and runs.pending else None
         self.in_flight = planned.job_ids
+        poll, self.poll_owed = self.poll_owed, False
         try:
-            done = await asyncio.to_thread(carry_out, planned, d.executor, runs, removals)
+            done = await asyncio.to_thread(carry_out, planned, d.executor, runs, removals, poll)
         finally:
             self.in_flight = frozenset()
         self.decided(d.apply(failures(planned, done.failed, d.state, d.now_us())))

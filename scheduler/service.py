@@ -282,6 +282,8 @@ class SchedulerService:
         are made), then the decisions, applied and queued for enactment in the synchronous
         step that made them; then published (group commit)."""
         news = None if not self.lock.locked() else ()  # None: `decide` polls, on the loop
+        if news is not None:  # the enactment in flight, or the next one, polls instead
+            self.pipeline.poll_owed = True
         self.sync_fleet()
         events = self.stop_on_unhealthy()
         events += self.dispatcher.decide(news)

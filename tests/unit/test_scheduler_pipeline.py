@@ -394,8 +394,9 @@ def test_a_local_start_is_reported_by_its_own_enactment_once_its_group_is_on_dis
 
 def test_a_tick_decides_while_an_enactment_is_in_flight_and_enacts_after_it(tmp_path):
     """Deciding does not take the executor lock: with a start held at the gate, a tick's
-    decisions are made and published (the executor not polled meanwhile); their enactment
-    waits for the one in flight, and each job starts once, in decision order."""
+    decisions are made and published (the executor not polled meanwhile: the poll is owed to
+    the enactment); their enactment waits for the one in flight, and each job starts once, in
+    decision order."""
     rig, gated = _gated(tmp_path)
 
     async def go() -> tuple[str, str, list[str], bool, bool]:
@@ -416,6 +417,10 @@ def test_a_tick_decides_while_an_enactment_is_in_flight_and_enacts_after_it(tmp_
 
     first, later, admitted, unpolled, on_topic = asyncio.run(go())
     assert admitted == [later] and unpolled and on_topic
+    # the poll the deciding tick skipped was owed to the enactment, which made it after its
+    # starts: both runs are reported, each once
+    started = [e.job_id for e in rig.events() if isinstance(e, JobStarted)]
+    assert sorted(started) == sorted([first, later]) and not rig.service.pipeline.poll_owed
     assert gated.calls == [
         ("start", first),
         ("decided", later),
