@@ -305,6 +305,8 @@ class Dispatcher:
                 detail += "; its leftover processes were killed"
             queue = self.state.queues.get(job.spec.queue)
             events.extend(fail(job, queue, FailReason.EXECUTOR_LOST, now, detail=detail))
+        if self.runs is not None:  # what the previous process recorded has served
+            self.runs.drop_inherited()
         return self.apply(events)
 
     # ------------------------------------------------------------------ inputs

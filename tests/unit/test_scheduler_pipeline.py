@@ -43,7 +43,7 @@ from scheduler.ports import (
     Work,
 )
 from scheduler.records import SubmitRequest
-from scheduler.work_store import WorkStore
+from scheduler.work_store import RunFiles, WorkStore
 from tests.unit.test_scheduler_service_support import Rig
 
 WAIT_S = 10.0  # a bound on waiting for the other thread, never a measurement
@@ -372,9 +372,9 @@ def test_a_local_start_is_reported_by_its_own_enactment_once_its_group_is_on_dis
     on_disk: dict[str, str | None] = {}  # job → its group file when its JobStarted went out
 
     def look(message: Outgoing) -> None:
-        if isinstance(message.event, JobStarted):
-            path = runs.dir / f"{message.event.job_id}.pid"
-            on_disk[message.event.job_id] = path.read_text() if path.exists() else None
+        if isinstance(message.event, JobStarted):  # what a restarted service would read
+            found = RunFiles(runs.dir).recorded(message.event.job_id)
+            on_disk[message.event.job_id] = None if found is None else str(found)
 
     rig.publisher.refuse = look  # sees each message as it is published; refuses none
 
@@ -428,6 +428,35 @@ def test_a_tick_decides_while_an_enactment_is_in_flight_and_enacts_after_it(tmp_
         ("start", later),
         ("started", later),
     ]
+
+
+def test_run_files_keep_a_batch_while_one_of_its_jobs_runs_and_a_restart_reads_the_newest(
+    tmp_path,
+):
+    """One file per enactment: it stays while any of its jobs is not forgotten (a job started
+    again is found in its newer batch), goes with the flush after the last; a restarted
+    service reads the newest group of each job, also from a job's own file (`record`, earlier
+    versions), and drops what it inherited once recovered."""
+    runs = RunFiles(tmp_path / "runs")
+
+    def batches() -> int:
+        return len(list((tmp_path / "runs").glob("batch-*.pids")))
+
+    assert runs.write_all([("job-a", "100"), ("job/b", "101"), ("job-c", "not-a-group")]) == []
+    runs.forget("job-a")
+    runs.flush()
+    kept = batches()
+    assert runs.write_all([("job-a", "200")]) == []  # started again: a second batch
+    runs.forget("job/b")  # the first batch's last job
+    runs.flush()
+    after_b = batches()
+    runs.record("job-d", "300")  # a status's group: its own file
+    runs.flush()
+    fresh = RunFiles(tmp_path / "runs")
+    seen = {job: fresh.recorded(job) for job in ("job-a", "job/b", "job-c", "job-d")}
+    fresh.drop_inherited()
+    assert (kept, after_b, batches()) == (1, 1, 0)
+    assert seen == {"job-a": 200, "job/b": None, "job-c": None, "job-d": 300}
 
 
 @pytest.mark.parametrize("layout", ["batch", "one-file-per-job"])
