@@ -7,12 +7,17 @@ enactment is in flight never races it).
   starts — each admitted job still running in the state (one admitted and ended before its
   enactment is not started), with its work and runtime limit; an admitted job whose work is
   missing from the work store fails at once (`executor_lost`, not retried);
-- `carry_out` (in a thread): every stop, then every start (`scheduler.executors.bridge`'s
-  order); a start the executor refuses comes back as a `FailedStart`; one the executor already
-  runs (`JobAlreadyStarted`) is left alone. An executor that `StartsConcurrently` gets up to
-  its `concurrent_starts` starts at a time (a pool of threads; the failed ones are reported in
-  plan order all the same); one that `KnowsProcessGroups` has each run's group recorded
-  (`RunFiles.write`) right after its start, before the enactment ends;
+- `carry_out` (in a thread): the run files' pending removals, every stop, then every start
+  (`scheduler.executors.bridge`'s order); a start the executor refuses comes back as a
+  `FailedStart`; one the executor already runs (`JobAlreadyStarted`) is left alone. An
+  executor that `StartsConcurrently` gets up to its `concurrent_starts` starts at a time (a
+  pool of threads; the failed ones are reported in plan order all the same); one that
+  `KnowsProcessGroups` has the groups of the runs it started recorded in one pass
+  (`RunFiles.write_all`) once the starts are made; one that `PollsCheaply` is then polled, so
+  its starts are reported (`JobStarted`, applied on the loop) in the round after the
+  enactment instead of at the next tick — never before their groups are on disk; any other
+  executor is polled there too when a tick skipped its poll meanwhile (`poll`), so a busy
+  service that always decides during an enactment still hears from it;
 - `failures` (on the loop): the `JobFailed` (retried per queue) of each failed start, each
   followed by its GPU releases, for the caller to apply.
 
@@ -33,7 +38,15 @@ from scheduler.executors.bridge import admitted, stop_orders
 from scheduler.executors.errors import ExecutorError, JobAlreadyStarted, StopTimeout
 from scheduler.lifecycle import fail, runtime_limit
 from scheduler.model import RunningJob
-from scheduler.ports import Executor, KnowsProcessGroups, StartsConcurrently, StopReason, Work
+from scheduler.ports import (
+    Executor,
+    JobStatus,
+    KnowsProcessGroups,
+    PollsCheaply,
+    StartsConcurrently,
+    StopReason,
+    Work,
+)
 from scheduler.state import SchedulerState
 from scheduler.work_store import RunFiles
 
@@ -87,10 +100,30 @@ def plan(
     return Plan(stop_orders(events), tuple(starts), tuple(missing))
 
 
-def carry_out(todo: Plan, executor: Executor, runs: RunFiles | None = None) -> list[FailedStart]:
-    """Every stop, then every start (concurrently where the executor allows); the starts the
-    executor could not make, in plan order. Each run's process group goes in `runs` as soon as
-    it is started."""
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What carrying out a plan came to: the starts the executor could not make (in plan
+    order), and its statuses polled right after (an executor that `PollsCheaply`; else
+    none: the next tick polls)."""
+
+    failed: tuple[FailedStart, ...]
+    statuses: tuple[JobStatus, ...] = ()
+
+
+def carry_out(
+    todo: Plan,
+    executor: Executor,
+    runs: RunFiles | None = None,
+    before: Callable[[], None] | None = None,
+    poll: bool = False,
+) -> Outcome:
+    """`before` (the run files' pending removals), every stop, then every start (concurrently
+    where the executor allows); then the started runs' process groups go in `runs`, all
+    together, and only then is the executor polled — if it `PollsCheaply`, or `poll` (a tick
+    skipped its poll while the enactment was in flight) — so no start is reported before its
+    group is on disk."""
+    if before is not None:
+        before()
     for reason, job_ids in todo.stops:
         try:
             executor.stop(job_ids, reason)
@@ -98,7 +131,7 @@ def carry_out(todo: Plan, executor: Executor, runs: RunFiles | None = None) -> l
             log.error("%s: their GPUs may still be busy", exc)
         except ExecutorError as exc:
             log.error("could not stop %s: %s", ", ".join(job_ids), exc)
-    start = partial(_start, executor=executor, runs=runs)
+    start = partial(_start, executor=executor)
     width = executor.concurrent_starts if isinstance(executor, StartsConcurrently) else 1
     width = min(width, len(todo.starts))
     if width > 1:
@@ -106,25 +139,37 @@ def carry_out(todo: Plan, executor: Executor, runs: RunFiles | None = None) -> l
             outcomes = list(pool.map(start, todo.starts))
     else:
         outcomes = [start(s) for s in todo.starts]
-    return [failed for failed in outcomes if failed is not None]
+    if runs is not None and isinstance(executor, KnowsProcessGroups):
+        _record_groups(todo, executor, runs)
+    failed = tuple(f for f in outcomes if f is not None)
+    if not poll and not (isinstance(executor, PollsCheaply) and executor.polls_cheaply):
+        return Outcome(failed)
+    try:
+        return Outcome(failed, tuple(executor.poll()))
+    except ExecutorError as exc:  # the next tick polls again
+        log.error("the executor could not be polled: %s", exc)
+        return Outcome(failed)
 
 
-def _start(start: Start, executor: Executor, runs: RunFiles | None) -> FailedStart | None:
-    job_id = start.job.job_id
+def _start(start: Start, executor: Executor) -> FailedStart | None:
     try:
         executor.start(start.job, start.work, time_limit_us=start.time_limit_us)
     except JobAlreadyStarted:
         return None
     except ExecutorError as exc:
         return FailedStart(start.job, f"cannot start: {exc}")
-    if runs is not None and isinstance(executor, KnowsProcessGroups):
-        pgid = executor.pgid(job_id)
-        if pgid is not None:
-            try:
-                runs.write(job_id, str(pgid))
-            except OSError as exc:  # the run goes on; a restart may not find what it left
-                log.error("could not record the process group of %s: %s", job_id, exc)
     return None
+
+
+def _record_groups(todo: Plan, executor: KnowsProcessGroups, runs: RunFiles) -> None:
+    """The process groups of the plan's runs the executor runs now, on disk in one pass."""
+    groups = []
+    for s in todo.starts:
+        pgid = executor.pgid(s.job.job_id)
+        if pgid is not None:
+            groups.append((s.job.job_id, str(pgid)))
+    for job_id, exc in runs.write_all(groups):  # the run goes on; a restart may not find it
+        log.error("could not record the process group of %s: %s", job_id, exc)
 
 
 def failures(

@@ -24,9 +24,13 @@ messages in the dispatcher's outbox in `tally-seq` order. Then:
   as batches (`decided`, with the seq of their last message, in the synchronous step that made
   them — no await between — so batches are in seq order) and carried out in that order once
   that seq is published — by whoever holds `executor`, the lock around every use of the
-  executor (a tick's decide, which polls it; enactment; recovery; the clean stop). A batch
-  leaves the queue when it is taken, under that lock, so each decision is carried out once;
-  the jobs whose stops and starts are under way are `in_flight`. The executor's calls run in a
+  executor (enactment, with the run files' pending changes before it; recovery; the clean
+  stop). A tick decides without it: it polls the executor only when no enactment is in flight
+  (one in flight polls an executor that `PollsCheaply` itself, once its starts are made, and
+  its starts are reported — `JobStarted`, applied and queued — as it ends; a tick that skipped
+  its poll leaves it owed, `poll_owed`, to the next enactment, whatever the executor). A
+  batch leaves the queue when it is taken, under that lock, so each decision is carried out
+  once; the jobs whose stops and starts are under way are `in_flight`. The executor's calls run in a
   thread (`scheduler.enactment`: planned and followed up on the loop); a job cancelled or
   preempted meanwhile is stopped by its own later batch, after its start.
 """
@@ -74,6 +78,7 @@ class Pipeline:
         self.publishing = asyncio.Lock()
         self.executor = asyncio.Lock()
         self.in_flight: frozenset[str] = frozenset()
+        self.poll_owed = False  # a tick skipped its poll while an enactment was in flight
         self.rounds = 0  # publishing rounds that went through
         self._batches: deque[Batch] = deque()
         self._round_first: int | None = None  # seq of the first message of the round in flight
@@ -187,9 +192,20 @@ class Pipeline:
             return
         d = self.dispatcher
         planned = plan(todo, d.state, d.works.get)
+        runs = d.runs
+        removals = runs.detach() if runs is not None and runs.pending else None
         self.in_flight = planned.job_ids
+        poll, self.poll_owed = self.poll_owed, False
         try:
-            failed = await asyncio.to_thread(carry_out, planned, d.executor, d.runs)
+            done = await asyncio.to_thread(carry_out, planned, d.executor, runs, removals, poll)
         finally:
             self.in_flight = frozenset()
-        self.decided(d.apply(failures(planned, failed, d.state, d.now_us())))
+        self.decided(d.apply(failures(planned, done.failed, d.state, d.now_us())))
+        self.decided(d.observe(done.statuses))  # its starts reported: published next round
+
+    async def flush_runs(self) -> None:
+        """Carry out the run files' pending records and removals, off the loop (the caller
+        holds `executor`: no start writes its file meanwhile)."""
+        runs = self.dispatcher.runs
+        if runs is not None and runs.pending:
+            await asyncio.to_thread(runs.detach())

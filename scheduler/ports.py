@@ -201,9 +201,20 @@ class StartsConcurrently(Protocol):
 
 
 @runtime_checkable
+class PollsCheaply(Protocol):
+    """An executor whose `poll` makes no remote call (the local executor: each run's process
+    is asked): an enactment polls it right after its starts, in its thread, so a start is
+    reported (`JobStarted`) in the publishing round after the enactment, not at the next
+    tick."""
+
+    polls_cheaply: bool
+
+
+@runtime_checkable
 class KnowsProcessGroups(Protocol):
-    """An executor whose runs are process groups on this machine (the local executor): each is
-    recorded as soon as it is started (`scheduler.work_store.RunFiles`)."""
+    """An executor whose runs are process groups on this machine (the local executor): the
+    groups an enactment started are recorded (`scheduler.work_store.RunFiles`) once its starts
+    are made, before it ends and before any poll can report them."""
 
     def pgid(self, job_id: str) -> int | None:
         """The process group of the job's run, None if it runs no more."""

@@ -13,16 +13,18 @@
   service reads a job's work from the batches (indexed once, at the first job it does not
   hold) or from `<job>.json` (one file per job, what earlier versions wrote). A job whose work
   is missing fails with `executor_lost` instead of starting.
-- `RunFiles` (`work_dir/runs/<job>.pid`): the process group of each local run, written
-  (atomically) by the enactment's thread right after the executor started it (`write`), so it
-  is on disk before the poll that reports the start, and before the enactment ends; removed
-  when its job stops running (`forget`, carried out off the event loop after each tick's
-  decisions, before that tick enacts anything: a job started again is written after its old
-  file is gone). Not fsynced: the file has to outlive the service's process, not the machine,
-  whose crash ends the process group too. After a restart, jobs the topic says are
-  running but the executor does not know fail with `executor_lost` (retried per their queue),
-  and the group such a job left behind is killed — only if its leader still carries the job's
-  `TALLY_JOB_ID`.
+- `RunFiles` (`work_dir/runs/`): the process group of each local run, written (atomically)
+  by the enactment's thread once its starts are made, all of them in one batch file
+  (`write_all`: one file per enactment, not one per job), so it is on disk before the poll
+  that reports the start (the enactment's own, right after: `scheduler.enactment`), and
+  before the enactment ends; a batch is removed once none of its jobs runs (`forget`, carried
+  out off the event loop by whoever holds the executor lock, before the enactment's stops and
+  starts; a job started again is found in its newest batch). Not fsynced: the file has to
+  outlive the service's process, not the machine, whose crash ends the process group too.
+  After a restart, jobs the topic says are running but the executor does not know fail with
+  `executor_lost` (retried per their queue), and the group such a job left behind is killed —
+  only if its leader still carries the job's `TALLY_JOB_ID`; then the batches the previous
+  process left are removed.
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import orjson
 
@@ -157,52 +159,101 @@ class WorkStore:
 
 
 class RunFiles:
-    """Process groups of local runs (`runs/<job>.pid`), so a restarted service can kill what a
-    run it lost left behind — only a group whose leader still carries the job's TALLY_JOB_ID."""
+    """Process groups of local runs, so a restarted service can kill what a run it lost left
+    behind — only a group whose leader still carries the job's TALLY_JOB_ID.
+
+    The groups an enactment started are one file (`write_all`: `runs/batch-<time>-<random>.pids`,
+    one `<job> <group>` line each, written under a temporary name and renamed); a batch file is
+    removed by the `flush` after every job in it was forgotten (or written again in a later
+    batch). A group `record`ed from a status is its own file, `runs/<job>.pid` (as earlier
+    versions wrote every group). A restarted service reads both (`kill_orphan`: the newest
+    batch that names the job, else its own file) and removes what the previous process left
+    once it has recovered (`drop_inherited`)."""
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self._pending: dict[str, str | None] = {}  # job → its group to record, None: forget
-        self._written: dict[str, str] = {}  # job → the group its file holds (`write`)
+        self._written: dict[str, str] = {}  # job → the group on disk for it
+        self._where: dict[str, str] = {}  # job → the batch file holding its group
+        self._files: dict[str, tuple[str, ...]] = {}  # batch file → its jobs
+        self._dirty: set[str] = set()  # batch files one of whose jobs was forgotten
+        self._doomed: list[str] = []  # batch files to remove at the next flush
+        self._inherited = sorted(p.name for p in self.dir.glob("batch-*.pids"))
+        self._index: dict[str, str] | None = None  # job → group, from the inherited batches
 
     def _path(self, job_id: str) -> Path:
         return self.dir / (quote(job_id, safe="") + ".pid")
 
     def write(self, job_id: str, native_id: str) -> None:
-        """Record the job's group now (any thread: the enactment's, right after its start)."""
-        if not native_id.isdigit():
-            return
-        path = self._path(job_id)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(native_id)
-        tmp.replace(path)
-        self._written[job_id] = native_id
+        """Record the job's group now (any thread)."""
+        for _, exc in self.write_all(((job_id, native_id),)):
+            raise exc
+
+    def write_all(self, groups: Iterable[tuple[str, str]]) -> list[tuple[str, OSError]]:
+        """Record every (job, group) now, in one batch file (the enactment's thread, once its
+        starts are made): written whole under a temporary name and renamed; if the disk refuses
+        it, every job of it, with why."""
+        taken = [(job, group) for job, group in groups if group.isdigit()]
+        if not taken:
+            return []
+        name = f"batch-{time.time_ns()}-{secrets.token_hex(4)}.pids"
+        path = os.path.join(self.dir, name)
+        lines = "".join(f"{quote(job, safe='')} {group}\n" for job, group in taken)
+        try:
+            fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, lines.encode())
+            finally:
+                os.close(fd)
+            os.replace(path + ".tmp", path)
+        except OSError as exc:
+            return [(job, exc) for job, _ in taken]
+        self._files[name] = tuple(job for job, _ in taken)  # before any job points at it
+        for job, group in taken:
+            self._written[job] = group
+            earlier = self._where.get(job)
+            self._where[job] = name
+            if earlier is not None:
+                self._dirty.add(earlier)
+        return []
 
     def record(self, job_id: str, native_id: str) -> None:
-        """Record the job's group (written by the next `flush`), unless `write` did already."""
+        """Record the job's group (written by the next `flush`), unless it is on disk."""
         if native_id.isdigit() and self._written.get(job_id) != native_id:
             self._pending[job_id] = native_id
 
     def forget(self, job_id: str) -> None:
-        """Forget the job's group (its file removed by the next `flush`)."""
+        """Forget the job's group (its file, or its batch once no job in it runs, removed by
+        the next `flush`)."""
         self._written.pop(job_id, None)
-        self._pending[job_id] = None
+        batch = self._where.pop(job_id, None)
+        if batch is not None:
+            self._dirty.add(batch)
+        else:
+            self._pending[job_id] = None
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._dirty)
 
     def detach(self) -> Callable[[], None]:
-        """The records and removals since the last flush, taken now, as a call that carries
-        them out (off the event loop: the service runs it after each tick's decisions)."""
+        """The records and removals since the last flush, taken now (on the loop), as a call
+        that carries them out (off the loop, by whoever holds the executor lock)."""
         taken, self._pending = self._pending, {}
-        return partial(self._carry_out, taken)
+        dirty, self._dirty = self._dirty, set()
+        for name in dirty:
+            jobs = self._files.get(name, ())
+            if all(self._where.get(job) != name for job in jobs):
+                self._files.pop(name, None)
+                self._doomed.append(name)
+        doomed, self._doomed = self._doomed, []
+        return partial(self._carry_out, taken, doomed)
 
     def flush(self) -> None:
         self.detach()()
 
-    def _carry_out(self, taken: dict[str, str | None]) -> None:
+    def _carry_out(self, taken: dict[str, str | None], doomed: list[str]) -> None:
         for job_id, native_id in taken.items():
             path = self._path(job_id)
             with contextlib.suppress(OSError):
@@ -210,14 +261,15 @@ class RunFiles:
                     path.unlink()
                 else:
                     path.write_text(native_id)
+        for name in doomed:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.dir, name))
 
     def kill_orphan(self, job_id: str) -> bool:
         """SIGKILL the group the job's last run left, if it is still that job's; True if so."""
         self.flush()
-        path = self._path(job_id)
-        try:
-            pgid = int(path.read_text())
-        except (OSError, ValueError):
+        pgid = self.recorded(job_id)
+        if pgid is None:
             return False
         killed = False
         try:
@@ -229,3 +281,33 @@ class RunFiles:
             pass
         self.forget(job_id)
         return killed
+
+    def recorded(self, job_id: str) -> int | None:
+        """The job's group as recorded: this process's, else the newest batch the previous
+        process left that names it, else the job's own file; None if none is."""
+        own = self._written.get(job_id)
+        if own is not None:
+            return int(own)
+        if self._index is None:
+            self._index = {}
+            for name in self._inherited:  # oldest first: a later batch wins
+                with contextlib.suppress(OSError):
+                    for line in (self.dir / name).read_text().splitlines():
+                        job, _, number = line.rpartition(" ")
+                        if number.isdigit():
+                            self._index[unquote(job)] = number
+        found = self._index.get(job_id)
+        if found is not None:
+            return int(found)
+        try:
+            return int(self._path(job_id).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def drop_inherited(self) -> None:
+        """Remove the batch files the previous process left (after the recovery that read
+        them: no run of it is this process's)."""
+        for name in self._inherited:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.dir, name))
+        self._inherited, self._index = [], None

@@ -146,6 +146,31 @@ def _us(seconds: float | None) -> int | None:
 async def read_json(request: web.Request, max_bytes: int, timeout_s: float) -> Any:
     """The body as JSON: 413 over `max_bytes`, 415 not JSON, 408 not all sent in `timeout_s`,
     400 empty or malformed."""
+    body = await read_body(request, max_bytes, timeout_s)
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+
+
+def read_model(body: bytes, model: type[Q]) -> Q:
+    """A JSON object body as `model`, parsed and validated in one pass by pydantic
+    (`model_validate_json`: no Python objects in between): 400 malformed, not an object, or
+    invalid (`problem`)."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        if first["type"] == "json_invalid":
+            raise ApiError(400, f"the body is not valid JSON: {first['msg']}"[:512]) from None
+        if first["type"] == "model_type" and not first["loc"]:
+            raise ApiError(400, "the body must be a JSON object") from None
+        raise ApiError(400, problem(exc)) from None
+
+
+async def read_body(request: web.Request, max_bytes: int, timeout_s: float) -> bytes:
+    """The body's bytes: 413 over `max_bytes`, 415 not JSON, 408 not all sent in `timeout_s`,
+    400 empty."""
     if request.content_length is not None and request.content_length > max_bytes:
         raise ApiError(413, f"the body is larger than {max_bytes} bytes")
     ctype = request.headers.get("Content-Type")
@@ -162,10 +187,7 @@ async def read_json(request: web.Request, max_bytes: int, timeout_s: float) -> A
         raise ApiError(413, f"the body is larger than {max_bytes} bytes")
     if not body:
         raise ApiError(400, "the body is empty; expected a JSON object")
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+    return body
 
 
 def _answer(accepted: Accepted, status: int) -> web.Response:
@@ -241,13 +263,8 @@ class Api(RequestRoutes):
         authorize(principal, Action.JOB_SUBMIT)
         read_query(request, NoQuery)
         key = idempotency_key(request)
-        data = await read_json(request, self.max_body_bytes, self.body_timeout_s)
-        if type(data) is not dict:
-            raise ApiError(400, "the body must be a JSON object")
-        try:
-            body = SubmitBody.model_validate(data)
-        except ValidationError as exc:
-            raise ApiError(400, problem(exc)) from None
+        raw = await read_body(request, self.max_body_bytes, self.body_timeout_s)
+        body = read_model(raw, SubmitBody)
         accepted = await self.service.submit(to_request(body, principal, key, client_of(request)))
         return _answer(accepted, 201)
 

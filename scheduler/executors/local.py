@@ -50,6 +50,7 @@ from scheduler.ports import (
     Executor,
     JobStatus,
     KnowsProcessGroups,
+    PollsCheaply,
     RunState,
     StartsConcurrently,
     StopReason,
@@ -111,8 +112,12 @@ class LocalExecutor:
     (the inventory's) is followed. `env`: the environment jobs start from (default: this
     process's environment when the job starts). `os_users`: the submitter → OS user mapping
     (`identity.os_users`); none: every job runs as this process's user. `concurrent_starts`:
-    how many starts an enactment may run at once (each waits for its child's exec).
+    how many starts an enactment may run at once (each waits for its child's exec). Its
+    `poll` asks only its own children (`PollsCheaply`): an enactment polls it right after its
+    starts.
     """
+
+    polls_cheaply = True
 
     def __init__(
         self,
@@ -309,3 +314,4 @@ if TYPE_CHECKING:
     _conforms: Executor = LocalExecutor(Path())
     _concurrent: StartsConcurrently = LocalExecutor(Path())
     _groups: KnowsProcessGroups = LocalExecutor(Path())
+    _polls: PollsCheaply = LocalExecutor(Path())

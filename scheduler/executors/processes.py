@@ -32,12 +32,14 @@ def _state_and_group(pid_dir: Path) -> tuple[str, int] | None:
 
 
 def alive_groups(pgids: Collection[int]) -> frozenset[int]:
-    """Those of `pgids` that still have a process that is not a zombie (one /proc scan)."""
-    wanted = frozenset(pgids)
+    """Those of `pgids` that still have a process that is not a zombie: a group `kill(-pgid,
+    0)` finds no process in is not (the usual case once a job's leader is reaped: no /proc
+    scan); the others by one /proc scan."""
+    wanted = frozenset(p for p in pgids if _killpg_alive(p))
     if not wanted:
         return frozenset()
     if not PROC.is_dir():
-        return frozenset(p for p in wanted if _killpg_alive(p))
+        return wanted
     alive: set[int] = set()
     for entry in PROC.iterdir():
         if not entry.name.isdigit():

@@ -2,9 +2,10 @@
 process: what `tally scheduler run` runs — the jobs-topic replay, the Kafka feeds and
 publisher, the HTTP API, the ticks and the local executor — on the configured (simulated) fleet,
 fixed, instead of the fleet the inventory topic reports (which would need collectors and the
-ledger worker running beside it). Each tick (decide → publish → enact, under the executor lock
-that submits do not take), its decide (the cycles and the executor's news) and each enactment
-(planning, the executor's starts and stops in a thread, the follow-up), and each publish call
+ledger worker running beside it). Each tick's decide step (decide → publish, without the
+executor lock; its enactment follows behind it), its decide (the cycles and the executor's
+news) and each enactment (planning, the executor's starts and stops in a thread, the poll that
+reports them, the follow-up), and each publish call
 (sends and acknowledgements) are timed; on SIGTERM it writes those times, its CPU time and its
 peak RSS as JSON (and, with `TALLY_BENCH_PROFILE=PATH` in its environment, a cProfile of the
 whole run to PATH).
@@ -70,16 +71,16 @@ def main(argv: Sequence[str]) -> int:
     decided: list[int] = []
     plain_decide = dispatcher.decide
 
-    def counted() -> list[JobEvent]:
-        events = plain_decide()
+    def counted(*args: Any) -> list[JobEvent]:
+        events = plain_decide(*args)
         decided.append(len(events))
         return events
 
     dispatcher.decide = _timed(counted, decide)  # type: ignore[method-assign]
     Pipeline.enact = _timed_async(Pipeline.enact, enact)  # type: ignore[method-assign]
-    ticks: list[float] = []  # the whole tick: decide, publish, enact
+    ticks: list[float] = []  # a tick's decide step: the executor's news, decide, publish
     publishes: list[float] = []  # one publish call: send, then every acknowledgement
-    SchedulerService.tick = _timed_async(SchedulerService.tick, ticks)  # type: ignore[method-assign]
+    SchedulerService.decide = _timed_async(SchedulerService.decide, ticks)  # type: ignore[method-assign]
     KafkaPublisher.publish = _timed_async(KafkaPublisher.publish, publishes)  # type: ignore[method-assign]
     tokens = load_tokens(config)
     serve = api_server(tokens, settings.api_host, settings.api_port, settings.max_body_bytes)

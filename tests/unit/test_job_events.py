@@ -25,6 +25,7 @@ from ledger.job_events import (
     decode_job_event,
     encode_job_event,
     job_envelope,
+    job_envelope_to_dict,
     job_event_id,
     model_fields,
 )
@@ -110,6 +111,13 @@ def test_every_event_round_trips(event: JobEvent) -> None:
     assert envelope.data == event
     assert envelope.type is event.KIND
     assert envelope == job_envelope(event, SOURCE)
+
+
+@pytest.mark.parametrize("event", EVERY_EVENT)
+def test_an_event_is_written_byte_for_byte_as_its_envelope_object(event: JobEvent) -> None:
+    """`encode_job_event` writes the object of the event's envelope without building one."""
+    wrapped = orjson.dumps(job_envelope_to_dict(job_envelope(event, SOURCE)))
+    assert encode_job_event(event, SOURCE) == wrapped
 
 
 def test_every_event_type_has_a_round_trip_case() -> None:

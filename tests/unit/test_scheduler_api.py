@@ -11,6 +11,7 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -152,7 +153,13 @@ CASES: list[tuple[str, dict[str, Any], int, str]] = [
         "CUDA_VISIBLE_DEVICES",
     ),
     ("negative-estimate", {"json": a_job(estimated_runtime_s=-5)}, 400, "estimated_runtime_s"),
-    ("infinite-runtime", {**RAW, "data": b'{"max_runtime_s": 1e999}'}, 400, "JSON"),
+    (
+        "infinite-runtime",
+        {**RAW, "data": orjson.dumps(a_job(max_runtime_s=7.5)).replace(b"7.5", b"1e999")},
+        400,
+        "max_runtime_s",
+    ),
+    ("not-an-object", {**RAW, "data": b"[1, 2]"}, 400, "must be a JSON object"),
     ("bad-user-name", {"json": a_job(user="../../etc")}, 400, "user"),
     ("bad-state-filter", {**GET, "path": "/v1/jobs?state=zombie"}, 400, "state"),
     ("huge-body", {**RAW, "data": b'{"x": "' + b"a" * 10_000 + b'"}'}, 413, "larger"),

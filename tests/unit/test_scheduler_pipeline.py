@@ -1,14 +1,16 @@
 """The scheduler service's pipeline (`scheduler.pipeline`, `scheduler.enactment`) while an
 enactment is in flight: the executor's start is held on a gate in its thread, and what happens
 meanwhile is asserted by the order of what was recorded, never by timing — a submit is answered
-(published) while the start is still held, a second tick waits, a cancel's stop comes after the
-start, and no job is started twice. Plus the pipeline's publication watermark and the
-enactment plan, as tables; a tick's admission cap, concurrent starts, and a local run's process
-group on disk before its start is reported."""
+(published) while the start is still held, a second tick decides but its enactment waits, the
+running service keeps ticking and a stop waits for the enactment, a cancel's stop comes after
+the start, and no job is started twice. Plus the pipeline's publication watermark and the
+enactment plan, as tables; a tick's admission cap, concurrent starts, and a local run's start
+reported by its own enactment, its process group on disk before that."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Collection
 from urllib.parse import quote
@@ -32,9 +34,16 @@ from scheduler.executors.fake import RUNS_FOREVER, FakeExecutor
 from scheduler.executors.local import LocalExecutor
 from scheduler.jobs_topic import Outgoing
 from scheduler.model import RunningJob
-from scheduler.ports import JobStatus, KnowsProcessGroups, StartsConcurrently, StopReason, Work
+from scheduler.ports import (
+    JobStatus,
+    KnowsProcessGroups,
+    PollsCheaply,
+    StartsConcurrently,
+    StopReason,
+    Work,
+)
 from scheduler.records import SubmitRequest
-from scheduler.work_store import WorkStore
+from scheduler.work_store import RunFiles, WorkStore
 from tests.unit.test_scheduler_service_support import Rig
 
 WAIT_S = 10.0  # a bound on waiting for the other thread, never a measurement
@@ -49,6 +58,7 @@ class GatedExecutor(FakeExecutor):
         self.calls: list[tuple[str, str]] = []
         self.entered = threading.Event()
         self.gate = threading.Event()
+        self.polls = 0
 
     def start(self, job: RunningJob, work: Work, *, time_limit_us: int | None = None) -> None:
         self.calls.append(("start", job.job_id))
@@ -60,6 +70,10 @@ class GatedExecutor(FakeExecutor):
     def stop(self, job_ids: Collection[str], reason: StopReason) -> tuple[JobStatus, ...]:
         self.calls.extend(("stop", j) for j in job_ids)
         return super().stop(job_ids, reason)
+
+    def poll(self) -> tuple[JobStatus, ...]:
+        self.polls += 1
+        return super().poll()
 
 
 def _gated(tmp_path) -> tuple[Rig, GatedExecutor]:
@@ -140,6 +154,41 @@ def test_a_cancel_during_its_jobs_start_stops_it_after_the_start_and_it_runs_no_
     (failed,) = [e for e in rig.events() if isinstance(e, JobFailed)]
     assert failed.reason is FailReason.CANCELLED
     assert len(gated.starts) == 1 and not gated.active()
+
+
+def test_the_running_service_ticks_while_its_enactment_is_held_and_a_stop_waits_for_it(
+    tmp_path,
+):
+    """`run` enacts behind its ticks: with a start held at the gate, the ticks go on; a stop
+    returns only once that enactment is over, and the job was started once."""
+    rig, gated = _gated(tmp_path)
+    rig.service.cycle_interval_s = 0.001
+
+    async def go() -> tuple[str, bool, bool]:
+        runner = asyncio.create_task(rig.service.run())
+        job = (await rig.submit()).job_id  # wakes the ticks
+        assert await asyncio.to_thread(gated.entered.wait, WAIT_S)
+        held_at = rig.service.ticks
+        for _ in range(100_000):
+            if rig.service.ticks >= held_at + 3:
+                break
+            await asyncio.sleep(0)
+        ticked = rig.service.ticks >= held_at + 3
+        stopping = asyncio.create_task(rig.service.stop(stop_jobs=False))
+        for _ in range(100):
+            await asyncio.sleep(0)
+        waited = not stopping.done()
+        gated.gate.set()
+        await stopping
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+        return job, ticked, waited
+
+    job, ticked, waited = asyncio.run(go())
+    assert ticked and waited
+    assert [s.job_id for s in gated.starts] == [job]
+    assert gated.calls == [("start", job), ("started", job)]
 
 
 def rig_request(rig: Rig) -> SubmitRequest:
@@ -308,30 +357,106 @@ def test_an_executor_that_allows_it_gets_its_starts_concurrently_each_job_once(t
     assert sorted(started) == sorted(jobs)
 
 
-def test_a_local_runs_process_group_is_on_disk_before_its_start_is_reported(tmp_path):
-    """The enactment records the group right after the start, so a crash before the poll that
-    reports it (the next tick's) still leaves a file for the restart to kill it by."""
+def test_a_local_start_is_reported_by_its_own_enactment_once_its_group_is_on_disk(tmp_path):
+    """The enactment polls the local executor (`PollsCheaply`) once its starts are made and
+    their groups recorded, so the tick that admits a job publishes its `JobStarted` too — and
+    the group is on disk when that message is published (a crash after it still leaves a file
+    for the restart to kill the run by)."""
     rig = Rig(tmp_path)
     local = LocalExecutor(tmp_path / "logs", grace_s=1.0)
     rig.executor = rig.dispatcher.executor = local
     assert isinstance(local, StartsConcurrently) and isinstance(local, KnowsProcessGroups)
+    assert isinstance(local, PollsCheaply)
     runs = rig.dispatcher.runs
     assert runs is not None
+    on_disk: dict[str, str | None] = {}  # job → its group file when its JobStarted went out
 
-    async def go() -> tuple[str, str, bool]:
-        job = (await rig.submit(work=Work(command=("sleep", "30")))).job_id
-        await rig.ticks(1)  # admitted, published, started; no poll has seen it yet
-        reported = any(isinstance(e, JobStarted) for e in rig.events())
-        on_disk = (runs.dir / f"{job}.pid").read_text()
-        await rig.ticks(1)
-        return job, on_disk, reported
+    def look(message: Outgoing) -> None:
+        if isinstance(message.event, JobStarted):  # what a restarted service would read
+            found = RunFiles(runs.dir).recorded(message.event.job_id)
+            on_disk[message.event.job_id] = None if found is None else str(found)
+
+    rig.publisher.refuse = look  # sees each message as it is published; refuses none
+
+    async def go() -> list[str]:
+        jobs = [(await rig.submit(work=Work(command=("sleep", "30")))).job_id for _ in range(2)]
+        await rig.ticks(1)  # admitted, published, started, reported
+        return jobs
 
     try:
-        job, on_disk, reported = asyncio.run(go())
-        assert not reported and on_disk == str(local.pgid(job))
-        assert [e.job_id for e in rig.events() if isinstance(e, JobStarted)] == [job]
+        jobs = asyncio.run(go())
+        started = [e.job_id for e in rig.events() if isinstance(e, JobStarted)]
+        assert sorted(started) == sorted(jobs)
+        assert on_disk == {job: str(local.pgid(job)) for job in jobs}
     finally:
         local.stop(local.active(), StopReason.CANCELLED)
+
+
+def test_a_tick_decides_while_an_enactment_is_in_flight_and_enacts_after_it(tmp_path):
+    """Deciding does not take the executor lock: with a start held at the gate, a tick's
+    decisions are made and published (the executor not polled meanwhile: the poll is owed to
+    the enactment); their enactment waits for the one in flight, and each job starts once, in
+    decision order."""
+    rig, gated = _gated(tmp_path)
+
+    async def go() -> tuple[str, str, list[str], bool, bool]:
+        first = (await rig.submit()).job_id
+        tick = await _in_flight(rig, gated)
+        later = (await rig.service.submit(rig_request(rig))).record.job_id
+        polls = gated.polls
+        decided = await rig.service.decide()
+        gated.calls.append(("decided", later))
+        admitted = [e.job_id for e in decided if isinstance(e, JobAdmitted)]
+        unpolled = gated.polls == polls
+        published = [m.event for m in rig.publisher.messages]
+        on_topic = any(isinstance(e, JobAdmitted) and e.job_id == later for e in published)
+        gated.gate.set()
+        await tick
+        await rig.service.enact()
+        return first, later, admitted, unpolled, on_topic
+
+    first, later, admitted, unpolled, on_topic = asyncio.run(go())
+    assert admitted == [later] and unpolled and on_topic
+    # the poll the deciding tick skipped was owed to the enactment, which made it after its
+    # starts: both runs are reported, each once
+    started = [e.job_id for e in rig.events() if isinstance(e, JobStarted)]
+    assert sorted(started) == sorted([first, later]) and not rig.service.pipeline.poll_owed
+    assert gated.calls == [
+        ("start", first),
+        ("decided", later),
+        ("started", first),
+        ("start", later),
+        ("started", later),
+    ]
+
+
+def test_run_files_keep_a_batch_while_one_of_its_jobs_runs_and_a_restart_reads_the_newest(
+    tmp_path,
+):
+    """One file per enactment: it stays while any of its jobs is not forgotten (a job started
+    again is found in its newer batch), goes with the flush after the last; a restarted
+    service reads the newest group of each job, also from a job's own file (`record`, earlier
+    versions), and drops what it inherited once recovered."""
+    runs = RunFiles(tmp_path / "runs")
+
+    def batches() -> int:
+        return len(list((tmp_path / "runs").glob("batch-*.pids")))
+
+    assert runs.write_all([("job-a", "100"), ("job/b", "101"), ("job-c", "not-a-group")]) == []
+    runs.forget("job-a")
+    runs.flush()
+    kept = batches()
+    assert runs.write_all([("job-a", "200")]) == []  # started again: a second batch
+    runs.forget("job/b")  # the first batch's last job
+    runs.flush()
+    after_b = batches()
+    runs.record("job-d", "300")  # a status's group: its own file
+    runs.flush()
+    fresh = RunFiles(tmp_path / "runs")
+    seen = {job: fresh.recorded(job) for job in ("job-a", "job/b", "job-c", "job-d")}
+    fresh.drop_inherited()
+    assert (kept, after_b, batches()) == (1, 1, 0)
+    assert seen == {"job-a": 200, "job/b": None, "job-c": None, "job-d": 300}
 
 
 @pytest.mark.parametrize("layout", ["batch", "one-file-per-job"])

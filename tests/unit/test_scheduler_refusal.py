@@ -9,11 +9,12 @@ import time
 
 import pytest
 from aiokafka.errors import CorruptRecordException, KafkaConnectionError, MessageSizeTooLargeError
+from aiokafka.partitioner import DefaultPartitioner
 
 from ledger.job_events import JobSubmitted
 from scheduler.errors import BrokerUnavailable, MessageRefused
 from scheduler.jobs_topic import Outgoing
-from scheduler.kafka import _kafka
+from scheduler.kafka import KeyPartitioner, _kafka
 from scheduler.ports import MemoryPublisher, Work
 from scheduler.records import JobState, SubmitRequest
 from scheduler.service import Accepted, SchedulerService
@@ -39,6 +40,23 @@ def test_the_adapter_tells_a_refused_message_from_a_broker_away(raised, expected
     with pytest.raises(expected) as info:
         asyncio.run(_kafka("publishing to jobs", call()))
     assert type(info.value) is expected and len(str(info.value)) <= 2048
+
+
+@pytest.mark.parametrize(
+    ("key", "partitions"),
+    [
+        (b"job-0123456789ab", [0, 1, 2, 3]),
+        (b"GPU-7f3e2c1a-0000-4000-8000-000000000001", [0, 1, 2, 3]),
+        (b"job-0123456789ab", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]),
+        (b"x", [3, 5]),
+        (b"", [0, 1, 2]),
+    ],
+    ids=["job-4", "gpu-4", "job-12", "one-byte-2-of-them", "empty-key-3"],
+)
+def test_the_key_partitioner_puts_a_key_where_the_default_one_does_every_time(key, partitions):
+    cached = KeyPartitioner()
+    expected = DefaultPartitioner()(key, partitions, partitions)
+    assert [cached(key, partitions, partitions[:1]) for _ in range(3)] == [expected] * 3
 
 
 def _refuse_mallory(message: Outgoing) -> str | None:
