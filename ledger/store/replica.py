@@ -89,7 +89,7 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _side_files(segments_root: Path) -> list[Path]:
+def side_files(segments_root: Path) -> list[Path]:
     """The side files under a segments root: everything but segments, manifests and
     temporaries."""
     if not segments_root.is_dir():
@@ -256,7 +256,7 @@ class Publisher:
         segments_root = self.data_dir / SEGMENTS_DIR
         mutable = [
             (f"{SEGMENTS_DIR}/{p.relative_to(segments_root).as_posix()}", p.read_bytes())
-            for p in _side_files(segments_root)
+            for p in side_files(segments_root)
         ]
         identity = self.data_dir / IDENTITY_NAME
         if identity.is_file():
@@ -318,8 +318,11 @@ class Publisher:
 
 def _immutable(key: str) -> bool:
     """Whether `key` names an immutable object a writer stores (a segment or a version): the
-    objects a writer deletes once no head names them."""
-    return key.endswith(".parquet") or key.startswith(f"{VERSIONS_DIR}/")
+    objects a writer deletes once no head names them. Only its own: a ledger published at a
+    store's root never takes the objects of the shards beside it (`shards/…`) for its own."""
+    if key.startswith(f"{VERSIONS_DIR}/"):
+        return True
+    return key.endswith(".parquet") and key.startswith(tuple(f"{root}/" for root in _ROOTS))
 
 
 def _read_head(store: ObjectStore) -> tuple[Head | None, str | None]:
@@ -418,16 +421,38 @@ def _get_or_none(store: ObjectStore, key: str) -> bytes | None:
 def pull(store: ObjectStore, cache_dir: Path | str, attempts: int = 3) -> Path:
     """Bring the sealed ledger in `store` into `cache_dir` (a data directory readers read) and
     return `cache_dir`. An object that vanished meanwhile (deleted after its grace period) is
-    retried with the newer manifests; the store unreachable raises its `OSError`."""
+    retried with the newer manifests; the store unreachable raises its `OSError`. A store of
+    shards (`shards/<name>/head.json`) is pulled shard by shard and read as their union
+    (`ledger.store.union`)."""
+    from ledger.store import union  # which builds on this module's pull of one ledger
+
     cache = Path(cache_dir)
+    shards = union.shard_names(store)
+    if shards:
+        union.pull_shards(store, cache, shards, attempts)
+    else:
+        union.drop_union(cache)  # the store was sharded when this cache was last pulled
+        pull_ledger(store, cache, attempts)
+    return cache
+
+
+def pull_ledger(store: ObjectStore, cache: Path, attempts: int = 3) -> None:
+    """Bring the one published ledger in `store` (its head's, or a store's published before
+    heads) into `cache`, retried as `pull` says."""
     for attempt in range(attempts):
         try:
             _pull_once(store, cache)
-            return cache
+            return
         except FileNotFoundError as exc:
             if attempt == attempts - 1:
                 raise SegmentError(f"{store.describe()}: {exc}") from exc
-    return cache
+
+
+def has_published_ledger(store: ObjectStore) -> bool:
+    """Whether `store` holds a published ledger at its root: a head, or the postings manifest of
+    a store published before heads."""
+    head, _ = _read_head(store)
+    return head is not None or _get_or_none(store, f"{SEGMENTS_DIR}/{MANIFEST_NAME}") is not None
 
 
 def _published_files(store: ObjectStore) -> _Files:
