@@ -36,7 +36,9 @@ files and names them, so readers see the same ledger before and after.
 (so the archive never lags the postings, as on local disk), fetches the objects they name that
 the cache lacks, each checked against the sha256 its manifest records, then the side files and
 the identity, and writes the cache's manifests last; cached files no manifest names are
-removed (local readers retry a file that vanished, as they do for a local compaction).
+removed (local readers retry a file that vanished, as they do for a local compaction). A store
+holding shards (`shards/<name>/head.json`, each a published ledger of its own) is pulled shard
+by shard and read as their union (`ledger.store.union`).
 """
 
 from __future__ import annotations
