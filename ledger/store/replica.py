@@ -438,23 +438,17 @@ def pull(store: ObjectStore, cache_dir: Path | str, attempts: int = 3) -> Path:
     return cache
 
 
-def pull_ledger(store: ObjectStore, cache: Path, attempts: int = 3) -> None:
+def pull_ledger(store: ObjectStore, cache: Path, attempts: int = 3) -> bool:
     """Bring the one published ledger in `store` (its head's, or a store's published before
-    heads) into `cache`, retried as `pull` says."""
+    heads) into `cache`, retried as `pull` says; whether the store holds one (False: nothing
+    was written)."""
     for attempt in range(attempts):
         try:
-            _pull_once(store, cache)
-            return
+            return _pull_once(store, cache)
         except FileNotFoundError as exc:
             if attempt == attempts - 1:
                 raise SegmentError(f"{store.describe()}: {exc}") from exc
-
-
-def has_published_ledger(store: ObjectStore) -> bool:
-    """Whether `store` holds a published ledger at its root: a head, or the postings manifest of
-    a store published before heads."""
-    head, _ = _read_head(store)
-    return head is not None or _get_or_none(store, f"{SEGMENTS_DIR}/{MANIFEST_NAME}") is not None
+    return False
 
 
 def _published_files(store: ObjectStore) -> _Files:
@@ -469,8 +463,8 @@ def read_published(store: ObjectStore, path: str) -> bytes | None:
     return _published_files(store).read(path)
 
 
-def _pull_once(store: ObjectStore, cache: Path) -> None:
-    source = _published_files(store)
+def _pull_once(store: ObjectStore, cache: Path) -> bool:
+    source = _published_files(store)  # the one read of the head
     raw: dict[str, bytes | None] = {}
     raw[SEGMENTS_DIR] = source.read(f"{SEGMENTS_DIR}/{MANIFEST_NAME}")
     raw[ARCHIVE_DIR] = source.read(f"{ARCHIVE_DIR}/{MANIFEST_NAME}")  # after postings
@@ -504,6 +498,8 @@ def _pull_once(store: ObjectStore, cache: Path) -> None:
             for path in folder.rglob("*.parquet"):
                 if path not in named[root]:
                     path.unlink(missing_ok=True)
+    # False: no head, and no ledger published before heads either
+    return isinstance(source, _HeadFiles) or raw[SEGMENTS_DIR] is not None
 
 
 def store_from_env(environ: Mapping[str, str]) -> ObjectStore | None:

@@ -42,7 +42,7 @@ from ledger.store.identity import IDENTITY_NAME, recorded_zone
 from ledger.store.integrity import remember_intact
 from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR, sql_list
 from ledger.store.objects import ObjectStore, PrefixedStore
-from ledger.store.replica import has_published_ledger, pull_ledger, side_files
+from ledger.store.replica import pull_ledger, side_files
 from ledger.store.segments import Manifest, SegmentInfo, atomic_write_bytes
 from ledger.store.side_files import (
     CLOSED_DIR,
@@ -97,10 +97,8 @@ def pull_shards(store: ObjectStore, cache: Path, names: list[str], attempts: int
     """Pull every shard of `store` (`names`, and a ledger at its root, if any) into `cache`
     and write their union there."""
     members = list(names)
-    root = shard_dir(cache, ROOT_SHARD)
-    if has_published_ledger(store):
-        pull_ledger(store, root, attempts)
-        members.append(ROOT_SHARD)
+    if pull_ledger(store, shard_dir(cache, ROOT_SHARD), attempts):
+        members.append(ROOT_SHARD)  # else: its tree (if any) is removed below
     for name in names:
         pull_ledger(PrefixedStore(store, shard_prefix(name)), shard_dir(cache, name), attempts)
     build_union(cache, ordered(members))
