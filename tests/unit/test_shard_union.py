@@ -22,6 +22,7 @@ from ledger.store.head import WriterFenced
 from ledger.store.hot import DuckDBStore
 from ledger.store.objects import LocalObjectStore, ObjectStore, PrefixedStore
 from ledger.store.published import PublishedStore
+from ledger.store.rebuild import archive_batch_count
 from ledger.store.replica import Publisher, pull
 from ledger.store.segments import Manifest
 from ledger.store.side_files import RefusedGroup, load_closed_periods
@@ -191,6 +192,10 @@ def test_a_root_ledger_beside_shards_is_one_more_and_the_cache_follows_the_store
     assert totals(cache) == summed(own_totals(shards["samples-2"]), own_totals(shards["samples-3"]))
     assert sorted(p.name for p in (cache / "shards").iterdir()) == ["_root", "samples-2"]
     assert verify_ledger(cache).ok
+    # the union's archive is no one ledger's to replay (each shard numbers its batches)
+    with pytest.raises(SegmentError, match="is the union of the shards _root, samples-2"):
+        archive_batch_count(cache)
+    assert archive_batch_count(cache / "shards" / "_root")[0] > 0  # a shard is one ledger
     for o in store.list("shards/"):  # the shards are gone: one ledger again
         store.delete(o.key)
     pull(store, cache)
