@@ -179,13 +179,13 @@ def _check_doubled(
     cut = len(str(data_dir / SEGMENTS_DIR)) + 2  # the file name from `shards/<name>/…`
     try:
         for txn_id, shards in con.execute(
-            "SELECT txn_id, list(DISTINCT split_part(substr(filename, ?), '/', 2) ORDER BY 1) "
+            "SELECT txn_id, list(DISTINCT split_part(substr(filename, ?), '/', 2)) "
             f"FROM read_parquet([{sql_list(readable)}], filename = true) GROUP BY txn_id "
             "HAVING count(DISTINCT split_part(substr(filename, ?), '/', 2)) > 1 "
             "ORDER BY txn_id LIMIT 20",
             [cut, cut],
         ).fetchall():
-            problems.append(f"transaction {txn_id} appears in shards {', '.join(shards)}")
+            problems.append(f"transaction {txn_id} appears in shards {', '.join(sorted(shards))}")
     except duckdb.Error as exc:
         problems.append(f"the shards' segments could not be read together: {exc}")
 

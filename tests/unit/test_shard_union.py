@@ -36,7 +36,7 @@ from ledger.store.verify import verify_ledger
 from tally.cli import cli
 from tests.builders import a_config_dict
 from tests.conftest import write_config
-from tests.unit.test_ledger_on_s3 import totals
+from tests.unit.test_ledger_on_s3 import RacingStore, totals
 from tests.unit.test_rebuild import META, Feed, build_live, usage
 from tests.unit.test_store import ingest, message
 
@@ -203,13 +203,53 @@ def test_a_root_ledger_beside_shards_is_one_more_and_the_cache_follows_the_store
     assert not (cache / "shards").exists() and not (cache / "union.json").exists()
 
 
+def test_a_transaction_in_two_shards_is_a_problem(tmp_path, shards):
+    store = LocalObjectStore(tmp_path / "store")
+    publish(store, shards, "samples-3")
+    Publisher(shards["samples-3"], PrefixedStore(store, "shards/copy")).push()  # the same rows
+    report = verify_ledger(pull(store, tmp_path / "cache"))
+    assert all(r.ok for _, r in report.shards)  # each shard alone is sound
+    doubled = [p for p in report.problems if "appears in shards" in p]
+    assert len(doubled) == own_totals(shards["samples-3"])[0]
+    assert doubled[0].endswith("appears in shards copy, samples-3")
+
+
+class CountingHeads(RacingStore):
+    """A racing store (`RacingStore`) that records every head it is asked for."""
+
+    def __init__(self, inner, race) -> None:
+        super().__init__(inner, race)
+        self.heads: list[str] = []
+
+    def get_tagged(self, key: str) -> tuple[bytes, str]:
+        self.heads.append(key)
+        return super().get_tagged(key)
+
+
+def test_each_head_is_read_once_per_pull_and_again_when_it_changed_mid_pull(tmp_path, shards):
+    store = LocalObjectStore(tmp_path / "store")
+    publish(store, shards, "samples-2")
+    shard = PrefixedStore(store, "shards/samples-2")
+    # another writer takes the shard (with other rows) between its head and its first segment
+    # being read, and the objects it no longer names go at once (no grace)
+    racing = CountingHeads(store, lambda: Publisher(shards["samples-3"], shard, grace_s=0).push())
+    cache = pull(racing, tmp_path / "cache")
+    assert racing.race is None
+    assert totals(cache) == own_totals(shards["samples-3"])
+    heads = ["head.json", "shards/samples-2/head.json"]  # the root's, the shard's
+    assert sorted(racing.heads) == sorted([*heads, "shards/samples-2/head.json"])
+    racing.heads.clear()
+    pull(racing, cache)
+    assert sorted(racing.heads) == heads
+
+
 def test_shards_keeping_their_books_in_other_time_zones_are_refused(tmp_path, shards):
     shanghai = tmp_path / "samples-3"  # a shard whose writer keeps its books in Shanghai
     shutil.copytree(shards["samples-3"], shanghai, ignore=shutil.ignore_patterns("hot.duckdb*"))
     (shanghai / "ledger.json").write_bytes(b'{"version": 1, "timezone": "Asia/Shanghai"}')
     store = LocalObjectStore(tmp_path / "store")
-    publish(store, dict(shards, **{"samples-3": shanghai}), "global", "samples-3")
-    with pytest.raises(SegmentError, match="shard global in UTC, shard samples-3 in Asia/Shanghai"):
+    publish(store, dict(shards, **{"samples-3": shanghai}), "samples-2", "samples-3")
+    with pytest.raises(SegmentError, match="shard samples-2 in UTC, shard samples-3 in Asia/Sha"):
         pull(store, tmp_path / "cache")
 
 
