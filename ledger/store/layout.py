@@ -5,7 +5,9 @@ shares.
     <data_dir>/segments/       sealed postings segments, their manifest and the side files
     <data_dir>/archive/        sealed raw-event archive segments and their manifest
     <data_dir>/replica/        with the sealed ledger on an object store: a reader's cache of it,
-                               laid out as a data directory (`ledger.store.replica`)
+                               laid out as a data directory (`ledger.store.replica`); of a
+                               sharded one, each shard under `replica/shards/<name>/` and their
+                               union as the data directory (`ledger.store.union`)
 """
 
 from __future__ import annotations

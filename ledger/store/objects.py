@@ -2,7 +2,8 @@
 manifests and the side files) is kept when `ledger.segments_url` names one, and its two
 adapters: a local directory (`file://…`, and the in-process fake of the contract suite) and
 S3-compatible object storage (`s3://bucket/prefix`, through pyarrow's built-in S3 client, so
-no DuckDB extension has to be downloaded).
+no DuckDB extension has to be downloaded) — and `PrefixedStore`, the port over a key prefix of
+another store (one shard of a sharded ledger: `shards/<name>/`).
 
 The port is small on purpose: whole objects, addressed by a `/`-separated key under the
 store's root. `put` is atomic from a reader's view (an S3 PUT is; the local adapter writes a
@@ -91,6 +92,13 @@ def _check_key(key: str) -> str:
     return key
 
 
+def _folder_of(prefix: str) -> str:
+    """The folder a key prefix lies in (`shards/a/head` → `shards/a`; `segments/` →
+    `segments`): every key starting with the prefix is under it."""
+    folder = prefix.rpartition("/")[0]
+    return folder if folder and all(p not in ("", ".", "..") for p in folder.split("/")) else ""
+
+
 class LocalObjectStore:
     """Objects as files under a directory (`file:///path`)."""
 
@@ -126,10 +134,11 @@ class LocalObjectStore:
         return hashlib.sha256(data).hexdigest()
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        if not self.root.is_dir():
+        top = self.root / _folder_of(prefix)  # walk only the folder the prefix lies in
+        if not top.is_dir():
             return []
         found = []
-        for path in self.root.rglob("*"):
+        for path in top.rglob("*"):
             key = path.relative_to(self.root).as_posix()
             if path.name.startswith(".") or not key.startswith(prefix) or not path.is_file():
                 continue  # `.name.tmp-<pid>`: a write in progress
@@ -264,7 +273,9 @@ class S3ObjectStore:
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         base = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
-        selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+        folder = _folder_of(prefix)  # list only under the folder the prefix lies in
+        top = f"{base}/{folder}" if folder else base
+        selector = pafs.FileSelector(top, recursive=True, allow_not_found=True)
         found = []
         for info in self._fs.get_file_info(selector):
             if info.type != pafs.FileType.File:
@@ -277,6 +288,45 @@ class S3ObjectStore:
 
     def describe(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+
+
+class PrefixedStore:
+    """The objects of `inner` under the key prefix `prefix/`, as a store of their own: every
+    operation's key is relative to the prefix (`list` returns keys relative to it too), so a
+    writer or reader of one ledger works unchanged on a part of a larger store (a shard under
+    `shards/<name>/`). Errors name the full key (`describe` includes the prefix)."""
+
+    def __init__(self, inner: ObjectStore, prefix: str) -> None:
+        self.inner = inner
+        self.prefix = _check_key(prefix.strip("/"))
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{_check_key(key)}"
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(self._key(key))
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(self._key(key), data)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(self._key(key))
+
+    def get_tagged(self, key: str) -> tuple[bytes, str]:
+        return self.inner.get_tagged(self._key(key))
+
+    def put_if(self, key: str, data: bytes, tag: str | None) -> str:
+        return self.inner.put_if(self._key(key), data, tag)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        cut = len(self.prefix) + 1
+        return [
+            ObjectInfo(o.key[cut:], o.size, o.mtime_s)
+            for o in self.inner.list(f"{self.prefix}/{prefix}")
+        ]
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()}/{self.prefix}"
 
 
 def open_object_store(url: str, settings: S3Settings | None = None) -> ObjectStore:

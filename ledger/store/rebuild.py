@@ -46,7 +46,7 @@ import duckdb
 from ledger.audit import AuditRecord
 from ledger.balances import BalanceRow, fold_rows
 from ledger.closing import ClosedPeriod
-from ledger.errors import StoreError
+from ledger.errors import SegmentError, StoreError
 from ledger.idle import IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
 from ledger.inventory import InventoryGpu
@@ -160,6 +160,14 @@ def _sql_list(paths: Sequence[Path]) -> str:
 
 
 def _archive_files(data_dir: Path) -> list[Path]:
+    from ledger.store.union import is_union, union_shards
+
+    if is_union(data_dir):  # each shard numbers its own batches: one archive cannot be replayed
+        raise SegmentError(
+            f"{data_dir} is the union of the shards {', '.join(union_shards(data_dir))}; a "
+            "rebuild replays one ledger's archive: rebuild a shard with --data-dir "
+            f"{data_dir / 'shards' / '<name>'}"
+        )
     return Manifest(data_dir / ARCHIVE_DIR).files()
 
 

@@ -36,7 +36,9 @@ files and names them, so readers see the same ledger before and after.
 (so the archive never lags the postings, as on local disk), fetches the objects they name that
 the cache lacks, each checked against the sha256 its manifest records, then the side files and
 the identity, and writes the cache's manifests last; cached files no manifest names are
-removed (local readers retry a file that vanished, as they do for a local compaction).
+removed (local readers retry a file that vanished, as they do for a local compaction). A store
+holding shards (`shards/<name>/head.json`, each a published ledger of its own) is pulled shard
+by shard and read as their union (`ledger.store.union`).
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _side_files(segments_root: Path) -> list[Path]:
+def side_files(segments_root: Path) -> list[Path]:
     """The side files under a segments root: everything but segments, manifests and
     temporaries."""
     if not segments_root.is_dir():
@@ -256,7 +258,7 @@ class Publisher:
         segments_root = self.data_dir / SEGMENTS_DIR
         mutable = [
             (f"{SEGMENTS_DIR}/{p.relative_to(segments_root).as_posix()}", p.read_bytes())
-            for p in _side_files(segments_root)
+            for p in side_files(segments_root)
         ]
         identity = self.data_dir / IDENTITY_NAME
         if identity.is_file():
@@ -318,8 +320,11 @@ class Publisher:
 
 def _immutable(key: str) -> bool:
     """Whether `key` names an immutable object a writer stores (a segment or a version): the
-    objects a writer deletes once no head names them."""
-    return key.endswith(".parquet") or key.startswith(f"{VERSIONS_DIR}/")
+    objects a writer deletes once no head names them. Only its own: a ledger published at a
+    store's root never takes the objects of the shards beside it (`shards/…`) for its own."""
+    if key.startswith(f"{VERSIONS_DIR}/"):
+        return True
+    return key.endswith(".parquet") and key.startswith(tuple(f"{root}/" for root in _ROOTS))
 
 
 def _read_head(store: ObjectStore) -> tuple[Head | None, str | None]:
@@ -418,16 +423,32 @@ def _get_or_none(store: ObjectStore, key: str) -> bytes | None:
 def pull(store: ObjectStore, cache_dir: Path | str, attempts: int = 3) -> Path:
     """Bring the sealed ledger in `store` into `cache_dir` (a data directory readers read) and
     return `cache_dir`. An object that vanished meanwhile (deleted after its grace period) is
-    retried with the newer manifests; the store unreachable raises its `OSError`."""
+    retried with the newer manifests; the store unreachable raises its `OSError`. A store of
+    shards (`shards/<name>/head.json`) is pulled shard by shard and read as their union
+    (`ledger.store.union`)."""
+    from ledger.store import union  # which builds on this module's pull of one ledger
+
     cache = Path(cache_dir)
+    shards = union.shard_names(store)
+    if shards:
+        union.pull_shards(store, cache, shards, attempts)
+    else:
+        union.drop_union(cache)  # the store was sharded when this cache was last pulled
+        pull_ledger(store, cache, attempts)
+    return cache
+
+
+def pull_ledger(store: ObjectStore, cache: Path, attempts: int = 3) -> bool:
+    """Bring the one published ledger in `store` (its head's, or a store's published before
+    heads) into `cache`, retried as `pull` says; whether the store holds one (False: nothing
+    was written)."""
     for attempt in range(attempts):
         try:
-            _pull_once(store, cache)
-            return cache
+            return _pull_once(store, cache)
         except FileNotFoundError as exc:
             if attempt == attempts - 1:
                 raise SegmentError(f"{store.describe()}: {exc}") from exc
-    return cache
+    return False
 
 
 def _published_files(store: ObjectStore) -> _Files:
@@ -442,8 +463,8 @@ def read_published(store: ObjectStore, path: str) -> bytes | None:
     return _published_files(store).read(path)
 
 
-def _pull_once(store: ObjectStore, cache: Path) -> None:
-    source = _published_files(store)
+def _pull_once(store: ObjectStore, cache: Path) -> bool:
+    source = _published_files(store)  # the one read of the head
     raw: dict[str, bytes | None] = {}
     raw[SEGMENTS_DIR] = source.read(f"{SEGMENTS_DIR}/{MANIFEST_NAME}")
     raw[ARCHIVE_DIR] = source.read(f"{ARCHIVE_DIR}/{MANIFEST_NAME}")  # after postings
@@ -477,6 +498,8 @@ def _pull_once(store: ObjectStore, cache: Path) -> None:
             for path in folder.rglob("*.parquet"):
                 if path not in named[root]:
                     path.unlink(missing_ok=True)
+    # False: no head, and no ledger published before heads either
+    return isinstance(source, _HeadFiles) or raw[SEGMENTS_DIR] is not None
 
 
 def store_from_env(environ: Mapping[str, str]) -> ObjectStore | None:

@@ -20,6 +20,9 @@ Problems are returned as values (a `VerifyReport`), one readable line each:
 - the audit trail (`segments/audit.jsonl`, `ledger.audit`) is an unbroken hash chain: the first
   record that was altered, inserted, dropped or moved is named with its seq and what differs.
 
+The read cache of a sharded ledger is verified by `ledger.store.union_verify` instead: each
+shard with these checks, and the union against its shards.
+
 A damaged file is named with the damage: missing, or its checksum does not match and why (not
 a Parquet file — bad magic, cut short — or valid Parquet whose bytes changed); a manifest that
 cannot be read is named with the byte where it breaks. Segment files no manifest lists are
@@ -60,6 +63,8 @@ class VerifyReport:
     archived_messages: int = 0
     notes: tuple[str, ...] = ()  # findings that are not damage (files no manifest lists)
     audit_records: int = 0
+    # a sharded ledger's (`ledger.store.union_verify`): each shard's own report, by name
+    shards: tuple[tuple[str, VerifyReport], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -71,6 +76,14 @@ def _sql_list(paths: list[Path]) -> str:
 
 
 def verify_ledger(data_dir: Path | str, progress: Progress | None = None) -> VerifyReport:
+    """Verify the sealed ledger in `data_dir` (the module's checks); the read cache of a
+    sharded ledger is verified shard by shard and as their union (`ledger.store.union_verify`)."""
+    from ledger.store.union import is_union
+
+    if is_union(Path(data_dir)):
+        from ledger.store.union_verify import verify_union
+
+        return verify_union(Path(data_dir), progress)
     root = Path(data_dir) / SEGMENTS_DIR
     problems: list[str] = []
     manifest = Manifest(root)

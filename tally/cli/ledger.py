@@ -40,7 +40,7 @@ from ledger.store.rebuild import (
 )
 from ledger.store.rebuild import rebuild as rebuild_ledger
 from ledger.store.segments import Manifest
-from ledger.store.verify import verify_ledger
+from ledger.store.verify import VerifyReport, verify_ledger
 from ledger.units import MS_PER_HOUR, Unit, parse_micros
 from streams.kafka import BrokerError
 from tally.cli.admin import (
@@ -93,7 +93,9 @@ def verify(config_path: str, data_dir: str | None, output: str) -> None:
     A damaged file is named with its damage (missing, checksum mismatch and why, a manifest cut
     short at a byte); segment files no manifest lists are notes, which do not fail the check.
     `-o json` and `-o csv` give the same summary for scripts (in CSV one row; its `problems`
-    and `notes` columns join them with "; ")."""
+    and `notes` columns join them with "; "). A sharded ledger (several workers' shards on one
+    object store) is checked shard by shard and as their union: each shard's problems name
+    it, and `-o json` adds each shard's own summary under `shards`."""
     directory = resolve_ledger_dir(config_path, data_dir)
     bar: Any = None
 
@@ -108,19 +110,10 @@ def verify(config_path: str, data_dir: str | None, output: str) -> None:
     report = verify_ledger(directory, progress)
     if bar is not None:
         bar.__exit__(None, None, None)
-    summary: dict[str, Any] = {
-        "ok": report.ok,
-        "segments": report.segments,
-        "rows": report.rows,
-        "transactions": report.transactions,
-        "closed_periods": report.closed_periods,
-        "archive_segments": report.archive_segments,
-        "archived_messages": report.archived_messages,
-        "audit_records": report.audit_records,
-        "problems": list(report.problems),
-        "notes": list(report.notes),
-    }
+    summary = _verify_summary(report)
     if output == OutputFormat.JSON:
+        if report.shards:
+            summary["shards"] = {name: _verify_summary(r) for name, r in report.shards}
         click.echo(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
     elif output == OutputFormat.CSV:
         row = [
@@ -143,6 +136,21 @@ def verify(config_path: str, data_dir: str | None, output: str) -> None:
             click.echo(f"note: {note}")
         click.echo("ledger OK" if report.ok else f"{len(report.problems)} problem(s) found")
     sys.exit(int(Exit.OK if report.ok else Exit.CHECK_FAILED))
+
+
+def _verify_summary(report: VerifyReport) -> dict[str, Any]:
+    return {
+        "ok": report.ok,
+        "segments": report.segments,
+        "rows": report.rows,
+        "transactions": report.transactions,
+        "closed_periods": report.closed_periods,
+        "archive_segments": report.archive_segments,
+        "archived_messages": report.archived_messages,
+        "audit_records": report.audit_records,
+        "problems": list(report.problems),
+        "notes": list(report.notes),
+    }
 
 
 @ledger.command()

@@ -1,19 +1,61 @@
 """One contract for the object-store port (`ledger.store.objects`), run against the local
-directory adapter and the S3 adapter talking to a real S3 API server on loopback
-(`tests.s3_server`)."""
+directory adapter, the S3 adapter talking to a real S3 API server on loopback
+(`tests.s3_server`), and `PrefixedStore` over each (a shard's view of the store, with other
+objects beside and above its prefix that it must never show)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ledger.store.objects import LocalObjectStore, ObjectStore, WriteConflict, open_object_store
+from ledger.store.objects import (
+    LocalObjectStore,
+    ObjectStore,
+    PrefixedStore,
+    WriteConflict,
+    open_object_store,
+)
+
+# objects of the whole store outside the prefixed one's: a sibling whose name starts alike, and
+# the root's head
+_NEIGHBOURS = ("shards/ab/head.json", "head.json")
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "local-prefixed", "s3-prefixed"])
 def store(request, tmp_path) -> ObjectStore:
-    if request.param == "local":
-        return LocalObjectStore(tmp_path / "objects")
-    return request.getfixturevalue("s3_store")
+    kind, _, prefixed = request.param.partition("-")
+    inner: ObjectStore = (
+        LocalObjectStore(tmp_path / "objects")
+        if kind == "local"
+        else request.getfixturevalue("s3_store")
+    )
+    if not prefixed:
+        return inner
+    for key in _NEIGHBOURS:
+        inner.put(key, b"not the shard's")
+    return PrefixedStore(inner, "shards/a")
+
+
+def test_a_prefixed_store_is_its_prefix_of_the_whole_store(tmp_path):
+    whole = LocalObjectStore(tmp_path / "objects")
+    for key in _NEIGHBOURS:
+        whole.put(key, b"n")
+    shard = PrefixedStore(whole, "/shards/a/")
+    tag = shard.put_if("head.json", b"h", None)
+    shard.put("segments/x.parquet", b"xyz")
+    assert whole.get("shards/a/head.json") == b"h"
+    assert whole.get_tagged("shards/a/head.json") == (b"h", tag)
+    assert [(o.key, o.size) for o in shard.list()] == [("head.json", 1), ("segments/x.parquet", 3)]
+    assert [o.key for o in whole.list("shards/a/")] == [
+        "shards/a/head.json",
+        "shards/a/segments/x.parquet",
+    ]
+    assert shard.describe() == f"{whole.describe()}/shards/a"
+    with pytest.raises(WriteConflict, match=r"/shards/a/head\.json"):
+        shard.put_if("head.json", b"stale", None)
+    with pytest.raises(FileNotFoundError):
+        shard.get("shards/ab/head.json")  # keys are relative to the prefix: none escapes it
+    with pytest.raises(ValueError, match="invalid object key"):
+        PrefixedStore(whole, "a/../b")
 
 
 def test_an_object_comes_back_whole_and_a_put_replaces_it(store):
