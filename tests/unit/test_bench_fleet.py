@@ -51,7 +51,7 @@ def test_a_segment_gives_each_job_one_owner_in_the_jobs_shape(
 ) -> None:
     monkeypatch.setenv("TALLY_BENCH_SHAPE", shape)
     path = tmp_path / "segment.parquet"
-    lo, hi = 5 * 24 * GPUS, 7 * 24 * GPUS  # days 5 and 6
+    lo, hi = 5 * 24 * GPUS, 6 * 24 * GPUS  # day 5
     con = duckdb.connect(":memory:")
     try:
         write_segment(con, lo, hi, SAMPLES, HOUR_US, path)  # the fixture's timeline
