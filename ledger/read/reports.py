@@ -236,6 +236,8 @@ def cost_report(
         raise ValueError("idle sharing applies to a whole report; it cannot be filtered")
     columns = ", ".join(f'"{d}"' for d in dims)
     source = source_for((*dims, *filters))
+    if source == "{coarse}":
+        source = "{daily}"  # the same groups without hours (a report uses no time)
     booked = booked_label(chosen)
     when, params = period_clause(chosen)
     for name, value in filters.items():

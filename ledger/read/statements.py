@@ -382,7 +382,7 @@ def team_statement(
     totals = by_set[3][0] if by_set[3] else (None, None, 0, 0, 0, 0, 0, 0, 0, "")
     _, _, gpu_ms, money, idle_ms, idle_money, energy, corrections, prior, centres = totals
     grants = queries.rows(
-        "SELECT unit, sum(amount) FROM {coarse} "
+        "SELECT unit, sum(amount) FROM {daily} "
         "WHERE account = ? AND kind = ? AND period = ? GROUP BY unit ORDER BY unit",
         [budget_account(team), BUDGET_GRANT_KIND, chosen.label],
         booked=chosen.label,

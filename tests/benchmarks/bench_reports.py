@@ -4,9 +4,13 @@ report and the FOCUS export of one month, beside a plain DuckDB scan of the same
 The ledger is written directly as sealed Parquet segments plus a manifest (DuckDB `range()`
 SQL, in the postings schema), so generating it costs seconds rather than an ingest run: a year
 (2026) of 1,000 GPUs in four pools, each sample one usage transaction of four postings
-(consumer or unallocated GPU-ms and money, capacity credits); 75 % of samples owned by 20 teams
-× 5 projects, 8 % of all samples allocated but idle. Segments hold 1,000,000 postings each, in
-offset (= time) order, as sealing and compaction leave them.
+(consumer or unallocated GPU-ms and money, capacity credits). A sample belongs to the job
+running on its GPU then, or to nobody (`fleet_jobs`: jobs shaped like the Philly trace's, each
+with one owner among 20 teams × 5 projects × 60 users, one GPU set, idle gaps between them):
+about 75 % of samples owned, 8 % of all samples allocated but idle. `TALLY_BENCH_SHAPE=random`
+draws each sample's owner and job at random instead (the earlier worst case for rollups).
+Segments hold 1,000,000 postings each, in offset (= time) order, as sealing and compaction
+leave them.
 
 Size: 10 million postings by default (one sample per GPU every 3.5 h); set
 `TALLY_BENCH_POSTINGS=100000000` for the issue's 100 million (every 21 min).
@@ -22,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
+import numpy as np
+import pyarrow as pa
 
 from ledger.periods import Period
 from ledger.read.focus import ExportFormat, FocusContext, export_focus
@@ -36,6 +42,7 @@ from ledger.store.segments import (
     segment_path,
     summarise_segment,
 )
+from tests.benchmarks import fleet_jobs
 from tests.benchmarks.harness import Figure, Progress
 
 BENCH = "reports"
@@ -64,28 +71,44 @@ def _postings() -> int:
     return max(unit, wanted // unit * unit)
 
 
-def _segment_sql(lo: int, hi: int, interval_us: int, path: Path) -> str:
-    """COPY transactions `lo..hi-1` (× 4 legs) to `path`, columns in POSTINGS_SCHEMA order."""
+def _owners(shape: str) -> str:
+    """The SQL columns of a sample's owner: the random worst case hashes each sample; the jobs
+    shape reads the sample's job from `owners` (`fleet_jobs.timeline`) and hashes the job, so a
+    job keeps one owner."""
+    if shape == "random":
+        return """h % 100 AS r100, (h // 100) % 20 AS team_n, (h // 2000) % 5 AS proj_n,
+          (h // 10000) % 60 AS user_n, (h // 600000) % 50000 AS job_n,
+          h % 100 < 75 AS owned, h % 100 < 8 AS idle_flag"""
+    return """h % 100 AS r100, jh % 20 AS team_n, (jh // 20) % 5 AS proj_n,
+          (jh // 100) % 60 AS user_n, job AS job_n,
+          job >= 0 AS owned, job >= 0 AND h % 100 < 11 AS idle_flag"""
+
+
+def _segment_sql(lo: int, hi: int, interval_us: int, path: Path, shape: str = "random") -> str:
+    """COPY transactions `lo..hi-1` (× 4 legs) to `path`, columns in POSTINGS_SCHEMA order; the
+    jobs shape reads each transaction's job from the relation `owners` (i, job)."""
     pools = " ".join(
         f"WHEN {n} THEN {value}" for n, value in enumerate(f"'{p}'" for p, _, _ in POOLS)
     )
     models = " ".join(f"WHEN {n} THEN '{m}'" for n, (_, m, _) in enumerate(POOLS))
     rates = " ".join(f"WHEN {n} THEN {r}" for n, (_, _, r) in enumerate(POOLS))
     ms = interval_us // 1_000
+    source = (
+        f"SELECT i, -1 AS job FROM range({lo}, {hi}) r(i)"
+        if shape == "random"
+        else f"SELECT i, job FROM owners WHERE i >= {lo} AND i < {hi}"
+    )
     return f"""
     COPY (
       WITH t AS (
-        SELECT i, i % {GPUS} AS g, i // {GPUS} AS k, hash(i) AS h FROM range({lo}, {hi}) r(i)
-      ), s AS (
-        SELECT i, g, {YEAR_START_US} + k * {interval_us} AS start_us,
-          h % 100 AS r100, (h // 100) % 20 AS team_n, (h // 2000) % 5 AS proj_n,
-          (h // 10000) % 60 AS user_n, (h // 600000) % 50000 AS job_n,
+        SELECT i, i % {GPUS} AS g, i // {GPUS} AS k, hash(i) AS h, job, hash(job) AS jh
+        FROM ({source})
+      ), o AS (
+        SELECT i, g, {YEAR_START_US} + k * {interval_us} AS start_us, {_owners(shape)},
           CASE g * {len(POOLS)} // {GPUS} {pools} END AS pool,
           CASE g * {len(POOLS)} // {GPUS} {models} END AS model,
           {ms}::BIGINT * CASE g * {len(POOLS)} // {GPUS} {rates} END // 3600000 AS money
         FROM t
-      ), o AS (
-        SELECT *, r100 < 75 AS owned, r100 < 8 AS idle_flag FROM s
       )
       SELECT 'b' || i AS txn_id, leg::SMALLINT AS leg, 'usage' AS kind,
         CASE WHEN leg >= 2 THEN 'capacity:' || pool || '/' || model
@@ -112,6 +135,25 @@ def _segment_sql(lo: int, hi: int, interval_us: int, path: Path) -> str:
     """
 
 
+def write_segment(
+    con: duckdb.DuckDBPyConnection, lo: int, hi: int, samples: int, interval_us: int, path: Path
+) -> None:
+    """Write transactions `lo..hi-1` of a ledger of `samples` samples per GPU, one every
+    `interval_us`, to `path`, in the shape `TALLY_BENCH_SHAPE` says (`fleet_jobs`)."""
+    kind = fleet_jobs.shape()
+    cursor = con.cursor()  # its own: `con` may hold an unfinished result
+    try:
+        if kind == "jobs":
+            owner = fleet_jobs.timeline(samples, interval_us, GPUS, len(POOLS)).ravel()
+            if hi > len(owner):
+                raise ValueError(f"transaction {hi - 1} is past the fleet's timeline")
+            owners = pa.table({"i": pa.array(np.arange(lo, hi)), "job": pa.array(owner[lo:hi])})
+            cursor.register("owners", owners)
+        cursor.execute(_segment_sql(lo, hi, interval_us, path, kind))
+    finally:
+        cursor.close()
+
+
 def write_level(
     con: duckdb.DuckDBPyConnection, root: Path, rel: str, level: RollupLevel
 ) -> RollupInfo:
@@ -128,7 +170,7 @@ def generate(data_dir: Path, postings: int, progress: Progress, rollups: bool = 
     root = data_dir / SEGMENTS_DIR
     root.mkdir(parents=True)
     transactions = postings // LEGS
-    interval_us = YEAR_US // (transactions // GPUS)
+    samples = transactions // GPUS
     per_segment = SEGMENT_POSTINGS // LEGS
     con = duckdb.connect(":memory:")
     infos: list[SegmentInfo] = []
@@ -138,7 +180,7 @@ def generate(data_dir: Path, postings: int, progress: Progress, rollups: bool = 
         rel = segment_path(INCARNATION, TOPIC, 0, lo, hi - 1)
         target = root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        con.execute(_segment_sql(lo, hi, interval_us, target))
+        write_segment(con, lo, hi, samples, YEAR_US // samples, target)
         stats = con.execute(
             f"SELECT count(*), min(start_us), max(end_us) FROM read_parquet('{target}')"
         ).fetchone()

@@ -29,8 +29,8 @@ from tests.benchmarks.bench_reports import (
     LEGS,
     TOPIC,
     YEAR_US,
-    _segment_sql,
     write_level,
+    write_segment,
 )
 from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY
 
@@ -58,14 +58,14 @@ def append_seal(data_dir: Path, postings: int, seal: int) -> SegmentInfo:
     """Seal number `seal` after the generated ledger of `postings`: the next
     `SEAL_TRANSACTIONS` samples as one more segment with its rollup, named by the manifest."""
     transactions = postings // LEGS
-    interval_us = YEAR_US // (transactions // GPUS)
     lo = transactions + seal * SEAL_TRANSACTIONS
     hi = lo + SEAL_TRANSACTIONS
     root = data_dir / SEGMENTS_DIR
     rel = segment_path(INCARNATION, TOPIC, 0, lo, hi - 1)
     con = duckdb.connect(":memory:")
     try:
-        con.execute(_segment_sql(lo, hi, interval_us, root / rel))
+        samples = transactions // GPUS
+        write_segment(con, lo, hi, samples, YEAR_US // samples, root / rel)
         stats = con.execute(
             f"SELECT count(*), min(start_us), max(end_us) FROM read_parquet('{root / rel}')"
         ).fetchone()

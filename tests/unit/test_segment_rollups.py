@@ -24,6 +24,7 @@ from ledger.read.queries import time_bucket_sql
 from ledger.read.reports import IdleSharing, ReportQueries, cost_report, idle_report
 from ledger.read.reports import ledger_money_total as money_total
 from ledger.read.rollups.finance import POOLS_SQL
+from ledger.read.rollups.shared import by_day
 from ledger.read.rollups.team import DEFAULT_HALF_LIFE_US, decayed_usage
 from ledger.read.statements import team_statement
 from ledger.store.hot import DuckDBStore
@@ -428,3 +429,31 @@ def test_a_zone_whose_hours_split_a_rollups_hour_is_read_from_the_postings(both,
         (int(b), t, int(ms)) for b, t, ms in scanned
     ]
     assert any(c.bucket_us % HOUR_US for c in hourly)  # buckets at :30 UTC
+
+
+DAY_READS: dict[str, Callable[[ReportQueries], Any]] = {
+    "cost-over-time-daily": lambda q: rollups.cost_over_time(q, "team", DAY, FILTERS),
+    "budget-burn-mid-hour": lambda q: rollups.budget_burn(q, PERIOD, END_US - 1_234_567, None),
+}
+
+
+@pytest.mark.parametrize("read", [pytest.param(r, id=name) for name, r in DAY_READS.items()])
+def test_days_of_a_zone_other_than_utc_are_not_read_from_the_utc_daily_rollups(
+    both, tmp_path, read
+):
+    """In UTC a day's figures come from the daily level (a row per UTC day); a day of
+    Asia/Shanghai (UTC+8, whole hours) splits a UTC day, so they come from the hours."""
+    answers = []
+    for source in both:
+        shanghai = tmp_path / source.parent.name / "ledger"
+        shutil.copytree(source, shanghai)
+        identity = {"version": IDENTITY_VERSION, "timezone": "Asia/Shanghai"}
+        (shanghai / IDENTITY_NAME).write_text(json.dumps(identity))
+        q = ReportQueries(shanghai)
+        try:
+            assert by_day(q) == "{coarse}"
+            answers.append(read(q))
+        finally:
+            q.close()
+    assert answers[0] == answers[1]
+    assert answers[0]

@@ -31,7 +31,7 @@ from ledger.read.reports import (
     period_of,
     source_for,
 )
-from ledger.read.rollups.shared import DAY_US, Filters
+from ledger.read.rollups.shared import DAY_US, Filters, by_day
 from ledger.read.texts import Translate, english
 from ledger.store.rollup_files import HOUR_US
 from ledger.store.side_files import load_admin_log
@@ -63,6 +63,8 @@ def cost_over_time(
     (dim,) = check_dimensions((dim,))
     where, params = filters.sql()
     source = source_for((dim,))
+    if source == "{coarse}" and bucket_us == DAY_US:
+        source = by_day(q)  # days need no hours
     rows = q.rows(
         f'SELECT {time_bucket_sql("start_us", bucket_us, q.zone)} AS bucket, "{dim}", '
         "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
@@ -143,7 +145,7 @@ def cost_table(
     unallocated = q.rows(
         "SELECT coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
         "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) "
-        f"FROM {{coarse}} WHERE {UNALLOCATED_SQL} AND {where}",
+        f"FROM {{daily}} WHERE {UNALLOCATED_SQL} AND {where}",
         params,
         booked=filters.booked,
     )[0]
@@ -251,7 +253,7 @@ def idle_waste(q: ReportQueries, filters: Filters) -> IdleWaste:
         "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
         f"coalesce(sum(amount) FILTER (unit = 'gpu_ms' AND {IDLE_LEG_SQL}), 0), "
         f"coalesce(sum(amount) FILTER (unit = 'money_micros' AND {IDLE_LEG_SQL}), 0) AS waste "
-        f"FROM {{coarse}} WHERE {CONSUMER_SQL} AND {where} "
+        f"FROM {{daily}} WHERE {CONSUMER_SQL} AND {where} "
         'GROUP BY ALL ORDER BY waste DESC, team, "pool", "model"',
         params,
         booked=filters.booked,
@@ -261,7 +263,7 @@ def idle_waste(q: ReportQueries, filters: Filters) -> IdleWaste:
         'SELECT "pool", "model", '
         "coalesce(sum(amount) FILTER (unit = 'gpu_ms'), 0), "
         "coalesce(sum(amount) FILTER (unit = 'money_micros'), 0) AS money "
-        f"FROM {{coarse}} WHERE {UNALLOCATED_SQL} AND {where} "
+        f"FROM {{daily}} WHERE {UNALLOCATED_SQL} AND {where} "
         'GROUP BY ALL ORDER BY money DESC, "pool", "model"',
         params,
         booked=filters.booked,
@@ -357,13 +359,13 @@ def budget_burn(
     day_sql = time_bucket_sql(f"greatest(start_us, {int(chosen.start_us)})", DAY_US, q.zone)
     daily = q.rows(
         f"SELECT team, {day_sql} AS day, sum(amount) "
-        f"FROM {{coarse}} WHERE {CONSUMER_SQL} AND unit = 'money_micros' AND period = ? "
+        f"FROM {by_day(q)} WHERE {CONSUMER_SQL} AND unit = 'money_micros' AND period = ? "
         f"{team_sql} GROUP BY ALL ORDER BY team, day",
         [chosen.label, *team_params],
         booked=chosen.label,
     )
     grants = q.rows(
-        "SELECT substr(account, ?), -sum(amount) FROM {coarse} "
+        "SELECT substr(account, ?), -sum(amount) FROM {daily} "
         "WHERE kind = ? AND account LIKE 'budget:%' AND unit = 'money_micros' AND period = ? "
         f"{'AND account = ?' if team is not None else ''} GROUP BY ALL",
         [len(BUDGET_PREFIX) + 1, BUDGET_GRANT_KIND, chosen.label]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,14 @@ CAPACITY_SQL = "account LIKE 'capacity:%'"
 # reversal), so a corrected sample and its re-posting sum to the re-posting alone. A reversal of
 # an adjustment (no model) is no usage.
 USAGE_SQL = "(kind = 'usage' OR kind = 'reversal' AND model <> '')"
+
+
+def by_day(q: ReportQueries) -> str:
+    """The smallest rollup level whose rows each lie in one day of the ledger's zone: the daily
+    level (a row per UTC day, `{daily}`, about a sixteenth of the coarse level's rows) when the
+    zone is UTC, else the coarse level (hours, `{coarse}`). A query that buckets or clips
+    `start_us` to days reads this; one that uses no time at all reads `{daily}` in any zone."""
+    return "{daily}" if q.zone is UTC else "{coarse}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,9 +120,9 @@ def team_budget(q: ReportQueries, team: str, period: str | None = None) -> TeamB
     if chosen is None:
         return TeamBudget(team, None, True, None)
     rows = q.rows(  # what budget_status needs: budget and holds of every period, usage of one
-        "SELECT account, unit, period, sum(amount) FROM {coarse} "
+        "SELECT account, unit, period, sum(amount) FROM {daily} "
         "WHERE account = ? OR account = ? GROUP BY ALL "
-        "UNION ALL SELECT account, unit, period, sum(amount) FROM {coarse} "
+        "UNION ALL SELECT account, unit, period, sum(amount) FROM {daily} "
         "WHERE period = ? AND starts_with(account, ?) GROUP BY ALL",
         [
             f"{AccountKind.BUDGET}:{team}",
