@@ -1,4 +1,5 @@
-# Tally — every target creates .venv and installs on first use.
+# Tally — every target creates .venv and installs on first use. Python 3.11 to 3.13:
+# `make test PYTHON=python3.13` builds .venv with that one instead.
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -8,10 +9,10 @@ PYTEST_ARGS ?=
 # make test runs the suite's files in this many processes (pytest-xdist; 1: in this process)
 TEST_WORKERS ?= 2
 
-.PHONY: up test lint format bench soak clean
+.PHONY: up test test-python lint format bench soak clean
 
 $(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (Tally needs Python 3.11)"; exit 2; }
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (Tally needs Python 3.11, 3.12 or 3.13: make PYTHON=python3.13 …)"; exit 2; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,embedded]'
@@ -22,6 +23,22 @@ up: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+
+# The unit tests under another interpreter, in its own venv (.venv-<version>), beside .venv:
+# `make test-python OTHER_PYTHON=/path/to/python3.13` (.ci/run does it for 3.12 and 3.13).
+OTHER_PYTHON ?= python3.13
+test-python:
+	@command -v $(OTHER_PYTHON) >/dev/null 2>&1 || { echo "error: $(OTHER_PYTHON) not found"; exit 2; }
+	@set -e; py="$(OTHER_PYTHON)"; \
+	venv=.venv-$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	test -x $$venv/bin/python || $$py -m venv $$venv; \
+	if [ ! -f $$venv/.installed ] || [ pyproject.toml -nt $$venv/.installed ]; then \
+	  $$venv/bin/python -m pip install --quiet --upgrade pip; \
+	  $$venv/bin/python -m pip install --quiet -e '.[dev,embedded]'; \
+	  touch $$venv/.installed; \
+	fi; \
+	echo "unit tests under $$($$venv/bin/python --version)"; \
+	$$venv/bin/python -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests/unit $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -42,4 +59,4 @@ soak: $(STAMP)
 	TALLY_STATEFUL_EXAMPLES=140 $(BIN)/python -m pytest -s -k random_life tests/unit/test_ledger_stateful.py
 
 clean:
-	rm -rf $(VENV) .venv-focus .tally .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-focus .venv-3.* .tally .pytest_cache .mypy_cache .ruff_cache
