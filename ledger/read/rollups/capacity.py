@@ -27,6 +27,7 @@ from ledger.read.rollups.shared import (
     MS_PER_HOUR,
     USAGE_SQL,
     archived_job_log,
+    by_day,
 )
 from ledger.read.texts import N_, Translate, english
 
@@ -59,7 +60,7 @@ def daily_usage(
         f'SELECT {time_bucket_sql("start_us", DAY_US, q.zone)} AS day, "pool", "model", '
         f"coalesce(sum(amount) FILTER ({CONSUMER_SQL}), 0), "
         f"coalesce(-sum(amount) FILTER ({CAPACITY_SQL}), 0) "
-        f"FROM {{daily}} WHERE {USAGE_SQL} AND unit = 'gpu_ms' {clause} "
+        f"FROM {by_day(q)} WHERE {USAGE_SQL} AND unit = 'gpu_ms' {clause} "
         'GROUP BY ALL ORDER BY day, "pool", "model"',
         params,
     )
@@ -93,7 +94,7 @@ def usage_trend(
         per_day[row.day_us][0] += row.allocated_gpu_ms
         per_day[row.day_us][1] += row.physical_gpu_ms
     span = q.rows(
-        f"SELECT min(start_us), max(end_us) FROM {{daily}} WHERE {USAGE_SQL} AND model = ?"
+        f"SELECT min(start_us), max(end_us) FROM {by_day(q)} WHERE {USAGE_SQL} AND model = ?"
         + (" AND pool = ?" if pool is not None else ""),
         [model] + ([pool] if pool is not None else []),
     )[0]
