@@ -28,11 +28,23 @@ Admin events take effect in offset order within a batch. A batch that closes a p
 store first, so the close's checksum covers every posting booked into the period, including
 those of the same batch before the close; postings after it go to the next open period.
 
+An ingestor writes a whole ledger, or one shard of it (`ledger.ingest.shards`: `ShardRole`);
+a shard commits only what `kept_by` keeps of each route's fold.
+
 The broker incarnation (the Kafka cluster id) scopes offsets: an embedded broker restarted with
 empty partitions is a new incarnation, so its offset 0 is new data, not something already seen.
 """
 
 from ledger.ingest.ingestor import Ingestor, IngestResult, InputTopics, OutputTopics
+from ledger.ingest.shards import ShardRole, ShardRoleError
 from ledger.store.port import ConsumedMessage
 
-__all__ = ["ConsumedMessage", "IngestResult", "Ingestor", "InputTopics", "OutputTopics"]
+__all__ = [
+    "ConsumedMessage",
+    "IngestResult",
+    "Ingestor",
+    "InputTopics",
+    "OutputTopics",
+    "ShardRole",
+    "ShardRoleError",
+]

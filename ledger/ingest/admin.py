@@ -22,6 +22,12 @@ request the ledger knows (not open, expired, a wrong approver, its change refuse
 letter and also logged with the outcome `refused: <reason>` and alerted (`tally.request.refused`),
 so readers and the scheduler's desk show the request `refused` with the ledger's reason.
 
+A global shard (`ledger.ingest.shards`) folds with `targets_elsewhere`: a reversal whose target
+the ledger does not hold may be a samples shard's usage (that shard posts it), so it is logged
+with the outcome `ELSEWHERE_OUTCOME` and audited, not refused; and with `spending_known` off: a
+budget policy whose grants depend on the team's spending (carry-over, or a quarter's remainder
+moving on) is refused, because a global shard holds no usage (`ledger.ingest.shards`).
+
 Every event applied (not one that changed nothing) is also an audit entry
 (`ledger.ingest.audit`) with the value it replaced: the previous price, team definition, quota,
 granted total, or the period still open.
@@ -40,6 +46,9 @@ from ledger.admin import (
     AppliedAdmin,
     BudgetAllowanceGranted,
     BudgetGranted,
+    BudgetPolicySet,
+    Cadence,
+    CarryOver,
     GpuCordoned,
     GpuUncordoned,
     PeriodClosed,
@@ -87,6 +96,7 @@ from ledger.store.port import (
 )
 
 DecodedAdmin = tuple[AdminEnvelope, ConsumedMessage]
+ELSEWHERE_OUTCOME = "posted by the shard holding its target"
 
 
 def admin_keys(decoded: Sequence[DecodedAdmin]) -> ViewKeys:
@@ -102,6 +112,18 @@ def admin_keys(decoded: Sequence[DecodedAdmin]) -> ViewKeys:
         admin=True,
         inventory=any(isinstance(e, GpuCordoned | GpuUncordoned) for e in events),
     )
+
+
+SPENDING_UNKNOWN = (
+    "a budget policy with carry-over or a quarterly cadence needs the team's spending, which a "
+    "global shard does not hold (the union's spending is not folded yet)"
+)
+
+
+def spends(policy: BudgetPolicySet) -> bool:
+    """Whether the policy's grants depend on the team's spending: a carry-over rule, or a
+    quarter whose remainder moves on from month to month (`ledger.admin.recurring`)."""
+    return policy.carry_over is not CarryOver.NONE or policy.every is not Cadence.MONTH
 
 
 def role_refusal(envelope: AdminEnvelope) -> str | None:
@@ -128,9 +150,15 @@ def fold_admin(
     view: LedgerView,
     cost_centres: Mapping[str, str],
     zone: tzinfo = UTC,
+    *,
+    targets_elsewhere: bool = False,
+    spending_known: bool = True,
 ) -> Folded:
-    """`zone`: the ledger's time zone, whose months grants and adjustments fall in."""
-    fold = _AdminFold(view, cost_centres, zone)
+    """`zone`: the ledger's time zone, whose months grants and adjustments fall in.
+    `targets_elsewhere`: a reversal of a transaction this ledger does not hold is another
+    shard's to post (logged, not refused); `spending_known` off: budget policies whose grants
+    depend on spending are refused (a global shard's fold, `ledger.ingest.shards`)."""
+    fold = _AdminFold(view, cost_centres, zone, targets_elsewhere, spending_known)
     applied = set(view.admin_applied)
     dead: list[DeadLetter] = []
     duplicates = 0
@@ -160,9 +188,18 @@ def fold_admin(
 class _AdminFold:
     """The admin events of one batch, folded in order into transactions and log entries."""
 
-    def __init__(self, view: LedgerView, cost_centres: Mapping[str, str], zone: tzinfo):
+    def __init__(
+        self,
+        view: LedgerView,
+        cost_centres: Mapping[str, str],
+        zone: tzinfo,
+        targets_elsewhere: bool = False,
+        spending_known: bool = True,
+    ):
         self.view = view
         self.zone = zone
+        self.targets_elsewhere = targets_elsewhere
+        self.spending_known = spending_known
         self.closed = set(view.closed)
         self.centres = dict(cost_centres) | {
             team: t.cost_centre for team, t in view.admin.teams.items()
@@ -219,14 +256,21 @@ class _AdminFold:
             before, after = grant_states(event, total)
         elif isinstance(event, BudgetAllowanceGranted):
             return "allowance records are made by the ledger from budget policies, not sent"
+        elif isinstance(event, BudgetPolicySet) and not self.spending_known:
+            if spends(event):
+                return SPENDING_UNKNOWN
         elif isinstance(event, REQUEST_CLASSES):
             return self._request(envelope, message)
         elif isinstance(event, AdjustmentRecorded) and event.reverses_txn is not None:
             result = self._reversal(envelope, event.reverses_txn)
             if isinstance(result, str):
                 return result
-            txn = result
-            after = {"reverses_txn": event.reverses_txn, "booked_period": txn.period}
+            if result is None:  # another shard's transaction: that shard posts the reversal
+                outcome = ELSEWHERE_OUTCOME
+                after = {"reverses_txn": event.reverses_txn}
+            else:
+                txn = result
+                after = {"reverses_txn": event.reverses_txn, "booked_period": txn.period}
         elif isinstance(event, AdjustmentRecorded):
             assert event.period is not None
             period = booking_period(event.period, self.closed)
@@ -266,7 +310,7 @@ class _AdminFold:
             )
             self._price_in_force(event)
         self.entries.append(AppliedAdmin(envelope, outcome))
-        if outcome == "applied":
+        if outcome in ("applied", ELSEWHERE_OUTCOME):
             self.audit.append(admin_entry(envelope, before, after))
         if txn is not None:
             self.pending[txn.txn_id] = txn
@@ -319,11 +363,12 @@ class _AdminFold:
             self.alerts.append(refusal_alert(event, state, envelope.id))
         return reason
 
-    def _reversal(self, envelope: AdminEnvelope, target: str) -> Transaction | str:
-        """The reversal of `target`, or why it is refused."""
+    def _reversal(self, envelope: AdminEnvelope, target: str) -> Transaction | str | None:
+        """The reversal of `target`, or why it is refused; None when the ledger does not hold
+        `target` and it may be another shard's (`targets_elsewhere`)."""
         original = self.pending.get(target) or self.view.transactions.get(target)
         if original is None:
-            return f"no transaction {target} to reverse"
+            return None if self.targets_elsewhere else f"no transaction {target} to reverse"
         if original.kind not in REVERSIBLE:
             return f"a {original.kind} transaction is not reversed by hand"
         if target in self.reversed or target in self.view.reversed_by:

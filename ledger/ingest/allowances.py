@@ -3,6 +3,11 @@ ledger's clock, so the first batch holding a sample new to the ledger (a resent 
 nothing) in a month grants every budget policy's allowance and carry-over due up to that month
 (`ledger.admin.recurring` holds the rules).
 
+In a sharded ledger (`ledger.ingest.shards`) the global shard grants instead, from the first
+jobs batch holding a hold or assignment event new to it in a month (it folds no samples); a
+samples shard grants nothing. Carry-over there would need the union's spending (the design's
+`ShardsSealedThrough`, not built): the global shard refuses the policies that need it.
+
 Pure: the fold of the batch, the month it reaches, the admin state, the ledger's balances before
 the batch and the cost centres in; the same fold with the grant transactions (derived, so
 validated before the commit) and their allowance records (admin-log entries) added.

@@ -5,7 +5,8 @@ samples), in one store
 commit each: skip offsets the store has applied for this broker incarnation → decode (bad input
 becomes a dead letter, never an exception) → load the route's view from the store once → fold
 (pure) → give derived transactions ids the ledger has not applied → validate every transaction
-(a refused one becomes a dead letter and is never committed) → commit.
+(a refused one becomes a dead letter and is never committed) → keep what the ingestor's shard
+role keeps (`ledger.ingest.shards`: everything in `WHOLE`, the default) → commit.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ledger.ingest.batch import Folded, FoldRules, decode_all
 from ledger.ingest.inventory import INVENTORY_KEYS, fold_inventory
 from ledger.ingest.jobs import DecodedJobs, fold_jobs
 from ledger.ingest.samples import fold_samples, sample_keys
+from ledger.ingest.shards import Route, ShardRole, ShardRoleError, kept_by, refusal
 from ledger.ingest.validation import validate_batch, validate_columns
 from ledger.inventory import encode_record, record_id
 from ledger.inventory.health_events import decode_inventory_message
@@ -88,7 +90,16 @@ class _Part:
 
 
 class Ingestor:
-    """Applies batches of messages from one broker incarnation to one store."""
+    """Applies batches of messages from one broker incarnation to one store, as a shard of
+    `role` (`ledger.ingest.shards`).
+
+    Recurring allowances are granted by the first samples batch holding a new sample of a month
+    in `WHOLE`; in `GLOBAL`, which takes no samples, by the first jobs batch holding a new hold
+    or assignment event of a month (the same rule, `ledger.ingest.allowances`); a `SAMPLES`
+    shard grants none. A `SAMPLES` shard publishes no balances either: its keys (`account`)
+    would clash with every other shard's; balances keyed per shard are a later step of the
+    design (`docs/design/several-workers.md`, "Balances").
+    """
 
     def __init__(
         self,
@@ -100,10 +111,13 @@ class Ingestor:
         topics: OutputTopics | None = None,
         inputs: InputTopics | None = None,
         zone: tzinfo = UTC,
+        role: ShardRole = ShardRole.WHOLE,
     ) -> None:
         """`zone`: the ledger's time zone (`ledger.store.identity`), whose months usage, holds,
-        grants and allowances are booked into."""
+        grants and allowances are booked into; `role`: what part of the ledger this store
+        holds (`ledger.ingest.shards`)."""
         self.store = store
+        self.role = role
         self.zone = zone
         self.incarnation = incarnation
         self._configured_prices = prices
@@ -147,6 +161,11 @@ class Ingestor:
         reports = [m for m in fresh if m.topic == self.inputs.inventory]
         routed = (self.inputs.admin, self.inputs.jobs, self.inputs.inventory)
         samples = [m for m in fresh if m.topic not in routed]
+        for route, messages_of in ((Route.INVENTORY, reports), (Route.SAMPLES, samples)):
+            problem = refusal(self.role, route)
+            if messages_of and problem is not None:  # before anything of the batch commits
+                topics = sorted({m.topic for m in messages_of})
+                raise ShardRoleError(f"{problem}: messages of {', '.join(topics)}")
         admin_part = self._apply_admin(admin) if admin else None
         if admin_part is not None:
             self.rules = self._current_rules()
@@ -185,49 +204,82 @@ class Ingestor:
             for envelope, _ in decoded
             if envelope.id not in view.seen and envelope.id not in refused
         ]
-        if new:
-            through = period_label(max(new), self.rules.zone)
-            if self._granted_through is not None and through <= self._granted_through:
-                through = None
-        if through is not None:
-            admin = self.store.admin_view()
-            if allowances_due(admin, through, self.rules.zone):
-                folded, complete = with_allowances(
-                    folded,
-                    admin,
-                    through,
-                    view.closed,
-                    self.store.balance_rows(),
-                    self.rules.cost_centres,
-                    decoded[-1][1],
-                    self.rules.zone,
-                )
-                if not complete:
-                    through = None  # more months are due: plan again with the next batch
-        part = self._commit(fresh, folded, dead, len(decoded), view.closed)
+        if new and self.role is ShardRole.WHOLE:  # a samples shard grants none
+            folded, through = self._allowances(folded, new, view.closed, decoded[-1][1])
+        part = self._commit(fresh, folded, dead, len(decoded), view.closed, Route.SAMPLES)
         if through is not None:
             self._granted_through = through
         return part
+
+    def _allowances(
+        self,
+        folded: Folded,
+        new: Sequence[int],
+        closed: frozenset[str],
+        last: ConsumedMessage,
+    ) -> tuple[Folded, str | None]:
+        """`folded` with the recurring allowances due up to the month of the newest of `new`
+        (times of the batch's events new to the ledger), sourced to `last`; and that month when
+        every allowance up to it is granted (None: nothing planned, or more months are due)."""
+        if not new:
+            return folded, None
+        through = period_label(max(new), self.rules.zone)
+        if self._granted_through is not None and through <= self._granted_through:
+            return folded, None
+        admin = self.store.admin_view()
+        if allowances_due(admin, through, self.rules.zone):
+            folded, complete = with_allowances(
+                folded,
+                admin,
+                through,
+                closed,
+                self.store.balance_rows(),
+                self.rules.cost_centres,
+                last,
+                self.rules.zone,
+            )
+            if not complete:
+                return folded, None  # more months are due: plan again with the next batch
+        return folded, through
 
     def _apply_jobs(self, fresh: Sequence[ConsumedMessage]) -> _Part:
         batch = DecodedJobs(fresh)
         view = self.store.load_view(batch.keys())
         folded = fold_jobs(batch, view, fresh[-1], self.rules.zone, self.rules.cost_centres)
-        return self._commit(fresh, folded, batch.dead, batch.count, view.closed)
+        through = None
+        if self.role is ShardRole.GLOBAL:  # no samples here: the jobs events are the clock
+            refused = {letter.event_id for letter in folded.dead if letter.event_id}
+            events = [(e.id, e.time_us) for e, _ in batch.holds] + [
+                (e.id, e.time_us) for e, _ in batch.assignments
+            ]
+            new = [t for id_, t in events if id_ not in view.seen and id_ not in refused]
+            folded, through = self._allowances(folded, new, view.closed, fresh[-1])
+        part = self._commit(fresh, folded, batch.dead, batch.count, view.closed, Route.JOBS)
+        if through is not None:
+            self._granted_through = through
+        return part
 
     def _apply_inventory(self, fresh: Sequence[ConsumedMessage]) -> _Part:
         decoded, dead = decode_all(fresh, decode_inventory_message)
         view = self.store.load_view(INVENTORY_KEYS)
         folded = fold_inventory(decoded, view)
-        return self._commit(fresh, folded, dead, len(decoded), view.closed)
+        return self._commit(fresh, folded, dead, len(decoded), view.closed, Route.INVENTORY)
 
     def _apply_admin(self, fresh: Sequence[ConsumedMessage]) -> _Part:
         decoded, dead = decode_all(fresh, decode_admin_message)
         view = self.store.load_view(admin_keys(decoded))
         if closes_a_period(decoded, view):
             self.store.seal()  # the close's checksum must see every posting of the period
-        folded = fold_admin(decoded, view, self.rules.cost_centres, self.rules.zone)
-        return self._commit(fresh, folded, dead, len(decoded), view.closed)
+        is_global = self.role is ShardRole.GLOBAL
+        folded = fold_admin(
+            decoded,
+            view,
+            self.rules.cost_centres,
+            self.rules.zone,
+            targets_elsewhere=is_global,
+            spending_known=not is_global,
+        )
+        return self._commit(fresh, folded, dead, len(decoded), view.closed, Route.ADMIN)
 
     # ------------------------------------------------------------------ shared steps
 
@@ -238,7 +290,11 @@ class Ingestor:
         decode_dead: Sequence[DeadLetter],
         decoded: int,
         closed: frozenset[str],
+        route: Route,
     ) -> _Part:
+        if self.role is not ShardRole.WHOLE:
+            folded = kept_by(self.role, route, replace(folded, dead=(*decode_dead, *folded.dead)))
+            decode_dead = ()
         start = folded.derived_from
         transactions = self._own_ids(list(folded.transactions), start)
         # The folds checked what they made from events; what the ledger derived is checked here.
@@ -280,7 +336,7 @@ class Ingestor:
             folded.idle_states,
             outbox,
             folded.changes,
-            self.topics.balances,
+            None if self.role is ShardRole.SAMPLES else self.topics.balances,
             raw=fresh,
             columns=columns,
         )
