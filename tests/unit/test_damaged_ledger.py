@@ -88,13 +88,13 @@ class Damage:
     harm: Callable[[Path], None]  # applied to the file
     manifest: bool  # True: harms the manifest, else the first listed segment
     says: str  # the phrase naming the damage
-    rollup: str | None = None  # "rollup" / "coarse": harms the first listed segment's one
+    rollup: str | None = None  # a rollup level's name: harms the first listed segment's one
 
     def apply(self, data_dir: Path) -> Path:
         """Damage `data_dir`; the path of the damaged file."""
         if self.rollup is not None:
             first = Manifest(data_dir / self.root).load()[0]
-            rollup = first.rollup if self.rollup == "rollup" else first.coarse
+            rollup = first.rollup_of(self.rollup)
             assert rollup is not None
             path = data_dir / self.root / rollup.path
         elif self.manifest:
@@ -138,18 +138,26 @@ ROLLUP_DAMAGE = {
         SEGMENTS_DIR, lambda p: p.unlink(), False, "listed in the manifest but missing", "rollup"
     ),
 }
-COARSE_DAMAGE = {
-    "coarse-altered-still-valid-parquet": Damage(
-        SEGMENTS_DIR,
-        _rewrite_valid,
-        False,
-        "checksum does not match the manifest: a valid Parquet file whose bytes changed",
-        rollup="coarse",
-    ),
-    "coarse-missing": Damage(
-        SEGMENTS_DIR, lambda p: p.unlink(), False, "listed in the manifest but missing", "coarse"
-    ),
-}
+
+
+def _level_damage(level: str) -> dict[str, Damage]:
+    """A rollup level's file of the first segment altered (still valid Parquet) or missing."""
+    return {
+        f"{level}-altered-still-valid-parquet": Damage(
+            SEGMENTS_DIR,
+            _rewrite_valid,
+            False,
+            "checksum does not match the manifest: a valid Parquet file whose bytes changed",
+            rollup=level,
+        ),
+        f"{level}-missing": Damage(
+            SEGMENTS_DIR, lambda p: p.unlink(), False, "listed in the manifest but missing", level
+        ),
+    }
+
+
+COARSE_DAMAGE = _level_damage("coarse")
+DAILY_DAMAGE = _level_damage("daily")
 ARCHIVE_DAMAGE = {
     "archive-bad-magic": Damage(
         ARCHIVE_DIR, _bad_magic, False, "not a Parquet file (bad magic at the start)"
@@ -233,12 +241,17 @@ POSTINGS_READERS: dict[str, Callable[[Path], Any]] = {
     "cli-report-cost": _cli_report,
 }
 # the readers that read the segments' rollups (`ledger.store.rollup_files`): by user, the
-# fine ones; by team, the coarse ones
+# fine ones; by team with no hours, the daily ones; the hours of a day by team, the coarse ones
 ROLLUP_READERS: dict[str, Callable[[Path], Any]] = {
     "report-cost-by-user": _with_queries(lambda q: cost_report(q, ("user",))),
 }
-COARSE_READERS = {
+DAILY_READERS = {
     name: POSTINGS_READERS[name] for name in ("report-cost", "rollup-cost-table", "cli-report-cost")
+}
+COARSE_READERS: dict[str, Callable[[Path], Any]] = {
+    "rollup-cost-over-time-hourly": _with_queries(
+        lambda q: rollups.cost_over_time(q, "team", rollups.HOUR_US, rollups.Filters())
+    ),
 }
 ARCHIVE_READERS: dict[str, Callable[[Path], Any]] = {
     "rebuild-archive-batches": lambda d: list(archive_batches(d)),
@@ -259,6 +272,7 @@ def _cases(damages: dict[str, Damage], readers: dict[str, Callable[[Path], Any]]
     _cases(SEGMENT_DAMAGE, POSTINGS_READERS)
     + _cases(ROLLUP_DAMAGE, ROLLUP_READERS)
     + _cases(COARSE_DAMAGE, COARSE_READERS)
+    + _cases(DAILY_DAMAGE, DAILY_READERS)
     + _cases(ARCHIVE_DAMAGE, ARCHIVE_READERS),
 )
 def test_readers_refuse_a_damaged_ledger(ledger, damage, read):
