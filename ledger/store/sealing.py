@@ -26,15 +26,18 @@ from ledger.errors import SealError, StoreError
 from ledger.store.integrity import remember_intact, require_intact
 from ledger.store.layout import first_row, sql_path
 from ledger.store.port import SealResult
-from ledger.store.rollup_files import LEVELS, RollupInfo, RollupLevel, write_rollup
+from ledger.store.rollup_files import LEVELS, RollupInfo, write_rollup
 from ledger.store.segments import (
     Manifest,
     SegmentInfo,
+    SegmentSummary,
     file_sha256,
     fsync_dir,
     segment_path,
-    summarise_segment,
+    summarise,
 )
+
+_LEVEL_NAMES = tuple(level.name for level in LEVELS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +49,6 @@ class SealKind:
     manifest: Manifest
     in_range: str  # the rows of one source range ($inc, $topic, $part, $first, $last)
     order: str  # the order of rows in a segment file
-    stats: str  # rows, and the interval extent (or NULLs), of a written file
 
 
 class Segmenter:
@@ -64,7 +66,6 @@ class Segmenter:
             "incarnation = $inc AND src_topic = $topic AND src_partition = $part "
             "AND src_offset BETWEEN $first AND $last",
             "src_offset, txn_id, leg",
-            "count(*), min(start_us), max(end_us)",
         )
         self.archive = SealKind(
             "raw_events",
@@ -73,7 +74,6 @@ class Segmenter:
             'incarnation = $inc AND topic = $topic AND "partition" = $part '
             'AND "offset" BETWEEN $first AND $last',
             '"offset"',
-            "count(*), NULL, NULL",
         )
 
     def seal_committed(self) -> SealResult:
@@ -186,24 +186,23 @@ class Segmenter:
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         con = self._con
         try:
-            con.execute(
-                f"COPY ({query}) TO '{sql_path(tmp)}' "
-                "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)",
-                params,
+            # COPY answers with the number of rows it wrote
+            copied = first_row(
+                con.execute(
+                    f"COPY ({query}) TO '{sql_path(tmp)}' "
+                    "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)",
+                    params,
+                )
             )
-            stats = first_row(
-                con.execute(f"SELECT {kind.stats} FROM read_parquet('{sql_path(tmp)}')")
-            )
-            assert stats is not None
-            summary = summarise_segment(con, tmp) if kind is self.postings else None
+            assert copied is not None
             with tmp.open("rb") as handle:
                 os.fsync(handle.fileno())
             tmp.replace(target)
-            rolled = kind is self.postings
-            levels = {
-                level.name: self._write_rollup(target, rel, level) if rolled else None
-                for level in LEVELS
-            }
+            summary: SegmentSummary | None = None
+            extent: tuple[int | None, int | None] = (None, None)
+            levels: dict[str, RollupInfo | None] = dict.fromkeys(_LEVEL_NAMES)
+            if kind is self.postings:
+                summary, extent, levels = self._roll_up(target, rel)
             fsync_dir(target.parent)
             sha256 = file_sha256(target)
         except (OSError, duckdb.IOException) as exc:
@@ -217,23 +216,31 @@ class Segmenter:
             partition=partition,
             first_offset=first,
             last_offset=last,
-            rows=int(stats[0]),
+            rows=int(copied[0]),
             sha256=sha256,
-            min_start_us=stats[1],
-            max_end_us=stats[2],
+            min_start_us=extent[0],
+            max_end_us=extent[1],
             summary=summary,
             unknown=(),
             **levels,
         )
 
-    def _write_rollup(self, segment: Path, rel: str, level: RollupLevel) -> RollupInfo:
-        """Write `level`'s rollup of the postings segment just written at `segment` beside it."""
-        path = level.path(rel)
-        target = self.postings.root / path
-        rows = write_rollup(self._con, segment, target, level)
-        sha256 = file_sha256(target)
-        remember_intact(target, sha256)
-        return RollupInfo(path, rows, sha256)
+    def _roll_up(
+        self, segment: Path, rel: str
+    ) -> tuple[SegmentSummary, tuple[int | None, int | None], dict[str, RollupInfo | None]]:
+        """The summary, interval extent and rollups (written beside it, every level) of the
+        postings segment just written at `segment`."""
+        con = self._con
+        summary, extent = summarise(con, f"read_parquet('{sql_path(segment)}')")
+        levels: dict[str, RollupInfo | None] = {}
+        for level in LEVELS:
+            path = level.path(rel)
+            target = self.postings.root / path
+            rows = write_rollup(con, segment, target, level)
+            sha256 = file_sha256(target)
+            remember_intact(target, sha256)
+            levels[level.name] = RollupInfo(path, rows, sha256)
+        return summary, extent, levels
 
     def compact(self, kind: SealKind, below_rows: int, min_segments: int) -> list[SegmentInfo]:
         segments = kind.manifest.load()

@@ -61,6 +61,7 @@ import duckdb
 
 from ledger.errors import SegmentError
 from ledger.store.integrity import file_sha256, require_intact
+from ledger.store.layout import sql_path
 from ledger.store.rollup_files import RollupInfo
 
 __all__ = ["file_sha256"]  # re-exported: the checksum every manifest entry records
@@ -113,31 +114,55 @@ class SegmentSummary:
         )
 
 
+# A segment's postings, few rows per segment: the distinct values a summary lists and, per
+# them, the first start and last end (`summary_of` folds them).
 _SUMMARY_SQL = (
-    "SELECT list(DISTINCT period ORDER BY period), "
-    "list(DISTINCT team ORDER BY team) FILTER (account LIKE 'consumer:%' AND team IS NOT NULL), "
-    "list(DISTINCT pool ORDER BY pool) FILTER (kind = 'usage' AND coalesce(pool, '') <> ''), "
-    "list(DISTINCT model ORDER BY model) FILTER (kind = 'usage' AND coalesce(model, '') <> ''), "
-    "min(start_us) FILTER (kind = 'usage'), max(end_us) FILTER (kind = 'usage'), "
-    "list(DISTINCT period ORDER BY period) FILTER (kind = 'usage') "
-    "FROM read_parquet('{path}')"
+    "SELECT period, kind = 'usage', "
+    "CASE WHEN account LIKE 'consumer:%' THEN team END, pool, model, "
+    "min(start_us), max(end_us) FROM {source} GROUP BY ALL"
 )
+_SummaryRow = tuple[str | None, bool, str | None, str | None, str | None, int | None, int | None]
 
 
 def summarise_segment(con: duckdb.DuckDBPyConnection, path: Path) -> SegmentSummary:
     """The summary of the postings segment file at `path` (raises duckdb.Error if unreadable)."""
-    row = con.execute(_SUMMARY_SQL.format(path=str(path).replace("'", "''"))).fetchone()
-    assert row is not None
-    periods, teams, pools, models, first, last, usage_periods = row
-    return SegmentSummary(
-        tuple(periods or ()),
-        tuple(teams or ()),
-        tuple(pools or ()),
-        tuple(models or ()),
-        None if first is None else int(first),
-        None if last is None else int(last),
-        tuple(usage_periods or ()),
+    return summarise(con, f"read_parquet('{sql_path(path)}')")[0]
+
+
+def summarise(
+    con: duckdb.DuckDBPyConnection, source: str
+) -> tuple[SegmentSummary, tuple[int | None, int | None]]:
+    """The summary of the postings of `source` (a relation with the postings' `period`, `kind`,
+    `account`, `team`, `pool`, `model`, `start_us` and `end_us`, such as the finest grouping
+    of a segment read as postings, `rollup_files.as_postings_sql`), and the first start and last
+    end of all of them (None: no postings)."""
+    return summary_of(con.execute(_SUMMARY_SQL.format(source=source)).fetchall())
+
+
+def summary_of(
+    rows: list[_SummaryRow],
+) -> tuple[SegmentSummary, tuple[int | None, int | None]]:
+    """A summary (and extent) from `_SUMMARY_SQL`'s rows: each (period, whether usage, the team
+    of a consumer account, pool, model, first start, last end)."""
+
+    def texts(values: Iterable[str | None]) -> tuple[str, ...]:
+        return tuple(sorted({v for v in values if v is not None}))
+
+    usage = [row for row in rows if row[1]]
+    firsts = [row[5] for row in usage if row[5] is not None]
+    lasts = [row[6] for row in usage if row[6] is not None]
+    summary = SegmentSummary(
+        texts(row[0] for row in rows),
+        texts(row[2] for row in rows),
+        texts(row[3] for row in usage if row[3]),
+        texts(row[4] for row in usage if row[4]),
+        min(firsts, default=None),
+        max(lasts, default=None),
+        texts(row[0] for row in usage),
     )
+    starts = [row[5] for row in rows if row[5] is not None]
+    ends = [row[6] for row in rows if row[6] is not None]
+    return summary, (min(starts, default=None), max(ends, default=None))
 
 
 @dataclass(frozen=True, slots=True)
