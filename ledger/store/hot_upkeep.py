@@ -13,6 +13,7 @@ import duckdb
 from ledger.errors import SealError
 from ledger.store.hot_audit import HotAudit
 from ledger.store.hot_dedupe import DedupeSet, Pruned
+from ledger.store.hot_memory import MemoryLimit
 from ledger.store.hot_reads import HotReads
 from ledger.store.layout import first_row
 from ledger.store.port import SealResult
@@ -27,6 +28,7 @@ class HotUpkeep(HotReads, HotAudit):
     _con: duckdb.DuckDBPyConnection
     _segments: Segmenter
     _dedupe: DedupeSet
+    _memory: MemoryLimit
     _batch_seq: int
     _pruned_before: int | None
     _prune_window: int | None
@@ -50,12 +52,15 @@ class HotUpkeep(HotReads, HotAudit):
 
         The archive manifest is written before the postings manifest, so the archive never lags
         the postings a reader sees; an interrupted seal leaves its ranges unsealed, and the next
-        one writes the same files again. A file the system refuses to write (the disk is full)
+        one writes the same files again. The writer checkpoints after a seal that sealed
+        anything (`ledger.store.hot_memory`). A file the system refuses to write (the disk is full)
         raises a `SealError` and leaves the committed rows where they were (see
         `ledger.store.sealing`).
         """
         try:
             result = self._segments.seal_committed()
+            if result.sealed:  # the log holds the rows just dropped (`ledger.store.hot_memory`)
+                self._con.execute("CHECKPOINT")
             result.compacted = self.compact(compact_below_rows, compact_min_segments)
             result.archive_compacted = self._segments.align_archive()
             self._segments.remove_unlisted_files()
@@ -135,4 +140,5 @@ class HotUpkeep(HotReads, HotAudit):
             else:
                 self._pruned_before = recorded
             self._dedupe.forgotten(pruned)
+            self._memory.follow(len(self._dedupe.ids()))
         return len(pruned[0])
