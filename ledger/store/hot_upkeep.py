@@ -7,6 +7,7 @@ batch (`DuckDBStore.commit`), so a rebuild runs it again at the same place. A ba
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import duckdb
 
@@ -15,7 +16,7 @@ from ledger.store.hot_audit import HotAudit
 from ledger.store.hot_dedupe import DedupeSet, Pruned
 from ledger.store.hot_memory import MemoryLimit
 from ledger.store.hot_reads import HotReads
-from ledger.store.layout import first_row
+from ledger.store.layout import HOT_DB_NAME, first_row
 from ledger.store.port import SealResult
 from ledger.store.sealing import Segmenter, io_reason
 from ledger.store.segments import SegmentInfo
@@ -26,6 +27,7 @@ PRUNE_WINDOW_KEY, PRUNED_BEFORE_KEY = "prune_window_us", "pruned_before_us"
 
 class HotUpkeep(HotReads, HotAudit):
     _con: duckdb.DuckDBPyConnection
+    data_dir: Path
     _segments: Segmenter
     _dedupe: DedupeSet
     _memory: MemoryLimit
@@ -60,7 +62,7 @@ class HotUpkeep(HotReads, HotAudit):
         try:
             result = self._segments.seal_committed()
             if result.sealed:  # the log holds the rows just dropped (`ledger.store.hot_memory`)
-                self._con.execute("CHECKPOINT")
+                self._checkpoint()
             result.compacted = self.compact(compact_below_rows, compact_min_segments)
             result.archive_compacted = self._segments.align_archive()
             self._segments.remove_unlisted_files()
@@ -73,6 +75,14 @@ class HotUpkeep(HotReads, HotAudit):
         except OSError as exc:  # a side file, a manifest or a directory could not be written
             raise SealError(str(exc.filename or self.segments_root), io_reason(exc)) from exc
         return result
+
+    def _checkpoint(self) -> None:
+        """Fold the write-ahead log into the database file; a file the system refuses to
+        write raises a `SealError` (the log, and every committed row, stay as they were)."""
+        try:
+            self._con.execute("CHECKPOINT")
+        except duckdb.IOException as exc:
+            raise SealError(str(self.data_dir / HOT_DB_NAME), io_reason(exc)) from exc
 
     def compact(self, below_rows: int, min_segments: int) -> list[SegmentInfo]:
         """Merge runs of ≥ `min_segments` adjacent small segments of a partition into one."""
