@@ -100,5 +100,21 @@ class Period:
 
 def period_label(time_us: int, zone: tzinfo = UTC) -> str:
     """The `YYYY-MM` label of the month (in `zone`) containing `time_us`."""
+    known = _recent.get(zone)
+    if known is not None and known[0] <= time_us < known[1]:
+        return known[2]
+    label = _label(time_us, zone)
+    month = Period.month(label, zone)
+    if _label(month.start_us, zone) == label and _label(month.end_us - 1, zone) == label:
+        _recent[zone] = (month.start_us, month.end_us, label)
+    return label
+
+
+def _label(time_us: int, zone: tzinfo) -> str:
     moment = local_time(time_us, zone)
     return _month_label(moment.year, moment.month)
+
+
+# Per zone, the bounds and label of the month `period_label` found last: the ingest asks about
+# the same month for every sample (a memo of a pure function: the same answers, fewer calls).
+_recent: dict[tzinfo, tuple[int, int, str]] = {}

@@ -47,6 +47,10 @@ class PriceBook:
     _points: dict[tuple[str, str], tuple[int, ...]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    # Per (model, pool) with a price: (the last time its price may change, the rate from then on)
+    _steady: dict[tuple[str, str], tuple[int, int]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def _candidates(self, model: str, pool: str) -> tuple[Price, ...]:
         """Prices that may apply to `model` in `pool`, best first for any given time."""
@@ -117,7 +121,14 @@ class PriceBook:
 
         A price that takes effect inside the interval applies to the part after it only.
         """
+        steady = self._steady.get((model, pool))
+        if steady is not None and start_us >= steady[0]:  # after the last change: one piece
+            return [(start_us, end_us, steady[1])]
         points = self._change_points(model, pool)
+        if points and steady is None:
+            last = self.price_at(model, pool, points[-1])
+            if last is not None:
+                self._steady[(model, pool)] = (points[-1], last.micros_per_gpu_hour)
         first = bisect_right(points, start_us)
         if first == len(points) or points[first] >= end_us:  # no change inside: one piece
             return [(start_us, end_us, self.rate_at(model, pool, start_us))]

@@ -67,6 +67,7 @@ from ledger.ingest import ConsumedMessage, Ingestor, IngestResult, InputTopics, 
 from ledger.pricing import PriceBook
 from ledger.store.head import WriterFenced
 from ledger.store.hot import DuckDBStore
+from ledger.store.hot_memory import DEFAULT_MEMORY_LIMIT
 from ledger.store.identity import claim_zone
 from ledger.store.port import OutboxMessage, SealResult
 from ledger.store.published import PublishedStore
@@ -115,6 +116,7 @@ class WorkerSettings:
     inventory_topic: str | None = None  # None: inventory records are not published
     zone: tzinfo = UTC  # ledger.timezone: recorded in a new ledger, checked in an existing one
     publisher: Publisher | None = None  # the sealed ledger's object store (None: data_dir)
+    duckdb_memory_limit: int | None = DEFAULT_MEMORY_LIMIT  # bytes (`ledger.store.hot_memory`)
 
 
 def faust_group_options(group: Mapping[str, int]) -> dict[str, Any]:
@@ -235,6 +237,7 @@ class LedgerWorker:
             if settings.publisher is None
             else PublishedStore(settings.data_dir, settings.publisher)
         )
+        self.store.limit_memory(settings.duckdb_memory_limit)
         self._lock = asyncio.Lock()
         self._identity = ClusterIdentity(settings.bootstrap[0], options=settings.kafka_options)
         self._publishing = asyncio.Lock()

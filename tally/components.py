@@ -99,6 +99,7 @@ def worker_settings(
         compact_min_segments=config.ledger.compact_min_segments,
         dedupe_window_us=config.ledger.dedupe_window_days * 86_400_000_000,
         zone=config.ledger.zone(),
+        duckdb_memory_limit=config.ledger.memory_limit(),
         publisher=publisher(
             config.ledger.data_dir, config.ledger.segments_url, config.ledger.object_store
         ),

@@ -30,6 +30,7 @@ from ledger.idle import IdlePolicy
 from ledger.invalid import Invalid
 from ledger.periods import DEFAULT_ZONE_NAME, parse_zone
 from ledger.pricing import ANY_MODEL, EnergyPrice, Price, PriceBook
+from ledger.store.hot_memory import DEFAULT_MEMORY_LIMIT, MIB, parse_size
 from tally import config_fields
 from tally.alerts_config import AlertsConfig
 from tally.approvals_config import ApprovalsConfig
@@ -46,6 +47,7 @@ from tally.metrics_config import MetricsConfig
 from tally.portal_config import JobTemplateConfig
 from tally.segments_config import SEGMENTS_URL_PATTERN, ObjectStoreConfig
 
+DEFAULT_DUCKDB_MEMORY_LIMIT = f"{DEFAULT_MEMORY_LIMIT // MIB}MiB"
 ConfigError = config_fields.ConfigError  # defined beside the field types, which raise it too
 
 
@@ -59,6 +61,20 @@ class LedgerConfig(Strict):
     # IANA name; the months and days the books are kept in (`ledger.periods`). Part of the
     # ledger's identity: the worker refuses a ledger kept in another zone (`ledger.store.identity`).
     timezone: str = DEFAULT_ZONE_NAME
+    # the writer's DuckDB working memory, e.g. 128MiB or 1GB (null: DuckDB's default, 80 % of
+    # the machine's memory); the dedupe index's room is added (`ledger.store.hot_memory`)
+    duckdb_memory_limit: str | None = DEFAULT_DUCKDB_MEMORY_LIMIT
+
+    @field_validator("duckdb_memory_limit")
+    @classmethod
+    def _size(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_size(value)  # ValueError: the config error names the field
+        return value
+
+    def memory_limit(self) -> int | None:
+        """`duckdb_memory_limit` in bytes."""
+        return None if self.duckdb_memory_limit is None else parse_size(self.duckdb_memory_limit)
 
     @field_validator("timezone")
     @classmethod

@@ -63,6 +63,7 @@ from ledger.store.balance_outbox import queue_balance_messages
 from ledger.store.hot_audit import AUDIT_DDL
 from ledger.store.hot_dedupe import DedupeSet
 from ledger.store.hot_identity import IDENTITY_DDL, HotIdentity, write_identity
+from ledger.store.hot_memory import DEFAULT_MEMORY_LIMIT, MemoryLimit
 from ledger.store.hot_outbox import HotOutbox, now_us
 from ledger.store.hot_reads import BALANCES_VERSION
 from ledger.store.hot_tables import (
@@ -109,7 +110,11 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
     """The single writer of one ledger data directory: the DuckDB implementation of the store
     port (`ledger.store.port.LedgerStore`)."""
 
-    def __init__(self, data_dir: Path | str) -> None:
+    def __init__(
+        self, data_dir: Path | str, memory_limit: int | None = DEFAULT_MEMORY_LIMIT
+    ) -> None:
+        """`memory_limit`: bytes of working memory for DuckDB (`ledger.store.hot_memory`; None:
+        DuckDB's default)."""
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.segments_root = self.data_dir / SEGMENTS_DIR
@@ -128,6 +133,9 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
         self._admin_log_exported = False
         self._admin_cache: tuple[AppliedAdmin, ...] | None = None  # the admin log, as read
         self._dedupe = DedupeSet(self._con)
+        self._memory = MemoryLimit(self._con, memory_limit)
+        ids = first_row(self._con.execute("SELECT count(*) FROM seen_events"))
+        self._memory.follow(int(ids[0]) if ids else 0)
         self._mirror: WriterMirror | None = None  # idle states, timelines, open holds
         self._closed_cache: frozenset[str] | None = None
         version = first_row(
@@ -281,6 +289,7 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
         if self._mirror is not None:
             self._mirror.apply(idle_states, changes)
         self._dedupe.added(seen_now)
+        self._memory.follow(len(self._dedupe.ids()))
         if raw:
             self._batch_seq = seq
             self._pruned_before = self._prune_window = None
@@ -431,6 +440,14 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
             seen.add(item.txn.txn_id)
             fresh.append(item)
         return fresh
+
+    def limit_memory(self, limit: int | None) -> None:
+        """Set the working memory DuckDB may use, in bytes (None: DuckDB's default; see
+        `ledger.store.hot_memory`)."""
+        if limit is None:
+            self._con.execute("RESET memory_limit")
+        self._memory = MemoryLimit(self._con, limit)
+        self._memory.follow(len(self._dedupe.ids()))
 
     def close(self) -> None:
         self._con.close()

@@ -7,14 +7,16 @@ batch (`DuckDBStore.commit`), so a rebuild runs it again at the same place. A ba
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import duckdb
 
 from ledger.errors import SealError
 from ledger.store.hot_audit import HotAudit
 from ledger.store.hot_dedupe import DedupeSet, Pruned
+from ledger.store.hot_memory import MemoryLimit
 from ledger.store.hot_reads import HotReads
-from ledger.store.layout import first_row
+from ledger.store.layout import HOT_DB_NAME, first_row
 from ledger.store.port import SealResult
 from ledger.store.sealing import Segmenter, io_reason
 from ledger.store.segments import SegmentInfo
@@ -25,8 +27,10 @@ PRUNE_WINDOW_KEY, PRUNED_BEFORE_KEY = "prune_window_us", "pruned_before_us"
 
 class HotUpkeep(HotReads, HotAudit):
     _con: duckdb.DuckDBPyConnection
+    data_dir: Path
     _segments: Segmenter
     _dedupe: DedupeSet
+    _memory: MemoryLimit
     _batch_seq: int
     _pruned_before: int | None
     _prune_window: int | None
@@ -50,12 +54,15 @@ class HotUpkeep(HotReads, HotAudit):
 
         The archive manifest is written before the postings manifest, so the archive never lags
         the postings a reader sees; an interrupted seal leaves its ranges unsealed, and the next
-        one writes the same files again. A file the system refuses to write (the disk is full)
+        one writes the same files again. The writer checkpoints after a seal that sealed
+        anything (`ledger.store.hot_memory`). A file the system refuses to write (the disk is full)
         raises a `SealError` and leaves the committed rows where they were (see
         `ledger.store.sealing`).
         """
         try:
             result = self._segments.seal_committed()
+            if result.sealed:  # the log holds the rows just dropped (`ledger.store.hot_memory`)
+                self._checkpoint()
             result.compacted = self.compact(compact_below_rows, compact_min_segments)
             result.archive_compacted = self._segments.align_archive()
             self._segments.remove_unlisted_files()
@@ -68,6 +75,14 @@ class HotUpkeep(HotReads, HotAudit):
         except OSError as exc:  # a side file, a manifest or a directory could not be written
             raise SealError(str(exc.filename or self.segments_root), io_reason(exc)) from exc
         return result
+
+    def _checkpoint(self) -> None:
+        """Fold the write-ahead log into the database file; a file the system refuses to
+        write raises a `SealError` (the log, and every committed row, stay as they were)."""
+        try:
+            self._con.execute("CHECKPOINT")
+        except duckdb.IOException as exc:
+            raise SealError(str(self.data_dir / HOT_DB_NAME), io_reason(exc)) from exc
 
     def compact(self, below_rows: int, min_segments: int) -> list[SegmentInfo]:
         """Merge runs of ≥ `min_segments` adjacent small segments of a partition into one."""
@@ -135,4 +150,5 @@ class HotUpkeep(HotReads, HotAudit):
             else:
                 self._pruned_before = recorded
             self._dedupe.forgotten(pruned)
+            self._memory.follow(len(self._dedupe.ids()))
         return len(pruned[0])

@@ -18,15 +18,18 @@ from typing import Any
 
 import duckdb
 
+from ledger.store.hot_memory import CHECKPOINT_THRESHOLD
+
 HOT_DB_NAME = "hot.duckdb"
 SEGMENTS_DIR = "segments"
 ARCHIVE_DIR = "archive"
 
 # The writer's connection settings: no progress bar (DuckDB prints one to stdout for long
-# queries; the writer's have no one watching). `checkpoint_threshold` stays DuckDB's 16 MB: the
-# COMMIT that checkpoints is about a quarter of the real-time ingest's time, but 64 MB cost
-# ~115 MiB more peak RSS in the ingest bench for a gain the bench's noise hides.
-WRITER_SETTINGS = "SET enable_progress_bar = false;\n"
+# queries; the writer's have no one watching), and checkpoints at seals rather than at commits
+# (`ledger.store.hot_memory`).
+WRITER_SETTINGS = (
+    f"SET enable_progress_bar = false;\nSET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}';\n"
+)
 
 
 def has_ledger(data_dir: Path) -> bool:

@@ -21,6 +21,16 @@ def test_defaults_fill_what_is_left_out():
     assert config.topics.samples == "tally.samples"
     assert config.sampling.interval_s == 10
     assert config.ledger.currency == "USD"
+    assert config.ledger.memory_limit() == 128 << 20
+
+
+def test_the_writer_memory_limit_can_be_left_to_duckdb():
+    config = parse_config(a_config_dict(ledger={"duckdb_memory_limit": None}))
+    assert config.ledger.memory_limit() is None
+    assert (
+        parse_config(a_config_dict(ledger={"duckdb_memory_limit": "1GB"})).ledger.memory_limit()
+        == 10**9
+    )
 
 
 @pytest.mark.parametrize(
@@ -70,6 +80,11 @@ def test_defaults_fill_what_is_left_out():
             {"ledger": {"currency": "dollars"}},
             "ledger.currency: String should match",
             id="bad-currency",
+        ),
+        pytest.param(
+            {"ledger": {"duckdb_memory_limit": "lots"}},
+            "ledger.duckdb_memory_limit: 'lots' is not a size such as 256MiB or 1GB",
+            id="bad-memory-limit",
         ),
         pytest.param(
             {"topics": {"samples": "bad topic!"}},

@@ -141,6 +141,18 @@ def test_rates_between(start, end, pieces):
     assert BOOK.rates_between(H100, "std", start, end) == pieces
 
 
+def test_rates_between_asked_after_the_last_change_first():
+    """The steady rate a book remembers after its last change does not leak backwards."""
+    book = PriceBook(BOOK.prices)
+    asked = [(1_000, 2_000), (500, 1_500), (0, 999), (5_000, 6_000)]
+    assert [book.rates_between(H100, "std", a, b) for a, b in asked] == [
+        [(1_000, 2_000, 2_000_000)],
+        [(500, 1_000, 3_000_000), (1_000, 1_500, 2_000_000)],
+        [(0, 999, 3_000_000)],
+        [(5_000, 6_000, 2_000_000)],
+    ]
+
+
 def test_a_price_book_survives_its_json_encoding():
     book = PriceBook(
         (Price("*", 1_000_000), Price("H100", 3_200_000, 5, "h100")),
