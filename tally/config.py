@@ -47,7 +47,9 @@ from tally.metrics_config import MetricsConfig
 from tally.portal_config import JobTemplateConfig
 from tally.segments_config import SEGMENTS_URL_PATTERN, ObjectStoreConfig
 
-DEFAULT_DUCKDB_MEMORY_LIMIT = f"{DEFAULT_MEMORY_LIMIT // MIB}MiB"
+DEFAULT_DUCKDB_MEMORY_LIMIT: str | None = (
+    None if DEFAULT_MEMORY_LIMIT is None else f"{DEFAULT_MEMORY_LIMIT // MIB}MiB"
+)
 ConfigError = config_fields.ConfigError  # defined beside the field types, which raise it too
 
 

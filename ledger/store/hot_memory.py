@@ -1,13 +1,17 @@
 """The writer's DuckDB memory: its limit (`ledger.duckdb_memory_limit`) and when it checkpoints.
 
 DuckDB's default memory limit is 80 % of the machine's memory, and the writer's buffer pool
-grows towards it: the ingest benchmark's worker held ~190 MiB more at its peak than with a
-limit of 128 MiB, for no gain in throughput. The configured limit is the working memory of the
-writer's statements (inserts, the seal's sorts and copies spill to `hot.duckdb.tmp` beyond it).
-One thing cannot spill: the dedupe set's primary-key index (`seen_events`), which DuckDB keeps
-in memory whole (~75 bytes per applied id, measured; a limit the index fills fails every
-commit). So the limit set is the configured one plus `INDEX_BYTES_PER_ID` per id kept in the
-dedupe window, followed as the set grows and is pruned (`MemoryLimit.follow`).
+grows towards it: the ingest benchmark's worker held ~190 MiB more at its peak than with a limit
+of 128 MiB, for no gain in throughput. The limit is not set by default: every primary-key index
+of the hot tables (balances per account and period, job owners, …) lives in memory whole, and
+only the dedupe set's is accounted for below, so a small limit on a long-lived ledger could fail
+its commits; an operator who sets one sizes it for the fleet. The configured limit is the
+working memory of the writer's statements (inserts, the seal's sorts and copies spill to
+`hot.duckdb.tmp` beyond it). One thing cannot spill: the dedupe set's primary-key index
+(`seen_events`), which DuckDB keeps in memory whole (~75 bytes per applied id, measured; a limit
+the index fills fails every commit). So the limit set is the configured one plus
+`INDEX_BYTES_PER_ID` per id kept in the dedupe window, followed as the set grows and is pruned
+(`MemoryLimit.follow`).
 
 Checkpoints: DuckDB checkpoints (writes the committed rows into the database file) when a
 commit finds the write-ahead log past `checkpoint_threshold`, 16 MB by default, which made
@@ -25,7 +29,8 @@ import re
 import duckdb
 
 MIB = 1 << 20
-DEFAULT_MEMORY_LIMIT = 128 * MIB
+DEFAULT_MEMORY_LIMIT: int | None = None  # DuckDB's own (80 % of the machine's memory)
+BENCH_MEMORY_LIMIT = 128 * MIB  # what the ingest bench sets (`ledger.duckdb_memory_limit`)
 INDEX_BYTES_PER_ID = 128  # the dedupe index's ~75 bytes per id, with room to spare
 _STEP = 16 * MIB  # the limit moves in steps of this much: no SET per batch
 CHECKPOINT_THRESHOLD = "1GiB"

@@ -41,6 +41,7 @@ def _peak_rss_mib() -> float:
 
 def _settings(bootstrap: str, topic: str, data_dir: Path, group: str) -> Any:
     from ledger.pricing import Price, PriceBook
+    from ledger.store.hot_memory import BENCH_MEMORY_LIMIT
     from streams.worker import WorkerSettings
 
     return WorkerSettings(
@@ -57,6 +58,9 @@ def _settings(bootstrap: str, topic: str, data_dir: Path, group: str) -> Any:
         seal_interval_s=3600,
         admin_topic=ADMIN_TOPIC,
         jobs_topic=JOBS_TOPIC,
+        # an operator's bound on the writer's DuckDB memory (`ledger.duckdb_memory_limit`):
+        # the bench's target is on peak RSS as much as on speed
+        duckdb_memory_limit=BENCH_MEMORY_LIMIT,
     )
 
 

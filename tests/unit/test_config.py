@@ -21,12 +21,16 @@ def test_defaults_fill_what_is_left_out():
     assert config.topics.samples == "tally.samples"
     assert config.sampling.interval_s == 10
     assert config.ledger.currency == "USD"
-    assert config.ledger.memory_limit() == 128 << 20
+    assert config.ledger.memory_limit() is None  # DuckDB's own, unless an operator sets one
 
 
-def test_the_writer_memory_limit_can_be_left_to_duckdb():
+def test_the_writer_memory_limit_can_be_set_or_left_to_duckdb():
     config = parse_config(a_config_dict(ledger={"duckdb_memory_limit": None}))
     assert config.ledger.memory_limit() is None
+    assert (
+        parse_config(a_config_dict(ledger={"duckdb_memory_limit": "128MiB"})).ledger.memory_limit()
+        == 128 << 20
+    )
     assert (
         parse_config(a_config_dict(ledger={"duckdb_memory_limit": "1GB"})).ledger.memory_limit()
         == 10**9
