@@ -434,7 +434,7 @@ def test_a_zone_whose_hours_split_a_rollups_hour_is_read_from_the_postings(both,
 DAY_READS: dict[str, Callable[[ReportQueries], Any]] = {
     "cost-over-time-daily": lambda q: rollups.cost_over_time(q, "team", DAY, FILTERS),
     "budget-burn-mid-hour": lambda q: rollups.budget_burn(q, PERIOD, END_US - 1_234_567, None),
-    "capacity-daily-usage": lambda q: rollups.daily_usage(q),
+    "capacity-daily-usage": rollups.daily_usage,
     "capacity-usage-trend": lambda q: rollups.usage_trend(q, rollups.extent(q).models[0]),
 }
 
