@@ -19,20 +19,8 @@ from typing import Any
 from dashboard.i18n import EN, N_, Translator
 from ledger.job_events import WaitReason
 from ledger.read.job_history import NOT_YET_CONSIDERED, WAIT_SHORT, duration_text
+from ledger.read.whatif_words import metric_name, scope_name
 
-METRICS = {
-    "gpu_hours": N_("GPU-hours"),
-    "cost": N_("Cost"),
-    "wait_p50": N_("p50 wait"),
-    "wait_p95": N_("p95 wait"),
-    "utilisation": N_("Utilisation"),
-    "preemptions": N_("Preemptions"),
-    "gpu_hours_lost": N_("GPU-hours lost to preemptions"),
-    "jain_fairness": N_("Jain's fairness index"),
-    "budget_overrun": N_("Budget overrun"),
-}
-SCOPES = {"all": N_("all jobs"), "fleet": N_("the fleet"), "teams": N_("all teams")}
-SCOPE_KINDS = {"team": N_("team {name}"), "queue": N_("queue {name}")}
 _S, _MIN, _H, _D = 1_000_000, 60_000_000, 3_600_000_000, 86_400_000_000
 # `ledger.read.job_history.duration_text`'s English forms: (pattern, µs of its two numbers)
 _DURATIONS = (
@@ -54,14 +42,11 @@ def duration(text: str, tr: Translator) -> str:
 
 
 def metric(code: str, tr: Translator) -> str:
-    return tr(METRICS[code]) if code in METRICS else code
+    return metric_name(code, tr)
 
 
 def scope(text: str, tr: Translator) -> str:
-    if text in SCOPES:
-        return tr(SCOPES[text])
-    kind, sep, name = text.partition(":")
-    return tr(SCOPE_KINDS[kind]).format(name=name) if sep and kind in SCOPE_KINDS else text
+    return scope_name(text, tr)
 
 
 def row(values: dict[str, Any], tr: Translator) -> list[str]:

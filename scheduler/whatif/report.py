@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ledger.read.texts import Translate
+from ledger.read.whatif_words import metric_name, scope_name
 from ledger.units import US_PER_SECOND
 from scheduler.whatif.compare import (
     Divergence,
@@ -24,7 +25,6 @@ from scheduler.whatif.compare import (
 from scheduler.whatif.history import History
 from scheduler.whatif.metrics import Metrics, metrics
 from scheduler.whatif.replay import Outcome, Progress, Scenario, replay
-from scheduler.whatif.texts import metric_name, scope_name
 
 DAY_US = 86_400 * US_PER_SECOND
 

@@ -24,19 +24,6 @@ from ledger.read.job_history import NOT_YET_CONSIDERED, WAIT_SHORT, duration_tex
 from ledger.read.texts import N_, Translate, english
 from scheduler.whatif.history import Admission
 
-METRICS = {
-    "gpu_hours": N_("GPU-hours"),
-    "cost": N_("Cost"),
-    "wait_p50": N_("p50 wait"),
-    "wait_p95": N_("p95 wait"),
-    "utilisation": N_("Utilisation"),
-    "preemptions": N_("Preemptions"),
-    "gpu_hours_lost": N_("GPU-hours lost to preemptions"),
-    "jain_fairness": N_("Jain's fairness index"),
-    "budget_overrun": N_("Budget overrun"),
-}
-SCOPES = {"all": N_("all jobs"), "fleet": N_("the fleet"), "teams": N_("all teams")}
-SCOPE_KINDS = {"team": N_("team {name}"), "queue": N_("queue {name}")}
 NOT_CONSIDERED_CODE = "not yet considered"  # a cause's wait reason in the report: none yet
 
 
@@ -56,19 +43,6 @@ CAUSES = {
     Cause.REPLAY_NEVER: N_("the replay never admitted it ({why})"),
     Cause.RECORD_NEVER: N_("never admitted in the record ({why})"),
 }
-
-
-def metric_name(code: str, tr: Translate = english) -> str:
-    """A comparison row's metric (`wait_p95`) in words (`p95 wait`); an unknown code as it is."""
-    return tr(METRICS[code]) if code in METRICS else code
-
-
-def scope_name(scope: str, tr: Translate = english) -> str:
-    """A comparison row's scope (`all`, `team:vision`) in words (`all jobs`, `team vision`)."""
-    if scope in SCOPES:
-        return tr(SCOPES[scope])
-    kind, sep, name = scope.partition(":")
-    return tr(SCOPE_KINDS[kind]).format(name=name) if sep and kind in SCOPE_KINDS else scope
 
 
 def wait_text(us: int, tr: Translate = english) -> str:

@@ -251,18 +251,25 @@ def test_an_error_that_ends_a_command_is_said_in_the_language(
 
 
 WHATIF = REPO / "scheduler" / "whatif"
+WHATIF_WORDS = REPO / "ledger" / "read" / "whatif_words.py"
 
 
 def test_every_word_whatif_prints_is_translated() -> None:
-    """`tally whatif`'s table and checks say the report through `scheduler.whatif.texts`
-    (msgids marked `tr`/`N_`): each is in the catalogs the CLI reads for them
-    (`tally.language.reader`) with its placeholders; the CLI's own lines are marked `_()`
-    (the test above)."""
+    """`tally whatif`'s table and checks say the report through `scheduler.whatif.texts` and
+    `ledger.read.whatif_words` (msgids marked `tr`/`N_`): each is in the catalogs the CLI
+    reads for them (`tally.language.reader`) with its placeholders; the CLI's own lines are
+    marked `_()` (the test above)."""
+    keywords = {"tr": None, "N_": None}
     found = {
         str(message): f"{path}:{line}"
         for path, line, message, _c, _x in extract_from_dir(
-            str(WHATIF), method_map=[("**.py", "python")], keywords={"tr": None, "N_": None}
+            str(WHATIF), method_map=[("**.py", "python")], keywords=keywords
         )
+    }
+    words = WHATIF_WORDS
+    found |= {
+        str(message): f"{words.name}:{line}"
+        for line, message, _c, _x in extract_from_file("python", str(words), keywords=keywords)
     }
     assert len(found) > 20
     zh = language.read_model_messages()

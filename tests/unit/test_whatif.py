@@ -36,6 +36,7 @@ from ledger.job_events import (
 from ledger.pricing import PriceBook
 from ledger.read.job_history import duration_text, read_job_event_log
 from ledger.read.reports import ReportQueries, cost_report
+from ledger.read.whatif_words import METRICS
 from ledger.store.hot import DuckDBStore
 from scheduler.executors.fake import RUNS_FOREVER, FakeExecutor, ManualClock
 from scheduler.model import IdleAction, IdlePolicy
@@ -53,7 +54,6 @@ from scheduler.whatif import (
 )
 from scheduler.whatif.compare import capacity_sentence, gpu_hours, wait_flags
 from scheduler.whatif.replay import idle_runtimes
-from scheduler.whatif.texts import METRICS
 from tally import language
 from tally.cli import cli
 from tally.config import TallyConfig
