@@ -54,11 +54,12 @@ from scheduler.records import PriorityBounds
 from scheduler.service import ServiceSettings, WallClock
 from scheduler.state import SchedulerState
 from tally.components import simulated_fleet
-from tally.config import ConfigError, QueueConfig, TallyConfig
+from tally.config import ConfigError, TallyConfig
 from tally.config_fields import secret_from_env
 from tally.config_yaml import YamlRefused, read_yaml
 from tally.identity_config import slurm_account_of_team
 from tally.language import _, translate
+from tally.scheduler_config import QueueConfig
 
 US_PER_HOUR = 3_600 * US_PER_SECOND
 MIN_TOKEN_LENGTH = 16

@@ -23,24 +23,26 @@ from tally.config import (
     EnergyPriceConfig,
     FleetConfig,
     IdleConfig,
-    IdleReclaimAfter,
     LedgerConfig,
     OrganisationConfig,
     PriceConfig,
-    PriorityBoundsConfig,
-    QueueConfig,
-    QuotaConfig,
-    SchedulerConfig,
-    SchedulerTeamConfig,
     TallyConfig,
     TeamConfig,
-    TokensConfig,
     WorkloadMix,
 )
 from tally.identity_config import IdentityConfig, KubernetesIdentity
 from tally.inventory_config import InventoryConfig
 from tally.metrics_config import MetricsConfig
 from tally.os_users_config import OsUsersConfig
+from tally.scheduler_config import (
+    IdleReclaimAfter,
+    PriorityBoundsConfig,
+    QueueConfig,
+    QuotaConfig,
+    SchedulerConfig,
+    SchedulerTeamConfig,
+    TokensConfig,
+)
 from tests.builders import a_config_dict
 
 

@@ -28,12 +28,12 @@ from tally.config import (
     ConfigError,
     LedgerConfig,
     PriceConfig,
-    QueueConfig,
     TallyConfig,
     TeamConfig,
     parse_config,
 )
 from tally.identity_config import IdentityConfig
+from tally.scheduler_config import QueueConfig
 from tally.scheduling import load_tokens
 from tests.builders import a_config_dict
 from tests.config_error_cases import CASES, Case
