@@ -28,9 +28,9 @@ from typing import Any, Protocol
 import pynvml
 
 from ledger.errors import EventError
-from ledger.events import MAX_ENERGY_DELTA_MJ, MAX_SLICES, MAX_TEXT, MigInstance
 from ledger.excerpts import shown
 from ledger.mig_devices import mig_uuid
+from ledger.sample_types import MAX_ENERGY_DELTA_MJ, MAX_SLICES, MAX_TEXT, MigInstance
 
 NOT_AVAILABLE_U32 = 0xFFFFFFFF
 MIB = 1 << 20

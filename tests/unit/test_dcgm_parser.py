@@ -25,9 +25,9 @@ from ledger.events import (
     HealthKind,
     Owner,
     SampleSource,
-    sample_from_dict,
     sample_to_dict,
 )
+from ledger.sample_decode import sample_from_dict
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "dcgm"
 T_US = 1_793_491_200_000_000

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from collectors.dcgm_exposition import ProblemKind
 from collectors.dcgm_fields import FAMILIES
 from collectors.dcgm_parse import ParseResult, parse_metrics
-from ledger.events import sample_from_dict, sample_to_dict
+from ledger.events import sample_to_dict
+from ledger.sample_decode import sample_from_dict
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "dcgm"
 FIXTURE_NAMES = tuple(sorted(path.name for path in FIXTURES.glob("*.txt")))

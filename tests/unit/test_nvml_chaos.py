@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from collectors.fake_nvml import GIB, FakeNvml, FakeProcess, mixed_node
 from collectors.nvml import NvmlCollector
-from ledger.events import sample_from_dict, sample_to_dict
+from ledger.events import sample_to_dict
+from ledger.sample_decode import sample_from_dict
 from tests.unit.test_nvml_collector import stepping_clock
 
 CHAOS_EXAMPLES = 60

@@ -11,13 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.errors import EventError
-from ledger.events import (
-    EventType,
-    _checked_sample,
-    _common_sample,
-    sample_data_from_dict,
-    sample_to_dict,
-)
+from ledger.events import EventType, sample_to_dict
+from ledger.sample_decode import _checked_sample, _common_sample, sample_data_from_dict
 from tests.builders import a_mig, a_process, a_sample, an_owner
 
 FIELDS = (
