@@ -22,7 +22,7 @@ from pydantic_core import PydanticKnownError
 from ledger.invalid import Invalid
 from tally import config_errors, language
 from tally.alerts_config import AlertSinkConfig
-from tally.cli.ledger import parse_amount
+from tally.cli.ledger_admin import parse_amount
 from tally.cli.options import load_or_exit
 from tally.config import (
     ConfigError,

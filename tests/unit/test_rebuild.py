@@ -40,7 +40,7 @@ from ledger.store.side_files import AUDIT_NAME
 from ledger.store.verify import archive_coverage, verify_ledger
 from ledger.units import Unit
 from tally.cli import cli
-from tally.cli.ledger import replay_settings
+from tally.cli.ledger_checks import replay_settings
 from tally.config import parse_config
 from tests.builders import (
     INTERVAL_US,
