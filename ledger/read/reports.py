@@ -325,11 +325,13 @@ def _unallocated_lines(
 
 
 def ledger_money_total(queries: ReportQueries, period: Period | str | None = None) -> int:
-    """Money debited to consumer and unallocated accounts in the selection (what exports bill)."""
+    """Money debited to consumer and unallocated accounts in the selection (what exports bill).
+
+    Read from the daily rollups: a booked period is one of their keys and no hour is needed."""
     chosen = period_of(period, queries.zone)
     when, params = period_clause(chosen)
     rows = queries.rows(
-        "SELECT coalesce(sum(amount), 0) FROM {coarse} "
+        "SELECT coalesce(sum(amount), 0) FROM {daily} "
         f"WHERE unit = 'money_micros' AND ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND {when}",
         params,
         booked=booked_label(chosen),
@@ -389,7 +391,8 @@ def idle_report(
     period: Period | str | None = None,
     sharing: IdleSharing = IdleSharing.NONE,
 ) -> IdleReport:
-    """Unallocated capacity and allocated-but-idle waste per pool/model and per team."""
+    """Unallocated capacity and allocated-but-idle waste per pool/model and per team, from the
+    daily rollups (their keys hold the booked period, pool, model, team and idle flag)."""
     chosen = period_of(period, queries.zone)
     when, params = period_clause(chosen)
     sums = (
@@ -401,13 +404,13 @@ def idle_report(
         f'SELECT "pool", "model", {sums}, '
         f"coalesce(sum(amount) FILTER (unit = 'gpu_ms' AND {UNALLOCATED_SQL}), 0), "
         f"coalesce(sum(amount) FILTER (unit = 'money_micros' AND {UNALLOCATED_SQL}), 0) "
-        f"FROM {{coarse}} WHERE ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND {when} "
+        f"FROM {{daily}} WHERE ({CONSUMER_SQL} OR {UNALLOCATED_SQL}) AND {when} "
         'GROUP BY ALL ORDER BY 7 DESC, 5 DESC, "pool", "model"',
         params,
         booked=booked_label(chosen),
     )
     team_rows = queries.rows(
-        f'SELECT "team", {sums} FROM {{coarse}} WHERE {CONSUMER_SQL} AND {when} '
+        f'SELECT "team", {sums} FROM {{daily}} WHERE {CONSUMER_SQL} AND {when} '
         'GROUP BY ALL ORDER BY 4 DESC, 3 DESC, "team"',
         params,
         booked=booked_label(chosen),
