@@ -92,6 +92,13 @@ def signed_in() -> Caller | None:
     return None if mapping is None else mapping.caller(st.user.to_dict())
 
 
+def subject() -> str | None:
+    """The signed-in person's OIDC subject (`sub`: the issuer's stable id for them, never
+    reassigned); None when not signed in or the login names none."""
+    sub = st.user.to_dict().get("sub")
+    return sub if isinstance(sub, str) and sub else None
+
+
 def viewer() -> Viewer:
     """The person looking at the dashboard. Without a login, or without a role, this shows the
     login screen (or the refusal) and stops the page run: nothing of the ledger is read."""

@@ -56,10 +56,12 @@ st.caption(
 )
 
 # ------------------------------------------------------------------------------ submit
-store = template_store.store()
 user = caller.user or ""
+subject = access.subject()  # personal templates are the subject's: none without one
+store = template_store.store() if subject is not None else None
+person = template_store.Person(subject or "", caller.user)
 templates = {SHARED + t.name: t for t in templates_from_json(os.environ.get(TEMPLATES_ENV))}
-mine = {MINE + t.name: t for t in (store.mine(user) if store is not None else ())}
+mine = {MINE + t.name: t for t in (store.mine(person) if store is not None else ())}
 
 
 def template_label(key: str) -> str:
@@ -121,7 +123,7 @@ with st.form("submit", border=True):
             st.error(str(exc))
     if saved and form is not None and store is not None:
         try:
-            store.save(user, form)
+            store.save(person, form)
             st.session_state[FLASH] = _("Saved your template {name}").format(name=form.name)
             st.session_state[PICK] = MINE + form.name
             st.rerun()
@@ -131,7 +133,7 @@ if chosen.startswith(MINE) and store is not None:
     gone = chosen.removeprefix(MINE)
     if st.button(_("Delete my template {name}").format(name=gone)):
         try:
-            store.delete(user, gone)
+            store.delete(person, gone)
             st.session_state[PICK] = None
             st.session_state[FLASH] = _("Deleted your template {name}").format(name=gone)
             st.rerun()

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from dashboard.template_store import TemplateStore
+from dashboard.template_store import Person, TemplateStore
 from tests.api_server import ApiServer
 from tests.browser.conftest import free_port, launch_chromium, serving_dashboard
 from tests.builders import a_config_dict
@@ -35,6 +35,7 @@ pytestmark = pytest.mark.browser
 
 TIMEOUT_MS = 60_000
 MEMBER = {"preferred_username": "ada", "groups": ["vision-members"]}
+ADA = Person("user-1", "ada")  # the issuer's `sub` for everyone it signs in, and her name
 FINANCE = {"preferred_username": "bo", "groups": ["finance"]}
 LEAD = {"preferred_username": "lee", "groups": ["vision-leads"]}
 
@@ -236,7 +237,7 @@ def test_a_member_signs_in_sees_their_team_and_submits_watches_and_cancels_a_job
         page.get_by_text("Saved your template two gpus").wait_for()
         assert [
             t.gpus
-            for t in TemplateStore(seeded_ledger.parent / "dashboard" / "templates").mine("ada")
+            for t in TemplateStore(seeded_ledger.parent / "dashboard" / "templates").mine(ADA)
         ] == [2]
         before = set(api.rig.dispatcher.records)
         page.get_by_role("button", name="Submit job").click()
@@ -246,7 +247,7 @@ def test_a_member_signs_in_sees_their_team_and_submits_watches_and_cancels_a_job
         assert (spec.user, spec.gpus, spec.queue) == ("ada", 2, "dev")
         page.get_by_role("button", name="Delete my template two gpus").click()
         page.get_by_text("Deleted your template two gpus").wait_for()
-        assert TemplateStore(seeded_ledger.parent / "dashboard" / "templates").mine("ada") == ()
+        assert TemplateStore(seeded_ledger.parent / "dashboard" / "templates").mine(ADA) == ()
         # the sidebar's language switch (its last select box): the portal in Chinese
         page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').last.click()
         page.get_by_role("option", name="简体中文").click()
