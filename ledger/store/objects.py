@@ -19,7 +19,7 @@ import errno
 import fcntl
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -80,6 +80,11 @@ class ObjectStore(Protocol):
         """The objects whose keys start with `prefix`, by key."""
         ...
 
+    def folders(self, folder: str = "") -> Sequence[str]:
+        """The names of the folders directly under `folder` (`shards` → each shard's name), by
+        name: one listing of that level (on S3, with a delimiter), not of the objects below."""
+        ...
+
     def describe(self) -> str:
         """Where the store is, for messages (a URL, never a credential)."""
         ...
@@ -97,6 +102,12 @@ def _folder_of(prefix: str) -> str:
     `segments`): every key starting with the prefix is under it."""
     folder = prefix.rpartition("/")[0]
     return folder if folder and all(p not in ("", ".", "..") for p in folder.split("/")) else ""
+
+
+def _holds_objects(folder: Path) -> bool:
+    """Whether an object lies anywhere under `folder` (as on S3, where a folder is only the
+    prefix of its objects: one whose objects were all deleted is gone); stops at the first."""
+    return any(p.is_file() and not p.name.startswith(".") for p in folder.rglob("*"))
 
 
 class LocalObjectStore:
@@ -145,6 +156,16 @@ class LocalObjectStore:
             st = path.stat()
             found.append(ObjectInfo(key, st.st_size, st.st_mtime))
         return sorted(found, key=lambda o: o.key)
+
+    def folders(self, folder: str = "") -> Sequence[str]:
+        top = self.root / _check_key(folder.strip("/")) if folder.strip("/") else self.root
+        if not top.is_dir():
+            return []
+        return sorted(
+            p.name
+            for p in top.iterdir()
+            if p.is_dir() and not p.name.startswith(".") and _holds_objects(p)
+        )
 
     def describe(self) -> str:
         return self.root.resolve().as_uri()
@@ -206,8 +227,9 @@ class S3ObjectStore:
             stream.write(data)
 
     def delete(self, key: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self._fs.delete_file(self._path(key))
+        # boto3, not pyarrow: pyarrow's delete leaves a marker of the emptied folder behind
+        with contextlib.suppress(FileNotFoundError), self._s3_errors(key, conflict=False):
+            self._boto().delete_object(Bucket=self.bucket, Key=self._object_key(key))
 
     def get_tagged(self, key: str) -> tuple[bytes, str]:
         with self._s3_errors(key, conflict=False):
@@ -286,6 +308,18 @@ class S3ObjectStore:
                 found.append(ObjectInfo(key, int(info.size or 0), mtime))
         return sorted(found, key=lambda o: o.key)
 
+    def folders(self, folder: str = "") -> Sequence[str]:
+        base = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
+        name = folder.strip("/")
+        top = f"{base}/{_check_key(name)}" if name else base
+        # not recursive: one ListObjectsV2 with the delimiter "/", its common prefixes
+        selector = pafs.FileSelector(top, recursive=False, allow_not_found=True)
+        return sorted(
+            info.base_name
+            for info in self._fs.get_file_info(selector)
+            if info.type == pafs.FileType.Directory
+        )
+
     def describe(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
 
@@ -324,6 +358,10 @@ class PrefixedStore:
             ObjectInfo(o.key[cut:], o.size, o.mtime_s)
             for o in self.inner.list(f"{self.prefix}/{prefix}")
         ]
+
+    def folders(self, folder: str = "") -> Sequence[str]:
+        name = folder.strip("/")
+        return self.inner.folders(self._key(name) if name else self.prefix)
 
     def describe(self) -> str:
         return f"{self.inner.describe()}/{self.prefix}"

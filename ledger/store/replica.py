@@ -429,22 +429,25 @@ def pull(store: ObjectStore, cache_dir: Path | str, attempts: int = 3) -> Path:
     from ledger.store import union  # which builds on this module's pull of one ledger
 
     cache = Path(cache_dir)
-    shards = union.shard_names(store)
-    if shards:
-        union.pull_shards(store, cache, shards, attempts)
+    heads = union.shard_heads(store)
+    if heads:
+        union.pull_shards(store, cache, heads, attempts)
     else:
         union.drop_union(cache)  # the store was sharded when this cache was last pulled
         pull_ledger(store, cache, attempts)
     return cache
 
 
-def pull_ledger(store: ObjectStore, cache: Path, attempts: int = 3) -> bool:
+def pull_ledger(
+    store: ObjectStore, cache: Path, attempts: int = 3, head: Head | None = None
+) -> bool:
     """Bring the one published ledger in `store` (its head's, or a store's published before
     heads) into `cache`, retried as `pull` says; whether the store holds one (False: nothing
-    was written)."""
+    was written). `head`: the store's head as the caller just read it, which the first
+    attempt pulls (a retry reads the head again)."""
     for attempt in range(attempts):
         try:
-            return _pull_once(store, cache)
+            return _pull_once(store, cache, head if attempt == 0 else None)
         except FileNotFoundError as exc:
             if attempt == attempts - 1:
                 raise SegmentError(f"{store.describe()}: {exc}") from exc
@@ -463,11 +466,19 @@ def read_published(store: ObjectStore, path: str) -> bytes | None:
     return _published_files(store).read(path)
 
 
-def _pull_once(store: ObjectStore, cache: Path) -> bool:
-    source = _published_files(store)  # the one read of the head
+def published_head(store: ObjectStore) -> Head | None:
+    """The head of the ledger published in `store` (None: none, or published before heads)."""
+    return _read_head(store)[0]
+
+
+def _pull_once(store: ObjectStore, cache: Path, head: Head | None) -> bool:
+    # the one read of the head (unless the caller read it)
+    source = _published_files(store) if head is None else _HeadFiles(store, head)
     raw: dict[str, bytes | None] = {}
     raw[SEGMENTS_DIR] = source.read(f"{SEGMENTS_DIR}/{MANIFEST_NAME}")
     raw[ARCHIVE_DIR] = source.read(f"{ARCHIVE_DIR}/{MANIFEST_NAME}")  # after postings
+    if isinstance(source, _LegacyFiles) and raw[SEGMENTS_DIR] is raw[ARCHIVE_DIR] is None:
+        return False  # no head and no ledger published before heads: nothing to list
     named: dict[str, set[Path]] = {root: set() for root in _ROOTS}
     for root in _ROOTS:
         text = raw[root]

@@ -14,8 +14,12 @@ union of them that every reader reads as one ledger (the rules: `ledger.store.un
     <cache>/union.json                 which shards the union was made of (and the shards'
                                        closed records each union record was computed from)
 
-`pull_shards` reads each shard's head once and pulls it (a shard whose head changed mid-pull so
-that an object it named is gone is pulled again with its new head, as one ledger's pull is),
+`shard_heads` finds the shards by one listing of the folders under `shards/` (on S3, with a
+delimiter: never a listing of every shard's objects) and one read of each folder's head;
+`pull_shards` pulls each shard from that head (a shard whose head changed mid-pull so that an
+object it named is gone is pulled again with its new head, as one ledger's pull is). A cache
+that held the store's one ledger when shards appeared links that ledger's files as the root
+shard's (`shards/_root/`) before its pull, so it is not downloaded again.
 then writes the union: links first, then the side files and the identity, then the archive's
 manifest and the postings' manifest last — so a reader reads the previous union or the new one,
 whole (a link it still reads stays until the new manifest is written, even when its shard's
@@ -29,6 +33,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -37,12 +42,14 @@ import duckdb
 import orjson
 
 from ledger.closing import ClosedPeriod
+from ledger.errors import SegmentError
 from ledger.periods import zone_name
+from ledger.store.head import HEAD_KEY, Head
 from ledger.store.identity import IDENTITY_NAME, recorded_zone
-from ledger.store.integrity import remember_intact
+from ledger.store.integrity import remember_intact, require_intact
 from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR, sql_list
 from ledger.store.objects import ObjectStore, PrefixedStore
-from ledger.store.replica import pull_ledger, side_files
+from ledger.store.replica import published_head, pull_ledger, side_files
 from ledger.store.segments import Manifest, SegmentInfo, atomic_write_bytes
 from ledger.store.side_files import (
     CLOSED_DIR,
@@ -72,10 +79,18 @@ UNION_VERSION = 1
 _ROOTS = (ARCHIVE_DIR, SEGMENTS_DIR)  # the archive's manifest is written first
 
 
-def shard_names(store: ObjectStore) -> list[str]:
-    """The shards `store` holds (those with a head under `shards/<name>/`), by name."""
-    found = (shard_of_head_key(o.key) for o in store.list(f"{SHARDS_PREFIX}/"))
-    return sorted({name for name in found if name is not None})
+def shard_heads(store: ObjectStore) -> dict[str, Head]:
+    """The shards `store` holds (each folder under `shards/` with a head,
+    `shards/<name>/head.json`) and their heads, by name: one listing of the folders and one
+    read of each head — never a listing of the shards' objects."""
+    heads: dict[str, Head] = {}
+    for name in store.folders(SHARDS_PREFIX):
+        if shard_of_head_key(f"{shard_prefix(name)}/{HEAD_KEY}") is None:
+            continue  # not a shard's name
+        head = published_head(PrefixedStore(store, shard_prefix(name)))
+        if head is not None:
+            heads[name] = head
+    return heads
 
 
 def is_union(data_dir: Path) -> bool:
@@ -93,19 +108,41 @@ def shard_dir(data_dir: Path, name: str) -> Path:
     return data_dir / SHARDS_PREFIX / name
 
 
-def pull_shards(store: ObjectStore, cache: Path, names: list[str], attempts: int = 3) -> None:
-    """Pull every shard of `store` (`names`, and a ledger at its root, if any) into `cache`
-    and write their union there."""
-    members = list(names)
+def pull_shards(
+    store: ObjectStore, cache: Path, heads: Mapping[str, Head], attempts: int = 3
+) -> None:
+    """Pull every shard of `store` (those of `heads`, each from the head read there, and a
+    ledger at its root, if any) into `cache` and write their union there."""
+    members = list(heads)
+    _seed_root(cache)
     if pull_ledger(store, shard_dir(cache, ROOT_SHARD), attempts):
         members.append(ROOT_SHARD)  # else: its tree (if any) is removed below
-    for name in names:
-        pull_ledger(PrefixedStore(store, shard_prefix(name)), shard_dir(cache, name), attempts)
+    for name, head in heads.items():
+        shard = PrefixedStore(store, shard_prefix(name))
+        pull_ledger(shard, shard_dir(cache, name), attempts, head)
     build_union(cache, ordered(members))
     shards_root = cache / SHARDS_PREFIX
     for gone in sorted(shards_root.iterdir()) if shards_root.is_dir() else []:
         if gone.name not in members:
             shutil.rmtree(gone, ignore_errors=True)
+
+
+def _seed_root(cache: Path) -> None:
+    """When `cache` holds the store's one ledger and is about to become a union (the store
+    now has shards), link its files as the root shard's (`shards/_root/`), each checked against
+    its manifest first, so the root's pull fetches only what changed since, not the whole
+    ledger again. The plain ledger's own names go when the union's manifests replace its."""
+    root = shard_dir(cache, ROOT_SHARD)
+    if is_union(cache) or root.exists():
+        return
+    for top in _ROOTS:
+        for seg in Manifest(cache / top).load():
+            for rel, sha256 in _files(seg):
+                try:
+                    require_intact(cache / top / rel, sha256)
+                except SegmentError:
+                    continue  # missing or damaged: the pull fetches it
+                _link(cache / top / rel, root / top / rel, sha256)
 
 
 def drop_union(cache: Path) -> None:

@@ -90,6 +90,16 @@ def test_list_names_the_objects_under_a_prefix_by_key_with_their_sizes(store):
     assert [o.key for o in store.list("segments/")] == ["segments/a.json"]
 
 
+def test_folders_names_the_folders_directly_under_one_that_hold_objects(store):
+    for key in ("shards/a/head.json", "shards/b/segments/x.parquet", "shards/c.json", "other/d"):
+        store.put(key, b"x")
+    assert store.folders("shards") == store.folders("shards/") == ["a", "b"]  # not c.json
+    assert store.folders() == ["other", "shards"]  # a prefixed store's own, none beside it
+    assert store.folders("none") == []
+    store.delete("shards/a/head.json")
+    assert store.folders("shards") == ["b"]  # no objects left under it: no folder
+
+
 @pytest.mark.parametrize(
     "key",
     ["", "/abs", "a//b", "a/../b", "./a"],

@@ -7,7 +7,7 @@ compaction sees the old manifest or the new one, with every object it names."""
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -91,6 +91,9 @@ class FaultyStore:
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         return self.inner.list(prefix)
+
+    def folders(self, folder: str = "") -> Sequence[str]:
+        return self.inner.folders(folder)
 
     def describe(self) -> str:
         return self.inner.describe()

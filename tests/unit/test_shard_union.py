@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from ledger.admin import PeriodClosed
 from ledger.errors import SegmentError
 from ledger.store.head import WriterFenced
 from ledger.store.hot import DuckDBStore
-from ledger.store.objects import LocalObjectStore, ObjectStore, PrefixedStore
+from ledger.store.objects import LocalObjectStore, ObjectInfo, ObjectStore, PrefixedStore
 from ledger.store.published import PublishedStore
 from ledger.store.rebuild import archive_batch_count
 from ledger.store.replica import Publisher, pull
@@ -182,15 +183,91 @@ def test_verify_names_the_shard_of_a_damaged_object(tmp_path, shards):
         pull(store, tmp_path / "other")
 
 
+class Recording:
+    """The real store, recording every call made to it as (operation, key or prefix)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, str]] = []
+
+    def _called(self, operation: str, key: str) -> None:
+        self.calls.append((operation, key))
+
+    def keys(self, *operations: str) -> list[str]:
+        return [key for operation, key in self.calls if operation in operations]
+
+    def get(self, key: str) -> bytes:
+        self._called("get", key)
+        return self.inner.get(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        self._called("put", key)
+        self.inner.put(key, data)
+
+    def delete(self, key: str) -> None:
+        self._called("delete", key)
+        self.inner.delete(key)
+
+    def get_tagged(self, key: str) -> tuple[bytes, str]:
+        self._called("get_tagged", key)
+        return self.inner.get_tagged(key)
+
+    def put_if(self, key: str, data: bytes, tag: str | None) -> str:
+        self._called("put_if", key)
+        return self.inner.put_if(key, data, tag)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        self._called("list", prefix)
+        return self.inner.list(prefix)
+
+    def folders(self, folder: str = "") -> Sequence[str]:
+        self._called("folders", folder)
+        return self.inner.folders(folder)
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+
+def test_a_pull_lists_the_shards_folders_and_fetches_only_what_their_heads_name(tmp_path, shards):
+    inner = LocalObjectStore(tmp_path / "store")
+    publish(inner, shards, "samples-3")
+    inner.put("shards/not-yet/segments/x.parquet", b"a shard's first object, before its head")
+    store = Recording(inner)
+    cache = pull(store, tmp_path / "cache")
+    assert totals(cache) == own_totals(shards["samples-3"])
+    assert store.keys("list", "folders") == ["shards"]  # one listing: the folders, no objects
+    assert store.keys("get_tagged") == [
+        "shards/not-yet/head.json",
+        "shards/samples-3/head.json",
+        "head.json",
+    ]
+    fetched = store.keys("get")
+    assert len(fetched) == len(set(fetched))  # each object once
+    named = {o.key for o in inner.list("shards/samples-3/") if not o.key.endswith("head.json")}
+    root = {"segments/manifest.json", "archive/manifest.json"}  # no root ledger: read, absent
+    assert set(fetched) == named | root  # one publish: the head names every object it stored
+    store.calls.clear()
+    pull(store, cache)  # nothing changed: no segment fetched again
+    assert [k for k in store.keys("get") if k.endswith(".parquet")] == []
+
+
 def test_a_root_ledger_beside_shards_is_one_more_and_the_cache_follows_the_store(tmp_path, shards):
     store = LocalObjectStore(tmp_path / "store")
     Publisher(shards["samples-3"], store).push()  # the store's one ledger, before shards
     cache = pull(store, tmp_path / "cache")
     assert totals(cache) == own_totals(shards["samples-3"])
+    files = [p for p in cache.rglob("*.parquet")]
+    cached = {p.relative_to(cache): p.stat().st_ino for p in files}
     publish(store, shards, "samples-2")
-    pull(store, cache)
+    recording = Recording(store)
+    pull(recording, cache)
     assert totals(cache) == summed(own_totals(shards["samples-2"]), own_totals(shards["samples-3"]))
     assert sorted(p.name for p in (cache / "shards").iterdir()) == ["_root", "samples-2"]
+    # the root ledger's files were cached: linked as the root shard's, not downloaded again
+    fetched = [k for k in recording.keys("get") if k.endswith(".parquet")]
+    assert fetched and all(k.startswith("shards/samples-2/") for k in fetched)
+    root = cache / "shards" / "_root"
+    assert {rel: (root / rel).stat().st_ino for rel in cached} == cached
     assert verify_ledger(cache).ok
     # the union's archive is no one ledger's to replay (each shard numbers its batches)
     with pytest.raises(SegmentError, match="is the union of the shards _root, samples-2"):
