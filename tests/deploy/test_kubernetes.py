@@ -2,10 +2,12 @@
 kubernetes-client), every object validated by kubernetes-validate against a current
 Kubernetes, and what the manifests promise checked against Tally itself: each container runs
 a command the real CLI accepts with the rendered ConfigMap's configuration (which passes
-`tally config check`), probes and the PodMonitor hit the ports that configuration serves,
-every secret the configuration names reaches the pod (and none it does not name), no pod but
-the worker mounts the worker's volume, and readers read the sealed ledger from the object store
-(the dev overlay's MinIO, whose bucket a Job makes; production's external S3)."""
+`tally config check`; the Job `tally-admin-apply` runs `tally admin apply` of that file,
+retried until the worker has published the ledger), probes and the PodMonitor hit the ports
+that configuration serves, every secret the configuration names reaches the pod (and none it
+does not name), no pod but the worker mounts the worker's volume, and readers read the sealed
+ledger from the object store (the dev overlay's MinIO, whose bucket a Job makes; production's
+external S3) into caches of their own (the dashboard's on a claim)."""
 
 from __future__ import annotations
 
@@ -177,12 +179,15 @@ def test_every_tally_container_runs_a_real_command_with_a_valid_config(
 ) -> None:
     _, objects = overlay
     seen = set()
-    for workload in workloads(objects):
+    for workload in pod_templates(objects):
         for container in pod_spec(workload)["containers"]:
             if container["image"].split(":")[0] != "tally":
                 continue
             command, config = container_command(objects, workload, container, tmp_path)
             seen.add(command.path)
+            if workload["kind"] == "Job":
+                assert command.path in ONE_SHOT, f"{workload['metadata']['name']}: {command}"
+                continue  # runs to completion: serves nothing
             port = metrics_port(config, command)
             if command.path == ("dashboard",):
                 assert port_number(container, "http") == config.dashboard.port
@@ -192,7 +197,35 @@ def test_every_tally_container_runs_a_real_command_with_a_valid_config(
             assert port_number(container, "metrics") == port
             assert serves_outside(config, command), "probes come from the kubelet"
     expected = {("collect",), ("worker",), ("scheduler", "run"), ("alerts", "run"), ("dashboard",)}
-    assert expected <= seen
+    assert expected | ONE_SHOT <= seen
+
+
+# the Tally commands that run as Jobs: to completion, serving no port
+ONE_SHOT = frozenset({("admin", "apply")})
+
+
+def test_admin_apply_is_a_job_retried_until_the_worker_has_published_the_ledger(
+    overlay: tuple[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    _, objects = overlay
+    job = named(objects, "Job", "tally-admin-apply")
+    spec = pod_spec(job)
+    assert spec["restartPolicy"] == "OnFailure", "exit 4 (no ledger yet) is retried"
+    assert 0 < job["spec"]["backoffLimit"] <= 10
+    (container,) = spec["containers"]
+    command, config = container_command(objects, job, container, tmp_path)
+    assert command.path == ("admin", "apply")
+    assert not command.params["initial"], "never planned against an empty ledger"
+    assert not command.params["dry_run"]
+    # the file it applies is the configuration every other pod mounts
+    worker = named(objects, "StatefulSet", "tally-worker")
+    (worker_container,) = pod_spec(worker)["containers"]
+    _, worker_config = container_command(objects, worker, worker_container, tmp_path)
+    assert config == worker_config
+    assert {e["name"]: e.get("value") for e in container["env"]}["TALLY_ACTOR"]
+    # its cache of the sealed ledger is its own: no claim, gone with the pod
+    volume = volume_under(job, container, config.ledger.data_dir)
+    assert "emptyDir" in volume, volume
 
 
 # the probes of the images that are not Tally's (dev overlay): image → (liveness, readiness)
@@ -324,11 +357,12 @@ def test_the_sealed_ledger_is_read_from_the_object_store(
 ) -> None:
     _, objects = overlay
     configs = {}
-    for workload in workloads(objects):
+    for workload in pod_templates(objects):
         for container in pod_spec(workload)["containers"]:
             if container["image"].split(":")[0] == "tally":
                 command, config = container_command(objects, workload, container, tmp_path)
                 configs[command.path] = (workload, container, config)
+    assert set(configs) >= STORE_USERS
     _, _, worker = configs[("worker",)]
     assert urlsplit(worker.ledger.segments_url).scheme == "s3"
     for path in STORE_USERS & set(configs):
@@ -354,6 +388,15 @@ def test_the_sealed_ledger_is_read_from_the_object_store(
     assert "persistentVolumeClaim" in kept, kept
     assert not is_ledger_claim(objects, kept["persistentVolumeClaim"]["claimName"])
     assert workload["spec"].get("strategy", {}).get("type") == "Recreate"  # one pod per claim
+    # and its cache of the sealed ledger, as large as the ledger, is on a claim of its own: a
+    # restart pulls what is new, not the whole ledger into the node's ephemeral storage
+    cache = volume_under(workload, container, config.ledger.data_dir / "replica")
+    claim = cache["persistentVolumeClaim"]["claimName"]
+    assert claim != kept["persistentVolumeClaim"]["claimName"]
+    assert not is_ledger_claim(objects, claim)
+    assert named(objects, "PersistentVolumeClaim", claim)["spec"]["accessModes"] == [
+        "ReadWriteOnce"
+    ]
 
 
 def volume_under(workload: dict[str, Any], container: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -399,7 +442,7 @@ def test_dev_runs_minio_and_makes_its_bucket_production_an_external_store(
     }
     assert {k: v for k, v in secret_refs(server).items() if k in credentials} == credentials
     # the Job makes the bucket segments_url names on that endpoint, with the same credentials
-    (job,) = [o for o in objects if o["kind"] == "Job"]
+    job = named(objects, "Job", "minio-bucket")
     (mc,) = pod_spec(job)["containers"]
     script = " ".join(mc["args"])
     assert f"mc alias set objects {store.endpoint_url} " in script
@@ -500,4 +543,4 @@ def test_every_secret_the_config_names_reaches_the_pod(
             assert not extra, f"{where}: {extra}"
             store = config.ledger.object_store
             stores += store.secret_access_key_env in wanted
-    assert stores == len(STORE_USERS - {("admin", "apply")}), "the worker and the dashboard"
+    assert stores == len(STORE_USERS), "the worker, the dashboard and the admin-apply Job"
