@@ -98,6 +98,7 @@ def capacity(doc: dict[str, Any], tr: Translator) -> str:
 _WHERE = re.compile(r"\+(.+) on (\S+)")
 _NOT_ADMITTED = "not admitted"
 _NOT_CONSIDERED = "not yet considered"
+_CYCLE_LIMIT = "cycle_limit"  # the replay's tick ran out of cycles (`scheduler.whatif.Limit`)
 _CAUSES = (
     (re.compile(r"placed on (\S+) instead of (\S+)"), None),
     (re.compile(r"the replay kept it waiting \((.+)\)"), N_("the replay kept it waiting ({why})")),
@@ -129,6 +130,8 @@ def _why(code: str, tr: Translator) -> str:
         return tr("{first}, then {last}").format(first=_why(first, tr), last=_why(last, tr))
     if code == _NOT_CONSIDERED:
         return tr(NOT_YET_CONSIDERED)
+    if code == _CYCLE_LIMIT:
+        return tr("the tick ran out of cycles")
     try:
         return tr(WAIT_SHORT[WaitReason(code)])
     except ValueError:

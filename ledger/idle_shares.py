@@ -13,6 +13,11 @@ Rules (the samples fold, `ledger.ingest.samples`, applies them):
   the sample is idle for that sample (0 %). When no process of the sample reports SM
   utilisation at all, a share with a process gets the GPU's utilisation (the driver does not
   tell them apart);
+- a sample from a source that reports no processes (`NO_PROCESS_SOURCES`: dcgm-exporter's
+  metrics are per GPU) says nothing of any share's own use: each share held over it is busy
+  exactly when the GPU is (its utilisation is the GPU's), so a share seen only through dcgm is
+  never flagged idle while its GPU works — at worst an idle share beside a busy one goes
+  unflagged (never a false idle flag); when the GPU idles, every share on it does;
 - a process may name its job only by an executor alias the ledger has not learned yet
   (`slurm:<id>` before its job's `JobStarted` is folded: a collector that reads the process's
   cgroup, not its environment), so it belongs to no share the sample is split among
@@ -48,7 +53,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ledger.assignments import Holding, OwnedPiece, main_holder
-from ledger.events import GpuSample, Owner, ProcessUsage, SampleEnvelope
+from ledger.events import GpuSample, Owner, ProcessUsage, SampleEnvelope, SampleSource
 from ledger.fractional import share_key
 from ledger.idle import IdleObservation
 from ledger.job_owners import awaiting_key
@@ -70,9 +75,16 @@ class ShareStep:
     release: bool = False
 
 
+# collectors whose samples never list processes: a share's use cannot be told from its GPU's
+NO_PROCESS_SOURCES = frozenset({SampleSource.DCGM})
+
+
 def share_util(sample: GpuSample, job_id: str, unresolved: Collection[str] = ()) -> int:
     """The utilisation of the sample's GPU by the share job's own processes; with none, the
-    busiest of the `unresolved` aliases' (processes it may own, see the module), else 0."""
+    busiest of the `unresolved` aliases' (processes it may own, see the module), else 0. A
+    sample of a source that lists no processes (`NO_PROCESS_SOURCES`): the GPU's."""
+    if sample.source in NO_PROCESS_SOURCES and not sample.processes:
+        return sample.util_gpu_pct
     mine = [p for p in sample.processes if p.owner is not None and p.owner.job_id == job_id]
     if mine:
         return _util(sample, mine)

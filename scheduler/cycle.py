@@ -19,7 +19,8 @@
 
 A tick may bound its admissions (`run_cycle`'s `admit_limit`, what the service's tick has left
 of `scheduler.admissions_per_tick`): once a cycle has admitted that many, every later job waits
-with `tick_limit`, to be looked at by the next tick.
+with `tick_limit`, to be looked at by the next tick. A tick runs at most `MAX_CYCLES_PER_TICK`
+cycles (the service's dispatcher, and the what-if replay's ticks, `scheduler.simulation`).
 
 With `strict_fifo`, the first job that waits for free GPUs makes every later job wait behind
 it; a job blocked by its own team's quota or budget does not hold up other teams.
@@ -39,6 +40,8 @@ from scheduler.model_choice import placement_note
 from scheduler.ordering import Nomination, order
 from scheduler.preemption import plan_preemption
 from scheduler.snapshot import ClusterSnapshot
+
+MAX_CYCLES_PER_TICK = 64  # a tick's cycles; what is still to admit after them waits a tick
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,7 @@ from ledger.job_events import (
     JobSubmitted,
 )
 from ledger.units import US_PER_HOUR, Unit
-from scheduler.cycle import run_cycle
+from scheduler.cycle import MAX_CYCLES_PER_TICK, run_cycle
 from scheduler.errors import Rejected, RejectKind, StateError
 from scheduler.executors.bridge import status_events
 from scheduler.executors.errors import ExecutorError
@@ -77,7 +77,6 @@ from scheduler.work_store import RunFiles, WorkStore
 log = logging.getLogger("tally.scheduler")
 
 HOLD_SLACK_US = US_PER_HOUR  # a hold outlives its job's expected end by this much
-MAX_CYCLES_PER_TICK = 64
 ADMISSIONS_PER_TICK = 256  # a tick's decide and enactment stay short; the rest wait a tick
 DEFAULT_POLICY = Policy()
 

@@ -13,6 +13,20 @@ jobs, the jobs its cap leaves out wait with `tick_limit`, and the next tick foll
 the same simulated time, with a fresh snapshot, so ordering sees what the last tick admitted).
 Without it (None, the default) nothing caps a cycle.
 
+With `tick_us` (the live scheduler's `scheduler.cycle_interval_s`, as the what-if replay runs
+it) the simulation decides at ticks as the live service's loop does, not at every event: a tick
+every `tick_us` (the timer), and one at each job's `seen_us` (the API wakes the loop on a
+submit; by default at the submit itself). What happened since the previous tick — jobs
+submitted, runs ended (at their own times: charged to then, their GPUs free from this tick) —
+is decided together by the tick's cycles: at most `max_cycles_per_tick` of them
+(`scheduler.cycle.MAX_CYCLES_PER_TICK`), so a tick whose last cycle still admitted or
+preempted leaves the rest to the timer's next tick (`SimReport.cycle_limited` says when, and
+who was still pending). The timer ticks on a fixed grid (the multiples of `tick_us`): the live
+timer restarts after every tick, a phase that a record does not show (a tick that decided
+nothing leaves no event), so a replay on the grid keeps one phase whatever it decides. A timer
+tick with nothing new to see since the previous tick is skipped (it would decide what that one
+did).
+
 Used by the scheduler benchmark and the randomised invariant tests; also a what-if tool.
 """
 
@@ -34,10 +48,11 @@ from ledger.job_events import (
     JobReclaimed,
     JobSpec,
     JobSubmitted,
+    WaitReason,
 )
 from ledger.pricing import cost_of
 from ledger.units import US_PER_MS
-from scheduler.cycle import run_cycle
+from scheduler.cycle import MAX_CYCLES_PER_TICK, CycleResult, run_cycle
 from scheduler.lifecycle import fail, finish, overdue
 from scheduler.model import Policy
 from scheduler.state import SchedulerState
@@ -47,12 +62,13 @@ Listener = Callable[[Sequence[JobEvent], SchedulerState], None]
 
 @dataclass(frozen=True, slots=True)
 class SimJob:
-    """A job to replay: its spec, how long it really runs, and how many attempts fail first
-    (each failing attempt exits non-zero halfway through)."""
+    """A job to replay: its spec, how long it really runs, how many attempts fail first (each
+    failing attempt exits non-zero halfway through), and when its submit woke a tick."""
 
     spec: JobSpec
     runtime_us: int
     failing_attempts: int = 0
+    seen_us: int | None = None  # when its submit woke the scheduler (ticking; None: at once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +99,11 @@ class SimReport:
     gpu_us_held: int = 0  # ∫ GPUs held dt over the simulated span
     gpu_us_preempted: int = 0  # GPU time of runs cut short by preemption (work lost)
     preemptions: int = 0
+    ticks: int = 0  # ticks run (ticking only)
+    # ticking: (tick, jobs pending) when the cycles cap stopped a tick, and (next tick, job,
+    # its wait reason) for those still pending after the tick that followed it
+    cycle_limited: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
+    resumed: list[tuple[int, str, WaitReason]] = field(default_factory=list)
     start_us: int = 0
     end_us: int = 0
 
@@ -108,8 +129,14 @@ class Simulation:
         time_cycles: bool = False,
         max_cycles_per_event: int = 1_000,
         admissions_per_tick: int | None = None,
+        tick_us: int | None = None,
+        max_cycles_per_tick: int = MAX_CYCLES_PER_TICK,
     ) -> None:
+        if tick_us is not None and tick_us < 1:
+            raise ValueError("tick_us must be at least 1")
         self.state = state
+        self.tick_us = tick_us  # None: decide at every event time
+        self.max_cycles_per_tick = max_cycles_per_tick
         self.policy = policy
         self.admissions_per_tick = admissions_per_tick  # None: no cap
         self.meter_interval_us = meter_interval_us
@@ -120,6 +147,7 @@ class Simulation:
         self.report = SimReport()
         self._jobs: dict[str, SimJob] = {}
         self._queue: list[tuple[int, int, int, str, int]] = []  # (time, kind, seq, job, token)
+        self._wakes: list[int] = []  # ticking: when submits wake the scheduler
         self._seq = 0
         self._admitted_at: dict[str, int] = {}
         self._tokens: dict[str, int] = {}  # job → admission count; stale ends are ignored
@@ -226,24 +254,30 @@ class Simulation:
             events = finish(running, now_us)
         self._apply(events)
 
+    def _cycle(self, now_us: int, left: int | None) -> CycleResult:
+        """One cycle at `now_us` admitting at most `left` jobs, applied and sampled."""
+        state = self.state
+        pending = state.pending_count
+        timed = self.time_cycles
+        started = time.perf_counter() if timed else 0.0
+        cpu = time.thread_time() if timed else 0.0
+        result = run_cycle(state.snapshot(now_us, self.policy.heads_per_queue), self.policy, left)
+        self._apply(result.events)
+        seconds = time.perf_counter() - started if timed else 0.0
+        cpu = time.thread_time() - cpu if timed else 0.0
+        self.report.cycles.append(
+            CycleSample(pending, result.decisions, len(result.admitted), seconds, cpu)
+        )
+        self.report.preemptions += len(result.preempted)
+        return result
+
     def _cycles(self, now_us: int) -> None:
-        state, policy = self.state, self.policy
+        """At an event time (not ticking): cycles until one admits and preempts nothing."""
         cap = left = self.admissions_per_tick
         for _ in range(self.max_cycles_per_event):
-            pending = state.pending_count
-            if not pending:
+            if not self.state.pending_count:
                 return
-            timed = self.time_cycles
-            started = time.perf_counter() if timed else 0.0
-            cpu = time.thread_time() if timed else 0.0
-            result = run_cycle(state.snapshot(now_us, policy.heads_per_queue), policy, left)
-            self._apply(result.events)
-            seconds = time.perf_counter() - started if timed else 0.0
-            cpu = time.thread_time() - cpu if timed else 0.0
-            self.report.cycles.append(
-                CycleSample(pending, result.decisions, len(result.admitted), seconds, cpu)
-            )
-            self.report.preemptions += len(result.preempted)
+            result = self._cycle(now_us, left)
             if left is not None:
                 left -= len(result.admitted)
                 if left == 0:  # the tick's cap is reached: the next tick follows at once
@@ -251,6 +285,43 @@ class Simulation:
                     continue
             if not result.admitted and not result.preempted:
                 return
+
+    def _tick(self, now_us: int) -> bool:
+        """A tick at `now_us` as the dispatcher's `decide` runs its cycles, and the next ones at
+        once while the admission cap leaves jobs out; True when the last stopped at the cycles
+        cap with jobs still pending (the timer's next tick goes on)."""
+        state = self.state
+        while True:
+            self.report.ticks += 1
+            left, cycles, active = self.admissions_per_tick, 0, True
+            while active and cycles < self.max_cycles_per_tick and state.pending_count:
+                if left == 0:
+                    break
+                result = self._cycle(now_us, left)
+                cycles += 1
+                if left is not None:
+                    left -= len(result.admitted)
+                active = bool(result.admitted or result.preempted)
+            if left == 0 and state.pending_count:
+                continue  # the admission cap: the next tick follows at once
+            if active and cycles == self.max_cycles_per_tick and state.pending_count:
+                pending = tuple(sorted(j.spec.job_id for j in state.pending_jobs()))
+                self.report.cycle_limited.append((now_us, pending))
+                return True
+            return False
+
+    def _due(self, now_us: int) -> None:
+        """Apply every submit and run end up to `now_us`, each at its own time."""
+        while self._queue and self._queue[0][0] <= now_us:
+            at, kind, _, job_id, token = heapq.heappop(self._queue)
+            self._advance(at)
+            if kind == _SUBMIT:
+                spec = self._jobs[job_id].spec
+                self._wanted[spec.team] = self._wanted.get(spec.team, 0) + spec.gpus
+                self.report.submitted_us[job_id] = spec.submit_us
+                self._apply((JobSubmitted(spec=spec, time_us=at),))
+            elif self._tokens.get(job_id) == token:
+                self._end(job_id, at)
 
     def run(
         self,
@@ -260,38 +331,86 @@ class Simulation:
         stop: Callable[[SchedulerState], bool] | None = None,
     ) -> SimReport:
         """Replay `jobs` until every job ended, `until_us`, or `stop(state)` after an event
-        time; returns the report."""
+        time (a tick, ticking); returns the report."""
         for job in jobs:
             self._jobs[job.spec.job_id] = job
             self._push(job.spec.submit_us, _SUBMIT, job.spec.job_id)
+            if self.tick_us is not None:
+                seen = job.spec.submit_us if job.seen_us is None else job.seen_us
+                heapq.heappush(self._wakes, max(seen, job.spec.submit_us))
         if not self._queue:
             return self.report
         start = self._queue[0][0]
         self.report.start_us = self._last_us = self._next_meter_us = start
         self._next_share_us = start
-        next_overdue = start + overdue_interval_us
+        if self.tick_us is None:
+            self._run_events(until_us, overdue_interval_us, stop)
+        else:
+            self._run_ticks(self.tick_us, until_us, overdue_interval_us, stop)
+        self.report.end_us = self._last_us
+        return self.report
+
+    def _run_events(
+        self,
+        until_us: int | None,
+        overdue_interval_us: int,
+        stop: Callable[[SchedulerState], bool] | None,
+    ) -> None:
+        next_overdue = self.report.start_us + overdue_interval_us
         while self._queue:
             now = self._queue[0][0]
             if until_us is not None and now > until_us:
                 break
             self._advance(now)
-            while self._queue and self._queue[0][0] == now:
-                _, kind, _, job_id, token = heapq.heappop(self._queue)
-                if kind == _SUBMIT:
-                    spec = self._jobs[job_id].spec
-                    self._wanted[spec.team] = self._wanted.get(spec.team, 0) + spec.gpus
-                    self.report.submitted_us[job_id] = spec.submit_us
-                    self._apply((JobSubmitted(spec=spec, time_us=now),))
-                elif self._tokens.get(job_id) == token:
-                    self._end(job_id, now)
+            self._due(now)
             if overdue_interval_us and now >= next_overdue:
                 self._stop_overdue(now)
                 next_overdue = now + overdue_interval_us
             self._cycles(now)
             if stop is not None and stop(self.state):
                 break
-        self.report.end_us = self._last_us
-        return self.report
+
+    def _run_ticks(
+        self,
+        tick_us: int,
+        until_us: int | None,
+        overdue_interval_us: int,
+        stop: Callable[[SchedulerState], bool] | None,
+    ) -> None:
+        """Ticks: at a wake, or at the timer's first tick (on the grid of `tick_us`
+        multiples) that has news to see — a submit or run end since, or jobs the cycles cap
+        left."""
+        last: int | None = None
+        owed = False  # the last tick stopped at the cycles cap: the timer's next tick runs
+        next_overdue = self.report.start_us + overdue_interval_us
+        while True:
+            candidates = [self._wakes[0]] if self._wakes else []
+            if last is not None and self._queue:
+                candidates.append(-(-self._queue[0][0] // tick_us) * tick_us)
+            if last is not None and owed:
+                candidates.append((last // tick_us + 1) * tick_us)
+            if not candidates:
+                break
+            now = min(candidates)
+            if until_us is not None and now > until_us:
+                self._due(until_us)  # the window's last submits and ends, undecided
+                break
+            while self._wakes and self._wakes[0] <= now:
+                heapq.heappop(self._wakes)
+            self._due(now)
+            self._advance(now)
+            if overdue_interval_us and now >= next_overdue:
+                self._stop_overdue(now)
+                next_overdue = now + overdue_interval_us
+            limited = self.report.cycle_limited[-1][1] if owed else ()
+            owed = self._tick(now)
+            for job_id in limited:  # what the cycles cap left waiting: its reason again
+                job = self.state.pending_job(job_id)
+                if job is not None and job.last_wait is not None:
+                    self.report.resumed.append((now, job_id, job.last_wait))
+            last = now
+            if stop is not None and stop(self.state):
+                break
 
     def _stop_overdue(self, now_us: int) -> None:
         self._apply(overdue(self.state.snapshot(now_us, 1)))

@@ -4,12 +4,12 @@ raw-event archive → a `History` (the one place a what-if touches files).
 A scenario takes from its configuration everything `tally.scheduling` gives the live
 scheduler — queues (priorities, classes, idle reclaim, model policy), teams with their quotas,
 cohorts and weights, prices, the fair-share half-life, `heads_per_queue`, the tick's admission
-cap (`admissions_per_tick`) — plus the fleet (the configured fleet,
-`tally.scheduling.inventory_of`), and the budgets that apply to the window's first month (a
-one-off budget of that month wins over a recurring one) as the teams' starting balances. Fair
-share starts from the ledger's metered usage before the window, as the live scheduler's does.
-`--add-gpus MODEL=N` adds N GPUs of MODEL to the alternative's fleet, in nodes the
-size of the fleet's first node of that model, in its pool.
+cap (`admissions_per_tick`) and its timer (`cycle_interval_s`: the replay's ticks) — plus the
+fleet (the configured fleet, `tally.scheduling.inventory_of`), and the budgets that apply to
+the window's first month (a one-off budget of that month wins over a recurring one) as the
+teams' starting balances. Fair share starts from the ledger's metered usage before the window,
+as the live scheduler's does. `--add-gpus MODEL=N` adds N GPUs of MODEL to the alternative's
+fleet, in nodes the size of the fleet's first node of that model, in its pool.
 """
 
 from __future__ import annotations
@@ -89,12 +89,14 @@ def scenario_of(
         policy=Policy(heads_per_queue=s.heads_per_queue),
         budgets=budgets_of(config, since_us),
         admissions_per_tick=s.admissions_per_tick,
+        tick_us=max(1, int(s.cycle_interval_s * US_PER_SECOND)),
     )
 
 
 def tolerance_us(config: TallyConfig) -> int:
     """How far a live admission may trail the replay's and still be the same decision: two
-    cycle intervals (the live scheduler decides on its cycle, the replay at once)."""
+    cycle intervals (the replay ticks as the live loop does, but a live tick comes a moment
+    later: the submit's publishing, the previous tick's length, the timer's drift)."""
     return int(2 * config.scheduler.cycle_interval_s * US_PER_SECOND)
 
 

@@ -81,7 +81,8 @@ def workload(count: int, span_us: int, seed: int = 11, start_us: int = T0_US) ->
 
 
 def record(scenario: Scenario, jobs: Iterable[SimJob]) -> list[JobEvent]:
-    """What the scheduler publishes running `jobs` under `scenario` (to their end)."""
+    """What the scheduler publishes running `jobs` under `scenario` (to their end), ticking as
+    the live loop does (its timer every `scenario.tick_us`, woken by each submit)."""
     events: list[JobEvent] = []
     state = SchedulerState(
         scenario.queues,
@@ -98,6 +99,8 @@ def record(scenario: Scenario, jobs: Iterable[SimJob]) -> list[JobEvent]:
         meter_interval_us=scenario.meter_interval_us,
         listener=lambda applied, _: events.extend(applied),
         admissions_per_tick=scenario.admissions_per_tick,
+        tick_us=scenario.tick_us,
+        max_cycles_per_tick=scenario.max_cycles_per_tick,
     )
     simulation.run(jobs)
     return events

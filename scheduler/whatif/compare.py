@@ -2,9 +2,10 @@
 
 - `divergences`: the recorded first admissions against a replay's, job by job, each difference
   with its cause (the reason the replay, or the record, gave the job for waiting at the time
-  the other admitted it, and for a job one side never admitted also the last one);
-  a time difference within `tolerance_us` (the live scheduler decides every cycle interval,
-  the replay at once) is no divergence;
+  the other admitted it, and for a job one side never admitted also the last one; in the
+  replay also `cycle_limit`: its tick ran out of cycles, `Limit.CYCLES`);
+  a time difference within `tolerance_us` (a live tick comes a moment after the replay's: the
+  submit's publishing, the previous tick's length) is no divergence;
 - `same_decisions`: whether two replays admitted and preempted exactly alike;
 - `comparison_rows`: baseline vs alternative, one row per (metric, scope), values as text;
 - `wait_flags` and `capacity_sentence`: what adding GPUs did to the waits.
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from ledger.job_events import WaitReason
 from ledger.read.texts import Translate, english
 from ledger.units import MS_PER_HOUR, format_micros
-from scheduler.whatif.history import Admission
+from scheduler.whatif.history import Admission, Why
 from scheduler.whatif.metrics import Metrics, Overrun
 from scheduler.whatif.replay import Outcome
 from scheduler.whatif.texts import (
@@ -48,9 +49,9 @@ class Divergence:
     recorded_first: Admission | None
     replayed_first: Admission | None
     kind: Cause
-    why: WaitReason | None
+    why: Why | None
     since_us: int  # the window's start: admissions are said as time after it
-    then: tuple[WaitReason | None, ...] = ()  # a job never admitted: its last reason, if other
+    then: tuple[Why | None, ...] = ()  # a job never admitted: its last reason, if other
 
     @property
     def recorded(self) -> str:
@@ -78,9 +79,7 @@ class Divergence:
         )
 
 
-def _reason_at(
-    reasons: tuple[tuple[str, WaitReason, int], ...], job_id: str, at_us: int
-) -> WaitReason | None:
+def _reason_at(reasons: tuple[tuple[str, Why, int], ...], job_id: str, at_us: int) -> Why | None:
     latest = None
     for job, reason, time_us in reasons:
         if job == job_id and time_us <= at_us:
@@ -89,12 +88,12 @@ def _reason_at(
 
 
 def _reasons(
-    reasons: tuple[tuple[str, WaitReason, int], ...],
+    reasons: tuple[tuple[str, Why, int], ...],
     job_id: str,
     at_us: int,
     tolerance_us: int,
     end_us: int,
-) -> tuple[WaitReason | None, tuple[WaitReason | None, ...]]:
+) -> tuple[Why | None, tuple[Why | None, ...]]:
     """The wait reason in force when the other side admitted the job (or, when none was yet,
     the first given within the tolerance after), and the last one when it changed: a job the
     live tick's cap left out says `tick_limit, then cohort_exhausted`."""
@@ -119,8 +118,8 @@ def divergences(
     out = []
     for job_id in sorted(set(mine) | set(theirs)):
         rec, rep = mine.get(job_id), theirs.get(job_id)
-        why = None
-        then: tuple[WaitReason | None, ...] = ()
+        why: Why | None = None
+        then: tuple[Why | None, ...] = ()
         if rec is not None and rep is not None:
             if (rec.pool, rec.model) != (rep.pool, rep.model):
                 kind = Cause.ELSEWHERE

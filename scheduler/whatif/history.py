@@ -14,12 +14,21 @@ never admitted runs for its estimate. A job cancelled or refused before it ever 
 (`skipped`): the replay has no one to cancel it. A job whose last run was reclaimed for idling
 keeps how long that run worked before it went idle (`reclaimed`): the replay ends it by the
 scenario's idle policy (`scheduler.whatif.replay`).
+
+When the live scheduler first looked at a job (`SimJob.seen_us`): its first tick after the
+submit, the first cycle time the record shows (an admission or a wait reason, any job's) at or
+after it; the replay wakes its tick then, so submits the live loop decided together in one tick
+(a burst, or submits that came in while a tick ran) are decided together again, in the cycle's
+order, not one by one as they arrived. Without such a time (no decision after it in the
+window) it is the submit itself, when the API wakes the live loop.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 
 from ledger.job_events import (
     JobAdmitted,
@@ -28,12 +37,22 @@ from ledger.job_events import (
     JobFinished,
     JobPreempted,
     JobReclaimed,
+    JobSpec,
     JobSubmitted,
     JobWaiting,
     WaitReason,
 )
 from ledger.units import US_PER_MS
 from scheduler.simulation import SimJob
+
+
+class Limit(StrEnum):
+    """Why a replayed job waited that no `WaitReason` says: a limit of the tick itself."""
+
+    CYCLES = "cycle_limit"  # the tick ran its `MAX_CYCLES_PER_TICK` cycles; the timer's next
+
+
+Why = WaitReason | Limit  # a wait reason as the what-if compares them
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +97,7 @@ def read_history(events: Iterable[JobEvent], since_us: int, until_us: int) -> Hi
     worked: dict[str, int] = {}  # reclaimed for idling: how long the last run worked first
     ended: set[str] = set()
     waits: list[tuple[str, WaitReason, int]] = []
+    cycle_times: list[int] = []  # when the live ticks' cycles decided something
     prior: list[tuple[str, int, int]] = []
     count = 0
     for event in events:
@@ -85,6 +105,7 @@ def read_history(events: Iterable[JobEvent], since_us: int, until_us: int) -> Hi
         if isinstance(event, JobSubmitted):
             specs.setdefault(event.spec.job_id, event)
         elif isinstance(event, JobAdmitted):
+            cycle_times.append(event.time_us)
             run_from[event.job_id] = (event.time_us, len(event.gpu_uuids), event.team)
             first.setdefault(
                 event.job_id,
@@ -93,6 +114,7 @@ def read_history(events: Iterable[JobEvent], since_us: int, until_us: int) -> Hi
                 ),
             )
         elif isinstance(event, JobWaiting):
+            cycle_times.append(event.time_us)
             waits.append((event.job_id, event.reason, event.time_us))
         elif isinstance(event, _ENDS):
             run = run_from.pop(event.job_id, None)
@@ -117,6 +139,7 @@ def read_history(events: Iterable[JobEvent], since_us: int, until_us: int) -> Hi
         (s for s in specs.values() if since_us <= s.spec.submit_us < until_us),
         key=lambda s: (s.spec.submit_us, s.spec.job_id),
     )
+    cycles = sorted(t for t in cycle_times if t < until_us)
     jobs: list[SimJob] = []
     skipped: list[str] = []
     for submitted in in_window:
@@ -131,7 +154,7 @@ def read_history(events: Iterable[JobEvent], since_us: int, until_us: int) -> Hi
             continue
         else:
             runtime = spec.estimated_runtime_us
-        jobs.append(SimJob(spec, runtime, failed_retries.get(job_id, 0)))
+        jobs.append(SimJob(spec, runtime, failed_retries.get(job_id, 0), _seen(cycles, spec)))
     kept = {j.spec.job_id for j in jobs}
     recorded = sorted(
         (a for a in first.values() if a.job_id in kept and a.time_us < until_us),
@@ -148,3 +171,9 @@ def read_history(events: Iterable[JobEvent], since_us: int, until_us: int) -> Hi
         count,
         tuple((j, us) for j, us in sorted(worked.items()) if j in kept),
     )
+
+
+def _seen(cycles: list[int], spec: JobSpec) -> int:
+    """The first recorded cycle time at or after the submit (sorted `cycles`), else the submit."""
+    at = bisect_left(cycles, spec.submit_us)
+    return cycles[at] if at < len(cycles) else spec.submit_us

@@ -5,11 +5,17 @@ piece, as attribution does), giving an `Outcome`: every run, every first admissi
 
 A scenario is plain domain values (`tally.whatif` builds one from a configuration): queues,
 teams with quotas and cohorts, the fleet, prices, the fair-share half-life, the policy, the
-budgets the teams start the window with, and the live tick's admission cap (each tick admits at
-most `admissions_per_tick` jobs, the rest wait with `tick_limit` for the next, as the live
-dispatcher's do: `scheduler.simulation`). Fair share starts from the usage before the window
-(`History.prior_gpu_ms`: the ledger's metered usage, or the archived runs' GPU time); during the
-window it is metered from the replay's own runs. A job the record shows reclaimed for idling
+budgets the teams start the window with, and the live loop's ticks: the replay decides at ticks
+as the service does (`scheduler.simulation`'s ticking): every `tick_us` (the config's
+`scheduler.cycle_interval_s`) and whenever a submit woke the live loop (`History`: the first
+recorded tick after it), deciding together whatever was submitted or ended since the previous
+tick; each tick admits at most `admissions_per_tick` jobs (the rest wait with `tick_limit`, the
+next tick at once) and runs at most `max_cycles_per_tick` cycles (the rest wait for the timer's
+next tick: `Limit.CYCLES` among the replay's wait reasons), as the live dispatcher's do.
+
+Fair share starts from the usage before the window (`History.prior_gpu_ms`: the ledger's
+metered usage, or the archived runs' GPU time); during the window it is metered from the
+replay's own runs. A job the record shows reclaimed for idling
 works as long as it did, then idles: under a queue that reclaims after `after_us` it ends then;
 under one that only alerts or never acts it holds its GPUs until its queue's `max_runtime_us`,
 or the window's end. A run still going at the window's end is charged up to the end; a job
@@ -36,10 +42,11 @@ from ledger.job_events import (
 )
 from ledger.pricing import PriceBook, cost_of
 from ledger.units import US_PER_MS
+from scheduler.cycle import MAX_CYCLES_PER_TICK
 from scheduler.model import Balance, IdleAction, Node, Policy, Queue, Team
-from scheduler.simulation import SimJob, Simulation
+from scheduler.simulation import SimJob, SimReport, Simulation
 from scheduler.state import SchedulerState
-from scheduler.whatif.history import Admission, History
+from scheduler.whatif.history import Admission, History, Limit, Why
 
 Progress = Callable[[int, int], None]  # (jobs submitted so far, jobs in the window)
 _ENDS = (JobFinished, JobFailed, JobPreempted, JobReclaimed)
@@ -59,6 +66,8 @@ class Scenario:
     budgets: tuple[Balance, ...] = ()
     meter_interval_us: int = 300_000_000
     admissions_per_tick: int | None = None  # the live tick's cap (None: none)
+    tick_us: int = 2_000_000  # the live loop's timer (`scheduler.cycle_interval_s`)
+    max_cycles_per_tick: int = MAX_CYCLES_PER_TICK
 
     @property
     def fleet_gpus(self) -> int:
@@ -101,7 +110,7 @@ class Outcome:
     admissions: tuple[Admission, ...]  # first admissions, in time order
     waits: tuple[Wait, ...]
     runs: tuple[Run, ...]
-    wait_reasons: tuple[tuple[str, WaitReason, int], ...]  # (job, reason, time) in the replay
+    wait_reasons: tuple[tuple[str, Why, int], ...]  # (job, reason, time) in the replay
     preemption_events: tuple[tuple[str, int], ...]  # (job, time)
     wall_s: float = 0.0
 
@@ -220,6 +229,8 @@ def replay(history: History, scenario: Scenario, progress: Progress | None = Non
         meter_interval_us=scenario.meter_interval_us,
         listener=recorder,
         admissions_per_tick=scenario.admissions_per_tick,
+        tick_us=scenario.tick_us,
+        max_cycles_per_tick=scenario.max_cycles_per_tick,
     )
     simulation.run(idle_runtimes(history, scenario), until_us=history.until_us - 1)
     for job_id in sorted(recorder.open):
@@ -238,7 +249,19 @@ def replay(history: History, scenario: Scenario, progress: Progress | None = Non
         tuple(sorted(recorder.first.values(), key=lambda a: (a.time_us, a.job_id))),
         tuple(waits),
         tuple(recorder.runs),
-        tuple(recorder.reasons),
+        _reasons(recorder.reasons, simulation.report),
         tuple(recorder.preempted),
         time.perf_counter() - started,
     )
+
+
+def _reasons(
+    given: list[tuple[str, WaitReason, int]], report: SimReport
+) -> tuple[tuple[str, Why, int], ...]:
+    """The cycles' wait reasons with the ticks' own limits among them, in time order (at one
+    time: the cycles', the reasons that came back after a cycles cap, then the cap)."""
+    merged: list[tuple[int, int, str, Why]] = [(t, 0, job, why) for job, why, t in given]
+    merged += [(t, 1, job, why) for t, job, why in report.resumed]
+    merged += [(t, 2, job, Limit.CYCLES) for t, jobs in report.cycle_limited for job in jobs]
+    merged.sort(key=lambda m: (m[0], m[1]))
+    return tuple((job, why, t) for t, _, job, why in merged)

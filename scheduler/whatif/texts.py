@@ -19,10 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 
-from ledger.job_events import WaitReason
 from ledger.read.job_history import NOT_YET_CONSIDERED, WAIT_SHORT, duration_text
 from ledger.read.texts import N_, Translate, english
-from scheduler.whatif.history import Admission
+from scheduler.whatif.history import Admission, Limit, Why
 
 NOT_CONSIDERED_CODE = "not yet considered"  # a cause's wait reason in the report: none yet
 
@@ -90,21 +89,25 @@ def where_text(first: Admission | None, since_us: int, tr: Translate = english) 
     )
 
 
-def why_code(why: WaitReason | None) -> str:
-    """A cause's wait reason as the report names it: its code (`no_capacity`)."""
+# a tick's own limits in a table's words (a wait reason's are the Team page's, `WAIT_SHORT`)
+LIMIT_WORDS: Mapping[Limit, str] = {Limit.CYCLES: N_("the tick ran out of cycles")}
+
+
+def why_code(why: Why | None) -> str:
+    """A cause's wait reason as the report names it: its code (`no_capacity`, `cycle_limit`)."""
     return NOT_CONSIDERED_CODE if why is None else why.value
 
 
-def why_words(why: WaitReason | None, tr: Translate = english) -> str:
+def why_words(why: Why | None, tr: Translate = english) -> str:
     """A cause's wait reason as a table says it: the Team page's few words (`GPUs busy`)."""
     if why is None:
         return tr(NOT_YET_CONSIDERED)
+    if isinstance(why, Limit):
+        return tr(LIMIT_WORDS[why])
     return tr(WAIT_SHORT[why]) if why in WAIT_SHORT else why.value
 
 
-def reasons_words(
-    why: WaitReason | None, then: tuple[WaitReason | None, ...], tr: Translate = english
-) -> str:
+def reasons_words(why: Why | None, then: tuple[Why | None, ...], tr: Translate = english) -> str:
     """`why` in words, and the last reason after it when there is one (`GPUs busy, then quota
     used up`)."""
     said = why_words(why, tr)

@@ -2,7 +2,8 @@
 
 History: `WINDOW_DAYS` of the Philly trace (`bench_scheduler`'s trace, fleet, one-cohort
 quotas and queue, from the same start day), run once through the scheduler simulation under the
-Tally policy — standing in for the live scheduler — and its every event written as the `jobs`
+Tally policy, ticking as the live service does (every 2 s, the default `cycle_interval_s`, and
+at each submit) — standing in for the live scheduler — and its every event written as the `jobs`
 topic into a real ledger's raw-event archive (DuckDB + sealed Parquet, through the ledger's
 `Ingestor`), as the worker would.
 
@@ -10,7 +11,8 @@ Figure: simulated days per wall-clock second of a what-if over that month — re
 (`read_job_event_log`), the window (`read_history`), and both replays with their metrics and
 comparison (`what_if`: the recorded configuration, and the fleet with `ADDED_NODES` more nodes)
 — counting both replays' days. Baseline: the same month replayed from the trace by the bare
-simulation (one replay, no archive, no metrics), in the same run.
+simulation (one replay, deciding at every event rather than at ticks, no archive, no metrics),
+in the same run.
 """
 
 from __future__ import annotations

@@ -376,11 +376,17 @@ DIVERGENCES = [
         ["j4", "未准入", "+0 秒，在 a/H100",
          "记录中从未被准入（大量作业正在启动，稍后轮到它，后来没有可借用的配额）"],
     ),
+    (
+        {"job_id": "j5", "recorded": "+0 s on a/H100", "replayed": "+2 s on a/H100",
+         "cause": "the replay kept it waiting (cycle_limit)"},
+        ["j5", "+0 秒，在 a/H100", "+2 秒，在 a/H100",
+         "回放中它仍在等待（本轮调度的循环次数已用完）"],
+    ),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("saved", "shown"), DIVERGENCES, ids=["never", "placed", "waiting", "then"]
+    ("saved", "shown"), DIVERGENCES, ids=["never", "placed", "waiting", "then", "cycle-limit"]
 )
 def test_a_what_if_divergence_reads_in_chinese(saved: dict[str, str], shown: list[str]) -> None:
     """The cause's wait reason is a code in the report: shown in words; English as saved."""

@@ -16,7 +16,7 @@ import pytest
 from ledger.accounts import capacity_account
 from ledger.alerts import decode_alert
 from ledger.attribution import physical_gpu_ms
-from ledger.events import Owner, ProcessUsage, encode_batch, envelope_for
+from ledger.events import Owner, ProcessUsage, SampleSource, encode_batch, envelope_for
 from ledger.fractional import share_key, share_parent
 from ledger.idle import MINUTE_US, IdlePolicy
 from ledger.idle_shares import share_util, unresolved
@@ -46,6 +46,7 @@ POOL, MODEL = a_sample().pool, a_sample().model
 POLICY = IdlePolicy(5, 3 * MINUTE_US, 10, 2 * MINUTE_US)  # 3 min grace, 2 min busy resolves
 PRICES = PriceBook((Price("*", 3_600_000),))  # one micro per GPU-ms
 MIG_SUBJECT = f"{GPU}/gi1"
+NVML, DCGM = SampleSource.NVML, SampleSource.DCGM
 
 
 class Feed:
@@ -74,8 +75,16 @@ class Feed:
         return sorted((a.kind.value, a.subject, a.reason) for a in found)
 
 
-def minute(m: int, sm: Mapping[str, int], mig: bool = False, gpu: str = GPU, start: int = T0_US):
-    """The sample of minute `m` after `start`: one process per job in `sm`, with its SM %."""
+def minute(
+    m: int,
+    sm: Mapping[str, int],
+    mig: bool = False,
+    gpu: str = GPU,
+    start: int = T0_US,
+    dcgm: bool = False,
+):
+    """The sample of minute `m` after `start`: one process per job in `sm`, with its SM % (as
+    dcgm-exporter reads it: the GPU's utilisation only, no processes)."""
     processes = tuple(
         a_process(pid=100 + i, sm=util, owner=an_owner("vision", "p", "u", job))
         for i, (job, util) in enumerate(sorted(sm.items()))
@@ -85,7 +94,8 @@ def minute(m: int, sm: Mapping[str, int], mig: bool = False, gpu: str = GPU, sta
         sample_time_us=start + (m + 1) * MINUTE_US,
         interval_us=MINUTE_US,
         util_gpu_pct=min(100, sum(sm.values())),
-        processes=processes,
+        processes=() if dcgm else processes,
+        source=DCGM if dcgm else SampleSource.SIMULATED,
         mig=a_mig() if mig else None,
     )
     return envelope_for(sample, "sim://node-01")
@@ -100,6 +110,7 @@ class ShareIdleCase:
     released: tuple[tuple[str, int], ...] = ()  # job, the minute at whose start it is released
     mig: bool = False  # the samples are of MIG instance gi1 (its own process: job "m")
     whole_idle: set[int] = field(default_factory=set)  # minutes flagged as a whole transaction
+    dcgm: bool = False  # the samples are dcgm-exporter's: the GPU's utilisation, no processes
 
 
 DETECTED, RESOLVED = "tally.idle.detected", "tally.idle.resolved"
@@ -143,6 +154,25 @@ CASES = {
         mig=True,
         whole_idle={2, 3, 4},
     ),
+    "dcgm-only-shares-are-busy-while-their-gpu-works": ShareIdleCase(
+        (("a", 500), ("b", 250)),
+        ({"a": 0, "b": 80},) * 6,  # which share works dcgm cannot tell: neither is flagged
+        (),
+        {},
+        dcgm=True,
+    ),
+    "dcgm-only-shares-idle-with-their-gpu": ShareIdleCase(
+        (("a", 500), ("b", 250)),
+        ({"a": 0, "b": 0},) * 4 + ({"a": 0, "b": 60},) * 3,
+        (
+            (DETECTED, "a", None),
+            (DETECTED, "b", None),
+            (RESOLVED, "a", "busy_again"),
+            (RESOLVED, "b", "busy_again"),
+        ),
+        {"a": {2, 3}, "b": {2, 3}},
+        dcgm=True,
+    ),
 }
 
 
@@ -155,7 +185,7 @@ def run(case: ShareIdleCase, store: LedgerStore, batched: bool):
     alerts, and per job the minutes whose legs are flagged idle."""
     feed = Feed(store)
     feed.jobs(*(share_assigned(job, "vision", share, T0_US) for job, share in case.shares))
-    envelopes = [minute(m, sm, case.mig) for m, sm in enumerate(case.minutes)]
+    envelopes = [minute(m, sm, case.mig, dcgm=case.dcgm) for m, sm in enumerate(case.minutes)]
     release_at = {m: job for job, m in case.released}
     pending: list = []
     for m, envelope in enumerate(envelopes):
@@ -198,18 +228,27 @@ def test_each_share_is_idle_by_its_own_processes(case: ShareIdleCase) -> None:
 
 
 @pytest.mark.parametrize(
-    ("processes", "gpu_util", "job", "expected"),
+    ("processes", "gpu_util", "job", "expected", "source"),
     [
-        pytest.param(((None, 90),), 90, "a", 0, id="no-process-of-its-job-is-idle"),
-        pytest.param((("a", 30), ("a", 25), ("b", 40)), 95, "a", 55, id="its-processes-summed"),
-        pytest.param((("a", 80), ("a", 70)), 100, "a", 100, id="at-most-100"),
-        pytest.param((("a", None), ("b", None)), 64, "a", 64, id="no-sm-reported-the-gpus"),
-        pytest.param((("a", None), ("b", 40)), 40, "a", 0, id="others-report-sm-it-does-not"),
+        pytest.param(((None, 90),), 90, "a", 0, NVML, id="no-process-of-its-job-is-idle"),
+        pytest.param((("a", 30), ("a", 25), ("b", 40)), 95, "a", 55, NVML,
+                     id="its-processes-summed"),
+        pytest.param((("a", 80), ("a", 70)), 100, "a", 100, NVML, id="at-most-100"),
+        pytest.param((("a", None), ("b", None)), 64, "a", 64, NVML, id="no-sm-reported-the-gpus"),
+        pytest.param((("a", None), ("b", 40)), 40, "a", 0, NVML,
+                     id="others-report-sm-it-does-not"),
+        pytest.param((), 0, "a", 0, NVML, id="nvml-no-process-at-all-is-idle"),
+        pytest.param((), 70, "a", 70, DCGM, id="dcgm-only-busy-gpu-busy-share"),
+        pytest.param((), 0, "a", 0, DCGM, id="dcgm-only-idle-gpu-idle-share"),
+        pytest.param((("b", 40),), 40, "a", 0, DCGM, id="dcgm-with-processes-by-its-own"),
     ],
-)
-def test_share_utilisation(processes, gpu_util: int, job: str, expected: int) -> None:
+)  # fmt: skip
+def test_share_utilisation(processes, gpu_util: int, job: str, expected: int, source) -> None:
+    """A share is as busy as its job's processes on the GPU; a sample whose collector lists no
+    processes (dcgm-exporter) cannot tell the shares apart: each is as busy as the GPU."""
     sample = a_sample(
         util_gpu_pct=gpu_util,
+        source=source,
         processes=tuple(
             ProcessUsage(i, 1, sm, None if j is None else Owner("vision", "p", "u", j))
             for i, (j, sm) in enumerate(processes)
