@@ -342,12 +342,14 @@ class SchedulerService:
     async def run(self) -> None:
         """Tick every `cycle_interval_s`, or sooner when woken, until `stop`."""
         while not self._stopping.is_set():
+            # Cleared before deciding: a submit applied after this tick's decisions, whose
+            # publish ends while the tick still awaits its own, wakes the next tick at once.
+            self._wake.clear()
             try:  # the next tick decides while this one's enactment is under way
                 await self.decide()
                 self._enacting()
             except Exception:  # a bug in one tick must not stop the scheduler
                 log.exception("a scheduling tick failed")
-            self._wake.clear()
             if self.dispatcher.capped:  # what the cap left out is the next tick's, at once
                 await asyncio.sleep(0)  # (submits and cancels first)
                 continue
