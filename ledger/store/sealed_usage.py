@@ -12,7 +12,8 @@ Pure, values in and value out:
 - `shards_sealed_through`: the event, from the watermark and those lines: per job (only the
   `jobs` asked for, the holds the global shard has open: the event stays small) and per team.
 
-`read_usage_lines` is the one I/O here: the same sums by DuckDB over a union's sealed postings.
+The I/O here: `read_usage_lines`, the same sums by DuckDB over sealed postings, and
+`union_sealed_through`, the event of a union read cache (`ledger.store.union.pull_shards`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from ledger.accounts import AccountKind
 from ledger.admin import JobUsage, ShardsSealedThrough, TeamUsage
 from ledger.admin.events import BUDGET_UNITS, LEDGER_ACTOR
 from ledger.postings import Transaction, TransactionKind
-from ledger.store.layout import sql_list
-from ledger.store.segments import SegmentInfo
+from ledger.store.layout import SEGMENTS_DIR, sql_list
+from ledger.store.segments import Manifest, SegmentInfo
 from ledger.store.union_rules import GLOBAL_SHARD, ROOT_SHARD, SHARDS_PREFIX
 from ledger.units import Unit
 
@@ -141,3 +142,18 @@ def shards_sealed_through(
         reason="every samples shard has sealed its usage through the watermark",
         effective_us=through_us if effective_us is None else effective_us,
     )
+
+
+def union_sealed_through(
+    cache: Path, jobs: Collection[str] | None = None
+) -> ShardsSealedThrough | None:
+    """The `ShardsSealedThrough` of the union in the read cache `cache` (its manifest lists
+    every shard's segments): the samples shards' watermark and their usage up to it (per job of
+    `jobs`, None: every job); None while there is no watermark."""
+    shards = samples_shards(Manifest(cache / SEGMENTS_DIR).load())
+    through = watermark({name: newest_usage(segs) for name, segs in shards.items()})
+    if through is None:
+        return None
+    entries = [seg for segs in shards.values() for seg in segs]
+    lines = read_usage_lines(cache / SEGMENTS_DIR, entries, through)
+    return shards_sealed_through(through, shards, lines, jobs)
