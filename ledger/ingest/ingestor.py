@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, tzinfo
 
 from ledger.admin import AdminView, ShardsSealedThrough, decode_admin_message
+from ledger.balances import ShardStamp
 from ledger.events import DeadLetter, decode_message, encode_dead_letter, event_id
 from ledger.fleet_alerts import alert_key, encode_fleet_alert
 from ledger.holds import LEDGER_HOLDS_SOURCE
@@ -99,9 +100,11 @@ class Ingestor:
     or assignment event of a month (the same rule, `ledger.ingest.allowances`) for the policies
     that do not depend on spending, and from an admin batch applying a `ShardsSealedThrough` for
     every policy, with that batch's hold settlements (`ledger.ingest.sealed`); a `SAMPLES`
-    shard grants none. A `SAMPLES` shard publishes no balances either: its keys (`account`)
-    would clash with every other shard's; balances keyed per shard are a later step of the
-    design (`docs/design/several-workers.md`, "Balances").
+    shard grants none. A `SAMPLES` shard given no `shard` stamp publishes no balances either:
+    its keys (`account`) would clash with every other shard's; given one
+    (`ledger.balances.ShardStamp`: the shard's name and the epoch its writer holds it in), every
+    shard's balance messages are keyed by account and shard and carry the epoch
+    (`docs/design/several-workers.md`, "Balances").
     """
 
     def __init__(
@@ -115,12 +118,15 @@ class Ingestor:
         inputs: InputTopics | None = None,
         zone: tzinfo = UTC,
         role: ShardRole = ShardRole.WHOLE,
+        shard: ShardStamp | None = None,
     ) -> None:
         """`zone`: the ledger's time zone (`ledger.store.identity`), whose months usage, holds,
         grants and allowances are booked into; `role`: what part of the ledger this store
-        holds (`ledger.ingest.shards`)."""
+        holds (`ledger.ingest.shards`); `shard`: the stamp a sharded ledger's shard publishes its
+        balances with (the worker that claims the shard sets it; None: a whole ledger's keys)."""
         self.store = store
         self.role = role
+        self.shard = shard
         self.zone = zone
         self.incarnation = incarnation
         self._configured_prices = prices
@@ -374,9 +380,10 @@ class Ingestor:
             folded.idle_states,
             outbox,
             folded.changes,
-            None if self.role is ShardRole.SAMPLES else self.topics.balances,
+            None if self.role is ShardRole.SAMPLES and self.shard is None else self.topics.balances,
             raw=fresh,
             columns=columns,
+            balances_shard=self.shard,
         )
         for r in ranges:
             self._next[(r.topic, r.partition)] = r.last + 1
