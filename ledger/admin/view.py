@@ -32,6 +32,11 @@ from ledger.errors import EventError
 from ledger.pricing import Price, PriceBook
 from ledger.units import Unit
 
+# The outcome a global shard logs a reversal with whose target it does not hold: the samples
+# shard holding it posts the reversal (`ledger.ingest.admin`; `verify` reports one no shard
+# posted, `ledger.store.union_verify`).
+ELSEWHERE_OUTCOME = "posted by the shard holding its target"
+
 
 @dataclass(frozen=True, slots=True)
 class AppliedAdmin:

@@ -69,6 +69,7 @@ from ledger.admin.requests import (
     request_alert,
     request_states,
 )
+from ledger.admin.view import ELSEWHERE_OUTCOME
 from ledger.audit import AuditEntry
 from ledger.closing import booking_period
 from ledger.events import DeadLetter
@@ -96,7 +97,6 @@ from ledger.store.port import (
 )
 
 DecodedAdmin = tuple[AdminEnvelope, ConsumedMessage]
-ELSEWHERE_OUTCOME = "posted by the shard holding its target"
 
 
 def admin_keys(decoded: Sequence[DecodedAdmin]) -> ViewKeys:

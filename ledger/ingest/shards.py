@@ -30,10 +30,11 @@ it settles a hold once, when the hold has ended (released: its end is the releas
 expired) and a `ShardsSealedThrough` past its end is folded, by `min(the job's usage up to the
 watermark, the hold)`, and releases the rest (`HoldBook.end`, `HoldBook.settle_ended`) — the
 amounts the whole ledger settles and releases batch by batch, booked at the hold's end rather
-than with each usage. Known gap: an admin reversal that no shard can post (its
-target unknown, already reversed, or not applied yet when the reversal is folded) is a dead
-letter of the whole ledger but of no shard (the global shard logs it as another shard's, and
-a samples shard drops its admin letters); the design has `verify` report it from the admin log.
+than with each usage. An admin reversal that no shard can post (its target unknown, already
+reversed, or not applied yet when the reversal is folded) is a dead letter of the whole ledger
+but of no shard (the global shard logs it as another shard's, and a samples shard drops its
+admin letters): `verify` reports it from the global shard's admin log
+(`ledger.store.union_verify`).
 """
 
 from __future__ import annotations
