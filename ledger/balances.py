@@ -20,6 +20,12 @@ and the messages of the compacted `balances` topic.
   team's usage, holds or grants, or moves the current period, also re-publishes the team's
   `budget:` account. `seq` grows with every publishing commit, so a consumer can ignore a
   message older than one it has seen.
+- A shard of a sharded ledger publishes its own balances, stamped (`ShardStamp`): keyed by
+  (account, shard) (`balance_key`) with the shard and the epoch its writer holds it in in the
+  value, so the shards' messages for one account do not replace each other on the compacted
+  topic; a consumer sums an account over the shards and ignores a shard's message whose epoch
+  is older than the newest it has seen for that shard (`ledger.shard_balances`). A whole
+  ledger's messages are unstamped: keyed by the account, as they always were.
 """
 
 from __future__ import annotations
@@ -79,8 +85,18 @@ class BudgetStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class ShardStamp:
+    """The shard of a sharded ledger a balance message comes from, and the epoch its writer
+    holds the shard in (a claim's epoch never goes backwards)."""
+
+    shard: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class BalanceUpdate:
-    """One message of the `balances` topic."""
+    """One message of the `balances` topic; `shard`: the sharded ledger's shard it is of
+    (None: a whole ledger's)."""
 
     account: str
     seq: int
@@ -89,6 +105,7 @@ class BalanceUpdate:
     periods: tuple[BalanceRow, ...]
     totals: tuple[tuple[str, int], ...]
     budget: BudgetStatus | None = None
+    shard: ShardStamp | None = None
 
 
 def account_team(account: str) -> str | None:
@@ -185,31 +202,40 @@ def _budget_to_dict(status: BudgetStatus) -> dict[str, Any]:
     }
 
 
-def balance_message_id(account: str, seq: int) -> str:
-    return event_id(BALANCE_SOURCE, account, seq)
+def balance_message_id(account: str, seq: int, stamp: ShardStamp | None = None) -> str:
+    if stamp is None:
+        return event_id(BALANCE_SOURCE, account, seq)
+    return event_id(BALANCE_SOURCE, f"{account}@{stamp.shard}/{stamp.epoch}", seq)
+
+
+def balance_key(account: str, stamp: ShardStamp | None = None) -> bytes:
+    """The message key: the account; a shard's, the JSON array [account, shard]."""
+    return account.encode() if stamp is None else orjson.dumps([account, stamp.shard])
 
 
 def encode_balance_update(update: BalanceUpdate) -> bytes:
-    """The message value; its key is the account."""
+    """The message value; its key is `balance_key`."""
+    data: dict[str, Any] = {
+        "account": update.account,
+        "seq": update.seq,
+        "current_period": update.current_period,
+        "periods": [
+            {"period": r.period, "unit": r.unit, "balance": r.balance} for r in update.periods
+        ],
+        "totals": [{"unit": u, "balance": b} for u, b in update.totals],
+        "budget": None if update.budget is None else _budget_to_dict(update.budget),
+    }
+    if update.shard is not None:
+        data["shard"] = {"name": update.shard.shard, "epoch": update.shard.epoch}
     return encode_data(
         Envelope(
-            id=balance_message_id(update.account, update.seq),
+            id=balance_message_id(update.account, update.seq, update.shard),
             type=BALANCE_TYPE,
             source=BALANCE_SOURCE,
             subject=update.account,
             time_us=update.as_of_us,
             schema=1,
-            data={
-                "account": update.account,
-                "seq": update.seq,
-                "current_period": update.current_period,
-                "periods": [
-                    {"period": r.period, "unit": r.unit, "balance": r.balance}
-                    for r in update.periods
-                ],
-                "totals": [{"unit": u, "balance": b} for u, b in update.totals],
-                "budget": None if update.budget is None else _budget_to_dict(update.budget),
-            },
+            data=data,
         )
     )
 
@@ -258,6 +284,7 @@ def decode_balance_update(value: bytes) -> BalanceUpdate:
                 ),
             )
         current = data.get("current_period")
+        shard = data.get("shard")
         return BalanceUpdate(
             account=account,
             seq=_int(data, "seq"),
@@ -269,6 +296,7 @@ def decode_balance_update(value: bytes) -> BalanceUpdate:
             ),
             totals=tuple((_str(t, "unit"), _int(t, "balance")) for t in data.get("totals", [])),
             budget=budget,
+            shard=None if shard is None else ShardStamp(_str(shard, "name"), _int(shard, "epoch")),
         )
     except (AttributeError, TypeError) as exc:
         raise EventError(f"malformed balance message: {exc}") from exc
@@ -282,8 +310,10 @@ def balance_update(
     seq: int,
     as_of_us: int,
     budget: BudgetStatus | None = None,
+    shard: ShardStamp | None = None,
 ) -> BalanceUpdate:
-    """The message for `account` from its balance rows (of every period)."""
+    """The message for `account` from its balance rows (of every period); `shard`: the stamp
+    of a sharded ledger's shard."""
     mine = sorted((r for r in rows if r.account == account), key=lambda r: (r.period, r.unit))
     totals: dict[str, int] = {}
     for row in mine:
@@ -296,6 +326,7 @@ def balance_update(
         periods=tuple(r for r in mine if r.period not in closed),
         totals=tuple(sorted(totals.items())),
         budget=budget,
+        shard=shard,
     )
 
 

@@ -12,6 +12,10 @@ its job events (which this module's decoder passes over). The ledger books them:
   `hold_release`); so does the hold's expiry, once the ledger has folded an event at or after
   `expires_us`.
 
+In a sharded ledger the global shard holds no usage: there a release only ends the job's holds
+and each is settled once, from the union's usage, when the shards' watermark passes its end
+(`HoldBook.end`, `HoldBook.settle_ended`, `ledger.ingest.sealed`).
+
 So a team's open holds are the balance of `hold:<team>` over all periods, never a stored number;
 `OpenHold` rows are the per-job projection the settlement needs, kept in the same commits.
 
@@ -452,6 +456,52 @@ class HoldBook:
                     self._book(hold.expires_us),
                 )
             )
+        return out
+
+    def end(self, envelope: HoldEnvelope) -> bool:
+        """A global shard's release (`ledger.ingest.shards`): the job's holds end at the
+        release's time (their `expires_us` lowered to it) and stay open until `settle_ended`
+        settles them from the union's usage; whether any hold of the job is open."""
+        event = envelope.data
+        assert isinstance(event, HoldReleased)
+        found = False
+        for key, hold in sorted(self._open.items()):
+            if key[0] == event.job_id:
+                found = True
+                if event.time_us < hold.expires_us:
+                    self._set(replace(hold, expires_us=event.time_us))
+        return found
+
+    def settle_ended(self, through_us: int, usage: Mapping[HoldKey, int]) -> list[Transaction]:
+        """A global shard's settlement: each open hold that ended (released or expired) at or
+        before the watermark `through_us` is settled once by its job's usage up to it
+        (`min(usage, what is left)`, kind `hold_settle`) and what is left released (kind
+        `hold_release`), both booked at the hold's end. Ids derive from the hold's first
+        placement and its end, so folding the same facts again makes the same ones."""
+        out = []
+        for key, hold in sorted(self._open.items()):
+            if hold.expires_us > through_us:
+                continue
+            self._set(replace(hold, amount=0))
+            settled = max(0, min(hold.amount, usage.get(key, 0)))
+            ends = f"{key[0]}/{key[1]}/{hold.placed_by}"
+            parts = (
+                (TransactionKind.HOLD_SETTLE, "settled", settled),
+                (TransactionKind.HOLD_RELEASE, "ended", hold.amount - settled),
+            )
+            for kind, name, amount in parts:
+                if amount:
+                    out.append(
+                        _txn(
+                            event_id(LEDGER_HOLDS_SOURCE, f"{ends}/{name}", hold.expires_us),
+                            kind,
+                            hold.expires_us,
+                            hold.expires_us + 1,
+                            _hold_postings(hold, -amount),
+                            (hold.placed_by,),
+                            self._book(hold.expires_us),
+                        )
+                    )
         return out
 
     def settle(self, usage: Sequence[Transaction]) -> list[Settlement]:

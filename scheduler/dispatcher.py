@@ -54,6 +54,7 @@ from ledger.job_events import (
     JobReclaimed,
     JobSubmitted,
 )
+from ledger.shard_balances import ShardBalances
 from ledger.units import US_PER_HOUR, Unit
 from scheduler.cycle import MAX_CYCLES_PER_TICK, run_cycle
 from scheduler.errors import Rejected, RejectKind, StateError
@@ -133,6 +134,7 @@ class Dispatcher:
         self._seq = 0
         self._now = 0
         self._balance_seq: dict[str, int] = {}
+        self._shard_balances = ShardBalances()  # a sharded ledger's, summed over its shards
         self._consumer_totals: dict[str, int] = {}
         self._idle: dict[str, tuple[int, str | None]] = {}  # GPU → (idle since, owning job)
         self._alerted: set[tuple[str, int]] = set()
@@ -311,7 +313,12 @@ class Dispatcher:
     # ------------------------------------------------------------------ inputs
 
     def on_balance(self, update: BalanceUpdate, now_us: int | None = None) -> None:
-        """One `balances` message: budgets, and consumer GPU-ms for fair share."""
+        """One `balances` message: budgets, and consumer GPU-ms for fair share (a shard's message
+        first summed with the other shards', `ledger.shard_balances`)."""
+        for merged in self._shard_balances.merge(update):
+            self._on_balance(merged, now_us)
+
+    def _on_balance(self, update: BalanceUpdate, now_us: int | None) -> None:
         last = self._balance_seq.get(update.account)
         if last is not None and update.seq <= last:
             return

@@ -28,7 +28,8 @@ Schemas of admin event data (every `tally.admin.*` type):
 - v1 (current): the fields of the event's dataclass, as `admin_event_to_dict` writes them;
 - v0: the first `tally admin` named who acted `by` (not `actor`) and recorded no `reason`;
   `admin_v0_to_v1` upcasts it (`actor` ← `by`, `reason` ← `V0_REASON`). An upcast event's id
-  is the one its v1 form derives.
+  is the one its v1 form derives. `tally.admin.shards_sealed_through` (`sealed_events`, the
+  ledger's own cross-shard fact) began at v1 and has no v0.
 """
 
 from ledger.admin.codec import (
@@ -92,6 +93,7 @@ from ledger.admin.recurring import (
     carry_amount,
     plan_allowances,
 )
+from ledger.admin.sealed_events import JobUsage, ShardsSealedThrough, TeamUsage
 from ledger.admin.view import (
     AdminView,
     AppliedAdmin,
@@ -134,6 +136,7 @@ __all__ = [
     "DesiredState",
     "GpuCordoned",
     "GpuUncordoned",
+    "JobUsage",
     "PeriodClosed",
     "PolicySpec",
     "PriceSet",
@@ -141,8 +144,10 @@ __all__ = [
     "QuotaKey",
     "QuotaSet",
     "QuotaSpec",
+    "ShardsSealedThrough",
     "TeamDefined",
     "TeamSpec",
+    "TeamUsage",
     "adjustment_transaction",
     "admin_envelope",
     "admin_envelope_from_dict",

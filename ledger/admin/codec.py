@@ -37,6 +37,13 @@ from ledger.admin.events import (
 )
 from ledger.admin.kinds import AdminKind
 from ledger.admin.request_events import RequestKind, RequestOpened
+from ledger.admin.sealed_events import (
+    ShardsSealedThrough,
+    read_job_usage,
+    read_shard_names,
+    read_team_usage,
+    usage_lines_to_data,
+)
 from ledger.envelope import (
     REGISTRY,
     DeadLetter,
@@ -66,6 +73,8 @@ def admin_event_to_dict(event: AdminEvent) -> dict[str, Any]:
         out[name] = value.value if isinstance(value, StrEnum) else value
     if out.get("role") is None:  # an event without a role encodes (and is identified) as before
         out.pop("role", None)
+    if isinstance(event, ShardsSealedThrough):
+        out.update(usage_lines_to_data(event), shards=list(event.shards))
     return out
 
 
@@ -300,6 +309,14 @@ _FIELDS: Mapping[AdminKind, tuple[tuple[str, Decoder, bool], ...]] = {
     AdminKind.REQUEST_APPROVED: (("request_id", _name, True), *_META, _ROLE),
     AdminKind.REQUEST_REJECTED: (("request_id", _name, True), *_META, _ROLE),
     AdminKind.REQUEST_EXPIRED: (("request_id", _name, True), *_META, _ROLE),
+    AdminKind.SHARDS_SEALED_THROUGH: (
+        ("through_us", _TIME, True),
+        ("shards", read_shard_names, True),
+        ("jobs", read_job_usage, True),
+        ("teams", read_team_usage, True),
+        *_META,
+        _ROLE,
+    ),
 }
 
 _BUDGET_FIELDS = ("period", "unit", "amount")
@@ -422,7 +439,9 @@ ADMIN: Family[AdminEvent] = Family(
     subject_is="entity",
     time_is="effective_us",
 )
-REGISTRY.add(ADMIN, {(kind, 0): admin_v0_to_v1 for kind in AdminKind})
+# `ShardsSealedThrough` began at v1: no v0 to upcast from.
+BEGAN_AT_V1 = frozenset({AdminKind.SHARDS_SEALED_THROUGH})
+REGISTRY.add(ADMIN, {(kind, 0): admin_v0_to_v1 for kind in AdminKind if kind not in BEGAN_AT_V1})
 
 
 def admin_envelope_from_dict(obj: Any) -> AdminEnvelope:

@@ -24,6 +24,7 @@ from ledger.admin.request_events import (
     RequestOpened,
     RequestRejected,
 )
+from ledger.admin.sealed_events import ShardsSealedThrough
 from ledger.envelope import Envelope
 from ledger.postings import TransactionKind
 from ledger.roles import Action, Role
@@ -311,6 +312,7 @@ AdminEvent = (
     | RequestApproved
     | RequestRejected
     | RequestExpired
+    | ShardsSealedThrough
 )
 EVENT_CLASSES: Mapping[AdminKind, type[AdminEvent]] = {
     cls.KIND: cls
@@ -329,6 +331,7 @@ EVENT_CLASSES: Mapping[AdminKind, type[AdminEvent]] = {
         RequestApproved,
         RequestRejected,
         RequestExpired,
+        ShardsSealedThrough,
     )
 }
 # Which permission each event needs (`ledger.roles`); allowance records are the ledger's own.

@@ -23,3 +23,4 @@ class AdminKind(StrEnum):
     REQUEST_APPROVED = "tally.admin.request_approved"
     REQUEST_REJECTED = "tally.admin.request_rejected"
     REQUEST_EXPIRED = "tally.admin.request_expired"
+    SHARDS_SEALED_THROUGH = "tally.admin.shards_sealed_through"

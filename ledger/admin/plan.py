@@ -29,6 +29,7 @@ from ledger.admin.request_events import (
     RequestRejected,
 )
 from ledger.admin.requests import change_text
+from ledger.admin.sealed_events import ShardsSealedThrough
 from ledger.admin.view import AdminView
 from ledger.units import Unit
 
@@ -234,6 +235,8 @@ def describe(event: AdminEvent) -> str:
     if isinstance(event, RequestApproved | RequestRejected | RequestExpired):
         step = event.KIND.value.removeprefix("tally.admin.request_")
         return f"{step} request {event.request_id}: {event.reason}"
+    if isinstance(event, ShardsSealedThrough):
+        return f"shards sealed through {event.through_us} µs: {event.reason}"
     return f"close {event.period}"
 
 

@@ -1,7 +1,8 @@
 """The applied admin log and what it adds up to: `AppliedAdmin` (an event and its outcome), its
 dict form for the log file, and `AdminView` (prices, teams, quotas, one-off budgets, recurring
-budget policies and the allowances they granted, closed periods, standing GPU cordons, and the
-request projection: every quota and budget request with its status, `ledger.admin.requests`).
+budget policies and the allowances they granted, closed periods, standing GPU cordons, the
+request projection: every quota and budget request with its status, `ledger.admin.requests`,
+and a global shard's newest `ShardsSealedThrough`).
 """
 
 from __future__ import annotations
@@ -26,9 +27,15 @@ from ledger.admin.events import (
 from ledger.admin.recurring import AppliedPolicy, PolicyKey
 from ledger.admin.request_events import REQUEST_CLASSES
 from ledger.admin.requests import REFUSED_OUTCOME, RequestState, fold_request, refused_step
+from ledger.admin.sealed_events import ShardsSealedThrough
 from ledger.errors import EventError
 from ledger.pricing import Price, PriceBook
 from ledger.units import Unit
+
+# The outcome a global shard logs a reversal with whose target it does not hold: the samples
+# shard holding it posts the reversal (`ledger.ingest.admin`; `verify` reports one no shard
+# posted, `ledger.store.union_verify`).
+ELSEWHERE_OUTCOME = "posted by the shard holding its target"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +77,8 @@ class AdminView:
     latest_allowance: Mapping[PolicyKey, BudgetAllowanceGranted] = field(default_factory=dict)
     cordons: Mapping[str, GpuCordoned] = field(default_factory=dict)  # standing, by target
     requests: Mapping[str, RequestState] = field(default_factory=dict)  # by request id
+    # the applied `ShardsSealedThrough` with the newest watermark (a global shard's only)
+    sealed: ShardsSealedThrough | None = None
 
     @classmethod
     def from_log(cls, entries: Iterable[AppliedAdmin]) -> AdminView:
@@ -83,6 +92,7 @@ class AdminView:
         latest: dict[PolicyKey, BudgetAllowanceGranted] = {}
         cordons: dict[str, GpuCordoned] = {}
         requests: dict[str, RequestState] = {}
+        sealed: ShardsSealedThrough | None = None
         for entry in entries:
             if entry.outcome != "applied":
                 step = entry.envelope.data
@@ -115,6 +125,8 @@ class AdminView:
                 cordons.pop(event.target, None)
             elif isinstance(event, REQUEST_CLASSES):
                 fold_request(requests, event)  # applied: the fold let it through
+            elif isinstance(event, ShardsSealedThrough):
+                sealed = event  # applied only when newer than every one before it
         return cls(
             tuple(prices),
             teams,
@@ -126,6 +138,7 @@ class AdminView:
             latest,
             cordons,
             requests,
+            sealed,
         )
 
     def policy(self, team: str, unit: Unit) -> BudgetPolicySet | None:

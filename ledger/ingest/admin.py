@@ -24,9 +24,11 @@ so readers and the scheduler's desk show the request `refused` with the ledger's
 
 A global shard (`ledger.ingest.shards`) folds with `targets_elsewhere`: a reversal whose target
 the ledger does not hold may be a samples shard's usage (that shard posts it), so it is logged
-with the outcome `ELSEWHERE_OUTCOME` and audited, not refused; and with `spending_known` off: a
-budget policy whose grants depend on the team's spending (carry-over, or a quarter's remainder
-moving on) is refused, because a global shard holds no usage (`ledger.ingest.shards`).
+with the outcome `ELSEWHERE_OUTCOME` and audited, not refused; and with `global_shard`: a
+`ShardsSealedThrough` (made by the ledger only: one recording a role is refused) is applied when
+its watermark is newer than the newest folded (`ledger.ingest.sealed` then settles the holds
+that ended and grants the allowances it makes due); any other ledger logs it as
+`SEALED_ELSEWHERE`, changing nothing.
 
 Every event applied (not one that changed nothing) is also an audit entry
 (`ledger.ingest.audit`) with the value it replaced: the previous price, team definition, quota,
@@ -46,14 +48,12 @@ from ledger.admin import (
     AppliedAdmin,
     BudgetAllowanceGranted,
     BudgetGranted,
-    BudgetPolicySet,
-    Cadence,
-    CarryOver,
     GpuCordoned,
     GpuUncordoned,
     PeriodClosed,
     PriceSet,
     QuotaSet,
+    ShardsSealedThrough,
     TeamDefined,
     adjustment_transaction,
     grant_transaction,
@@ -69,6 +69,7 @@ from ledger.admin.requests import (
     request_alert,
     request_states,
 )
+from ledger.admin.view import ELSEWHERE_OUTCOME
 from ledger.audit import AuditEntry
 from ledger.closing import booking_period
 from ledger.events import DeadLetter
@@ -96,7 +97,6 @@ from ledger.store.port import (
 )
 
 DecodedAdmin = tuple[AdminEnvelope, ConsumedMessage]
-ELSEWHERE_OUTCOME = "posted by the shard holding its target"
 
 
 def admin_keys(decoded: Sequence[DecodedAdmin]) -> ViewKeys:
@@ -111,19 +111,12 @@ def admin_keys(decoded: Sequence[DecodedAdmin]) -> ViewKeys:
         ),
         admin=True,
         inventory=any(isinstance(e, GpuCordoned | GpuUncordoned) for e in events),
+        holds=any(isinstance(e, ShardsSealedThrough) for e in events),  # a global shard settles
     )
 
 
-SPENDING_UNKNOWN = (
-    "a budget policy with carry-over or a quarterly cadence needs the team's spending, which a "
-    "global shard does not hold (the union's spending is not folded yet)"
-)
-
-
-def spends(policy: BudgetPolicySet) -> bool:
-    """Whether the policy's grants depend on the team's spending: a carry-over rule, or a
-    quarter whose remainder moves on from month to month (`ledger.admin.recurring`)."""
-    return policy.carry_over is not CarryOver.NONE or policy.every is not Cadence.MONTH
+SEALED_ELSEWHERE = "unchanged: only a global shard folds the shards' watermark"
+SEALED_NOT_NEWER = "unchanged: not newer than the watermark folded"
 
 
 def role_refusal(envelope: AdminEnvelope) -> str | None:
@@ -152,13 +145,13 @@ def fold_admin(
     zone: tzinfo = UTC,
     *,
     targets_elsewhere: bool = False,
-    spending_known: bool = True,
+    global_shard: bool = False,
 ) -> Folded:
     """`zone`: the ledger's time zone, whose months grants and adjustments fall in.
     `targets_elsewhere`: a reversal of a transaction this ledger does not hold is another
-    shard's to post (logged, not refused); `spending_known` off: budget policies whose grants
-    depend on spending are refused (a global shard's fold, `ledger.ingest.shards`)."""
-    fold = _AdminFold(view, cost_centres, zone, targets_elsewhere, spending_known)
+    shard's to post (logged, not refused); `global_shard`: a `ShardsSealedThrough` is applied
+    (a global shard's fold, `ledger.ingest.shards`), not only logged."""
+    fold = _AdminFold(view, cost_centres, zone, targets_elsewhere, global_shard)
     applied = set(view.admin_applied)
     dead: list[DeadLetter] = []
     duplicates = 0
@@ -194,12 +187,13 @@ class _AdminFold:
         cost_centres: Mapping[str, str],
         zone: tzinfo,
         targets_elsewhere: bool = False,
-        spending_known: bool = True,
+        global_shard: bool = False,
     ):
         self.view = view
         self.zone = zone
         self.targets_elsewhere = targets_elsewhere
-        self.spending_known = spending_known
+        self.global_shard = global_shard
+        self.sealed = view.admin.sealed
         self.closed = set(view.closed)
         self.centres = dict(cost_centres) | {
             team: t.cost_centre for team, t in view.admin.teams.items()
@@ -256,9 +250,18 @@ class _AdminFold:
             before, after = grant_states(event, total)
         elif isinstance(event, BudgetAllowanceGranted):
             return "allowance records are made by the ledger from budget policies, not sent"
-        elif isinstance(event, BudgetPolicySet) and not self.spending_known:
-            if spends(event):
-                return SPENDING_UNKNOWN
+        elif isinstance(event, ShardsSealedThrough):
+            if event.role is not None:
+                return "a shards' watermark is made by the ledger, not by a role"
+            known = self.sealed.through_us if self.sealed is not None else None
+            if not self.global_shard:
+                outcome = SEALED_ELSEWHERE
+            elif known is not None and event.through_us <= known:
+                outcome = SEALED_NOT_NEWER
+            else:
+                self.sealed = event
+                before = None if known is None else {"through_us": known}
+                after = {"through_us": event.through_us}
         elif isinstance(event, REQUEST_CLASSES):
             return self._request(envelope, message)
         elif isinstance(event, AdjustmentRecorded) and event.reverses_txn is not None:

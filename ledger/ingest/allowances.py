@@ -5,8 +5,9 @@ nothing) in a month grants every budget policy's allowance and carry-over due up
 
 In a sharded ledger (`ledger.ingest.shards`) the global shard grants instead, from the first
 jobs batch holding a hold or assignment event new to it in a month (it folds no samples); a
-samples shard grants nothing. Carry-over there would need the union's spending (the design's
-`ShardsSealedThrough`, not built): the global shard refuses the policies that need it.
+samples shard grants nothing. A policy whose grants need the team's spending (carry-over, a
+quarter's remainder) grants there only from the shards' watermark, reading the union's spending
+from the `ShardsSealedThrough` event (`ledger.ingest.sealed`).
 
 Pure: the fold of the batch, the month it reaches, the admin state, the ledger's balances before
 the batch and the cost centres in; the same fold with the grant transactions (derived, so

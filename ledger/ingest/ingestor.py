@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, tzinfo
 
-from ledger.admin import decode_admin_message
+from ledger.admin import AdminView, ShardsSealedThrough, decode_admin_message
+from ledger.balances import ShardStamp
 from ledger.events import DeadLetter, decode_message, encode_dead_letter, event_id
 from ledger.fleet_alerts import alert_key, encode_fleet_alert
 from ledger.holds import LEDGER_HOLDS_SOURCE
@@ -26,6 +27,7 @@ from ledger.ingest.batch import Folded, FoldRules, decode_all
 from ledger.ingest.inventory import INVENTORY_KEYS, fold_inventory
 from ledger.ingest.jobs import DecodedJobs, fold_jobs
 from ledger.ingest.samples import fold_samples, sample_keys
+from ledger.ingest.sealed import newest_sealed, with_sealed_through, without_spending
 from ledger.ingest.shards import Route, ShardRole, ShardRoleError, kept_by, refusal
 from ledger.ingest.validation import validate_batch, validate_columns
 from ledger.inventory import encode_record, record_id
@@ -95,10 +97,14 @@ class Ingestor:
 
     Recurring allowances are granted by the first samples batch holding a new sample of a month
     in `WHOLE`; in `GLOBAL`, which takes no samples, by the first jobs batch holding a new hold
-    or assignment event of a month (the same rule, `ledger.ingest.allowances`); a `SAMPLES`
-    shard grants none. A `SAMPLES` shard publishes no balances either: its keys (`account`)
-    would clash with every other shard's; balances keyed per shard are a later step of the
-    design (`docs/design/several-workers.md`, "Balances").
+    or assignment event of a month (the same rule, `ledger.ingest.allowances`) for the policies
+    that do not depend on spending, and from an admin batch applying a `ShardsSealedThrough` for
+    every policy, with that batch's hold settlements (`ledger.ingest.sealed`); a `SAMPLES`
+    shard grants none. A `SAMPLES` shard given no `shard` stamp publishes no balances either:
+    its keys (`account`) would clash with every other shard's; given one
+    (`ledger.balances.ShardStamp`: the shard's name and the epoch its writer holds it in), every
+    shard's balance messages are keyed by account and shard and carry the epoch
+    (`docs/design/several-workers.md`, "Balances").
     """
 
     def __init__(
@@ -112,12 +118,15 @@ class Ingestor:
         inputs: InputTopics | None = None,
         zone: tzinfo = UTC,
         role: ShardRole = ShardRole.WHOLE,
+        shard: ShardStamp | None = None,
     ) -> None:
         """`zone`: the ledger's time zone (`ledger.store.identity`), whose months usage, holds,
         grants and allowances are booked into; `role`: what part of the ledger this store
-        holds (`ledger.ingest.shards`)."""
+        holds (`ledger.ingest.shards`); `shard`: the stamp a sharded ledger's shard publishes its
+        balances with (the worker that claims the shard sets it; None: a whole ledger's keys)."""
         self.store = store
         self.role = role
+        self.shard = shard
         self.zone = zone
         self.incarnation = incarnation
         self._configured_prices = prices
@@ -131,6 +140,9 @@ class Ingestor:
         # or since the last admin batch). Only skips work: planning again would grant nothing,
         # so a restarted worker and a rebuild grant exactly what this one does.
         self._granted_through: str | None = None
+        # A global shard's newest folded `ShardsSealedThrough` (read once, kept current by its
+        # admin batches): what its jobs batches settle ended holds from.
+        self._sealed: tuple[ShardsSealedThrough | None] | None = None
 
     @property
     def prices(self) -> PriceBook:
@@ -170,6 +182,7 @@ class Ingestor:
         if admin_part is not None:
             self.rules = self._current_rules()
             self._granted_through = None
+            self._sealed = None
         jobs_part = self._apply_jobs(jobs) if jobs else None
         inventory_part = self._apply_inventory(reports) if reports else None
         sample_part = self._apply_samples(samples) if samples else None
@@ -227,6 +240,8 @@ class Ingestor:
         if self._granted_through is not None and through <= self._granted_through:
             return folded, None
         admin = self.store.admin_view()
+        if self.role is ShardRole.GLOBAL:  # policies that spend wait for the shards' watermark
+            admin = without_spending(admin)
         if allowances_due(admin, through, self.rules.zone):
             folded, complete = with_allowances(
                 folded,
@@ -245,9 +260,18 @@ class Ingestor:
     def _apply_jobs(self, fresh: Sequence[ConsumedMessage]) -> _Part:
         batch = DecodedJobs(fresh)
         view = self.store.load_view(batch.keys())
-        folded = fold_jobs(batch, view, fresh[-1], self.rules.zone, self.rules.cost_centres)
+        is_global = self.role is ShardRole.GLOBAL
+        folded = fold_jobs(
+            batch,
+            view,
+            fresh[-1],
+            self.rules.zone,
+            self.rules.cost_centres,
+            self._newest_sealed() if is_global else None,
+            settle_at_end=is_global,
+        )
         through = None
-        if self.role is ShardRole.GLOBAL:  # no samples here: the jobs events are the clock
+        if is_global:  # no samples here: the jobs events are the clock
             refused = {letter.event_id for letter in folded.dead if letter.event_id}
             events = [(e.id, e.time_us) for e, _ in batch.holds] + [
                 (e.id, e.time_us) for e, _ in batch.assignments
@@ -277,9 +301,29 @@ class Ingestor:
             self.rules.cost_centres,
             self.rules.zone,
             targets_elsewhere=is_global,
-            spending_known=not is_global,
+            global_shard=is_global,
         )
+        sealed = newest_sealed(folded) if is_global else None
+        if sealed is not None:
+            sealed_id, event = sealed
+            folded = with_sealed_through(
+                folded,
+                event,
+                next(m for e, m in decoded if e.id == sealed_id),
+                view,
+                AdminView.from_log([*self.store.admin_entries(), *folded.changes.admin]),
+                self.store.balance_rows(),
+                self.rules.cost_centres,
+                self.rules.zone,
+            )
         return self._commit(fresh, folded, dead, len(decoded), view.closed, Route.ADMIN)
+
+    def _newest_sealed(self) -> ShardsSealedThrough | None:
+        """A global shard's newest folded `ShardsSealedThrough` (cached until the next admin
+        batch)."""
+        if self._sealed is None:
+            self._sealed = (self.store.admin_view().sealed,)
+        return self._sealed[0]
 
     # ------------------------------------------------------------------ shared steps
 
@@ -336,9 +380,10 @@ class Ingestor:
             folded.idle_states,
             outbox,
             folded.changes,
-            None if self.role is ShardRole.SAMPLES else self.topics.balances,
+            None if self.role is ShardRole.SAMPLES and self.shard is None else self.topics.balances,
             raw=fresh,
             columns=columns,
+            balances_shard=self.shard,
         )
         for r in ranges:
             self._next[(r.topic, r.partition)] = r.last + 1

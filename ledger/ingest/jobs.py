@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, tzinfo
 
+from ledger.admin.sealed_events import ShardsSealedThrough
 from ledger.assignments import (
     HOLDING_MEMORY_US,
     Holding,
@@ -103,10 +104,17 @@ def fold_jobs(
     last: ConsumedMessage | None = None,
     zone: tzinfo = UTC,
     cost_centres: Mapping[str, str] | None = None,
+    sealed: ShardsSealedThrough | None = None,
+    *,
+    settle_at_end: bool = False,
 ) -> Folded:
     """`last`: the message the batch's expiries are sourced to (its last message); `zone`: the
     ledger's time zone, whose months hold settlements and expiries are booked into;
-    `cost_centres`: those of the teams whose usage a correction re-posts."""
+    `cost_centres`: those of the teams whose usage a correction re-posts. `settle_at_end`: a
+    global shard's fold (`ledger.ingest.shards`): a release ends the job's holds instead of
+    releasing them, nothing expires by the jobs' clock, and the holds ended at or before the
+    watermark of `sealed` (the newest `ShardsSealedThrough` folded) are settled from its usage
+    and released (`HoldBook.settle_ended`)."""
     seen = set(view.seen)
     cutoffs = view.forgotten_before
     holds = HoldBook(view.holds, booker(view.closed, zone))
@@ -138,6 +146,10 @@ def fold_jobs(
                 dead.append(refused(problem, envelope.id, message))
                 continue
             transactions.extend(sourced([placed], message))
+            continue
+        if settle_at_end:
+            holds.end(envelope)
+            without_postings.append((envelope.id, envelope.time_us, scope))
             continue
         mark = holds.checkpoint()
         released = holds.release(envelope)
@@ -189,7 +201,11 @@ def fold_jobs(
     derived = len(transactions)
     for settlement in holds.settle([t.txn for t in reposts]):  # re-posted usage settles too
         transactions.append(replace(reposts[settlement.last_usage], txn=settlement.txn))
-    if newest is not None and last is not None:
+    if settle_at_end:
+        if sealed is not None and last is not None:
+            ended = holds.settle_ended(sealed.through_us, sealed.job_usage())
+            transactions.extend(sourced(ended, last))
+    elif newest is not None and last is not None:
         transactions.extend(sourced(holds.expire(newest), last))
     return Folded(
         transactions=tuple(transactions),

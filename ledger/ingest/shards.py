@@ -17,22 +17,24 @@ projection of one route's `Folded` onto what a shard of a role commits
   `ledger.ingest.admin`, `targets_elsewhere`). It takes no samples (`ShardRoleError`).
 
 Recurring allowances are the global shard's: with no samples, its clock is the newest new hold
-or assignment event of a jobs batch (`Ingestor`, the same rule as `ledger.ingest.allowances`).
-A grant that depends on the team's spending (carry-over, a quarter's remainder moving on) needs
-the union's usage, which reaches the global shard only with the design's `ShardsSealedThrough`
-event, not built yet; from its own balances (grants, no usage) it would carry the whole
-allowance over as unspent. So the global shard refuses such a policy as a dead letter
-(`ledger.ingest.admin.SPENDING_UNKNOWN`) rather than over-grant; monthly policies without
-carry-over grant exactly what the whole ledger grants.
+or assignment event of a jobs batch (`Ingestor`, the same rule as `ledger.ingest.allowances`)
+for policies that do not depend on spending; a grant that does (carry-over, a quarter's
+remainder moving on) needs the union's usage, which reaches the global shard as the shards'
+watermark, a `ShardsSealedThrough` on the admin topic (`ledger.admin.sealed_events`): such a
+policy grants a month when the watermark enters it, reading the event's per-team usage
+(`ledger.ingest.sealed`).
 
 Every shard folds admin and jobs in the same batch order, so the union of the shards' postings
-is the whole ledger's, except the hold accounts: with no usage in the global shard a hold is
-never settled by usage, only released or expired whole (a hold's `hold:`/`holds-outstanding:`
-postings net to zero once it is released either way). Settling holds from the union's usage is
-the `ShardsSealedThrough` step too. Known gap: an admin reversal that no shard can post (its
-target unknown, already reversed, or not applied yet when the reversal is folded) is a dead
-letter of the whole ledger but of no shard (the global shard logs it as another shard's, and
-a samples shard drops its admin letters); the design has `verify` report it from the admin log.
+is the whole ledger's, except the hold accounts' periods: the global shard holds no usage, so
+it settles a hold once, when the hold has ended (released: its end is the release's time; or
+expired) and a `ShardsSealedThrough` past its end is folded, by `min(the job's usage up to the
+watermark, the hold)`, and releases the rest (`HoldBook.end`, `HoldBook.settle_ended`) — the
+amounts the whole ledger settles and releases batch by batch, booked at the hold's end rather
+than with each usage. An admin reversal that no shard can post (its target unknown, already
+reversed, or not applied yet when the reversal is folded) is a dead letter of the whole ledger
+but of no shard (the global shard logs it as another shard's, and a samples shard drops its
+admin letters): `verify` reports it from the global shard's admin log
+(`ledger.store.union_verify`).
 """
 
 from __future__ import annotations

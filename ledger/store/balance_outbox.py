@@ -10,7 +10,9 @@ import pyarrow as pa
 from ledger.accounts import AccountKind, budget_account
 from ledger.balances import (
     BalanceRow,
+    ShardStamp,
     account_team,
+    balance_key,
     balance_message_id,
     balance_update,
     budget_status,
@@ -27,9 +29,11 @@ def queue_balance_messages(
     topic: str,
     now: int,
     closed: frozenset[str],
+    stamp: ShardStamp | None = None,
 ) -> int:
     """Queue one message per changed account (and per affected team's budget account);
-    a queued message not yet sent for the same account is superseded."""
+    a queued message not yet sent for the same account is superseded. `stamp`: a sharded
+    ledger's shard, whose messages are keyed by account and shard."""
     row = first_row(
         con.execute(
             "SELECT max(period) FILTER (account LIKE 'capacity:%'), max(period) FROM balances"
@@ -79,12 +83,12 @@ def queue_balance_messages(
         team = account.partition(":")[2]
         if account.startswith(f"{AccountKind.BUDGET}:") and current is not None:
             budget = budget_status(team, current, budget_rows)
-        update = balance_update(account, rows, closed, current, seq, now, budget)
+        update = balance_update(account, rows, closed, current, seq, now, budget, stamp)
         messages.append(
             (
-                balance_message_id(account, seq),
+                balance_message_id(account, seq, stamp),
                 topic,
-                account.encode(),
+                balance_key(account, stamp),
                 encode_balance_update(update),
                 now,
             )

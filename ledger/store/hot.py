@@ -53,6 +53,7 @@ import pyarrow.compute as pc
 
 from ledger.admin import AppliedAdmin, PeriodClosed
 from ledger.assignments import Holding
+from ledger.balances import ShardStamp
 from ledger.closing import ClosedPeriod
 from ledger.errors import StoreError
 from ledger.events import DeadLetter
@@ -173,14 +174,16 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
         balances_topic: str | None = None,
         raw: Sequence[ConsumedMessage] = (),
         columns: PostingColumns | None = None,
+        balances_shard: ShardStamp | None = None,
     ) -> CommitResult:
         """Apply one batch atomically; transactions (`transactions` and the usage transactions
         in `columns`) whose id was already applied, or repeats, are dropped.
 
         Idle-detector states replace the stored ones, `changes` are applied, the balances move
         by the new postings, outbox messages are queued (with, when `balances_topic` is set,
-        one message per changed account) and `raw`, the batch's messages in the order they
-        were folded, goes to the archive under the next batch sequence number, all in the same
+        one message per changed account, stamped with `balances_shard` when set) and `raw`,
+        the batch's messages in the order they were folded, goes to the archive under the
+        next batch sequence number, all in the same
         transaction as the postings they follow from. `raw` must span exactly `ranges`.
         Raises StoreError for a transaction booked into a closed period, or a close committed
         while committed rows are still unsealed.
@@ -260,7 +263,7 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
                     }
                     con.unregister("closed_now")
                 published = queue_balance_messages(
-                    con, accounts, balances_topic, now, self.closed_period_labels()
+                    con, accounts, balances_topic, now, self.closed_period_labels(), balances_shard
                 )
             insert_rows(
                 self._con,

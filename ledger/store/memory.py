@@ -30,7 +30,9 @@ from ledger.assignments import Holding
 from ledger.audit import AuditRecord, chain, new_entries
 from ledger.balances import (
     BalanceRow,
+    ShardStamp,
     account_team,
+    balance_key,
     balance_message_id,
     balance_update,
     budget_status,
@@ -134,6 +136,7 @@ class MemoryStore(MemoryIdentityReads):
         balances_topic: str | None = None,
         raw: Sequence[ConsumedMessage] = (),
         columns: PostingColumns | None = None,
+        balances_shard: ShardStamp | None = None,
     ) -> CommitResult:
         """Apply one batch atomically (see `DuckDBStore.commit`): it is applied to a copy of
         the state, which replaces the state only when nothing raised."""
@@ -185,7 +188,7 @@ class MemoryStore(MemoryIdentityReads):
         published = 0
         if balances_topic is not None and (postings or closed):
             accounts |= {a for (a, _, p) in s.balances if p in closed}
-            published = self._queue_balances(s, accounts, balances_topic)
+            published = self._queue_balances(s, accounts, balances_topic, balances_shard)
         s.dead.extend((d.topic, d.partition, d.offset, d.event_id, d.reason) for d in dead_letters)
         self._s = s  # the commit point
         return CommitResult(
@@ -261,7 +264,9 @@ class MemoryStore(MemoryIdentityReads):
         return event.period
 
     @staticmethod
-    def _queue_balances(s: MemoryState, accounts: set[str], topic: str) -> int:
+    def _queue_balances(
+        s: MemoryState, accounts: set[str], topic: str, stamp: ShardStamp | None = None
+    ) -> int:
         """Queue one message per changed account (and per affected team's budget account); a
         queued message not yet sent for the same account is superseded. The same selection as
         `DuckDBStore._queue_balances`."""
@@ -287,18 +292,19 @@ class MemoryStore(MemoryIdentityReads):
         s.publish_seq += 1
         seq = s.publish_seq
         now = time.time_ns() // 1_000
-        keys = {a.encode() for a in publish}
+        keys = {balance_key(a, stamp) for a in publish}
         for old in [m.id for m in s.outbox.values() if m.topic == topic and m.key in keys]:
             del s.outbox[old]
         for account in publish:
             budget = None
             if account.startswith(f"{AccountKind.BUDGET}:") and current is not None:
                 budget = budget_status(account.partition(":")[2], current, budget_rows)
-            update = balance_update(account, rows, s.closed.keys(), current, seq, now, budget)
-            message_id = balance_message_id(account, seq)
+            closed = s.closed.keys()
+            update = balance_update(account, rows, closed, current, seq, now, budget, stamp)
+            message_id = balance_message_id(account, seq, stamp)
             _once([message_id], "outbox message", s.outbox)
             s.outbox[message_id] = OutboxMessage(
-                message_id, topic, account.encode(), encode_balance_update(update)
+                message_id, topic, balance_key(account, stamp), encode_balance_update(update)
             )
         if moved:
             s.published_period = current

@@ -33,7 +33,7 @@ from typing import Protocol
 from ledger.admin import AdminView, AppliedAdmin, BudgetKey
 from ledger.assignments import Holding
 from ledger.audit import AuditEntry, AuditRecord
-from ledger.balances import BalanceRow
+from ledger.balances import BalanceRow, ShardStamp
 from ledger.closing import ClosedPeriod
 from ledger.events import DeadLetter, Owner
 from ledger.holds import HoldKey, OpenHold
@@ -321,9 +321,12 @@ class LedgerStore(Protocol):
         balances_topic: str | None = None,
         raw: Sequence[ConsumedMessage] = (),
         columns: PostingColumns | None = None,
+        balances_shard: ShardStamp | None = None,
     ) -> CommitResult:
         """Apply one batch atomically: `transactions` and the usage transactions in `columns`
-        (dropping those whose id was applied before or repeats), with everything else given."""
+        (dropping those whose id was applied before or repeats), with everything else given.
+        `balances_shard`: a sharded ledger's shard stamp, which its balance messages carry
+        (keyed by account and shard, `ledger.balances`)."""
         ...
 
     def seal(

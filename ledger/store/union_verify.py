@@ -10,7 +10,12 @@ against its shards:
 - the periods the union shows closed are exactly those every shard closed, and each union
   record holds the rows and checksum of the union's postings of its period;
 - the union's admin log, inventory and audit trail are the global shard's, its dead-letter
-  summary the shards' summed.
+  summary the shards' summed;
+- an admin reversal the global shard logged as another shard's (`ELSEWHERE_OUTCOME`) that no
+  shard posted, once every samples shard has folded it (its sealed admin log holds the event
+  or a later one of the global shard's log), is reported as a note: its target is in no shard
+  (unknown, already reversed, or not applied yet when the reversal was folded) — what a whole
+  ledger refuses as a dead letter.
 
 Each shard's problems and notes are prefixed `shard <name>: `, so a damaged object is named
 with its shard; the per-shard reports travel in `VerifyReport.shards`.
@@ -25,7 +30,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
+from ledger.admin import AdjustmentRecorded
+from ledger.admin.view import ELSEWHERE_OUTCOME
 from ledger.errors import SegmentError
 from ledger.periods import zone_name
 from ledger.store.identity import recorded_zone
@@ -36,12 +44,14 @@ from ledger.store.segments import Manifest, SegmentInfo
 from ledger.store.side_files import (
     CLOSED_DIR,
     REFUSED_NAME,
+    load_admin_log,
     load_closed_periods,
     load_refused,
     period_checksum,
 )
 from ledger.store.union import shard_dir, union_shards
 from ledger.store.union_rules import (
+    ROOT_SHARD,
     closed_in_union,
     common_zone,
     shard_entry,
@@ -75,11 +85,12 @@ def verify_union(data_dir: Path, progress: Progress | None = None) -> VerifyRepo
         done += report.segments
         reports.append((name, report))
     problems: list[str] = []
+    union_notes: list[str] = []
     intact = {name for name, report in reports if report.ok}
-    closed = _check_union(data_dir, dirs, intact, problems)
+    closed = _check_union(data_dir, dirs, intact, problems, union_notes)
     for name, report in reports:
         problems += [f"shard {name}: {p}" for p in report.problems]
-    notes = [f"shard {name}: {n}" for name, r in reports for n in r.notes]
+    notes = [f"shard {name}: {n}" for name, r in reports for n in r.notes] + union_notes
     source = side_source(names)
     audit = next((r.audit_records for name, r in reports if name == source), 0)
     return VerifyReport(
@@ -104,7 +115,11 @@ def _count(d: Path) -> int:
 
 
 def _check_union(
-    data_dir: Path, dirs: dict[str, Path], intact: set[str], problems: list[str]
+    data_dir: Path,
+    dirs: dict[str, Path],
+    intact: set[str],
+    problems: list[str],
+    notes: list[str],
 ) -> int:
     """Check the union against its shards (the module's list); the union's closed periods.
     The postings of shards that failed their own checks (`intact`: those that passed) are left
@@ -141,6 +156,8 @@ def _check_union(
         if postings:
             _check_doubled(con, data_dir, postings, problems)
         closed = _check_closed(con, data_dir, dirs, postings if whole else None, problems)
+        if whole:
+            notes += _unposted_reversals(con, dirs, postings, problems)
     _check_side_files(data_dir, dirs, problems)
     return closed
 
@@ -232,6 +249,56 @@ def _check_closed(
                 f"(sha256 {record.sha256[:12]}…), the shards hold {rows} (sha256 {digest[:12]}…)"
             )
     return len(union)
+
+
+def _unposted_reversals(
+    con: duckdb.DuckDBPyConnection, dirs: dict[str, Path], postings: list[Path], problems: list[str]
+) -> list[str]:
+    """The admin reversals the global shard logged as another shard's that no shard posted (a
+    reversal's transaction id is its event's id), among those every samples shard has folded:
+    one note each. Every shard folds the admin topic in the same order, so a shard has folded
+    an event once its sealed log holds that event or one the global shard logged after it."""
+    source = side_source(dirs)
+    if source is None:
+        return []
+    try:
+        log = load_admin_log(dirs[source] / SEGMENTS_DIR)
+        order = {e.envelope.id: index for index, e in enumerate(log)}
+        reached = len(log)  # how far into the global shard's log every samples shard has folded
+        for name, d in dirs.items():
+            if name not in (source, ROOT_SHARD):
+                own = [order.get(e.envelope.id, -1) for e in load_admin_log(d / SEGMENTS_DIR)]
+                reached = min(reached, max(own, default=-1))
+    except SegmentError as exc:
+        problems.append(str(exc))
+        return []
+    logged = {
+        e.envelope.id: e.envelope.data.reverses_txn
+        for e in log[: reached + 1]
+        if e.outcome == ELSEWHERE_OUTCOME
+        and isinstance(e.envelope.data, AdjustmentRecorded)
+        and e.envelope.data.reverses_txn is not None
+    }
+    readable = [f for f in postings if f.is_file()]
+    if not logged:
+        return []
+    posted: set[str] = set()
+    if readable:
+        con.register("reversal_ids", pa.table({"txn_id": sorted(logged)}))
+        posted = {
+            str(i)
+            for (i,) in con.execute(
+                f"SELECT DISTINCT txn_id FROM read_parquet([{sql_list(readable)}]) "
+                "SEMI JOIN reversal_ids USING (txn_id)"
+            ).fetchall()
+        }
+        con.unregister("reversal_ids")
+    return [
+        f"admin reversal {event} of transaction {target}: no shard holds its target, so none "
+        "posted it (a whole ledger refuses it as a dead letter)"
+        for event, target in sorted(logged.items())
+        if event not in posted
+    ]
 
 
 def _check_side_files(data_dir: Path, dirs: dict[str, Path], problems: list[str]) -> None:

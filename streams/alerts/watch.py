@@ -52,6 +52,7 @@ from ledger.fleet_alerts import (
     decode_any_alert,
     encode_fleet_alert,
 )
+from ledger.shard_balances import ShardBalances
 from streams.kafka import BrokerError
 
 log = logging.getLogger("tally.alerts")
@@ -79,6 +80,7 @@ class AlertWatch:
         self.budget_memory = BudgetMemory()
         self.idle_memory = TeamIdleMemory()
         self.budgets: dict[str, tuple[BudgetStatus, int]] = {}  # team → (status, as of)
+        self.shard_balances = ShardBalances()  # a sharded ledger's, summed over its shards
         self.spans: dict[tuple[str, int], IdleSpan] = {}
         self.now_us = 0  # the latest time the topics told (event time, not the wall clock)
 
@@ -213,9 +215,11 @@ def _on_balance(watch: AlertWatch, value: bytes | None, live: bool) -> list[Flee
         update = decode_balance_update(value or b"")
     except EventError:
         return []
-    if update.budget is None:
-        return []
-    return watch.on_balance(update.budget, update.as_of_us, live)
+    raised: list[FleetAlert] = []
+    for merged in watch.shard_balances.merge(update):  # as it is, unless a shard's
+        if merged.budget is not None:
+            raised += watch.on_balance(merged.budget, merged.as_of_us, live)
+    return raised
 
 
 async def _publish(producer: AIOKafkaProducer, topic: str, alerts: Iterable[FleetAlert]) -> None:

@@ -1,6 +1,6 @@
 """Every event family through the one codec and schema registry: v1 round trips, the v0 → v1
-upcaster of each family that had a v0 (inventory reports began at v1), and versions no upcaster
-leads from."""
+upcaster of each family that had a v0 (inventory reports, GPU health and the admin topic's
+`ShardsSealedThrough` began at v1), and versions no upcaster leads from."""
 
 from __future__ import annotations
 
@@ -10,7 +10,16 @@ from typing import Any
 import orjson
 import pytest
 
-from ledger.admin import ADMIN, V0_REASON, BudgetGranted, admin_envelope
+from ledger.admin import (
+    ADMIN,
+    V0_REASON,
+    AdminKind,
+    BudgetGranted,
+    JobUsage,
+    ShardsSealedThrough,
+    TeamUsage,
+    admin_envelope,
+)
 from ledger.envelope import (
     REGISTRY,
     Envelope,
@@ -69,6 +78,19 @@ def _admin_case() -> Case:
     return Case(ADMIN, v1, _v0(v1, data, id="id-the-v0-producer-hashed"))
 
 
+def _sealed_case() -> Case:
+    sealed = ShardsSealedThrough(
+        T0_US,
+        ("samples-0", "samples-1"),
+        (JobUsage("job-1", Unit.MONEY, 90_000), JobUsage("job-1", Unit.GPU_MS, 36_000)),
+        (TeamUsage("vision", Unit.MONEY, "2026-11", -5),),
+        "tally-ledger",
+        "sealed",
+        T0_US,
+    )
+    return Case(ADMIN, admin_envelope(sealed), None)
+
+
 def _hold_case() -> Case:
     placed = HoldPlaced("job-1", "vision", "detection", Unit.MONEY, 90_000, T0_US + 60, T0_US)
     v1 = hold_envelope(placed)
@@ -123,6 +145,7 @@ CASES = [
     pytest.param(_sample_case(), id="samples"),
     pytest.param(_health_case(), id="gpu-health"),
     pytest.param(_admin_case(), id="admin-budget-granted"),
+    pytest.param(_sealed_case(), id="admin-shards-sealed-through"),
     pytest.param(_hold_case(), id="holds-placed"),
     pytest.param(_hold_released_case(), id="holds-released"),
     pytest.param(_job_case(), id="jobs-gpu-assigned"),
@@ -130,7 +153,7 @@ CASES = [
     pytest.param(_inventory_case(), id="inventory-report"),
 ]
 V0_CASES = [p for p in CASES if p.values[0].v0 is not None]
-BEGAN_AT_V1 = {InventoryType.REPORT, EventType.GPU_HEALTH}
+BEGAN_AT_V1 = {InventoryType.REPORT, EventType.GPU_HEALTH, AdminKind.SHARDS_SEALED_THROUGH}
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -1,7 +1,8 @@
 """What each shard role keeps of each route's fold (`ledger.ingest.shards.kept_by`), as a table
 of role × route over one fold per route; and the ingestor's refusals: a samples shard takes no
-inventory reports and the global shard no samples (raised before anything commits), and the
-global shard refuses the budget policies whose grants depend on spending."""
+inventory reports and the global shard no samples (raised before anything commits); every
+shard takes every budget policy (the global shard's jobs clock grants only those that do not
+depend on spending, `ledger.ingest.sealed`)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from ledger.events import DeadLetter, Owner, encode_batch
 from ledger.fleet_alerts import FleetKind, HealthAlert
 from ledger.holds import OpenHold
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
-from ledger.ingest.admin import SPENDING_UNKNOWN
 from ledger.ingest.batch import Folded
+from ledger.ingest.sealed import without_spending
 from ledger.ingest.shards import Route, ShardRole, ShardRoleError, kept_by
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.pricing import Price, PriceBook
@@ -213,11 +214,14 @@ POLICIES = {
 
 @pytest.mark.parametrize(("event", "spends"), POLICIES.values(), ids=POLICIES.keys())
 @pytest.mark.parametrize("role", list(ShardRole), ids=[f"{r}-shard" for r in ShardRole])
-def test_the_global_shard_refuses_policies_whose_grants_need_spending(
+def test_every_shard_takes_every_budget_policy(
     role: ShardRole, event: BudgetPolicySet, spends: bool
 ) -> None:
+    """A global shard grants a policy that spends from the shards' watermark
+    (`ledger.ingest.sealed`), so it refuses none."""
     store = MemoryStore()
     result = an_ingestor(store, role).apply([admin_message(0, event)])
-    refused = role is ShardRole.GLOBAL and spends
-    assert [d.reason for d in result.dead_letters] == ([SPENDING_UNKNOWN] if refused else [])
-    assert len(store.admin_view().policies) == (0 if refused else 1)
+    assert [d.reason for d in result.dead_letters] == []
+    assert len(store.admin_view().policies) == 1
+    kept = without_spending(store.admin_view()).policies.keys()
+    assert kept == (set() if spends else {("vision", Unit.MONEY)})

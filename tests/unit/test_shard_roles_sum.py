@@ -5,13 +5,21 @@ transaction, a period close) and garbage on every topic — applied in the same 
 order to one `WHOLE` ingestor, and to a `GLOBAL` ingestor (admin and jobs) beside one `SAMPLES`
 ingestor per partition (admin, jobs and its partition's samples), each over a store of its own.
 
+After the stream, every shard folds one more admin batch: the `ShardsSealedThrough` computed
+from the samples shards (`ledger.store.sealed_usage`: their newest usage, the union's usage up
+to the watermark), as the global shard's owner publishes it.
+
 Then: the union of the shards' usage and reversals is the whole's (ids and postings), each in
 one shard only; grants and adjustments are the global's and equal the whole's; the dead letters
 of the samples shards (from samples) and of the global (admin and jobs) are the whole's, each
-once; once every hold is released, every account's balance per period is the whole's, except
-the hold accounts, which net to zero in both; a samples shard holds no holds and publishes no
-balances. On the in-memory store for two batch orders and a few (Hypothesis) cuts of the
-batches into smaller ones, and once on DuckDB."""
+once; once every hold is released and the watermark passed their release, every account's
+balance per period is the whole's, except the hold accounts, which net to zero in both and
+whose postings sum per account and kind (placed, settled, released) to the whole's — a global
+shard settles each hold once, at its end, from the event's usage, where the whole settles
+batch by batch (so the periods the settlements are booked into may differ); the whole and
+the samples shards log the event as changing nothing; a samples shard holds no holds and
+publishes no balances. On the in-memory store for two batch orders and a few (Hypothesis) cuts
+of the batches into smaller ones, and once on DuckDB."""
 
 from __future__ import annotations
 
@@ -43,7 +51,7 @@ from ledger.admin import (
 from ledger.events import Envelope, Owner, encode_batch
 from ledger.holds import HoldPlaced, HoldReleased, encode_hold, hold_envelope
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
-from ledger.ingest.admin import ELSEWHERE_OUTCOME
+from ledger.ingest.admin import ELSEWHERE_OUTCOME, SEALED_ELSEWHERE
 from ledger.ingest.shards import ShardRole
 from ledger.job_events import GpuAssigned, JobSubmitted, encode_job_event
 from ledger.postings import Transaction, TransactionKind
@@ -51,6 +59,7 @@ from ledger.pricing import Price, PriceBook
 from ledger.store.hot import DuckDBStore
 from ledger.store.memory import MemoryStore
 from ledger.store.schema import POSTING_COLUMNS_SQL, transaction_from_rows
+from ledger.store.sealed_usage import shards_sealed_through, usage_lines, watermark
 from ledger.units import Unit
 from tests.builders import INTERVAL_US, a_process, an_envelope, an_owner
 from tests.scheduler_builders import a_spec
@@ -173,6 +182,7 @@ STREAM: tuple[tuple[Item, ...], ...] = (
         jobs(HoldReleased("job-7", at(9), "completed")),
         jobs(HoldReleased("job-9", at(9), "cancelled")),
     ),
+    (samples(0, 10), samples(1, 10), samples(2, 10)),  # every shard's clock passes the releases
 )
 
 
@@ -218,19 +228,45 @@ class Ledgers:
 
 
 def feed(stream: Sequence[Sequence[Item]], new_store: Callable[[str], Store]) -> Ledgers:
-    """The stream applied to the whole ledger and to the shards, batch by batch."""
+    """The stream applied to the whole ledger and to the shards, batch by batch; then the
+    shards' watermark, computed from the samples shards, as one more admin batch to every
+    ledger."""
     ledgers = Ledgers(
         new_store("whole"), new_store("global"), {p: new_store(f"samples-{p}") for p in PARTITIONS}
     )
     whole = ingestor(ledgers.whole, ShardRole.WHOLE)
     global_ = ingestor(ledgers.global_, ShardRole.GLOBAL)
     shards = {p: ingestor(s, ShardRole.SAMPLES) for p, s in ledgers.samples.items()}
-    for batch in located(stream):
+    batches = located(stream)
+    admin_offset = sum(1 for batch in batches for m in batch if m.topic == ADMIN)
+    for batch in batches:
         whole.apply(batch)
         global_.apply([m for m in batch if m.topic != SAMPLES])
         for p, shard in shards.items():
             shard.apply([m for m in batch if m.topic != SAMPLES or m.partition == p])
+    event = sealed_through(ledgers, admin_offset)
+    for ingest in (whole, global_, *shards.values()):
+        ingest.apply([event])
     return ledgers
+
+
+def sealed_through(ledgers: Ledgers, offset: int) -> ConsumedMessage:
+    """The global shard owner's `ShardsSealedThrough` for the samples shards as they are, for
+    the jobs whose holds the global shard has open, as the admin message at `offset`."""
+    found = {p: list(transactions(s).values()) for p, s in ledgers.samples.items()}
+    newest = {
+        f"samples-{p}": max(
+            (t.end_us for t in txns if t.kind is TransactionKind.USAGE), default=None
+        )
+        for p, txns in found.items()
+    }
+    through = watermark(newest)
+    assert through is not None and through >= at(9)  # past every release
+    lines = usage_lines((t for txns in found.values() for t in txns), through)
+    jobs_held = {job for job, _ in ledgers.global_.open_holds()}
+    event = shards_sealed_through(through, newest, lines, jobs_held)
+    assert {u.job_id for u in event.jobs} == {"job-1", "job-7"}  # job-9 used nothing
+    return ConsumedMessage(ADMIN, 0, offset, admin(event)[2])
 
 
 def transactions(store: Store) -> dict[str, Transaction]:
@@ -296,6 +332,14 @@ def check_union(ledgers: Ledgers) -> None:
                 held[(account, unit)] += amount
         assert held and not +held and not -held, name  # placed, and all released
     assert _without_holds(summed) == _without_holds(whole_balances)
+    # each hold placed, settled and released as in the whole, settled from the event's usage
+    whole_holds = _hold_sums(ledgers.whole)
+    assert whole_holds == _hold_sums(ledgers.global_)
+    assert whole_holds[("hold:vision", TransactionKind.HOLD_SETTLE)] < 0  # usage settled some
+    assert ledgers.global_.open_holds() == {}
+    for store in (ledgers.whole, *ledgers.samples.values()):
+        sealed = [e for e in store.admin_entries() if e.envelope.type.endswith("sealed_through")]
+        assert [e.outcome for e in sealed] == [SEALED_ELSEWHERE]
     # a samples shard holds no holds and publishes no balances; the whole and the global do
     for store in ledgers.samples.values():
         assert store.open_holds() == {}
@@ -306,6 +350,16 @@ def check_union(ledgers: Ledgers) -> None:
     outcomes = {e.envelope.id: e.outcome for e in ledgers.global_.admin_entries()}
     reversal = next(i for i, t in union.items() if isinstance(t, Transaction) and i in outcomes)
     assert outcomes[reversal] == ELSEWHERE_OUTCOME
+
+
+def _hold_sums(store: Store) -> Counter[tuple[str, TransactionKind]]:
+    """The hold accounts' postings summed per (account, transaction kind), over periods."""
+    sums: Counter[tuple[str, TransactionKind]] = Counter()
+    for txn in transactions(store).values():
+        for p in txn.postings:
+            if p.account.startswith(HOLD_ACCOUNTS):
+                sums[(p.account, txn.kind)] += p.amount
+    return sums
 
 
 def _without_holds(rows: Counter[tuple[str, str, str]]) -> dict[tuple[str, str, str], int]:

@@ -1,0 +1,124 @@
+"""Reading a sharded ledger's `balances` topic (`ledger.balances`), as the scheduler and the
+alert watch do: each shard publishes its own balances of an account, keyed by (account, shard)
+and stamped with the epoch its writer holds the shard in. `ShardBalances` keeps each shard's
+newest message per account and gives its reader one message per account summed over the shards
+(totals, open periods and budget lines, unit by unit), as a whole ledger's would be.
+
+A team's budget (`budget:<team>`, with its `BudgetStatus`) is the global shard's: it holds the
+grants and holds but not the usage, which the samples shards publish on the team's consumer
+accounts. So the summed budget's `consumed` is the sum of the team's consumer accounts (every
+shard's, adjustments included) in the budget's period, and a message that changes a team's
+consumer account also gives the team's budget again (as a whole ledger re-publishes it).
+
+A shard's message whose epoch is older than the newest seen for that shard is ignored (a fenced
+writer's, or one the compacted topic kept from before a move), and so is one of the same epoch
+that is not newer (`seq`) than the one kept. A message of a newer epoch replaces the shard's
+kept one whatever its `seq` (its writer numbers from its own start). A refold after a move
+republishes the same numbers, so the sum converges. An unstamped message (a whole ledger's)
+passes through unchanged. Pure: messages in, messages out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from ledger.accounts import AccountKind
+from ledger.balances import BalanceRow, BalanceUpdate, BudgetLine, BudgetStatus, account_team
+
+
+class ShardBalances:
+    """The newest message per (account, shard), and the newest epoch seen per shard."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, dict[str, BalanceUpdate]] = {}
+        self._epochs: dict[str, int] = {}
+        self._seq = 0  # the summed messages' own sequence: grows with every one given out
+
+    def merge(self, update: BalanceUpdate) -> list[BalanceUpdate]:
+        """The messages the dispatcher takes for `update`: itself when unstamped; else the
+        account's message summed over the shards, and the team's budget again when it is a
+        consumer account of a team with one; none when it is ignored (an older epoch, or not
+        newer in its epoch)."""
+        stamp = update.shard
+        if stamp is None:
+            return [update]
+        newest = self._epochs.get(stamp.shard)
+        if newest is not None and stamp.epoch < newest:
+            return []
+        kept = self._kept.setdefault(update.account, {})
+        known = kept.get(stamp.shard)
+        if known is not None and known.shard == stamp and update.seq <= known.seq:
+            return []  # the same shard and epoch, and not newer
+        self._epochs[stamp.shard] = stamp.epoch
+        kept[stamp.shard] = update
+        out = [self._summed(update.account)]
+        team = account_team(update.account)
+        budget = f"{AccountKind.BUDGET}:{team}"
+        if update.account.startswith(f"{AccountKind.CONSUMER}:") and budget in self._kept:
+            out.append(self._summed(budget))
+        return out
+
+    def _summed(self, account: str) -> BalanceUpdate:
+        kept = self._kept[account]
+        self._seq += 1
+        merged = summed(account, [kept[name] for name in sorted(kept)], self._seq)
+        if merged.budget is None:
+            return merged
+        return replace(merged, budget=self._consumed(merged.budget))
+
+    def _consumed(self, status: BudgetStatus) -> BudgetStatus:
+        """`status` with `consumed` the sum of the team's consumer accounts in its period."""
+        prefix = f"{AccountKind.CONSUMER}:{status.team}/"
+        used: dict[str, int] = {}
+        for account, shards in self._kept.items():
+            if account.startswith(prefix):
+                for part in shards.values():
+                    for row in part.periods:
+                        if row.period == status.period:
+                            used[row.unit] = used.get(row.unit, 0) + row.balance
+        lines = tuple(replace(line, consumed=used.get(line.unit, 0)) for line in status.lines)
+        return replace(status, lines=lines)
+
+
+def summed(account: str, updates: Iterable[BalanceUpdate], seq: int) -> BalanceUpdate:
+    """One unstamped message for `account`: the shards' totals and open periods summed per unit
+    (and period), their budget lines summed per unit (in the latest budget period any shard
+    reports), the latest current period and time."""
+    parts = list(updates)
+    totals: dict[str, int] = {}
+    periods: dict[tuple[str, str], int] = {}
+    for part in parts:
+        for unit, amount in part.totals:
+            totals[unit] = totals.get(unit, 0) + amount
+        for row in part.periods:
+            periods[(row.period, row.unit)] = periods.get((row.period, row.unit), 0) + row.balance
+    currents = [p.current_period for p in parts if p.current_period is not None]
+    return BalanceUpdate(
+        account=account,
+        seq=seq,
+        as_of_us=max(p.as_of_us for p in parts),
+        current_period=max(currents) if currents else None,
+        periods=tuple(BalanceRow(account, u, p, b) for (p, u), b in sorted(periods.items())),
+        totals=tuple(sorted(totals.items())),
+        budget=_summed_budget([p.budget for p in parts if p.budget is not None]),
+    )
+
+
+def _summed_budget(statuses: list[BudgetStatus]) -> BudgetStatus | None:
+    if not statuses:
+        return None
+    lines: dict[str, tuple[int, int, int]] = {}
+    for status in statuses:
+        for line in status.lines:
+            granted, consumed, held = lines.get(line.unit, (0, 0, 0))
+            lines[line.unit] = (
+                granted + line.granted,
+                consumed + line.consumed,
+                held + line.open_holds,
+            )
+    return BudgetStatus(
+        statuses[0].team,
+        max(s.period for s in statuses),
+        tuple(BudgetLine(unit, *figures) for unit, figures in sorted(lines.items())),
+    )

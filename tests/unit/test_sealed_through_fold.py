@@ -1,0 +1,179 @@
+"""A global shard folds the shards' watermark (`ledger.ingest.sealed`): a hold is settled once,
+when it has ended (released or expired) and a `ShardsSealedThrough` past its end is folded,
+by `min(the job's usage up to it, what is left)`, the rest released — whichever of the release
+and the event comes first; a recurring budget that carries over grants a month only from the
+event, with the event's per-team spending. A whole ledger logs the event as changing nothing;
+an event recording a role, or one not newer than the last, changes nothing either."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import orjson
+import pytest
+
+from ledger.admin import (
+    BudgetPolicySet,
+    Cadence,
+    CarryOver,
+    JobUsage,
+    ShardsSealedThrough,
+    TeamUsage,
+    admin_envelope,
+    admin_envelope_to_dict,
+)
+from ledger.holds import HoldPlaced, HoldReleased, encode_hold, hold_envelope
+from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
+from ledger.ingest.admin import SEALED_ELSEWHERE, SEALED_NOT_NEWER
+from ledger.ingest.shards import ShardRole
+from ledger.postings import TransactionKind
+from ledger.pricing import Price, PriceBook
+from ledger.roles import Role
+from ledger.store.memory import MemoryStore
+from ledger.units import Unit
+from tests.builders import T0_US
+
+S = 1_000_000
+HOUR = 3600 * S
+PLACED = HoldPlaced("job-1", "vision", None, Unit.MONEY, 1_000, T0_US + HOUR, T0_US)
+RELEASED = HoldReleased("job-1", T0_US + 100 * S, "completed")
+
+
+def sealed(through_us: int, used: int = 0, **changes: object) -> ShardsSealedThrough:
+    jobs = (JobUsage("job-1", Unit.MONEY, used),) if used else ()
+    event = ShardsSealedThrough(
+        through_us, ("samples-0",), jobs, (), "ledger", "sealed", through_us
+    )
+    return event if not changes else ShardsSealedThrough(**{**_fields(event), **changes})  # type: ignore[arg-type]
+
+
+def _fields(event: ShardsSealedThrough) -> dict[str, object]:
+    return {name: getattr(event, name) for name in ShardsSealedThrough.__slots__}
+
+
+class Feed:
+    """One ingestor of `role` over a memory store, and each topic's next offset."""
+
+    def __init__(self, role: ShardRole = ShardRole.GLOBAL) -> None:
+        self.store = MemoryStore()
+        topics = OutputTopics("alerts", "dl", "balances")
+        inputs = InputTopics("admin", "jobs", "inventory")
+        prices = PriceBook((Price("*", 3_600_000),))
+        self.ingest = Ingestor(self.store, "c", prices, {}, topics=topics, inputs=inputs, role=role)
+        self.offsets: Counter[str] = Counter()
+
+    def send(self, event: object) -> None:
+        if isinstance(event, HoldPlaced | HoldReleased):
+            topic, value = "jobs", encode_hold(hold_envelope(event))[1]
+        else:
+            topic = "admin"
+            value = orjson.dumps(admin_envelope_to_dict(admin_envelope(event)))  # type: ignore[arg-type]
+        self.ingest.apply([ConsumedMessage(topic, 0, self.offsets[topic], value)])
+        self.offsets[topic] += 1
+
+    def hold_sums(self) -> dict[str, int]:
+        """What was settled and released off `hold:vision`, and what is still open."""
+        sums: Counter[str] = Counter()
+        for row in self.store._s.booked:
+            for p in row.item.txn.postings:
+                if p.account == "hold:vision" and row.item.txn.kind is not TransactionKind.HOLD:
+                    sums[row.item.txn.kind.value] -= p.amount
+        sums["open"] = sum(h.amount for h in self.store.open_holds().values())
+        return dict(+sums)
+
+
+HOLD_CASES = {
+    "released-watermark-before-the-release": (
+        [PLACED, RELEASED, sealed(RELEASED.time_us - 1, 400)],
+        {"open": 1_000},
+    ),
+    "released-then-watermark-past-it": (
+        [PLACED, RELEASED, sealed(RELEASED.time_us, 400)],
+        {"hold_settle": 400, "hold_release": 600},
+    ),
+    "usage-over-the-hold": (
+        [PLACED, RELEASED, sealed(RELEASED.time_us, 5_000)],
+        {"hold_settle": 1_000},
+    ),
+    "no-usage": ([PLACED, RELEASED, sealed(RELEASED.time_us)], {"hold_release": 1_000}),
+    "watermark-first-then-released": (
+        [PLACED, sealed(RELEASED.time_us + S, 400), RELEASED],
+        {"hold_settle": 400, "hold_release": 600},
+    ),
+    "running-past-the-watermark": ([PLACED, sealed(RELEASED.time_us, 400)], {"open": 1_000}),
+    "expired-unreleased": (
+        [PLACED, sealed(PLACED.expires_us, 400)],
+        {"hold_settle": 400, "hold_release": 600},
+    ),
+    "second-watermark-settles-nothing-more": (
+        [PLACED, RELEASED, sealed(RELEASED.time_us, 400), sealed(RELEASED.time_us + S, 900)],
+        {"hold_settle": 400, "hold_release": 600},
+    ),
+}
+
+
+@pytest.mark.parametrize(("events", "expected"), HOLD_CASES.values(), ids=HOLD_CASES.keys())
+def test_a_global_shard_settles_a_hold_once_it_ended_before_the_watermark(
+    events: list[object], expected: dict[str, int]
+) -> None:
+    feed = Feed()
+    for event in events:
+        feed.send(event)
+    assert feed.hold_sums() == expected
+    assert feed.store.dead_letters() == []
+
+
+def test_a_whole_ledger_logs_the_watermark_and_settles_as_before() -> None:
+    feed = Feed(ShardRole.WHOLE)
+    for event in (PLACED, RELEASED, sealed(RELEASED.time_us, 400)):
+        feed.send(event)
+    assert feed.hold_sums() == {"hold_release": 1_000}  # released whole: no usage metered
+    assert [e.outcome for e in feed.store.admin_entries()] == [SEALED_ELSEWHERE]
+    assert feed.store.admin_view().sealed is None
+
+
+OUTCOMES = {
+    "newer": ([sealed(T0_US), sealed(T0_US + 1)], ["applied", "applied"], T0_US + 1),
+    "not-newer": ([sealed(T0_US + 1), sealed(T0_US, 5)], ["applied", SEALED_NOT_NEWER], T0_US + 1),
+    "with-a-role": ([sealed(T0_US, role=Role.ADMIN)], [], None),
+}
+
+
+@pytest.mark.parametrize(("events", "outcomes", "newest"), OUTCOMES.values(), ids=OUTCOMES.keys())
+def test_only_a_newer_watermark_made_by_the_ledger_applies(
+    events: list[ShardsSealedThrough], outcomes: list[str], newest: int | None
+) -> None:
+    feed = Feed()
+    for event in events:
+        feed.send(event)
+    assert [e.outcome for e in feed.store.admin_entries()] == outcomes
+    found = feed.store.admin_view().sealed
+    assert (found.through_us if found else None) == newest
+    assert len(feed.store.dead_letters()) == len(events) - len(outcomes)
+
+
+NOV_20 = T0_US + 19 * 24 * HOUR  # 2026-11-20
+DEC_02 = T0_US + 31 * 24 * HOUR  # 2026-12-02
+
+
+def test_a_budget_that_carries_over_grants_from_the_watermarks_spending() -> None:
+    """Nov's allowance when the watermark enters November; December's (the allowance and
+    November's unspent remainder) only when it enters December, not by the jobs clock."""
+    feed = Feed()
+    feed.send(
+        BudgetPolicySet(
+            "vision", Unit.MONEY, 1_000, Cadence.MONTH, "2026-11", None, CarryOver.ALL, None,
+            "alice", "budget", T0_US,
+        )
+    )  # fmt: skip
+    feed.send(sealed(NOV_20))
+    feed.send(HoldPlaced("job-2", "vision", None, Unit.MONEY, 5, DEC_02 + HOUR, DEC_02))
+    granted = feed.store.admin_view().allowances
+    assert [(a.period, a.allowance, a.carried) for a in granted.values()] == [("2026-11", 1_000, 0)]
+    spent = (TeamUsage("vision", Unit.MONEY, "2026-11", 300),)
+    feed.send(sealed(DEC_02, teams=spent))
+    granted = feed.store.admin_view().allowances
+    assert [(a.period, a.allowance, a.carried) for a in granted.values()] == [
+        ("2026-11", 1_000, 0),
+        ("2026-12", 1_000, 1_000 - 300),
+    ]

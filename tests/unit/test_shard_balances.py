@@ -1,0 +1,162 @@
+"""Balances of a sharded ledger (`ledger.balances` `ShardStamp`, `ledger.shard_balances`):
+a shard's message is keyed by (account, shard) and carries its epoch, a whole ledger's is as
+it was; the scheduler sums an account over the shards and ignores a shard's message of an older
+epoch (or not newer in its epoch), as a table of message sequences; the dispatcher's budget is
+the global shard's with every shard's usage of the team; and a stamped shard's ingestor (a
+samples shard's too) publishes its balances so keyed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from ledger.admin import AdjustmentRecorded
+from ledger.balances import (
+    BalanceRow,
+    BalanceUpdate,
+    BudgetLine,
+    BudgetStatus,
+    ShardStamp,
+    balance_key,
+    decode_balance_update,
+    encode_balance_update,
+)
+from ledger.ingest import Ingestor, InputTopics, OutputTopics
+from ledger.ingest.shards import ShardRole
+from ledger.pricing import Price, PriceBook
+from ledger.shard_balances import ShardBalances
+from ledger.store.memory import MemoryStore
+from ledger.units import Unit
+from tests.builders import T0_US
+from tests.unit.test_scheduler_service_support import Rig
+from tests.unit.test_shard_roles import admin_message
+from tests.unit.test_store import message
+
+ACCOUNT = "consumer:vision/detection"
+GPU = Unit.GPU_MS.value
+
+
+def update(shard: str | None, epoch: int, seq: int, gpu_ms: int) -> BalanceUpdate:
+    return BalanceUpdate(
+        account=ACCOUNT,
+        seq=seq,
+        as_of_us=T0_US + seq,
+        current_period="2026-11",
+        periods=(BalanceRow(ACCOUNT, GPU, "2026-11", gpu_ms),),
+        totals=((GPU, gpu_ms),),
+        shard=None if shard is None else ShardStamp(shard, epoch),
+    )
+
+
+def test_a_shards_message_is_keyed_by_account_and_shard_and_carries_its_epoch() -> None:
+    stamped = update("samples-3", 7, 1, 100)
+    assert balance_key(ACCOUNT, stamped.shard) == orjson.dumps([ACCOUNT, "samples-3"])
+    assert decode_balance_update(encode_balance_update(stamped)) == stamped
+    whole = update(None, 0, 1, 100)
+    assert balance_key(ACCOUNT) == ACCOUNT.encode()
+    assert "shard" not in orjson.loads(encode_balance_update(whole))["data"]
+    assert decode_balance_update(encode_balance_update(whole)) == whole
+
+
+# each step: (shard, epoch, seq, GPU-ms) in, then the summed GPU-ms out (None: ignored)
+SEQUENCES = {
+    "whole-ledger-unchanged": [((None, 0, 1, 100), 100), ((None, 0, 2, 90), 90)],
+    "two-shards-summed": [(("samples-0", 1, 1, 100), 100), (("samples-1", 1, 1, 50), 150)],
+    "a-shards-newer-message-replaces-its-own": [
+        (("samples-0", 1, 1, 100), 100),
+        (("samples-1", 1, 1, 50), 150),
+        (("samples-0", 1, 2, 130), 180),
+    ],
+    "stale-epoch-ignored": [
+        (("samples-0", 2, 1, 100), 100),
+        (("samples-0", 1, 9, 999), None),
+        (("samples-1", 1, 1, 50), 150),
+    ],
+    "newer-epoch-replaces-whatever-its-seq": [
+        (("samples-0", 1, 9, 100), 100),
+        (("samples-0", 2, 1, 120), 120),
+    ],
+    "not-newer-in-its-epoch-ignored": [
+        (("samples-0", 1, 2, 100), 100),
+        (("samples-0", 1, 2, 999), None),
+        (("samples-0", 1, 1, 999), None),
+    ],
+}
+
+
+@pytest.mark.parametrize("steps", SEQUENCES.values(), ids=SEQUENCES.keys())
+def test_the_scheduler_sums_an_account_over_the_shards(
+    steps: list[tuple[tuple[str | None, int, int, int], int | None]],
+) -> None:
+    shards = ShardBalances()
+    seqs: list[int] = []
+    for (shard, epoch, seq, gpu_ms), expected in steps:
+        given = shards.merge(update(shard, epoch, seq, gpu_ms))
+        if expected is None:
+            assert given == []
+            continue
+        (merged,) = given  # no budget known: the consumer account alone
+        assert merged.shard is None
+        assert dict(merged.totals) == {GPU: expected}
+        assert merged.periods == (BalanceRow(ACCOUNT, GPU, "2026-11", expected),)
+        seqs.append(merged.seq)
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)  # a dispatcher takes each
+
+
+def budget(shard: str, epoch: int, seq: int, granted: int, consumed: int, held: int):
+    line = BudgetLine(Unit.MONEY.value, granted, consumed, held)
+    status = BudgetStatus("vision", "2026-11", (line,))
+    return BalanceUpdate(
+        "budget:vision", seq, T0_US, "2026-11", (), (), status, ShardStamp(shard, epoch)
+    )
+
+
+def used(shard: str, epoch: int, seq: int, money: int) -> BalanceUpdate:
+    row = BalanceRow(ACCOUNT, Unit.MONEY.value, "2026-11", money)
+    stamp = ShardStamp(shard, epoch)
+    return BalanceUpdate(ACCOUNT, seq, T0_US, "2026-11", (row,), ((row.unit, money),), None, stamp)
+
+
+def test_the_dispatchers_budget_is_the_global_shards_with_every_shards_usage(
+    tmp_path: Path,
+) -> None:
+    """The global shard publishes the team's grants, holds and adjustments; each samples shard
+    its usage on the team's consumer accounts: the budget consumes both."""
+    dispatcher = Rig(tmp_path).dispatcher
+    dispatcher.on_balance(used("global", 1, 1, 5))  # an adjustment of the global shard
+    dispatcher.on_balance(budget("global", 1, 2, 1_000, 5, 200))  # grants and holds
+    dispatcher.on_balance(used("samples-0", 1, 1, 300))  # usage
+    dispatcher.on_balance(used("samples-1", 1, 1, 40))
+    dispatcher.on_balance(used("samples-0", 0, 5, 900))  # a fenced writer's: ignored
+    assert dispatcher.budgets["vision"].lines == (
+        BudgetLine(Unit.MONEY.value, 1_000, 5 + 300 + 40, 200),
+    )
+    balance = dispatcher.balance_of("vision")
+    assert balance is not None and balance.money_micros == 1_000 - 345 - 200
+
+
+@pytest.mark.parametrize("role", [ShardRole.SAMPLES, ShardRole.GLOBAL], ids=str)
+def test_a_stamped_shard_publishes_balances_keyed_by_account_and_shard(role: ShardRole) -> None:
+    store = MemoryStore()
+    stamp = ShardStamp(f"{role}-shard", 4)
+    ingest = Ingestor(
+        store,
+        "c",
+        PriceBook((Price("*", 3_600_000),)),
+        {},
+        topics=OutputTopics("alerts", "dl", "balances"),
+        inputs=InputTopics("admin", "jobs", "inventory"),
+        role=role,
+        shard=stamp,
+    )
+    adjust = AdjustmentRecorded(ACCOUNT, Unit.MONEY, 5, "2026-11", "alice", "fix", T0_US)
+    batch = [message(0, 1, 2)] if role is ShardRole.SAMPLES else [admin_message(0, adjust)]
+    ingest.apply(batch)
+    sent = [m for m in store.pending_outbox(100) if m.topic == "balances"]
+    assert sent
+    for m in sent:
+        decoded = decode_balance_update(m.value)
+        assert decoded.shard == stamp
+        assert m.key == orjson.dumps([decoded.account, stamp.shard])
