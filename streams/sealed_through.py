@@ -1,10 +1,11 @@
 """The global shard owner's publisher of the shards' watermark (`ShardsSealedThrough`,
-`ledger.admin.sealed_events`): called after each seal of the global shard, it pulls the shards'
-heads into a read cache (`ledger.store.union.pull_shards`: only new files are fetched), computes
-the event from the union (`ledger.store.sealed_usage.union_sealed_through`) and puts it on the
-admin topic, keyed by its entity, when its watermark is newer than the one the global shard has
-folded (`known_us`). The global shard then folds it from the topic like any admin event, so its
-archive holds the input of every settlement and allowance it makes.
+`ledger.admin.sealed_events`): called after each seal of the global shard, it pulls the shards
+into a read cache from their heads (`ledger.store.union.shard_heads`, `pull_shards`: only new
+files are fetched), computes the event from the union
+(`ledger.store.sealed_usage.union_sealed_through`) and puts it on the admin topic, keyed by its
+entity, when its watermark is newer than the one the global shard has folded (`known_us`). The
+global shard then folds it from the topic like any admin event, so its archive holds the input
+of every settlement and allowance it makes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Protocol
 from ledger.admin import ShardsSealedThrough, admin_envelope, encode_admin
 from ledger.store.objects import ObjectStore
 from ledger.store.sealed_usage import union_sealed_through
-from ledger.store.union import pull_shards, shard_names
+from ledger.store.union import pull_shards, shard_heads
 
 
 class AdminSender(Protocol):
@@ -30,7 +31,7 @@ def read_sealed_through(
     store: ObjectStore, cache: Path, jobs: Collection[str] | None
 ) -> ShardsSealedThrough | None:
     """The event of the shards `store` holds now, pulled into `cache` (None: no watermark)."""
-    pull_shards(store, cache, shard_names(store))
+    pull_shards(store, cache, shard_heads(store))
     return union_sealed_through(cache, jobs)
 
 
