@@ -72,7 +72,7 @@ from streams.kafka import (
     fetch_cluster_id,
 )
 from streams.progress import ConsumerProgress
-from streams.sample_batches import SampleBatchConsumer
+from streams.sample_batches import PartitionHooks, SampleBatchConsumer
 from streams.worker_settings import (
     SealingHealth,
     WorkerObserver,
@@ -134,19 +134,16 @@ def _fenced(exc: WriterFenced) -> NoReturn:
 
 
 class LedgerWorker:
-    """Owns the Faust app, the store and the ingestor of one ledger data directory."""
+    """Owns the Faust app, the store and the ingestor of one ledger data directory (a sharded
+    worker, one per samples partition it is assigned: `streams.sharded_worker`)."""
+
+    store: DuckDBStore
 
     def __init__(self, settings: WorkerSettings, observer: WorkerObserver | None = None) -> None:
         self.settings = settings
         self.observer = observer
         self.stats = WorkerStats()
-        claim_zone(settings.data_dir, settings.zone)  # before the store makes a new ledger
-        self.store = (
-            DuckDBStore(settings.data_dir)
-            if settings.publisher is None
-            else PublishedStore(settings.data_dir, settings.publisher)
-        )
-        self.store.limit_memory(settings.duckdb_memory_limit)
+        self._open()
         self._lock = asyncio.Lock()
         self._identity = ClusterIdentity(settings.bootstrap[0], options=settings.kafka_options)
         self._publishing = asyncio.Lock()
@@ -155,6 +152,18 @@ class LedgerWorker:
         self.sealing = SealingHealth()
         self.ticked_at: float | None = None  # monotonic time of the loop's last heartbeat
         self.app = self._build_app()
+
+    def _open(self) -> None:
+        """Open the ledger the worker writes (a sharded worker opens its shards on assignment:
+        `streams.sharded_worker`)."""
+        s = self.settings
+        claim_zone(s.data_dir, s.zone)  # before the store makes a new ledger
+        self.store = (
+            DuckDBStore(s.data_dir)
+            if s.publisher is None
+            else PublishedStore(s.data_dir, s.publisher)
+        )
+        self.store.limit_memory(s.duckdb_memory_limit)
 
     @property
     def incarnation_known(self) -> bool:
@@ -211,6 +220,7 @@ class LedgerWorker:
             self._refresh_incarnation,
             s.kafka_options,
             s.group_options,
+            self._partition_hooks(),
         )
 
         @app.task  # type: ignore[untyped-decorator]
@@ -238,9 +248,7 @@ class LedgerWorker:
                     await self._apply(messages)
                     await self.publish_outbox()
 
-        batches(s.admin_topic, "ledger-admin", 100)
-        batches(s.jobs_topic, "ledger-jobs", s.batch_max_messages)
-        batches(s.inventory_reports_topic, "ledger-inventory", 500)
+        self._add_inputs(app, batches)
 
         @app.timer(interval=HEARTBEAT_S)  # type: ignore[untyped-decorator]
         async def heartbeat() -> None:
@@ -253,6 +261,17 @@ class LedgerWorker:
                 await self.seal()
 
         return app
+
+    def _add_inputs(self, app: faust.App, batches: Callable[[str, str, int], None]) -> None:
+        """The admin, jobs and inventory-reports topics: Faust agents taking batches."""
+        s = self.settings
+        batches(s.admin_topic, "ledger-admin", 100)
+        batches(s.jobs_topic, "ledger-jobs", s.batch_max_messages)
+        batches(s.inventory_reports_topic, "ledger-inventory", 500)
+
+    def _partition_hooks(self) -> PartitionHooks | None:
+        """What the samples consumer tells of assignments (None: only that one happened)."""
+        return None
 
     async def _ingest_samples(self, messages: list[ConsumedMessage]) -> None:
         await self._apply(messages)
@@ -295,7 +314,8 @@ class LedgerWorker:
     async def _apply(self, messages: list[ConsumedMessage]) -> None:
         if self._ingestor is None:
             await self._refresh_incarnation()
-        await self._guard_incarnation()
+        assert self._ingestor is not None
+        await self._guard_incarnation(self._ingestor.incarnation)
         async with self._lock:
             ingestor = self._ingestor
             assert ingestor is not None
@@ -314,7 +334,7 @@ class LedgerWorker:
             log.info("closed period(s) %s", ", ".join(result.commit.closed))
             await self.seal()
 
-    async def _guard_incarnation(self) -> None:
+    async def _guard_incarnation(self, applied: str) -> None:
         """Refuse a batch fetched from a broker other than the one the ingestor stands for.
 
         After a broker restart the consumer can fetch from the new broker before the group
@@ -323,15 +343,14 @@ class LedgerWorker:
         the batch is applied or acked) and, restarted, starts the new incarnation at its
         beginning.
         """
-        assert self._ingestor is not None
         current = await self._identity.current()
-        if current is not None and current != self._ingestor.incarnation:
+        if current is not None and current != applied:
             self._observe(lambda o: o.worker_error("incarnation_changed"))
             log.error(
                 "the broker is now %s, not %s: exiting so a restart takes the new broker from "
                 "its first offset",
                 current,
-                self._ingestor.incarnation,
+                applied,
             )
             logging.shutdown()
             os._exit(INCARNATION_CHANGED_EXIT)
@@ -376,20 +395,27 @@ class LedgerWorker:
         the broker refused for its content. Any other send error is raised, after what was
         acknowledged is forgotten: the rest stays queued for the next publish."""
         async with self._publishing:  # one publisher at a time, or a message could go out twice
-            while True:
-                async with self._lock:
-                    pending = await asyncio.to_thread(self.store.pending_outbox)
-                if not pending:
-                    return
-                sent, refused, failure = await self._send(pending)
-                async with self._lock:
-                    for message, why in refused:
-                        await asyncio.to_thread(self.store.mark_undeliverable, message.id, why)
-                    await asyncio.to_thread(self.store.mark_sent, sent)
+            for store in self._outbox_stores():
+                await self._publish_outbox_of(store)
+
+    def _outbox_stores(self) -> list[DuckDBStore]:
+        return [self.store]
+
+    async def _publish_outbox_of(self, store: DuckDBStore) -> None:
+        while True:
+            async with self._lock:
+                pending = await asyncio.to_thread(store.pending_outbox)
+            if not pending:
+                return
+            sent, refused, failure = await self._send(pending)
+            async with self._lock:
                 for message, why in refused:
-                    self._undeliverable(message, why)
-                if failure is not None:
-                    raise failure
+                    await asyncio.to_thread(store.mark_undeliverable, message.id, why)
+                await asyncio.to_thread(store.mark_sent, sent)
+            for message, why in refused:
+                self._undeliverable(message, why)
+            if failure is not None:
+                raise failure
 
     async def _send(
         self, pending: list[OutboxMessage]
@@ -486,13 +512,7 @@ class LedgerWorker:
         """Recover (seal what a previous run committed), then run until stopped. `loglevel` is
         Faust's (crit|error|warn|info|debug); `logging_config` (a `logging.config.dictConfig`)
         replaces Faust's own logging setup when given."""
-        s = self.settings
-        try:
-            self._sealed(self.store.seal(s.compact_below_rows, s.compact_min_segments))
-        except (SealError, SegmentError) as exc:
-            self._seal_failed(exc)
-        except WriterFenced as exc:
-            _fenced(exc)
+        self._recover()
         freeze_startup_objects()
         worker = faust.Worker(
             self.app,
@@ -505,4 +525,17 @@ class LedgerWorker:
         try:
             worker.execute_from_commandline()
         finally:
-            self.store.close()
+            self._close()
+
+    def _recover(self) -> None:
+        """Seal what a previous run committed."""
+        s = self.settings
+        try:
+            self._sealed(self.store.seal(s.compact_below_rows, s.compact_min_segments))
+        except (SealError, SegmentError) as exc:
+            self._seal_failed(exc)
+        except WriterFenced as exc:
+            _fenced(exc)
+
+    def _close(self) -> None:
+        self.store.close()
