@@ -38,6 +38,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import duckdb
 import faust
 from aiokafka.errors import KafkaError
 
@@ -56,6 +57,7 @@ from streams.shards import (
     close_shard,
     drop_shard,
     open_shard,
+    samples_shard,
     shards_for,
 )
 from streams.view_feed import PartitionKey, ViewFeed
@@ -109,6 +111,14 @@ class ShardedWorker(LedgerWorker):
 
     def _outbox_stores(self) -> list[DuckDBStore]:
         return [shard.store for shard in self.shards.values()]
+
+    async def _publish_outbox_of(self, store: DuckDBStore) -> None:
+        try:
+            await super()._publish_outbox_of(store)
+        except duckdb.Error:
+            if any(shard.store is store for shard in self.shards.values()):
+                raise
+            # its shard was dropped meanwhile (fenced): what it had queued goes with it
 
     def _add_inputs(self, app: faust.App, batches: Callable[[str, str, int], None]) -> None:
         # Faust's consumer needs a topic to subscribe to: the admin topic, dropped here (the
@@ -223,7 +233,7 @@ class ShardedWorker(LedgerWorker):
         await self._guard_incarnation(self._incarnation)
         by_shard: dict[str, list[ConsumedMessage]] = {}
         for m in messages:
-            by_shard.setdefault(f"samples-{m.partition}", []).append(m)
+            by_shard.setdefault(samples_shard(m.partition).name, []).append(m)
         for name, part in by_shard.items():
             await self._apply_to(name, part)
 

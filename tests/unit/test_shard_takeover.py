@@ -2,10 +2,12 @@
 which shards an assignment gives (a table), a shard taken up by a second worker from what the
 first sealed (restored, claimed, fetched from the sealed offset: the first's unsealed work is
 folded again, never twice), the first fenced, and a worker taking up again a shard nobody wrote
-since keeping its own directory."""
+since keeping its own directory; and a sharded worker whose shard is fenced dropping that shard
+and going on with the others."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from ledger.store.hot import DuckDBStore
 from ledger.store.objects import LocalObjectStore
 from ledger.store.rebuild import ReplaySettings
 from ledger.store.replica import pull
+from streams.sharded_worker import ShardedWorker
 from streams.shards import (
     ShardSettings,
     close_shard,
@@ -25,6 +28,7 @@ from streams.shards import (
     shard_dir,
     shards_for,
 )
+from streams.worker import WorkerSettings
 from tests.unit.test_ledger_on_s3 import totals
 from tests.unit.test_store import PRICES, TOPIC, ingest, message
 
@@ -102,3 +106,33 @@ def test_a_shard_taken_up_again_by_its_last_writer_keeps_its_directory(tmp_path)
     assert again.store.publisher.writer is not None
     assert again.store.publisher.writer.epoch == 2  # claimed anew all the same
     again.store.close()
+
+
+def test_a_sharded_worker_drops_a_fenced_shard_and_keeps_the_others(tmp_path):
+    store = LocalObjectStore(tmp_path / "objects")
+    worker = ShardedWorker(
+        WorkerSettings(
+            bootstrap=("127.0.0.1:1",),
+            group_id="test",
+            samples_topic=TOPIC,
+            deadletter_topic="deadletter",
+            alerts_topic="alerts",
+            data_dir=tmp_path / "a",
+            prices=PRICES,
+            cost_centres={"vision": "research"},
+            sharded=True,
+            segments_store=store,
+        )
+    )
+    for partition in (0, 1):
+        shard = open_shard(worker.shard_settings, samples_shard(partition), INC)
+        shard.ingestor.apply([message(0, 1, partition=partition, gpu=f"GPU-{partition}")])
+        worker.shards[shard.spec.name] = shard
+    open_shard(settings(tmp_path / "b", store), samples_shard(1), INC).store.close()  # claimed
+
+    asyncio.run(worker.seal())  # samples-1's publish is fenced: dropped, not the process
+
+    assert list(worker.shards) == ["samples-0"]
+    assert not shard_dir(tmp_path / "a", "samples-1").exists()
+    assert worker.stats.segments_sealed == 1  # samples-0 sealed and published as before
+    worker._close()
