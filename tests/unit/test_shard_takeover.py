@@ -24,6 +24,7 @@ from streams.shards import (
     close_shard,
     drop_shard,
     open_shard,
+    role_of,
     samples_shard,
     shard_dir,
     shards_for,
@@ -136,3 +137,18 @@ def test_a_sharded_worker_drops_a_fenced_shard_and_keeps_the_others(tmp_path):
     assert not shard_dir(tmp_path / "a", "samples-1").exists()
     assert worker.stats.segments_sealed == 1  # samples-0 sealed and published as before
     worker._close()
+
+
+@pytest.mark.parametrize(
+    ("path", "role"),
+    [
+        pytest.param("data", ShardRole.WHOLE, id="a-ledger"),
+        pytest.param("data/replica", ShardRole.WHOLE, id="a-read-cache"),
+        pytest.param("data/replica/shards/global", ShardRole.GLOBAL, id="the-global-shard"),
+        pytest.param("data/shards/samples-12", ShardRole.SAMPLES, id="a-samples-shard"),
+        pytest.param("data/shards/_root", ShardRole.WHOLE, id="the-root-ledger-beside-shards"),
+        pytest.param("data/shards/samples-x", ShardRole.WHOLE, id="not-a-partition"),
+    ],
+)
+def test_a_shard_directory_is_rebuilt_with_its_shards_role(path, role):
+    assert role_of(Path(path)) == role
