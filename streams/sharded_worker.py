@@ -365,6 +365,7 @@ class ShardedWorker(LedgerWorker):
         for name, shard in list(self.shards.items()):
             try:
                 close_shard(shard, s.compact_below_rows, s.compact_min_segments)
+                log.info("shard %s sealed at stop", name)
             except (WriterFenced, SealError, SegmentError) as exc:  # its next owner refolds
                 log.warning("shard %s not sealed at stop: %s", name, bounded(str(exc), TEXT_LIMIT))
         self.shards.clear()
