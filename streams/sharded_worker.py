@@ -5,12 +5,16 @@ assigned (`streams.shards`: which, and how a shard is taken up, handed over or d
 What differs from the whole-ledger worker (`streams.worker.LedgerWorker`, whose batching,
 outbox, metrics and sealing health it keeps):
 
-- *Ownership.* The samples consumer's group decides it. On every assignment (aiokafka's
-  rebalances are eager: every partition is revoked, then the whole new assignment assigned) the
-  worker takes up the shards of its assignment (`shards_for`: restored from the published head
-  when another worker wrote them since, claimed with a conditional put of the head) and seeks
-  each samples partition to its shard's applied offset; on revocation it first seals and
-  publishes every shard it holds, then closes them, so a planned move refolds nothing.
+- *Ownership.* The samples consumer's group decides it (aiokafka's rebalances are eager:
+  every partition is revoked, then the whole new assignment assigned). On revocation the
+  worker first seals and publishes every shard it holds, then closes them, so a planned move
+  refolds nothing. On assignment the listener only records the shards to take up
+  (`shards_for`) and leaves their partitions paused: a restore can take longer than the
+  session may wait for the listener. A task of its own takes each up (`open_shard`: kept, or
+  restored from the published head when another worker wrote it since; claimed with a
+  conditional put of the head) and resumes its partition from the shard's applied offset. A
+  samples batch that starts past that offset (fetched before the seek) is not applied: the
+  partition is sought back to it, unless the broker no longer holds the offsets between.
 - *Inputs.* Samples go to their partition's shard. The admin, jobs and inventory-reports
   topics are not consumed by Faust agents (their group could give them to one worker while the
   samples group gives partition 0 to another): one `ViewFeed` per worker reads them outside any
