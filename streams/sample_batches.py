@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
@@ -43,6 +43,18 @@ MAX_PART_BYTES = 8 << 20  # ~10,000 samples of the collector's JSON per ledger c
 
 OnBatch = Callable[[list[ConsumedMessage]], Awaitable[None]]
 OnAssigned = Callable[[], Awaitable[None]]
+
+
+class PartitionHooks(Protocol):
+    """What a sharded worker does as partitions move (`streams.sharded_worker`)."""
+
+    async def revoked(self, partitions: set[int]) -> None:
+        """Before `partitions` are given up (seal and hand them over)."""
+
+    async def assigned(self, partitions: set[int]) -> None:
+        """`partitions` were assigned (the whole assignment), paused: each is fetched once the
+        hooks resume it (`SampleBatchConsumer.resume_at`). Called within the rebalance, whose
+        heartbeats wait for it: it must return quickly."""
 
 
 def parts(
@@ -70,14 +82,24 @@ def samples_group(group_id: str) -> str:
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, on_assigned: OnAssigned) -> None:
+    def __init__(
+        self, consumer: AIOKafkaConsumer, on_assigned: OnAssigned, hooks: PartitionHooks | None
+    ) -> None:
+        self._consumer = consumer
         self._on_assigned = on_assigned
+        self._hooks = hooks
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        return None  # each batch is committed to the ledger before the next fetch
+        # each batch is committed to the ledger before the next fetch; a sharded worker seals
+        if self._hooks is not None:
+            await self._hooks.revoked({tp.partition for tp in revoked})
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         await self._on_assigned()
+        if self._hooks is None:
+            return
+        self._consumer.pause(*assigned)  # fetched from where their shard says, once taken up
+        await self._hooks.assigned({tp.partition for tp in assigned})
 
 
 class SampleBatchConsumer:
@@ -96,6 +118,7 @@ class SampleBatchConsumer:
         on_assigned: OnAssigned,
         kafka_options: Mapping[str, Any] | None = None,
         group_options: Mapping[str, int] = DEFAULT_GROUP_OPTIONS,
+        hooks: PartitionHooks | None = None,
     ) -> None:
         self._bootstrap = list(bootstrap)
         self._group = samples_group(group_id)
@@ -106,8 +129,26 @@ class SampleBatchConsumer:
         self._within_ms = max(1, int(within_s * 1000))
         self._on_batch = on_batch
         self._on_assigned = on_assigned
+        self._hooks = hooks
         self._consumer: AIOKafkaConsumer | None = None
         self.progress = ConsumerProgress()  # assignment, lag, latest fetch error (health)
+
+    def resume_at(self, partition: int, offset: int) -> bool:
+        """Fetch `partition` from `offset` on (a sharded worker's shard's applied offset, not
+        the group's committed one); False when it is no longer assigned."""
+        consumer = self._consumer
+        tp = TopicPartition(self._topic, partition)
+        if consumer is None or tp not in consumer.assignment():
+            return False
+        consumer.seek(tp, offset)
+        consumer.resume(tp)
+        return True
+
+    async def log_start(self, partition: int) -> int:
+        """The first offset the broker still holds of `partition`."""
+        assert self._consumer is not None
+        tp = TopicPartition(self._topic, partition)
+        return int((await self._consumer.beginning_offsets([tp]))[tp])
 
     def _new_consumer(self) -> AIOKafkaConsumer:  # needs the running loop
         return AIOKafkaConsumer(
@@ -124,7 +165,9 @@ class SampleBatchConsumer:
     async def run(self) -> None:
         """Consume until cancelled."""
         consumer = self._consumer = self._new_consumer()
-        consumer.subscribe([self._topic], listener=_Rebalance(self._on_assigned))
+        consumer.subscribe(
+            [self._topic], listener=_Rebalance(consumer, self._on_assigned, self._hooks)
+        )
         while True:
             try:
                 await consumer.start()

@@ -52,140 +52,49 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, tzinfo
-from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import faust
 
 from ledger.errors import SealError, SegmentError
 from ledger.excerpts import TEXT_LIMIT, bounded
-from ledger.idle import IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, IngestResult, InputTopics, OutputTopics
-from ledger.pricing import PriceBook
 from ledger.store.head import WriterFenced
 from ledger.store.hot import DuckDBStore
-from ledger.store.hot_memory import DEFAULT_MEMORY_LIMIT
 from ledger.store.identity import claim_zone
 from ledger.store.port import OutboxMessage, SealResult
 from ledger.store.published import PublishedStore
-from ledger.store.replica import Publisher
 from streams.collector_pause import collector_paused, freeze_startup_objects
 from streams.kafka import (
-    DEFAULT_GROUP_OPTIONS,
     ClusterIdentity,
     content_refusal,
     fetch_cluster_id,
 )
 from streams.progress import ConsumerProgress
-from streams.sample_batches import SampleBatchConsumer
+from streams.sample_batches import PartitionHooks, SampleBatchConsumer
+from streams.worker_settings import (
+    SealingHealth,
+    WorkerObserver,
+    WorkerSettings,
+    WorkerStats,
+    faust_group_options,
+)
 
+__all__ = [  # the settings and what the worker reports live in `streams.worker_settings`
+    "FENCED_EXIT",
+    "INCARNATION_CHANGED_EXIT",
+    "LedgerWorker",
+    "SealingHealth",
+    "WorkerObserver",
+    "WorkerSettings",
+    "WorkerStats",
+    "faust_group_options",
+]
 log = logging.getLogger("tally.worker")
 INCARNATION_CHANGED_EXIT = 75  # EX_TEMPFAIL: run it again
 FENCED_EXIT = 75  # another writer claimed the published ledger: start again to claim it anew
-DEFAULT_IDLE_POLICY = IdlePolicy()
 HEARTBEAT_S = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerSettings:
-    bootstrap: tuple[str, ...]
-    group_id: str
-    samples_topic: str
-    deadletter_topic: str
-    alerts_topic: str
-    data_dir: Path
-    prices: PriceBook
-    cost_centres: Mapping[str, str]
-    batch_max_messages: int = 2000
-    batch_within_s: float = 0.25
-    seal_interval_s: float = 5.0
-    compact_below_rows: int = 500_000
-    compact_min_segments: int = 8
-    dedupe_window_us: int = 7 * 86_400_000_000
-    kafka_options: Mapping[str, Any] = field(default_factory=dict)  # security: SASL, TLS
-    group_options: Mapping[str, int] = field(default_factory=lambda: DEFAULT_GROUP_OPTIONS)
-    faust_credentials: Any = None  # the same security as Faust's `broker_credentials`
-    idle_policy: IdlePolicy = DEFAULT_IDLE_POLICY
-    admin_topic: str = "tally.admin"  # read by Faust agents (the samples topic is not:
-    jobs_topic: str = "tally.jobs"  # `streams.sample_batches`)
-    balances_topic: str | None = None  # and balances are not published
-    inventory_reports_topic: str = "tally.inventory-reports"  # a Faust agent too
-    inventory_topic: str | None = None  # None: inventory records are not published
-    zone: tzinfo = UTC  # ledger.timezone: recorded in a new ledger, checked in an existing one
-    publisher: Publisher | None = None  # the sealed ledger's object store (None: data_dir)
-    duckdb_memory_limit: int | None = DEFAULT_MEMORY_LIMIT  # bytes (`ledger.store.hot_memory`)
-
-
-def faust_group_options(group: Mapping[str, int]) -> dict[str, Any]:
-    """The group timeouts (aiokafka keywords, ms) as `faust.App` settings (seconds)."""
-    options: dict[str, Any] = {
-        "broker_session_timeout": group["session_timeout_ms"] / 1000,
-        "broker_heartbeat_interval": group["heartbeat_interval_ms"] / 1000,
-        "broker_rebalance_timeout": group["rebalance_timeout_ms"] / 1000,
-    }
-    if "request_timeout_ms" in group:
-        options["broker_request_timeout"] = group["request_timeout_ms"] / 1000
-    return options
-
-
-class WorkerObserver(Protocol):
-    """What the worker reports as it goes (the metrics implement it). An observer that fails
-    is logged and otherwise ignored: it never stops the ledger."""
-
-    def observe_batch(self, messages: int, postings: int, commit_seconds: float) -> None: ...
-
-    def dead_letter(self, count: int = 1) -> None: ...
-
-    def worker_error(self, kind: str) -> None: ...
-
-    def undeliverable(self, topic: str, count: int = 1) -> None: ...
-
-    def seal_failed(self) -> None: ...
-
-    def sealing_blocked(self, blocked: bool) -> None: ...
-
-
-@dataclass(slots=True)
-class WorkerStats:
-    batches: int = 0
-    messages: int = 0
-    samples: int = 0
-    duplicates: int = 0
-    dead_letters: int = 0
-    alerts: int = 0
-    admin_events: int = 0
-    hold_events: int = 0
-    balances_published: int = 0
-    undeliverable: int = 0
-    segments_sealed: int = 0
-    seal_failures: int = 0
-    last_commit_ms: float = 0.0
-
-
-@dataclass(slots=True)
-class SealingHealth:
-    """Whether sealing is blocked, by what, and for how many tries: what to log, decided from
-    the outcome of each seal (values in, values out)."""
-
-    blocked_by: str | None = None
-    failures: int = 0
-
-    def failed(self, reason: str) -> bool:
-        """Record a failed seal; True when it should be logged (the first, or a new reason:
-        `reason` names what blocks sealing, not the file a try was writing)."""
-        new = reason != self.blocked_by
-        self.blocked_by = reason
-        self.failures += 1
-        return new
-
-    def succeeded(self) -> int:
-        """Record a seal that worked; the failures it ends (0: sealing was not blocked)."""
-        ended = self.failures
-        self.blocked_by, self.failures = None, 0
-        return ended
 
 
 def _consumed(event: Any) -> ConsumedMessage:
@@ -225,19 +134,16 @@ def _fenced(exc: WriterFenced) -> NoReturn:
 
 
 class LedgerWorker:
-    """Owns the Faust app, the store and the ingestor of one ledger data directory."""
+    """Owns the Faust app, the store and the ingestor of one ledger data directory (a sharded
+    worker, one per samples partition it is assigned: `streams.sharded_worker`)."""
+
+    store: DuckDBStore
 
     def __init__(self, settings: WorkerSettings, observer: WorkerObserver | None = None) -> None:
         self.settings = settings
         self.observer = observer
         self.stats = WorkerStats()
-        claim_zone(settings.data_dir, settings.zone)  # before the store makes a new ledger
-        self.store = (
-            DuckDBStore(settings.data_dir)
-            if settings.publisher is None
-            else PublishedStore(settings.data_dir, settings.publisher)
-        )
-        self.store.limit_memory(settings.duckdb_memory_limit)
+        self._open()
         self._lock = asyncio.Lock()
         self._identity = ClusterIdentity(settings.bootstrap[0], options=settings.kafka_options)
         self._publishing = asyncio.Lock()
@@ -246,6 +152,18 @@ class LedgerWorker:
         self.sealing = SealingHealth()
         self.ticked_at: float | None = None  # monotonic time of the loop's last heartbeat
         self.app = self._build_app()
+
+    def _open(self) -> None:
+        """Open the ledger the worker writes (a sharded worker opens its shards on assignment:
+        `streams.sharded_worker`)."""
+        s = self.settings
+        claim_zone(s.data_dir, s.zone)  # before the store makes a new ledger
+        self.store = (
+            DuckDBStore(s.data_dir)
+            if s.publisher is None
+            else PublishedStore(s.data_dir, s.publisher)
+        )
+        self.store.limit_memory(s.duckdb_memory_limit)
 
     @property
     def incarnation_known(self) -> bool:
@@ -302,6 +220,7 @@ class LedgerWorker:
             self._refresh_incarnation,
             s.kafka_options,
             s.group_options,
+            self._partition_hooks(),
         )
 
         @app.task  # type: ignore[untyped-decorator]
@@ -329,9 +248,7 @@ class LedgerWorker:
                     await self._apply(messages)
                     await self.publish_outbox()
 
-        batches(s.admin_topic, "ledger-admin", 100)
-        batches(s.jobs_topic, "ledger-jobs", s.batch_max_messages)
-        batches(s.inventory_reports_topic, "ledger-inventory", 500)
+        self._add_inputs(app, batches)
 
         @app.timer(interval=HEARTBEAT_S)  # type: ignore[untyped-decorator]
         async def heartbeat() -> None:
@@ -344,6 +261,17 @@ class LedgerWorker:
                 await self.seal()
 
         return app
+
+    def _add_inputs(self, app: faust.App, batches: Callable[[str, str, int], None]) -> None:
+        """The admin, jobs and inventory-reports topics: Faust agents taking batches."""
+        s = self.settings
+        batches(s.admin_topic, "ledger-admin", 100)
+        batches(s.jobs_topic, "ledger-jobs", s.batch_max_messages)
+        batches(s.inventory_reports_topic, "ledger-inventory", 500)
+
+    def _partition_hooks(self) -> PartitionHooks | None:
+        """What the samples consumer tells of assignments (None: only that one happened)."""
+        return None
 
     async def _ingest_samples(self, messages: list[ConsumedMessage]) -> None:
         await self._apply(messages)
@@ -386,7 +314,8 @@ class LedgerWorker:
     async def _apply(self, messages: list[ConsumedMessage]) -> None:
         if self._ingestor is None:
             await self._refresh_incarnation()
-        await self._guard_incarnation()
+        assert self._ingestor is not None
+        await self._guard_incarnation(self._ingestor.incarnation)
         async with self._lock:
             ingestor = self._ingestor
             assert ingestor is not None
@@ -405,7 +334,7 @@ class LedgerWorker:
             log.info("closed period(s) %s", ", ".join(result.commit.closed))
             await self.seal()
 
-    async def _guard_incarnation(self) -> None:
+    async def _guard_incarnation(self, applied: str) -> None:
         """Refuse a batch fetched from a broker other than the one the ingestor stands for.
 
         After a broker restart the consumer can fetch from the new broker before the group
@@ -414,15 +343,14 @@ class LedgerWorker:
         the batch is applied or acked) and, restarted, starts the new incarnation at its
         beginning.
         """
-        assert self._ingestor is not None
         current = await self._identity.current()
-        if current is not None and current != self._ingestor.incarnation:
+        if current is not None and current != applied:
             self._observe(lambda o: o.worker_error("incarnation_changed"))
             log.error(
                 "the broker is now %s, not %s: exiting so a restart takes the new broker from "
                 "its first offset",
                 current,
-                self._ingestor.incarnation,
+                applied,
             )
             logging.shutdown()
             os._exit(INCARNATION_CHANGED_EXIT)
@@ -467,20 +395,27 @@ class LedgerWorker:
         the broker refused for its content. Any other send error is raised, after what was
         acknowledged is forgotten: the rest stays queued for the next publish."""
         async with self._publishing:  # one publisher at a time, or a message could go out twice
-            while True:
-                async with self._lock:
-                    pending = await asyncio.to_thread(self.store.pending_outbox)
-                if not pending:
-                    return
-                sent, refused, failure = await self._send(pending)
-                async with self._lock:
-                    for message, why in refused:
-                        await asyncio.to_thread(self.store.mark_undeliverable, message.id, why)
-                    await asyncio.to_thread(self.store.mark_sent, sent)
+            for store in self._outbox_stores():
+                await self._publish_outbox_of(store)
+
+    def _outbox_stores(self) -> list[DuckDBStore]:
+        return [self.store]
+
+    async def _publish_outbox_of(self, store: DuckDBStore) -> None:
+        while True:
+            async with self._lock:
+                pending = await asyncio.to_thread(store.pending_outbox)
+            if not pending:
+                return
+            sent, refused, failure = await self._send(pending)
+            async with self._lock:
                 for message, why in refused:
-                    self._undeliverable(message, why)
-                if failure is not None:
-                    raise failure
+                    await asyncio.to_thread(store.mark_undeliverable, message.id, why)
+                await asyncio.to_thread(store.mark_sent, sent)
+            for message, why in refused:
+                self._undeliverable(message, why)
+            if failure is not None:
+                raise failure
 
     async def _send(
         self, pending: list[OutboxMessage]
@@ -577,13 +512,7 @@ class LedgerWorker:
         """Recover (seal what a previous run committed), then run until stopped. `loglevel` is
         Faust's (crit|error|warn|info|debug); `logging_config` (a `logging.config.dictConfig`)
         replaces Faust's own logging setup when given."""
-        s = self.settings
-        try:
-            self._sealed(self.store.seal(s.compact_below_rows, s.compact_min_segments))
-        except (SealError, SegmentError) as exc:
-            self._seal_failed(exc)
-        except WriterFenced as exc:
-            _fenced(exc)
+        self._recover()
         freeze_startup_objects()
         worker = faust.Worker(
             self.app,
@@ -596,4 +525,17 @@ class LedgerWorker:
         try:
             worker.execute_from_commandline()
         finally:
-            self.store.close()
+            self._close()
+
+    def _recover(self) -> None:
+        """Seal what a previous run committed."""
+        s = self.settings
+        try:
+            self._sealed(self.store.seal(s.compact_below_rows, s.compact_min_segments))
+        except (SealError, SegmentError) as exc:
+            self._seal_failed(exc)
+        except WriterFenced as exc:
+            _fenced(exc)
+
+    def _close(self) -> None:
+        self.store.close()

@@ -72,8 +72,9 @@ def worker_settings(
     """The worker's settings. Imports Faust (through `streams.worker`): call it only where the
     worker is about to run, never while a command is being parsed."""
     from streams.worker import WorkerSettings
-    from tally.segments_config import publisher
+    from tally.segments_config import publisher, segments_store
 
+    sharded = config.ledger.sharded  # the shards' publishers are the worker's (`streams.shards`)
     return WorkerSettings(
         bootstrap=bootstrap,
         kafka_options=kafka.security,
@@ -100,9 +101,16 @@ def worker_settings(
         dedupe_window_us=config.ledger.dedupe_window_days * 86_400_000_000,
         zone=config.ledger.zone(),
         duckdb_memory_limit=config.ledger.memory_limit(),
-        publisher=publisher(
+        publisher=None
+        if sharded
+        else publisher(
             config.ledger.data_dir, config.ledger.segments_url, config.ledger.object_store
         ),
+        sharded=sharded,
+        segments_store=segments_store(config.ledger.segments_url, config.ledger.object_store)
+        if sharded
+        else None,
+        grace_s=config.ledger.object_store.grace_s,
     )
 
 

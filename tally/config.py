@@ -89,6 +89,19 @@ class LedgerConfig(Strict):
     # where sealed segments, the archive and manifests live (None: under data_dir)
     segments_url: str | None = Field(None, pattern=SEGMENTS_URL_PATTERN)
     object_store: ObjectStoreConfig = ObjectStoreConfig()
+    # several workers, one ledger: each worker writes one shard per samples partition it is
+    # assigned (and the global shard with partition 0), published under `shards/<name>/` of
+    # `segments_url` (`streams.shards`); false: one worker writes the whole ledger
+    sharded: bool = False
+
+    @model_validator(mode="after")
+    def _shards_are_shared(self) -> LedgerConfig:
+        if self.sharded and self.segments_url is None:
+            raise Invalid(
+                "sharded: true needs segments_url: the shards are shared by the workers "
+                "through the segments store"
+            )
+        return self
 
 
 class TeamConfig(Strict):

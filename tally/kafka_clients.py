@@ -5,7 +5,7 @@ and admin client of Tally is built with (`security_protocol`, `ssl_context`, `sa
 `sasl_plain_username`, `sasl_plain_password`), the group consumers' timeouts, and, for the
 worker's Faust app, the same security as Faust's `broker_credentials` (`faust_credentials`;
 the worker turns the group timeouts into Faust's `broker_*` settings,
-`streams.worker.faust_group_options`). The packages that hold the clients (`collectors`,
+`streams.worker_settings.faust_group_options`). The packages that hold the clients (`collectors`,
 `scheduler`, `streams`) take these as plain mappings.
 
 Secrets are read here, when a command is about to connect: the SASL password from

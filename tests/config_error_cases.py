@@ -208,6 +208,12 @@ CASES: dict[str, Case] = {
         {"timezone": "Mars/Olympus"},
         "timezone: 'Mars/Olympus' is not an IANA time zone name such as UTC or Asia/Shanghai",
     ),
+    "sharded-without-store": Case(
+        LedgerConfig,
+        {"sharded": True},
+        "(top level): sharded: true needs segments_url: the shards are shared by the workers "
+        "through the segments store",
+    ),
     "budget-unknown-team": Case(
         TallyConfig,
         a_config_dict(budgets=[{**BUDGET, "team": "nope"}]),

@@ -49,6 +49,7 @@ from ledger.closing import ClosedPeriod
 from ledger.errors import SegmentError, StoreError
 from ledger.idle import IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
+from ledger.ingest.shards import ShardRole
 from ledger.inventory import InventoryGpu
 from ledger.pricing import PriceBook
 from ledger.read.balances import FOLD_SQL
@@ -87,6 +88,7 @@ class ReplaySettings:
     inputs: InputTopics = field(default_factory=InputTopics)
     seal_every: int = 512  # batches between seals, to keep the fresh writer's hot tables small
     zone: tzinfo = UTC  # the live ledger's time zone (`ledger.store.identity.recorded_zone`)
+    role: ShardRole = ShardRole.WHOLE  # a shard's replay folds as its writer did
 
 
 class DifferenceKind(StrEnum):
@@ -295,6 +297,7 @@ def replay(
                     OutputTopics(balances=None),
                     settings.inputs,
                     settings.zone,
+                    settings.role,
                 )
             result = ingestor.apply(batch.messages)
             if result.skipped_messages:

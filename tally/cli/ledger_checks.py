@@ -249,9 +249,11 @@ def rebuild(
     Exits 1 when anything differs, 0 when the two are identical."""
     config = load_or_exit(config_path)
     live = require_ledger(Path(data_dir) if data_dir else reader_directory(config))
+    from streams.shards import role_of  # a shard's directory replays as its writer folded
+
     # The live ledger's own time zone, whatever the configuration says now: a rebuild books into
     # the months the live writer did.
-    settings = replace(replay_settings(config), zone=recorded_zone(live))
+    settings = replace(replay_settings(config), zone=recorded_zone(live), role=role_of(live))
     if into is not None and Path(into).exists() and any(Path(into).iterdir()):
         fail(
             _("--into {into}: not an empty directory (a rebuild needs a fresh one)").format(

@@ -179,6 +179,7 @@ def worker(
     """Run the ledger worker: consume samples, commit postings, seal segments.
 
     A data directory without a ledger gets a new one (the worker's job is to create it)."""
+    from streams.sharded_worker import ShardedWorker
     from streams.worker import LedgerWorker
     from tally.health_sources import WorkerHealth
     from tally.metrics import TallyMetrics
@@ -199,7 +200,8 @@ def worker(
     if not has_ledger(data_dir):
         logging.getLogger("tally.worker").info("no ledger at %s yet: creating a new one", data_dir)
     try:
-        ledger_worker = LedgerWorker(worker_settings(config, servers, kafka), observer=metrics)
+        kind = ShardedWorker if config.ledger.sharded else LedgerWorker
+        ledger_worker = kind(worker_settings(config, servers, kafka), observer=metrics)
         health.attach(ledger_worker)
         ledger_worker.run(loglevel=faust_loglevel(log_level), logging_config=logs)
     except LedgerError as exc:

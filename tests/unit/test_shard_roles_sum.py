@@ -27,7 +27,7 @@ import os
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -58,9 +58,11 @@ from ledger.postings import Transaction, TransactionKind
 from ledger.pricing import Price, PriceBook
 from ledger.store.hot import DuckDBStore
 from ledger.store.memory import MemoryStore
+from ledger.store.rebuild import ReplaySettings, rebuild
 from ledger.store.schema import POSTING_COLUMNS_SQL, transaction_from_rows
 from ledger.store.sealed_usage import shards_sealed_through, usage_lines, watermark
 from ledger.units import Unit
+from streams.shards import role_of
 from tests.builders import INTERVAL_US, a_process, an_envelope, an_owner
 from tests.scheduler_builders import a_spec
 
@@ -375,13 +377,23 @@ def test_the_shards_sum_to_the_whole_in_memory(stream: tuple[tuple[Item, ...], .
 
 
 def test_the_shards_sum_to_the_whole_on_duckdb() -> None:
+    """… and a samples shard, sealed, rebuilds from its own archive with its directory's role
+    (`streams.shards.role_of`, as `tally ledger rebuild --data-dir` does); replayed as a whole
+    ledger, it would not."""
     with tempfile.TemporaryDirectory(dir=SCRATCH) as root:
-        ledgers = feed(STREAM, lambda name: DuckDBStore(Path(root) / name))
+        shards = Path(root) / "shards"
+        ledgers = feed(STREAM, lambda name: DuckDBStore(shards / name))
         try:
             check_union(ledgers)
+            ledgers.samples[0].seal()
         finally:
             for store in (ledgers.whole, *ledgers.shards):
                 store.close()
+        replay = ReplaySettings(PRICES, CENTRES, inputs=InputTopics(ADMIN, JOBS))
+        shard = shards / "samples-0"
+        rebuilt = rebuild(shard, Path(root) / "rebuilt", replace(replay, role=role_of(shard)))
+        assert rebuilt.identical, rebuilt.differences
+        assert not rebuild(shard, Path(root) / "as-whole", replay).identical
 
 
 @st.composite

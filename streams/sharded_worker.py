@@ -1,0 +1,375 @@
+"""The worker of a sharded ledger (`ledger.sharded: true`): several `tally worker`s in one
+consumer group maintain one ledger, each writing the shards of the samples partitions it is
+assigned (`streams.shards`: which, and how a shard is taken up, handed over or dropped).
+
+What differs from the whole-ledger worker (`streams.worker.LedgerWorker`, whose batching,
+outbox, metrics and sealing health it keeps):
+
+- *Ownership.* The samples consumer's group decides it (aiokafka's rebalances are eager:
+  every partition is revoked, then the whole new assignment assigned). On revocation the
+  worker first seals and publishes every shard it holds, then closes them, so a planned move
+  refolds nothing. On assignment the listener only records the shards to take up
+  (`shards_for`) and leaves their partitions paused: a restore can take longer than the
+  session may wait for the listener. A task of its own takes each up (`open_shard`: kept, or
+  restored from the published head when another worker wrote it since; claimed with a
+  conditional put of the head) and resumes its partition from the shard's applied offset. A
+  samples batch that starts past that offset (fetched before the seek) is not applied: the
+  partition is sought back to it, unless the broker no longer holds the offsets between.
+- *Inputs.* Samples go to their partition's shard. The admin, jobs and inventory-reports
+  topics are not consumed by Faust agents (their group could give them to one worker while the
+  samples group gives partition 0 to another): one `ViewFeed` per worker reads them outside any
+  group, each from the lowest offset a shard of this worker still needs, and hands every shard
+  what its role folds (admin and jobs to all, inventory reports to the global shard). This is
+  the simplest correct way: a shard's admin and jobs offsets are in its own store (its archive
+  after a restore), so it reads them exactly once whichever worker held it before, and no
+  worker depends on another's group to see the events its views need.
+- *Fencing.* A shard whose publish is fenced (`WriterFenced`: another worker claimed it, so
+  this one was paused or cut off past its session) is dropped — closed, its directory deleted —
+  and the worker goes on with its other shards; it takes the shard up again from the head if the
+  group assigns it again. The process does not exit: its other shards are still its own.
+- *Balances.* Shards publish no balances: a samples shard's would clash with every other
+  shard's keys, and the global shard's lack usage. Per-shard balances are the design's next
+  step (`docs/design/several-workers.md`, "Balances").
+- A change of broker incarnation ends the worker (75), as the whole-ledger worker's does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import duckdb
+import faust
+from aiokafka.errors import KafkaError
+
+from ledger.errors import SealError, SegmentError
+from ledger.excerpts import TEXT_LIMIT, bounded
+from ledger.ingest import ConsumedMessage, InputTopics, OutputTopics, ShardRole
+from ledger.store.head import WriterFenced
+from ledger.store.hot import DuckDBStore
+from ledger.store.rebuild import ReplaySettings
+from streams.kafka import fetch_cluster_id
+from streams.sample_batches import PartitionHooks
+from streams.shards import (
+    Shard,
+    ShardSettings,
+    ShardSpec,
+    close_shard,
+    drop_shard,
+    open_shard,
+    samples_shard,
+    shards_for,
+)
+from streams.view_feed import PartitionKey, ViewFeed
+from streams.worker import INCARNATION_CHANGED_EXIT, LedgerWorker, _apply_batch, _die
+
+log = logging.getLogger("tally.worker")
+RETRY_S = 1.0
+
+
+class ShardedWorker(LedgerWorker):
+    """A worker writing the shards of its samples partitions (module docstring)."""
+
+    def _open(self) -> None:
+        s = self.settings
+        if s.segments_store is None:
+            raise ValueError("a sharded worker needs the segments store its shards live in")
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        inputs = InputTopics(
+            admin=s.admin_topic, jobs=s.jobs_topic, inventory=s.inventory_reports_topic
+        )
+        self.shard_settings = ShardSettings(
+            data_dir=s.data_dir,
+            store=s.segments_store,
+            replay=ReplaySettings(s.prices, s.cost_centres, s.idle_policy, inputs, zone=s.zone),
+            outputs=OutputTopics(
+                alerts=s.alerts_topic,
+                deadletter=s.deadletter_topic,
+                balances=None,  # module docstring: per-shard balances are not built yet
+                inventory=s.inventory_topic,
+            ),
+            samples_topic=s.samples_topic,
+            grace_s=s.grace_s,
+            memory_limit=s.duckdb_memory_limit,
+        )
+        self.shards: dict[str, Shard] = {}
+        self._pending: list[ShardSpec] = []  # assigned, not taken up yet
+        self._to_take_up = asyncio.Event()
+        self._incarnation: str | None = None
+        self._views = ViewFeed(
+            s.bootstrap,
+            (s.admin_topic, s.jobs_topic, s.inventory_reports_topic),
+            s.kafka_options,
+        )
+
+    @property
+    def incarnation_known(self) -> bool:
+        return self._incarnation is not None
+
+    def _partition_hooks(self) -> PartitionHooks | None:
+        return self
+
+    def _outbox_stores(self) -> list[DuckDBStore]:
+        return [shard.store for shard in self.shards.values()]
+
+    async def _publish_outbox_of(self, store: DuckDBStore) -> None:
+        try:
+            await super()._publish_outbox_of(store)
+        except duckdb.Error:
+            if any(shard.store is store for shard in self.shards.values()):
+                raise
+            # its shard was dropped meanwhile (fenced): what it had queued goes with it
+
+    def _add_inputs(self, app: faust.App, batches: Callable[[str, str, int], None]) -> None:
+        # Faust's consumer needs a topic to subscribe to: the admin topic, dropped here (the
+        # view feed folds it into each shard from the shard's own offset)
+        idle = app.topic(self.settings.admin_topic, value_serializer="raw")
+
+        @app.agent(idle, name="ledger-admin-unused")
+        async def drop(stream: Any) -> None:
+            async for _ in stream:
+                pass
+
+        def task(name: str, run: Callable[[], Awaitable[None]]) -> None:
+            @app.task  # type: ignore[untyped-decorator]
+            async def supervised() -> None:
+                try:
+                    await run()
+                except asyncio.CancelledError:
+                    raise
+                except BaseException as exc:  # as for a failing agent: exit, to be restarted
+                    await _die(name, exc)
+
+        task("ledger-views", self._follow_views)
+        task("ledger-shards", self._take_up_shards)
+
+    # ------------------------------------------------------------------ ownership
+
+    async def revoked(self, partitions: set[int]) -> None:
+        """Seal, publish and close every shard this worker holds (the rebalance revokes all)."""
+        s = self.settings
+        async with self._publishing, self._lock:
+            self._pending = []
+            for name, shard in list(self.shards.items()):
+                del self.shards[name]
+                try:
+                    await asyncio.to_thread(
+                        close_shard, shard, s.compact_below_rows, s.compact_min_segments
+                    )
+                    log.info("shard %s sealed and handed over", name)
+                except WriterFenced as exc:
+                    await asyncio.to_thread(drop_shard, s.data_dir, shard)
+                    self._fenced_shard(name, exc)
+                except (SealError, SegmentError) as exc:  # its next owner refolds what is hot
+                    self._seal_failed(exc)
+
+    async def assigned(self, partitions: set[int]) -> None:
+        """The shards of `partitions` are to be taken up: by `_take_up_shards`, outside the
+        rebalance (a restore takes longer than a session may wait); their partitions stay
+        paused until then."""
+        self._pending = shards_for(partitions)
+        self._to_take_up.set()
+        log.info("samples partitions %s assigned", sorted(partitions))
+
+    async def _take_up_shards(self) -> None:
+        """Take up each assigned shard in turn, then fetch its partition from its applied
+        offset (module docstring)."""
+        while True:
+            await self._to_take_up.wait()
+            self._to_take_up.clear()
+            if self._incarnation is None:
+                await self._refresh_incarnation()
+            incarnation = self._incarnation
+            assert incarnation is not None
+            while self._pending:
+                async with self._lock:
+                    if not self._pending:
+                        break  # revoked meanwhile
+                    spec = self._pending.pop(0)
+                    shard = self.shards.get(spec.name)
+                    if shard is None:
+                        shard = await self._take_up(spec, incarnation)
+                        self.shards[spec.name] = shard
+                    if spec.partition is not None:
+                        start = shard.next_offset(self.settings.samples_topic)
+                        self._samples.resume_at(spec.partition, start)
+            log.info("holding shards %s", ", ".join(sorted(self.shards)) or "none")
+
+    async def _take_up(self, spec: ShardSpec, incarnation: str) -> Shard:
+        while True:
+            try:
+                return await asyncio.to_thread(open_shard, self.shard_settings, spec, incarnation)
+            except (SealError, OSError) as exc:  # the store away: the partition waits
+                log.warning("cannot take shard %s up yet: %s", spec.name, exc)
+                await asyncio.sleep(RETRY_S)
+
+    def _fenced_shard(self, name: str, exc: WriterFenced) -> None:
+        self._observe(lambda o: o.worker_error("fenced"))
+        log.error(
+            "shard %s dropped: %s",
+            name,
+            bounded(str(exc).replace("; stop, and start again to claim it anew", ""), TEXT_LIMIT),
+        )
+
+    async def _refresh_incarnation(self) -> None:
+        incarnation = await fetch_cluster_id(
+            self.settings.bootstrap[0], options=self.settings.kafka_options
+        )
+        if self._incarnation is None:
+            self._incarnation = incarnation
+        elif incarnation != self._incarnation:
+            log.error("the broker is now %s, not %s: exiting", incarnation, self._incarnation)
+            logging.shutdown()
+            os._exit(INCARNATION_CHANGED_EXIT)
+
+    # ------------------------------------------------------------------ folding
+
+    async def _apply(self, messages: list[ConsumedMessage]) -> None:
+        """Apply a samples batch: each partition's messages to its shard (a partition whose
+        shard was dropped as fenced is skipped: its next owner folds it)."""
+        if self._incarnation is None:
+            await self._refresh_incarnation()
+        assert self._incarnation is not None
+        await self._guard_incarnation(self._incarnation)
+        by_shard: dict[str, list[ConsumedMessage]] = {}
+        for m in messages:
+            by_shard.setdefault(samples_shard(m.partition).name, []).append(m)
+        for name, part in by_shard.items():
+            await self._apply_to(name, part)
+
+    async def _apply_to(self, name: str, messages: list[ConsumedMessage]) -> None:
+        async with self._lock:
+            shard = self.shards.get(name)
+            if shard is None:
+                return
+            ingestor = shard.ingestor
+            fresh = [m for m in messages if m.offset >= ingestor.next_offset(m.topic, m.partition)]
+            if not fresh or await self._gap(shard, fresh[0]):
+                return
+            started = time.monotonic()
+            try:
+                result = await asyncio.to_thread(_apply_batch, ingestor, fresh)
+            except WriterFenced as exc:  # a batch that closes a period seals first
+                del self.shards[name]
+                await asyncio.to_thread(drop_shard, self.settings.data_dir, shard)
+                self._fenced_shard(name, exc)
+                return
+            elapsed = time.monotonic() - started
+            self.stats.last_commit_ms = elapsed * 1000
+        self._count(result)
+        self._observe(lambda o: o.observe_batch(result.messages, result.commit.postings, elapsed))
+        if result.dead_letters:
+            self._observe(lambda o: o.dead_letter(len(result.dead_letters)))
+        if result.commit.closed:
+            log.info("shard %s closed period(s) %s", name, ", ".join(result.commit.closed))
+            await self.seal()
+
+    async def _gap(self, shard: Shard, first: ConsumedMessage) -> bool:
+        """Whether a samples batch starts past its shard's applied offset (fetched before the
+        partition was sought to it) while the broker still holds the offsets between: then it
+        is fetched again from there, not applied."""
+        if shard.spec.partition is None or first.topic != self.settings.samples_topic:
+            return False
+        applied = shard.ingestor.next_offset(first.topic, first.partition)
+        if first.offset == applied or await self._samples.log_start(first.partition) > applied:
+            return False
+        log.info("shard %s: fetched from %d, applied to %d", shard.spec.name, first.offset, applied)
+        self._samples.resume_at(first.partition, applied)
+        return True
+
+    def _view_starts(self) -> dict[PartitionKey, int]:
+        """Per admin/jobs/inventory partition, the lowest offset a shard here still needs."""
+        s = self.settings
+        starts: dict[PartitionKey, int] = {}
+        for shard in self.shards.values():
+            for topic, partition in self._views.partitions:
+                if topic == s.inventory_reports_topic and shard.spec.role is not ShardRole.GLOBAL:
+                    continue
+                offset = shard.ingestor.next_offset(topic, partition)
+                key = (topic, partition)
+                starts[key] = min(offset, starts.get(key, offset))
+        return starts
+
+    async def _follow_views(self) -> None:
+        s = self.settings
+        while True:
+            try:
+                await self._views.start()
+                break
+            except KafkaError as exc:
+                log.warning("admin and jobs reader cannot start yet: %s", exc)
+                await asyncio.sleep(RETRY_S)
+        within_ms = max(1, int(s.batch_within_s * 1000))
+        try:
+            while True:
+                async with self._lock:
+                    starts = self._view_starts()
+                if not starts:
+                    await asyncio.sleep(s.batch_within_s)
+                    continue
+                try:
+                    messages = await self._views.fetch(starts, s.batch_max_messages, within_ms)
+                except KafkaError as exc:
+                    log.warning("reading admin and jobs failed: %s", exc)
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                if not messages:
+                    continue
+                for name in sorted(self.shards, key=lambda n: n != "global"):
+                    shard = self.shards.get(name)
+                    if shard is None:
+                        continue
+                    mine = [
+                        m
+                        for m in messages
+                        if shard.spec.role is ShardRole.GLOBAL
+                        or m.topic != s.inventory_reports_topic
+                    ]
+                    if mine:
+                        await self._apply_to(name, mine)
+                await self.publish_outbox()
+        finally:
+            await self._views.stop()
+
+    # ------------------------------------------------------------------ sealing
+
+    async def seal(self) -> None:
+        """Seal every shard held; a fenced one is dropped, a failing one recorded and tried
+        again at the next interval."""
+        s = self.settings
+        async with self._lock:
+            for name, shard in list(self.shards.items()):
+                try:
+                    result = await asyncio.to_thread(
+                        shard.store.seal, s.compact_below_rows, s.compact_min_segments
+                    )
+                except (SealError, SegmentError) as exc:
+                    self._seal_failed(exc)
+                    continue
+                except WriterFenced as exc:
+                    del self.shards[name]
+                    await asyncio.to_thread(drop_shard, s.data_dir, shard)
+                    self._fenced_shard(name, exc)
+                    continue
+                await asyncio.to_thread(shard.store.prune_seen_events, s.dedupe_window_us)
+                self._sealed(result)
+            self._last_seal = time.monotonic()
+
+    def _recover(self) -> None:
+        """Nothing to seal before the group assigns partitions: a shard kept from a previous
+        run publishes what it committed at its first seal."""
+
+    def _close(self) -> None:
+        """A clean stop: seal, publish and close every shard held (as a revocation does)."""
+        s = self.settings
+        for name, shard in list(self.shards.items()):
+            try:
+                close_shard(shard, s.compact_below_rows, s.compact_min_segments)
+                log.info("shard %s sealed at stop", name)
+            except (WriterFenced, SealError, SegmentError) as exc:  # its next owner refolds
+                log.warning("shard %s not sealed at stop: %s", name, bounded(str(exc), TEXT_LIMIT))
+        self.shards.clear()

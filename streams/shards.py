@@ -1,0 +1,239 @@
+"""The worker's shards (`ledger.sharded`): which ones it owns, and how it takes one up and gives
+one back (`docs/design/several-workers.md`).
+
+A worker in a group of several is assigned some partitions of `samples` (its samples consumer
+group decides: `streams.sample_batches`). It writes one shard per assigned partition `p`,
+`samples-<p>` (`ShardRole.SAMPLES`), and, when it holds partition 0, the global shard `global`
+(`ShardRole.GLOBAL`: the admin, jobs and inventory topics): `shards_for`. One group decides all
+ownership, so the global shard moves in the same rebalances as the samples shards, with the same
+handover (partition 0 of `samples` stands for partition 0 of `admin` in the design: the admin
+topic is read outside any group, below, so no second group has to agree with the first). Each
+shard is a data directory of its own under `<data_dir>/shards/<name>/`, a cache of the shard
+published under `shards/<name>/` of the segments store, which only its owner reads.
+
+Taking a shard up (`open_shard`), on assignment:
+1. *Start from what is sealed.* The local directory is kept only when its sealed ledger is the
+   one the shard's head names (its manifests are the head's versions: `is_current`): its hot
+   rows are then this worker's own unsealed work on top of it (a restart on the same
+   partitions). Otherwise — the shard was written by another worker since, or never here — the
+   directory is replaced by the published shard's state (`restore`): the shard is pulled and its
+   raw-event archive replayed into a fresh hot database with the shard's role, the fold
+   `tally ledger rebuild` runs, so dedupe ids, idle states, views and applied offsets are those
+   the head's segments were folded with. The outbox the replay fills (alerts, dead letters the
+   previous owner already published) is dropped, not sent again.
+2. *Claim the head* (`Publisher.claim`: a conditional put of the head with epoch + 1). The
+   epoch is the head's own plus one, not the group generation: it never goes backwards whatever
+   the group does (a group re-created from scratch starts its generations at 1 again), and a
+   claim is one conditional write either way. From then on a previous owner's publish fails
+   (`WriterFenced`), so nothing it seals later is read. A head a previous owner published
+   between step 1 and the claim is superseded by this worker's next publish: its rows are
+   refolded from the topic, as below.
+3. The samples partition is fetched from the shard's applied offset (`Shard.next_offset`): the
+   sealed one after a restore, never Kafka's committed offset. What the previous owner had
+   committed but not sealed is folded again from the topic.
+
+Giving one back (`close_shard`), on revocation: seal and publish, then close, so a planned move
+refolds nothing. A shard whose publish is fenced is dropped (`drop_shard`: closed, its directory
+deleted); the worker goes on with its other shards, and takes the shard up again from its head
+if the group assigns it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from datetime import tzinfo
+from pathlib import Path
+
+from ledger.errors import SealError
+from ledger.ingest import Ingestor, OutputTopics, ShardRole
+from ledger.store.hot import DuckDBStore
+from ledger.store.identity import claim_zone, recorded_zone
+from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR
+from ledger.store.objects import ObjectStore, PrefixedStore
+from ledger.store.published import PublishedStore
+from ledger.store.rebuild import ReplaySettings, archive_batches, replay
+from ledger.store.replica import Publisher, pull_ledger, read_published
+from ledger.store.segments import MANIFEST_NAME
+from ledger.store.union_rules import GLOBAL_SHARD, SHARDS_PREFIX, shard_prefix
+
+log = logging.getLogger("tally.worker")
+GLOBAL_PARTITION = 0  # the owner of this samples partition writes the global shard
+CLAIM_TRIES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSpec:
+    """One shard: its name (`samples-<p>`, `global`), its role and its samples partition
+    (None: the global shard)."""
+
+    name: str
+    role: ShardRole
+    partition: int | None = None
+
+
+GLOBAL = ShardSpec(GLOBAL_SHARD, ShardRole.GLOBAL)
+
+
+def samples_shard(partition: int) -> ShardSpec:
+    return ShardSpec(f"samples-{partition}", ShardRole.SAMPLES, partition)
+
+
+def shards_for(partitions: Iterable[int]) -> list[ShardSpec]:
+    """The shards a worker assigned `partitions` of `samples` writes: one per partition, and
+    the global shard with partition `GLOBAL_PARTITION` (first: it folds the admin events every
+    samples shard reads too)."""
+    owned = sorted(set(partitions))
+    specs = [samples_shard(p) for p in owned]
+    return [GLOBAL, *specs] if GLOBAL_PARTITION in owned else specs
+
+
+def role_of(data_dir: Path) -> ShardRole:
+    """The role the writer of `data_dir` folded with: a shard's (`…/shards/global`,
+    `…/shards/samples-<p>`: a worker's shard, or a shard in a reader's cache), else `WHOLE`;
+    what `tally ledger rebuild --data-dir` replays a shard with."""
+    if data_dir.parent.name != SHARDS_PREFIX:
+        return ShardRole.WHOLE
+    if data_dir.name == GLOBAL_SHARD:
+        return ShardRole.GLOBAL
+    prefix, _, partition = data_dir.name.partition("-")
+    is_samples = prefix == "samples" and partition.isdigit()
+    return ShardRole.SAMPLES if is_samples else ShardRole.WHOLE
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSettings:
+    """What every shard of one worker is opened with."""
+
+    data_dir: Path  # the worker's: shards live under `<data_dir>/shards/<name>/`
+    store: ObjectStore  # the segments store: shard `<name>` is published under `shards/<name>/`
+    replay: ReplaySettings  # prices, cost centres, idle policy, input topics, zone (role: each)
+    outputs: OutputTopics
+    samples_topic: str
+    grace_s: float
+    memory_limit: int | None
+
+
+@dataclass(slots=True)
+class Shard:
+    """A shard this worker owns now: its store (publishing under the shard's prefix), its
+    ingestor, and how many archived batches its restore replayed (0: kept or new)."""
+
+    spec: ShardSpec
+    store: PublishedStore
+    ingestor: Ingestor
+    restored: int = 0
+
+    def next_offset(self, topic: str) -> int:
+        """Where its samples partition is to be fetched from (0 for the global shard)."""
+        if self.spec.partition is None:
+            return 0
+        return self.ingestor.next_offset(topic, self.spec.partition)
+
+
+def shard_dir(data_dir: Path, name: str) -> Path:
+    return data_dir / SHARDS_PREFIX / name
+
+
+def remote_of(store: ObjectStore, name: str) -> ObjectStore:
+    """The shard `name` of the segments store, as a store of its own."""
+    return PrefixedStore(store, shard_prefix(name))
+
+
+def is_current(local: Path, remote: ObjectStore) -> bool:
+    """Whether the sealed ledger in the shard directory `local` is the one `remote`'s head
+    names now: both manifests (postings and archive) the same bytes, or both absent."""
+    for root in (ARCHIVE_DIR, SEGMENTS_DIR):
+        key = f"{root}/{MANIFEST_NAME}"
+        try:
+            mine: bytes | None = (local / key).read_bytes()
+        except FileNotFoundError:
+            mine = None
+        if read_published(remote, key) != mine:
+            return False
+    return True
+
+
+def restore(local: Path, remote: ObjectStore, settings: ReplaySettings) -> int:
+    """Replace the shard directory `local` by the state of the shard published in `remote`
+    (module docstring, step 1); the archived batches replayed (0: nothing is published, and
+    `local` is left empty)."""
+    pulled = local.with_name(f".{local.name}.pulled")
+    fresh = local.with_name(f".{local.name}.restoring")
+    for path in (local, pulled, fresh):
+        shutil.rmtree(path, ignore_errors=True)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    if not pull_ledger(remote, pulled):
+        return 0
+    result = replay(archive_batches(pulled), fresh, replace(settings, zone=recorded_zone(pulled)))
+    for problem in result.problems:
+        log.warning("restoring %s: %s %s", local.name, problem.subject, problem.note)
+    with DuckDBStore(fresh) as store:  # what the previous owner published already
+        while pending := store.pending_outbox():
+            store.mark_sent([m.id for m in pending])
+    fresh.rename(local)  # a kill before this leaves no directory: the next start restores
+    shutil.rmtree(pulled, ignore_errors=True)
+    return result.batches
+
+
+def open_shard(settings: ShardSettings, spec: ShardSpec, incarnation: str) -> Shard:
+    """Take the shard `spec` up (module docstring: start from what is sealed, claim the head)."""
+    local = shard_dir(settings.data_dir, spec.name)
+    remote = remote_of(settings.store, spec.name)
+    zone: tzinfo = settings.replay.zone
+    for attempt in range(CLAIM_TRIES):
+        restored = 0
+        if not is_current(local, remote):
+            restored = restore(local, remote, replace(settings.replay, role=spec.role))
+        claim_zone(local, zone)
+        publisher = Publisher(local, remote, grace_s=settings.grace_s)
+        try:
+            publisher.claim()
+        except SealError:  # a first head published since the check: take that one up
+            if attempt == CLAIM_TRIES - 1:
+                raise
+            continue
+        store = PublishedStore(local, publisher)
+        store.limit_memory(settings.memory_limit)
+        r = settings.replay
+        ingestor = Ingestor(
+            store,
+            incarnation,
+            r.prices,
+            r.cost_centres,
+            r.idle_policy,
+            settings.outputs,
+            r.inputs,
+            zone,
+            spec.role,
+        )
+        assert publisher.writer is not None
+        log.info(
+            "shard %s taken up as %s%s",
+            spec.name,
+            publisher.writer.describe(),
+            f", restored from {restored} archived batches" if restored else "",
+        )
+        return Shard(spec, store, ingestor, restored)
+    raise AssertionError("unreachable")
+
+
+def close_shard(shard: Shard, compact_below_rows: int, compact_min_segments: int) -> None:
+    """Give the shard back: seal and publish what it committed, then close it. A fenced
+    publish (`WriterFenced`) or a failing one (`SealError`) is raised after the store is
+    closed: the next owner starts from the head either way."""
+    try:
+        shard.store.seal(compact_below_rows, compact_min_segments)
+    finally:
+        shard.store.close()
+
+
+def drop_shard(data_dir: Path, shard: Shard) -> None:
+    """Forget a shard another writer claimed: close it and delete its directory (nothing in it
+    is read by anyone: its next owner started from the head)."""
+    try:
+        shard.store.close()
+    finally:
+        shutil.rmtree(shard_dir(data_dir, shard.spec.name), ignore_errors=True)
