@@ -3,6 +3,11 @@ GPUs, and idle shares of busy GPUs), utilisation heatmap, distribution and summa
 and when each node was last seen.
 
 These are about when GPUs were used and select by `start_us`; "now" is the newest sealed sample.
+The fleet now reads the postings (each GPU's samples, net of their reversals); the heatmap (in
+buckets of whole hours) and nodes last seen read each GPU's hours (`{gpus}`,
+`ledger.store.rollup_files.GPUS`), the heatmap's parts of an hour at the window's ends from the
+postings (`hours.HourSplit`); the utilisation bands and summary and the occupancy (buckets from
+the window's start) read the postings of the window.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ledger.read.reports import CONSUMER_SQL, IDLE_LEG_SQL, UNALLOCATED_SQL, ReportQueries
+from ledger.read.rollups.hours import HourSplit
 from ledger.read.rollups.shared import CAPACITY_SQL, DAY_US, HOUR_US, USAGE_SQL
+from ledger.store.rollup_files import GPUS
 
 
 class GpuState(StrEnum):
@@ -257,8 +264,26 @@ class HeatCell:
 def utilisation_heatmap(
     q: ReportQueries, since_us: int, until_us: int, bucket_us: int, pool: str | None = None
 ) -> tuple[HeatCell, ...]:
-    """GPU × time utilisation from the capacity leg of each usage transaction."""
+    """GPU × time utilisation from the capacity leg of each usage transaction: in buckets of
+    whole hours from each GPU's hours (`{gpus}`, the window's parts of an hour at its ends from
+    the postings), in shorter ones from the postings."""
     pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
+    if bucket_us % HOUR_US == 0:
+        split = HourSplit(since_us, until_us)
+        source, params = split.source(GPUS)
+        rows = q.rows(
+            f"SELECT gpu_uuid, any_value(node), any_value(pool), any_value(model), "
+            f"start_us - start_us % {int(bucket_us)} AS bucket, "
+            "-sum(util_weighted) / nullif(-sum(util_gpu_ms), 0), -sum(capacity_gpu_ms) "
+            f"FROM {source} WHERE capacity_end_us IS NOT NULL AND gpu_uuid <> '' {pool_sql} "
+            "GROUP BY gpu_uuid, bucket ORDER BY 3, 2, gpu_uuid, bucket",
+            [*params, *pool_params],
+            split.started,
+            edges=split.edges,
+        )
+        return tuple(
+            HeatCell(r[0], r[1], r[2], r[3], int(r[4]), float(r[5] or 0.0), int(r[6])) for r in rows
+        )
     rows = q.rows(
         f"SELECT gpu_uuid, any_value(node), any_value(pool), any_value(model), "
         f"start_us - start_us % {int(bucket_us)} AS bucket, "
@@ -388,15 +413,16 @@ def nodes_last_seen(
 ) -> tuple[NodeSeen, ...]:
     """Each node's newest sealed sample and GPU count (the only health signal the ledger has),
     for the nodes that reported in the last `lookback_us` of sealed data (so the scan stays
-    bounded on a long ledger: a node silent for longer is not listed)."""
+    bounded on a long ledger: a node silent for longer is not listed). From each GPU's hours
+    (`{gpus}`): a GPU-hour whose last capacity leg ended after the cut holds one that did."""
     newest = max((s.max_end_us for s in q.segments() if s.max_end_us is not None), default=None)
     if newest is None:
         return ()
     pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
     rows = q.rows(
-        "SELECT node, any_value(pool), count(DISTINCT gpu_uuid), max(end_us) "
-        f"FROM {{postings}} WHERE {USAGE_SQL} AND {CAPACITY_SQL} AND unit = 'gpu_ms' "
-        f"AND end_us > ? AND coalesce(node, '') <> '' {pool_sql} GROUP BY node ORDER BY 4, node",
+        "SELECT node, any_value(pool), count(DISTINCT gpu_uuid), max(capacity_end_us) "
+        "FROM {gpus} WHERE capacity_end_us > ? "
+        f"AND coalesce(node, '') <> '' {pool_sql} GROUP BY node ORDER BY 4, node",
         [newest - lookback_us, *pool_params],
         (newest - lookback_us, newest + 1),
     )
