@@ -189,13 +189,15 @@ def fleet_now(
         ORDER BY h.state, 14 DESC, h.gpu_uuid
         """
     # Look back a day first, then further while a run found no earlier sample of another state
-    # (its last column): a run found whole is the same whatever lies before it.
+    # (its last column): a run found whole is the same whatever lies before it. Each pass lists
+    # only the segments that can hold what it reads: a sample ending in the window, or one
+    # started since `since` (not the whole look-back's).
     since = max(horizon, newest - max(DAY_US, 2 * window_us))
     while True:
         rows = q.rows(
             sql,
             [newest - window_us, *pool_params, horizon, since, horizon, since],
-            (min(horizon, newest - window_us), newest + 1),
+            (min(since, newest - window_us), newest + 1),
         )
         if since <= horizon or not any(r[14] for r in rows):
             break
