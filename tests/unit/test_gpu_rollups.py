@@ -4,12 +4,14 @@ postings — the SQL those pages ran over the postings before the level existed,
 oracle — for windows that begin and end between samples mid-hour (their ends read from the
 postings, `ledger.read.rollups.hours`), in a UTC ledger, one in Asia/Shanghai (days at 16:00
 UTC) and one in Asia/Kolkata (hours at :30 UTC: the level is read as its postings); and the
-level's idle split adds up."""
+level's idle split adds up. The usage trend (the daily or, outside UTC, the coarse rollups), read
+once for its days and its span, equals the two scans it was."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,10 +20,11 @@ import pytest
 
 from ledger.periods import local_day_start
 from ledger.read import rollups
+from ledger.read.queries import time_bucket_sql
 from ledger.read.reports import CONSUMER_SQL, ReportQueries
-from ledger.read.rollups.capacity import days_before
+from ledger.read.rollups.capacity import days_before, next_day
 from ledger.read.rollups.hours import HourSplit
-from ledger.read.rollups.shared import CAPACITY_SQL, USAGE_SQL
+from ledger.read.rollups.shared import CAPACITY_SQL, MS_PER_HOUR, USAGE_SQL
 from ledger.store.identity import IDENTITY_NAME, IDENTITY_VERSION
 from tests.unit.test_dashboard_seed import A100, END_US, H100, seed_ledger
 
@@ -131,6 +134,37 @@ def scanned_demand(
     )
 
 
+def scanned_usage_trend(
+    q: ReportQueries, model: str, pool: str | None = None
+) -> rollups.UsageTrend:
+    """The trend as the page read it before: each day's usage per pool summed (`daily_usage`),
+    then the model's span in a second query, both here over the postings."""
+    pool_sql, pool_params = _pool(pool)
+    day = time_bucket_sql("start_us", DAY, q.zone)
+    per_day: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for d, _, _, allocated, physical in q.rows(
+        f'SELECT {day} AS day, "pool", "model", '
+        f"coalesce(sum(amount) FILTER ({CONSUMER_SQL}), 0), "
+        f"coalesce(-sum(amount) FILTER ({CAPACITY_SQL}), 0) "
+        f"FROM {{postings}} WHERE {USAGE_SQL} AND unit = 'gpu_ms' AND model = ? {pool_sql} "
+        'GROUP BY ALL ORDER BY day, "pool", "model"',
+        [model, *pool_params],
+    ):
+        per_day[int(d)][0] += int(allocated)
+        per_day[int(d)][1] += int(physical)
+    first, last = q.rows(
+        f"SELECT min(start_us), max(end_us) FROM {{postings}} WHERE {USAGE_SQL} AND model = ? "
+        + pool_sql,
+        [model, *pool_params],
+    )[0]
+    days = tuple((d, v[0], v[1]) for d, v in sorted(per_day.items()))
+    complete = tuple(d for d, _, _ in days if d >= first and next_day(d, q.zone) <= last)
+    series = [(d, a / MS_PER_HOUR) for d, a, _ in days if d in set(complete)]
+    return rollups.UsageTrend(
+        model, pool, days, complete, rollups.forecast_daily(series, 28, 4, q.zone)
+    )
+
+
 # -------------------------------------------------------------------------------- the cases
 
 Read = Callable[[ReportQueries], Any]
@@ -169,6 +203,14 @@ CASES: dict[str, tuple[Read, Read]] = {
     "demand-mid-hour-ends": (
         lambda q: rollups.demand(q, H100, MID_DAY - DAY, MID_END),
         lambda q: scanned_demand(q, H100, MID_DAY - DAY, MID_END),
+    ),
+    "usage-trend": (
+        lambda q: rollups.usage_trend(q, H100),
+        lambda q: scanned_usage_trend(q, H100),
+    ),
+    "usage-trend-pool": (
+        lambda q: rollups.usage_trend(q, A100, "a100"),
+        lambda q: scanned_usage_trend(q, A100, "a100"),
     ),
     "demand-pool-on-the-hour": (
         lambda q: rollups.demand(q, A100, END_US - 2 * DAY, END_US, "a100"),

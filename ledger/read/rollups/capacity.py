@@ -92,21 +92,26 @@ def usage_trend(
 ) -> UsageTrend:
     """Allocated GPU-hours per day of `model` and their forecast (`forecast_daily`).
 
-    Only complete days are fitted: the first and last day of the data are usually partial.
+    Only complete days are fitted: the first and last day of the data are usually partial. One
+    read of the days' rows gives both: each day's GPU time (`daily_usage`'s, its pools summed)
+    and the span of the model's usage in any unit.
     """
-    per_day: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    for row in daily_usage(q, pool, model):
-        per_day[row.day_us][0] += row.allocated_gpu_ms
-        per_day[row.day_us][1] += row.physical_gpu_ms
-    span = q.rows(
-        f"SELECT min(start_us), max(end_us) FROM {by_day(q)} WHERE {USAGE_SQL} AND model = ?"
-        + (" AND pool = ?" if pool is not None else ""),
+    rows = q.rows(
+        f"SELECT {time_bucket_sql('start_us', DAY_US, q.zone)} AS day, "
+        f"coalesce(sum(amount) FILTER (unit = 'gpu_ms' AND {CONSUMER_SQL}), 0), "
+        f"coalesce(-sum(amount) FILTER (unit = 'gpu_ms' AND {CAPACITY_SQL}), 0), "
+        "bool_or(unit = 'gpu_ms'), min(start_us), max(end_us) "
+        f"FROM {by_day(q)} WHERE {USAGE_SQL} AND model = ?"
+        + (" AND pool = ?" if pool is not None else "")
+        + " GROUP BY day ORDER BY day",
         [model] + ([pool] if pool is not None else []),
-    )[0]
-    days = tuple((day, v[0], v[1]) for day, v in sorted(per_day.items()))
+    )
+    days = tuple((int(r[0]), int(r[1]), int(r[2])) for r in rows if r[3])
+    starts = [r[4] for r in rows if r[4] is not None]
+    ends = [r[5] for r in rows if r[5] is not None]
     complete: tuple[int, ...] = ()
-    if span[0] is not None:
-        first, last = int(span[0]), int(span[1])
+    if starts and ends:
+        first, last = int(min(starts)), int(max(ends))
         complete = tuple(d for d, _, _ in days if d >= first and next_day(d, q.zone) <= last)
     series = [(d, a / MS_PER_HOUR) for d, a, _ in days if d in set(complete)]
     forecast = forecast_daily(series, horizon_days, weeks, q.zone)
