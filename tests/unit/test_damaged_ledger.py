@@ -190,8 +190,7 @@ def _named(path: Path, data_dir: Path, damage: Damage) -> str:
         pytest.param(d, id=name)
         for name, d in (SEGMENT_DAMAGE | ROLLUP_DAMAGE | ARCHIVE_DAMAGE).items()
     ]
-    + [pytest.param(COARSE_DAMAGE["coarse-altered-still-valid-parquet"], id="coarse-altered")]
-    + [pytest.param(GPUS_DAMAGE["gpus-missing"], id="gpus-missing")],
+    + [pytest.param(COARSE_DAMAGE["coarse-altered-still-valid-parquet"], id="coarse-altered")],
 )
 def test_verify_names_the_file_and_the_damage(ledger, damage):
     path = damage.apply(ledger)

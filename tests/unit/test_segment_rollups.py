@@ -47,7 +47,7 @@ from ledger.store.rollup_files import (
 )
 from ledger.store.segments import MANIFEST_NAME, Manifest, file_sha256
 from ledger.store.verify import verify_ledger
-from tests.unit.test_dashboard_seed import A100, END_US, H100, seed_ledger
+from tests.unit.test_dashboard_seed import A100, END_US, H100
 from tests.unit.test_store import ingest, message
 
 Group = tuple[Any, ...]
@@ -263,10 +263,11 @@ def test_rollups_answer_zones_whose_hours_begin_on_utc_hours(zone: tzinfo, align
 
 
 @pytest.fixture(scope="module")
-def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def both(tmp_path_factory: pytest.TempPathFactory, seeded_once: Path) -> tuple[Path, Path]:
     """The dashboard's seeded ledger, and a copy whose manifest names no rollups (read from the
     segments, as a ledger sealed before rollups is)."""
-    rolled = seed_ledger(tmp_path_factory.mktemp("rolled") / "ledger")
+    rolled = tmp_path_factory.mktemp("rolled") / "ledger"
+    shutil.copytree(seeded_once, rolled)
     plain = tmp_path_factory.mktemp("plain") / "ledger"
     shutil.copytree(rolled, plain)
     manifest = plain / SEGMENTS_DIR / MANIFEST_NAME
@@ -327,18 +328,10 @@ READS: dict[str, Callable[[ReportQueries], Any]] = {
     "heatmap-mid-hour": lambda q: rollups.utilisation_heatmap(
         q, END_US - DAY - 999, END_US - 1_234_567, HOUR_US
     ),
-    "heatmap-six-hours-pool": lambda q: rollups.utilisation_heatmap(
-        q, END_US - 3 * DAY + 5, END_US, 6 * HOUR_US, "a100"
-    ),
-    "heatmap-quarter-hours": lambda q: rollups.utilisation_heatmap(
-        q, END_US - 6 * HOUR_US - 7, END_US, HOUR_US // 4
-    ),
     "heatmap-inside-one-hour": lambda q: rollups.utilisation_heatmap(
         q, END_US - DAY + 5, END_US - DAY + HOUR_US - 5, HOUR_US
     ),
     "demand-mid-hour": lambda q: rollups.demand(q, H100, END_US - 2 * DAY - 1_234_567, END_US - 9),
-    "demand-pool": lambda q: rollups.demand(q, A100, END_US - DAY - 1, END_US - 1, "a100"),
-    "model-trends-mid-day-pool": lambda q: rollups.model_trends(q, END_US - 1_234_567, "a100"),
     "nodes-last-seen-pool-short": lambda q: rollups.nodes_last_seen(q, "a100", DAY + 999),
 }
 
