@@ -223,6 +223,7 @@ def run(progress: Progress) -> list[Figure]:
         files = [data_dir / SEGMENTS_DIR / s.path for s in entries]
         rollup_rows = sum(s.rollup.rows for s in entries if s.rollup is not None)
         job_rows = sum(s.jobs.rows for s in entries if s.jobs is not None)
+        gpu_rows = sum(s.gpus.rows for s in entries if s.gpus is not None)
         plain = without_rollups(data_dir, Path(tmp) / "plain")
         listed = ", ".join(f"'{f}'" for f in files)
 
@@ -271,7 +272,7 @@ def run(progress: Progress) -> list[Figure]:
     size = (
         f"{postings:,} postings ({fleet_jobs.shape()} shape), {len(files)} segments, "
         f"{rollup_rows:,} fine rollup rows ({rollup_rows / postings:.0%}), {job_rows:,} jobs "
-        f"rollup rows; {made}; cold cache, default selection; "
+        f"rollup rows, {gpu_rows:,} gpus rollup rows; {made}; cold cache, default selection; "
         "TALLY_BENCH_POSTINGS=100000000 for the issue's 100 M"
     )
     figures: list[Figure] = []
