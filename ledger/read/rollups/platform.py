@@ -188,20 +188,6 @@ def fleet_now(
         GROUP BY h.state, h.gpu_uuid, h.team, h.project, h."user", h.job_id
         ORDER BY h.state, 14 DESC, h.gpu_uuid
         """
-    # Look back a day first, then further while a run found no earlier sample of another state
-    # (its last column): a run found whole is the same whatever lies before it. Each pass lists
-    # only the segments that can hold what it reads: a sample ending in the window, or one
-    # started since `since` (not the whole look-back's).
-    since = max(horizon, newest - max(DAY_US, 2 * window_us))
-    while True:
-        rows = q.rows(
-            sql,
-            [newest - window_us, *pool_params, horizon, since, horizon, since],
-            (min(since, newest - window_us), newest + 1),
-        )
-        if since <= horizon or not any(r[14] for r in rows):
-            break
-        since = max(horizon, newest - 4 * (newest - since))
     counts = q.rows(
         f"""
         WITH {recent_sql}, states AS (
@@ -209,22 +195,39 @@ def fleet_now(
             FROM recent
         ), latest AS (SELECT gpu_uuid, max(start_us) AS slot FROM states GROUP BY gpu_uuid
         ), now AS (
-            SELECT DISTINCT r.gpu_uuid, r.state, r.team, r.project, r."user", r.job_id
+            SELECT DISTINCT r.gpu_uuid, r.state, r.team, r.project, r."user", r.job_id, l.slot
             FROM states r JOIN latest l ON r.gpu_uuid = l.gpu_uuid AND r.start_us = l.slot
         ), per_gpu AS (
             SELECT gpu_uuid, {_GPU_STATE_SQL} AS gpu_state,
-                count(*) FILTER (state = 'allocated_idle') AS idle_parts
+                count(*) FILTER (state = 'allocated_idle') AS idle_parts, any_value(slot) AS slot
             FROM now GROUP BY gpu_uuid
         )
         SELECT count(*), count(*) FILTER (gpu_state = 'busy'),
             count(*) FILTER (gpu_state = 'allocated_idle'),
             count(*) FILTER (gpu_state = 'unallocated'),
-            coalesce(sum(idle_parts) FILTER (gpu_state = 'busy'), 0)
+            coalesce(sum(idle_parts) FILTER (gpu_state = 'busy'), 0),
+            min(slot) FILTER (idle_parts > 0 OR gpu_state = 'unallocated')
         FROM per_gpu
         """,
         [newest - window_us, *pool_params],
         (newest - window_us, newest + 1),
     )[0]
+    # Look back a day first, then further while a run found no earlier sample of another state
+    # (its last column): a run found whole is the same whatever lies before it. Each pass lists
+    # only the segments that can hold what it reads: a sample ending in the window, or one
+    # started since `since` or since the earliest latest slot of a GPU idle now (`counts`' last
+    # column: the history reads from the earlier of the two), not the whole look-back's.
+    since = max(horizon, newest - max(DAY_US, 2 * window_us))
+    first_slot = newest if counts[5] is None else int(counts[5])
+    while True:
+        rows = q.rows(
+            sql,
+            [newest - window_us, *pool_params, horizon, since, horizon, since],
+            (min(since, first_slot, newest - window_us), newest + 1),
+        )
+        if since <= horizon or not any(r[14] for r in rows):
+            break
+        since = max(horizon, newest - 4 * (newest - since))
     idle = tuple(
         IdleGpu(
             GpuState(r[0]),
@@ -246,7 +249,7 @@ def fleet_now(
         )
         for r in rows
     )
-    gpus, busy, allocated_idle, unallocated, idle_shares = (int(c) for c in counts)
+    gpus, busy, allocated_idle, unallocated, idle_shares = (int(c) for c in counts[:5])
     return FleetNow(newest, gpus, busy, idle, allocated_idle, unallocated, idle_shares)
 
 
