@@ -12,9 +12,12 @@ SQL may also read `{rollups}`: the same ledger pre-aggregated per segment
 coarse rollup (no job or user: far fewer rows) for queries that need neither, `{daily}` the
 same per UTC day, `{metered}` consumer GPU time per team and hour it ended in, `{jobs}` each
 job's consumer totals per booked period (its own columns: `gpu_ms`, `money_micros`,
-`idle_gpu_ms`, `idle_money_micros`, `postings`, `start_us`, `end_us`). A query that
+`idle_gpu_ms`, `idle_money_micros`, `postings`, `start_us`, `end_us`), `{gpus}` each GPU's
+usage per hour (its own columns too: `capacity_gpu_ms`, …). A query that
 selects one booked period says so (`booked`), and only the segments holding postings booked
-into it are listed.
+into it are listed; `{edges}` is the postings of the segments that can hold one started in the
+`edges` ranges a query names (the parts of an hour at the ends of a range whose whole hours it
+reads from a level: `ledger.read.rollups.hours`).
 `LedgerQueries.zone` is the ledger's time zone (`ledger.store.identity`): the months and days
 readers group by are that zone's (`time_bucket_sql`).
 """
@@ -41,6 +44,7 @@ from ledger.store.rollup_files import (
     COARSE,
     DAILY,
     FINE,
+    GPUS,
     JOBS,
     METERED,
     RollupInfo,
@@ -230,12 +234,30 @@ class LedgerQueries:
                     raise
         raise AssertionError("unreachable")
 
+    def _edge_source(self, edges: Sequence[tuple[int, int]]) -> str:
+        """The sealed postings of the segments that can hold a posting started in any of the
+        `edges` ranges (lo, hi) (`_wanted`; none: no postings)."""
+        wants = [w for w in (self._wanted(r, None) for r in edges if r[0] < r[1]) if w]
+        if not wants:
+            return self._empty
+        files = self.manifest.checked_where(lambda s: any(w(s) for w in wants))
+        if not files:
+            return self._empty
+        return f"read_parquet([{sql_list([self.root / s.path for s in files])}])"
+
     def _bind(
-        self, sql: str, started: tuple[int, int] | None = None, booked: str | None = None
+        self,
+        sql: str,
+        started: tuple[int, int] | None = None,
+        booked: str | None = None,
+        edges: Sequence[tuple[int, int]] = (),
     ) -> str:
-        """`sql` with `{postings}` and each rollup level (`{rollups}`, `{coarse}`, `{daily}`,
-        `{metered}`, `{jobs}`) bound (each source listed only if used)."""
+        """`sql` with `{postings}`, each rollup level (`{rollups}`, `{coarse}`, `{daily}`,
+        `{metered}`, `{jobs}`, `{gpus}`) and `{edges}` bound (each source listed only if
+        used)."""
         return sql.format(
+            edges=self._edge_source(edges) if "{edges}" in sql else "",
+            gpus=self._rollup_source(GPUS, started, booked) if "{gpus}" in sql else "",
             postings=self._source(started, booked) if "{postings}" in sql else "",
             rollups=self._rollup_source(FINE, started, booked) if "{rollups}" in sql else "",
             coarse=self._rollup_source(COARSE, started, booked) if "{coarse}" in sql else "",
@@ -250,18 +272,20 @@ class LedgerQueries:
         params: Sequence[Any] = (),
         started: tuple[int, int] | None = None,
         booked: str | None = None,
+        edges: Sequence[tuple[int, int]] = (),
     ) -> list[tuple[Any, ...]]:
         """Run `sql` with `{postings}` bound to the sealed postings, `{rollups}` and `{coarse}`
         to their rollups (`_rollup_source`); `started`: the query reads only postings whose
         interval started in [lo, hi); `booked`: only postings booked into that period (a
-        `YYYY-MM` label) — either way only the segments that can hold one are listed.
+        `YYYY-MM` label) — either way only the segments that can hold one are listed;
+        `edges`: the ranges `{edges}` lists the segments of (`_edge_source`).
 
         Retried when a listed file vanished: compaction replaced it between manifest read and scan.
         """
         last: Exception | None = None
         for _ in range(_RETRIES):
             try:
-                bound = self._bind(sql, started, booked)
+                bound = self._bind(sql, started, booked, edges)
                 return self._con.execute(bound, list(params)).fetchall()
             except duckdb.IOException as exc:  # a listed file was compacted away meanwhile
                 last = exc

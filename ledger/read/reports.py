@@ -70,11 +70,13 @@ class ReportQueries(LedgerQueries):
         params: Sequence[Any] = (),
         started: tuple[int, int] | None = None,
         booked: str | None = None,
+        edges: Sequence[tuple[int, int]] = (),
     ) -> list[tuple[Any, ...]]:
-        """`sql` over `{postings}` / `{rollups}` / `{coarse}`; `started` (lo, hi): the SQL
+        """`sql` over `{postings}` / `{rollups}` / `{coarse}` / …; `started` (lo, hi): the SQL
         selects only postings whose interval started in [lo, hi); `booked`: only postings booked
-        into that period (`YYYY-MM`); either way other segments are not listed."""
-        return self._query(sql, params, started, booked)
+        into that period (`YYYY-MM`); either way other segments are not listed. `edges`: the
+        ranges whose segments `{edges}` lists (`LedgerQueries._edge_source`)."""
+        return self._query(sql, params, started, booked, edges)
 
     def arrow(
         self,

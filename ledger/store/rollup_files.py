@@ -32,7 +32,11 @@ per team and UTC hour it ended in (`{metered}`: fair share). The **jobs rollup**
 (`<first>-<last>.jobs.parquet`, `SegmentInfo.jobs`) holds each job's consumer totals per booked
 period — one row per period, team, project, user, job, model and pool, with its GPU time, money
 and their idle parts as columns of their own (`gpu_ms`, `money_micros`, `idle_gpu_ms`,
-`idle_money_micros`) — what the pages' per-job tables read (`{jobs}`). Each level is one
+`idle_money_micros`) — what the pages' per-job tables read (`{jobs}`). The **gpus rollup**
+(`<first>-<last>.gpus.parquet`, `SegmentInfo.gpus`) holds each GPU's usage per UTC hour of its
+start (pool, model, node, GPU): its physical, consumer, idle and unallocated GPU time, the
+utilisation its capacity legs carry and their last end — what the Platform and Capacity pages'
+per-GPU and per-node figures read (`{gpus}`). Each level is one
 `RollupLevel` (its keys, hour buckets, the postings it rolls up and its `Measure`s): the seal
 writes, `verify` checks and readers read each the same way.
 """
@@ -175,7 +179,46 @@ JOBS = RollupLevel(
         Measure("end_us", "end_us", "max"),
     ),
 )
-LEVELS = (FINE, COARSE, DAILY, METERED, JOBS)
+
+# The GPU-time usage legs the gpus level rolls up (usage, and the reversal of a usage:
+# `ledger.read.rollups.shared.USAGE_SQL`), and its measures' conditions on one of them.
+_GPU_USAGE = "(kind = 'usage' OR kind = 'reversal' AND model <> '') AND unit = 'gpu_ms'"
+_CAPACITY = "account LIKE 'capacity:%'"
+
+
+def _gpu_ms(condition: str) -> str:
+    return f"CASE WHEN {condition} THEN amount ELSE 0 END"
+
+
+# Each GPU's usage per UTC hour of its start: its physical time (the capacity legs, negative),
+# split between owners (consumer legs, the idle part apart) and nobody (unallocated legs), with
+# the utilisation its capacity legs carry (`util_pct` × GPU-ms, and the GPU-ms whose utilisation
+# is known) and the last end of a capacity leg (`{gpus}`: the Platform and Capacity pages'
+# per-GPU and per-node figures).
+GPU_KEYS = ("pool", "model", "node", "gpu_uuid")
+GPUS = RollupLevel(
+    "gpus",
+    GPU_KEYS,
+    (f"start_us // {HOUR_US}",),
+    ".gpus.parquet",
+    _GPU_USAGE,
+    (
+        Measure("capacity_gpu_ms", _gpu_ms(_CAPACITY)),
+        Measure("consumer_gpu_ms", _gpu_ms("account LIKE 'consumer:%'")),
+        Measure("idle_gpu_ms", _gpu_ms("account LIKE 'consumer:%' AND idle")),
+        Measure("unallocated_gpu_ms", _gpu_ms("account LIKE 'unallocated:%'")),
+        Measure("util_gpu_ms", _gpu_ms(f"{_CAPACITY} AND util_pct IS NOT NULL")),
+        Measure(
+            "util_weighted",
+            f"CASE WHEN {_CAPACITY} AND util_pct IS NOT NULL THEN util_pct * amount ELSE 0 END",
+        ),
+        Measure("postings", "CAST(1 AS BIGINT)"),
+        Measure("start_us", "start_us", "min"),
+        Measure("end_us", "end_us", "max"),
+        Measure("capacity_end_us", f"CASE WHEN {_CAPACITY} THEN end_us END", "max"),
+    ),
+)
+LEVELS = (FINE, COARSE, DAILY, METERED, JOBS, GPUS)
 
 
 @dataclass(frozen=True, slots=True)

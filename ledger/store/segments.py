@@ -33,8 +33,9 @@ Each postings segment sealed since rollups exist has a rollup beside it
 (`<first>-<last>.rollup.parquet`, `ledger.store.rollup_files`: its postings summed per period,
 account, unit, owner, job, model, pool and hour), written with the segment and named by the
 same entry (`SegmentInfo.rollup`, with its own sha256), so the two become visible together; so is
-its coarse, daily, metered and jobs rollups (`<first>-<last>.coarse.parquet`, `….daily.parquet`,
-`….metered.parquet`, `….jobs.parquet`: `SegmentInfo.coarse`, `.daily`, `.metered`, `.jobs`).
+its coarse, daily, metered, jobs and gpus rollups (`<first>-<last>.coarse.parquet`,
+`….daily.parquet`, `….metered.parquet`, `….jobs.parquet`, `….gpus.parquet`: `SegmentInfo.coarse`,
+`.daily`, `.metered`, `.jobs`, `.gpus`).
 The manifest is forward compatible: an entry's keys this code does not know (a level a newer
 writer adds) are kept and written back unchanged (`SegmentInfo.unknown`), and the files such a
 key names (shaped like a rollup's entry) count as the entry's — published, pulled, never
@@ -71,7 +72,8 @@ ARCHIVE_DIR = "archive"
 MANIFEST_VERSION = 1
 _CHECK_RETRIES = 3
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
-_ROLLUP_ENTRIES = ("rollup", "coarse", "daily", "metered", "jobs")  # SegmentInfo's rollup fields
+# SegmentInfo's rollup fields
+_ROLLUP_ENTRIES = ("rollup", "coarse", "daily", "metered", "jobs", "gpus")
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,14 +187,15 @@ class SegmentInfo:
     daily: RollupInfo | None = None  # its daily rollup (`rollup_files.DAILY`), likewise
     metered: RollupInfo | None = None  # its metered rollup (`rollup_files.METERED`), likewise
     jobs: RollupInfo | None = None  # its jobs rollup (`rollup_files.JOBS`), likewise
+    gpus: RollupInfo | None = None  # its gpus rollup (`rollup_files.GPUS`), likewise
     # Entries this code does not know (a newer writer's levels), as (key, JSON text): kept and
     # written back as they were; those shaped like a rollup name files of the entry's.
     unknown: tuple[tuple[str, str], ...] = ()
 
     def rollups(self) -> tuple[RollupInfo, ...]:
-        """This entry's rollup files (fine, coarse, daily, metered, jobs), those it has, then
-        those of levels this code does not know (`unknown`): published, pulled and kept with
-        the segment, though no query here reads them."""
+        """This entry's rollup files (fine, coarse, daily, metered, jobs, gpus), those it has,
+        then those of levels this code does not know (`unknown`): published, pulled and kept
+        with the segment, though no query here reads them."""
         known = (r for r in map(self.rollup_of, _ROLLUP_ENTRIES) if r is not None)
         return (*known, *_unknown_rollups(self.unknown))
 

@@ -74,6 +74,7 @@ def shard_entry(seg: SegmentInfo, name: str) -> SegmentInfo:
         daily=moved(seg.daily),
         metered=moved(seg.metered),
         jobs=moved(seg.jobs),
+        gpus=moved(seg.gpus),
         unknown=tuple((key, _moved_unknown(text, prefix)) for key, text in seg.unknown),
     )
 

@@ -26,7 +26,8 @@ worst case instead (each sample's owner and job drawn at random: ~1.5 M job keys
 
 Generating 100 M takes tens of minutes: with `TALLY_BENCH_CACHE=<dir>` the ledger is generated
 once into `<dir>/<shape>-<postings>/` and reused by later runs (each run reads a hard-linked copy,
-since the S3 part appends seals to the writer's ledger).
+since the S3 part appends seals to the writer's ledger; a rollup level added since the cache was
+written is written into the copy).
 """
 
 from __future__ import annotations
@@ -50,7 +51,12 @@ from ledger.store.replica import REPLICA_DIR, Publisher, pull
 from ledger.store.segments import Manifest
 from tests.benchmarks import fleet_jobs
 from tests.benchmarks.bench_reports import _p95, _postings, generate
-from tests.benchmarks.dashboard_ledgers import append_seal, s3_store, without_rollups
+from tests.benchmarks.dashboard_ledgers import (
+    add_missing_levels,
+    append_seal,
+    s3_store,
+    without_rollups,
+)
 from tests.benchmarks.harness import Figure, Progress
 
 BENCH = "dashboard"
@@ -203,6 +209,9 @@ def _ledger(tmp: Path, postings: int, progress: Progress) -> tuple[Path, str]:
         done.write_text(made)
     if cache:
         shutil.copytree(kept / "ledger", data_dir, copy_function=os.link)
+        added = add_missing_levels(data_dir)  # the copy's manifest is a new file, not the cache's
+        if added:
+            made += f", {added} rollup files of levels added since written"
     return data_dir, made
 
 
@@ -214,6 +223,7 @@ def run(progress: Progress) -> list[Figure]:
         files = [data_dir / SEGMENTS_DIR / s.path for s in entries]
         rollup_rows = sum(s.rollup.rows for s in entries if s.rollup is not None)
         job_rows = sum(s.jobs.rows for s in entries if s.jobs is not None)
+        gpu_rows = sum(s.gpus.rows for s in entries if s.gpus is not None)
         plain = without_rollups(data_dir, Path(tmp) / "plain")
         listed = ", ".join(f"'{f}'" for f in files)
 
@@ -262,7 +272,7 @@ def run(progress: Progress) -> list[Figure]:
     size = (
         f"{postings:,} postings ({fleet_jobs.shape()} shape), {len(files)} segments, "
         f"{rollup_rows:,} fine rollup rows ({rollup_rows / postings:.0%}), {job_rows:,} jobs "
-        f"rollup rows; {made}; cold cache, default selection; "
+        f"rollup rows, {gpu_rows:,} gpus rollup rows; {made}; cold cache, default selection; "
         "TALLY_BENCH_POSTINGS=100000000 for the issue's 100 M"
     )
     figures: list[Figure] = []

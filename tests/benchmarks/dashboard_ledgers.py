@@ -1,4 +1,5 @@
-"""The ledgers `bench_dashboard` reads: the generated ledger with rollups, the same segments read
+"""The ledgers `bench_dashboard` reads: the generated ledger with rollups (a cached one completed
+with the levels added since it was generated), the same segments read
 without them (as a ledger sealed before rollups is), the ledger published to the S3 API server
 of the tests (`tests/s3_server.py`'s moto server) and pulled into a reader's cache, and a seal
 appended to the writer's ledger and published (what the next visit after a seal pulls)."""
@@ -47,11 +48,34 @@ def without_rollups(rolled: Path, plain: Path) -> Path:
         if child.name != MANIFEST_NAME:
             (root / child.name).symlink_to(child, target_is_directory=child.is_dir())
     entries = [
-        dataclasses.replace(s, rollup=None, coarse=None, daily=None, metered=None, jobs=None)
+        dataclasses.replace(
+            s, rollup=None, coarse=None, daily=None, metered=None, jobs=None, gpus=None
+        )
         for s in Manifest(source).load()
     ]
     Manifest(root).save(entries)
     return plain
+
+
+def add_missing_levels(data_dir: Path) -> int:
+    """Write the rollups of every level a segment of `data_dir` is listed without (a cached
+    ledger generated before the level existed), as the seal writes them, and list them; how many
+    files were written."""
+    root = data_dir / SEGMENTS_DIR
+    manifest = Manifest(root)
+    entries, written = [], 0
+    con = duckdb.connect(":memory:")
+    try:
+        for seg in manifest.load():
+            missing = [level for level in LEVELS if seg.rollup_of(level.name) is None]
+            added = {level.name: write_level(con, root, seg.path, level) for level in missing}
+            entries.append(dataclasses.replace(seg, **added) if added else seg)
+            written += len(added)
+    finally:
+        con.close()
+    if written:
+        manifest.save(entries)
+    return written
 
 
 def append_seal(data_dir: Path, postings: int, seal: int) -> SegmentInfo:

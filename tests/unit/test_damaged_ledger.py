@@ -66,11 +66,15 @@ def _truncate(path: Path) -> None:
 
 
 def _rewrite_valid(path: Path) -> None:
-    """Valid Parquet with every amount doubled (still zero-sum): wrong totals if read."""
+    """Valid Parquet with every amount (a gpus rollup's every capacity GPU-ms) doubled (still
+    zero-sum): wrong totals if read."""
     tmp = path.with_name("rewritten.tmp")
     con = duckdb.connect()
+    described = con.execute(f"DESCRIBE SELECT * FROM read_parquet('{path}')").fetchall()
+    columns = [c[0] for c in described]
+    column = "amount" if "amount" in columns else "capacity_gpu_ms"
     con.execute(
-        f"COPY (SELECT * REPLACE (amount * 2 AS amount) FROM read_parquet('{path}')) "
+        f"COPY (SELECT * REPLACE ({column} * 2 AS {column}) FROM read_parquet('{path}')) "
         f"TO '{tmp}' (FORMAT parquet)"
     )
     con.close()
@@ -158,6 +162,7 @@ def _level_damage(level: str) -> dict[str, Damage]:
 
 COARSE_DAMAGE = _level_damage("coarse")
 DAILY_DAMAGE = _level_damage("daily")
+GPUS_DAMAGE = _level_damage("gpus")
 ARCHIVE_DAMAGE = {
     "archive-bad-magic": Damage(
         ARCHIVE_DIR, _bad_magic, False, "not a Parquet file (bad magic at the start)"
@@ -253,6 +258,13 @@ COARSE_READERS: dict[str, Callable[[Path], Any]] = {
         lambda q: rollups.cost_over_time(q, "team", rollups.HOUR_US, rollups.Filters())
     ),
 }
+# each GPU's hours: the Platform page's nodes and heatmap (all time: every segment's)
+GPUS_READERS: dict[str, Callable[[Path], Any]] = {
+    "platform-nodes-last-seen": _with_queries(rollups.nodes_last_seen),
+    "platform-heatmap": _with_queries(
+        lambda q: rollups.utilisation_heatmap(q, 0, 2**62, rollups.HOUR_US)
+    ),
+}
 ARCHIVE_READERS: dict[str, Callable[[Path], Any]] = {
     "rebuild-archive-batches": lambda d: list(archive_batches(d)),
     "job-history": lambda d: read_job_event_log(d, TOPIC),
@@ -273,6 +285,7 @@ def _cases(damages: dict[str, Damage], readers: dict[str, Callable[[Path], Any]]
     + _cases(ROLLUP_DAMAGE, ROLLUP_READERS)
     + _cases(COARSE_DAMAGE, COARSE_READERS)
     + _cases(DAILY_DAMAGE, DAILY_READERS)
+    + _cases(GPUS_DAMAGE, GPUS_READERS)
     + _cases(ARCHIVE_DAMAGE, ARCHIVE_READERS),
 )
 def test_readers_refuse_a_damaged_ledger(ledger, damage, read):

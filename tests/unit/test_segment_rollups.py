@@ -37,6 +37,7 @@ from ledger.store.rollup_files import (
     DAILY,
     DAY_US,
     FINE,
+    GPUS,
     HOUR_US,
     JOBS,
     LEVELS,
@@ -46,7 +47,7 @@ from ledger.store.rollup_files import (
 )
 from ledger.store.segments import MANIFEST_NAME, Manifest, file_sha256
 from ledger.store.verify import verify_ledger
-from tests.unit.test_dashboard_seed import A100, END_US, H100, seed_ledger
+from tests.unit.test_dashboard_seed import A100, END_US, H100
 from tests.unit.test_store import ingest, message
 
 Group = tuple[Any, ...]
@@ -56,39 +57,60 @@ def postings_folded(data_dir: Path, level: RollupLevel = FINE) -> dict[Group, li
     """The oracle: every posting of the sealed segments, folded in Python per `level`'s keys
     and UTC hours (of its start; for the coarse level also of its end) into its measures: [amount,
     postings, first start, last end]; for the jobs level [GPU-ms, money, idle GPU-ms, idle
-    money, postings, first start, last end]."""
+    money, postings, first start, last end]; for the gpus level [capacity, consumer, idle and
+    unallocated GPU-ms, capacity GPU-ms with a utilisation and utilisation × GPU-ms, postings,
+    first start, last end, last end of a capacity leg]."""
     files = Manifest(data_dir / SEGMENTS_DIR).files()
     rows = duckdb.connect().execute(
-        f"SELECT {level.keys_sql()}, amount, start_us, end_us, account, unit, idle, team, job_id "
-        f"FROM read_parquet([{sql_list(files)}])"
+        f"SELECT {level.keys_sql()}, amount, start_us, end_us, account, unit, idle, team, job_id, "
+        f"kind, model, util_pct FROM read_parquet([{sql_list(files)}])"
     )
     folded: dict[Group, list[int]] = {}
     n = len(level.keys)
     for row in rows.fetchall():
-        amount, start, end, account, unit, idle, team, job = row[n:]
+        amount, start, end, account, unit, idle, team, job, kind, model, util = row[n:]
         consumer = account.startswith("consumer:")
         if level is METERED and not (consumer and unit == "gpu_ms" and team is not None):
             continue  # the metered rollup sums teams' consumer GPU time only
         if level is JOBS and not (consumer and job is not None):
             continue  # the jobs rollup: consumer postings with a job id
+        usage = kind == "usage" or (kind == "reversal" and model not in (None, ""))
+        if level is GPUS and not (usage and unit == "gpu_ms"):
+            continue  # the gpus rollup: usage (net of reversals) in GPU time
         key = (*row[:n], *_hours(level, start, end))
         if level is JOBS:
             gpu, money = (amount if unit == u else 0 for u in ("gpu_ms", "money_micros"))
             values = [gpu, money, gpu if idle else 0, money if idle else 0, 1, start, end]
+        elif level is GPUS:
+            capacity = account.startswith("capacity:")
+            rated = capacity and util is not None
+            values = [
+                *(amount if side else 0 for side in (capacity, consumer, consumer and idle)),
+                amount if account.startswith("unallocated:") else 0,
+                amount if rated else 0,
+                util * amount if rated else 0,
+                1, start, end, end if capacity else None,
+            ]  # fmt: skip
         else:
             values = [amount, 1, start, end]
-        _merge(folded.setdefault(key, [0] * (len(values) - 2) + [None, None]), values)
+        _merge(level, folded.setdefault(key, _empty(level)), values)
     return folded
 
 
-def _merge(acc: list[Any], values: Sequence[Any]) -> None:
-    """Add a posting's (or a rollup row's) measures to a group's: sums, then first start and
-    last end."""
-    for n, value in enumerate(values[:-2]):
-        acc[n] += value
-    start, end = values[-2:]
-    acc[-2] = start if acc[-2] is None else acc[-2] if start is None else min(acc[-2], start)
-    acc[-1] = end if acc[-1] is None else acc[-1] if end is None else max(acc[-1], end)
+def _empty(level: RollupLevel) -> list[Any]:
+    """A group's measures before any posting: sums 0, firsts and lasts none."""
+    return [0 if m.agg == "sum" else None for m in level.measures]
+
+
+def _merge(level: RollupLevel, acc: list[Any], values: Sequence[Any]) -> None:
+    """Add a posting's (or a rollup row's) measures to a group's, each by its aggregate: sums,
+    first starts and last ends."""
+    for n, (measure, value) in enumerate(zip(level.measures, values, strict=True)):
+        if measure.agg == "sum":
+            acc[n] += value
+        elif value is not None:
+            pick = min if measure.agg == "min" else max
+            acc[n] = value if acc[n] is None else pick(acc[n], value)
 
 
 def _hours(level: RollupLevel, start: int | None, end: int | None) -> tuple[int | None, ...]:
@@ -101,6 +123,7 @@ def _hours(level: RollupLevel, start: int | None, end: int | None) -> tuple[int 
         DAILY: (start // DAY_US,),
         METERED: ((end - 1) // HOUR_US,),
         JOBS: (),
+        GPUS: (start // HOUR_US,),
     }[level]
 
 
@@ -119,8 +142,9 @@ def rollups_folded(data_dir: Path, level: RollupLevel = FINE) -> dict[Group, lis
     n = len(level.keys)
     for row in rows.fetchall():
         values = row[n:]
-        key = (*row[:n], *_hours(level, *values[-2:]))
-        _merge(folded.setdefault(key, [0] * (len(values) - 2) + [None, None]), values)
+        start, end = (values[level.columns.index(c) - n] for c in ("start_us", "end_us"))
+        key = (*row[:n], *_hours(level, start, end))
+        _merge(level, folded.setdefault(key, _empty(level)), values)
     return folded
 
 
@@ -162,7 +186,7 @@ def test_verify_names_a_rollup_that_differs_from_its_segment(tmp_path):
         tmp = path.with_name("rewritten.tmp")
         column = level.measures[0].name  # the amount, or the jobs level's GPU-ms
         duckdb.connect().execute(  # one more GPU-ms, checksum updated: only the sums can tell
-            f"COPY (SELECT * REPLACE (CASE WHEN {column} > 0 THEN {column} + 1 "
+            f"COPY (SELECT * REPLACE (CASE WHEN {column} <> 0 THEN {column} + 1 "
             f"ELSE {column} END AS {column}) FROM read_parquet('{path}')) TO '{tmp}' "
             "(FORMAT parquet)"
         )
@@ -239,10 +263,11 @@ def test_rollups_answer_zones_whose_hours_begin_on_utc_hours(zone: tzinfo, align
 
 
 @pytest.fixture(scope="module")
-def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def both(tmp_path_factory: pytest.TempPathFactory, seeded_once: Path) -> tuple[Path, Path]:
     """The dashboard's seeded ledger, and a copy whose manifest names no rollups (read from the
     segments, as a ledger sealed before rollups is)."""
-    rolled = seed_ledger(tmp_path_factory.mktemp("rolled") / "ledger")
+    rolled = tmp_path_factory.mktemp("rolled") / "ledger"
+    shutil.copytree(seeded_once, rolled)
     plain = tmp_path_factory.mktemp("plain") / "ledger"
     shutil.copytree(rolled, plain)
     manifest = plain / SEGMENTS_DIR / MANIFEST_NAME
@@ -298,6 +323,16 @@ READS: dict[str, Callable[[ReportQueries], Any]] = {
     "heatmap": lambda q: rollups.utilisation_heatmap(q, END_US - DAY, END_US, HOUR_US),
     "occupancy-mid-hour": lambda q: rollups.occupancy(q, END_US - DAY - 999, END_US, HOUR_US),
     "nodes-last-seen": rollups.nodes_last_seen,
+    # the gpus level (`rollup_files.GPUS`), windows that begin and end mid-hour read their ends
+    # from the postings (`rollups.hours.HourSplit`)
+    "heatmap-mid-hour": lambda q: rollups.utilisation_heatmap(
+        q, END_US - DAY - 999, END_US - 1_234_567, HOUR_US
+    ),
+    "heatmap-inside-one-hour": lambda q: rollups.utilisation_heatmap(
+        q, END_US - DAY + 5, END_US - DAY + HOUR_US - 5, HOUR_US
+    ),
+    "demand-mid-hour": lambda q: rollups.demand(q, H100, END_US - 2 * DAY - 1_234_567, END_US - 9),
+    "nodes-last-seen-pool-short": lambda q: rollups.nodes_last_seen(q, "a100", DAY + 999),
 }
 
 
@@ -311,8 +346,9 @@ class Unpruned(ReportQueries):
         params: Sequence[Any] = (),
         started: tuple[int, int] | None = None,
         booked: str | None = None,
+        edges: Sequence[tuple[int, int]] = (),
     ) -> list[tuple[Any, ...]]:
-        return super().rows(sql, params)
+        return super().rows(sql, params, edges=((0, 2**62),) if edges else ())
 
 
 @pytest.mark.parametrize("read", [pytest.param(r, id=name) for name, r in READS.items()])
@@ -436,6 +472,7 @@ DAY_READS: dict[str, Callable[[ReportQueries], Any]] = {
     "budget-burn-mid-hour": lambda q: rollups.budget_burn(q, PERIOD, END_US - 1_234_567, None),
     "capacity-daily-usage": rollups.daily_usage,
     "capacity-usage-trend": lambda q: rollups.usage_trend(q, rollups.extent(q).models[0]),
+    "capacity-model-trends": lambda q: rollups.model_trends(q, END_US - 1_234_567),
 }
 
 

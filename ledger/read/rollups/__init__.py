@@ -26,6 +26,8 @@ Rules every rollup here keeps:
 Modules, one per page, over what they share:
 - `shared`: units, SQL fragments, the sidebar's `Filters`, `ledger_version`, `closed_periods`,
   `extent` and the jobs topic's messages (`archived_job_log`);
+- `hours`: a time range read from a level grouped by hour, the parts of an hour at its ends
+  from the postings (`HourSplit`);
 - `finance`: cost over time and by dimension, top jobs, idle waste, budget burn, FOCUS bytes;
 - `platform`: the fleet now, utilisation, occupancy, nodes last seen;
 - `health`: GPU and node health, cordons, recent faults with meaning (the sealed inventory);

@@ -4,7 +4,10 @@ target, and the queueing delays observed in the jobs topic.
 
 Days are the ledger's time zone's (`LedgerQueries.zone`, `ledger.timezone`): in Asia/Shanghai
 a day starts at 16:00 UTC. Forecasts and queueing estimates are display floats, never ledger
-amounts.
+amounts. Nothing here reads the postings but the ends of the demand window: daily usage reads
+the daily (or coarse) rollups, the model trends each GPU's hours (`{gpus}`), the demand each
+GPU's hours and the fine rollups' jobs for the window's whole hours and the postings for the
+parts of an hour at its ends (`hours.HourSplit`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from ledger.periods import local_day_start, local_time
 from ledger.read import job_history
 from ledger.read.queries import time_bucket_sql
 from ledger.read.reports import CONSUMER_SQL, ReportQueries
+from ledger.read.rollups.hours import HourSplit
 from ledger.read.rollups.shared import (
     CAPACITY_SQL,
     DAY_US,
@@ -30,6 +34,7 @@ from ledger.read.rollups.shared import (
     by_day,
 )
 from ledger.read.texts import N_, Translate, english
+from ledger.store.rollup_files import FINE, GPUS
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,21 +92,26 @@ def usage_trend(
 ) -> UsageTrend:
     """Allocated GPU-hours per day of `model` and their forecast (`forecast_daily`).
 
-    Only complete days are fitted: the first and last day of the data are usually partial.
+    Only complete days are fitted: the first and last day of the data are usually partial. One
+    read of the days' rows gives both: each day's GPU time (`daily_usage`'s, its pools summed)
+    and the span of the model's usage in any unit.
     """
-    per_day: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    for row in daily_usage(q, pool, model):
-        per_day[row.day_us][0] += row.allocated_gpu_ms
-        per_day[row.day_us][1] += row.physical_gpu_ms
-    span = q.rows(
-        f"SELECT min(start_us), max(end_us) FROM {by_day(q)} WHERE {USAGE_SQL} AND model = ?"
-        + (" AND pool = ?" if pool is not None else ""),
+    rows = q.rows(
+        f"SELECT {time_bucket_sql('start_us', DAY_US, q.zone)} AS day, "
+        f"coalesce(sum(amount) FILTER (unit = 'gpu_ms' AND {CONSUMER_SQL}), 0), "
+        f"coalesce(-sum(amount) FILTER (unit = 'gpu_ms' AND {CAPACITY_SQL}), 0), "
+        "bool_or(unit = 'gpu_ms'), min(start_us), max(end_us) "
+        f"FROM {by_day(q)} WHERE {USAGE_SQL} AND model = ?"
+        + (" AND pool = ?" if pool is not None else "")
+        + " GROUP BY day ORDER BY day",
         [model] + ([pool] if pool is not None else []),
-    )[0]
-    days = tuple((day, v[0], v[1]) for day, v in sorted(per_day.items()))
+    )
+    days = tuple((int(r[0]), int(r[1]), int(r[2])) for r in rows if r[3])
+    starts = [r[4] for r in rows if r[4] is not None]
+    ends = [r[5] for r in rows if r[5] is not None]
     complete: tuple[int, ...] = ()
-    if span[0] is not None:
-        first, last = int(span[0]), int(span[1])
+    if starts and ends:
+        first, last = int(min(starts)), int(max(ends))
         complete = tuple(d for d, _, _ in days if d >= first and next_day(d, q.zone) <= last)
     series = [(d, a / MS_PER_HOUR) for d, a, _ in days if d in set(complete)]
     forecast = forecast_daily(series, horizon_days, weeks, q.zone)
@@ -135,17 +145,18 @@ def model_trends(
     q: ReportQueries, as_of_us: int, pool: str | None = None
 ) -> tuple[ModelTrend, ...]:
     """Usage of every pool and model in the last 7 whole days (the ledger's zone) before
-    `as_of_us` and the 7 days before those."""
+    `as_of_us` and the 7 days before those, from each GPU's hours (`{gpus}`: the days begin on
+    hours; in a zone whose do not, the level is read as its postings)."""
     end = local_day_start(as_of_us, q.zone)
     mid = days_before(end, 7, q.zone)
     start = days_before(mid, 7, q.zone)
     pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
     rows = q.rows(
         'SELECT "pool", "model", count(DISTINCT gpu_uuid) FILTER (start_us >= ?), '
-        f"coalesce(sum(amount) FILTER ({CONSUMER_SQL} AND start_us >= ?), 0), "
-        f"coalesce(-sum(amount) FILTER ({CAPACITY_SQL} AND start_us >= ?), 0), "
-        f"coalesce(sum(amount) FILTER ({CONSUMER_SQL} AND start_us < ?), 0) "
-        f"FROM {{postings}} WHERE {USAGE_SQL} AND unit = 'gpu_ms' AND start_us >= ? "
+        "coalesce(sum(consumer_gpu_ms) FILTER (start_us >= ?), 0), "
+        "coalesce(-sum(capacity_gpu_ms) FILTER (start_us >= ?), 0), "
+        "coalesce(sum(consumer_gpu_ms) FILTER (start_us < ?), 0) "
+        "FROM {gpus} WHERE start_us >= ? "
         f'AND start_us < ? {pool_sql} GROUP BY ALL ORDER BY "pool", "model"',
         [mid, mid, mid, mid, start, end, *pool_params],
         (start, end),
@@ -280,26 +291,33 @@ class Demand:
 def demand(
     q: ReportQueries, model: str, since_us: int, until_us: int, pool: str | None = None
 ) -> Demand:
+    """Usage of `model` started in [`since_us`, `until_us`): GPU totals from each GPU's hours
+    (`{gpus}`), the jobs from the fine rollups (each job's first start and last end per hour),
+    both for the window's whole hours, and from the postings for the parts of an hour at its
+    ends (`HourSplit`)."""
     pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
+    split = HourSplit(since_us, until_us)
+    gpus, gpu_params = split.source(GPUS)
     totals = q.rows(
         "SELECT count(DISTINCT gpu_uuid) FILTER (gpu_uuid <> ''), "
-        f"coalesce(sum(amount) FILTER ({CONSUMER_SQL}), 0), "
-        f"coalesce(-sum(amount) FILTER ({CAPACITY_SQL}), 0) "
-        f"FROM {{postings}} WHERE {USAGE_SQL} AND unit = 'gpu_ms' AND model = ? "
-        f"AND start_us >= ? AND start_us < ? {pool_sql}",
-        [model, since_us, until_us, *pool_params],
-        (since_us, until_us),
+        "coalesce(sum(consumer_gpu_ms), 0), coalesce(-sum(capacity_gpu_ms), 0) "
+        f"FROM {gpus} WHERE model = ? {pool_sql}",
+        [*gpu_params, model, *pool_params],
+        split.started,
+        edges=split.edges,
     )[0]
+    fine, fine_params = split.source(FINE)
     jobs = q.rows(
         "WITH j AS (SELECT job_id, min(start_us) AS first, max(end_us) AS last, "
         "sum(amount) AS ms "
-        f"FROM {{postings}} WHERE {USAGE_SQL} AND {CONSUMER_SQL} AND unit = 'gpu_ms' "
-        f"AND job_id IS NOT NULL AND model = ? AND start_us >= ? AND start_us < ? {pool_sql} "
+        f"FROM {fine} WHERE {USAGE_SQL} AND {CONSUMER_SQL} AND unit = 'gpu_ms' "
+        f"AND job_id IS NOT NULL AND model = ? {pool_sql} "
         "GROUP BY job_id) "
         "SELECT count(*), count(*) FILTER (first > ?), "
         "coalesce(sum((last - first) // 1000000), 0), coalesce(sum(ms), 0) FROM j",
-        [model, since_us, until_us, *pool_params, since_us],
-        (since_us, until_us),
+        [*fine_params, model, *pool_params, since_us],
+        split.started,
+        edges=split.edges,
     )[0]
     return Demand(
         model,

@@ -3,6 +3,11 @@ GPUs, and idle shares of busy GPUs), utilisation heatmap, distribution and summa
 and when each node was last seen.
 
 These are about when GPUs were used and select by `start_us`; "now" is the newest sealed sample.
+The fleet now reads the postings (each GPU's samples, net of their reversals); the heatmap (in
+buckets of whole hours) and nodes last seen read each GPU's hours (`{gpus}`,
+`ledger.store.rollup_files.GPUS`), the heatmap's parts of an hour at the window's ends from the
+postings (`hours.HourSplit`); the utilisation bands and summary and the occupancy (buckets from
+the window's start) read the postings of the window.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ledger.read.reports import CONSUMER_SQL, IDLE_LEG_SQL, UNALLOCATED_SQL, ReportQueries
+from ledger.read.rollups.hours import HourSplit
 from ledger.read.rollups.shared import CAPACITY_SQL, DAY_US, HOUR_US, USAGE_SQL
+from ledger.store.rollup_files import GPUS
 
 
 class GpuState(StrEnum):
@@ -181,18 +188,6 @@ def fleet_now(
         GROUP BY h.state, h.gpu_uuid, h.team, h.project, h."user", h.job_id
         ORDER BY h.state, 14 DESC, h.gpu_uuid
         """
-    # Look back a day first, then further while a run found no earlier sample of another state
-    # (its last column): a run found whole is the same whatever lies before it.
-    since = max(horizon, newest - max(DAY_US, 2 * window_us))
-    while True:
-        rows = q.rows(
-            sql,
-            [newest - window_us, *pool_params, horizon, since, horizon, since],
-            (min(horizon, newest - window_us), newest + 1),
-        )
-        if since <= horizon or not any(r[14] for r in rows):
-            break
-        since = max(horizon, newest - 4 * (newest - since))
     counts = q.rows(
         f"""
         WITH {recent_sql}, states AS (
@@ -200,22 +195,39 @@ def fleet_now(
             FROM recent
         ), latest AS (SELECT gpu_uuid, max(start_us) AS slot FROM states GROUP BY gpu_uuid
         ), now AS (
-            SELECT DISTINCT r.gpu_uuid, r.state, r.team, r.project, r."user", r.job_id
+            SELECT DISTINCT r.gpu_uuid, r.state, r.team, r.project, r."user", r.job_id, l.slot
             FROM states r JOIN latest l ON r.gpu_uuid = l.gpu_uuid AND r.start_us = l.slot
         ), per_gpu AS (
             SELECT gpu_uuid, {_GPU_STATE_SQL} AS gpu_state,
-                count(*) FILTER (state = 'allocated_idle') AS idle_parts
+                count(*) FILTER (state = 'allocated_idle') AS idle_parts, any_value(slot) AS slot
             FROM now GROUP BY gpu_uuid
         )
         SELECT count(*), count(*) FILTER (gpu_state = 'busy'),
             count(*) FILTER (gpu_state = 'allocated_idle'),
             count(*) FILTER (gpu_state = 'unallocated'),
-            coalesce(sum(idle_parts) FILTER (gpu_state = 'busy'), 0)
+            coalesce(sum(idle_parts) FILTER (gpu_state = 'busy'), 0),
+            min(slot) FILTER (idle_parts > 0 OR gpu_state = 'unallocated')
         FROM per_gpu
         """,
         [newest - window_us, *pool_params],
         (newest - window_us, newest + 1),
     )[0]
+    # Look back a day first, then further while a run found no earlier sample of another state
+    # (its last column): a run found whole is the same whatever lies before it. Each pass lists
+    # only the segments that can hold what it reads: a sample ending in the window, or one
+    # started since `since` or since the earliest latest slot of a GPU idle now (`counts`' last
+    # column: the history reads from the earlier of the two), not the whole look-back's.
+    since = max(horizon, newest - max(DAY_US, 2 * window_us))
+    first_slot = newest if counts[5] is None else int(counts[5])
+    while True:
+        rows = q.rows(
+            sql,
+            [newest - window_us, *pool_params, horizon, since, horizon, since],
+            (min(since, first_slot, newest - window_us), newest + 1),
+        )
+        if since <= horizon or not any(r[14] for r in rows):
+            break
+        since = max(horizon, newest - 4 * (newest - since))
     idle = tuple(
         IdleGpu(
             GpuState(r[0]),
@@ -237,7 +249,7 @@ def fleet_now(
         )
         for r in rows
     )
-    gpus, busy, allocated_idle, unallocated, idle_shares = (int(c) for c in counts)
+    gpus, busy, allocated_idle, unallocated, idle_shares = (int(c) for c in counts[:5])
     return FleetNow(newest, gpus, busy, idle, allocated_idle, unallocated, idle_shares)
 
 
@@ -257,8 +269,26 @@ class HeatCell:
 def utilisation_heatmap(
     q: ReportQueries, since_us: int, until_us: int, bucket_us: int, pool: str | None = None
 ) -> tuple[HeatCell, ...]:
-    """GPU × time utilisation from the capacity leg of each usage transaction."""
+    """GPU × time utilisation from the capacity leg of each usage transaction: in buckets of
+    whole hours from each GPU's hours (`{gpus}`, the window's parts of an hour at its ends from
+    the postings), in shorter ones from the postings."""
     pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
+    if bucket_us % HOUR_US == 0:
+        split = HourSplit(since_us, until_us)
+        source, params = split.source(GPUS)
+        rows = q.rows(
+            f"SELECT gpu_uuid, any_value(node), any_value(pool), any_value(model), "
+            f"start_us - start_us % {int(bucket_us)} AS bucket, "
+            "-sum(util_weighted) / nullif(-sum(util_gpu_ms), 0), -sum(capacity_gpu_ms) "
+            f"FROM {source} WHERE capacity_end_us IS NOT NULL AND gpu_uuid <> '' {pool_sql} "
+            "GROUP BY gpu_uuid, bucket ORDER BY 3, 2, gpu_uuid, bucket",
+            [*params, *pool_params],
+            split.started,
+            edges=split.edges,
+        )
+        return tuple(
+            HeatCell(r[0], r[1], r[2], r[3], int(r[4]), float(r[5] or 0.0), int(r[6])) for r in rows
+        )
     rows = q.rows(
         f"SELECT gpu_uuid, any_value(node), any_value(pool), any_value(model), "
         f"start_us - start_us % {int(bucket_us)} AS bucket, "
@@ -388,15 +418,16 @@ def nodes_last_seen(
 ) -> tuple[NodeSeen, ...]:
     """Each node's newest sealed sample and GPU count (the only health signal the ledger has),
     for the nodes that reported in the last `lookback_us` of sealed data (so the scan stays
-    bounded on a long ledger: a node silent for longer is not listed)."""
+    bounded on a long ledger: a node silent for longer is not listed). From each GPU's hours
+    (`{gpus}`): a GPU-hour whose last capacity leg ended after the cut holds one that did."""
     newest = max((s.max_end_us for s in q.segments() if s.max_end_us is not None), default=None)
     if newest is None:
         return ()
     pool_sql, pool_params = ("AND pool = ?", [pool]) if pool is not None else ("", [])
     rows = q.rows(
-        "SELECT node, any_value(pool), count(DISTINCT gpu_uuid), max(end_us) "
-        f"FROM {{postings}} WHERE {USAGE_SQL} AND {CAPACITY_SQL} AND unit = 'gpu_ms' "
-        f"AND end_us > ? AND coalesce(node, '') <> '' {pool_sql} GROUP BY node ORDER BY 4, node",
+        "SELECT node, any_value(pool), count(DISTINCT gpu_uuid), max(capacity_end_us) "
+        "FROM {gpus} WHERE capacity_end_us > ? "
+        f"AND coalesce(node, '') <> '' {pool_sql} GROUP BY node ORDER BY 4, node",
         [newest - lookback_us, *pool_params],
         (newest - lookback_us, newest + 1),
     )
