@@ -35,7 +35,8 @@ outbox, metrics and sealing health it keeps):
   with nothing new to seal, since the samples shards (this worker's or others') may have sealed
   further — its holder publishes `ShardsSealedThrough` (`streams.sealed_through`, from the
   shards' heads, with the global shard's open-hold jobs) when its watermark passed the newest
-  the global shard folded (or this worker published). The event comes back through the view
+  the global shard folded (or this worker published); it is not read again while no samples
+  shard's head changed. The event comes back through the view
   feed like any admin event; the global shard settles the holds that ended by it and grants
   the allowances that need the union's spending (`ledger.ingest.sealed`).
 - A change of broker incarnation ends the worker (75), as the whole-ledger worker's does.
@@ -58,9 +59,11 @@ from ledger.admin import ShardsSealedThrough
 from ledger.errors import SealError, SegmentError
 from ledger.excerpts import TEXT_LIMIT, bounded
 from ledger.ingest import ConsumedMessage, InputTopics, OutputTopics, ShardRole
-from ledger.store.head import WriterFenced
+from ledger.store.head import Head, WriterFenced
 from ledger.store.hot import DuckDBStore
+from ledger.store.objects import ObjectStore
 from ledger.store.rebuild import ReplaySettings
+from ledger.store.union import shard_heads
 from ledger.store.union_rules import GLOBAL_SHARD
 from streams.kafka import fetch_cluster_id
 from streams.sample_batches import PartitionHooks
@@ -92,6 +95,12 @@ class AppSender:
     async def send_and_wait(self, topic: str, value: bytes, key: bytes) -> object:
         producer = await self._app.maybe_start_producer()
         return await producer.send_and_wait(topic, key, value, None, None, None)
+
+
+def samples_heads(store: ObjectStore) -> dict[str, Head]:
+    """The heads of the samples shards `store` holds: while none changes, the watermark
+    cannot move (the global shard's seals do not move it)."""
+    return {name: head for name, head in shard_heads(store).items() if name != GLOBAL_SHARD}
 
 
 def hold_jobs_and_watermark(store: DuckDBStore) -> tuple[list[str], int | None]:
@@ -132,6 +141,7 @@ class ShardedWorker(LedgerWorker):
         self._incarnation: str | None = None
         self.admin_sender: AdminSender | None = None  # the app's producer (`_add_inputs`)
         self._published_through: int | None = None  # the newest watermark this worker sent
+        self._watermark_heads: dict[str, Head] | None = None  # the samples heads it was read at
         self._views = ViewFeed(
             s.bootstrap,
             (s.admin_topic, s.jobs_topic, s.inventory_reports_topic),
@@ -407,10 +417,14 @@ class ShardedWorker(LedgerWorker):
         known = max((t for t in (folded, self._published_through) if t is not None), default=None)
         cache = s.data_dir / WATERMARK_CACHE
         try:
+            heads = await asyncio.to_thread(samples_heads, store)
+            if heads == self._watermark_heads:
+                return None  # no samples shard published since: the same watermark
             event = await publish_sealed_through(store, cache, sender, s.admin_topic, jobs, known)
         except (KafkaError, SealError, SegmentError, OSError, duckdb.Error) as exc:
             log.warning("the shards' watermark not published: %s", bounded(str(exc), TEXT_LIMIT))
             return None
+        self._watermark_heads = heads
         if event is not None:
             self._published_through = event.through_us
             log.info(
