@@ -409,17 +409,20 @@ class ShardedWorker(LedgerWorker):
         the event sent, or None. A failure is logged and tried again at the next seal."""
         s = self.settings
         sender, store = self.admin_sender, s.segments_store
-        async with self._lock:
-            shard = self.shards.get(GLOBAL_SHARD)
-            if shard is None or sender is None or store is None:
-                return None
-            jobs, folded = await asyncio.to_thread(hold_jobs_and_watermark, shard.store)
-        known = max((t for t in (folded, self._published_through) if t is not None), default=None)
+        if GLOBAL_SHARD not in self.shards or sender is None or store is None:
+            return None
         cache = s.data_dir / WATERMARK_CACHE
         try:
             heads = await asyncio.to_thread(samples_heads, store)
             if heads == self._watermark_heads:
                 return None  # no samples shard published since: the same watermark
+            async with self._lock:
+                shard = self.shards.get(GLOBAL_SHARD)
+                if shard is None:
+                    return None  # revoked meanwhile
+                jobs, folded = await asyncio.to_thread(hold_jobs_and_watermark, shard.store)
+            seen = [t for t in (folded, self._published_through) if t is not None]
+            known = max(seen, default=None)
             event = await publish_sealed_through(store, cache, sender, s.admin_topic, jobs, known)
         except (KafkaError, SealError, SegmentError, OSError, duckdb.Error) as exc:
             log.warning("the shards' watermark not published: %s", bounded(str(exc), TEXT_LIMIT))
