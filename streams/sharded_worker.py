@@ -27,9 +27,18 @@ outbox, metrics and sealing health it keeps):
   this one was paused or cut off past its session) is dropped — closed, its directory deleted —
   and the worker goes on with its other shards; it takes the shard up again from the head if the
   group assigns it again. The process does not exit: its other shards are still its own.
-- *Balances.* Shards publish no balances: a samples shard's would clash with every other
-  shard's keys, and the global shard's lack usage. Per-shard balances are the design's next
-  step (`docs/design/several-workers.md`, "Balances").
+- *Balances.* Every shard publishes its own balances on the balances topic, stamped with its
+  claim (`ShardStamp(name, epoch)`, set by `open_shard`): keyed by (account, shard), so a
+  samples shard's usage and the global shard's grants and holds do not replace each other. The
+  scheduler and the alert watch sum them per account (`ledger.shard_balances`).
+- *The shards' watermark.* After each seal of the global shard — every seal interval, also
+  with nothing new to seal, since the samples shards (this worker's or others') may have sealed
+  further — its holder publishes `ShardsSealedThrough` (`streams.sealed_through`, from the
+  shards' heads, with the global shard's open-hold jobs) when its watermark passed the newest
+  the global shard folded (or this worker published); it is not read again while no samples
+  shard's head changed. The event comes back through the view
+  feed like any admin event; the global shard settles the holds that ended by it and grants
+  the allowances that need the union's spending (`ledger.ingest.sealed`).
 - A change of broker incarnation ends the worker (75), as the whole-ledger worker's does.
 """
 
@@ -46,14 +55,19 @@ import duckdb
 import faust
 from aiokafka.errors import KafkaError
 
+from ledger.admin import ShardsSealedThrough
 from ledger.errors import SealError, SegmentError
 from ledger.excerpts import TEXT_LIMIT, bounded
 from ledger.ingest import ConsumedMessage, InputTopics, OutputTopics, ShardRole
-from ledger.store.head import WriterFenced
+from ledger.store.head import Head, WriterFenced
 from ledger.store.hot import DuckDBStore
+from ledger.store.objects import ObjectStore
 from ledger.store.rebuild import ReplaySettings
+from ledger.store.union import shard_heads
+from ledger.store.union_rules import GLOBAL_SHARD
 from streams.kafka import fetch_cluster_id
 from streams.sample_batches import PartitionHooks
+from streams.sealed_through import AdminSender, publish_sealed_through
 from streams.shards import (
     Shard,
     ShardSettings,
@@ -69,6 +83,31 @@ from streams.worker import INCARNATION_CHANGED_EXIT, LedgerWorker, _apply_batch,
 
 log = logging.getLogger("tally.worker")
 RETRY_S = 1.0
+WATERMARK_CACHE = "watermark"  # under the data directory: the shards pulled for the watermark
+
+
+class AppSender:
+    """An `AdminSender` over the Faust app's producer (the worker's own, acks from all)."""
+
+    def __init__(self, app: faust.App) -> None:
+        self._app = app
+
+    async def send_and_wait(self, topic: str, value: bytes, key: bytes) -> object:
+        producer = await self._app.maybe_start_producer()
+        return await producer.send_and_wait(topic, key, value, None, None, None)
+
+
+def samples_heads(store: ObjectStore) -> dict[str, Head]:
+    """The heads of the samples shards `store` holds: while none changes, the watermark
+    cannot move (the global shard's seals do not move it)."""
+    return {name: head for name, head in shard_heads(store).items() if name != GLOBAL_SHARD}
+
+
+def hold_jobs_and_watermark(store: DuckDBStore) -> tuple[list[str], int | None]:
+    """The jobs with holds open in the global shard `store`, and its newest folded watermark."""
+    jobs = sorted({job for job, _ in store.open_holds()})
+    sealed = store.admin_view().sealed
+    return jobs, None if sealed is None else sealed.through_us
 
 
 class ShardedWorker(LedgerWorker):
@@ -89,7 +128,7 @@ class ShardedWorker(LedgerWorker):
             outputs=OutputTopics(
                 alerts=s.alerts_topic,
                 deadletter=s.deadletter_topic,
-                balances=None,  # module docstring: per-shard balances are not built yet
+                balances=s.balances_topic,  # stamped per shard (module docstring)
                 inventory=s.inventory_topic,
             ),
             samples_topic=s.samples_topic,
@@ -100,6 +139,9 @@ class ShardedWorker(LedgerWorker):
         self._pending: list[ShardSpec] = []  # assigned, not taken up yet
         self._to_take_up = asyncio.Event()
         self._incarnation: str | None = None
+        self.admin_sender: AdminSender | None = None  # the app's producer (`_add_inputs`)
+        self._published_through: int | None = None  # the newest watermark this worker sent
+        self._watermark_heads: dict[str, Head] | None = None  # the samples heads it was read at
         self._views = ViewFeed(
             s.bootstrap,
             (s.admin_topic, s.jobs_topic, s.inventory_reports_topic),
@@ -144,6 +186,7 @@ class ShardedWorker(LedgerWorker):
                 except BaseException as exc:  # as for a failing agent: exit, to be restarted
                     await _die(name, exc)
 
+        self.admin_sender = AppSender(app)
         task("ledger-views", self._follow_views)
         task("ledger-shards", self._take_up_shards)
 
@@ -358,6 +401,41 @@ class ShardedWorker(LedgerWorker):
                 await asyncio.to_thread(shard.store.prune_seen_events, s.dedupe_window_us)
                 self._sealed(result)
             self._last_seal = time.monotonic()
+        await self.publish_watermark()
+
+    async def publish_watermark(self) -> ShardsSealedThrough | None:
+        """Put the shards' watermark on the admin topic when this worker holds the global shard
+        and the watermark passed the newest it folded or this worker sent (module docstring);
+        the event sent, or None. A failure is logged and tried again at the next seal."""
+        s = self.settings
+        sender, store = self.admin_sender, s.segments_store
+        if GLOBAL_SHARD not in self.shards or sender is None or store is None:
+            return None
+        cache = s.data_dir / WATERMARK_CACHE
+        try:
+            heads = await asyncio.to_thread(samples_heads, store)
+            if heads == self._watermark_heads:
+                return None  # no samples shard published since: the same watermark
+            async with self._lock:
+                shard = self.shards.get(GLOBAL_SHARD)
+                if shard is None:
+                    return None  # revoked meanwhile
+                jobs, folded = await asyncio.to_thread(hold_jobs_and_watermark, shard.store)
+            seen = [t for t in (folded, self._published_through) if t is not None]
+            known = max(seen, default=None)
+            event = await publish_sealed_through(store, cache, sender, s.admin_topic, jobs, known)
+        except (KafkaError, SealError, SegmentError, OSError, duckdb.Error) as exc:
+            log.warning("the shards' watermark not published: %s", bounded(str(exc), TEXT_LIMIT))
+            return None
+        self._watermark_heads = heads
+        if event is not None:
+            self._published_through = event.through_us
+            log.info(
+                "shards sealed through %d published (%d jobs with open holds)",
+                event.through_us,
+                len(jobs),
+            )
+        return event
 
     def _recover(self) -> None:
         """Nothing to seal before the group assigns partitions: a shard kept from a previous

@@ -27,7 +27,9 @@ Taking a shard up (`open_shard`), on assignment:
    claim is one conditional write either way. From then on a previous owner's publish fails
    (`WriterFenced`), so nothing it seals later is read. A head a previous owner published
    between step 1 and the claim is superseded by this worker's next publish: its rows are
-   refolded from the topic, as below.
+   refolded from the topic, as below. The shard's ingestor stamps its balances with the
+   claim (`ShardStamp(name, epoch)`): readers sum an account over the shards and ignore a
+   shard's messages of an older epoch (`ledger.shard_balances`).
 3. The samples partition is fetched from the shard's applied offset (`Shard.next_offset`): the
    sealed one after a restore, never Kafka's committed offset. What the previous owner had
    committed but not sealed is folded again from the topic.
@@ -47,6 +49,7 @@ from dataclasses import dataclass, replace
 from datetime import tzinfo
 from pathlib import Path
 
+from ledger.balances import ShardStamp
 from ledger.errors import SealError
 from ledger.ingest import Ingestor, OutputTopics, ShardRole
 from ledger.store.hot import DuckDBStore
@@ -190,7 +193,7 @@ def open_shard(settings: ShardSettings, spec: ShardSpec, incarnation: str) -> Sh
         claim_zone(local, zone)
         publisher = Publisher(local, remote, grace_s=settings.grace_s)
         try:
-            publisher.claim()
+            writer = publisher.claim()
         except SealError:  # a first head published since the check: take that one up
             if attempt == CLAIM_TRIES - 1:
                 raise
@@ -208,12 +211,12 @@ def open_shard(settings: ShardSettings, spec: ShardSpec, incarnation: str) -> Sh
             r.inputs,
             zone,
             spec.role,
+            ShardStamp(spec.name, writer.epoch),
         )
-        assert publisher.writer is not None
         log.info(
             "shard %s taken up as %s%s",
             spec.name,
-            publisher.writer.describe(),
+            writer.describe(),
             f", restored from {restored} archived batches" if restored else "",
         )
         return Shard(spec, store, ingestor, restored)

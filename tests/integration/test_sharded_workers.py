@@ -4,7 +4,11 @@ one segments store (a local directory). One is SIGKILLed mid-ingest and restarte
 partitions move to the other and back (each move restores the shard from its head and refolds
 what was not sealed). The union readers see (`pull`) must then hold every sample once — GPU-ms
 per team and GPU, and every balance, exactly what was produced — and `tally ledger verify`
-must pass on it.
+must pass on it. Two holds placed and released on the jobs topic are settled once by the global
+shard when the shards' watermark (which the global shard's holder publishes after its seals)
+passes their end: one by its job's usage, one with no usage released whole, so the hold accounts
+net to zero as in a whole ledger. The balances topic's per-shard messages, summed per account
+as the scheduler sums them, are the union's balances.
 
 The soak (`TALLY_SOAK=1`) adds a worker paused past its session timeout (SIGSTOP) while it holds
 unsealed rows, then woken (SIGCONT): its shards were taken up by the other from their heads, so
@@ -22,11 +26,20 @@ import time
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 
+from ledger.attribution import attribute_sample
+from ledger.balances import BalanceUpdate, decode_balance_update
+from ledger.events import Envelope
+from ledger.holds import HoldPlaced, HoldReleased, encode_hold, hold_envelope
 from ledger.read.queries import LedgerQueries
+from ledger.shard_balances import ShardBalances
 from ledger.store.objects import LocalObjectStore
 from ledger.store.replica import pull
-from ledger.store.union import shard_names, union_shards
+from ledger.store.union import shard_heads, union_shards
+from ledger.units import Unit
+from tally.config import TallyConfig
+from tests.builders import T0_US
 from tests.conftest import child_env, create_topics, tally_command
 from tests.integration.support import (
     Expected,
@@ -37,6 +50,7 @@ from tests.integration.support import (
     pipeline_config,
     produce,
     rounds,
+    send_messages,
     wait_until,
 )
 
@@ -44,6 +58,8 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 ROUNDS = 100  # × 32 GPUs: 3,200 samples
 PACK = 4
+RELEASED_US = T0_US + 10 * 10_000_000  # the holds' end: the fleet's tenth round
+IDLE_HOLD = 3_600_000  # GPU-ms held for a job that never runs
 
 
 def sharded_config(tmp: Path, name: str, store: Path, seal_interval_s: float = 0.5) -> dict:
@@ -63,10 +79,94 @@ def union_of(store: Path, cache: Path) -> Path:
     return pull(LocalObjectStore(str(store)), cache)
 
 
+def usage_count(union: Path) -> int:
+    rows = LedgerQueries(union)._query(
+        "SELECT count(DISTINCT txn_id) FROM {postings} WHERE kind = 'usage'"
+    )
+    return int(rows[0][0])
+
+
 def sealed_samples(store: Path, cache: Path) -> int:
-    if not shard_names(LocalObjectStore(str(store))):
+    if not shard_heads(LocalObjectStore(str(store))):
         return 0
-    return LedgerQueries(union_of(store, cache)).transaction_count()
+    return usage_count(union_of(store, cache))
+
+
+def holds_for(config: TallyConfig, batches: list[list[Envelope]]) -> tuple[list, dict]:
+    """Hold events for the jobs topic, and the hold postings the union must end with, per
+    (kind, job): (sum on `hold:<team>`, transactions). The busiest job by money up to
+    `RELEASED_US` holds exactly that usage, so it is settled whole whatever the watermark past
+    its end; a job with no usage holds GPU-ms, released whole. Both released at `RELEASED_US`."""
+    used: dict[tuple[str, str], int] = {}
+    seen: set[str] = set()
+    for envelope in (e for batch in batches for e in batch):
+        if envelope.id in seen:
+            continue
+        seen.add(envelope.id)
+        txn = attribute_sample(envelope, config.price_book(), config.organisation.cost_centre_of())
+        for p in txn.postings:
+            consumer = p.account.startswith("consumer:") and p.unit is Unit.MONEY
+            if consumer and p.job_id and txn.end_us <= RELEASED_US:
+                used[(p.job_id, p.team)] = used.get((p.job_id, p.team), 0) + p.amount
+    (job, team), amount = max(used.items(), key=lambda item: (item[1], item[0]))
+    far = T0_US + 86_400 * 10**6
+    events = [
+        HoldPlaced(job, team, None, Unit.MONEY, amount, far, T0_US),
+        HoldPlaced("idle-job", "search", None, Unit.GPU_MS, IDLE_HOLD, far, T0_US),
+        HoldReleased(job, RELEASED_US, "completed"),
+        HoldReleased("idle-job", RELEASED_US, "cancelled"),
+    ]
+    settled = {
+        ("hold", job): (amount, 1),
+        ("hold_settle", job): (-amount, 1),
+        ("hold", "idle-job"): (IDLE_HOLD, 1),
+        ("hold_release", "idle-job"): (-IDLE_HOLD, 1),
+    }
+    return [encode_hold(hold_envelope(e)) for e in events], settled
+
+
+def hold_postings(union: Path) -> dict[tuple[str, str], tuple[int, int]]:
+    rows = LedgerQueries(union)._query(
+        "SELECT kind, job_id, sum(amount), count(DISTINCT txn_id) FROM {postings} "
+        "WHERE account LIKE 'hold:%' GROUP BY ALL"
+    )
+    return {(kind, job): (int(total), int(n)) for kind, job, total, n in rows}
+
+
+def holds_settled(store: Path, cache: Path) -> bool:
+    union = union_of(store, cache)
+    nets = LedgerQueries(union)._query(
+        "SELECT count(*), coalesce(sum(amount), 0) FROM {postings} WHERE account LIKE 'hold:%'"
+    )[0]
+    return nets[0] > 2 and nets[1] == 0  # placed, then settled and released
+
+
+def summed_balances(bootstrap: str, topic: str) -> dict[tuple[str, str], int]:
+    """The balances topic as the scheduler reads it: every shard's messages summed per account
+    (`ledger.shard_balances`), the last sum of each account; its nonzero totals per unit."""
+
+    async def read() -> dict[str, BalanceUpdate]:
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        shards, last = ShardBalances(), {}
+        try:
+            while batch := await consumer.getmany(timeout_ms=1000):
+                for records in batch.values():
+                    for record in records:
+                        for merged in shards.merge(decode_balance_update(record.value)):
+                            last[merged.account] = merged
+        finally:
+            await consumer.stop()
+        return last
+
+    return {
+        (account, unit): total
+        for account, update in asyncio.run(read()).items()
+        for unit, total in update.totals
+        if total
+    }
 
 
 def test_two_sharded_workers_with_a_sigkill_keep_one_exact_ledger(broker, tmp_path):
@@ -81,6 +181,8 @@ def test_two_sharded_workers_with_a_sigkill_keep_one_exact_ledger(broker, tmp_pa
     batches = rounds(fleet, 0, ROUNDS)
     for batch in batches:
         expected.add(batch)
+    holds, settled = holds_for(config, batches)
+    asyncio.run(send_messages(broker.bootstrap, config.topics.jobs, holds))
     a = WorkerProcess(path_a, broker.bootstrap, tmp_path / "a.log").start()
     b = WorkerProcess(path_b, broker.bootstrap, tmp_path / "b.log").start()
     failure: list[BaseException] = []
@@ -117,6 +219,8 @@ def test_two_sharded_workers_with_a_sigkill_keep_one_exact_ledger(broker, tmp_pa
             f"all {expected.samples} samples in the union",
             b,
         )
+        # the global shard's holder publishes the watermark past the holds' end, folds it
+        wait_until(lambda: holds_settled(store, cache), 30, "the holds to be settled", b)
         time.sleep(1.0)  # anything counted twice would show in a later seal
         a.assert_alive()
         b.assert_alive()
@@ -125,9 +229,17 @@ def test_two_sharded_workers_with_a_sigkill_keep_one_exact_ledger(broker, tmp_pa
         b.stop()
     union = union_of(store, cache)
     assert union_shards(union) == ["global", *(f"samples-{p}" for p in range(4))]
-    assert LedgerQueries(union).transaction_count() == expected.samples
-    assert gpu_ms_by_team_and_gpu(union) == expected.gpu_ms_by_team_and_gpu()
-    assert LedgerQueries(union).balances() == expected.balances()
+    assert usage_count(union) == expected.samples
+    used = {k: v for k, v in gpu_ms_by_team_and_gpu(union).items() if k[1] is not None}
+    assert used == expected.gpu_ms_by_team_and_gpu()  # (a hold's postings name no GPU)
+    balances = LedgerQueries(union).balances()
+    assert {k: v for k, v in balances.items() if not k[0].startswith("hold")} == (
+        expected.balances()
+    )
+    assert hold_postings(union) == settled  # each settled or released once, at its end
+    assert {k: v for k, v in balances.items() if v} == summed_balances(
+        broker.bootstrap, config.topics.balances
+    )
     moved = a.log.read_text() + b.log.read_text()
     assert "restored from" in moved  # a shard moved with sealed work and was restored
     reader = load(tmp_path / "reader-config", sharded_config(tmp_path, "reader", store))[1]
@@ -198,7 +310,7 @@ def test_a_worker_paused_past_its_session_is_fenced_and_nothing_it_writes_is_rea
         a.stop()
         b.stop()
     union = union_of(store, cache)
-    assert LedgerQueries(union).transaction_count() == expected.samples
+    assert usage_count(union) == expected.samples
     assert gpu_ms_by_team_and_gpu(union) == expected.gpu_ms_by_team_and_gpu()
     verified = verify(tmp_path, store)
     assert verified.returncode == 0, verified.stdout + verified.stderr
