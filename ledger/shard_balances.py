@@ -10,10 +10,14 @@ accounts. So the summed budget's `consumed` is the sum of the team's consumer ac
 shard's, adjustments included) in the budget's period, and a message that changes a team's
 consumer account also gives the team's budget again (as a whole ledger re-publishes it).
 
-A shard's message whose epoch is older than the newest seen for that shard is ignored (a fenced
-writer's, or one the compacted topic kept from before a move), and so is one of the same epoch
-that is not newer (`seq`) than the one kept. A message of a newer epoch replaces the shard's
-kept one whatever its `seq` (its writer numbers from its own start). A refold after a move
+A shard's message whose epoch is older than that of the message kept for the same account and
+shard is ignored (a fenced writer's, or one the compacted topic kept from before a move), and so
+is one of the same epoch that is not newer (`seq`) than the one kept. A message of a newer epoch
+replaces the kept one whatever its `seq` (its writer numbers from its own start). Epochs are
+compared per account, never per shard alone: the topic has several partitions, so an older
+epoch's message for one account may arrive after the newer epoch's for another, and a new
+writer republishes only the accounts its refold changes — that older message is still the
+shard's newest word on its account. A refold after a move
 republishes the same numbers, so the sum converges. An unstamped message (a whole ledger's)
 passes through unchanged. Pure: messages in, messages out.
 """
@@ -28,11 +32,10 @@ from ledger.balances import BalanceRow, BalanceUpdate, BudgetLine, BudgetStatus,
 
 
 class ShardBalances:
-    """The newest message per (account, shard), and the newest epoch seen per shard."""
+    """The newest message per (account, shard): the highest epoch, then the highest `seq`."""
 
     def __init__(self) -> None:
         self._kept: dict[str, dict[str, BalanceUpdate]] = {}
-        self._epochs: dict[str, int] = {}
         self._seq = 0  # the summed messages' own sequence: grows with every one given out
 
     def merge(self, update: BalanceUpdate) -> list[BalanceUpdate]:
@@ -43,14 +46,13 @@ class ShardBalances:
         stamp = update.shard
         if stamp is None:
             return [update]
-        newest = self._epochs.get(stamp.shard)
-        if newest is not None and stamp.epoch < newest:
-            return []
         kept = self._kept.setdefault(update.account, {})
         known = kept.get(stamp.shard)
-        if known is not None and known.shard == stamp and update.seq <= known.seq:
-            return []  # the same shard and epoch, and not newer
-        self._epochs[stamp.shard] = stamp.epoch
+        if known is not None and known.shard is not None:
+            if stamp.epoch < known.shard.epoch:
+                return []  # an older writer's word on this account
+            if stamp.epoch == known.shard.epoch and update.seq <= known.seq:
+                return []  # the same writer's, and not newer
         kept[stamp.shard] = update
         out = [self._summed(update.account)]
         team = account_team(update.account)

@@ -7,6 +7,7 @@ samples shard's too) publishes its balances so keyed."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -84,6 +85,20 @@ SEQUENCES = {
         (("samples-0", 1, 1, 999), None),
     ],
 }
+
+
+def test_an_older_epoch_still_speaks_for_an_account_the_newer_writer_has_not_published() -> None:
+    """The topic's partitions interleave accounts: a new writer's message for one account may be
+    read before the old writer's last one for another, which the new writer (its refold changed
+    nothing there) never republishes; that message is the shard's word on its account."""
+    other = "consumer:vision/tracking"
+    shards = ShardBalances()
+    shards.merge(update("samples-0", 2, 1, 120))  # the new writer, on ACCOUNT
+    old = replace(update("samples-0", 1, 7, 40), account=other)
+    old = replace(old, periods=(BalanceRow(other, GPU, "2026-11", 40),))
+    (merged,) = shards.merge(old)
+    assert (merged.account, dict(merged.totals)) == (other, {GPU: 40})
+    assert shards.merge(replace(update("samples-0", 1, 8, 999))) == []  # ACCOUNT: epoch 2 kept
 
 
 @pytest.mark.parametrize("steps", SEQUENCES.values(), ids=SEQUENCES.keys())
