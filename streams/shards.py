@@ -93,19 +93,6 @@ def shards_for(partitions: Iterable[int]) -> list[ShardSpec]:
     return [GLOBAL, *specs] if GLOBAL_PARTITION in owned else specs
 
 
-def role_of(data_dir: Path) -> ShardRole:
-    """The role the writer of `data_dir` folded with: a shard's (`…/shards/global`,
-    `…/shards/samples-<p>`: a worker's shard, or a shard in a reader's cache), else `WHOLE`;
-    what `tally ledger rebuild --data-dir` replays a shard with."""
-    if data_dir.parent.name != SHARDS_PREFIX:
-        return ShardRole.WHOLE
-    if data_dir.name == GLOBAL_SHARD:
-        return ShardRole.GLOBAL
-    prefix, _, partition = data_dir.name.partition("-")
-    is_samples = prefix == "samples" and partition.isdigit()
-    return ShardRole.SAMPLES if is_samples else ShardRole.WHOLE
-
-
 @dataclass(frozen=True, slots=True)
 class ShardSettings:
     """What every shard of one worker is opened with."""

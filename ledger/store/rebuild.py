@@ -167,8 +167,8 @@ def _archive_files(data_dir: Path) -> list[Path]:
     if is_union(data_dir):  # each shard numbers its own batches: one archive cannot be replayed
         raise SegmentError(
             f"{data_dir} is the union of the shards {', '.join(union_shards(data_dir))}; a "
-            "rebuild replays one ledger's archive: rebuild a shard with --data-dir "
-            f"{data_dir / 'shards' / '<name>'}"
+            "rebuild replays one ledger's archive: replay each shard's, "
+            f"{data_dir / 'shards' / '<name>'} (as `tally ledger rebuild` does)"
         )
     return Manifest(data_dir / ARCHIVE_DIR).files()
 

@@ -12,6 +12,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,15 @@ from ledger.store.layout import ARCHIVE_DIR, HOT_DB_NAME, SEGMENTS_DIR
 from ledger.store.rebuild import (
     Difference,
     MessageKey,
+    RebuildReport,
     ReplaySettings,
     archive_batch_count,
     archive_batches,
     batches_from_messages,
 )
-from ledger.store.rebuild import rebuild as rebuild_ledger
 from ledger.store.segments import Manifest
+from ledger.store.union_rebuild import Member, members, named_report, rebuild_members
+from ledger.store.union_rules import SHARDS_PREFIX
 from ledger.store.verify import VerifyReport, verify_ledger
 from streams.kafka import BrokerError
 from tally.cli.help import Command
@@ -205,7 +208,7 @@ def _discard(into: Path, created: bool) -> None:
     if created:
         shutil.rmtree(into, ignore_errors=True)
         return
-    for name in (SEGMENTS_DIR, ARCHIVE_DIR):
+    for name in (SEGMENTS_DIR, ARCHIVE_DIR, SHARDS_PREFIX):  # shards: a union's, shard by shard
         shutil.rmtree(into / name, ignore_errors=True)
     for path in into.glob(f"{HOT_DB_NAME}*"):
         path.unlink(missing_ok=True)
@@ -244,16 +247,13 @@ def rebuild(
     output: str,
 ) -> None:
     """Replay the archived events into a fresh ledger and compare it with the live sealed one:
-    postings per account, unit and period, balances, closed-period checksums.
+    postings per account, unit and period, balances, closed-period checksums. A sharded
+    ledger's union is rebuilt shard by shard, each from its own archive with its writer's role;
+    a difference names its shard.
 
     Exits 1 when anything differs, 0 when the two are identical."""
     config = load_or_exit(config_path)
     live = require_ledger(Path(data_dir) if data_dir else reader_directory(config))
-    from streams.shards import role_of  # a shard's directory replays as its writer folded
-
-    # The live ledger's own time zone, whatever the configuration says now: a rebuild books into
-    # the months the live writer did.
-    settings = replace(replay_settings(config), zone=recorded_zone(live), role=role_of(live))
     if into is not None and Path(into).exists() and any(Path(into).iterdir()):
         fail(
             _("--into {into}: not an empty directory (a rebuild needs a fresh one)").format(
@@ -264,28 +264,26 @@ def rebuild(
     target = Path(into) if into else Path(tempfile.mkdtemp(prefix="tally-rebuild-"))
     created = into is None or not target.exists()
     bar: Any = None
+    reports: list[tuple[Member, RebuildReport]] = []
     try:
-        total, _batches = archive_batch_count(live)
-        batches: Any = archive_batches(live)
-        found: list[Difference] = []
-        if source == "topics":
-            try:
-                servers = bootstrap_servers(config, bootstrap)
-                kafka = kafka_or_exit(config)
-                _got, fetched = fetch_from_topics(servers[0], live, kafka.security)
-            except (NoBrokerError, BrokerError) as exc:
-                fail(said(exc), Exit.BROKER)
-            batches = batches_from_messages(batches, fetched, found)
+        total = sum(archive_batch_count(m.live)[0] for m in members(live, target))
         if sys.stderr.isatty() and total:
             bar = click.progressbar(length=total, label="replaying batches", file=sys.stderr)
             bar.__enter__()
-        report = rebuild_ledger(
-            live,
-            target,
-            settings,
-            batches,
-            progress=bar.update if bar is not None else None,
-            source_differences=found,
+
+        def refetched(member: Member) -> tuple[Any, list[Difference]]:
+            found: list[Difference] = []  # filled as the replay reads the batches
+            fetched = _refetched(config, bootstrap, member.live)
+            return batches_from_messages(archive_batches(member.live), fetched, found), found
+
+        reports.extend(
+            rebuild_members(
+                live,
+                target,
+                partial(_replay_settings, config),
+                refetched if source == "topics" else None,
+                bar.update if bar is not None else None,
+            )
         )
     except (LedgerError, duckdb.Error) as exc:
         if not keep:
@@ -298,6 +296,37 @@ def rebuild(
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
+    _rebuild_output(reports, source, target, keep, created, output)
+
+
+def _replay_settings(config: TallyConfig, live: Path) -> ReplaySettings:
+    """The replay of `live`: the configuration's prices and rules, in the live ledger's own time
+    zone (whatever the configuration says now: a rebuild books into the months the live writer
+    did); `rebuild_members` sets its shard's role."""
+    return replace(replay_settings(config), zone=recorded_zone(live))
+
+
+def _refetched(config: TallyConfig, bootstrap: str | None, live: Path) -> Any:
+    """The archived messages of `live` fetched again from the broker, or exit 3."""
+    try:
+        servers = bootstrap_servers(config, bootstrap)
+        kafka = kafka_or_exit(config)
+        _got, fetched = fetch_from_topics(servers[0], live, kafka.security)
+    except (NoBrokerError, BrokerError) as exc:
+        fail(said(exc), Exit.BROKER)
+    return fetched
+
+
+def _rebuild_output(
+    reports: list[tuple[Member, RebuildReport]],
+    source: str,
+    target: Path,
+    keep: bool,
+    created: bool,
+    output: str,
+) -> None:
+    """Print what the rebuild found and exit: 0 identical, 1 any difference."""
+    report = named_report(reports, target)
     if not keep:
         _discard(target, created)
     rows = [
@@ -314,6 +343,15 @@ def rebuild(
                     "messages": report.messages,
                     "rebuilt": str(target) if keep else None,
                     "differences": [dict(zip(_DIFF_HEADERS, r, strict=True)) for r in rows],
+                    "shards": {
+                        m.shard: {
+                            "batches": r.batches,
+                            "messages": r.messages,
+                            "identical": r.identical,
+                        }
+                        for m, r in reports
+                        if m.shard
+                    },
                 },
                 option=orjson.OPT_INDENT_2,
             ).decode()
@@ -321,7 +359,11 @@ def rebuild(
     elif output == OutputFormat.CSV:
         click.echo(render(_DIFF_HEADERS, rows, OutputFormat.CSV))
     else:
-        click.echo(f"replayed {report.batches} batches ({report.messages} messages) from {source}")
+        shards = [m.shard for m, _r in reports if m.shard]
+        click.echo(
+            f"replayed {report.batches} batches ({report.messages} messages) from {source}"
+            + (f", shard by shard: {', '.join(shards)}" if shards else "")
+        )
         if rows:
             click.echo(render(_DIFF_HEADERS, rows, OutputFormat.TABLE))
         if keep:

@@ -58,11 +58,15 @@ from ledger.postings import Transaction, TransactionKind
 from ledger.pricing import Price, PriceBook
 from ledger.store.hot import DuckDBStore
 from ledger.store.memory import MemoryStore
-from ledger.store.rebuild import ReplaySettings, rebuild
+from ledger.store.objects import LocalObjectStore, PrefixedStore
+from ledger.store.rebuild import ReplaySettings, archive_batch_count, rebuild
+from ledger.store.replica import Publisher, pull
 from ledger.store.schema import POSTING_COLUMNS_SQL, transaction_from_rows
 from ledger.store.sealed_usage import shards_sealed_through, usage_lines, watermark
+from ledger.store.union import union_shards
+from ledger.store.union_rebuild import named_report, rebuild_members, role_of
+from ledger.store.union_rules import GLOBAL_SHARD
 from ledger.units import Unit
-from streams.shards import role_of
 from tests.builders import INTERVAL_US, a_process, an_envelope, an_owner
 from tests.scheduler_builders import a_spec
 
@@ -378,7 +382,7 @@ def test_the_shards_sum_to_the_whole_in_memory(stream: tuple[tuple[Item, ...], .
 
 def test_the_shards_sum_to_the_whole_on_duckdb() -> None:
     """… and a samples shard, sealed, rebuilds from its own archive with its directory's role
-    (`streams.shards.role_of`, as `tally ledger rebuild --data-dir` does); replayed as a whole
+    (`ledger.store.union_rebuild.role_of`, as `tally ledger rebuild` does); replayed as a whole
     ledger, it would not."""
     with tempfile.TemporaryDirectory(dir=SCRATCH) as root:
         shards = Path(root) / "shards"
@@ -394,6 +398,20 @@ def test_the_shards_sum_to_the_whole_on_duckdb() -> None:
         rebuilt = rebuild(shard, Path(root) / "rebuilt", replace(replay, role=role_of(shard)))
         assert rebuilt.identical, rebuilt.differences
         assert not rebuild(shard, Path(root) / "as-whole", replay).identical
+        # every shard published, pulled as one union, rebuilt shard by shard with its role
+        objects = LocalObjectStore(Path(root) / "objects")
+        for name in (GLOBAL_SHARD, *(f"samples-{p}" for p in ledgers.samples)):
+            with DuckDBStore(shards / name) as store:
+                store.seal()
+            Publisher(shards / name, PrefixedStore(objects, f"shards/{name}")).push()
+        union = pull(objects, Path(root) / "union")
+        reports = list(rebuild_members(union, Path(root) / "union-rebuilt", lambda _: replay))
+        assert [m.shard for m, _r in reports] == union_shards(union)
+        assert {role_of(m.live) for m, _r in reports} == {ShardRole.GLOBAL, ShardRole.SAMPLES}
+        assert all(r.identical for _m, r in reports), [r.differences for _m, r in reports]
+        assert named_report(reports, union).batches == sum(
+            archive_batch_count(shards / m.shard)[0] for m, _r in reports
+        )
 
 
 @st.composite

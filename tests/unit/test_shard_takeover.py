@@ -18,13 +18,13 @@ from ledger.store.hot import DuckDBStore
 from ledger.store.objects import LocalObjectStore
 from ledger.store.rebuild import ReplaySettings
 from ledger.store.replica import pull
+from ledger.store.union_rebuild import role_of
 from streams.sharded_worker import ShardedWorker
 from streams.shards import (
     ShardSettings,
     close_shard,
     drop_shard,
     open_shard,
-    role_of,
     samples_shard,
     shard_dir,
     shards_for,

@@ -389,3 +389,28 @@ def test_one_zone_for_all_shards():
     assert common_zone({"a": "UTC", "global": "UTC"}) == "UTC"
     with pytest.raises(SegmentError, match="shard global in UTC, shard a in Europe/Paris"):
         common_zone({"a": "Europe/Paris", "global": "UTC"})
+
+
+def test_rebuild_over_a_union_replays_each_shard_and_names_it_in_a_difference(tmp_path, shards):
+    """`tally ledger rebuild` over a union replays each shard's own archive with its directory's
+    role (that every role replays identical: `test_shard_roles_sum`). These shards' writers
+    folded as whole ledgers, so each replay differs somewhere, and each difference names its
+    shard; the JSON gives each shard's own figures."""
+    store = LocalObjectStore(tmp_path / "store")
+    publish(store, shards, *SHARDS)
+    cache = pull(store, tmp_path / "cache")
+    config = write_config(tmp_path / "tally.yaml", a_config_dict())
+    args = ["ledger", "rebuild", "-c", str(config), "--data-dir", str(cache), "-o", "json"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1, (result.output, result.exception)
+    assert result.stdout, (result.stderr, result.exception)
+    report = orjson.loads(result.output)
+    assert sorted(report["shards"]) == sorted(SHARDS)
+    # the global shard's archive holds samples, which a global shard never folds: refused
+    refused = [d for d in report["differences"] if d["subject"].startswith("global: ")]
+    assert [d["kind"] for d in refused] == ["replay"] and "takes no samples" in refused[0]["note"]
+    for name in ("samples-2", "samples-3"):
+        assert report["shards"][name]["batches"] == archive_batch_count(shards[name])[0]
+    assert report["batches"] == sum(f["batches"] for f in report["shards"].values())
+    named = {d["subject"].split(": ", 1)[0] for d in report["differences"]}
+    assert named == {n for n, f in report["shards"].items() if not f["identical"]} != set()
