@@ -286,6 +286,12 @@ def _figures(
         f"{main_cpu:.2f} s of it in the event loop's thread, {serving_cpu - main_cpu:.2f} s in "
         f"the others (the executor's starts, writes); {jobs:,} jobs"
     )
+    writes = [1000 * s for s in stats.get("work_write_s", [])]
+    progress(
+        f"{len(writes)} work store batches (written, fsynced, renamed before their round is "
+        f"sent) p50 {_pct(writes, 50):.1f} ms p99 {_pct(writes, 99):.1f} ms, "
+        f"{sum(writes) / 1000:.1f} s in all"
+    )
     parts = stats.get("parts_cpu_s", {})
     progress(
         "CPU per job in parts: "
