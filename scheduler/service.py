@@ -67,10 +67,9 @@ import contextlib
 import gc
 import logging
 import signal
-import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,14 +100,6 @@ MAX_WAITING_ALERTS = 10_000
 # thousands of short-lived objects, and each default pass cascaded into scans of every job's
 # record and history (measured: a third of the scheduler's own CPU per job in process)
 GC_YOUNG_ALLOCATIONS = 50_000
-# while the service runs, a thread waiting for the GIL asks its holder to drop it after this
-# long (Python's default: 5 ms): the event loop gives the GIL up at every socket call and the
-# enactment's start threads at every system call, and on a busy machine each of them waited up
-# to the default for it to come back (end to end on 2 cores shared with other work, this
-# against the default, alternating: p99 submit-to-start lower in 6 runs of 7 — 2.8/1.8/3.9/3.3/
-# 2.0/4.4 s against 4.3/5.2/5.5/6.3/2.7/6.6 s; higher once, 4.6 against 1.9 s — the
-# neighbours' load moves it by more than that)
-GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,24 +444,6 @@ class WallClock:
         return time.time_ns() // 1000
 
 
-@contextlib.contextmanager
-def tuned_runtime() -> Iterator[None]:
-    """While the service runs: every object alive now (the replayed state) frozen out of the
-    cyclic collector's passes, its youngest generation collected every `GC_YOUNG_ALLOCATIONS`
-    allocations, the switch interval `GIL_SWITCH_INTERVAL_S`; all as before after."""
-    collector = gc.get_threshold()
-    switch_interval = sys.getswitchinterval()
-    freeze_startup_objects()
-    gc.set_threshold(GC_YOUNG_ALLOCATIONS, *collector[1:])
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*collector)
-        gc.unfreeze()
-        sys.setswitchinterval(switch_interval)
-
-
 async def run_service(
     settings: ServiceSettings,
     dispatcher: Dispatcher,
@@ -487,9 +460,8 @@ async def run_service(
     `observer` hears the service's decisions and queue lengths (see `SchedulerService`);
     `status` follows the start-up (health checks); `inventory`, when given, is read from the
     inventory topic first and followed after (the GPUs to place on). What the replay built is
-    frozen out of the cyclic collector's passes, its youngest generation is collected every
-    `GC_YOUNG_ALLOCATIONS` allocations and the interpreter's switch interval is
-    `GIL_SWITCH_INTERVAL_S`, until the service stops (then as before)."""
+    frozen out of the cyclic collector's passes, and its youngest generation is collected
+    every `GC_YOUNG_ALLOCATIONS` allocations, until the service stops (then as before)."""
     status = status if status is not None else ServiceStatus()
     bootstrap = settings.bootstrap[0]
     if inventory is not None:
@@ -515,8 +487,9 @@ async def run_service(
         dispatcher.state.running_count,
     )
     status.replayed = True
-    runtime = contextlib.ExitStack()
-    runtime.enter_context(tuned_runtime())  # the replayed state lives as long as the service
+    collector = gc.get_threshold()
+    freeze_startup_objects()  # the replayed state lives as long as the service
+    gc.set_threshold(GC_YOUNG_ALLOCATIONS, *collector[1:])
     publisher = KafkaPublisher(settings)
     await publisher.start()
     desk = RequestDesk(settings.approvals, publisher) if settings.admin_topic else None
@@ -565,4 +538,5 @@ async def run_service(
                 await task
         await feeds.stop()
         await publisher.stop()
-        runtime.close()
+        gc.set_threshold(*collector)
+        gc.unfreeze()
