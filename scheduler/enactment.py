@@ -11,7 +11,9 @@ enactment is in flight never races it).
   (`scheduler.executors.bridge`'s order); a start the executor refuses comes back as a
   `FailedStart`; one the executor already runs (`JobAlreadyStarted`) is left alone. An
   executor that `StartsConcurrently` gets up to its `concurrent_starts` starts at a time (a
-  pool of threads; the failed ones are reported in plan order all the same); one that
+  pool of threads, `StartPool`, kept from one enactment to the next: making and joining eight
+  threads per enactment cost more CPU than the starts' own Python; the failed ones are
+  reported in plan order all the same); one that
   `KnowsProcessGroups` has the groups of the runs it started recorded in one pass
   (`RunFiles.write_all`) once the starts are made; one that `PollsCheaply` is then polled, so
   its starts are reported (`JobStarted`, applied on the loop) in the round after the
@@ -100,6 +102,32 @@ def plan(
     return Plan(stop_orders(events), tuple(starts), tuple(missing))
 
 
+class StartPool:
+    """The threads an enactment's concurrent starts run in, made at the first enactment that
+    needs them and kept for the next (made again if the width asked for changes) until
+    `close`. Used by one enactment at a time (the executor lock)."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._width = 0
+
+    def map(
+        self, fn: Callable[[Start], FailedStart | None], starts: Sequence[Start], width: int
+    ) -> list[FailedStart | None]:
+        """`fn` of every start, `width` at a time, in order."""
+        if self._pool is None or self._width != width:
+            self.close()
+            self._pool = ThreadPoolExecutor(width, thread_name_prefix="tally-start")
+            self._width = width
+        return list(self._pool.map(fn, starts))
+
+    def close(self) -> None:
+        """Let its threads end (each once its start, if any, is made)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What carrying out a plan came to: the starts the executor could not make (in plan
@@ -116,12 +144,13 @@ def carry_out(
     runs: RunFiles | None = None,
     before: Callable[[], None] | None = None,
     poll: bool = False,
+    pool: StartPool | None = None,
 ) -> Outcome:
     """`before` (the run files' pending removals), every stop, then every start (concurrently
-    where the executor allows); then the started runs' process groups go in `runs`, all
-    together, and only then is the executor polled — if it `PollsCheaply`, or `poll` (a tick
-    skipped its poll while the enactment was in flight) — so no start is reported before its
-    group is on disk."""
+    where the executor allows: in `pool`'s threads, else in threads made for this call); then
+    the started runs' process groups go in `runs`, all together, and only then is the executor
+    polled — if it `PollsCheaply`, or `poll` (a tick skipped its poll while the enactment was in
+    flight) — so no start is reported before its group is on disk."""
     if before is not None:
         before()
     for reason, job_ids in todo.stops:
@@ -132,11 +161,13 @@ def carry_out(
         except ExecutorError as exc:
             log.error("could not stop %s: %s", ", ".join(job_ids), exc)
     start = partial(_start, executor=executor)
-    width = executor.concurrent_starts if isinstance(executor, StartsConcurrently) else 1
-    width = min(width, len(todo.starts))
-    if width > 1:
-        with ThreadPoolExecutor(width, thread_name_prefix="tally-start") as pool:
-            outcomes = list(pool.map(start, todo.starts))
+    allowed = executor.concurrent_starts if isinstance(executor, StartsConcurrently) else 1
+    width = min(allowed, len(todo.starts))
+    if width > 1 and pool is not None:
+        outcomes = pool.map(start, todo.starts, allowed)
+    elif width > 1:
+        with ThreadPoolExecutor(width, thread_name_prefix="tally-start") as threads:
+            outcomes = list(threads.map(start, todo.starts))
     else:
         outcomes = [start(s) for s in todo.starts]
     if runs is not None and isinstance(executor, KnowsProcessGroups):

@@ -168,9 +168,7 @@ class KafkaPublisher:
 
     async def _publish(self, messages: Sequence[Outgoing]) -> list[Placement]:
         sent = [await self._send(m) for m in messages]
-        acks = await asyncio.gather(
-            *(s for s in sent if not isinstance(s, Refused)), return_exceptions=True
-        )
+        acks = await _outcomes([s for s in sent if not isinstance(s, Refused)])
         answers = iter(acks)
         out: list[Placement] = []
         again: list[int] = []  # refused with their batch: each is sent alone
@@ -220,6 +218,20 @@ class KafkaPublisher:
                 await self.producer.send_and_wait(topic, value, key=key)
 
         await _kafka(f"publishing to {topic}", send())
+
+
+async def _outcomes(acks: Sequence[asyncio.Future[Any]]) -> list[Any]:
+    """Each acknowledgement's result, or its exception, in order (what `asyncio.gather` with
+    `return_exceptions` gives), awaited one after the other: the messages of a batch are
+    acknowledged together, so most are done when their turn comes, and no callback and wake-up
+    is added per message."""
+    out: list[Any] = []
+    for ack in acks:
+        try:
+            out.append(await ack)
+        except Exception as exc:
+            out.append(exc)
+    return out
 
 
 def _refused(exc: BaseException) -> Refused:

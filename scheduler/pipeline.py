@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from ledger.job_events import JobEvent
 from scheduler.dispatcher import Dispatcher
-from scheduler.enactment import carry_out, failures, plan
+from scheduler.enactment import StartPool, carry_out, failures, plan
 from scheduler.errors import BrokerUnavailable, MessageRefused
 from scheduler.jobs_topic import Outgoing
 from scheduler.ports import Placement, Publisher, Refused
@@ -81,6 +81,7 @@ class Pipeline:
         self.poll_owed = False  # a tick skipped its poll while an enactment was in flight
         self.rounds = 0  # publishing rounds that went through
         self._batches: deque[Batch] = deque()
+        self.starts = StartPool()  # the enactments' start threads, kept between them
         self._round_first: int | None = None  # seq of the first message of the round in flight
 
     # ------------------------------------------------------------------ publishing
@@ -197,7 +198,9 @@ class Pipeline:
         self.in_flight = planned.job_ids
         poll, self.poll_owed = self.poll_owed, False
         try:
-            done = await asyncio.to_thread(carry_out, planned, d.executor, runs, removals, poll)
+            done = await asyncio.to_thread(
+                carry_out, planned, d.executor, runs, removals, poll, self.starts
+            )
         finally:
             self.in_flight = frozenset()
         self.decided(d.apply(failures(planned, done.failed, d.state, d.now_us())))

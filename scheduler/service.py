@@ -359,15 +359,18 @@ class SchedulerService:
     async def stop(self, stop_jobs: bool) -> None:
         self._stopping.set()
         self._wake.set()
-        if self._enactor is not None:  # what was decided is carried out (or waits: replay)
-            await self._enactor
-        if not stop_jobs:
-            return
-        async with self.lock:
-            await asyncio.to_thread(self.dispatcher.stop_all, "the scheduler stopped")
-            if self.dispatcher.runs is not None:
-                await asyncio.to_thread(self.dispatcher.runs.flush)
-            await self.pipeline.publish(self.dispatcher.last_seq, deadline_s=5.0)
+        try:
+            if self._enactor is not None:  # what was decided is carried out (or waits: replay)
+                await self._enactor
+            if not stop_jobs:
+                return
+            async with self.lock:
+                await asyncio.to_thread(self.dispatcher.stop_all, "the scheduler stopped")
+                if self.dispatcher.runs is not None:
+                    await asyncio.to_thread(self.dispatcher.runs.flush)
+                await self.pipeline.publish(self.dispatcher.last_seq, deadline_s=5.0)
+        finally:
+            self.pipeline.starts.close()  # the start threads end
 
     # ------------------------------------------------------------------ what the API calls
 

@@ -13,7 +13,8 @@ Figures: submits/s the API took, API latency p50/p99 (request sent → answer), 
 p50/p99 (request sent → the `JobStarted` on the `jobs` topic; both clocks are this machine's
 wall clock), the scheduler's tick times (decide: cycles and observing the executor; the tick
 step: decide and publish; enact: the executor's starts and stops and the poll that reports
-them), and the scheduler process's peak RSS. Baseline: the same
+them), the scheduler process's CPU time per job (from when its API served) and its peak RSS.
+Baseline: the same
 submit-to-start figures at `BASELINE_RATE` submits/s from as many clients (light load), run
 first against the same stack.
 """
@@ -276,6 +277,26 @@ def _figures(
         f"{_pct(publish, 99):.1f} ms; scheduler CPU {stats['cpu_s']:.1f} s, load clients' CPU "
         f"{load.cpu_s:.1f} s over {load.seconds:.1f} s; scheduler RSS {rss_mib:.0f} MiB"
     )
+    jobs = len(load.sent_us) + len(base.sent_us)
+    serving_cpu = stats.get("serving_cpu_s", stats["cpu_s"])
+    main_cpu = stats.get("serving_main_cpu_s", float("nan"))
+    cpu_ms = 1000 * serving_cpu / max(jobs, 1)
+    progress(
+        f"scheduler CPU per job {cpu_ms:.2f} ms: {serving_cpu:.2f} s since the API served, "
+        f"{main_cpu:.2f} s of it in the event loop's thread, {serving_cpu - main_cpu:.2f} s in "
+        f"the others (the executor's starts, writes); {jobs:,} jobs"
+    )
+    writes = [1000 * s for s in stats.get("work_write_s", [])]
+    progress(
+        f"{len(writes)} work store batches (written, fsynced, renamed before their round is "
+        f"sent) p50 {_pct(writes, 50):.1f} ms p99 {_pct(writes, 99):.1f} ms, "
+        f"{sum(writes) / 1000:.1f} s in all"
+    )
+    parts = stats.get("parts_cpu_s", {})
+    progress(
+        "CPU per job in parts: "
+        + ", ".join(f"{k} {1000 * v / max(jobs, 1):.3f} ms" for k, v in sorted(parts.items()))
+    )
     light = f"{BASELINE_RATE} submits/s"
     note = (
         f"{CLIENTS} aiohttp clients offering {RATE:,} submits/s for {LOAD_S:.0f} s through the "
@@ -333,5 +354,14 @@ def _figures(
             note="decide → publish, without the executor lock (the enactment follows behind)",
         ),
         Figure(BENCH, "publish call p99", _pct(publish, 99), "ms", "p50", _pct(publish, 50), False),
+        Figure(
+            BENCH,
+            "scheduler CPU per job",
+            cpu_ms,
+            "ms",
+            higher_is_better=False,
+            note="the scheduler process's CPU time from when its API served to its stop, "
+            "over every job submitted (baseline and load)",
+        ),
         Figure(BENCH, "scheduler peak RSS", rss_mib, "MiB", higher_is_better=False),
     ]

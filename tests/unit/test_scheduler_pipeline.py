@@ -357,6 +357,39 @@ def test_an_executor_that_allows_it_gets_its_starts_concurrently_each_job_once(t
     assert sorted(started) == sorted(jobs)
 
 
+class ThreadNoting(PairedExecutor):
+    """The paired executor, noting the OS thread of every start."""
+
+    def __init__(self, rig: Rig) -> None:
+        super().__init__(rig)
+        self.threads: list[int] = []
+
+    def start(self, job: RunningJob, work: Work, *, time_limit_us: int | None = None) -> None:
+        self.threads.append(threading.get_native_id())
+        super().start(job, work, time_limit_us=time_limit_us)
+
+
+def test_later_enactments_start_on_the_same_threads_and_a_stop_lets_them_end(tmp_path):
+    rig = Rig(tmp_path)
+    noting = ThreadNoting(rig)
+    rig.executor = rig.dispatcher.executor = noting
+
+    async def go() -> list[str]:
+        jobs = []
+        for _ in range(2):  # two enactments of two concurrent starts each
+            jobs += [(await rig.submit()).job_id for _ in range(2)]
+            await rig.ticks(2)
+        pool = rig.service.pipeline.starts
+        assert pool._pool is not None  # kept between enactments
+        await rig.service.stop(stop_jobs=False)
+        assert pool._pool is None
+        return jobs
+
+    jobs = asyncio.run(go())
+    assert sorted(s.job_id for s in noting.starts) == sorted(jobs)
+    assert len(noting.threads) == 4 and len(set(noting.threads)) == 2  # made once, not per call
+
+
 def test_a_local_start_is_reported_by_its_own_enactment_once_its_group_is_on_disk(tmp_path):
     """The enactment polls the local executor (`PollsCheaply`) once its starts are made and
     their groups recorded, so the tick that admits a job publishes its `JobStarted` too — and

@@ -14,7 +14,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from ledger.job_events import JobSubmitted
 from scheduler.errors import BrokerUnavailable, MessageRefused
 from scheduler.jobs_topic import Outgoing
-from scheduler.kafka import KeyPartitioner, _kafka
+from scheduler.kafka import KeyPartitioner, _kafka, _outcomes
 from scheduler.ports import MemoryPublisher, Work
 from scheduler.records import JobState, SubmitRequest
 from scheduler.service import Accepted, SchedulerService
@@ -57,6 +57,44 @@ def test_the_key_partitioner_puts_a_key_where_the_default_one_does_every_time(ke
     cached = KeyPartitioner()
     expected = DefaultPartitioner()(key, partitions, partitions)
     assert [cached(key, partitions, partitions[:1]) for _ in range(3)] == [expected] * 3
+
+
+@pytest.mark.parametrize(
+    "settled",
+    [
+        pytest.param(["ok:0", "ok:1", "ok:2"], id="all-acknowledged-in-order"),
+        pytest.param(["ok:2", "ok:0", "ok:1"], id="acknowledged-out-of-order"),
+        pytest.param(["ok:0", "refused:1", "ok:2"], id="one-refused-the-rest-go-on"),
+        pytest.param(["refused:0", "refused:1"], id="every-one-refused"),
+        pytest.param([], id="none"),
+    ],
+)
+def test_acknowledgements_come_back_in_send_order_as_gather_gives_them(settled):
+    """`_outcomes` gives what `asyncio.gather(..., return_exceptions=True)` gives: each
+    acknowledgement's result or exception, in the order the messages were sent, whatever the
+    order they settle in."""
+
+    async def run(collect) -> list[object]:
+        loop = asyncio.get_running_loop()
+        acks = [loop.create_future() for _ in settled]
+        errors = {i: MessageSizeTooLargeError(f"message {i}") for i in range(len(settled))}
+
+        def settle() -> None:
+            for what in settled:
+                how, _, index = what.partition(":")
+                ack = acks[int(index)]
+                if how == "ok":
+                    ack.set_result((0, int(index)))
+                else:
+                    ack.set_exception(errors[int(index)])
+
+        loop.call_later(0.001, settle)
+        return [x if isinstance(x, tuple) else str(x) for x in await collect(acks)]
+
+    ours = asyncio.run(run(_outcomes))
+    gathered = asyncio.run(run(lambda acks: asyncio.gather(*acks, return_exceptions=True)))
+    assert ours == gathered
+    assert len(ours) == len(settled)
 
 
 def _refuse_mallory(message: Outgoing) -> str | None:
