@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import subprocess
 import threading
@@ -24,17 +23,15 @@ from pathlib import Path
 import pytest
 
 from ledger.read.queries import LedgerQueries
-from ledger.store.objects import LocalObjectStore
-from ledger.store.replica import pull
-from ledger.store.union import shard_names, union_shards
+from ledger.store.union import union_shards
 from tests.conftest import child_env, create_topics, tally_command
+from tests.integration.sharded_support import holding, sealed_samples, sharded_config, union_of
 from tests.integration.support import (
     Expected,
     WorkerProcess,
     fleet_of,
     gpu_ms_by_team_and_gpu,
     load,
-    pipeline_config,
     produce,
     rounds,
     wait_until,
@@ -44,29 +41,6 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 ROUNDS = 100  # × 32 GPUs: 3,200 samples
 PACK = 4
-
-
-def sharded_config(tmp: Path, name: str, store: Path, seal_interval_s: float = 0.5) -> dict:
-    data = pipeline_config(
-        tmp / name, sharded=True, segments_url=f"file://{store}", seal_interval_s=seal_interval_s
-    )
-    data["broker"]["consumer"] = {"session_timeout_s": 3, "heartbeat_interval_s": 0.5}
-    return data
-
-
-def holding(worker: WorkerProcess) -> list[str]:
-    """The worker's log lines saying which samples shards it holds, one per rebalance."""
-    return re.findall(r"holding shards .*samples-.*", worker.log.read_text(errors="replace"))
-
-
-def union_of(store: Path, cache: Path) -> Path:
-    return pull(LocalObjectStore(str(store)), cache)
-
-
-def sealed_samples(store: Path, cache: Path) -> int:
-    if not shard_names(LocalObjectStore(str(store))):
-        return 0
-    return LedgerQueries(union_of(store, cache)).transaction_count()
 
 
 def test_two_sharded_workers_with_a_sigkill_keep_one_exact_ledger(broker, tmp_path):
