@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import subprocess
 import threading
@@ -35,19 +34,18 @@ from ledger.holds import HoldPlaced, HoldReleased, encode_hold, hold_envelope
 from ledger.read.queries import LedgerQueries
 from ledger.shard_balances import ShardBalances
 from ledger.store.objects import LocalObjectStore
-from ledger.store.replica import pull
 from ledger.store.union import shard_heads, union_shards
 from ledger.units import Unit
 from tally.config import TallyConfig
 from tests.builders import T0_US
 from tests.conftest import child_env, create_topics, tally_command
+from tests.integration.sharded_support import holding, sharded_config, union_of
 from tests.integration.support import (
     Expected,
     WorkerProcess,
     fleet_of,
     gpu_ms_by_team_and_gpu,
     load,
-    pipeline_config,
     produce,
     rounds,
     send_messages,
@@ -60,23 +58,6 @@ ROUNDS = 100  # × 32 GPUs: 3,200 samples
 PACK = 4
 RELEASED_US = T0_US + 10 * 10_000_000  # the holds' end: the fleet's tenth round
 IDLE_HOLD = 3_600_000  # GPU-ms held for a job that never runs
-
-
-def sharded_config(tmp: Path, name: str, store: Path, seal_interval_s: float = 0.5) -> dict:
-    data = pipeline_config(
-        tmp / name, sharded=True, segments_url=f"file://{store}", seal_interval_s=seal_interval_s
-    )
-    data["broker"]["consumer"] = {"session_timeout_s": 3, "heartbeat_interval_s": 0.5}
-    return data
-
-
-def holding(worker: WorkerProcess) -> list[str]:
-    """The worker's log lines saying which samples shards it holds, one per rebalance."""
-    return re.findall(r"holding shards .*samples-.*", worker.log.read_text(errors="replace"))
-
-
-def union_of(store: Path, cache: Path) -> Path:
-    return pull(LocalObjectStore(str(store)), cache)
 
 
 def usage_count(union: Path) -> int:
