@@ -17,11 +17,11 @@ from ledger.admin import applied_to_dict
 from ledger.assignments import Holding
 from ledger.events import Owner
 from ledger.holds import HoldKey, OpenHold
-from ledger.idle import GpuIdleState, state_from_row
+from ledger.idle import GpuIdleState, state_from_row, state_to_row
 from ledger.inventory import record_json
 from ledger.store.layout import first_row
 from ledger.store.port import StateChanges
-from ledger.store.schema import USAGE_POSTINGS_SQL
+from ledger.store.schema import USAGE_BALANCES_SQL, USAGE_POSTINGS_SQL
 from ledger.units import Unit
 
 HOT_TABLES_DDL = """
@@ -129,6 +129,27 @@ def insert_rows(
         con.execute(f"INSERT INTO {table} SELECT * FROM {name}{where}")
     finally:
         con.unregister(name)
+
+
+def replace_idle_states(con: duckdb.DuckDBPyConnection, states: Sequence[GpuIdleState]) -> None:
+    """Replace the stored states of `states`' subjects (the last given of a subject wins), in
+    one statement."""
+    if not states:
+        return
+    rows = [state_to_row(s) for s in {s.subject: s for s in states}.values()]
+    columns = zip(zip(*rows, strict=True), _IDLE, strict=True)
+    con.register(
+        "batch_idle_states",
+        pa.table({f"c{i}": pa.array(c, kind) for i, (c, kind) in enumerate(columns)}),
+    )
+    try:
+        con.execute("INSERT OR REPLACE INTO idle_state SELECT * FROM batch_idle_states")
+    finally:
+        con.unregister("batch_idle_states")
+
+
+# `idle_state`'s column types, in order (`ledger.idle.state_to_row`)
+_IDLE = (pa.string(), pa.int64(), *(pa.string(),) * 4, *(pa.int64(),) * 5)
 
 
 def write_changes(con: duckdb.DuckDBPyConnection, changes: StateChanges, now: int) -> None:
@@ -251,7 +272,8 @@ def insert_postings(
     con: duckdb.DuckDBPyConnection, table: pa.Table, usage: pa.Table | None, incarnation: str
 ) -> int:
     """Insert the postings of `table` and those `usage` expands to (`USAGE_POSTINGS_SQL`),
-    and move the balances by both; the count of usage postings."""
+    and move the balances by both (usage's summed per account before it is unpivoted,
+    `USAGE_BALANCES_SQL`); the count of usage postings."""
     parts, registered = [], []
     if table.num_rows:
         con.register("batch_postings", table)
@@ -265,13 +287,12 @@ def insert_postings(
         query = USAGE_POSTINGS_SQL.format(usage="batch_usage")
         row = first_row(con.execute(f"INSERT INTO postings {query}", {"incarnation": incarnation}))
         expanded = int(row[0]) if row else 0
-        parts.append(f"SELECT account, unit, period, amount FROM ({query})")
+        parts.append(USAGE_BALANCES_SQL.format(usage="batch_usage"))
     if parts:
         con.execute(
             "INSERT INTO balances SELECT account, unit, period, sum(amount) "
-            f"FROM ({' UNION ALL '.join(parts)}) GROUP BY ALL "
-            "ON CONFLICT DO UPDATE SET balance = balance + excluded.balance",
-            {"incarnation": incarnation} if expanded else None,
+            f"FROM ({' UNION ALL '.join(f'({part})' for part in parts)}) GROUP BY ALL "
+            "ON CONFLICT DO UPDATE SET balance = balance + excluded.balance"
         )
     for name in registered:
         con.unregister(name)
