@@ -333,6 +333,7 @@ _LEGS = ", ".join(
     f"({position}, '{unit.value}', {position < 3}, {1 if position < 3 else -1})"
     for position, unit in enumerate(LEG_UNITS * 2)
 )
+INCARNATION_PARAMETER = "CAST($incarnation AS VARCHAR)"  # `USAGE_POSTINGS_SQL` of a batch
 USAGE_POSTINGS_SQL = f"""
 SELECT u.txn_id,
     CAST(CASE WHEN u.energy_mj <> 0 OR l.position < 3 THEN l.position
@@ -348,7 +349,7 @@ SELECT u.txn_id,
     CASE WHEN l.holder THEN u.job_id END AS job_id,
     CASE WHEN l.holder THEN u.cost_centre END AS cost_centre,
     u.gpu_uuid, u.model, u.pool, u.node, u.start_us, u.end_us, u.txn_id AS cause,
-    CAST($incarnation AS VARCHAR) AS incarnation, u.topic AS src_topic,
+    {{incarnation}} AS incarnation, u.topic AS src_topic,
     u."partition" AS src_partition, u."offset" AS src_offset, u.period, u.util_pct, u.idle
 FROM {{usage}} AS u
 CROSS JOIN (VALUES {_LEGS}) AS l(position, unit, holder, sign)
@@ -381,7 +382,7 @@ def columns_to_arrow(columns: PostingColumns, incarnation: str) -> pa.Table:
     con = duckdb.connect()
     try:
         con.register("usage", usage_to_arrow(columns))
-        query = USAGE_POSTINGS_SQL.format(usage="usage")
+        query = USAGE_POSTINGS_SQL.format(usage="usage", incarnation=INCARNATION_PARAMETER)
         table: pa.Table = con.sql(query, params={"incarnation": incarnation}).to_arrow_table()
     finally:
         con.close()

@@ -15,7 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.posting_columns import PostingColumns
-from ledger.store.schema import USAGE_BALANCES_SQL, USAGE_POSTINGS_SQL, usage_to_arrow
+from ledger.store.schema import (
+    INCARNATION_PARAMETER,
+    USAGE_BALANCES_SQL,
+    USAGE_POSTINGS_SQL,
+    usage_to_arrow,
+)
 
 ROWS = st.lists(
     st.tuples(
@@ -51,7 +56,7 @@ def test_usage_balances_are_the_sums_of_its_postings(
     con = CON
     con.register("usage", usage_to_arrow(_columns(rows)))
     grouped = "SELECT account, unit, period, sum(amount) FROM ({}) GROUP BY ALL ORDER BY ALL"
-    postings = USAGE_POSTINGS_SQL.format(usage="usage")
+    postings = USAGE_POSTINGS_SQL.format(usage="usage", incarnation=INCARNATION_PARAMETER)
     expected = con.execute(grouped.format(postings), {"incarnation": "inc"}).fetchall()
     got = con.execute(grouped.format(USAGE_BALANCES_SQL.format(usage="usage"))).fetchall()
     con.unregister("usage")
