@@ -57,7 +57,7 @@ from ledger.closing import ClosedPeriod
 from ledger.errors import StoreError
 from ledger.events import DeadLetter
 from ledger.holds import HoldKey, OpenHold
-from ledger.idle import GpuIdleState
+from ledger.idle import GpuIdleState, state_to_row
 from ledger.posting_columns import PostingColumns
 from ledger.store.balance_outbox import queue_balance_messages
 from ledger.store.hot_audit import AUDIT_DDL
@@ -74,7 +74,6 @@ from ledger.store.hot_tables import (
     read_gpu_timelines,
     read_idle_states,
     read_open_holds,
-    replace_idle_states,
     write_changes,
 )
 from ledger.store.hot_upkeep import PRUNE_WINDOW_KEY, PRUNED_BEFORE_KEY, HotUpkeep
@@ -231,7 +230,12 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
                         "DELETE FROM ledger_meta "
                         "WHERE key IN ('pruned_before_us', 'prune_window_us')"
                     )
-            replace_idle_states(con, idle_states)
+            if idle_states:
+                con.execute(
+                    "DELETE FROM idle_state WHERE list_contains(?, subject)",
+                    [[s.subject for s in idle_states]],
+                )
+                insert_rows(self._con, "idle_state", [state_to_row(s) for s in idle_states])
             self._apply_changes(changes, now)
             self._append_audit(changes.audit)
             closed = tuple(self._close(entry, now) for entry in closing)

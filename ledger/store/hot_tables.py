@@ -18,7 +18,7 @@ from ledger.admin import applied_to_dict
 from ledger.assignments import Holding
 from ledger.events import Owner
 from ledger.holds import HoldKey, OpenHold
-from ledger.idle import GpuIdleState, state_from_row, state_to_row
+from ledger.idle import GpuIdleState, state_from_row
 from ledger.inventory import record_json
 from ledger.store.layout import first_row
 from ledger.store.port import StateChanges
@@ -174,27 +174,6 @@ def insert_rows(
         con.execute(f"INSERT INTO {table} SELECT * FROM {name}{where}")
     finally:
         con.unregister(name)
-
-
-def replace_idle_states(con: duckdb.DuckDBPyConnection, states: Sequence[GpuIdleState]) -> None:
-    """Replace the stored states of `states`' subjects (the last given of a subject wins), in
-    one statement."""
-    if not states:
-        return
-    rows = [state_to_row(s) for s in {s.subject: s for s in states}.values()]
-    columns = zip(zip(*rows, strict=True), _IDLE, strict=True)
-    con.register(
-        "batch_idle_states",
-        pa.table({f"c{i}": pa.array(c, kind) for i, (c, kind) in enumerate(columns)}),
-    )
-    try:
-        con.execute("INSERT OR REPLACE INTO idle_state SELECT * FROM batch_idle_states")
-    finally:
-        con.unregister("batch_idle_states")
-
-
-# `idle_state`'s column types, in order (`ledger.idle.state_to_row`)
-_IDLE = (pa.string(), pa.int64(), *(pa.string(),) * 4, *(pa.int64(),) * 5)
 
 
 def write_changes(con: duckdb.DuckDBPyConnection, changes: StateChanges, now: int) -> None:
