@@ -1,9 +1,13 @@
 """The writer's hot tables: their DDL, and writing and reading their rows in one statement per
 table (DuckDB's `executemany` runs one statement per row).
 
+Postings built one at a time are rows of `posting_rows`; column-built usage is one row per
+transaction in `usage_rows`; the `postings` view is both, the usage rows expanded.
+
 The DDL also brings a database from before a column or table was added up to date: ids applied
 before dedupe scopes get the scope '' and one `dedupe_scopes` row, so a prune by window forgets
-them by their newest time, as before."""
+them by their newest time, as before; a `postings` table from before usage rows is renamed
+first (`keep_posting_rows`)."""
 
 from __future__ import annotations
 

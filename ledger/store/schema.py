@@ -1,7 +1,8 @@
 """Arrow row schemas of the ledger's tables and segments, and conversions to and from them.
 
-`POSTINGS_SCHEMA` is the column order of the hot `postings` table and of every postings
-segment; `RAW_SCHEMA` that of the raw-event archive. Conversions are column-wise: Python
+`POSTINGS_SCHEMA` is the column order of the hot `postings` (the `posting_rows` table and the
+usage rows `USAGE_POSTINGS_SQL` expands) and of every postings segment; `RAW_SCHEMA` that of
+the raw-event archive. Conversions are column-wise: Python
 touches each posting once, Arrow repeats transaction-level columns.
 """
 
