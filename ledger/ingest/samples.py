@@ -90,15 +90,28 @@ _observed = builder(_Observed)
 
 
 def sample_keys(decoded: Sequence[DecodedSample]) -> ViewKeys:
-    """What the samples fold reads of the ledger for these samples."""
-    gpus = frozenset(e.data.gpu_uuid for e, _ in decoded)
+    """What the samples fold reads of the ledger for these samples (one pass over them)."""
+    ids: list[str] = []
+    gpus: set[str] = set()
+    subjects: set[str] = set()
+    job_keys: set[str] = set()
+    for envelope, _ in decoded:
+        ids.append(envelope.id)
+        sample = envelope.data
+        gpus.add(sample.gpu_uuid)
+        subjects.add(envelope.subject)
+        owner = sample.owner
+        if (owner is not None and owner.team is None) or any(
+            p.owner is not None and p.owner.team is None for p in sample.processes
+        ):  # a team-less owner (`owner_keys`): rare
+            job_keys |= owner_keys(sample)
     return ViewKeys(
-        event_ids=[e.id for e, _ in decoded],
-        gpu_uuids=gpus | {e.subject for e, _ in decoded},  # a MIG instance's own timeline too
-        subjects=frozenset(e.subject for e, _ in decoded),
+        event_ids=ids,
+        gpu_uuids=frozenset(gpus | subjects),  # a MIG instance's own timeline too
+        subjects=frozenset(subjects),
         scopes=frozenset(sample_scope(g) for g in gpus),
         holds=True,
-        job_keys=frozenset(k for e, _ in decoded for k in owner_keys(e.data)),
+        job_keys=frozenset(job_keys),
     )
 
 

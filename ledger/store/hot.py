@@ -71,6 +71,7 @@ from ledger.store.hot_tables import (
     HOT_TABLES_DDL,
     insert_postings,
     insert_rows,
+    keep_posting_rows,
     read_gpu_timelines,
     read_idle_states,
     read_open_holds,
@@ -127,6 +128,7 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
             self._con = duckdb.connect(str(db))
         except duckdb.IOException as exc:
             raise StoreError(f"cannot open the ledger store {db}: {exc}") from exc
+        keep_posting_rows(self._con)
         self._con.execute(WRITER_SETTINGS + HOT_TABLES_DDL + AUDIT_DDL + IDENTITY_DDL)
         self._segments = Segmenter(self._con, self.segments_root, self.archive_root)
         self.manifest = self._segments.postings.manifest

@@ -89,23 +89,27 @@ class DedupeSet:
             scopes += [s for _, _, s in extra]
         if not ids:
             return []
-        seen = pa.table({"event_id": ids, "time_us": pa.array(times, pa.int64()), "scope": scopes})
-        newest = seen.group_by("scope").aggregate([("time_us", "max")])
+        seen = pa.table(
+            {
+                "event_id": pa.array(ids, pa.string()),
+                "time_us": pa.array(times, pa.int64()),
+                "scope": pa.array(scopes, pa.string()),
+            }
+        )
         con = self._con
         con.register("batch_seen", seen)
-        con.register("batch_scopes", newest)
         try:
             con.execute(
                 "INSERT INTO seen_events (event_id, time_us, scope) "
                 "SELECT event_id, time_us, scope FROM batch_seen"
             )
-            con.execute(
-                "INSERT INTO dedupe_scopes SELECT scope, time_us_max, NULL FROM batch_scopes "
+            con.execute(  # each scope's newest, grouped where the rows are
+                "INSERT INTO dedupe_scopes SELECT scope, max(time_us), NULL FROM batch_seen "
+                "GROUP BY scope "
                 "ON CONFLICT DO UPDATE SET newest_us = greatest(newest_us, excluded.newest_us)"
             )
         finally:
             con.unregister("batch_seen")
-            con.unregister("batch_scopes")
         return ids
 
     def added(self, ids: Sequence[str]) -> None:

@@ -1,9 +1,13 @@
 """The writer's hot tables: their DDL, and writing and reading their rows in one statement per
 table (DuckDB's `executemany` runs one statement per row).
 
+Postings built one at a time are rows of `posting_rows`; column-built usage is one row per
+transaction in `usage_rows`; the `postings` view is both, the usage rows expanded.
+
 The DDL also brings a database from before a column or table was added up to date: ids applied
 before dedupe scopes get the scope '' and one `dedupe_scopes` row, so a prune by window forgets
-them by their newest time, as before."""
+them by their newest time, as before; a `postings` table from before usage rows is renamed
+first (`keep_posting_rows`)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from collections.abc import Collection, Sequence
 import duckdb
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ledger.admin import applied_to_dict
 from ledger.assignments import Holding
@@ -21,11 +26,52 @@ from ledger.idle import GpuIdleState, state_from_row
 from ledger.inventory import record_json
 from ledger.store.layout import first_row
 from ledger.store.port import StateChanges
-from ledger.store.schema import USAGE_POSTINGS_SQL
+from ledger.store.schema import (
+    POSTING_COLUMNS_SQL,
+    USAGE_BALANCES_SQL,
+    USAGE_POSTINGS_SQL,
+)
 from ledger.units import Unit
 
-HOT_TABLES_DDL = """
-CREATE TABLE IF NOT EXISTS postings (
+# Column-built usage, one row per transaction (`ledger.posting_columns`, `usage_to_arrow`'s
+# columns and the batch's incarnation): its postings are what `USAGE_POSTINGS_SQL` expands the
+# row to, read through the `postings` view, so a commit writes one row per sample rather than
+# four or six, and the seal expands them as it copies them out.
+USAGE_ROWS_DDL = """
+CREATE TABLE IF NOT EXISTS usage_rows (
+    txn_id VARCHAR NOT NULL, gpu_uuid VARCHAR NOT NULL, model VARCHAR NOT NULL,
+    pool VARCHAR NOT NULL, node VARCHAR NOT NULL, start_us BIGINT NOT NULL,
+    end_us BIGINT NOT NULL, period VARCHAR NOT NULL, util_pct SMALLINT,
+    topic VARCHAR NOT NULL, "partition" INTEGER NOT NULL, "offset" BIGINT NOT NULL,
+    account VARCHAR NOT NULL, capacity VARCHAR NOT NULL, team VARCHAR, project VARCHAR,
+    "user" VARCHAR, job_id VARCHAR, cost_centre VARCHAR, gpu_ms BIGINT NOT NULL,
+    money BIGINT NOT NULL, energy_mj BIGINT NOT NULL, idle BOOLEAN NOT NULL,
+    incarnation VARCHAR NOT NULL
+);
+"""
+# Every hot posting: the rows built one posting at a time and the expanded usage rows.
+POSTINGS_VIEW_DDL = (
+    f"CREATE OR REPLACE VIEW postings AS SELECT {POSTING_COLUMNS_SQL} FROM posting_rows "
+    f"UNION ALL {USAGE_POSTINGS_SQL.format(usage='usage_rows', incarnation='u.incarnation')};"
+)
+
+
+def keep_posting_rows(con: duckdb.DuckDBPyConnection) -> None:
+    """Before `HOT_TABLES_DDL` on a database written before usage rows: its `postings` table
+    becomes `posting_rows` (the DDL then makes `postings` the view over it)."""
+    row = first_row(
+        con.execute(
+            "SELECT table_type FROM information_schema.tables "
+            "WHERE table_schema = 'main' AND table_name = 'postings'"
+        )
+    )
+    if row is not None and row[0] == "BASE TABLE":
+        con.execute("ALTER TABLE postings RENAME TO posting_rows")
+
+
+HOT_TABLES_DDL = (
+    """
+CREATE TABLE IF NOT EXISTS posting_rows (
     txn_id VARCHAR NOT NULL, leg SMALLINT NOT NULL, kind VARCHAR NOT NULL,
     account VARCHAR NOT NULL, unit VARCHAR NOT NULL, amount BIGINT NOT NULL,
     team VARCHAR, project VARCHAR, "user" VARCHAR, job_id VARCHAR, cost_centre VARCHAR,
@@ -104,6 +150,9 @@ CREATE TABLE IF NOT EXISTS reversals (txn_id VARCHAR PRIMARY KEY, reversed_by VA
 CREATE TABLE IF NOT EXISTS ledger_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
 CREATE SEQUENCE IF NOT EXISTS publish_seq;
 """
+    + USAGE_ROWS_DDL
+    + POSTINGS_VIEW_DDL
+)
 
 
 def insert_rows(
@@ -250,28 +299,32 @@ def read_open_holds(con: duckdb.DuckDBPyConnection) -> dict[HoldKey, OpenHold]:
 def insert_postings(
     con: duckdb.DuckDBPyConnection, table: pa.Table, usage: pa.Table | None, incarnation: str
 ) -> int:
-    """Insert the postings of `table` and those `usage` expands to (`USAGE_POSTINGS_SQL`),
-    and move the balances by both; the count of usage postings."""
+    """Insert the postings of `table` and the usage rows of `usage` (whose postings the
+    `postings` view expands, `USAGE_POSTINGS_SQL`), and move the balances by both (usage's
+    summed per account before it is unpivoted, `USAGE_BALANCES_SQL`); the count of usage
+    postings."""
     parts, registered = [], []
     if table.num_rows:
         con.register("batch_postings", table)
         registered.append("batch_postings")
-        con.execute("INSERT INTO postings SELECT * FROM batch_postings")
+        con.execute("INSERT INTO posting_rows SELECT * FROM batch_postings")
         parts.append("SELECT account, unit, period, amount FROM batch_postings")
     expanded = 0
     if usage is not None and usage.num_rows:
         con.register("batch_usage", usage)
         registered.append("batch_usage")
-        query = USAGE_POSTINGS_SQL.format(usage="batch_usage")
-        row = first_row(con.execute(f"INSERT INTO postings {query}", {"incarnation": incarnation}))
-        expanded = int(row[0]) if row else 0
-        parts.append(f"SELECT account, unit, period, amount FROM ({query})")
+        con.execute(
+            "INSERT INTO usage_rows SELECT *, $incarnation FROM batch_usage",
+            {"incarnation": incarnation},
+        )
+        with_energy = pc.sum(pc.not_equal(usage.column("energy_mj"), 0)).as_py() or 0
+        expanded = 4 * usage.num_rows + 2 * with_energy  # the legs of each (`LEG_UNITS`)
+        parts.append(USAGE_BALANCES_SQL.format(usage="batch_usage"))
     if parts:
         con.execute(
             "INSERT INTO balances SELECT account, unit, period, sum(amount) "
-            f"FROM ({' UNION ALL '.join(parts)}) GROUP BY ALL "
-            "ON CONFLICT DO UPDATE SET balance = balance + excluded.balance",
-            {"incarnation": incarnation} if expanded else None,
+            f"FROM ({' UNION ALL '.join(f'({part})' for part in parts)}) GROUP BY ALL "
+            "ON CONFLICT DO UPDATE SET balance = balance + excluded.balance"
         )
     for name in registered:
         con.unregister(name)

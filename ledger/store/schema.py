@@ -1,7 +1,8 @@
 """Arrow row schemas of the ledger's tables and segments, and conversions to and from them.
 
-`POSTINGS_SCHEMA` is the column order of the hot `postings` table and of every postings
-segment; `RAW_SCHEMA` that of the raw-event archive. Conversions are column-wise: Python
+`POSTINGS_SCHEMA` is the column order of the hot `postings` (the `posting_rows` table and the
+usage rows `USAGE_POSTINGS_SQL` expands) and of every postings segment; `RAW_SCHEMA` that of
+the raw-event archive. Conversions are column-wise: Python
 touches each posting once, Arrow repeats transaction-level columns.
 """
 
@@ -333,6 +334,7 @@ _LEGS = ", ".join(
     f"({position}, '{unit.value}', {position < 3}, {1 if position < 3 else -1})"
     for position, unit in enumerate(LEG_UNITS * 2)
 )
+INCARNATION_PARAMETER = "CAST($incarnation AS VARCHAR)"  # `USAGE_POSTINGS_SQL` of a batch
 USAGE_POSTINGS_SQL = f"""
 SELECT u.txn_id,
     CAST(CASE WHEN u.energy_mj <> 0 OR l.position < 3 THEN l.position
@@ -348,11 +350,30 @@ SELECT u.txn_id,
     CASE WHEN l.holder THEN u.job_id END AS job_id,
     CASE WHEN l.holder THEN u.cost_centre END AS cost_centre,
     u.gpu_uuid, u.model, u.pool, u.node, u.start_us, u.end_us, u.txn_id AS cause,
-    CAST($incarnation AS VARCHAR) AS incarnation, u.topic AS src_topic,
+    {{incarnation}} AS incarnation, u.topic AS src_topic,
     u."partition" AS src_partition, u."offset" AS src_offset, u.period, u.util_pct, u.idle
 FROM {{usage}} AS u
 CROSS JOIN (VALUES {_LEGS}) AS l(position, unit, holder, sign)
 WHERE u.energy_mj <> 0 OR l.position % 3 <> 2
+"""
+
+
+# What column-built usage moves the balances by, as (account, unit, period, amount) rows: the
+# postings `USAGE_POSTINGS_SQL` expands to, summed per holder or capacity account and period
+# before they are unpivoted, so the balances read the batch's few groups rather than every
+# posting again. The same keys as the postings': GPU-ms and money always (a zero amount still
+# makes its balance row), energy only where some transaction has energy.
+USAGE_BALANCES_SQL = f"""
+SELECT CASE WHEN l.holder THEN g.account ELSE g.capacity END AS account, l.unit, g.period,
+    l.sign * CASE l.position % 3 WHEN 0 THEN g.ms WHEN 1 THEN g.money ELSE g.energy END
+        AS amount
+FROM (
+    SELECT account, capacity, period, sum(gpu_ms) AS ms, sum(money) AS money,
+        sum(energy_mj) AS energy, bool_or(energy_mj <> 0) AS has_energy
+    FROM {{usage}} GROUP BY account, capacity, period
+) AS g
+CROSS JOIN (VALUES {_LEGS}) AS l(position, unit, holder, sign)
+WHERE g.has_energy OR l.position % 3 <> 2
 """
 
 
@@ -362,7 +383,7 @@ def columns_to_arrow(columns: PostingColumns, incarnation: str) -> pa.Table:
     con = duckdb.connect()
     try:
         con.register("usage", usage_to_arrow(columns))
-        query = USAGE_POSTINGS_SQL.format(usage="usage")
+        query = USAGE_POSTINGS_SQL.format(usage="usage", incarnation=INCARNATION_PARAMETER)
         table: pa.Table = con.sql(query, params={"incarnation": incarnation}).to_arrow_table()
     finally:
         con.close()

@@ -116,8 +116,13 @@ class Segmenter:
                 for incarnation, topic, partition, first, last in groups:
                     params = [incarnation, topic, partition, first, last]
                     con.execute(
-                        "DELETE FROM postings WHERE incarnation = ? AND src_topic = ? "
+                        "DELETE FROM posting_rows WHERE incarnation = ? AND src_topic = ? "
                         "AND src_partition = ? AND src_offset BETWEEN ? AND ?",
+                        params,
+                    )
+                    con.execute(
+                        "DELETE FROM usage_rows WHERE incarnation = ? AND topic = ? "
+                        'AND "partition" = ? AND "offset" BETWEEN ? AND ?',
                         params,
                     )
                     con.execute(

@@ -72,7 +72,7 @@ POSTING = st.tuples(
 def write_segment(con: duckdb.DuckDBPyConnection, postings: list[Posting], to: Path) -> None:
     """A postings segment file of `postings` (each with its balancing provider leg), written as
     the seal writes one."""
-    con.execute("DELETE FROM postings")
+    con.execute("DELETE FROM posting_rows")
     rows = []
     for n, (owner, unit, kind, amount, start, length, idle, (model, pool)) in enumerate(postings):
         team, project, user, job = owner
@@ -85,7 +85,7 @@ def write_segment(con: duckdb.DuckDBPyConnection, postings: list[Posting], to: P
                  "node-1", start_us, start_us + length, "c", "inc", "samples", 0, n,
                  period, 40, idle)
             )  # fmt: skip
-    con.executemany(f"INSERT INTO postings VALUES ({', '.join('?' * 25)})", rows)
+    con.executemany(f"INSERT INTO posting_rows VALUES ({', '.join('?' * 25)})", rows)
     con.execute(
         f"COPY (SELECT * FROM postings ORDER BY src_offset, txn_id, leg) TO '{sql_path(to)}' "
         "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)"
