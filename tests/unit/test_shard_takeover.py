@@ -19,6 +19,7 @@ from ledger.store.objects import LocalObjectStore
 from ledger.store.rebuild import ReplaySettings
 from ledger.store.replica import pull
 from ledger.store.union_rebuild import role_of
+from streams import shards
 from streams.sharded_worker import ShardedWorker
 from streams.shards import (
     ShardSettings,
@@ -152,3 +153,38 @@ def test_a_sharded_worker_drops_a_fenced_shard_and_keeps_the_others(tmp_path):
 )
 def test_a_shard_directory_is_rebuilt_with_its_shards_role(path, role):
     assert role_of(Path(path)) == role
+
+
+def test_a_head_published_between_restore_and_claim_is_taken_up_not_overwritten(
+    tmp_path, monkeypatch
+):
+    """The previous owner seals once more after the new owner restored and before it claimed:
+    the claimed head names that seal, so the new owner restores again (under its claim) rather
+    than publish the older state over it, and a handover right away loses nothing."""
+    store = LocalObjectStore(tmp_path / "objects")
+    spec = samples_shard(2)
+    first = open_shard(settings(tmp_path / "a", store), spec, INC)
+    first.ingestor.apply(MESSAGES[:3])
+    first.store.seal()  # published: offsets 0-2
+    first.ingestor.apply(MESSAGES[3:5])  # committed; sealed only once the second restored
+    real_restore = shards.restore
+    restores: list[int] = []
+
+    def restore_then_the_first_seals(*args, **kwargs):
+        restores.append(real_restore(*args, **kwargs))
+        if len(restores) == 1:
+            first.store.seal()  # published: offsets 0-4, between the restore and the claim
+        return restores[-1]
+
+    monkeypatch.setattr(shards, "restore", restore_then_the_first_seals)
+    second = open_shard(settings(tmp_path / "b", store), spec, INC)
+
+    taken_up_at = second.next_offset(TOPIC)
+    drop_shard(tmp_path / "a", first)  # fenced: nothing of it is read
+    close_shard(second, 500_000, 8)  # revoked at once: nothing folded again yet
+    whole = tmp_path / "whole"
+    with DuckDBStore(whole) as writer:
+        ingest(writer, *MESSAGES[:5])
+        writer.seal()
+    assert totals(pull(store, tmp_path / "reader")) == totals(whole)
+    assert taken_up_at == 5  # what the claimed head names, not the older one
