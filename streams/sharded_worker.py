@@ -12,7 +12,9 @@ outbox, metrics and sealing health it keeps):
   (`shards_for`) and leaves their partitions paused: a restore can take longer than the
   session may wait for the listener. A task of its own takes each up (`open_shard`: kept, or
   restored from the published head when another worker wrote it since; claimed with a
-  conditional put of the head) and resumes its partition from the shard's applied offset. A
+  conditional put of the head) outside the worker's lock, so a revocation meanwhile does not
+  wait for a restore (a shard taken up for a revoked assignment is closed as claimed, not
+  held), and resumes its partition from the shard's applied offset. A
   samples batch that starts past that offset (fetched before the seek) is not applied: the
   partition is sought back to it, unless the broker no longer holds the offsets between.
 - *Inputs.* Samples go to their partition's shard. The admin, jobs and inventory-reports
@@ -137,6 +139,7 @@ class ShardedWorker(LedgerWorker):
         )
         self.shards: dict[str, Shard] = {}
         self._pending: list[ShardSpec] = []  # assigned, not taken up yet
+        self._revocations = 0  # a take-up begun before the latest revocation is void
         self._to_take_up = asyncio.Event()
         self._incarnation: str | None = None
         self.admin_sender: AdminSender | None = None  # the app's producer (`_add_inputs`)
@@ -195,6 +198,8 @@ class ShardedWorker(LedgerWorker):
     async def revoked(self, partitions: set[int]) -> None:
         """Seal, publish and close every shard this worker holds (the rebalance revokes all)."""
         s = self.settings
+        self._revocations += 1  # before the lock: a take-up in progress gives its shard back
+        self._pending = []
         async with self._publishing, self._lock:
             self._pending = []
             for name, shard in list(self.shards.items()):
@@ -229,26 +234,33 @@ class ShardedWorker(LedgerWorker):
             incarnation = self._incarnation
             assert incarnation is not None
             while self._pending:
+                spec = self._pending.pop(0)
+                revocations = self._revocations
+                shard = self.shards.get(spec.name)
+                if shard is None:  # outside the lock: a revocation does not wait for a restore
+                    shard = await self._take_up(spec, incarnation, revocations)
                 async with self._lock:
-                    if not self._pending:
-                        break  # revoked meanwhile
-                    spec = self._pending.pop(0)
-                    shard = self.shards.get(spec.name)
                     if shard is None:
-                        shard = await self._take_up(spec, incarnation)
-                        self.shards[spec.name] = shard
+                        continue  # revoked while the store was away
+                    if revocations != self._revocations:  # revoked while it was taken up
+                        await asyncio.to_thread(shard.store.close)  # its head is as claimed
+                        log.info("shard %s given back as it was taken up", spec.name)
+                        continue
+                    self.shards[spec.name] = shard
                     if spec.partition is not None:
                         start = shard.next_offset(self.settings.samples_topic)
                         self._samples.resume_at(spec.partition, start)
             log.info("holding shards %s", ", ".join(sorted(self.shards)) or "none")
 
-    async def _take_up(self, spec: ShardSpec, incarnation: str) -> Shard:
-        while True:
+    async def _take_up(self, spec: ShardSpec, incarnation: str, revocations: int) -> Shard | None:
+        """The shard `spec`, taken up; None when revoked meanwhile (`revocations` moved on)."""
+        while revocations == self._revocations:
             try:
                 return await asyncio.to_thread(open_shard, self.shard_settings, spec, incarnation)
             except (SealError, OSError) as exc:  # the store away: the partition waits
                 log.warning("cannot take shard %s up yet: %s", spec.name, exc)
                 await asyncio.sleep(RETRY_S)
+        return None
 
     def _fenced_shard(self, name: str, exc: WriterFenced) -> None:
         self._observe(lambda o: o.worker_error("fenced"))
