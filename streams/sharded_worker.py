@@ -21,7 +21,8 @@ outbox, metrics and sealing health it keeps):
   topics are not consumed by Faust agents (their group could give them to one worker while the
   samples group gives partition 0 to another): one `ViewFeed` per worker reads them outside any
   group, each from the lowest offset a shard of this worker still needs, and hands every shard
-  what its role folds (admin and jobs to all, inventory reports to the global shard). This is
+  what its role folds (admin and jobs to all, inventory reports to the global shard) — only
+  the shards it was positioned for: one taken up during the fetch waits for the next. This is
   the simplest correct way: a shard's admin and jobs offsets are in its own store (its archive
   after a restore), so it reads them exactly once whichever worker held it before, and no
   worker depends on another's group to see the events its views need.
@@ -50,7 +51,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import duckdb
@@ -296,10 +297,14 @@ class ShardedWorker(LedgerWorker):
         for name, part in by_shard.items():
             await self._apply_to(name, part)
 
-    async def _apply_to(self, name: str, messages: list[ConsumedMessage]) -> None:
+    async def _apply_to(
+        self, name: str, messages: list[ConsumedMessage], expected: Shard | None = None
+    ) -> None:
+        """Apply `messages` to the shard `name` if this worker holds it (and it is `expected`,
+        when given: not one taken up again since)."""
         async with self._lock:
             shard = self.shards.get(name)
-            if shard is None:
+            if shard is None or (expected is not None and shard is not expected):
                 return
             ingestor = shard.ingestor
             fresh = [m for m in messages if m.offset >= ingestor.next_offset(m.topic, m.partition)]
@@ -336,11 +341,11 @@ class ShardedWorker(LedgerWorker):
         self._samples.resume_at(first.partition, applied)
         return True
 
-    def _view_starts(self) -> dict[PartitionKey, int]:
-        """Per admin/jobs/inventory partition, the lowest offset a shard here still needs."""
+    def _view_starts(self, shards: Iterable[Shard]) -> dict[PartitionKey, int]:
+        """Per admin/jobs/inventory partition, the lowest offset one of `shards` still needs."""
         s = self.settings
         starts: dict[PartitionKey, int] = {}
-        for shard in self.shards.values():
+        for shard in shards:
             for topic, partition in self._views.partitions:
                 if topic == s.inventory_reports_topic and shard.spec.role is not ShardRole.GLOBAL:
                     continue
@@ -362,7 +367,8 @@ class ShardedWorker(LedgerWorker):
         try:
             while True:
                 async with self._lock:
-                    starts = self._view_starts()
+                    holders = dict(self.shards)
+                    starts = self._view_starts(holders.values())
                 if not starts:
                     await asyncio.sleep(s.batch_within_s)
                     continue
@@ -372,23 +378,26 @@ class ShardedWorker(LedgerWorker):
                     log.warning("reading admin and jobs failed: %s", exc)
                     await asyncio.sleep(RETRY_S)
                     continue
-                if not messages:
-                    continue
-                for name in sorted(self.shards, key=lambda n: n != "global"):
-                    shard = self.shards.get(name)
-                    if shard is None:
-                        continue
-                    mine = [
-                        m
-                        for m in messages
-                        if shard.spec.role is ShardRole.GLOBAL
-                        or m.topic != s.inventory_reports_topic
-                    ]
-                    if mine:
-                        await self._apply_to(name, mine)
-                await self.publish_outbox()
+                if messages:
+                    await self._hand_views(messages, holders)
+                    await self.publish_outbox()
         finally:
             await self._views.stop()
+
+    async def _hand_views(
+        self, messages: list[ConsumedMessage], holders: Mapping[str, Shard]
+    ) -> None:
+        """Hand each shard what its role folds of `messages` (admin and jobs to all, inventory
+        reports to the global shard; the global shard first) — only the `holders`, the shards
+        the fetch was positioned for: one taken up since may need offsets before the fetch's
+        start, and handed these it would skip the events between for good."""
+        inventory = self.settings.inventory_reports_topic
+        for name in sorted(holders, key=lambda n: n != GLOBAL_SHARD):
+            shard = holders[name]
+            glob = shard.spec.role is ShardRole.GLOBAL
+            mine = [m for m in messages if glob or m.topic != inventory]
+            if mine:
+                await self._apply_to(name, mine, expected=shard)
 
     # ------------------------------------------------------------------ sealing
 

@@ -9,6 +9,7 @@ test_sharded_workers.py`'s."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 from ledger.admin import JobUsage, ShardsSealedThrough, decode_admin_message
@@ -161,3 +162,32 @@ def summed_totals(updates: list[BalanceUpdate]) -> dict[tuple[str, str], int]:
         for merged in shards.merge(update):
             last[merged.account] = merged
     return {(a, unit): n for a, u in last.items() for unit, n in u.totals if n}
+
+
+def test_view_events_go_only_to_the_shards_the_fetch_was_positioned_for(tmp_path):
+    """A shard taken up while the view feed fetched (from the offset the shards held then
+    needed) is not handed that fetch: its events before the fetch's start would be skipped for
+    good. It gets them from its own offset at the next fetch."""
+    store = LocalObjectStore(tmp_path / "objects")
+    worker = a_worker(tmp_path / "a", store)
+    held = open_shard(worker.shard_settings, samples_shard(0), INC)
+    worker.shards[held.spec.name] = held
+    first, later = [
+        [ConsumedMessage("jobs", 0, at + i, encode_hold(hold_envelope(e))[1]) for i, e in pair]
+        for at, pair in (
+            (0, enumerate((PLACED, RELEASED))),
+            (2, enumerate((replace(PLACED, job_id="job-2"), replace(RELEASED, job_id="job-2")))),
+        )
+    ]
+    asyncio.run(worker._apply_to(held.spec.name, first))
+    holders = dict(worker.shards)  # what the fetch of `later` was positioned for
+    glob = open_shard(worker.shard_settings, GLOBAL, INC)  # taken up meanwhile, at offset 0
+    worker.shards[glob.spec.name] = glob
+
+    asyncio.run(worker._hand_views(later, holders))
+    assert held.ingestor.next_offset("jobs", 0) == 4
+    assert glob.ingestor.next_offset("jobs", 0) == 0  # not past the events it has not folded
+
+    asyncio.run(worker._hand_views(first + later, dict(worker.shards)))  # the next fetch
+    assert sorted(job for job, _ in glob.store.open_holds()) == ["job-1", "job-2"]
+    worker._close()
