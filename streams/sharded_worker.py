@@ -39,7 +39,9 @@ outbox, metrics and sealing health it keeps):
   further — its holder publishes `ShardsSealedThrough` (`streams.sealed_through`, from the
   shards' heads, with the global shard's open-hold jobs) when its watermark passed the newest
   the global shard folded (or this worker published); it is not read again while no samples
-  shard's head changed. The event comes back through the view
+  shard's head changed. A samples shard that has sealed no usage is waited for only while its
+  partition holds samples it has not sealed (the samples consumer's end offsets): one no GPU
+  writes to would hold the watermark back for ever. The event comes back through the view
   feed like any admin event; the global shard settles the holds that ended by it and grants
   the allowances that need the union's spending (`ledger.ingest.sealed`).
 - A change of broker incarnation ends the worker (75), as the whole-ledger worker's does.
@@ -434,6 +436,7 @@ class ShardedWorker(LedgerWorker):
             return None
         cache = s.data_dir / WATERMARK_CACHE
         try:
+            ends = await self._samples_ends()  # before the heads: what they are to have sealed
             heads = await asyncio.to_thread(samples_heads, store)
             if heads == self._watermark_heads:
                 return None  # no samples shard published since: the same watermark
@@ -444,7 +447,10 @@ class ShardedWorker(LedgerWorker):
                 jobs, folded = await asyncio.to_thread(hold_jobs_and_watermark, shard.store)
             seen = [t for t in (folded, self._published_through) if t is not None]
             known = max(seen, default=None)
-            event = await publish_sealed_through(store, cache, sender, s.admin_topic, jobs, known)
+            samples = None if ends is None else (s.samples_topic, ends)
+            event = await publish_sealed_through(
+                store, cache, sender, s.admin_topic, jobs, known, samples
+            )
         except (KafkaError, SealError, SegmentError, OSError, duckdb.Error) as exc:
             log.warning("the shards' watermark not published: %s", bounded(str(exc), TEXT_LIMIT))
             return None
@@ -457,6 +463,11 @@ class ShardedWorker(LedgerWorker):
                 len(jobs),
             )
         return event
+
+    async def _samples_ends(self) -> dict[int, int] | None:
+        """The samples partitions' end offsets (None: no samples consumer runs here)."""
+        consumer = getattr(self, "_samples", None)
+        return None if consumer is None else await consumer.end_offsets()
 
     def _recover(self) -> None:
         """Nothing to seal before the group assigns partitions: a shard kept from a previous

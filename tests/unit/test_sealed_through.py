@@ -31,6 +31,7 @@ from ledger.store.sealed_usage import (
     read_usage_lines,
     samples_shards,
     shards_sealed_through,
+    unsealed_without_usage,
     usage_lines,
     watermark,
 )
@@ -77,7 +78,8 @@ def test_a_malformed_usage_line_is_a_dead_letter(data: dict[str, Any], reason: s
 
 WATERMARKS = {
     "no-shard": ({}, None),
-    "a-shard-without-usage": ({"samples-0": 50, "samples-1": None}, None),
+    "a-shard-without-usage-is-not-waited-for": ({"samples-0": 50, "samples-1": None}, 50),
+    "no-shard-with-usage": ({"samples-0": None, "samples-1": None}, None),
     "the-slowest-shard": ({"samples-0": 50, "samples-1": 30, "samples-2": 70}, 30),
 }
 
@@ -172,3 +174,26 @@ def test_sealed_parquet_reads_as_the_transactions_do() -> None:
     expected = usage_lines(TRANSACTIONS, THROUGH)
     assert read == expected
     assert UsageLine("job-2", "vision", Unit.MONEY, "2026-11", 40) in read
+
+
+def _sealed(path: str, topic: str, last_offset: int, usage: int | None) -> SegmentInfo:
+    summary = SegmentSummary(usage_first_us=None if usage is None else 0, usage_last_us=usage)
+    return SegmentInfo(path, "c", topic, 1, 0, last_offset, 1, "-", 0, usage, summary)
+
+
+WAITING = {
+    "sealed-usage": ([_sealed("shards/samples-1/a", "samples", 9, 40)], 99, []),
+    "no-samples-at-all": ([_sealed("shards/samples-1/j", "jobs", 4, None)], 0, []),
+    "every-sample-sealed-none-used": ([_sealed("shards/samples-1/s", "samples", 9, None)], 10, []),
+    "samples-not-sealed-yet": ([_sealed("shards/samples-1/j", "jobs", 4, None)], 3, ["samples-1"]),
+    "more-than-sealed": ([_sealed("shards/samples-1/s", "samples", 9, None)], 12, ["samples-1"]),
+    "no-head-yet": ([], 5, ["samples-1"]),
+}
+
+
+@pytest.mark.parametrize(("union", "end", "waiting"), WAITING.values(), ids=WAITING.keys())
+def test_a_shard_without_usage_is_waited_for_only_while_it_has_samples_to_seal(
+    union: list[SegmentInfo], end: int, waiting: list[str]
+) -> None:
+    shards = samples_shards(union)
+    assert unsealed_without_usage(shards, "samples", {1: end}) == waiting

@@ -116,6 +116,10 @@ def test_the_global_shards_holder_publishes_the_watermark_and_a_released_hold_se
     published = balances_of(glob)
     samples = {p: open_shard(other.shard_settings, samples_shard(p), INC) for p in (0, 1)}
     published += samples_elsewhere(samples, {0: 4, 1: 2})  # job-1's usage through T0 + 2
+    idle = open_shard(other.shard_settings, samples_shard(2), INC)  # a partition no GPU uses
+    idle.ingestor.apply(jobs)  # folded for its views: sealed, with no usage
+    idle.store.seal()
+    published += balances_of(idle)
 
     asyncio.run(worker.seal())
     asyncio.run(worker.seal())  # the same watermark: not sent again
@@ -133,7 +137,7 @@ def test_the_global_shards_holder_publishes_the_watermark_and_a_released_hold_se
     asyncio.run(worker.seal())  # nothing new in the global shard: the watermark all the same
     assert [e.through_us for e in sent_events(loop)] == [event.through_us, T0_US + 5 * INTERVAL_US]
     worker._close()
-    for shard in samples.values():
+    for shard in [*samples.values(), idle]:
         shard.store.close()
 
     union = pull(store, tmp_path / "reader")
