@@ -14,7 +14,8 @@ Pure, values in and value out:
 - `shards_sealed_through`: the event, from the watermark and those lines: per job (only the
   `jobs` asked for, the holds the global shard has open: the event stays small) and per team.
 
-The I/O here: `read_usage_lines`, the same sums by DuckDB over sealed postings, and
+The I/O here: `read_usage_lines`, the same sums by DuckDB over sealed postings (from the fine
+rollups of the segments wholly below the watermark), and
 `union_sealed_through`, the event of a union read cache (`ledger.store.union.pull_shards`).
 """
 
@@ -122,16 +123,34 @@ def usage_lines(transactions: Iterable[Transaction], through_us: int) -> list[Us
 def read_usage_lines(
     root: Path, segments: Sequence[SegmentInfo], through_us: int
 ) -> list[UsageLine]:
-    """`usage_lines` of the sealed postings `segments` (paths relative to `root`) list."""
-    files = [root / s.path for s in segments if s.summary is not None and s.rows]
-    if not files:
+    """`usage_lines` of the sealed postings `segments` (paths relative to `root`) list. A
+    segment whose postings all end by `through_us` is read from its fine rollup (the same sums
+    by period, kind, account, unit and job, a fraction of the rows); only the segments the
+    watermark cuts through — the newest few — are read whole."""
+    whole: list[Path] = []
+    rolled: list[Path] = []
+    for seg in segments:
+        if seg.summary is None or not seg.rows:
+            continue
+        below = seg.max_end_us is not None and seg.max_end_us <= through_us
+        if below and seg.rollup is not None:
+            rolled.append(root / seg.rollup.path)
+        else:
+            whole.append(root / seg.path)
+    if not whole and not rolled:
         return []
+    columns = "job_id, account, unit, period, amount, kind, end_us"
+    sources = [
+        f"SELECT {columns} FROM read_parquet([{sql_list(files)}])"
+        for files in (whole, rolled)
+        if files
+    ]
     units = ", ".join(f"'{u.value}'" for u in BUDGET_UNITS)
     kinds = ", ".join(f"'{k}'" for k in _KINDS)
     sql = f"""
         SELECT job_id, split_part(substr(account, {len(_CONSUMER) + 1}), '/', 1) AS team,
                unit, period, sum(amount)::BIGINT
-        FROM read_parquet([{sql_list(files)}])
+        FROM ({" UNION ALL ".join(sources)})
         WHERE kind IN ({kinds}) AND unit IN ({units}) AND end_us <= ?
           AND starts_with(account, '{_CONSUMER}')
         GROUP BY ALL"""
