@@ -144,6 +144,18 @@ class SampleBatchConsumer:
         consumer.resume(tp)
         return True
 
+    async def end_offsets(self) -> dict[int, int] | None:
+        """Every partition's end offset (None: not started)."""
+        consumer = self._consumer
+        if consumer is None:
+            return None
+        await consumer.topics()  # the topic's metadata, its partitions included
+        tps = [
+            TopicPartition(self._topic, p) for p in consumer.partitions_for_topic(self._topic) or ()
+        ]
+        ends = await consumer.end_offsets(tps)
+        return {tp.partition: int(offset) for tp, offset in ends.items()}
+
     async def log_start(self, partition: int) -> int:
         """The first offset the broker still holds of `partition`."""
         assert self._consumer is not None

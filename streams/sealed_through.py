@@ -11,7 +11,7 @@ of every settlement and allowance it makes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -28,11 +28,16 @@ class AdminSender(Protocol):
 
 
 def read_sealed_through(
-    store: ObjectStore, cache: Path, jobs: Collection[str] | None
+    store: ObjectStore,
+    cache: Path,
+    jobs: Collection[str] | None,
+    samples: tuple[str, Mapping[int, int]] | None = None,
 ) -> ShardsSealedThrough | None:
-    """The event of the shards `store` holds now, pulled into `cache` (None: no watermark)."""
+    """The event of the shards `store` holds now, pulled into `cache` (None: no watermark);
+    `samples`: the samples topic and its partitions' end offsets, read before the heads (a
+    shard with no sealed usage is waited for while it has samples to seal)."""
     pull_shards(store, cache, shard_heads(store))
-    return union_sealed_through(cache, jobs)
+    return union_sealed_through(cache, jobs, samples)
 
 
 async def publish_sealed_through(
@@ -42,11 +47,13 @@ async def publish_sealed_through(
     topic: str,
     jobs: Collection[str] | None,
     known_us: int | None,
+    samples: tuple[str, Mapping[int, int]] | None = None,
 ) -> ShardsSealedThrough | None:
     """Publish the shards' watermark to `topic` if it advanced past `known_us` (the global
     shard's newest folded, `AdminView.sealed`); the event published, or None. `jobs`: those
-    whose usage the event carries (the global shard's open holds; None: every job)."""
-    event = await asyncio.to_thread(read_sealed_through, store, cache, jobs)
+    whose usage the event carries (the global shard's open holds; None: every job);
+    `samples`: as `read_sealed_through`'s."""
+    event = await asyncio.to_thread(read_sealed_through, store, cache, jobs, samples)
     if event is None or (known_us is not None and event.through_us <= known_us):
         return None
     key, value = encode_admin(admin_envelope(event))

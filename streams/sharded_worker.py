@@ -12,14 +12,17 @@ outbox, metrics and sealing health it keeps):
   (`shards_for`) and leaves their partitions paused: a restore can take longer than the
   session may wait for the listener. A task of its own takes each up (`open_shard`: kept, or
   restored from the published head when another worker wrote it since; claimed with a
-  conditional put of the head) and resumes its partition from the shard's applied offset. A
+  conditional put of the head) outside the worker's lock, so a revocation meanwhile does not
+  wait for a restore (a shard taken up for a revoked assignment is closed as claimed, not
+  held), and resumes its partition from the shard's applied offset. A
   samples batch that starts past that offset (fetched before the seek) is not applied: the
   partition is sought back to it, unless the broker no longer holds the offsets between.
 - *Inputs.* Samples go to their partition's shard. The admin, jobs and inventory-reports
   topics are not consumed by Faust agents (their group could give them to one worker while the
   samples group gives partition 0 to another): one `ViewFeed` per worker reads them outside any
   group, each from the lowest offset a shard of this worker still needs, and hands every shard
-  what its role folds (admin and jobs to all, inventory reports to the global shard). This is
+  what its role folds (admin and jobs to all, inventory reports to the global shard) — only
+  the shards it was positioned for: one taken up during the fetch waits for the next. This is
   the simplest correct way: a shard's admin and jobs offsets are in its own store (its archive
   after a restore), so it reads them exactly once whichever worker held it before, and no
   worker depends on another's group to see the events its views need.
@@ -36,7 +39,9 @@ outbox, metrics and sealing health it keeps):
   further — its holder publishes `ShardsSealedThrough` (`streams.sealed_through`, from the
   shards' heads, with the global shard's open-hold jobs) when its watermark passed the newest
   the global shard folded (or this worker published); it is not read again while no samples
-  shard's head changed. The event comes back through the view
+  shard's head changed. A samples shard that has sealed no usage is waited for only while its
+  partition holds samples it has not sealed (the samples consumer's end offsets): one no GPU
+  writes to would hold the watermark back for ever. The event comes back through the view
   feed like any admin event; the global shard settles the holds that ended by it and grants
   the allowances that need the union's spending (`ledger.ingest.sealed`).
 - A change of broker incarnation ends the worker (75), as the whole-ledger worker's does.
@@ -48,7 +53,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import duckdb
@@ -137,6 +142,7 @@ class ShardedWorker(LedgerWorker):
         )
         self.shards: dict[str, Shard] = {}
         self._pending: list[ShardSpec] = []  # assigned, not taken up yet
+        self._revocations = 0  # a take-up begun before the latest revocation is void
         self._to_take_up = asyncio.Event()
         self._incarnation: str | None = None
         self.admin_sender: AdminSender | None = None  # the app's producer (`_add_inputs`)
@@ -195,6 +201,8 @@ class ShardedWorker(LedgerWorker):
     async def revoked(self, partitions: set[int]) -> None:
         """Seal, publish and close every shard this worker holds (the rebalance revokes all)."""
         s = self.settings
+        self._revocations += 1  # before the lock: a take-up in progress gives its shard back
+        self._pending = []
         async with self._publishing, self._lock:
             self._pending = []
             for name, shard in list(self.shards.items()):
@@ -229,26 +237,33 @@ class ShardedWorker(LedgerWorker):
             incarnation = self._incarnation
             assert incarnation is not None
             while self._pending:
+                spec = self._pending.pop(0)
+                revocations = self._revocations
+                shard = self.shards.get(spec.name)
+                if shard is None:  # outside the lock: a revocation does not wait for a restore
+                    shard = await self._take_up(spec, incarnation, revocations)
                 async with self._lock:
-                    if not self._pending:
-                        break  # revoked meanwhile
-                    spec = self._pending.pop(0)
-                    shard = self.shards.get(spec.name)
                     if shard is None:
-                        shard = await self._take_up(spec, incarnation)
-                        self.shards[spec.name] = shard
+                        continue  # revoked while the store was away
+                    if revocations != self._revocations:  # revoked while it was taken up
+                        await asyncio.to_thread(shard.store.close)  # its head is as claimed
+                        log.info("shard %s given back as it was taken up", spec.name)
+                        continue
+                    self.shards[spec.name] = shard
                     if spec.partition is not None:
                         start = shard.next_offset(self.settings.samples_topic)
                         self._samples.resume_at(spec.partition, start)
             log.info("holding shards %s", ", ".join(sorted(self.shards)) or "none")
 
-    async def _take_up(self, spec: ShardSpec, incarnation: str) -> Shard:
-        while True:
+    async def _take_up(self, spec: ShardSpec, incarnation: str, revocations: int) -> Shard | None:
+        """The shard `spec`, taken up; None when revoked meanwhile (`revocations` moved on)."""
+        while revocations == self._revocations:
             try:
                 return await asyncio.to_thread(open_shard, self.shard_settings, spec, incarnation)
             except (SealError, OSError) as exc:  # the store away: the partition waits
                 log.warning("cannot take shard %s up yet: %s", spec.name, exc)
                 await asyncio.sleep(RETRY_S)
+        return None
 
     def _fenced_shard(self, name: str, exc: WriterFenced) -> None:
         self._observe(lambda o: o.worker_error("fenced"))
@@ -284,10 +299,14 @@ class ShardedWorker(LedgerWorker):
         for name, part in by_shard.items():
             await self._apply_to(name, part)
 
-    async def _apply_to(self, name: str, messages: list[ConsumedMessage]) -> None:
+    async def _apply_to(
+        self, name: str, messages: list[ConsumedMessage], expected: Shard | None = None
+    ) -> None:
+        """Apply `messages` to the shard `name` if this worker holds it (and it is `expected`,
+        when given: not one taken up again since)."""
         async with self._lock:
             shard = self.shards.get(name)
-            if shard is None:
+            if shard is None or (expected is not None and shard is not expected):
                 return
             ingestor = shard.ingestor
             fresh = [m for m in messages if m.offset >= ingestor.next_offset(m.topic, m.partition)]
@@ -324,11 +343,11 @@ class ShardedWorker(LedgerWorker):
         self._samples.resume_at(first.partition, applied)
         return True
 
-    def _view_starts(self) -> dict[PartitionKey, int]:
-        """Per admin/jobs/inventory partition, the lowest offset a shard here still needs."""
+    def _view_starts(self, shards: Iterable[Shard]) -> dict[PartitionKey, int]:
+        """Per admin/jobs/inventory partition, the lowest offset one of `shards` still needs."""
         s = self.settings
         starts: dict[PartitionKey, int] = {}
-        for shard in self.shards.values():
+        for shard in shards:
             for topic, partition in self._views.partitions:
                 if topic == s.inventory_reports_topic and shard.spec.role is not ShardRole.GLOBAL:
                     continue
@@ -350,7 +369,8 @@ class ShardedWorker(LedgerWorker):
         try:
             while True:
                 async with self._lock:
-                    starts = self._view_starts()
+                    holders = dict(self.shards)
+                    starts = self._view_starts(holders.values())
                 if not starts:
                     await asyncio.sleep(s.batch_within_s)
                     continue
@@ -360,23 +380,26 @@ class ShardedWorker(LedgerWorker):
                     log.warning("reading admin and jobs failed: %s", exc)
                     await asyncio.sleep(RETRY_S)
                     continue
-                if not messages:
-                    continue
-                for name in sorted(self.shards, key=lambda n: n != "global"):
-                    shard = self.shards.get(name)
-                    if shard is None:
-                        continue
-                    mine = [
-                        m
-                        for m in messages
-                        if shard.spec.role is ShardRole.GLOBAL
-                        or m.topic != s.inventory_reports_topic
-                    ]
-                    if mine:
-                        await self._apply_to(name, mine)
-                await self.publish_outbox()
+                if messages:
+                    await self._hand_views(messages, holders)
+                    await self.publish_outbox()
         finally:
             await self._views.stop()
+
+    async def _hand_views(
+        self, messages: list[ConsumedMessage], holders: Mapping[str, Shard]
+    ) -> None:
+        """Hand each shard what its role folds of `messages` (admin and jobs to all, inventory
+        reports to the global shard; the global shard first) — only the `holders`, the shards
+        the fetch was positioned for: one taken up since may need offsets before the fetch's
+        start, and handed these it would skip the events between for good."""
+        inventory = self.settings.inventory_reports_topic
+        for name in sorted(holders, key=lambda n: n != GLOBAL_SHARD):
+            shard = holders[name]
+            glob = shard.spec.role is ShardRole.GLOBAL
+            mine = [m for m in messages if glob or m.topic != inventory]
+            if mine:
+                await self._apply_to(name, mine, expected=shard)
 
     # ------------------------------------------------------------------ sealing
 
@@ -413,6 +436,7 @@ class ShardedWorker(LedgerWorker):
             return None
         cache = s.data_dir / WATERMARK_CACHE
         try:
+            ends = await self._samples_ends()  # before the heads: what they are to have sealed
             heads = await asyncio.to_thread(samples_heads, store)
             if heads == self._watermark_heads:
                 return None  # no samples shard published since: the same watermark
@@ -423,7 +447,10 @@ class ShardedWorker(LedgerWorker):
                 jobs, folded = await asyncio.to_thread(hold_jobs_and_watermark, shard.store)
             seen = [t for t in (folded, self._published_through) if t is not None]
             known = max(seen, default=None)
-            event = await publish_sealed_through(store, cache, sender, s.admin_topic, jobs, known)
+            samples = None if ends is None else (s.samples_topic, ends)
+            event = await publish_sealed_through(
+                store, cache, sender, s.admin_topic, jobs, known, samples
+            )
         except (KafkaError, SealError, SegmentError, OSError, duckdb.Error) as exc:
             log.warning("the shards' watermark not published: %s", bounded(str(exc), TEXT_LIMIT))
             return None
@@ -436,6 +463,11 @@ class ShardedWorker(LedgerWorker):
                 len(jobs),
             )
         return event
+
+    async def _samples_ends(self) -> dict[int, int] | None:
+        """The samples partitions' end offsets (None: no samples consumer runs here)."""
+        consumer = getattr(self, "_samples", None)
+        return None if consumer is None else await consumer.end_offsets()
 
     def _recover(self) -> None:
         """Nothing to seal before the group assigns partitions: a shard kept from a previous

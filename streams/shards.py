@@ -13,23 +13,26 @@ published under `shards/<name>/` of the segments store, which only its owner rea
 
 Taking a shard up (`open_shard`), on assignment:
 1. *Start from what is sealed.* The local directory is kept only when its sealed ledger is the
-   one the shard's head names (its manifests are the head's versions: `is_current`): its hot
-   rows are then this worker's own unsealed work on top of it (a restart on the same
-   partitions). Otherwise — the shard was written by another worker since, or never here — the
-   directory is replaced by the published shard's state (`restore`): the shard is pulled and its
-   raw-event archive replayed into a fresh hot database with the shard's role, the fold
-   `tally ledger rebuild` runs, so dedupe ids, idle states, views and applied offsets are those
-   the head's segments were folded with. The outbox the replay fills (alerts, dead letters the
-   previous owner already published) is dropped, not sent again.
+   one the shard's head names (its manifests are the head's versions: `local_manifests`,
+   `published_manifests`): its hot rows are then this worker's own unsealed work on top of it
+   (a restart on the same partitions). Otherwise — the shard was written by another worker
+   since, or never here — the directory is replaced by the published shard's state
+   (`restore`): the shard is pulled and its raw-event archive replayed into a fresh hot
+   database with the shard's role, the fold `tally ledger rebuild` runs, so dedupe ids, idle
+   states, views and applied offsets are those the head's segments were folded with. The
+   outbox the replay fills (alerts, dead letters the previous owner already published) is
+   dropped, not sent again.
 2. *Claim the head* (`Publisher.claim`: a conditional put of the head with epoch + 1). The
    epoch is the head's own plus one, not the group generation: it never goes backwards whatever
    the group does (a group re-created from scratch starts its generations at 1 again), and a
    claim is one conditional write either way. From then on a previous owner's publish fails
    (`WriterFenced`), so nothing it seals later is read. A head a previous owner published
-   between step 1 and the claim is superseded by this worker's next publish: its rows are
-   refolded from the topic, as below. The shard's ingestor stamps its balances with the
-   claim (`ShardStamp(name, epoch)`): readers sum an account over the shards and ignore a
-   shard's messages of an older epoch (`ledger.shard_balances`).
+   between step 1 and the claim is the one claimed (the claim keeps the files the head names):
+   the shard is then restored again, from it, and claimed again — publishing the state of
+   step 1 over it would take that seal's rows from the readers until they were folded again,
+   and for good where the topic no longer holds them. The shard's ingestor stamps its
+   balances with the claim (`ShardStamp(name, epoch)`): readers sum an account over the
+   shards and ignore a shard's messages of an older epoch (`ledger.shard_balances`).
 3. The samples partition is fetched from the shard's applied offset (`Shard.next_offset`): the
    sealed one after a restore, never Kafka's committed offset. What the previous owner had
    committed but not sealed is folded again from the topic.
@@ -132,18 +135,27 @@ def remote_of(store: ObjectStore, name: str) -> ObjectStore:
     return PrefixedStore(store, shard_prefix(name))
 
 
-def is_current(local: Path, remote: ObjectStore) -> bool:
-    """Whether the sealed ledger in the shard directory `local` is the one `remote`'s head
-    names now: both manifests (postings and archive) the same bytes, or both absent."""
-    for root in (ARCHIVE_DIR, SEGMENTS_DIR):
-        key = f"{root}/{MANIFEST_NAME}"
+Manifests = tuple[bytes | None, ...]  # the postings and archive manifests (None: absent)
+
+
+def _manifest_keys() -> list[str]:
+    return [f"{root}/{MANIFEST_NAME}" for root in (ARCHIVE_DIR, SEGMENTS_DIR)]
+
+
+def published_manifests(remote: ObjectStore) -> Manifests:
+    """The manifests the head of `remote` names now."""
+    return tuple(read_published(remote, key) for key in _manifest_keys())
+
+
+def local_manifests(local: Path) -> Manifests:
+    """The manifests of the sealed ledger in the shard directory `local`."""
+    found: list[bytes | None] = []
+    for key in _manifest_keys():
         try:
-            mine: bytes | None = (local / key).read_bytes()
+            found.append((local / key).read_bytes())
         except FileNotFoundError:
-            mine = None
-        if read_published(remote, key) != mine:
-            return False
-    return True
+            found.append(None)
+    return tuple(found)
 
 
 def restore(local: Path, remote: ObjectStore, settings: ReplaySettings) -> int:
@@ -175,7 +187,8 @@ def open_shard(settings: ShardSettings, spec: ShardSpec, incarnation: str) -> Sh
     zone: tzinfo = settings.replay.zone
     for attempt in range(CLAIM_TRIES):
         restored = 0
-        if not is_current(local, remote):
+        named = published_manifests(remote)  # what the state taken up is to be
+        if local_manifests(local) != named:
             restored = restore(local, remote, replace(settings.replay, role=spec.role))
         claim_zone(local, zone)
         publisher = Publisher(local, remote, grace_s=settings.grace_s)
@@ -185,6 +198,10 @@ def open_shard(settings: ShardSettings, spec: ShardSpec, incarnation: str) -> Sh
             if attempt == CLAIM_TRIES - 1:
                 raise
             continue
+        if published_manifests(remote) != named:  # the previous owner published since
+            if attempt == CLAIM_TRIES - 1:
+                raise SealError(remote.describe(), "its head kept changing while taken up")
+            continue  # restored again from the head now claimed: no one else publishes it
         store = PublishedStore(local, publisher)
         store.limit_memory(settings.memory_limit)
         r = settings.replay

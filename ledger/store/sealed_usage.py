@@ -6,13 +6,16 @@ Pure, values in and value out:
 - `newest_usage`: a shard's newest sealed usage time, from its manifest's segment summaries
   (the latest end of a usage interval a segment lists);
 - `watermark`: the minimum of that over the samples shards (every shard but the global one and
-  a root ledger, `ledger.store.union_rules`); None while some samples shard has sealed no usage;
+  a root ledger, `ledger.store.union_rules`) that have sealed usage; None while none has;
+- `unsealed_without_usage`: the shards with no sealed usage whose partition holds samples they
+  have not sealed (given the partitions' end offsets): the watermark waits for those only;
 - `usage_lines`: the consumer postings of usage and reversal transactions ending at or before
   the watermark, summed per (job, team, unit, period) in budget units;
 - `shards_sealed_through`: the event, from the watermark and those lines: per job (only the
   `jobs` asked for, the holds the global shard has open: the event stays small) and per team.
 
-The I/O here: `read_usage_lines`, the same sums by DuckDB over sealed postings, and
+The I/O here: `read_usage_lines`, the same sums by DuckDB over sealed postings (from the fine
+rollups of the segments wholly below the watermark), and
 `union_sealed_through`, the event of a union read cache (`ledger.store.union.pull_shards`).
 """
 
@@ -70,11 +73,35 @@ def samples_shards(union: Sequence[SegmentInfo]) -> dict[str, list[SegmentInfo]]
 
 
 def watermark(newest: Mapping[str, int | None]) -> int | None:
-    """The minimum of the samples shards' newest sealed usage times; None when there is no
-    shard or one has sealed no usage yet."""
-    if not newest or any(t is None for t in newest.values()):
-        return None
-    return min(t for t in newest.values() if t is not None)
+    """The minimum of the samples shards' newest sealed usage times, over the shards that have
+    sealed usage; None when none has. A shard with none is not waited for here: every samples
+    shard seals the admin and jobs events it folds for its views, so a partition no GPU writes
+    to would hold the watermark (the holds' settlement, carry-over) back for ever. Whether one
+    holds samples it has not sealed yet is `unsealed_without_usage`'s to say."""
+    known = [t for t in newest.values() if t is not None]
+    return min(known) if known else None
+
+
+def sealed_next(segments: Iterable[SegmentInfo], topic: str, partition: int) -> int:
+    """The next offset of `topic`'s `partition` after those the segments sealed (0: none)."""
+    ends = [s.last_offset + 1 for s in segments if (s.topic, s.partition) == (topic, partition)]
+    return max(ends, default=0)
+
+
+def unsealed_without_usage(
+    shards: Mapping[str, Sequence[SegmentInfo]], topic: str, ends: Mapping[int, int]
+) -> list[str]:
+    """The samples shards (of the partitions of `topic` whose end offsets `ends` gives) that
+    have sealed no usage while their partition holds samples they have not sealed: their first
+    samples may end before any watermark, so there is none until they seal (a shard with no
+    head, or nothing sealed, counts from offset 0)."""
+    waiting = []
+    for partition, end in sorted(ends.items()):
+        name = f"samples-{partition}"
+        segments = shards.get(name, ())
+        if newest_usage(segments) is None and end > sealed_next(segments, topic, partition):
+            waiting.append(name)
+    return waiting
 
 
 def usage_lines(transactions: Iterable[Transaction], through_us: int) -> list[UsageLine]:
@@ -96,16 +123,34 @@ def usage_lines(transactions: Iterable[Transaction], through_us: int) -> list[Us
 def read_usage_lines(
     root: Path, segments: Sequence[SegmentInfo], through_us: int
 ) -> list[UsageLine]:
-    """`usage_lines` of the sealed postings `segments` (paths relative to `root`) list."""
-    files = [root / s.path for s in segments if s.summary is not None and s.rows]
-    if not files:
+    """`usage_lines` of the sealed postings `segments` (paths relative to `root`) list. A
+    segment whose postings all end by `through_us` is read from its fine rollup (the same sums
+    by period, kind, account, unit and job, a fraction of the rows); only the segments the
+    watermark cuts through — the newest few — are read whole."""
+    whole: list[Path] = []
+    rolled: list[Path] = []
+    for seg in segments:
+        if seg.summary is None or not seg.rows:
+            continue
+        below = seg.max_end_us is not None and seg.max_end_us <= through_us
+        if below and seg.rollup is not None:
+            rolled.append(root / seg.rollup.path)
+        else:
+            whole.append(root / seg.path)
+    if not whole and not rolled:
         return []
+    columns = "job_id, account, unit, period, amount, kind, end_us"
+    sources = [
+        f"SELECT {columns} FROM read_parquet([{sql_list(files)}])"
+        for files in (whole, rolled)
+        if files
+    ]
     units = ", ".join(f"'{u.value}'" for u in BUDGET_UNITS)
     kinds = ", ".join(f"'{k}'" for k in _KINDS)
     sql = f"""
         SELECT job_id, split_part(substr(account, {len(_CONSUMER) + 1}), '/', 1) AS team,
                unit, period, sum(amount)::BIGINT
-        FROM read_parquet([{sql_list(files)}])
+        FROM ({" UNION ALL ".join(sources)})
         WHERE kind IN ({kinds}) AND unit IN ({units}) AND end_us <= ?
           AND starts_with(account, '{_CONSUMER}')
         GROUP BY ALL"""
@@ -145,12 +190,18 @@ def shards_sealed_through(
 
 
 def union_sealed_through(
-    cache: Path, jobs: Collection[str] | None = None
+    cache: Path,
+    jobs: Collection[str] | None = None,
+    samples: tuple[str, Mapping[int, int]] | None = None,
 ) -> ShardsSealedThrough | None:
     """The `ShardsSealedThrough` of the union in the read cache `cache` (its manifest lists
     every shard's segments): the samples shards' watermark and their usage up to it (per job of
-    `jobs`, None: every job); None while there is no watermark."""
+    `jobs`, None: every job); None while there is no watermark, or while a shard with no
+    sealed usage has samples to seal (`samples`: the samples topic and its partitions' end
+    offsets; None: not known, not checked)."""
     shards = samples_shards(Manifest(cache / SEGMENTS_DIR).load())
+    if samples is not None and unsealed_without_usage(shards, *samples):
+        return None
     through = watermark({name: newest_usage(segs) for name, segs in shards.items()})
     if through is None:
         return None

@@ -7,9 +7,11 @@ transactions in memory and from their sealed Parquet read by DuckDB."""
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import orjson
 import pyarrow.parquet as pq
 import pytest
@@ -24,6 +26,7 @@ from ledger.admin import (
 )
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.store.port import SourcedTransaction
+from ledger.store.rollup_files import RollupInfo, write_rollup
 from ledger.store.schema import transactions_to_arrow
 from ledger.store.sealed_usage import (
     UsageLine,
@@ -31,6 +34,7 @@ from ledger.store.sealed_usage import (
     read_usage_lines,
     samples_shards,
     shards_sealed_through,
+    unsealed_without_usage,
     usage_lines,
     watermark,
 )
@@ -77,7 +81,8 @@ def test_a_malformed_usage_line_is_a_dead_letter(data: dict[str, Any], reason: s
 
 WATERMARKS = {
     "no-shard": ({}, None),
-    "a-shard-without-usage": ({"samples-0": 50, "samples-1": None}, None),
+    "a-shard-without-usage-is-not-waited-for": ({"samples-0": 50, "samples-1": None}, 50),
+    "no-shard-with-usage": ({"samples-0": None, "samples-1": None}, None),
     "the-slowest-shard": ({"samples-0": 50, "samples-1": 30, "samples-2": 70}, 30),
 }
 
@@ -163,12 +168,59 @@ def test_the_event_sums_usage_up_to_the_watermark_per_job_asked_for_and_per_team
     assert admin_envelope(again).id == admin_envelope(event).id
 
 
-def test_sealed_parquet_reads_as_the_transactions_do() -> None:
-    with tempfile.TemporaryDirectory() as root:
-        sourced = [SourcedTransaction(t, "samples", 0, i) for i, t in enumerate(TRANSACTIONS)]
-        pq.write_table(transactions_to_arrow(sourced, "c"), Path(root) / "s.parquet")
-        segment = _segment("s.parquet", len(TRANSACTIONS) * 6, THROUGH + 1)
-        read = read_usage_lines(Path(root), [segment], THROUGH)
-    expected = usage_lines(TRANSACTIONS, THROUGH)
-    assert read == expected
+READS = {
+    # the watermark cuts through the segment: read whole
+    "cut-through": ([TRANSACTIONS], THROUGH),
+    # every posting ends by the watermark: read from its fine rollup
+    "wholly-below-from-the-rollup": ([TRANSACTIONS], THROUGH + 1),
+    # one segment of each
+    "both": ([TRANSACTIONS[:3], TRANSACTIONS[3:]], THROUGH),
+}
+
+
+@pytest.mark.parametrize(("parts", "through"), READS.values(), ids=READS.keys())
+def test_sealed_parquet_reads_as_the_transactions_do(
+    parts: list[list[Transaction]], through: int
+) -> None:
+    with tempfile.TemporaryDirectory() as name:
+        root = Path(name)
+        segments = []
+        for n, part in enumerate(parts):
+            sourced = [SourcedTransaction(t, "samples", 0, i) for i, t in enumerate(part)]
+            pq.write_table(transactions_to_arrow(sourced, "c"), root / f"{n}.parquet")
+            with duckdb.connect() as con:  # as the seal writes it beside the segment
+                write_rollup(con, root / f"{n}.parquet", root / f"{n}.rollup.parquet")
+            extent = max(t.end_us for t in part)
+            segment = replace(
+                _segment(f"{n}.parquet", len(part) * 6, extent),
+                rollup=RollupInfo(f"{n}.rollup.parquet", 1, "-"),
+            )
+            segments.append(segment)
+            if extent <= through:
+                (root / segment.path).unlink()  # read from its rollup, never itself
+        read = read_usage_lines(root, segments, through)
+    assert read == usage_lines(TRANSACTIONS, through)
     assert UsageLine("job-2", "vision", Unit.MONEY, "2026-11", 40) in read
+
+
+def _sealed(path: str, topic: str, last_offset: int, usage: int | None) -> SegmentInfo:
+    summary = SegmentSummary(usage_first_us=None if usage is None else 0, usage_last_us=usage)
+    return SegmentInfo(path, "c", topic, 1, 0, last_offset, 1, "-", 0, usage, summary)
+
+
+WAITING = {
+    "sealed-usage": ([_sealed("shards/samples-1/a", "samples", 9, 40)], 99, []),
+    "no-samples-at-all": ([_sealed("shards/samples-1/j", "jobs", 4, None)], 0, []),
+    "every-sample-sealed-none-used": ([_sealed("shards/samples-1/s", "samples", 9, None)], 10, []),
+    "samples-not-sealed-yet": ([_sealed("shards/samples-1/j", "jobs", 4, None)], 3, ["samples-1"]),
+    "more-than-sealed": ([_sealed("shards/samples-1/s", "samples", 9, None)], 12, ["samples-1"]),
+    "no-head-yet": ([], 5, ["samples-1"]),
+}
+
+
+@pytest.mark.parametrize(("union", "end", "waiting"), WAITING.values(), ids=WAITING.keys())
+def test_a_shard_without_usage_is_waited_for_only_while_it_has_samples_to_seal(
+    union: list[SegmentInfo], end: int, waiting: list[str]
+) -> None:
+    shards = samples_shards(union)
+    assert unsealed_without_usage(shards, "samples", {1: end}) == waiting

@@ -8,6 +8,7 @@ and going on with the others."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,12 @@ from ledger.store.objects import LocalObjectStore
 from ledger.store.rebuild import ReplaySettings
 from ledger.store.replica import pull
 from ledger.store.union_rebuild import role_of
+from streams import sharded_worker, shards
 from streams.sharded_worker import ShardedWorker
 from streams.shards import (
+    GLOBAL,
+    GLOBAL_PARTITION,
+    Shard,
     ShardSettings,
     close_shard,
     drop_shard,
@@ -31,6 +36,7 @@ from streams.shards import (
 )
 from streams.worker import WorkerSettings
 from tests.unit.test_ledger_on_s3 import totals
+from tests.unit.test_shard_wiring import a_worker
 from tests.unit.test_store import PRICES, TOPIC, ingest, message
 
 INC = "cluster-a"
@@ -152,3 +158,79 @@ def test_a_sharded_worker_drops_a_fenced_shard_and_keeps_the_others(tmp_path):
 )
 def test_a_shard_directory_is_rebuilt_with_its_shards_role(path, role):
     assert role_of(Path(path)) == role
+
+
+def test_a_head_published_between_restore_and_claim_is_taken_up_not_overwritten(
+    tmp_path, monkeypatch
+):
+    """The previous owner seals once more after the new owner restored and before it claimed:
+    the claimed head names that seal, so the new owner restores again (under its claim) rather
+    than publish the older state over it, and a handover right away loses nothing."""
+    store = LocalObjectStore(tmp_path / "objects")
+    spec = samples_shard(2)
+    first = open_shard(settings(tmp_path / "a", store), spec, INC)
+    first.ingestor.apply(MESSAGES[:3])
+    first.store.seal()  # published: offsets 0-2
+    first.ingestor.apply(MESSAGES[3:5])  # committed; sealed only once the second restored
+    real_restore = shards.restore
+    restores: list[int] = []
+
+    def restore_then_the_first_seals(*args, **kwargs):
+        restores.append(real_restore(*args, **kwargs))
+        if len(restores) == 1:
+            first.store.seal()  # published: offsets 0-4, between the restore and the claim
+        return restores[-1]
+
+    monkeypatch.setattr(shards, "restore", restore_then_the_first_seals)
+    second = open_shard(settings(tmp_path / "b", store), spec, INC)
+
+    taken_up_at = second.next_offset(TOPIC)
+    drop_shard(tmp_path / "a", first)  # fenced: nothing of it is read
+    close_shard(second, 500_000, 8)  # revoked at once: nothing folded again yet
+    whole = tmp_path / "whole"
+    with DuckDBStore(whole) as writer:
+        ingest(writer, *MESSAGES[:5])
+        writer.seal()
+    assert totals(pull(store, tmp_path / "reader")) == totals(whole)
+    assert taken_up_at == 5  # what the claimed head names, not the older one
+
+
+def test_a_revocation_during_a_take_up_does_not_wait_for_it_and_the_shard_is_given_back(
+    tmp_path, monkeypatch
+):
+    """The take-up (a restore can take long) runs outside the worker's lock: the rebalance's
+    revocation goes through meanwhile, and the shard taken up for the revoked assignment is
+    closed, not held."""
+    store = LocalObjectStore(tmp_path / "objects")
+    worker = a_worker(tmp_path / "a", store)
+    worker._incarnation = INC
+    entered, release = threading.Event(), threading.Event()
+    taken: list[Shard] = []
+
+    def slow_open(*args, **kwargs):
+        entered.set()
+        release.wait(5)
+        taken.append(open_shard(*args, **kwargs))
+        return taken[-1]
+
+    monkeypatch.setattr(sharded_worker, "open_shard", slow_open)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(worker._take_up_shards())
+        await worker.assigned({GLOBAL_PARTITION})
+        assert await asyncio.to_thread(entered.wait, 5)
+        await asyncio.wait_for(worker.revoked(set()), 2)  # not held up by the take-up
+        release.set()
+        while not taken:
+            await asyncio.sleep(0.01)
+        async with worker._lock:  # the take-up's last step done
+            await asyncio.sleep(0.05)
+        async with worker._lock:
+            assert worker.shards == {}
+        task.cancel()
+
+    asyncio.run(scenario())
+    again = open_shard(settings(tmp_path / "b", store), GLOBAL, INC)  # given back: claimable
+    assert again.store.publisher.writer is not None
+    assert again.store.publisher.writer.epoch == 2
+    again.store.close()

@@ -9,6 +9,7 @@ test_sharded_workers.py`'s."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 from ledger.admin import JobUsage, ShardsSealedThrough, decode_admin_message
@@ -115,6 +116,10 @@ def test_the_global_shards_holder_publishes_the_watermark_and_a_released_hold_se
     published = balances_of(glob)
     samples = {p: open_shard(other.shard_settings, samples_shard(p), INC) for p in (0, 1)}
     published += samples_elsewhere(samples, {0: 4, 1: 2})  # job-1's usage through T0 + 2
+    idle = open_shard(other.shard_settings, samples_shard(2), INC)  # a partition no GPU uses
+    idle.ingestor.apply(jobs)  # folded for its views: sealed, with no usage
+    idle.store.seal()
+    published += balances_of(idle)
 
     asyncio.run(worker.seal())
     asyncio.run(worker.seal())  # the same watermark: not sent again
@@ -132,7 +137,7 @@ def test_the_global_shards_holder_publishes_the_watermark_and_a_released_hold_se
     asyncio.run(worker.seal())  # nothing new in the global shard: the watermark all the same
     assert [e.through_us for e in sent_events(loop)] == [event.through_us, T0_US + 5 * INTERVAL_US]
     worker._close()
-    for shard in samples.values():
+    for shard in [*samples.values(), idle]:
         shard.store.close()
 
     union = pull(store, tmp_path / "reader")
@@ -161,3 +166,32 @@ def summed_totals(updates: list[BalanceUpdate]) -> dict[tuple[str, str], int]:
         for merged in shards.merge(update):
             last[merged.account] = merged
     return {(a, unit): n for a, u in last.items() for unit, n in u.totals if n}
+
+
+def test_view_events_go_only_to_the_shards_the_fetch_was_positioned_for(tmp_path):
+    """A shard taken up while the view feed fetched (from the offset the shards held then
+    needed) is not handed that fetch: its events before the fetch's start would be skipped for
+    good. It gets them from its own offset at the next fetch."""
+    store = LocalObjectStore(tmp_path / "objects")
+    worker = a_worker(tmp_path / "a", store)
+    held = open_shard(worker.shard_settings, samples_shard(0), INC)
+    worker.shards[held.spec.name] = held
+    first, later = [
+        [ConsumedMessage("jobs", 0, at + i, encode_hold(hold_envelope(e))[1]) for i, e in pair]
+        for at, pair in (
+            (0, enumerate((PLACED, RELEASED))),
+            (2, enumerate((replace(PLACED, job_id="job-2"), replace(RELEASED, job_id="job-2")))),
+        )
+    ]
+    asyncio.run(worker._apply_to(held.spec.name, first))
+    holders = dict(worker.shards)  # what the fetch of `later` was positioned for
+    glob = open_shard(worker.shard_settings, GLOBAL, INC)  # taken up meanwhile, at offset 0
+    worker.shards[glob.spec.name] = glob
+
+    asyncio.run(worker._hand_views(later, holders))
+    assert held.ingestor.next_offset("jobs", 0) == 4
+    assert glob.ingestor.next_offset("jobs", 0) == 0  # not past the events it has not folded
+
+    asyncio.run(worker._hand_views(first + later, dict(worker.shards)))  # the next fetch
+    assert sorted(job for job, _ in glob.store.open_holds()) == ["job-1", "job-2"]
+    worker._close()
