@@ -92,11 +92,16 @@ def queue_balance_messages(
         consumers = {a for a in publish if a.startswith(f"{AccountKind.CONSUMER}:")}
         for account, job, unit, amount in read_job_usage(con, consumers, jobs):
             lines.setdefault(account, []).append(JobAmount(job, unit, amount))
-        for team, job, unit, amount in con.execute(
-            "SELECT team, job_id, unit, amount FROM open_holds WHERE list_contains(?, team) "
-            "ORDER BY job_id, unit",
-            [sorted(teams)],
-        ).fetchall():
+        open_rows = (
+            con.execute(
+                "SELECT team, job_id, unit, amount FROM open_holds WHERE list_contains(?, team) "
+                "ORDER BY job_id, unit",
+                [sorted(teams)],
+            ).fetchall()
+            if teams
+            else []
+        )
+        for team, job, unit, amount in open_rows:
             holds.setdefault(str(team), []).append(JobAmount(str(job), str(unit), int(amount)))
     seq_row = first_row(con.execute("SELECT nextval('publish_seq')"))
     seq = int(seq_row[0]) if seq_row else 0
