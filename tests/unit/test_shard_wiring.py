@@ -132,6 +132,7 @@ def test_the_global_shards_holder_publishes_the_watermark_and_a_released_hold_se
     [event] = sent_events(loop)
     assert event.through_us == T0_US + 2 * INTERVAL_US  # the slower shard's newest usage
     assert JobUsage("job-1", Unit.MONEY, 4 * SAMPLE_MICROS) in event.jobs  # two per shard
+    assert event.covers == ("job-1",)  # the holds open in the global shard: settled from it
     assert glob.store.open_holds()  # open until the watermark comes back
 
     admin = [ConsumedMessage("admin", 0, 0, loop.sent[0][2])]
