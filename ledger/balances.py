@@ -26,12 +26,16 @@ and the messages of the compacted `balances` topic.
   topic; a consumer sums an account over the shards and ignores a shard's message whose epoch
   is older than the newest it has seen for that shard (`ledger.shard_balances`). A whole
   ledger's messages are unstamped: keyed by the account, as they always were.
+- A shard's messages also carry what readers project its open holds with
+  (`ledger.hold_projection`): a budget its team's open holds per job (`BudgetStatus.holds`),
+  a consumer account its usage so far per job (`BalanceUpdate.jobs`); at most `MAX_LISTED`
+  of either (`listing_holds`), absent from a whole ledger's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -48,6 +52,7 @@ class BalanceType(StrEnum):
 
 BALANCE_TYPE = BalanceType.UPDATED
 BALANCE_SOURCE = "tally://ledger/balances"
+MAX_LISTED = 2_000  # jobs lines or holds in one message: it stays well under a broker's limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +80,25 @@ class BudgetLine:
 
 
 @dataclass(frozen=True, slots=True)
+class JobAmount:
+    """An amount of `unit` of one job: an open hold's (in a budget) or a job's usage so far
+    (in a consumer account's message)."""
+
+    job_id: str
+    unit: str
+    amount: int
+
+
+@dataclass(frozen=True, slots=True)
 class BudgetStatus:
+    """`holds`: the team's open holds per job, which a sharded ledger's global shard lists so
+    that readers can project them against the jobs' usage so far
+    (`ledger.hold_projection`); None: not listed (a whole ledger's, or too many)."""
+
     team: str
     period: str
     lines: tuple[BudgetLine, ...]
+    holds: tuple[JobAmount, ...] | None = None
 
     def line(self, unit: str) -> BudgetLine | None:
         return next((line for line in self.lines if line.unit == unit), None)
@@ -96,7 +116,9 @@ class ShardStamp:
 @dataclass(frozen=True, slots=True)
 class BalanceUpdate:
     """One message of the `balances` topic; `shard`: the sharded ledger's shard it is of
-    (None: a whole ledger's)."""
+    (None: a whole ledger's); `jobs`: a samples shard's consumer account's usage so far per job
+    (usage and reversals, every period) of the jobs its commit charged or that hold a GPU of
+    the shard, what readers project open holds against (`ledger.shard_balances`)."""
 
     account: str
     seq: int
@@ -106,6 +128,7 @@ class BalanceUpdate:
     totals: tuple[tuple[str, int], ...]
     budget: BudgetStatus | None = None
     shard: ShardStamp | None = None
+    jobs: tuple[JobAmount, ...] = ()
 
 
 def account_team(account: str) -> str | None:
@@ -185,7 +208,7 @@ def budget_statuses(rows: Collection[BalanceRow], period: str | None = None) -> 
 
 
 def _budget_to_dict(status: BudgetStatus) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "team": status.team,
         "period": status.period,
         "lines": [
@@ -200,6 +223,27 @@ def _budget_to_dict(status: BudgetStatus) -> dict[str, Any]:
             for line in status.lines
         ],
     }
+    if status.holds is not None:
+        out["holds"] = _job_amounts_to_data(status.holds)
+    return out
+
+
+def _job_amounts_to_data(amounts: Iterable[JobAmount]) -> list[list[Any]]:
+    return [[a.job_id, a.unit, a.amount] for a in amounts]
+
+
+def _job_amounts(value: Any) -> tuple[JobAmount, ...]:
+    if type(value) is not list:
+        raise EventError("expected an array of [job, unit, amount]")
+    out = []
+    for item in value:
+        if type(item) is not list or len(item) != 3:
+            raise EventError("expected an array of [job, unit, amount]")
+        job, unit, amount = item
+        if type(job) is not str or type(unit) is not str or type(amount) is not int:
+            raise EventError("expected [job, unit, amount] as a string, a string, an integer")
+        out.append(JobAmount(job, unit, amount))
+    return tuple(out)
 
 
 def balance_message_id(account: str, seq: int, stamp: ShardStamp | None = None) -> str:
@@ -227,6 +271,8 @@ def encode_balance_update(update: BalanceUpdate) -> bytes:
     }
     if update.shard is not None:
         data["shard"] = {"name": update.shard.shard, "epoch": update.shard.epoch}
+    if update.jobs:
+        data["jobs"] = _job_amounts_to_data(update.jobs)
     return encode_data(
         Envelope(
             id=balance_message_id(update.account, update.seq, update.shard),
@@ -282,6 +328,7 @@ def decode_balance_update(value: bytes) -> BalanceUpdate:
                     )
                     for line in budget_obj.get("lines", [])
                 ),
+                None if budget_obj.get("holds") is None else _job_amounts(budget_obj["holds"]),
             )
         current = data.get("current_period")
         shard = data.get("shard")
@@ -297,6 +344,7 @@ def decode_balance_update(value: bytes) -> BalanceUpdate:
             totals=tuple((_str(t, "unit"), _int(t, "balance")) for t in data.get("totals", [])),
             budget=budget,
             shard=None if shard is None else ShardStamp(_str(shard, "name"), _int(shard, "epoch")),
+            jobs=_job_amounts(data.get("jobs", [])),
         )
     except (AttributeError, TypeError) as exc:
         raise EventError(f"malformed balance message: {exc}") from exc
@@ -311,9 +359,10 @@ def balance_update(
     as_of_us: int,
     budget: BudgetStatus | None = None,
     shard: ShardStamp | None = None,
+    jobs: Iterable[JobAmount] = (),
 ) -> BalanceUpdate:
     """The message for `account` from its balance rows (of every period); `shard`: the stamp
-    of a sharded ledger's shard."""
+    of a sharded ledger's shard; `jobs`: its usage so far per job (a samples shard's)."""
     mine = sorted((r for r in rows if r.account == account), key=lambda r: (r.period, r.unit))
     totals: dict[str, int] = {}
     for row in mine:
@@ -327,7 +376,19 @@ def balance_update(
         totals=tuple(sorted(totals.items())),
         budget=budget,
         shard=shard,
+        jobs=tuple(sorted(jobs, key=lambda a: (a.job_id, a.unit))),
     )
+
+
+def listing_holds(
+    status: BudgetStatus | None, stamp: ShardStamp | None, holds: Mapping[str, Sequence[JobAmount]]
+) -> BudgetStatus | None:
+    """A shard's budget with the team's open holds per job listed (`holds`: per team; none
+    listed past `MAX_LISTED`, so readers project them whole); a whole ledger's unchanged."""
+    if status is None or stamp is None:
+        return status
+    held = holds.get(status.team, ())
+    return replace(status, holds=tuple(held)) if len(held) <= MAX_LISTED else status
 
 
 def fold_rows(rows: Iterable[tuple[Any, ...]]) -> list[BalanceRow]:

@@ -13,8 +13,8 @@ its job events (which this module's decoder passes over). The ledger books them:
   `expires_us`.
 
 In a sharded ledger the global shard holds no usage: there a release only ends the job's holds
-and each is settled once, from the union's usage, when the shards' watermark passes its end
-(`HoldBook.end`, `HoldBook.settle_ended`, `ledger.ingest.sealed`).
+and each is settled once, from the union's usage, when a shards' watermark that gives its job's
+usage passes its end (`HoldBook.end`, `HoldBook.settle_ended`, `ledger.ingest.sealed`).
 
 So a team's open holds are the balance of `hold:<team>` over all periods, never a stored number;
 `OpenHold` rows are the per-job projection the settlement needs, kept in the same commits.
@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -472,15 +472,23 @@ class HoldBook:
                     self._set(replace(hold, expires_us=event.time_us))
         return found
 
-    def settle_ended(self, through_us: int, usage: Mapping[HoldKey, int]) -> list[Transaction]:
+    def settle_ended(
+        self,
+        through_us: int,
+        usage: Mapping[HoldKey, int],
+        covers: Collection[str] | None = None,
+    ) -> list[Transaction]:
         """A global shard's settlement: each open hold that ended (released or expired) at or
         before the watermark `through_us` is settled once by its job's usage up to it
         (`min(usage, what is left)`, kind `hold_settle`) and what is left released (kind
-        `hold_release`), both booked at the hold's end. Ids derive from the hold's first
-        placement and its end, so folding the same facts again makes the same ones."""
+        `hold_release`), both booked at the hold's end. Only the holds of the jobs `covers`
+        names (those whose usage `usage` gives; None: every job): any other waits for a
+        watermark that gives its usage, never settled as if it used nothing. Ids derive from
+        the hold's first placement and its end, so folding the same facts again makes the
+        same ones."""
         out = []
         for key, hold in sorted(self._open.items()):
-            if hold.expires_us > through_us:
+            if hold.expires_us > through_us or (covers is not None and key[0] not in covers):
                 continue
             self._set(replace(hold, amount=0))
             settled = max(0, min(hold.amount, usage.get(key, 0)))

@@ -20,15 +20,36 @@ writer republishes only the accounts its refold changes — that older message i
 shard's newest word on its account. A refold after a move
 republishes the same numbers, so the sum converges. An unstamped message (a whole ledger's)
 passes through unchanged. Pure: messages in, messages out.
+
+Open holds are projected (`ledger.hold_projection`): the global shard keeps a hold whole until
+the shards' watermark passes its job's end, so the summed budget's `open_holds` is, per unit,
+`Σ max(0, hold − usage so far)` over the holds its message lists, the usage so far summed over
+the jobs lines of the samples shards' consumer messages (`BalanceUpdate.jobs`, each shard's
+job total in that account). A job line stays until a newer message of the same account and
+shard gives the job again (a message lists only the jobs its commit charged or that hold a GPU
+of the shard: leaving one out changes nothing), or until the job's hold leaves every budget
+(settled: nothing projects against it any more). The jobs lines come in the same message as
+the consumer balance they are part of, so `consumed` and the projection move together. A job
+whose usage no message read gives (a reader that started after the topic compacted away the
+message that last listed it) projects its hold whole: on the safe side, until it is settled.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 
 from ledger.accounts import AccountKind
-from ledger.balances import BalanceRow, BalanceUpdate, BudgetLine, BudgetStatus, account_team
+from ledger.balances import (
+    BalanceRow,
+    BalanceUpdate,
+    BudgetLine,
+    BudgetStatus,
+    JobAmount,
+    account_team,
+)
+from ledger.hold_projection import JobUnit, projected_status
 
 
 class ShardBalances:
@@ -37,6 +58,11 @@ class ShardBalances:
     def __init__(self) -> None:
         self._kept: dict[str, dict[str, BalanceUpdate]] = {}
         self._seq = 0  # the summed messages' own sequence: grows with every one given out
+        self._jobs: dict[tuple[str, str], dict[JobUnit, int]] = {}  # (account, shard) → lines
+        self._used: dict[JobUnit, int] = {}  # the jobs lines summed over accounts and shards
+        self._holds: dict[tuple[str, str], frozenset[str]] = {}  # (budget, shard) → held jobs
+        self._held: Counter[str] = Counter()  # job → how many budgets list a hold of it
+        self._where: dict[str, set[tuple[str, str]]] = {}  # job → the keys with its lines
 
     def merge(self, update: BalanceUpdate) -> list[BalanceUpdate]:
         """The messages the dispatcher takes for `update`: itself when unstamped; else the
@@ -54,6 +80,8 @@ class ShardBalances:
             if stamp.epoch == known.shard.epoch and update.seq <= known.seq:
                 return []  # the same writer's, and not newer
         kept[stamp.shard] = update
+        self._keep_holds((update.account, stamp.shard), update.budget)
+        self._keep_jobs((update.account, stamp.shard), update.jobs)
         out = [self._summed(update.account)]
         team = account_team(update.account)
         budget = f"{AccountKind.BUDGET}:{team}"
@@ -61,13 +89,55 @@ class ShardBalances:
             out.append(self._summed(budget))
         return out
 
+    def _keep_holds(self, key: tuple[str, str], budget: BudgetStatus | None) -> None:
+        """Count the jobs whose holds the budget message lists (replacing the shard's last);
+        a job no budget lists a hold of any more has its jobs lines dropped."""
+        jobs = frozenset(h.job_id for h in budget.holds or ()) if budget is not None else None
+        for job in self._holds.pop(key, frozenset()):
+            self._held[job] -= 1
+            if self._held[job] <= 0:
+                del self._held[job]
+                if not jobs or job not in jobs:
+                    self._forget(job)
+        if jobs:
+            self._holds[key] = jobs
+            self._held.update(jobs)
+
+    def _keep_jobs(self, key: tuple[str, str], lines: Iterable[JobAmount]) -> None:
+        """The jobs lines of an (account, shard): each replaces the last of its job and unit;
+        a job the message leaves out keeps its last (it charged nothing new there)."""
+        kept = self._jobs.setdefault(key, {})
+        for line in lines:
+            job = (line.job_id, line.unit)
+            self._add(job, line.amount - kept.get(job, 0))
+            kept[job] = line.amount
+            self._where.setdefault(line.job_id, set()).add(key)
+        if not kept:
+            del self._jobs[key]
+
+    def _forget(self, job_id: str) -> None:
+        """Drop the jobs lines of `job_id` (its hold is gone: nothing projects against it)."""
+        for key in self._where.pop(job_id, ()):
+            kept = self._jobs.get(key, {})
+            for job in [j for j in kept if j[0] == job_id]:
+                self._add(job, -kept.pop(job))
+            if not kept:
+                self._jobs.pop(key, None)
+
+    def _add(self, job: JobUnit, amount: int) -> None:
+        total = self._used.get(job, 0) + amount
+        if total:
+            self._used[job] = total
+        else:  # as if none were known
+            self._used.pop(job, None)
+
     def _summed(self, account: str) -> BalanceUpdate:
         kept = self._kept[account]
         self._seq += 1
         merged = summed(account, [kept[name] for name in sorted(kept)], self._seq)
         if merged.budget is None:
             return merged
-        return replace(merged, budget=self._consumed(merged.budget))
+        return replace(merged, budget=projected_status(self._consumed(merged.budget), self._used))
 
     def _consumed(self, status: BudgetStatus) -> BudgetStatus:
         """`status` with `consumed` the sum of the team's consumer accounts in its period."""
@@ -119,8 +189,10 @@ def _summed_budget(statuses: list[BudgetStatus]) -> BudgetStatus | None:
                 consumed + line.consumed,
                 held + line.open_holds,
             )
+    listed = [s.holds for s in statuses if s.holds is not None]
     return BudgetStatus(
         statuses[0].team,
         max(s.period for s in statuses),
         tuple(BudgetLine(unit, *figures) for unit, figures in sorted(lines.items())),
+        tuple(hold for holds in listed for hold in holds) if listed else None,
     )

@@ -39,6 +39,7 @@ from ledger.admin.kinds import AdminKind
 from ledger.admin.request_events import RequestKind, RequestOpened
 from ledger.admin.sealed_events import (
     ShardsSealedThrough,
+    read_covers,
     read_job_usage,
     read_shard_names,
     read_team_usage,
@@ -74,6 +75,7 @@ def admin_event_to_dict(event: AdminEvent) -> dict[str, Any]:
     if out.get("role") is None:  # an event without a role encodes (and is identified) as before
         out.pop("role", None)
     if isinstance(event, ShardsSealedThrough):
+        out.pop("covers", None)  # written by `usage_lines_to_data` when set
         out.update(usage_lines_to_data(event), shards=list(event.shards))
     return out
 
@@ -316,6 +318,7 @@ _FIELDS: Mapping[AdminKind, tuple[tuple[str, Decoder, bool], ...]] = {
         ("teams", read_team_usage, True),
         *_META,
         _ROLE,
+        ("covers", _optional(read_covers), False),
     ),
 }
 

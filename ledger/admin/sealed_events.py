@@ -11,7 +11,12 @@ and `rebuild` reproduces them.
   postings, usage and reversals, whose interval ends at or before it), for the jobs whose holds
   the global shard settles;
 - `teams`: per (team, unit, period) the same for the team's consumer accounts, what recurring
-  budgets with carry-over or a quarterly cadence read as the team's spending.
+  budgets with carry-over or a quarterly cadence read as the team's spending;
+- `covers`: the jobs whose usage `jobs` gives (a job of them with no line used nothing); a
+  global shard settles only the holds of these jobs from the event, so a hold it learns of
+  after the event was computed (its jobs topic read behind the admin topic) waits for the next
+  event rather than being settled with no usage. None (an event from before the field, or one
+  asked for every job): every job.
 
 Amounts are integers in the ledger's units (GPU-ms, money micro-units); only budget units. The
 event began at schema v1 (no v0 upcaster). `role`: only the ledger makes one (None); the
@@ -71,10 +76,15 @@ class ShardsSealedThrough:
     reason: str
     effective_us: int
     role: Role | None = None
+    covers: tuple[str, ...] | None = None
 
     @property
     def entity(self) -> str:
         return SEALED_ENTITY
+
+    def covered(self) -> frozenset[str] | None:
+        """The jobs whose usage the event gives (None: every job)."""
+        return None if self.covers is None else frozenset(self.covers)
 
     def job_usage(self) -> dict[tuple[str, Unit], int]:
         return {(u.job_id, u.unit): u.amount for u in self.jobs}
@@ -85,11 +95,16 @@ class ShardsSealedThrough:
 
 def usage_lines_to_data(event: ShardsSealedThrough) -> dict[str, Any]:
     """The JSON form of the usage lines: arrays of [job, unit, amount] and
-    [team, unit, period, amount] (compact: the event may name many jobs)."""
-    return {
+    [team, unit, period, amount] (compact: the event may name many jobs), and `covers` as an
+    array of job ids when set (absent when None, so an event without it encodes, and is
+    identified, as before)."""
+    out: dict[str, Any] = {
         "jobs": [[u.job_id, u.unit.value, u.amount] for u in event.jobs],
         "teams": [[u.team, u.unit.value, u.period, u.amount] for u in event.teams],
     }
+    if event.covers is not None:
+        out["covers"] = list(event.covers)
+    return out
 
 
 def _lines(name: str, value: Any, width: int) -> list[list[Any]]:
@@ -157,6 +172,16 @@ def read_team_usage(name: str, value: Any) -> tuple[TeamUsage, ...]:
     if len({(u.team, u.unit, u.period) for u in out}) != len(out):
         raise EventError(f"{name}: a (team, unit, period) named twice")
     return tuple(out)
+
+
+def read_covers(name: str, value: Any) -> tuple[str, ...]:
+    """The codec's reader of `covers` (job ids, each once); raises EventError."""
+    if type(value) is not list or len(value) > MAX_USAGE_LINES:
+        raise EventError(f"{name}: expected an array of at most {MAX_USAGE_LINES} job ids")
+    out = tuple(_matching(f"{name}[{i}]", job, _JOB) for i, job in enumerate(value))
+    if len(set(out)) != len(out):
+        raise EventError(f"{name}: a job named twice")
+    return out
 
 
 def read_shard_names(name: str, value: Any) -> tuple[str, ...]:

@@ -203,7 +203,7 @@ def fold_jobs(
         transactions.append(replace(reposts[settlement.last_usage], txn=settlement.txn))
     if settle_at_end:
         if sealed is not None and last is not None:
-            ended = holds.settle_ended(sealed.through_us, sealed.job_usage())
+            ended = holds.settle_ended(sealed.through_us, sealed.job_usage(), sealed.covered())
             transactions.extend(sourced(ended, last))
     elif newest is not None and last is not None:
         transactions.extend(sourced(holds.expire(newest), last))

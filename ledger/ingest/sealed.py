@@ -4,8 +4,10 @@ the fold of the batch, the ledger's view and balances before it, the admin state
 the same fold with what the watermark makes due added:
 
 - every open hold that ended (released: its end is the release's time, `HoldBook.end`; or
-  expired) at or before the watermark is settled once by its job's usage up to it and the rest
-  released (`HoldBook.settle_ended`);
+  expired) at or before the watermark, of a job the event gives the usage of (`covers`), is
+  settled once by its job's usage up to it and the rest released (`HoldBook.settle_ended`); a
+  hold of a job it does not cover (one the global shard learned of after the event was
+  computed) waits for a later watermark, which covers it;
 - recurring allowances are granted through the watermark's month, every policy's, reading the
   team's spending as the global shard's own consumer postings (adjustments) plus the event's
   per-team usage: carry-over and a quarter's remainder moving on need the union's spending,
@@ -93,7 +95,7 @@ def with_sealed_through(
         if isinstance(e.envelope.data, PeriodClosed)
     }
     holds = HoldBook(view.holds, booker(closed, zone))
-    ended = holds.settle_ended(sealed.through_us, sealed.job_usage())
+    ended = holds.settle_ended(sealed.through_us, sealed.job_usage(), sealed.covered())
     added = replace(
         folded,
         transactions=folded.transactions + tuple(sourced(ended, message)),

@@ -1,15 +1,23 @@
 """Balance messages for the outbox: after a commit, one message per changed account (and per
 affected team's budget account) for the compacted balances topic (`ledger.balances` says what
-a message holds)."""
+a message holds). A sharded ledger's shard (stamped) also lists, in a consumer account's
+message, the account's usage so far per job (`job_usage`) of the jobs the commit charged and
+those holding a GPU now, and in a team's budget its open holds per job (`open_holds`), what
+readers project open holds with (`ledger.hold_projection`); at most `MAX_LISTED` of either,
+else none (a budget's holds then project whole, on the safe side)."""
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 import duckdb
 import pyarrow as pa
 
 from ledger.accounts import AccountKind, budget_account
 from ledger.balances import (
+    MAX_LISTED,
     BalanceRow,
+    JobAmount,
     ShardStamp,
     account_team,
     balance_key,
@@ -18,8 +26,9 @@ from ledger.balances import (
     budget_status,
     encode_balance_update,
     fold_rows,
+    listing_holds,
 )
-from ledger.store.hot_tables import insert_rows
+from ledger.store.hot_tables import insert_rows, read_job_usage
 from ledger.store.layout import first_row
 
 
@@ -30,10 +39,12 @@ def queue_balance_messages(
     now: int,
     closed: frozenset[str],
     stamp: ShardStamp | None = None,
+    jobs: Collection[str] = (),
 ) -> int:
     """Queue one message per changed account (and per affected team's budget account);
     a queued message not yet sent for the same account is superseded. `stamp`: a sharded
-    ledger's shard, whose messages are keyed by account and shard."""
+    ledger's shard, whose messages are keyed by account and shard and list jobs lines and
+    holds (module docstring); `jobs`: the jobs the commit charged."""
     row = first_row(
         con.execute(
             "SELECT max(period) FILTER (account LIKE 'capacity:%'), max(period) FROM balances"
@@ -75,6 +86,23 @@ def queue_balance_messages(
                 [current],
             ).fetchall()
         )
+    lines: dict[str, list[JobAmount]] = {}
+    holds: dict[str, list[JobAmount]] = {}
+    if stamp is not None:
+        consumers = {a for a in publish if a.startswith(f"{AccountKind.CONSUMER}:")}
+        for account, job, unit, amount in read_job_usage(con, consumers, jobs):
+            lines.setdefault(account, []).append(JobAmount(job, unit, amount))
+        open_rows = (
+            con.execute(
+                "SELECT team, job_id, unit, amount FROM open_holds WHERE list_contains(?, team) "
+                "ORDER BY job_id, unit",
+                [sorted(teams)],
+            ).fetchall()
+            if teams
+            else []
+        )
+        for team, job, unit, amount in open_rows:
+            holds.setdefault(str(team), []).append(JobAmount(str(job), str(unit), int(amount)))
     seq_row = first_row(con.execute("SELECT nextval('publish_seq')"))
     seq = int(seq_row[0]) if seq_row else 0
     messages = []
@@ -82,8 +110,19 @@ def queue_balance_messages(
         budget = None
         team = account.partition(":")[2]
         if account.startswith(f"{AccountKind.BUDGET}:") and current is not None:
-            budget = budget_status(team, current, budget_rows)
-        update = balance_update(account, rows, closed, current, seq, now, budget, stamp)
+            budget = listing_holds(budget_status(team, current, budget_rows), stamp, holds)
+        listed = lines.get(account, [])
+        update = balance_update(
+            account,
+            rows,
+            closed,
+            current,
+            seq,
+            now,
+            budget,
+            stamp,
+            listed if len(listed) <= MAX_LISTED else (),
+        )
         messages.append(
             (
                 balance_message_id(account, seq, stamp),

@@ -264,8 +264,19 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
                         ).fetchall()
                     }
                     con.unregister("closed_now")
+                jobs: set[str | None] = set()
+                if balances_shard is not None:  # a shard lists the jobs it charged
+                    jobs |= set(pc.unique(table.column("job_id")).to_pylist())
+                    if usage is not None:
+                        jobs |= set(pc.unique(usage.column("job_id")).to_pylist())
                 published = queue_balance_messages(
-                    con, accounts, balances_topic, now, self.closed_period_labels(), balances_shard
+                    con,
+                    accounts,
+                    balances_topic,
+                    now,
+                    self.closed_period_labels(),
+                    balances_shard,
+                    {j for j in jobs if j is not None},
                 )
             insert_rows(
                 self._con,

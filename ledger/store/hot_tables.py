@@ -24,6 +24,7 @@ from ledger.events import Owner
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState, state_from_row
 from ledger.inventory import record_json
+from ledger.postings import TransactionKind
 from ledger.store.layout import first_row
 from ledger.store.port import StateChanges
 from ledger.store.schema import (
@@ -118,6 +119,10 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 CREATE TABLE IF NOT EXISTS balances (
     account VARCHAR NOT NULL, unit VARCHAR NOT NULL, period VARCHAR NOT NULL,
     balance BIGINT NOT NULL, PRIMARY KEY (account, unit, period)
+);
+CREATE TABLE IF NOT EXISTS job_usage (
+    account VARCHAR NOT NULL, job_id VARCHAR NOT NULL, unit VARCHAR NOT NULL,
+    amount BIGINT NOT NULL, PRIMARY KEY (account, job_id, unit)
 );
 CREATE TABLE IF NOT EXISTS open_holds (
     job_id VARCHAR NOT NULL, unit VARCHAR NOT NULL, team VARCHAR NOT NULL, project VARCHAR,
@@ -296,6 +301,56 @@ def read_open_holds(con: duckdb.DuckDBPyConnection) -> dict[HoldKey, OpenHold]:
     return {h.key: h for h in holds}
 
 
+# A job's usage so far per consumer account (`job_usage`): what a sharded ledger's samples
+# shard publishes with its consumer balances (`ledger.balances.BalanceUpdate.jobs`), the same
+# postings the shards' watermark sums per job (usage and reversals, budget units).
+_JOB_POSTINGS_SQL = f"""
+SELECT account, job_id, unit, amount FROM batch_postings
+WHERE job_id IS NOT NULL AND starts_with(account, 'consumer:')
+  AND kind IN ('{TransactionKind.USAGE.value}', '{TransactionKind.REVERSAL.value}')
+  AND unit IN ('{Unit.GPU_MS.value}', '{Unit.MONEY.value}')"""
+_JOB_USAGE_SQL = f"""
+SELECT account, job_id, '{Unit.GPU_MS.value}' AS unit, gpu_ms AS amount FROM batch_usage
+WHERE job_id IS NOT NULL AND starts_with(account, 'consumer:')
+UNION ALL
+SELECT account, job_id, '{Unit.MONEY.value}', money FROM batch_usage
+WHERE job_id IS NOT NULL AND starts_with(account, 'consumer:')"""
+
+
+def _move_job_usage(con: duckdb.DuckDBPyConnection, registered: Collection[str]) -> None:
+    parts = [
+        sql
+        for name, sql in (("batch_postings", _JOB_POSTINGS_SQL), ("batch_usage", _JOB_USAGE_SQL))
+        if name in registered
+    ]
+    con.execute(
+        "INSERT INTO job_usage SELECT account, job_id, unit, sum(amount) "
+        f"FROM ({' UNION ALL '.join(f'({part})' for part in parts)}) GROUP BY ALL "
+        "ON CONFLICT DO UPDATE SET amount = amount + excluded.amount"
+    )
+
+
+def read_job_usage(
+    con: duckdb.DuckDBPyConnection, accounts: Collection[str], jobs: Collection[str]
+) -> list[tuple[str, str, str, int]]:
+    """(account, job, unit, amount) of `job_usage` for `accounts`, of the jobs `jobs` names
+    and the jobs holding a GPU now (an open assignment in `gpu_holdings`)."""
+    if not accounts:
+        return []
+    con.register("job_accounts", pa.table({"account": pa.array(sorted(accounts), pa.string())}))
+    con.register("job_ids", pa.table({"job_id": pa.array(sorted(jobs), pa.string())}))
+    try:
+        rows = con.execute(
+            "SELECT account, job_id, unit, amount FROM job_usage "
+            "SEMI JOIN job_accounts USING (account) WHERE job_id IN (SELECT job_id FROM job_ids) "
+            "OR job_id IN (SELECT job_id FROM gpu_holdings WHERE to_us IS NULL)"
+        ).fetchall()
+    finally:
+        con.unregister("job_accounts")
+        con.unregister("job_ids")
+    return [(str(a), str(j), str(u), int(n)) for a, j, u, n in rows]
+
+
 def insert_postings(
     con: duckdb.DuckDBPyConnection, table: pa.Table, usage: pa.Table | None, incarnation: str
 ) -> int:
@@ -326,6 +381,7 @@ def insert_postings(
             f"FROM ({' UNION ALL '.join(f'({part})' for part in parts)}) GROUP BY ALL "
             "ON CONFLICT DO UPDATE SET balance = balance + excluded.balance"
         )
+        _move_job_usage(con, registered)
     for name in registered:
         con.unregister(name)
     return expanded

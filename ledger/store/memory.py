@@ -26,10 +26,13 @@ from dataclasses import replace
 
 from ledger.accounts import AccountKind, budget_account
 from ledger.admin import AdminView, AppliedAdmin, PeriodClosed
+from ledger.admin.events import BUDGET_UNITS
 from ledger.assignments import Holding
 from ledger.audit import AuditRecord, chain, new_entries
 from ledger.balances import (
+    MAX_LISTED,
     BalanceRow,
+    JobAmount,
     ShardStamp,
     account_team,
     balance_key,
@@ -37,6 +40,7 @@ from ledger.balances import (
     balance_update,
     budget_status,
     encode_balance_update,
+    listing_holds,
 )
 from ledger.balances import current_period as _current_period
 from ledger.closing import ClosedPeriod
@@ -48,7 +52,7 @@ from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState
 from ledger.inventory import InventoryGpu
 from ledger.posting_columns import PostingColumns
-from ledger.postings import Transaction
+from ledger.postings import Transaction, TransactionKind
 from ledger.pricing import PriceBook
 from ledger.store.memory_checksum import period_checksum
 from ledger.store.memory_identity import JobIdentity, MemoryIdentityReads
@@ -85,6 +89,17 @@ def _once(keys: Iterable[object], what: str, held: Collection[object] = ()) -> N
         if key in seen or key in held:
             raise StoreError(f"{what} {key!r} is stored already")
         seen.add(key)
+
+
+def _move_job_usage(usage: dict[tuple[str, str, str], int], txn: Transaction) -> None:
+    """Move each job's usage so far by `txn` (as the DuckDB store's `job_usage`: consumer
+    postings of usage and reversals in budget units)."""
+    if txn.kind not in (TransactionKind.USAGE, TransactionKind.REVERSAL):
+        return
+    for p in txn.postings:
+        if p.job_id is not None and p.unit in BUDGET_UNITS and p.account.startswith("consumer:"):
+            key = (p.account, p.job_id, p.unit.value)
+            usage[key] = usage.get(key, 0) + p.amount
 
 
 def _rows(balances: dict[BalanceKey, int], accounts: Collection[str] | None) -> list[BalanceRow]:
@@ -164,6 +179,7 @@ class MemoryStore(MemoryIdentityReads):
                 fresh.append(item)
         self._refuse_closed(s, fresh, bool(closing))
         accounts: set[str] = set()
+        jobs: set[str] = set()
         postings = 0
         for item in fresh:
             txn = _stored(item.txn)
@@ -174,6 +190,9 @@ class MemoryStore(MemoryIdentityReads):
                 s.balances[key] = s.balances.get(key, 0) + p.amount
                 accounts.add(p.account)
                 postings += 1
+                if p.job_id is not None:
+                    jobs.add(p.job_id)
+            _move_job_usage(s.job_usage, txn)
         self._insert_seen(s, fresh, changes.seen)
         s.ranges.extend(Range(incarnation, r.topic, r.partition, r.first, r.last) for r in ranges)
         if raw:
@@ -188,7 +207,7 @@ class MemoryStore(MemoryIdentityReads):
         published = 0
         if balances_topic is not None and (postings or closed):
             accounts |= {a for (a, _, p) in s.balances if p in closed}
-            published = self._queue_balances(s, accounts, balances_topic, balances_shard)
+            published = self._queue_balances(s, accounts, balances_topic, balances_shard, jobs)
         s.dead.extend((d.topic, d.partition, d.offset, d.event_id, d.reason) for d in dead_letters)
         self._s = s  # the commit point
         return CommitResult(
@@ -265,7 +284,11 @@ class MemoryStore(MemoryIdentityReads):
 
     @staticmethod
     def _queue_balances(
-        s: MemoryState, accounts: set[str], topic: str, stamp: ShardStamp | None = None
+        s: MemoryState,
+        accounts: set[str],
+        topic: str,
+        stamp: ShardStamp | None = None,
+        jobs: Collection[str] = (),
     ) -> int:
         """Queue one message per changed account (and per affected team's budget account); a
         queued message not yet sent for the same account is superseded. The same selection as
@@ -289,6 +312,21 @@ class MemoryStore(MemoryIdentityReads):
             if r.account.startswith((f"{AccountKind.BUDGET}:", f"{AccountKind.HOLD}:"))
             or (r.account.startswith(f"{AccountKind.CONSUMER}:") and r.period == current)
         ]
+        lines: dict[str, list[JobAmount]] = {}
+        holds: dict[str, list[JobAmount]] = {}
+        if stamp is not None:
+            running = {
+                h.owner.job_id
+                for timeline in s.timelines.values()
+                for h in timeline
+                if h.to_us is None and h.owner.job_id is not None
+            }
+            for (account, job, unit), amount in sorted(s.job_usage.items()):
+                if account in publish and (job in jobs or job in running):
+                    lines.setdefault(account, []).append(JobAmount(job, unit, amount))
+            for (job, unit), hold in sorted(s.holds.items()):
+                if hold.team in teams:
+                    holds.setdefault(hold.team, []).append(JobAmount(job, unit.value, hold.amount))
         s.publish_seq += 1
         seq = s.publish_seq
         now = time.time_ns() // 1_000
@@ -298,9 +336,21 @@ class MemoryStore(MemoryIdentityReads):
         for account in publish:
             budget = None
             if account.startswith(f"{AccountKind.BUDGET}:") and current is not None:
-                budget = budget_status(account.partition(":")[2], current, budget_rows)
+                status = budget_status(account.partition(":")[2], current, budget_rows)
+                budget = listing_holds(status, stamp, holds)
             closed = s.closed.keys()
-            update = balance_update(account, rows, closed, current, seq, now, budget, stamp)
+            listed = lines.get(account, [])
+            update = balance_update(
+                account,
+                rows,
+                closed,
+                current,
+                seq,
+                now,
+                budget,
+                stamp,
+                listed if len(listed) <= MAX_LISTED else (),
+            )
             message_id = balance_message_id(account, seq, stamp)
             _once([message_id], "outbox message", s.outbox)
             s.outbox[message_id] = OutboxMessage(

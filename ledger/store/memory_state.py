@@ -70,6 +70,8 @@ class MemoryState:
     audit: list[AuditRecord] = field(default_factory=list)  # the trail, chained
     audit_ids: set[str] = field(default_factory=set)
     identity: JobIdentity = field(default_factory=JobIdentity)  # job owners, awaiting ones
+    # (consumer account, job, unit) → the job's usage so far, as `job_usage`
+    job_usage: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
     def copy(self) -> MemoryState:
         return MemoryState(
@@ -96,4 +98,5 @@ class MemoryState:
             list(self.audit),
             set(self.audit_ids),
             self.identity.copy(),
+            dict(self.job_usage),
         )

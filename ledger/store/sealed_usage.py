@@ -168,8 +168,10 @@ def shards_sealed_through(
     effective_us: int | None = None,
 ) -> ShardsSealedThrough:
     """The event: the watermark, the shards it was read from, and per job (of `jobs`; None:
-    every job) and per team the usage `lines` sum to (zero sums left out). Its effective time
-    is the watermark unless given, so the same facts make the same event (and id)."""
+    every job) and per team the usage `lines` sum to (zero sums left out); `covers`: the jobs
+    asked for (None: every job), so a hold of a job not asked for is not settled from it. Its
+    effective time is the watermark unless given, so the same facts make the same event
+    (and id)."""
     per_job: dict[tuple[str, Unit], int] = {}
     per_team: dict[tuple[str, Unit, str], int] = {}
     for line in lines:
@@ -186,6 +188,7 @@ def shards_sealed_through(
         actor=LEDGER_ACTOR,
         reason="every samples shard has sealed its usage through the watermark",
         effective_us=through_us if effective_us is None else effective_us,
+        covers=None if jobs is None else tuple(sorted(set(jobs))),
     )
 
 

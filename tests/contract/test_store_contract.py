@@ -13,10 +13,11 @@ import pytest
 from ledger.admin import AppliedAdmin, PeriodClosed, admin_envelope
 from ledger.assignments import Holding
 from ledger.audit import AuditEntry
-from ledger.balances import decode_balance_update
+from ledger.balances import JobAmount, ShardStamp, balance_key, decode_balance_update
 from ledger.closing import CHECKSUM_ALGORITHM
 from ledger.errors import StoreError
 from ledger.events import DeadLetter, Owner
+from ledger.postings import TransactionKind
 from ledger.store.port import (
     ConsumedMessage,
     OffsetRange,
@@ -291,6 +292,34 @@ def test_balances_messages_are_queued_when_a_topic_is_given(store):
     pending = [m for m in store.pending_outbox() if m.topic == "balances"]
     assert len(pending) == len(keys | {m.key for m in pending})  # one unsent per account
     assert again.balances_published > 0
+
+
+SHARDS = {"a-shard": ShardStamp("samples-0", 3), "a-whole-ledger": None}
+
+
+@pytest.mark.parametrize("stamp", SHARDS.values(), ids=SHARDS.keys())
+def test_a_shard_lists_its_jobs_usage_so_far_and_its_teams_open_holds(store, stamp):
+    """A stamped shard's consumer message lists each job's usage so far (usage and reversals,
+    every commit's), its budget the team's open holds per job; a whole ledger's neither."""
+    publish = {"balances_topic": "balances", "balances_shard": stamp}
+    commit(store, a_txn("a", 100), **publish)
+    adjusted = a_txn("adj", 7, kind=TransactionKind.ADJUSTMENT)  # not usage: not the job's
+    reversal = a_txn("r", -30, kind=TransactionKind.REVERSAL)
+    holds = StateChanges(holds=[a_hold("job-1", 500), a_hold("job-2", 80, Unit.GPU_MS)])
+    txns = (a_txn("b", 50), reversal, adjusted, a_grant("g", 1_000))
+    commit(store, *txns, offset=1, changes=holds, **publish)
+    sent = {m.key: decode_balance_update(m.value) for m in store.pending_outbox()}
+    consumer = sent[balance_key(CONSUMER, stamp)]
+    status = sent[balance_key("budget:vision", stamp)].budget
+    assert status is not None
+    if stamp is None:
+        assert (consumer.jobs, status.holds) == ((), None)
+        return
+    assert consumer.jobs == (JobAmount("job-1", Unit.GPU_MS.value, 100 + 50 - 30),)
+    assert status.holds == (
+        JobAmount("job-1", Unit.MONEY.value, 500),
+        JobAmount("job-2", Unit.GPU_MS.value, 80),
+    )
 
 
 def test_dead_letters_are_recorded(store):

@@ -7,8 +7,11 @@ per team and GPU, and every balance, exactly what was produced — and `tally le
 must pass on it. Two holds placed and released on the jobs topic are settled once by the global
 shard when the shards' watermark (which the global shard's holder publishes after its seals)
 passes their end: one by its job's usage, one with no usage released whole, so the hold accounts
-net to zero as in a whole ledger. The balances topic's per-shard messages, summed per account
-as the scheduler sums them, are the union's balances.
+net to zero as in a whole ledger. A third job's hold, twice its usage, stays open (the job still
+runs): the scheduler-visible budget of its team (granted on the admin topic) must be what a
+whole ledger shows, its usage consumed once and the hold projected as `hold − usage so far`
+(`ledger.hold_projection`), not counted again inside the whole hold. The balances topic's
+per-shard messages, summed per account as the scheduler sums them, are the union's balances.
 
 The soak (`TALLY_SOAK=1`) adds a worker paused past its session timeout (SIGSTOP) while it holds
 unsealed rows, then woken (SIGCONT): its shards were taken up by the other from their heads, so
@@ -22,13 +25,17 @@ import signal
 import subprocess
 import threading
 import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from ledger.admin import BudgetGranted, admin_envelope, encode_admin
+from ledger.admin.effects import grant_transaction
 from ledger.attribution import attribute_sample
-from ledger.balances import BalanceUpdate, decode_balance_update
+from ledger.balances import BalanceUpdate, BudgetLine, BudgetStatus, decode_balance_update
 from ledger.events import Envelope
 from ledger.holds import HoldPlaced, HoldReleased, encode_hold, hold_envelope
 from ledger.read.queries import LedgerQueries
@@ -58,6 +65,7 @@ ROUNDS = 100  # × 32 GPUs: 3,200 samples
 PACK = 4
 RELEASED_US = T0_US + 10 * 10_000_000  # the holds' end: the fleet's tenth round
 IDLE_HOLD = 3_600_000  # GPU-ms held for a job that never runs
+GRANT_META = ("alice", "the running job's budget", T0_US)
 
 
 def usage_count(union: Path) -> int:
@@ -73,12 +81,24 @@ def sealed_samples(store: Path, cache: Path) -> int:
     return usage_count(union_of(store, cache))
 
 
-def holds_for(config: TallyConfig, batches: list[list[Envelope]]) -> tuple[list, dict]:
-    """Hold events for the jobs topic, and the hold postings the union must end with, per
-    (kind, job): (sum on `hold:<team>`, transactions). The busiest job by money up to
-    `RELEASED_US` holds exactly that usage, so it is settled whole whatever the watermark past
-    its end; a job with no usage holds GPU-ms, released whole. Both released at `RELEASED_US`."""
-    used: dict[tuple[str, str], int] = {}
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A job that runs to the end with a hold of twice its usage (`used`, money), of `team`,
+    whose budget `granted` is sent on the admin topic."""
+
+    job: str
+    team: str
+    used: int
+    granted: BudgetGranted
+
+    @property
+    def hold(self) -> int:
+        return 2 * self.used
+
+
+def consumer_money(config: TallyConfig, batches: list[list[Envelope]]) -> Counter:
+    """Consumer money of the distinct samples per (job, team, period, end time)."""
+    used: Counter = Counter()
     seen: set[str] = set()
     for envelope in (e for batch in batches for e in batch):
         if envelope.id in seen:
@@ -86,14 +106,39 @@ def holds_for(config: TallyConfig, batches: list[list[Envelope]]) -> tuple[list,
         seen.add(envelope.id)
         txn = attribute_sample(envelope, config.price_book(), config.organisation.cost_centre_of())
         for p in txn.postings:
-            consumer = p.account.startswith("consumer:") and p.unit is Unit.MONEY
-            if consumer and p.job_id and txn.end_us <= RELEASED_US:
-                used[(p.job_id, p.team)] = used.get((p.job_id, p.team), 0) + p.amount
+            if p.account.startswith("consumer:") and p.unit is Unit.MONEY:
+                used[(p.job_id, p.team, txn.period, txn.end_us)] += p.amount
+    return used
+
+
+def money_by_job(
+    config: TallyConfig, batches: list[list[Envelope]], until_us: int | None = None
+) -> dict[tuple[str, str], int]:
+    """Consumer money per (job, team) of the distinct samples (ending by `until_us`)."""
+    used: Counter = Counter()
+    for (job, team, _, end_us), amount in consumer_money(config, batches).items():
+        if job and team and (until_us is None or end_us <= until_us):
+            used[(job, team)] += amount
+    return dict(used)
+
+
+def holds_for(config: TallyConfig, batches: list[list[Envelope]]) -> tuple[list, dict, Running]:
+    """Hold events for the jobs topic, and the hold postings the union must end with, per
+    (kind, job): (sum on `hold:<team>`, transactions). The busiest job by money up to
+    `RELEASED_US` holds exactly that usage, so it is settled whole whatever the watermark past
+    its end; a job with no usage holds GPU-ms, released whole. Both released at `RELEASED_US`.
+    The busiest other job (`Running`) is never released: its hold stays open."""
+    used = money_by_job(config, batches, RELEASED_US)
     (job, team), amount = max(used.items(), key=lambda item: (item[1], item[0]))
+    others = {k: v for k, v in money_by_job(config, batches).items() if k[0] != job}
+    (other, other_team), total = max(others.items(), key=lambda item: (item[1], item[0]))
+    granted = BudgetGranted(other_team, "2026-11", Unit.MONEY, 100 * total, *GRANT_META)
+    running = Running(other, other_team, total, granted)
     far = T0_US + 86_400 * 10**6
     events = [
         HoldPlaced(job, team, None, Unit.MONEY, amount, far, T0_US),
         HoldPlaced("idle-job", "search", None, Unit.GPU_MS, IDLE_HOLD, far, T0_US),
+        HoldPlaced(other, other_team, None, Unit.MONEY, running.hold, far, T0_US),
         HoldReleased(job, RELEASED_US, "completed"),
         HoldReleased("idle-job", RELEASED_US, "cancelled"),
     ]
@@ -102,8 +147,9 @@ def holds_for(config: TallyConfig, batches: list[list[Envelope]]) -> tuple[list,
         ("hold_settle", job): (-amount, 1),
         ("hold", "idle-job"): (IDLE_HOLD, 1),
         ("hold_release", "idle-job"): (-IDLE_HOLD, 1),
+        ("hold", other): (running.hold, 1),  # open: the job runs on
     }
-    return [encode_hold(hold_envelope(e)) for e in events], settled
+    return [encode_hold(hold_envelope(e)) for e in events], settled, running
 
 
 def hold_postings(union: Path) -> dict[tuple[str, str], tuple[int, int]]:
@@ -114,17 +160,22 @@ def hold_postings(union: Path) -> dict[tuple[str, str], tuple[int, int]]:
     return {(kind, job): (int(total), int(n)) for kind, job, total, n in rows}
 
 
-def holds_settled(store: Path, cache: Path) -> bool:
+def holds_settled(store: Path, cache: Path, running: str) -> bool:
     union = union_of(store, cache)
     nets = LedgerQueries(union)._query(
-        "SELECT count(*), coalesce(sum(amount), 0) FROM {postings} WHERE account LIKE 'hold:%'"
+        "SELECT count(*), coalesce(sum(amount), 0) FROM {postings} "
+        "WHERE account LIKE 'hold:%' AND job_id <> ?",
+        [running],
     )[0]
     return nets[0] > 2 and nets[1] == 0  # placed, then settled and released
 
 
-def summed_balances(bootstrap: str, topic: str) -> dict[tuple[str, str], int]:
+def summed_balances(
+    bootstrap: str, topic: str
+) -> tuple[dict[tuple[str, str], int], dict[str, BudgetStatus]]:
     """The balances topic as the scheduler reads it: every shard's messages summed per account
-    (`ledger.shard_balances`), the last sum of each account; its nonzero totals per unit."""
+    (`ledger.shard_balances`), the last sum of each account; its nonzero totals per unit, and
+    each team's budget as the scheduler's dispatcher takes it."""
 
     async def read() -> dict[str, BalanceUpdate]:
         consumer = AIOKafkaConsumer(
@@ -142,12 +193,15 @@ def summed_balances(bootstrap: str, topic: str) -> dict[tuple[str, str], int]:
             await consumer.stop()
         return last
 
-    return {
+    last = asyncio.run(read())
+    totals = {
         (account, unit): total
-        for account, update in asyncio.run(read()).items()
+        for account, update in last.items()
         for unit, total in update.totals
         if total
     }
+    budgets = {u.budget.team: u.budget for u in last.values() if u.budget is not None}
+    return totals, budgets
 
 
 def test_two_sharded_workers_with_a_sigkill_keep_one_exact_ledger(broker, tmp_path):
@@ -162,8 +216,10 @@ def test_two_sharded_workers_with_a_sigkill_keep_one_exact_ledger(broker, tmp_pa
     batches = rounds(fleet, 0, ROUNDS)
     for batch in batches:
         expected.add(batch)
-    holds, settled = holds_for(config, batches)
+    holds, settled, running = holds_for(config, batches)
     asyncio.run(send_messages(broker.bootstrap, config.topics.jobs, holds))
+    granted = encode_admin(admin_envelope(running.granted))
+    asyncio.run(send_messages(broker.bootstrap, config.topics.admin, [granted]))
     a = WorkerProcess(path_a, broker.bootstrap, tmp_path / "a.log").start()
     b = WorkerProcess(path_b, broker.bootstrap, tmp_path / "b.log").start()
     failure: list[BaseException] = []
@@ -201,7 +257,9 @@ def test_two_sharded_workers_with_a_sigkill_keep_one_exact_ledger(broker, tmp_pa
             b,
         )
         # the global shard's holder publishes the watermark past the holds' end, folds it
-        wait_until(lambda: holds_settled(store, cache), 30, "the holds to be settled", b)
+        wait_until(
+            lambda: holds_settled(store, cache, running.job), 30, "the holds to be settled", b
+        )
         time.sleep(1.0)  # anything counted twice would show in a later seal
         a.assert_alive()
         b.assert_alive()
@@ -214,13 +272,31 @@ def test_two_sharded_workers_with_a_sigkill_keep_one_exact_ledger(broker, tmp_pa
     used = {k: v for k, v in gpu_ms_by_team_and_gpu(union).items() if k[1] is not None}
     assert used == expected.gpu_ms_by_team_and_gpu()  # (a hold's postings name no GPU)
     balances = LedgerQueries(union).balances()
-    assert {k: v for k, v in balances.items() if not k[0].startswith("hold")} == (
-        expected.balances()
-    )
+    produced = Counter(expected.balances())
+    grant = grant_transaction(admin_envelope(running.granted), expected.centres.get(running.team))
+    for p in grant.postings:
+        produced[(p.account, p.unit.value)] += p.amount
+    assert {k: v for k, v in balances.items() if not k[0].startswith("hold")} == produced
     assert hold_postings(union) == settled  # each settled or released once, at its end
-    assert {k: v for k, v in balances.items() if v} == summed_balances(
-        broker.bootstrap, config.topics.balances
+    summed, budgets = summed_balances(broker.bootstrap, config.topics.balances)
+    assert {k: v for k, v in balances.items() if v} == summed
+    # the running job's team as the scheduler sees it: what a whole ledger shows, whose usage
+    # settles the hold as it comes (min(usage, hold)), the rest still held
+    status = budgets[running.team]
+    consumed = sum(
+        amount
+        for (_, team, period, _), amount in consumer_money(config, batches).items()
+        if team == running.team and period == status.period == running.granted.period
     )
+    money = status.line(Unit.MONEY.value)
+    assert money is not None
+    whole_ledger = BudgetLine(
+        Unit.MONEY.value,
+        running.granted.amount,
+        consumed,
+        running.hold - min(running.hold, running.used),
+    )
+    assert money == whole_ledger
     moved = a.log.read_text() + b.log.read_text()
     assert "restored from" in moved  # a shard moved with sealed work and was restored
     reader = load(tmp_path / "reader-config", sharded_config(tmp_path, "reader", store))[1]

@@ -68,6 +68,8 @@ MALFORMED = {
     ),
     "a-short-line": ({"teams": [["vision", "money_micros", 9]]}, "an array of 4 items"),
     "no-month": ({"teams": [["vision", "money_micros", "2026-13", 9]]}, "2026-13"),
+    "a-covered-job-named-twice": ({"covers": ["job-1", "job-1"]}, "named twice"),
+    "covers-not-an-array": ({"covers": "job-1"}, "an array of at most"),
 }
 
 
@@ -77,6 +79,23 @@ def test_a_malformed_usage_line_is_a_dead_letter(data: dict[str, Any], reason: s
     envelopes, dead = decode_admin_message(_with_data(**data))
     assert envelopes == []
     assert len(dead) == 1 and reason in dead[0].reason, dead
+
+
+COVERS = {"absent-is-every-job": None, "none": (), "some": ("job-1", "job-2")}
+
+
+@pytest.mark.parametrize("covers", COVERS.values(), ids=COVERS.keys())
+def test_the_jobs_an_event_covers_travel_and_absent_encodes_as_before(
+    covers: tuple[str, ...] | None,
+) -> None:
+    event = replace(SEALED, covers=covers)
+    message = admin_envelope_to_dict(admin_envelope(event))
+    assert ("covers" in message["data"]) is (covers is not None)
+    (decoded,), _ = decode_admin_message(orjson.dumps(message))
+    assert decoded.data == event
+    assert decoded.data.covered() == (None if covers is None else frozenset(covers))
+    if covers is None:  # the same id as an event from before the field
+        assert admin_envelope(event).id == admin_envelope(SEALED).id
 
 
 WATERMARKS = {
@@ -158,6 +177,7 @@ def test_the_event_sums_usage_up_to_the_watermark_per_job_asked_for_and_per_team
     event = shards_sealed_through(THROUGH, ["samples-1", "samples-0"], lines, jobs={"job-1"})
     assert event.through_us == event.effective_us == THROUGH
     assert event.shards == ("samples-0", "samples-1")
+    assert event.covers == ("job-1",)  # asked for, with or without usage
     assert event.jobs == (JobUsage("job-1", Unit.GPU_MS, 2_000), JobUsage("job-1", Unit.MONEY, 200))
     assert event.teams == (
         TeamUsage("vision", Unit.GPU_MS, "2026-11", 2_450),

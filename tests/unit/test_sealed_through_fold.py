@@ -105,6 +105,29 @@ HOLD_CASES = {
         [PLACED, sealed(PLACED.expires_us, 400)],
         {"hold_settle": 400, "hold_release": 600},
     ),
+    # the jobs topic read behind the admin topic: the watermark was computed before the
+    # global shard knew of the hold, so it gives no usage of the job; it waits for one that does
+    "learned-after-the-watermark-waits": (
+        [sealed(RELEASED.time_us + S, covers=()), PLACED, RELEASED],
+        {"open": 1_000},
+    ),
+    "learned-after-then-a-watermark-covering-it": (
+        [
+            sealed(RELEASED.time_us + S, covers=()),
+            PLACED,
+            RELEASED,
+            sealed(RELEASED.time_us + 2 * S, 400, covers=("job-1",)),
+        ],
+        {"hold_settle": 400, "hold_release": 600},
+    ),
+    "covered-with-no-usage-is-released": (
+        [PLACED, RELEASED, sealed(RELEASED.time_us, covers=("job-1",))],
+        {"hold_release": 1_000},
+    ),
+    "a-watermark-covering-other-jobs-settles-nothing": (
+        [PLACED, RELEASED, sealed(RELEASED.time_us, covers=("job-2",))],
+        {"open": 1_000},
+    ),
     "second-watermark-settles-nothing-more": (
         [PLACED, RELEASED, sealed(RELEASED.time_us, 400), sealed(RELEASED.time_us + S, 900)],
         {"hold_settle": 400, "hold_release": 600},

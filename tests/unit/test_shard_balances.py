@@ -2,8 +2,10 @@
 a shard's message is keyed by (account, shard) and carries its epoch, a whole ledger's is as
 it was; the scheduler sums an account over the shards and ignores a shard's message of an older
 epoch (or not newer in its epoch), as a table of message sequences; the dispatcher's budget is
-the global shard's with every shard's usage of the team; and a stamped shard's ingestor (a
-samples shard's too) publishes its balances so keyed."""
+the global shard's with every shard's usage of the team, its open holds projected against their
+jobs' usage so far (a table of message sequences: the budget never rises and falls back by the
+usage in between, and is the whole ledger's figure at each step); and a stamped shard's
+ingestor (a samples shard's too) publishes its balances so keyed."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from ledger.balances import (
     BalanceUpdate,
     BudgetLine,
     BudgetStatus,
+    JobAmount,
     ShardStamp,
     balance_key,
     decode_balance_update,
@@ -59,6 +62,15 @@ def test_a_shards_message_is_keyed_by_account_and_shard_and_carries_its_epoch() 
     assert balance_key(ACCOUNT) == ACCOUNT.encode()
     assert "shard" not in orjson.loads(encode_balance_update(whole))["data"]
     assert decode_balance_update(encode_balance_update(whole)) == whole
+
+
+def test_jobs_lines_and_listed_holds_travel_and_a_whole_ledgers_message_has_neither() -> None:
+    lines = used("samples-0", 3, 1, 400, {"job-1": 400, "job-2": 0})
+    assert decode_balance_update(encode_balance_update(lines)) == lines
+    listed = held(1, {"job-1": 1_000})
+    assert decode_balance_update(encode_balance_update(listed)) == listed
+    data = orjson.loads(encode_balance_update(budget("global", 1, 1, 10, 0, 0)))["data"]
+    assert "holds" not in data["budget"] and "jobs" not in data
 
 
 # each step: (shard, epoch, seq, GPU-ms) in, then the summed GPU-ms out (None: ignored)
@@ -128,10 +140,79 @@ def budget(shard: str, epoch: int, seq: int, granted: int, consumed: int, held: 
     )
 
 
-def used(shard: str, epoch: int, seq: int, money: int) -> BalanceUpdate:
+def used(
+    shard: str, epoch: int, seq: int, money: int, jobs: dict[str, int] | None = None
+) -> BalanceUpdate:
+    """A consumer message of `shard`; `jobs`: its jobs lines (job → money so far)."""
     row = BalanceRow(ACCOUNT, Unit.MONEY.value, "2026-11", money)
     stamp = ShardStamp(shard, epoch)
-    return BalanceUpdate(ACCOUNT, seq, T0_US, "2026-11", (row,), ((row.unit, money),), None, stamp)
+    lines = tuple(JobAmount(job, row.unit, n) for job, n in (jobs or {}).items())
+    return BalanceUpdate(
+        ACCOUNT, seq, T0_US, "2026-11", (row,), ((row.unit, money),), None, stamp, lines
+    )
+
+
+def held(seq: int, holds: dict[str, int]) -> BalanceUpdate:
+    """The global shard's budget of 10,000 granted, its open holds per job `holds`."""
+    listed = tuple(JobAmount(job, Unit.MONEY.value, n) for job, n in holds.items())
+    global_budget = budget("global", 1, seq, 10_000, 0, sum(holds.values()))
+    assert global_budget.budget is not None
+    return replace(global_budget, budget=replace(global_budget.budget, holds=listed))
+
+
+# each step: a message in, then the budget's remaining money out (None: no budget given): what
+# a whole ledger has after the same events, where usage settles its job's hold as it comes
+PROJECTED = {
+    "usage-under-the-hold-then-settled": [
+        (held(1, {"job-1": 1_000}), 9_000),
+        (used("samples-0", 1, 1, 400, {"job-1": 400}), 9_000),  # not 8,600
+        (held(2, {}), 9_600),  # ended, settled by the watermark: 600 released
+    ],
+    "usage-over-the-hold-then-settled": [
+        (held(1, {"job-1": 1_000}), 9_000),
+        (used("samples-0", 1, 1, 600, {"job-1": 600}), 9_000),
+        (used("samples-1", 1, 1, 900, {"job-1": 900}), 8_500),  # 500 over its hold
+        (held(2, {}), 8_500),  # settled whole later: no jump up nor down
+    ],
+    "one-jobs-overrun-frees-nothing-of-anothers": [
+        (held(1, {"job-1": 1_000, "job-2": 1_000}), 8_000),
+        (used("samples-0", 1, 1, 1_500, {"job-1": 1_500}), 7_500),
+    ],
+    "usage-read-before-the-hold": [
+        (used("samples-0", 1, 1, 400, {"job-1": 400}), None),
+        (held(1, {"job-1": 1_000}), 9_000),
+    ],
+    "a-job-left-out-of-a-later-message-keeps-its-line": [
+        (held(1, {"job-1": 1_000}), 9_000),
+        (used("samples-0", 1, 1, 400, {"job-1": 400}), 9_000),
+        (used("samples-0", 1, 2, 450, {"job-2": 50}), 8_950),  # job-2 holds nothing
+    ],
+    "a-fenced-writers-lines-ignored": [
+        (held(1, {"job-1": 1_000}), 9_000),
+        (used("samples-0", 2, 1, 400, {"job-1": 400}), 9_000),
+        (used("samples-0", 1, 7, 900, {"job-1": 900}), None),
+    ],
+    "a-moved-shards-new-writer-replaces-the-line": [
+        (held(1, {"job-1": 1_000}), 9_000),
+        (used("samples-0", 1, 5, 400, {"job-1": 400}), 9_000),
+        (used("samples-0", 2, 1, 700, {"job-1": 700}), 9_000),
+    ],
+}
+
+
+@pytest.mark.parametrize("steps", PROJECTED.values(), ids=PROJECTED.keys())
+def test_a_running_jobs_hold_is_projected_against_its_usage_so_far(
+    steps: list[tuple[BalanceUpdate, int | None]],
+) -> None:
+    shards = ShardBalances()
+    for given, remaining in steps:
+        budgets = [m.budget for m in shards.merge(given) if m.budget is not None]
+        if remaining is None:
+            assert budgets == []
+            continue
+        line = budgets[-1].line(Unit.MONEY.value)
+        assert line is not None
+        assert line.remaining == remaining
 
 
 def test_the_dispatchers_budget_is_the_global_shards_with_every_shards_usage(

@@ -2,7 +2,8 @@
 directory store: each shard publishes its balances stamped with its claim, and the holder of
 the global shard puts the shards' watermark on the admin topic at each seal — also when the
 global shard has nothing new to seal and only other workers' samples shards advanced — once
-per watermark; folded back, it settles a released hold once. The admin topic here is the
+per watermark; folded back, it settles a released hold once. Each samples shard lists a job's
+usage so far with its consumer balances (column-built usage in DuckDB). The admin topic here is the
 sender port's in-memory side (`Loopback`); the broker's is `tests/integration/
 test_sharded_workers.py`'s."""
 
@@ -116,6 +117,11 @@ def test_the_global_shards_holder_publishes_the_watermark_and_a_released_hold_se
     published = balances_of(glob)
     samples = {p: open_shard(other.shard_settings, samples_shard(p), INC) for p in (0, 1)}
     published += samples_elsewhere(samples, {0: 4, 1: 2})  # job-1's usage through T0 + 2
+    # each samples shard lists job-1's usage so far with its consumer balance
+    lines = {(u.account, u.shard): u.jobs for u in published if u.jobs}
+    assert {shard.shard for _, shard in lines if shard} == {"samples-0", "samples-1"}
+    so_far = [a.amount for jobs in lines.values() for a in jobs if a.unit == Unit.MONEY.value]
+    assert sum(so_far) == 6 * SAMPLE_MICROS
     idle = open_shard(other.shard_settings, samples_shard(2), INC)  # a partition no GPU uses
     idle.ingestor.apply(jobs)  # folded for its views: sealed, with no usage
     idle.store.seal()
@@ -126,6 +132,7 @@ def test_the_global_shards_holder_publishes_the_watermark_and_a_released_hold_se
     [event] = sent_events(loop)
     assert event.through_us == T0_US + 2 * INTERVAL_US  # the slower shard's newest usage
     assert JobUsage("job-1", Unit.MONEY, 4 * SAMPLE_MICROS) in event.jobs  # two per shard
+    assert event.covers == ("job-1",)  # the holds open in the global shard: settled from it
     assert glob.store.open_holds()  # open until the watermark comes back
 
     admin = [ConsumedMessage("admin", 0, 0, loop.sent[0][2])]
