@@ -384,6 +384,7 @@ class Ingestor:
             raw=fresh,
             columns=columns,
             balances_shard=self.shard,
+            job_usage=self.role is not ShardRole.WHOLE,
         )
         for r in ranges:
             self._next[(r.topic, r.partition)] = r.last + 1

@@ -177,6 +177,7 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
         raw: Sequence[ConsumedMessage] = (),
         columns: PostingColumns | None = None,
         balances_shard: ShardStamp | None = None,
+        job_usage: bool = False,
     ) -> CommitResult:
         """Apply one batch atomically; transactions (`transactions` and the usage transactions
         in `columns`) whose id was already applied, or repeats, are dropped.
@@ -210,7 +211,7 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
             self._refuse_closed(fresh, bool(closing), [r[7] for r in built.rows] if built else ())
             table = _postings_table(fresh, incarnation)
             usage = usage_to_arrow(built) if built else None
-            posted = table.num_rows + insert_postings(con, table, usage, incarnation)
+            posted = table.num_rows + insert_postings(con, table, usage, incarnation, job_usage)
             seen_now = self._insert_seen(fresh, changes.seen, built)
             batch = seq if raw else None  # a range committed without its messages has none
             insert_rows(

@@ -352,7 +352,11 @@ def read_job_usage(
 
 
 def insert_postings(
-    con: duckdb.DuckDBPyConnection, table: pa.Table, usage: pa.Table | None, incarnation: str
+    con: duckdb.DuckDBPyConnection,
+    table: pa.Table,
+    usage: pa.Table | None,
+    incarnation: str,
+    job_usage: bool = False,
 ) -> int:
     """Insert the postings of `table` and the usage rows of `usage` (whose postings the
     `postings` view expands, `USAGE_POSTINGS_SQL`), and move the balances by both (usage's
@@ -381,7 +385,8 @@ def insert_postings(
             f"FROM ({' UNION ALL '.join(f'({part})' for part in parts)}) GROUP BY ALL "
             "ON CONFLICT DO UPDATE SET balance = balance + excluded.balance"
         )
-        _move_job_usage(con, registered)
+        if job_usage:
+            _move_job_usage(con, registered)
     for name in registered:
         con.unregister(name)
     return expanded

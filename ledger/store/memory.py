@@ -152,6 +152,7 @@ class MemoryStore(MemoryIdentityReads):
         raw: Sequence[ConsumedMessage] = (),
         columns: PostingColumns | None = None,
         balances_shard: ShardStamp | None = None,
+        job_usage: bool = False,
     ) -> CommitResult:
         """Apply one batch atomically (see `DuckDBStore.commit`): it is applied to a copy of
         the state, which replaces the state only when nothing raised."""
@@ -192,7 +193,8 @@ class MemoryStore(MemoryIdentityReads):
                 postings += 1
                 if p.job_id is not None:
                     jobs.add(p.job_id)
-            _move_job_usage(s.job_usage, txn)
+            if job_usage:
+                _move_job_usage(s.job_usage, txn)
         self._insert_seen(s, fresh, changes.seen)
         s.ranges.extend(Range(incarnation, r.topic, r.partition, r.first, r.last) for r in ranges)
         if raw:

@@ -322,11 +322,15 @@ class LedgerStore(Protocol):
         raw: Sequence[ConsumedMessage] = (),
         columns: PostingColumns | None = None,
         balances_shard: ShardStamp | None = None,
+        job_usage: bool = False,
     ) -> CommitResult:
         """Apply one batch atomically: `transactions` and the usage transactions in `columns`
         (dropping those whose id was applied before or repeats), with everything else given.
         `balances_shard`: a sharded ledger's shard stamp, which its balance messages carry
-        (keyed by account and shard, `ledger.balances`)."""
+        (keyed by account and shard, `ledger.balances`). `job_usage`: move each job's usage so
+        far by the batch's consumer usage (what a shard's balance messages list per job; kept
+        by a shard's store from its first batch, also while replayed without a stamp, and by
+        no whole ledger, whose messages list none)."""
         ...
 
     def seal(

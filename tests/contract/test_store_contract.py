@@ -301,7 +301,7 @@ SHARDS = {"a-shard": ShardStamp("samples-0", 3), "a-whole-ledger": None}
 def test_a_shard_lists_its_jobs_usage_so_far_and_its_teams_open_holds(store, stamp):
     """A stamped shard's consumer message lists each job's usage so far (usage and reversals,
     every commit's), its budget the team's open holds per job; a whole ledger's neither."""
-    publish = {"balances_topic": "balances", "balances_shard": stamp}
+    publish = {"balances_topic": "balances", "balances_shard": stamp, "job_usage": bool(stamp)}
     commit(store, a_txn("a", 100), **publish)
     adjusted = a_txn("adj", 7, kind=TransactionKind.ADJUSTMENT)  # not usage: not the job's
     reversal = a_txn("r", -30, kind=TransactionKind.REVERSAL)
