@@ -142,8 +142,8 @@ class LocalExecutor:
         self.os_users = os_users
         self._runs: dict[str, _Run] = {}
         self._reports: list[JobStatus] = []
-        # this process's environment as last seen, and its bytes (`_base_environment`)
-        self._environ: tuple[dict[bytes, bytes], dict[bytes, bytes]] | None = None
+        # the bytes of this process's environment as last seen (`_base_environment`)
+        self._environ: dict[bytes, bytes] | None = None
 
     # ------------------------------------------------------------------ the port
 
@@ -282,9 +282,9 @@ class LocalExecutor:
         if not isinstance(held, dict):
             return {os.fsencode(k): os.fsencode(v) for k, v in os.environ.items()}
         known = self._environ
-        if known is None or known[0] != held:
-            known = self._environ = (dict(held), dict(held))
-        return dict(known[1])
+        if known is None or known != held:
+            known = self._environ = dict(held)  # never changed: each start copies it
+        return dict(known)
 
     def log_path(self, job_id: str) -> Path:
         return log_file(self.log_dir, job_id)
