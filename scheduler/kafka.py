@@ -90,6 +90,7 @@ async def topic_partitions(
 
 
 KEY_HASHES_KEPT = 100_000  # keys whose hash `KeyPartitioner` keeps, at most
+BATCH_BYTES = 512 * 1024  # a record batch of the publisher's, at most (and max_request_size)
 
 
 class KeyPartitioner:
@@ -118,7 +119,10 @@ class KeyPartitioner:
 
 
 class KafkaPublisher:
-    """Sends `jobs` messages in order and waits for every acknowledgement. Not an idempotent
+    """Sends `jobs` messages in order and waits for every acknowledgement: a call's messages go
+    as one record batch per partition (up to `BATCH_BYTES`, built with aiokafka's batch
+    builder: no future, metadata wait and partitioner call per message — what `send` costs),
+    each message in the partition its key hashes to, as any Kafka client puts it. Not an idempotent
     producer (tansu needs a newer InitProducerId than aiokafka sends): a retried send may land
     twice, which is harmless — a replay skips a repeated `tally-seq`, the ledger drops a
     repeated event id.
@@ -132,6 +136,8 @@ class KafkaPublisher:
         from aiokafka import AIOKafkaProducer
 
         self.topic = settings.jobs_topic
+        self.max_request_size = max_request_size
+        self.partitioner = KeyPartitioner()
         self.alerts_topic = settings.alerts_topic
         self.admin_topic = settings.admin_topic
         self.producer = AIOKafkaProducer(
@@ -140,7 +146,8 @@ class KafkaPublisher:
             acks="all",
             request_timeout_ms=10_000,
             max_request_size=max_request_size,
-            partitioner=KeyPartitioner(),
+            max_batch_size=min(BATCH_BYTES, max_request_size),
+            partitioner=self.partitioner,
             **settings.kafka_options,
         )
 
@@ -167,33 +174,80 @@ class KafkaPublisher:
         return ack
 
     async def _publish(self, messages: Sequence[Outgoing]) -> list[Placement]:
-        sent = [await self._send(m) for m in messages]
-        acks = await _outcomes([s for s in sent if not isinstance(s, Refused)])
-        answers = iter(acks)
-        out: list[Placement] = []
+        """Each message in its key's partition's batch (`_batches`), every batch handed over
+        before any acknowledgement is awaited; a message's offset is its batch's base offset
+        plus its place in the batch."""
+        out: list[Placement] = [Refused("")] * len(messages)
+        batches = await self._batches(messages, out)
+        sent = [
+            (await self.producer.send_batch(builder, self.topic, partition=p), p, indices)
+            for p, builder, indices in batches
+        ]
+        acks = await _outcomes([ack for ack, _, _ in sent])
         again: list[int] = []  # refused with their batch: each is sent alone
-        for i, s in enumerate(sent):
-            answer = s if isinstance(s, Refused) else next(answers)
-            if isinstance(answer, Refused):
-                out.append(answer)
-            elif isinstance(answer, BaseException):
+        for answer, (_, partition, indices) in zip(acks, sent, strict=True):
+            if isinstance(answer, BaseException):
                 _refused(answer)  # raises unless the batch was refused for its content
-                out.append(Refused(""))
-                again.append(i)
-            else:
-                out.append((answer.partition, answer.offset))
-        for i in again:
+                again.extend(indices)
+                continue
+            for place, i in enumerate(indices):
+                out[i] = (partition, answer.offset + place)
+        for i in sorted(again):
             alone = await self._send(messages[i])
             if isinstance(alone, Refused):
                 out[i] = alone
                 continue
             try:
-                answer = await alone
+                sent_alone = await alone
             except Exception as exc:
                 out[i] = _refused(exc)
             else:
-                out[i] = (answer.partition, answer.offset)
+                out[i] = (sent_alone.partition, sent_alone.offset)
         return out
+
+    async def _batches(
+        self, messages: Sequence[Outgoing], out: list[Placement]
+    ) -> list[tuple[int, Any, list[int]]]:
+        """`messages` in record batches, in order, each message in its key's partition (where
+        `send` would put it: `KeyPartitioner` over the sorted partitions) — (partition, batch,
+        the messages' indices) — a batch at most the producer's `max_batch_size`. A message
+        over `max_request_size` is refused here, as `send` refuses it (its slot in `out`)."""
+        from aiokafka.errors import MessageSizeTooLargeError
+        from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+        partitions = sorted(await self.producer.partitions_for(self.topic))
+        open_batches: dict[int, tuple[Any, list[int]]] = {}
+        batches: list[tuple[int, Any, list[int]]] = []
+        for i, message in enumerate(messages):
+            headers = message.headers
+            size = DefaultRecordBatchBuilder.estimate_size_in_bytes(
+                message.key, message.value, headers
+            )
+            if size > self.max_request_size:
+                out[i] = _refused(
+                    MessageSizeTooLargeError(
+                        f"The message is {size} bytes when serialized which is larger than the "
+                        "maximum request size you have configured with the max_request_size "
+                        "configuration"
+                    )
+                )
+                continue
+            partition = self.partitioner(message.key, partitions, partitions)
+            current = open_batches.get(partition)
+            if (
+                current is not None
+                and current[0].append(
+                    timestamp=None, key=message.key, value=message.value, headers=headers
+                )
+                is not None
+            ):
+                current[1].append(i)
+                continue
+            builder = self.producer.create_batch()
+            builder.append(timestamp=None, key=message.key, value=message.value, headers=headers)
+            current = open_batches[partition] = (builder, [i])
+            batches.append((partition, *current))
+        return batches
 
     async def publish_alerts(self, messages: Sequence[tuple[bytes, bytes]]) -> None:
         """Job alerts (`scheduler.job_alerts`) on the alerts topic, keyed by job id."""

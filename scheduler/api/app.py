@@ -33,6 +33,8 @@ MAX_LOGGED_PATH = 256
 
 def printable(text: str, limit: int = MAX_LOGGED_PATH) -> str:
     """`text` for a log line: control characters escaped, at most `limit` characters."""
+    if len(text) <= limit and text.isprintable() and " " not in text:
+        return text  # nothing to escape or cut (a path's usual case)
     shown = "".join(c if c.isprintable() and c != " " else f"\\x{ord(c):02x}" for c in text[:limit])
     return shown + ("…" if len(text) > limit else "")
 

@@ -3,13 +3,17 @@
 missing or unknown token (a token shaped as a JWT goes to the OIDC verifier when one is
 configured, `scheduler.api.oidc`; every other token is a static one), and `authorize`, which
 answers 403 for an action the caller's role may not do and 404 for another team's object
-(`ledger.roles.decide`). Tokens are compared in constant time and never logged; the access log
-names the principal (`admin`, `team:<name>`, `<role>:<token name>`, `<role>:oidc:<user>`).
+(`ledger.roles.decide`). A static token is found by its SHA-256 digest in an index built with
+the `Tokens` (they live as long as it: a token removed from the configuration is gone when the
+service restarts with it), so a lookup's time tells nothing of the token — what it could
+reveal is a digest's hash, never the token's characters — and does not grow with the number
+of tokens. Tokens are never logged; the access log names the principal (`admin`,
+`team:<name>`, `<role>:<token name>`, `<role>:oidc:<user>`).
 """
 
 from __future__ import annotations
 
-import hmac
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -33,6 +37,12 @@ class Tokens:
     admin: str | None = None
     teams: Mapping[str, str] = field(default_factory=dict)
     named: Mapping[str, Caller] = field(default_factory=dict)
+    _by_digest: Mapping[bytes, Caller] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # a secret given twice names the caller listed last, as a scan of `every` would
+        index = {_digest(secret): caller for secret, caller in self.every()}
+        object.__setattr__(self, "_by_digest", index)
 
     def every(self) -> list[tuple[str, Caller]]:
         """Every (token, caller) pair, the admin's first."""
@@ -42,13 +52,12 @@ class Tokens:
         return pairs
 
     def principal(self, token: str) -> Principal | None:
-        """Who `token` belongs to; every known token is compared, in constant time."""
-        given = token.encode("utf-8", "surrogateescape")
-        found: Principal | None = None
-        for secret, caller in self.every():
-            if hmac.compare_digest(given, secret.encode()):
-                found = caller
-        return found
+        """Who `token` belongs to: looked up by its digest (see the module)."""
+        return self._by_digest.get(_digest(token))
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
 async def authenticate(

@@ -13,8 +13,10 @@ Figures: submits/s the API took, API latency p50/p99 (request sent → answer), 
 p50/p99 (request sent → the `JobStarted` on the `jobs` topic; both clocks are this machine's
 wall clock), the scheduler's tick times (decide: cycles and observing the executor; the tick
 step: decide and publish; enact: the executor's starts and stops and the poll that reports
-them), the scheduler process's CPU time per job (from when its API served) and its peak RSS.
-Baseline: the same
+them), the scheduler process's CPU time per job (from when its API served) and its peak RSS, and
+the CPU time per job of every process on the path over the load's seconds (`/proc`: the
+scheduler, the jobs' processes it reaped, the broker, these clients) beside how busy the whole
+machine was meanwhile (other work on it included). Baseline: the same
 submit-to-start figures at `BASELINE_RATE` submits/s from as many clients (light load), run
 first against the same stack.
 """
@@ -30,7 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,7 @@ NODES = 128  # per pool; two pools of 8-GPU nodes: 2,048 GPUs
 TEAMS = ("vision", "language", "search")
 PROJECTS = {"vision": "detection", "language": "pretraining", "search": "ranking"}
 TARGET_P99_S = 2.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -67,6 +71,50 @@ class Load:
     errors: int = 0
     seconds: float = 0.0
     cpu_s: float = 0.0  # this process's CPU time while the clients ran
+    statuses: Counter[int] = field(default_factory=Counter)  # answers by HTTP status
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSnapshot:
+    """CPU seconds so far: the scheduler's own and its reaped children's (the jobs'
+    processes), the broker's, this process's, and the machine's busy and total."""
+
+    scheduler: float
+    jobs: float
+    broker: float
+    clients: float
+    busy: float
+    total: float
+
+    def __sub__(self, other: CpuSnapshot) -> CpuSnapshot:
+        return CpuSnapshot(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+
+def _proc_cpu(pid: int | None) -> tuple[float, float]:
+    """(own, reaped children's) CPU seconds of process `pid` (`/proc/PID/stat`: utime + stime,
+    cutime + cstime); zeros when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    fields = text.rsplit(")", 1)[1].split()  # from field 3 (state) on
+    utime, stime, cutime, cstime = (int(f) / CLOCK_TICKS for f in fields[11:15])
+    return utime + stime, cutime + cstime
+
+
+def cpu_snapshot(scheduler: int | None, broker: int | None) -> CpuSnapshot:
+    own, jobs = _proc_cpu(scheduler)
+    with open("/proc/stat") as stat:
+        ticks = [int(f) for f in stat.readline().split()[1:9]]  # user … steal
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return CpuSnapshot(
+        scheduler=own,
+        jobs=jobs,
+        broker=_proc_cpu(broker)[0],
+        clients=time.process_time(),
+        busy=(sum(ticks) - idle) / CLOCK_TICKS,
+        total=sum(ticks) / CLOCK_TICKS,
+    )
 
 
 def _config(tmp: Path, bootstrap: str, port: int) -> Path:
@@ -118,13 +166,16 @@ async def _client(
             next_at += every
             sent_us = time.time_ns() // 1000
             began = time.perf_counter()
+            status = 0  # no answer
             try:
                 async with session.post(f"{api}/v1/jobs", json=body, headers=headers) as answer:
+                    status = answer.status
                     payload = await answer.json()
-                    ok = answer.status in (201, 202)
+                    ok = status in (201, 202)
             except (aiohttp.ClientError, TimeoutError):
                 ok, payload = False, None
             load.api_s.append(time.perf_counter() - began)
+            load.statuses[status] += 1
             if ok and payload is not None:
                 load.sent_us[payload["job"]["job_id"]] = sent_us
             else:
@@ -190,6 +241,25 @@ def _latencies(load: Load, started: dict[str, int]) -> list[float]:
     return [(started[j] - t) / 1e6 for j, t in load.sent_us.items() if j in started]
 
 
+def _cpu_line(used: CpuSnapshot, jobs: int, seconds: float) -> str:
+    """CPU per job of each process over the load, and how busy the machine was."""
+    n = max(jobs, 1)
+    parts = {
+        "scheduler": used.scheduler,
+        "jobs' processes": used.jobs,
+        "broker": used.broker,
+        "load clients": used.clients,
+    }
+    ours = sum(parts.values())
+    return (
+        "CPU per job over the load: "
+        + ", ".join(f"{k} {1000 * v / n:.2f} ms" for k, v in parts.items())
+        + f"; {1000 * ours / n:.2f} ms in all, {ours / seconds:.2f} cores of "
+        f"{used.total / seconds:.1f}; the machine {100 * used.busy / max(used.total, 1e-9):.0f}% "
+        "busy (other work included)"
+    )
+
+
 def run(progress: Progress) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="tally-bench-e2e-") as name:
         tmp = Path(name)
@@ -228,11 +298,15 @@ def run(progress: Progress) -> list[Figure]:
                 _drain(broker.bootstrap, topics.jobs, set(base.sent_us), progress)
             )
             progress(f"baseline: {len(base.sent_us)} jobs at {BASELINE_RATE}/s")
+            before = cpu_snapshot(child.pid, broker.pid)
             load = asyncio.run(_load(api, RATE, LOAD_S))
+            used = cpu_snapshot(child.pid, broker.pid) - before
             progress(
                 f"load: {len(load.sent_us):,} accepted, {load.errors} refused or failed in "
-                f"{load.seconds:.1f} s"
+                f"{load.seconds:.1f} s; answers "
+                + ", ".join(f"{k or 'none'}: {v:,}" for k, v in sorted(load.statuses.items()))
             )
+            progress(_cpu_line(used, len(load.sent_us), load.seconds))
             accepted = set(load.sent_us)
             started = asyncio.run(_drain(broker.bootstrap, topics.jobs, accepted, progress))
         finally:

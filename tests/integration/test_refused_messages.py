@@ -23,7 +23,7 @@ from collectors.undeliverable import read_undeliverable
 from ledger.events import envelope_for
 from ledger.job_events import JobWaiting, WaitReason
 from scheduler.jobs_topic import job_message
-from scheduler.kafka import KafkaPublisher, read_topic
+from scheduler.kafka import KafkaPublisher, KeyPartitioner, read_topic
 from scheduler.ports import Refused
 from scheduler.service import ServiceSettings
 from tests.builders import INTERVAL_US, T0_US, a_sample
@@ -64,6 +64,40 @@ def test_the_scheduler_publisher_refuses_one_message_and_sends_the_others(broker
     on_topic = asyncio.run(read_topic(broker.bootstrap, "jobs", "test"))
     assert sorted(m.seq for m in on_topic if m.seq is not None) == [1, 3]
     assert {(m.partition, m.offset) for m in on_topic} == {placed[0], placed[2]}
+
+
+def test_a_round_over_several_batches_lands_where_the_publisher_says(broker, tmp_path):
+    """One call's messages go as record batches per partition (here at most `LIMIT` bytes:
+    several per partition): each lands in the partition its key hashes to, at the offset the
+    publisher reports for it, and a refused one in the middle leaves the rest in place."""
+    create_topics(broker.bootstrap, ["jobs"], partitions=3)
+    waiting = [JobWaiting(f"job-{i}", WaitReason.QUOTA_EXHAUSTED, T0_US + i) for i in range(60)]
+    messages = [job_message(event, seq) for seq, event in enumerate(waiting, start=1)]
+    messages[30] = replace(messages[30], value=messages[30].value + b" " * LIMIT)
+
+    async def publish() -> list[object]:
+        publisher = KafkaPublisher(_settings(broker.bootstrap, tmp_path), max_request_size=LIMIT)
+        await publisher.start()
+        try:
+            first = list(await publisher.publish(messages[:45]))
+            return first + list(await publisher.publish(messages[45:]))
+        finally:
+            await publisher.stop()
+
+    placed = asyncio.run(publish())
+    assert isinstance(placed[30], Refused), placed[30]
+    on_topic = {
+        m.seq: (m.partition, m.offset)
+        for m in asyncio.run(read_topic(broker.bootstrap, "jobs", "t"))
+    }
+    expected = {m.seq: p for m, p in zip(messages, placed, strict=True) if isinstance(p, tuple)}
+    assert on_topic == expected and len(expected) == 59
+    hashed = KeyPartitioner()
+    assert all(
+        on_topic[m.seq][0] == hashed(m.key, [0, 1, 2], [0, 1, 2]) for m in messages if m.seq != 31
+    )
+    assert len({p for p, _ in on_topic.values()}) == 3  # every partition, several batches each
+    assert max(o for _, o in on_topic.values()) * 300 > LIMIT
 
 
 def test_the_collector_records_a_refused_message_once_and_delivers_the_rest(broker, tmp_path):

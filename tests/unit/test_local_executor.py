@@ -197,6 +197,41 @@ def test_environment_pins_gpus_by_mapped_index_or_uuid(tmp_path: Path) -> None:
     assert ex.log_path("job-1").read_text() == "3,GPU-job-1-1|job-1|1\n"
 
 
+ECHO_ENV = 'echo "$TALLY_TEST_BASE|$WANDB_MODE|$CUDA_VISIBLE_DEVICES"'
+
+
+@pytest.mark.parametrize(
+    ("given", "process_env", "work_env", "seen"),
+    [
+        pytest.param(None, [{"TALLY_TEST_BASE": "one"}, {"TALLY_TEST_BASE": "two"}, {}], (),
+                     ["one||GPU-job-0-0", "two||GPU-job-1-0", "||GPU-job-2-0"],
+                     id="this-process-s-as-it-is-at-each-start"),
+        pytest.param(None, [{"WANDB_MODE": "online"}] * 2, (("WANDB_MODE", "offline"),),
+                     ["|offline|GPU-job-0-0", "|offline|GPU-job-1-0"], id="work-env-over-it"),
+        pytest.param(None, [{"CUDA_VISIBLE_DEVICES": "9", "TALLY_TEST_BASE": "ü"}], (),
+                     ["ü||GPU-job-0-0"], id="the-executor-s-own-over-it-non-ascii-kept"),
+        pytest.param({"TALLY_TEST_BASE": "given", "PATH": os.defpath},
+                     [{"TALLY_TEST_BASE": "ignored", "WANDB_MODE": "ignored"}], (),
+                     ["given||GPU-job-0-0"], id="a-given-one-instead"),
+    ],
+)  # fmt: skip
+def test_a_job_starts_from_the_environment_as_it_is_at_its_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given, process_env, work_env, seen
+) -> None:
+    """The process environment is read at each start (kept as bytes between starts while it
+    does not change), under the work's variables and the executor's own."""
+    ex = LocalExecutor(tmp_path, env=given)
+    for i, variables in enumerate(process_env):
+        for name in ("TALLY_TEST_BASE", "WANDB_MODE", "CUDA_VISIBLE_DEVICES"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in variables.items():
+            monkeypatch.setenv(name, value)
+        ex.start(a_job(f"job-{i}"), Work(command=(SH, "-c", ECHO_ENV), env=work_env))
+        until_ended(ex, f"job-{i}")
+    logs = [ex.log_path(f"job-{i}").read_text().strip() for i in range(len(process_env))]
+    assert logs == seen
+
+
 def test_starting_a_running_job_again_is_refused(executor: LocalExecutor) -> None:
     executor.start(a_job(), sh("sleep 30"))
     with pytest.raises(JobAlreadyStarted):

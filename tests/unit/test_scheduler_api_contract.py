@@ -16,6 +16,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from ledger.inventory import encode_record
+from scheduler.api.app import printable
 from scheduler.api.views import EPOCH
 from scheduler.executors.fake import RUNS_FOREVER
 from scheduler.inventory import FleetInventory
@@ -372,3 +373,20 @@ def test_the_access_log_has_one_line_per_request_and_no_token(api, caplog):
     text = "\n".join(lines)
     for secret in (VISION, ADMIN, "wrong-token", "secret-cursor", "state=pending"):
         assert secret not in text
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "shown"),
+    [
+        pytest.param("/v1/jobs", 256, "/v1/jobs", id="a-plain-path"),
+        pytest.param("/v1/jobs/ü-漢", 256, "/v1/jobs/ü-漢", id="printable-unicode"),
+        pytest.param("/v1/a b", 256, "/v1/a\\x20b", id="a-space"),
+        pytest.param("/v1/a\nb\x7f", 256, "/v1/a\\x0ab\\x7f", id="control-characters"),
+        pytest.param("/abcd", 5, "/abcd", id="exactly-the-limit"),
+        pytest.param("/abcde", 5, "/abcd…", id="over-the-limit"),
+        pytest.param("/a\tbcde", 3, "/a\\x09…", id="escaped-and-cut"),
+        pytest.param("", 5, "", id="empty"),
+    ],
+)
+def test_a_logged_path_is_escaped_and_cut_only_where_it_must_be(text, limit, shown):
+    assert printable(text, limit) == shown
