@@ -17,10 +17,15 @@ Taking a shard up (`open_shard`), on assignment:
    `published_manifests`): its hot rows are then this worker's own unsealed work on top of it
    (a restart on the same partitions). Otherwise — the shard was written by another worker
    since, or never here — the directory is replaced by the published shard's state
-   (`restore`): the shard is pulled and its raw-event archive replayed into a fresh hot
-   database with the shard's role, the fold `tally ledger rebuild` runs, so dedupe ids, idle
-   states, views and applied offsets are those the head's segments were folded with. The
-   outbox the replay fills (alerts, dead letters the previous owner already published) is
+   (`restore`): the shard is pulled with the snapshot its head names, the fold state the seal
+   left (`ledger.store.snapshot`), which becomes the hot database, and the archived batches
+   after it (normally none) are folded on top; so dedupe ids, idle states, views and applied
+   offsets are those the head's segments were folded with, at a cost that does not grow with
+   the shard's history. A head that names no snapshot (sealed before snapshots), or one that
+   does not fit its sealed ledger (logged with the reason), is restored by replaying the
+   shard's raw-event archive into a fresh hot database with the shard's role, the fold
+   `tally ledger rebuild` runs, which then takes the snapshot its next seal publishes. The
+   outbox a fold fills (alerts, dead letters the previous owner already published) is
    dropped, not sent again.
 2. *Claim the head* (`Publisher.claim`: a conditional put of the head with epoch + 1). The
    epoch is the head's own plus one, not the group generation: it never goes backwards whatever
@@ -37,10 +42,10 @@ Taking a shard up (`open_shard`), on assignment:
    sealed one after a restore, never Kafka's committed offset. What the previous owner had
    committed but not sealed is folded again from the topic.
 
-Giving one back (`close_shard`), on revocation: seal and publish, then close, so a planned move
-refolds nothing. A shard whose publish is fenced is dropped (`drop_shard`: closed, its directory
-deleted); the worker goes on with its other shards, and takes the shard up again from its head
-if the group assigns it again.
+Giving one back (`close_shard`), on revocation: seal and publish (with its snapshot), then
+close, so a planned move refolds nothing. A shard whose publish is fenced is dropped
+(`drop_shard`: closed, its directory deleted); the worker goes on with its other shards, and
+takes the shard up again from its head if the group assigns it again.
 """
 
 from __future__ import annotations

@@ -11,8 +11,10 @@ publishes, in this order:
    never the key of other bytes;
 2. a *version* of every file that changes from seal to seal — the side files (admin log, closed
    periods, dead-letter summary, inventory, audit trail), the ledger's identity (`ledger.json`:
-   the time zone its books are kept in, `ledger.store.identity`), the archive manifest and the
-   postings manifest — each under its sha256 (`versions/<path>/<sha256>`), also immutable;
+   the time zone its books are kept in, `ledger.store.identity`), a shard's snapshot
+   (`snapshot.tar`, `ledger.store.snapshot`: the fold state of the seal, which readers do not
+   pull), the archive manifest and the postings manifest — each under its sha256
+   (`versions/<path>/<sha256>`), also immutable;
 3. the head (`head.json`, `ledger.store.head`), naming the version of each of those files:
    one conditional PUT that makes the whole seal visible at once, and fails (`WriterFenced`)
    for a writer another one has claimed the ledger from since.

@@ -14,14 +14,15 @@ recorded for the next batch (`ledger_meta`), as a replay's would be. The worker 
 after a seal, so a snapshot, taken inside the seal, never holds a prune its archive lacks.
 
 Form: one tar file (`SNAPSHOT_NAME` in the data directory) of a `snapshot.json` (format, the
-epoch of the writer that took it, the last archived batch and the sealed offset of each source
-partition) and one Parquet file per table. The writer takes it inside the seal, after the
-manifests and before the publish (`ledger.store.published`), and the `Publisher` stores it as a
-version the head names (`ledger.store.head`): it is published by the same conditional put as
-the seal's manifests, so a reader of one head never pairs it with another head's segments; a
-fenced writer's snapshot is named by no head and so never loaded; and a superseded one is
-deleted `grace_s` after no head names it, like every version. A seal that fails to publish puts
-the previous snapshot back with the manifests.
+epoch of the writer that took it — 0 for one taken after a replay, before any claim — the last
+archived batch and the sealed offset of each source partition) and one Parquet file per table.
+The writer takes it inside the seal, after the manifests and before the publish
+(`ledger.store.published`), and the `Publisher` stores it as a version the head names
+(`ledger.store.head`): it is published by the same conditional put as the seal's manifests, so a
+reader of one head never pairs it with another head's segments; a fenced writer's snapshot is
+named by no head and so never loaded; and a superseded one is deleted `grace_s` after no head
+names it, like every version. A seal that fails to publish puts the previous snapshot back with
+the manifests.
 
 Taking up (`take_up`): the snapshot is checked against the sealed ledger pulled with it (its
 sealed offsets may not pass the postings manifest's), loaded into a fresh hot database, and the
@@ -51,6 +52,7 @@ from ledger.store.hot_audit import AUDIT_DDL
 from ledger.store.hot_identity import IDENTITY_DDL
 from ledger.store.hot_tables import HOT_TABLES_DDL
 from ledger.store.layout import HOT_DB_NAME, SEGMENTS_DIR, SNAPSHOT_NAME, WRITER_SETTINGS
+from ledger.store.port import SealResult
 from ledger.store.rebuild import Difference, ReplaySettings, archive_batches, fold_batches
 from ledger.store.segments import Manifest, atomic_write_bytes
 
@@ -222,6 +224,15 @@ def load_snapshot(snapshot: Snapshot, data_dir: Path) -> None:
     con.close()
 
 
+class _Unsealable(DuckDBStore):
+    """The store the batches after a snapshot are folded into. Their rows are sealed already
+    (the pulled ledger holds them), so it cannot seal them again (a period's close seals first):
+    the snapshot is then refused, before anything is written beside the pulled ledger."""
+
+    def seal(self, compact_below_rows: int = 500_000, compact_min_segments: int = 8) -> SealResult:
+        raise SnapshotMismatch("a batch after it closes a period, which seals first")
+
+
 def _seal_folded(data_dir: Path) -> None:
     """Mark what was folded after a snapshot sealed and drop its rows: the sealed ledger pulled
     holds them already (a seal drops them the same way)."""
@@ -251,7 +262,7 @@ def take_up(raw: bytes, data_dir: Path, settings: ReplaySettings) -> TakenUp:
         batches = 0
         if snapshot.sealed != sealed:
             problems: list[Difference] = []
-            with DuckDBStore(data_dir) as store:
+            with _Unsealable(data_dir) as store:
                 later = archive_batches(data_dir, after_seq=snapshot.batch_seq)
                 batches, _ = fold_batches(store, later, settings, problems, seal=False)
                 while pending := store.pending_outbox():

@@ -1,15 +1,15 @@
 """A moved shard taken up from the snapshot its head names (`ledger.store.snapshot`,
 `streams.shards.restore`), in process on a local directory store.
 
-A writer folds a stream into a samples shard and the global shard — holds placed and released,
-a price set and changed, a late owner, a reversal, a period close, a GPU idle for over half an
-hour and busy again, garbage — sealing after every batch and pruning its dedupe window after
-each seal, as the worker does, and hands the shard over. The shard is then taken up three ways:
-from its snapshot; by replaying its whole archive; and from the snapshot of its first seal with
-the archived batches after it folded on top. All three hold the same state, table by table and
-row by row (what a wall clock stamps apart), and fold the next batches — samples resent from
-before the move (some already forgotten by the window), a price change, more holds — into the
-same postings, row by row.
+A writer folds a stream into a samples shard and the global shard — holds placed and released, a
+price set and changed, a late owner, a reversal, a period close, a GPU idle for over half an
+hour and busy again, garbage — sealing three times (the last at the hand-over), pruning its
+dedupe window after each seal, as the worker does, and hands the shard over. The shard is then
+taken up three ways: from its snapshot; by replaying its whole archive; and from the snapshot of
+an earlier seal with the archived batches after it folded on top. All three hold the same state,
+table by table and row by row (what a wall clock stamps apart), and fold the next batches —
+samples resent from before the move (some already forgotten by the window), a price change, more
+holds — into the same postings, row by row.
 
 Then: a fenced writer's snapshot (its head refused) is never loaded; a head that names no
 snapshot (a ledger sealed before snapshots) is replayed, and a snapshot that does not fit the
@@ -48,6 +48,7 @@ from streams.shards import (
     ShardSettings,
     ShardSpec,
     close_shard,
+    local_manifests,
     open_shard,
     remote_of,
     restore,
@@ -111,7 +112,7 @@ BEFORE: tuple[tuple[Item, ...], ...] = (
     (gpu_p0(35, 5, 80),),  # busy again
 )
 AFTER: tuple[tuple[Item, ...], ...] = (
-    (samples(0, 1), samples(0, 7), gpu_p0(10, 10, 2)),  # resent: forgotten, and still known
+    (samples(0, 1), samples(0, 7), gpu_p0(15, 10, 2)),  # resent: forgotten, and known
     (admin(PriceSet(MODEL, None, 9_000_000, *META, START_US + 40 * MINUTE_US)), gpu_p0(40, 5, 60)),
     (
         jobs(hold("job-12", "language", 4_000, 400)),
@@ -121,7 +122,7 @@ AFTER: tuple[tuple[Item, ...], ...] = (
 )
 BATCHES = located((*BEFORE, *AFTER))
 MOVE = len(BEFORE)
-SEALED_AFTER = (1, 4, 6)  # the batches the first writer seals after (and at the hand-over)
+SEALED_AFTER = (2, 5)  # the batches the first writer seals after (and at the hand-over)
 
 
 def settings(data_dir: Path, store: LocalObjectStore) -> ShardSettings:
@@ -134,11 +135,11 @@ def mine(spec: ShardSpec, batch: list[ConsumedMessage]) -> list[ConsumedMessage]
 
 @dataclass(frozen=True)
 class Written:
-    """A shard as its first writer handed it over: the store, the snapshot of its first seal
-    and the sealed ledger of that seal, pulled."""
+    """A shard as its first writer handed it over: the store, the snapshot of each of its
+    seals (before the hand-over) and the sealed ledger of the first, pulled."""
 
     store: LocalObjectStore
-    first_snapshot: bytes
+    snapshots: tuple[bytes, ...]
     first_seal: Path
 
 
@@ -146,18 +147,19 @@ def write(root: Path, spec: ShardSpec) -> Written:
     store = LocalObjectStore(root / "objects")
     remote = remote_of(store, spec.name)
     shard = open_shard(settings(root / "a", store), spec, INC)
-    first: bytes | None = None
+    snapshots: list[bytes] = []
     for index, batch in enumerate(BATCHES[:MOVE]):
         shard.ingestor.apply(mine(spec, batch))
         if index not in SEALED_AFTER:
             continue
         shard.store.seal()
         shard.store.prune_seen_events(WINDOW_US)
-        if first is None:
-            _, first = pull_ledger_with(remote, root / "first-seal", SNAPSHOT_NAME)
+        cache = root / ("first-seal" if not snapshots else f"seal-{index}")
+        _, raw = pull_ledger_with(remote, cache, SNAPSHOT_NAME)
+        assert raw is not None
+        snapshots.append(raw)
     close_shard(shard, 500_000, 8)
-    assert first is not None
-    return Written(store, first, root / "first-seal")
+    return Written(store, tuple(snapshots), root / "first-seal")
 
 
 @pytest.fixture(scope="module")
@@ -214,13 +216,17 @@ def state(data_dir: Path) -> dict[str, list[tuple[object, ...]]]:
         con.close()
 
 
-def fold_after(data_dir: Path, spec: ShardSpec) -> None:
+def fold_after(data_dir: Path, spec: ShardSpec) -> int:
+    """The batches after the move folded into the shard taken up in `data_dir`, after a prune
+    of the dedupe window (the new owner's first seal's); how many ids the prune forgot."""
     with DuckDBStore(data_dir) as store:
+        forgot = store.prune_seen_events(WINDOW_US)
         ingestor = Ingestor(
             store, INC, PRICES, CENTRES, topics=OUTPUTS, inputs=REPLAY.inputs, role=spec.role
         )
         for batch in BATCHES[MOVE:]:
             ingestor.apply(mine(spec, batch))
+        return forgot
 
 
 @pytest.mark.parametrize("spec", [samples_shard(0), GLOBAL], ids=["samples-shard", "global-shard"])
@@ -233,12 +239,15 @@ def test_a_shard_taken_up_from_its_snapshot_is_the_one_its_archive_replays(tmp_p
     replayed = restore(tmp_path / "replay" / spec.name, remote, replay_settings, snapshot=False)
     behind = tmp_path / "behind" / spec.name
     assert pull_ledger_with(remote, behind, SNAPSHOT_NAME)[0]
-    caught_up = take_up(shard.first_snapshot, behind, replay_settings)
+    caught_up = take_up(shard.snapshots[1], behind, replay_settings)  # after the close
 
     assert from_snapshot.snapshot == 1 and from_snapshot.batches == 0
-    archived, at_first_seal = (archive_batch_count(d)[0] for d in (behind, shard.first_seal))
+    archived, at_seal = (
+        archive_batch_count(d)[0]
+        for d in (behind, shard.first_seal.parent / f"seal-{SEALED_AFTER[1]}")
+    )
     assert replayed.snapshot is None and replayed.batches == archived
-    assert caught_up.batches == archived - at_first_seal > 0  # every batch after the first seal
+    assert caught_up.batches == archived - at_seal > 0  # every batch after that seal
     ways = [tmp_path / way / spec.name for way in ("snapshot", "replay", "behind")]
     taken = [state(d) for d in ways]
     assert taken[0]["seen_events"] and taken[0]["source_ranges"]  # not an empty comparison
@@ -249,8 +258,8 @@ def test_a_shard_taken_up_from_its_snapshot_is_the_one_its_archive_replays(tmp_p
     assert taken[1] == taken[0]
     assert taken[2] == taken[0]
 
-    for directory in ways:
-        fold_after(directory, spec)
+    forgot = {fold_after(directory, spec) for directory in ways}
+    assert len(forgot) == 1 and (spec.role is ShardRole.GLOBAL or forgot.pop() > 0)
     folded = [state(d) for d in ways]
     assert len(folded[0]["postings"]) > len(taken[0]["postings"])  # the next batches posted
     assert folded[1] == folded[0]
@@ -294,7 +303,7 @@ def test_a_head_that_names_no_snapshot_is_replayed(tmp_path, caplog):
     local = tmp_path / "a"
     with PublishedStore(local, Publisher(local, remote)) as writer:
         ingestor = Ingestor(writer, INC, PRICES, CENTRES, inputs=REPLAY.inputs)
-        for batch in located(STREAM)[:2]:
+        for batch in located(STREAM)[:1]:
             ingestor.apply(mine(samples_shard(0), batch))
             writer.seal()
     assert read_published(remote, SNAPSHOT_NAME) is None
@@ -329,6 +338,7 @@ def without_table(raw: bytes, name: str) -> bytes:
     ("case", "reason"),
     [
         pytest.param("later-on-first-seal", "past the sealed ledger on admin", id="ahead"),
+        pytest.param("first-on-later", "closes a period", id="a-period-closed-after-it"),
         pytest.param("cut-short", "unreadable", id="cut-short"),
         pytest.param("missing-table", "no table balances", id="a-table-missing"),
     ],
@@ -348,9 +358,12 @@ def test_a_snapshot_that_does_not_fit_its_sealed_ledger_is_refused_with_the_reas
         shutil.copytree(shard.first_seal, pulled)
     snapshot = {
         "later-on-first-seal": raw,
+        "first-on-later": shard.snapshots[0],  # its batches after include the close
         "cut-short": raw[: len(raw) // 2],
         "missing-table": without_table(raw, "balances"),
     }[case]
+    manifests = local_manifests(pulled)
     with pytest.raises(SnapshotMismatch, match=reason):
         take_up(snapshot, pulled, REPLAY)
     assert not (pulled / HOT_DB_NAME).exists()
+    assert local_manifests(pulled) == manifests  # the sealed ledger as pulled: replayed next
