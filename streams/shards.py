@@ -68,7 +68,7 @@ from ledger.store.published import PublishedStore
 from ledger.store.rebuild import ReplaySettings, archive_batches, replay
 from ledger.store.replica import Publisher, pull_ledger_with, read_published
 from ledger.store.segments import MANIFEST_NAME
-from ledger.store.snapshot import SnapshotMismatch, take_up, write_snapshot_of
+from ledger.store.snapshot import SnapshotMismatch, manifest_offsets, take_up, write_snapshot_of
 from ledger.store.union_rules import GLOBAL_SHARD, SHARDS_PREFIX, shard_prefix
 
 log = logging.getLogger("tally.worker")
@@ -198,7 +198,7 @@ def restore(
     if not found:
         return Restored()
     settings = replace(settings, zone=recorded_zone(pulled))
-    if snapshot:
+    if snapshot and (raw is not None or manifest_offsets(pulled)):  # else: nothing sealed yet
         why = "its head names no snapshot (sealed before snapshots)"
         if raw is not None:
             try:
