@@ -237,33 +237,29 @@ def test_a_shard_taken_up_from_its_snapshot_is_the_one_its_archive_replays(tmp_p
 
     from_snapshot = restore(tmp_path / "snapshot" / spec.name, remote, replay_settings)
     replayed = restore(tmp_path / "replay" / spec.name, remote, replay_settings, snapshot=False)
-    behind = tmp_path / "behind" / spec.name
-    assert pull_ledger_with(remote, behind, SNAPSHOT_NAME)[0]
-    caught_up = take_up(shard.snapshots[1], behind, replay_settings)  # after the close
-
-    assert from_snapshot.snapshot == 1 and from_snapshot.batches == 0
-    archived, at_seal = (
-        archive_batch_count(d)[0]
-        for d in (behind, shard.first_seal.parent / f"seal-{SEALED_AFTER[1]}")
-    )
+    ways = [tmp_path / way / spec.name for way in ("snapshot", "replay")]
+    archived = archive_batch_count(ways[1])[0]
+    assert from_snapshot == Restored(0, 1)
     assert replayed.snapshot is None and replayed.batches == archived
-    assert caught_up.batches == archived - at_seal > 0  # every batch after that seal
-    ways = [tmp_path / way / spec.name for way in ("snapshot", "replay", "behind")]
+    if spec.role is ShardRole.SAMPLES:  # and from an older snapshot: the same code for both
+        ways.append(tmp_path / "behind" / spec.name)
+        assert pull_ledger_with(remote, ways[2], SNAPSHOT_NAME)[0]
+        caught_up = take_up(shard.snapshots[1], ways[2], replay_settings)  # after the close
+        at_seal = archive_batch_count(shard.first_seal.parent / f"seal-{SEALED_AFTER[1]}")[0]
+        assert caught_up.batches == archived - at_seal > 0  # every batch after that seal
     taken = [state(d) for d in ways]
     assert taken[0]["seen_events"] and taken[0]["source_ranges"]  # not an empty comparison
     if spec.role is ShardRole.GLOBAL:
         assert taken[0]["open_holds"] and taken[0]["admin_log"] and taken[0]["closed_periods"]
     else:
         assert taken[0]["idle_state"] and taken[0]["gpu_holdings"] and taken[0]["job_owners"]
-    assert taken[1] == taken[0]
-    assert taken[2] == taken[0]
+    assert all(other == taken[0] for other in taken[1:])
 
     forgot = {fold_after(directory, spec) for directory in ways}
     assert len(forgot) == 1 and (spec.role is ShardRole.GLOBAL or forgot.pop() > 0)
     folded = [state(d) for d in ways]
     assert len(folded[0]["postings"]) > len(taken[0]["postings"])  # the next batches posted
-    assert folded[1] == folded[0]
-    assert folded[2] == folded[0]
+    assert all(other == folded[0] for other in folded[1:])
 
 
 def test_a_fenced_writers_snapshot_is_never_loaded(tmp_path):
@@ -351,8 +347,6 @@ def test_a_snapshot_that_does_not_fit_its_sealed_ledger_is_refused_with_the_reas
     pulled = tmp_path / "pulled"
     found, raw = pull_ledger_with(remote, pulled, SNAPSHOT_NAME)
     assert found and raw is not None
-    take_up(raw, pulled, REPLAY)  # as published, it fits
-    (pulled / HOT_DB_NAME).unlink()
     if case == "later-on-first-seal":  # the handed-over snapshot on the first seal's ledger
         pulled = tmp_path / "first-seal"
         shutil.copytree(shard.first_seal, pulled)
