@@ -7,7 +7,8 @@ What it holds is every table of the hot database (`ledger.store.hot_tables`, `ho
 once sealed) and what is no fold's state: the outbox and the messages the broker refused, which
 a replay does not make either (the previous owner sent its outbox), and the `current_period`
 mark of the balances sent. So it is what `ledger.store.rebuild.replay` rebuilds from the sealed
-archive: applied offsets (`source_ranges`, every one sealed), the dedupe ids and scopes, idle
+archive: applied offsets (`source_ranges`, sealed, one range per source partition: a writer
+reads only each one's last offset and the last batch), the dedupe ids and scopes, idle
 states, GPU assignment timelines, open holds, balances, the admin log, closed periods, the
 audit trail, job owners and suspense, reversals, inventory and dead letters; and the prunes
 recorded for the next batch (`ledger_meta`), as a replay's would be. The worker prunes right
@@ -64,6 +65,13 @@ _NOT_STATE_META = ("current_period",)  # the balances sent: a new owner sends it
 _SEALED_ROWS = ("posting_rows", "usage_rows", "raw_events")
 
 SourceKey = tuple[str, str, int]  # (incarnation, topic, partition)
+# The applied ranges as one sealed range per source partition: all a writer reads of them is
+# each partition's last offset and the last batch (the table keeps one row per batch for good).
+_SOURCE_RANGES = (
+    'SELECT incarnation, topic, "partition", min(first_offset) AS first_offset, '
+    "max(last_offset) AS last_offset, max(committed_at_us) AS committed_at_us, "
+    "TRUE AS sealed, max(batch_seq) AS batch_seq FROM source_ranges GROUP BY ALL"
+)
 
 
 class SnapshotMismatch(Exception):
@@ -112,7 +120,7 @@ def take_snapshot(con: duckdb.DuckDBPyConnection, epoch: int) -> bytes:
     for name in _state_tables(con):
         query, params = f"SELECT * FROM {name}", None
         if name == "source_ranges":
-            query = "SELECT * REPLACE (TRUE AS sealed) FROM source_ranges"
+            query = _SOURCE_RANGES
         elif name == "ledger_meta":
             query = "SELECT * FROM ledger_meta WHERE NOT list_contains($skip, key)"
             params = {"skip": list(_NOT_STATE_META)}

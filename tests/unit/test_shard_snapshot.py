@@ -192,6 +192,11 @@ STAMPED = {
     "dead_letters": "recorded_at_us",
 }
 NOT_STATE = ("outbox", "undeliverable")
+# what a writer reads of its applied ranges (a snapshot keeps one range per source partition)
+RANGES = (
+    'SELECT incarnation, topic, "partition", max(last_offset), max(batch_seq), bool_and(sealed) '
+    "FROM source_ranges GROUP BY ALL"
+)
 
 
 def state(data_dir: Path) -> dict[str, list[tuple[object, ...]]]:
@@ -208,8 +213,8 @@ def state(data_dir: Path) -> dict[str, list[tuple[object, ...]]]:
         found = {}
         for name in sorted(set(names) - set(NOT_STATE)):
             columns = f"* EXCLUDE ({STAMPED[name]})" if name in STAMPED else "*"
-            rows = con.execute(f"SELECT {columns} FROM {name} ORDER BY ALL").fetchall()
-            found[name] = rows
+            query = RANGES if name == "source_ranges" else f"SELECT {columns} FROM {name}"
+            found[name] = con.execute(f"{query} ORDER BY ALL").fetchall()
         found["postings"] = con.execute("SELECT * FROM postings ORDER BY ALL").fetchall()
         return found
     finally:
