@@ -17,10 +17,15 @@ Taking a shard up (`open_shard`), on assignment:
    `published_manifests`): its hot rows are then this worker's own unsealed work on top of it
    (a restart on the same partitions). Otherwise — the shard was written by another worker
    since, or never here — the directory is replaced by the published shard's state
-   (`restore`): the shard is pulled and its raw-event archive replayed into a fresh hot
-   database with the shard's role, the fold `tally ledger rebuild` runs, so dedupe ids, idle
-   states, views and applied offsets are those the head's segments were folded with. The
-   outbox the replay fills (alerts, dead letters the previous owner already published) is
+   (`restore`): the shard is pulled with the snapshot its head names, the fold state the seal
+   left (`ledger.store.snapshot`), which becomes the hot database, and the archived batches
+   after it (normally none) are folded on top; so dedupe ids, idle states, views and applied
+   offsets are those the head's segments were folded with, at a cost that does not grow with
+   the shard's history. A head that names no snapshot (sealed before snapshots), or one that
+   does not fit its sealed ledger (logged with the reason), is restored by replaying the
+   shard's raw-event archive into a fresh hot database with the shard's role, the fold
+   `tally ledger rebuild` runs, which then takes the snapshot its next seal publishes. The
+   outbox a fold fills (alerts, dead letters the previous owner already published) is
    dropped, not sent again.
 2. *Claim the head* (`Publisher.claim`: a conditional put of the head with epoch + 1). The
    epoch is the head's own plus one, not the group generation: it never goes backwards whatever
@@ -37,10 +42,10 @@ Taking a shard up (`open_shard`), on assignment:
    sealed one after a restore, never Kafka's committed offset. What the previous owner had
    committed but not sealed is folded again from the topic.
 
-Giving one back (`close_shard`), on revocation: seal and publish, then close, so a planned move
-refolds nothing. A shard whose publish is fenced is dropped (`drop_shard`: closed, its directory
-deleted); the worker goes on with its other shards, and takes the shard up again from its head
-if the group assigns it again.
+Giving one back (`close_shard`), on revocation: seal and publish (with its snapshot), then
+close, so a planned move refolds nothing. A shard whose publish is fenced is dropped
+(`drop_shard`: closed, its directory deleted); the worker goes on with its other shards, and
+takes the shard up again from its head if the group assigns it again.
 """
 
 from __future__ import annotations
@@ -57,12 +62,13 @@ from ledger.errors import SealError
 from ledger.ingest import Ingestor, OutputTopics, ShardRole
 from ledger.store.hot import DuckDBStore
 from ledger.store.identity import claim_zone, recorded_zone
-from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR
+from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR, SNAPSHOT_NAME
 from ledger.store.objects import ObjectStore, PrefixedStore
 from ledger.store.published import PublishedStore
 from ledger.store.rebuild import ReplaySettings, archive_batches, replay
-from ledger.store.replica import Publisher, pull_ledger, read_published
+from ledger.store.replica import Publisher, pull_ledger_with, read_published
 from ledger.store.segments import MANIFEST_NAME
+from ledger.store.snapshot import SnapshotMismatch, manifest_offsets, take_up, write_snapshot_of
 from ledger.store.union_rules import GLOBAL_SHARD, SHARDS_PREFIX, shard_prefix
 
 log = logging.getLogger("tally.worker")
@@ -109,15 +115,33 @@ class ShardSettings:
     memory_limit: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """How a shard directory was restored: from the snapshot of the head (the epoch of its
+    writer) and the archived batches after it, or (`snapshot` None) by replaying the whole
+    archive (`batches`). Nothing published: neither."""
+
+    batches: int = 0
+    snapshot: int | None = None
+
+    def describe(self) -> str:
+        if self.snapshot is not None:
+            return (
+                f"restored from its snapshot of epoch {self.snapshot} and {self.batches} "
+                "archived batches after it"
+            )
+        return f"restored from {self.batches} archived batches" if self.batches else ""
+
+
 @dataclass(slots=True)
 class Shard:
     """A shard this worker owns now: its store (publishing under the shard's prefix), its
-    ingestor, and how many archived batches its restore replayed (0: kept or new)."""
+    ingestor, and how its directory was restored (`Restored()`: kept or new)."""
 
     spec: ShardSpec
     store: PublishedStore
     ingestor: Ingestor
-    restored: int = 0
+    restored: Restored = Restored()
 
     def next_offset(self, topic: str) -> int:
         """Where its samples partition is to be fetched from (0 for the global shard)."""
@@ -158,26 +182,43 @@ def local_manifests(local: Path) -> Manifests:
     return tuple(found)
 
 
-def restore(local: Path, remote: ObjectStore, settings: ReplaySettings) -> int:
+def restore(
+    local: Path, remote: ObjectStore, settings: ReplaySettings, *, snapshot: bool = True
+) -> Restored:
     """Replace the shard directory `local` by the state of the shard published in `remote`
-    (module docstring, step 1); the archived batches replayed (0: nothing is published, and
-    `local` is left empty)."""
+    (module docstring, step 1): from the snapshot its head names, else (none, it does not
+    match, or not `snapshot`) by replaying its archive. Nothing published: `local` is left
+    empty."""
     pulled = local.with_name(f".{local.name}.pulled")
     fresh = local.with_name(f".{local.name}.restoring")
     for path in (local, pulled, fresh):
         shutil.rmtree(path, ignore_errors=True)
     local.parent.mkdir(parents=True, exist_ok=True)
-    if not pull_ledger(remote, pulled):
-        return 0
-    result = replay(archive_batches(pulled), fresh, replace(settings, zone=recorded_zone(pulled)))
+    found, raw = pull_ledger_with(remote, pulled, SNAPSHOT_NAME)
+    if not found:
+        return Restored()
+    settings = replace(settings, zone=recorded_zone(pulled))
+    if snapshot and (raw is not None or manifest_offsets(pulled)):  # else: nothing sealed yet
+        why = "its head names no snapshot (sealed before snapshots)"
+        if raw is not None:
+            try:
+                taken = take_up(raw, pulled, settings)
+            except SnapshotMismatch as exc:
+                why = f"its snapshot does not match: {exc}"
+            else:
+                pulled.rename(local)  # a kill before this leaves no directory: restored again
+                return Restored(taken.batches, taken.epoch)
+        log.warning("restoring %s by replaying its archive: %s", local.name, why)
+    result = replay(archive_batches(pulled), fresh, settings)
     for problem in result.problems:
         log.warning("restoring %s: %s %s", local.name, problem.subject, problem.note)
     with DuckDBStore(fresh) as store:  # what the previous owner published already
         while pending := store.pending_outbox():
             store.mark_sent([m.id for m in pending])
+    write_snapshot_of(fresh, 0)  # published with the next seal, also one that seals nothing
     fresh.rename(local)  # a kill before this leaves no directory: the next start restores
     shutil.rmtree(pulled, ignore_errors=True)
-    return result.batches
+    return Restored(result.batches)
 
 
 def open_shard(settings: ShardSettings, spec: ShardSpec, incarnation: str) -> Shard:
@@ -186,7 +227,7 @@ def open_shard(settings: ShardSettings, spec: ShardSpec, incarnation: str) -> Sh
     remote = remote_of(settings.store, spec.name)
     zone: tzinfo = settings.replay.zone
     for attempt in range(CLAIM_TRIES):
-        restored = 0
+        restored = Restored()
         named = published_manifests(remote)  # what the state taken up is to be
         if local_manifests(local) != named:
             restored = restore(local, remote, replace(settings.replay, role=spec.role))
@@ -202,7 +243,7 @@ def open_shard(settings: ShardSettings, spec: ShardSpec, incarnation: str) -> Sh
             if attempt == CLAIM_TRIES - 1:
                 raise SealError(remote.describe(), "its head kept changing while taken up")
             continue  # restored again from the head now claimed: no one else publishes it
-        store = PublishedStore(local, publisher)
+        store = PublishedStore(local, publisher, snapshots=True)
         store.limit_memory(settings.memory_limit)
         r = settings.replay
         ingestor = Ingestor(
@@ -221,7 +262,7 @@ def open_shard(settings: ShardSettings, spec: ShardSpec, incarnation: str) -> Sh
             "shard %s taken up as %s%s",
             spec.name,
             writer.describe(),
-            f", restored from {restored} archived batches" if restored else "",
+            f", {restored.describe()}" if restored.describe() else "",
         )
         return Shard(spec, store, ingestor, restored)
     raise AssertionError("unreachable")

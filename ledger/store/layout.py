@@ -4,6 +4,8 @@ shares.
     <data_dir>/hot.duckdb      the writer's database (`ledger.store.hot`); nothing else opens it
     <data_dir>/segments/       sealed postings segments, their manifest and the side files
     <data_dir>/archive/        sealed raw-event archive segments and their manifest
+    <data_dir>/snapshot.tar    a shard's fold state as of its last seal, published with it
+                               (`ledger.store.snapshot`)
     <data_dir>/replica/        with the sealed ledger on an object store: a reader's cache of it,
                                laid out as a data directory (`ledger.store.replica`); of a
                                sharded one, each shard under `replica/shards/<name>/` and their
@@ -23,6 +25,7 @@ from ledger.store.hot_memory import CHECKPOINT_THRESHOLD
 HOT_DB_NAME = "hot.duckdb"
 SEGMENTS_DIR = "segments"
 ARCHIVE_DIR = "archive"
+SNAPSHOT_NAME = "snapshot.tar"
 
 # The writer's connection settings: no progress bar (DuckDB prints one to stdout for long
 # queries; the writer's have no one watching), and checkpoints at seals rather than at commits

@@ -188,8 +188,9 @@ def archive_batch_count(data_dir: Path | str) -> tuple[int, int]:
     return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
-def archive_batches(data_dir: Path | str) -> Iterator[ArchivedBatch]:
-    """The sealed archive's batches in sequence order, each in its folded order (streamed)."""
+def archive_batches(data_dir: Path | str, after_seq: int = 0) -> Iterator[ArchivedBatch]:
+    """The sealed archive's batches in sequence order, each in its folded order (streamed);
+    only those numbered after `after_seq` (a snapshot's last batch: `ledger.store.snapshot`)."""
     files = _archive_files(Path(data_dir))
     if not files:
         return
@@ -204,7 +205,7 @@ def archive_batches(data_dir: Path | str) -> Iterator[ArchivedBatch]:
             + ("prune_window_us, " if window else "NULL, ")
             + 'topic, "partition", "offset", "value", value_codec, value_size, "key" '
             f"FROM read_parquet({_sql_list(files)}, union_by_name = true) "
-            "ORDER BY batch_seq, batch_index"
+            f"WHERE batch_seq > {int(after_seq)} ORDER BY batch_seq, batch_index"
         ).to_arrow_reader(_FETCH_ROWS)
         seq: int | None = None
         head: tuple[str, int | None, int | None] = ("", None, None)
@@ -278,42 +279,9 @@ def replay(
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise StoreError(f"{target} is not an empty directory: a rebuild needs a fresh one")
     problems: list[Difference] = []
-    count = messages = 0
     claim_zone(target, settings.zone)
     with DuckDBStore(target) as store:
-        ingestor: Ingestor | None = None
-        for batch in batches:
-            if batch.pruned_before_us is not None:
-                store.prune_seen_before(batch.pruned_before_us)
-            if batch.prune_window_us is not None:
-                store.prune_seen_events(batch.prune_window_us)
-            if ingestor is None or ingestor.incarnation != batch.incarnation:
-                ingestor = Ingestor(
-                    store,
-                    batch.incarnation,
-                    settings.prices,
-                    settings.cost_centres,
-                    settings.idle_policy,
-                    OutputTopics(balances=None),
-                    settings.inputs,
-                    settings.zone,
-                    settings.role,
-                )
-            result = ingestor.apply(batch.messages)
-            if result.skipped_messages:
-                problems.append(
-                    Difference(
-                        DifferenceKind.REPLAY,
-                        f"batch {batch.seq}",
-                        note=f"{result.skipped_messages} message(s) were applied before",
-                    )
-                )
-            count += 1
-            messages += len(batch.messages)
-            if count % settings.seal_every == 0:
-                store.seal()
-            if progress is not None:
-                progress(1)
+        count, messages = fold_batches(store, batches, settings, problems, progress, seal=True)
         store.seal()
         return ReplayResult(
             count,
@@ -323,6 +291,54 @@ def replay(
             tuple(problems),
             tuple(store.inventory().values()),
         )
+
+
+def fold_batches(
+    store: DuckDBStore,
+    batches: Iterable[ArchivedBatch],
+    settings: ReplaySettings,
+    problems: list[Difference],
+    progress: Progress | None = None,
+    seal: bool = True,
+) -> tuple[int, int]:
+    """Fold `batches` into `store`, each after the prunes recorded with it, as its writer did
+    (the module docstring); with `seal`, sealing every `settings.seal_every` batches. A batch
+    that was applied before is appended to `problems`; (batches, messages) folded."""
+    count = messages = 0
+    ingestor: Ingestor | None = None
+    for batch in batches:
+        if batch.pruned_before_us is not None:
+            store.prune_seen_before(batch.pruned_before_us)
+        if batch.prune_window_us is not None:
+            store.prune_seen_events(batch.prune_window_us)
+        if ingestor is None or ingestor.incarnation != batch.incarnation:
+            ingestor = Ingestor(
+                store,
+                batch.incarnation,
+                settings.prices,
+                settings.cost_centres,
+                settings.idle_policy,
+                OutputTopics(balances=None),
+                settings.inputs,
+                settings.zone,
+                settings.role,
+            )
+        result = ingestor.apply(batch.messages)
+        if result.skipped_messages:
+            problems.append(
+                Difference(
+                    DifferenceKind.REPLAY,
+                    f"batch {batch.seq}",
+                    note=f"{result.skipped_messages} message(s) were applied before",
+                )
+            )
+        count += 1
+        messages += len(batch.messages)
+        if seal and count % settings.seal_every == 0:
+            store.seal()
+        if progress is not None:
+            progress(1)
+    return count, messages
 
 
 # ---------------------------------------------------------------------------- snapshots

@@ -11,8 +11,10 @@ publishes, in this order:
    never the key of other bytes;
 2. a *version* of every file that changes from seal to seal — the side files (admin log, closed
    periods, dead-letter summary, inventory, audit trail), the ledger's identity (`ledger.json`:
-   the time zone its books are kept in, `ledger.store.identity`), the archive manifest and the
-   postings manifest — each under its sha256 (`versions/<path>/<sha256>`), also immutable;
+   the time zone its books are kept in, `ledger.store.identity`), a shard's snapshot
+   (`snapshot.tar`, `ledger.store.snapshot`: the fold state of the seal, which readers do not
+   pull), the archive manifest and the postings manifest — each under its sha256
+   (`versions/<path>/<sha256>`), also immutable;
 3. the head (`head.json`, `ledger.store.head`), naming the version of each of those files:
    one conditional PUT that makes the whole seal visible at once, and fails (`WriterFenced`)
    for a writer another one has claimed the ledger from since.
@@ -64,7 +66,7 @@ from ledger.store.head import (
 )
 from ledger.store.identity import IDENTITY_NAME
 from ledger.store.integrity import remember_intact, require_intact
-from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR
+from ledger.store.layout import ARCHIVE_DIR, SEGMENTS_DIR, SNAPSHOT_NAME
 from ledger.store.objects import ObjectStore, S3Settings, WriteConflict, open_object_store
 from ledger.store.sealing import io_reason
 from ledger.store.segments import (
@@ -260,9 +262,10 @@ class Publisher:
             (f"{SEGMENTS_DIR}/{p.relative_to(segments_root).as_posix()}", p.read_bytes())
             for p in side_files(segments_root)
         ]
-        identity = self.data_dir / IDENTITY_NAME
-        if identity.is_file():
-            mutable.append((IDENTITY_NAME, identity.read_bytes()))
+        for name in (IDENTITY_NAME, SNAPSHOT_NAME):  # a shard's snapshot: `ledger.store.snapshot`
+            path = self.data_dir / name
+            if path.is_file():
+                mutable.append((name, path.read_bytes()))
         files: dict[str, str] = {}
         for path_key, data in mutable + manifests:
             digest = _sha256(data)
@@ -452,6 +455,23 @@ def pull_ledger(
             if attempt == attempts - 1:
                 raise SegmentError(f"{store.describe()}: {exc}") from exc
     return False
+
+
+def pull_ledger_with(
+    store: ObjectStore, cache: Path, path: str, attempts: int = 3
+) -> tuple[bool, bytes | None]:
+    """`pull_ledger`, and the file at `path` (relative to a data directory) as the head the
+    pull read names it: never a version of another head (None: that head names none, or the
+    store has no head)."""
+    for attempt in range(attempts):
+        head, _ = _read_head(store)
+        try:
+            found = _pull_once(store, cache, head)
+            return found, None if head is None else _HeadFiles(store, head).read(path)
+        except FileNotFoundError as exc:  # deleted after a newer head: pull that one
+            if attempt == attempts - 1:
+                raise SegmentError(f"{store.describe()}: {exc}") from exc
+    return False, None
 
 
 def _published_files(store: ObjectStore) -> _Files:

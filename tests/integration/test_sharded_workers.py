@@ -298,7 +298,9 @@ def test_two_sharded_workers_with_a_sigkill_keep_one_exact_ledger(broker, tmp_pa
     )
     assert money == whole_ledger
     moved = a.log.read_text() + b.log.read_text()
-    assert "restored from" in moved  # a shard moved with sealed work and was restored
+    # a shard moved with sealed work and was restored, from the snapshot its head names
+    assert "restored from its snapshot" in moved
+    assert "by replaying its archive" not in moved
     reader = load(tmp_path / "reader-config", sharded_config(tmp_path, "reader", store))[1]
     verified = subprocess.run(
         tally_command("ledger", "verify", "--config", str(reader)),

@@ -25,6 +25,7 @@ from streams.sharded_worker import ShardedWorker
 from streams.shards import (
     GLOBAL,
     GLOBAL_PARTITION,
+    Restored,
     Shard,
     ShardSettings,
     close_shard,
@@ -85,7 +86,7 @@ def test_a_moved_shard_starts_from_what_was_sealed_and_its_old_writer_is_fenced(
     assert first.next_offset(TOPIC) == 5
 
     second = open_shard(settings(tmp_path / "b", store), spec, INC)
-    assert second.restored > 0
+    assert second.restored == Restored(batches=0, snapshot=1)  # the first's seal, epoch 1
     assert second.next_offset(TOPIC) == 3  # the sealed offset, not what the first applied
     with pytest.raises(WriterFenced):
         first.store.seal()
@@ -109,7 +110,7 @@ def test_a_shard_taken_up_again_by_its_last_writer_keeps_its_directory(tmp_path)
     close_shard(shard, 500_000, 8)  # handed over: sealed and published
 
     again = open_shard(settings(tmp_path / "a", store), spec, INC)
-    assert (again.restored, again.next_offset(TOPIC)) == (0, 2)
+    assert (again.restored, again.next_offset(TOPIC)) == (Restored(), 2)
     assert again.store.publisher.writer is not None
     assert again.store.publisher.writer.epoch == 2  # claimed anew all the same
     again.store.close()
