@@ -57,7 +57,7 @@ bench: $(STAMP)
 soak: $(STAMP)
 	TALLY_SOAK=1 $(BIN)/python -m pytest -s -k 1M tests/integration/test_crash_safety.py
 	TALLY_STATEFUL_EXAMPLES=140 $(BIN)/python -m pytest -s -k random_life tests/unit/test_ledger_stateful.py
-	TALLY_SCALE_SAMPLES=500000 $(BIN)/python -m pytest -s tests/integration/test_scale_out.py
+	TALLY_SCALE_SAMPLES=1000000 $(BIN)/python -m pytest -s tests/integration/test_scale_out.py
 
 clean:
 	rm -rf $(VENV) .venv-focus .venv-3.* .tally .pytest_cache .mypy_cache .ruff_cache

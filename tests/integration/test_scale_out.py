@@ -13,8 +13,7 @@ Then the union readers see must hold every sample once: GPU-ms exact per team an
 what was produced, every balance exactly the produced samples' fold and the fold of the
 union's own postings, `tally ledger verify` passing on the union and `tally ledger rebuild`
 passing on the union (each shard replayed from its own archive). `TALLY_SCALE_SAMPLES` sets
-the count: 60,000 by default (about 2 minutes on two busy cores); the issue's 500,000 in
-`make soak`. Every move takes the shard up from its head's snapshot (the log says so, and no
+the count: the issue's 500,000 by default (183 s on two cores at load average 4). Every move takes the shard up from its head's snapshot (the log says so, and no
 move replays an archive), so a change of the group no longer grows with the shard's history:
 200,000 samples pass in 144 s on two busy cores, 212 s when each move replayed the archive;
 what still grows with the count is the ingest and the final `verify` and rebuilds."""
@@ -69,7 +68,7 @@ from tests.integration.support import (
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-SAMPLES = int(os.environ.get("TALLY_SCALE_SAMPLES", "60000"))  # make soak: 500,000
+SAMPLES = int(os.environ.get("TALLY_SCALE_SAMPLES", "500000"))  # the issue's count
 PARTITIONS = 6
 NODES = 4  # per pool: 64 GPUs, so every partition has GPUs
 # how long one change of the group may take (samples keep arriving: it grows with the count)
