@@ -24,8 +24,15 @@ from ledger.admin import AdminView
 from ledger.store.head import version_key
 from ledger.store.hot import DuckDBStore
 from ledger.store.identity import IDENTITY_NAME, claim_zone
-from ledger.store.objects import ObjectInfo, ObjectStore, PrefixedStore, S3ObjectStore
+from ledger.store.objects import (
+    LocalObjectStore,
+    ObjectInfo,
+    ObjectStore,
+    PrefixedStore,
+    S3ObjectStore,
+)
 from ledger.store.replica import Publisher, published_head, pull
+from ledger.store.side_pull import pull_side
 from tally.cli import cli
 from tally.cli.admin_state import ADMIN_LOG_PATH, read_admin_state
 from tests.builders import a_config_dict
@@ -253,3 +260,24 @@ def test_a_store_without_a_published_ledger(
     assert said.format(bucket=s3_bucket) in stderr
     if code == 0:
         assert len(orjson.loads(stdout)) == len(plan(admin_config(), AdminView()).events)
+
+
+@pytest.mark.parametrize(
+    ("objects", "found"),
+    [
+        pytest.param(
+            {"segments/manifest.json": b"{}", ADMIN_LOG_PATH: b"log"},
+            {ADMIN_LOG_PATH: b"log"},
+            id="before-heads-read-by-path",
+        ),
+        pytest.param({"segments/manifest.json": b"{}"}, {}, id="before-heads-no-admin-log"),
+        pytest.param({ADMIN_LOG_PATH: b"log"}, None, id="before-heads-no-postings-manifest"),
+        pytest.param({}, None, id="empty"),
+    ],
+)
+def test_a_store_published_before_heads_is_read_by_path(tmp_path, objects, found):
+    store = LocalObjectStore(tmp_path / "store")
+    for key, data in objects.items():
+        store.put(key, data)
+    side = pull_side(store, [ADMIN_LOG_PATH, IDENTITY_NAME])
+    assert (None if side is None else dict(side.files)) == found
