@@ -38,11 +38,19 @@ def recorded_zone(data_dir: Path) -> tzinfo:
         raw = path.read_bytes()
     except FileNotFoundError:
         return UTC
+    return zone_of_record(raw, str(path))
+
+
+def zone_of_record(raw: bytes | None, where: str) -> tzinfo:
+    """The time zone the identity record `raw` (read from `where`) names; UTC when there is
+    none (None)."""
+    if raw is None:
+        return UTC
     try:
         doc = json.loads(raw)
         return parse_zone(str(doc["timezone"]))
     except (ValueError, KeyError, TypeError) as exc:
-        raise StoreError(f"{path}: unreadable ledger identity: {exc}") from exc
+        raise StoreError(f"{where}: unreadable ledger identity: {exc}") from exc
 
 
 def check_zone(data_dir: Path, zone: tzinfo) -> None:

@@ -50,11 +50,16 @@ def load_admin_log(segments_root: Path) -> list[AppliedAdmin]:
         raw = path.read_bytes()
     except FileNotFoundError:
         return []
+    return parse_admin_log(raw, str(path))
+
+
+def parse_admin_log(raw: bytes, where: str) -> list[AppliedAdmin]:
+    """The applied admin events of the admin log `raw` (read from `where`), in order."""
     try:
         doc = json.loads(raw)
         return [applied_from_dict(entry) for entry in doc["events"]]
     except (ValueError, KeyError, TypeError, EventError) as exc:
-        raise SegmentError(f"{path}: unreadable admin log: {exc}") from exc
+        raise SegmentError(f"{where}: unreadable admin log: {exc}") from exc
 
 
 def append_audit_file(segments_root: Path, records: Iterable[AuditRecord], held: int | None) -> int:

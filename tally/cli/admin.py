@@ -1,7 +1,8 @@
 """`tally admin …`: turn configuration changes into admin events; and `tally report balances`.
 
 Admin commands never touch the ledger themselves: they read what the worker has applied (the
-admin log beside the segments), decide which events to send, and put them on the admin topic,
+admin log beside the segments; with `ledger.segments_url`, that file alone from the object
+store: `tally.cli.admin_state`), decide which events to send, and put them on the admin topic,
 where the worker applies them exactly once. Helpers here (times, actors, sending) are shared
 with `tally ledger adjust` and `tally ledger close`.
 """
@@ -23,10 +24,11 @@ from ledger.balances import account_team, budget_statuses
 from ledger.errors import LedgerError
 from ledger.periods import Period
 from ledger.read.balances import sealed_balances
-from ledger.store.layout import SEGMENTS_DIR, has_ledger
+from ledger.store.layout import SEGMENTS_DIR
 from ledger.store.side_files import load_admin_log
 from ledger.units import Unit, format_micros
 from streams.kafka import BrokerError
+from tally.cli.admin_state import read_admin_state
 from tally.cli.caller import admin_token_option, as_caller
 from tally.cli.help import Command, Group
 from tally.cli.options import (
@@ -38,8 +40,6 @@ from tally.cli.options import (
     kafka_or_exit,
     load_or_exit,
     output_option,
-    require_ledger,
-    resolve_data_dir,
     resolve_ledger_dir,
     said,
     warn_topic_drift,
@@ -200,21 +200,18 @@ def apply_config(
     budgets. Only differences are sent: applying the same file again sends nothing. Nothing is
     revoked because the file no longer names it; a budget changes by a grant of the difference."""
     config = load_or_exit(config_file)
-    directory = resolve_data_dir(config_file, data_dir)
-    if initial and not has_ledger(directory):
+    state = read_admin_state(config_file, data_dir, missing_ok=initial)
+    if not state.found:  # --initial, and no ledger yet: an empty one
         click.secho(
             _("note: no ledger at {directory} yet: planning against an empty one").format(
-                directory=directory
+                directory=state.where
             ),
             fg="yellow",
             err=True,
         )
-        view = AdminView()
-    else:
-        view = applied_admin(require_ledger(directory))
     plan = plan_admin(
         desired_admin_state(config),
-        view,
+        state.view,
         actor or default_actor(),
         reason or f"tally admin apply {Path(config_file).name}",
         parse_effective(effective),

@@ -20,11 +20,9 @@ from ledger.errors import EventError, LedgerError
 from ledger.invalid import Invalid
 from ledger.periods import Period
 from ledger.read.queries import find_sealed_transaction
-from ledger.store.identity import recorded_zone
 from ledger.units import MS_PER_HOUR, Unit, parse_micros
 from tally.cli.admin import (
     actor_option,
-    applied_admin,
     default_actor,
     dry_run_option,
     echo_events,
@@ -33,6 +31,7 @@ from tally.cli.admin import (
     parse_effective,
     send_admin_events,
 )
+from tally.cli.admin_state import read_admin_state
 from tally.cli.caller import admin_token_option, as_caller
 from tally.cli.help import Command
 from tally.cli.options import (
@@ -199,7 +198,8 @@ def adjust(
             job_id=job_id,
         )
     (event,) = as_caller(config, token, [_checked(event)])
-    resolve_ledger_dir(config_path, data_dir)  # the ledger to adjust must exist
+    if reverse_txn is None:  # the ledger to adjust must exist (read: its head, not its segments)
+        read_admin_state(config_path, data_dir)
     echo_events([event], OutputFormat.TABLE)
     if dry_run:
         click.echo(_("dry run: not sent"), err=True)
@@ -236,9 +236,9 @@ def close(
     except ValueError as exc:
         fail(str(exc), Exit.USAGE)
     config = load_or_exit(config_path)
-    ledger_dir = resolve_ledger_dir(config_path, data_dir)
-    month = Period.month(period, recorded_zone(ledger_dir))  # ends at the ledger's midnight
-    view = applied_admin(ledger_dir)
+    applied = read_admin_state(config_path, data_dir)
+    month = Period.month(period, applied.zone)  # ends at the ledger's midnight
+    view = applied.view
     if month.label in view.closed:
         click.echo(f"{month.label} is already closed")
         return

@@ -2,7 +2,8 @@
 ones, and list them (`ledger.admin.requests`).
 
 Like `tally admin`, these commands never touch the ledger: they read the requests the worker
-has applied (the admin log beside the segments), check what they can (the caller's role and
+has applied (the admin log beside the segments; with `ledger.segments_url`, that file alone
+from the object store: `tally.cli.admin_state`), check what they can (the caller's role and
 team, the request's approvers, never one's own request), and put one admin event on the admin
 topic; the ledger checks it again and, for an approval, applies the grant or quota itself.
 `list` and `show` print when a request was opened, expires and was decided: in a table on the
@@ -33,17 +34,16 @@ from ledger.admin.requests import (
     verdict,
 )
 from ledger.roles import Action, Caller, Decision, Role, decide
-from ledger.store.identity import recorded_zone
 from ledger.units import Unit, parse_micros
 from tally.cli.admin import (
     actor_option,
-    applied_admin,
     default_actor,
     dry_run_option,
     echo_events,
     now_us,
     send_admin_events,
 )
+from tally.cli.admin_state import read_admin_state
 from tally.cli.caller import admin_token_option, token_caller
 from tally.cli.help import Group
 from tally.cli.options import (
@@ -54,7 +54,6 @@ from tally.cli.options import (
     fail,
     load_or_exit,
     output_option,
-    resolve_ledger_dir,
 )
 from tally.config import TallyConfig
 from tally.language import _
@@ -156,7 +155,7 @@ def _open(
     config = load_or_exit(config_path)
     caller = _caller(config, token)
     _check(caller, Action.REQUEST_OPEN, team)
-    view = applied_admin(resolve_ledger_dir(config_path, data_dir))
+    view = read_admin_state(config_path, data_dir).view
     if team not in view.teams and team not in {t.name for t in config.organisation.teams()}:
         fail(_("unknown team {team!r}").format(team=team), Exit.USAGE)
     if kind is RequestKind.QUOTA:
@@ -286,7 +285,7 @@ def _decide(
     config = load_or_exit(config_path)
     caller = _caller(config, token)
     _check(caller, Action.REQUEST_DECIDE, None)
-    state = _find(applied_admin(resolve_ledger_dir(config_path, data_dir)), request_id)
+    state = _find(read_admin_state(config_path, data_dir).view, request_id)
     now, who = now_us(), actor or default_actor()
     if state.status_at(now) is not RequestStatus.OPEN:
         fail(
@@ -366,7 +365,7 @@ def expire(
     config = load_or_exit(config_path)
     caller = _caller(config, token)
     _check(caller, Action.REQUEST_DECIDE, None)
-    view = applied_admin(resolve_ledger_dir(config_path, data_dir))
+    view = read_admin_state(config_path, data_dir).view
     now, who = now_us(), actor or default_actor()
     role = None if caller is None else caller.role
     events: list[AdminEvent] = [
@@ -415,14 +414,13 @@ def list_requests(
     token: str | None,
 ) -> None:
     """Quota and budget requests, oldest first, as of the last seal (exit 4: no ledger)."""
-    directory = resolve_ledger_dir(config_path, data_dir)
+    applied = read_admin_state(config_path, data_dir)
     caller = _caller(load_or_exit(config_path), token) if token else None
     _check(caller, Action.REQUEST_READ, team)
     now, fmt = now_us(), OutputFormat(output)
-    zone = recorded_zone(directory)
     rows = [
-        request_row(s, now, fmt, zone)
-        for s in sorted(_visible(caller, applied_admin(directory)), key=_opened_order)
+        request_row(s, now, fmt, applied.zone)
+        for s in sorted(_visible(caller, applied.view), key=_opened_order)
         if (team is None or s.opened.team == team) and (status is None or s.shown_at(now) == status)
     ]
     if not rows and fmt is OutputFormat.TABLE:
@@ -446,9 +444,9 @@ def show(
     request_id: str, config_path: str, data_dir: str | None, output: str, token: str | None
 ) -> None:
     """One request with its approvers, reason, decision and the admin event it made."""
-    directory = resolve_ledger_dir(config_path, data_dir)
+    applied = read_admin_state(config_path, data_dir)
     caller = _caller(load_or_exit(config_path), token) if token else None
-    state = _find(applied_admin(directory), request_id)
+    state = _find(applied.view, request_id)
     if caller is not None and decide(caller, Action.REQUEST_READ, state.opened.team) is not (
         Decision.ALLOWED
     ):
@@ -457,5 +455,5 @@ def show(
             Exit.USAGE,
         )
     fmt = OutputFormat(output)
-    row = request_row(state, now_us(), fmt, recorded_zone(directory))
+    row = request_row(state, now_us(), fmt, applied.zone)
     click.echo(render(list(DETAIL), [[row[c] for c in DETAIL]], fmt))

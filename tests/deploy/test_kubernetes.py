@@ -2,12 +2,13 @@
 kubernetes-client), every object validated by kubernetes-validate against a current
 Kubernetes, and what the manifests promise checked against Tally itself: each container runs
 a command the real CLI accepts with the rendered ConfigMap's configuration (which passes
-`tally config check`; the Job `tally-admin-apply` runs `tally admin apply` of that file,
-retried until the worker has published the ledger), probes and the PodMonitor hit the ports
-that configuration serves, every secret the configuration names reaches the pod (and none it
-does not name), no pod but the worker mounts the worker's volume, and readers read the sealed
-ledger from the object store (the dev overlay's MinIO, whose bucket a Job makes; production's
-external S3) into caches of their own (the dashboard's on a claim)."""
+`tally config check`; the Job `tally-admin-apply-<hash>` runs `tally admin apply` of that
+file, retried until the worker has published the ledger, and is a new Job when the file
+changes), probes and the PodMonitor hit the ports that configuration serves, every secret the
+configuration names reaches the pod (and none it does not name), no pod but the worker mounts
+the worker's volume, and readers read the sealed ledger from the object store (the dev
+overlay's MinIO, whose bucket a Job makes; production's external S3) into caches of their own
+(the dashboard's on a claim)."""
 
 from __future__ import annotations
 
@@ -204,11 +205,47 @@ def test_every_tally_container_runs_a_real_command_with_a_valid_config(
 ONE_SHOT = frozenset({("admin", "apply")})
 
 
+def admin_apply_job(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The admin-apply Job: named after the ConfigMap it mounts, the hash of tally.yaml in both
+    (`tally-admin-apply-<hash>`)."""
+    component = "app.kubernetes.io/component"
+    (job,) = [
+        o
+        for o in objects
+        if o["kind"] == "Job" and o["metadata"].get("labels", {}).get(component) == "admin-apply"
+    ]
+    (volume,) = [v for v in pod_spec(job)["volumes"] if "configMap" in v]
+    assert job["metadata"]["name"] == volume["configMap"]["name"]
+    assert re.fullmatch(r"tally-admin-apply-[a-z0-9]{10}", job["metadata"]["name"]), job["metadata"]
+    return job
+
+
+@pytest.mark.parametrize(
+    ("edit", "same"),
+    [
+        pytest.param(lambda text: text, True, id="unchanged-file-same-job"),
+        pytest.param(lambda text: text + "\n# edited\n", False, id="edited-file-new-job"),
+    ],
+)
+def test_admin_apply_runs_again_when_its_file_changes(
+    base: list[dict[str, Any]], tmp_path: Path, edit: Any, same: bool
+) -> None:
+    """A Job's pod template cannot change: the Job is named after its file's hash, so `kubectl
+    apply -k` after an edit creates a new Job (which applies the new file), and an unchanged
+    file names the Job that already ran."""
+    copy_of = tmp_path / "kubernetes"
+    shutil.copytree(KUSTOMIZE, copy_of)
+    config = copy_of / "base" / "tally.yaml"
+    config.write_text(edit(config.read_text()))
+    again = admin_apply_job(render(copy_of / "base"))
+    assert (again["metadata"]["name"] == admin_apply_job(base)["metadata"]["name"]) is same
+
+
 def test_admin_apply_is_a_job_retried_until_the_worker_has_published_the_ledger(
     overlay: tuple[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
     _, objects = overlay
-    job = named(objects, "Job", "tally-admin-apply")
+    job = admin_apply_job(objects)
     spec = pod_spec(job)
     assert spec["restartPolicy"] == "OnFailure", "exit 4 (no ledger yet) is retried"
     assert 0 < job["spec"]["backoffLimit"] <= 10
@@ -223,7 +260,8 @@ def test_admin_apply_is_a_job_retried_until_the_worker_has_published_the_ledger(
     _, worker_config = container_command(objects, worker, worker_container, tmp_path)
     assert config == worker_config
     assert {e["name"]: e.get("value") for e in container["env"]}["TALLY_ACTOR"]
-    # its cache of the sealed ledger is its own: no claim, gone with the pod
+    # its data directory (scratch: it reads the admin state from the store) is its own: no
+    # claim, gone with the pod
     volume = volume_under(job, container, config.ledger.data_dir)
     assert "emptyDir" in volume, volume
 
