@@ -13,7 +13,8 @@ Then the union readers see must hold every sample once: GPU-ms exact per team an
 what was produced, every balance exactly the produced samples' fold and the fold of the
 union's own postings, `tally ledger verify` passing on the union and `tally ledger rebuild`
 passing on the union (each shard replayed from its own archive). `TALLY_SCALE_SAMPLES` sets
-the count: the issue's 500,000 by default (183 s on two cores at load average 4). Every move takes the shard up from its head's snapshot (the log says so, and no
+the count: the issue's 500,000 by default (183 s on two cores at load average 4). Every move
+takes the shard up from its head's snapshot (the log says so, and no
 move replays an archive), so a change of the group no longer grows with the shard's history:
 200,000 samples pass in 144 s on two busy cores, 212 s when each move replayed the archive;
 what still grows with the count is the ingest and the final `verify` and rebuilds."""
