@@ -37,10 +37,13 @@ files and names them, so readers see the same ledger before and after.
 `pull` reads the head, then the postings manifest it names and the archive manifest after it
 (so the archive never lags the postings, as on local disk), fetches the objects they name that
 the cache lacks, each checked against the sha256 its manifest records, then the side files and
-the identity, and writes the cache's manifests last; cached files no manifest names are
-removed (local readers retry a file that vanished, as they do for a local compaction). A store
-holding shards (`shards/<name>/head.json`, each a published ledger of its own) is pulled shard
-by shard and read as their union (`ledger.store.union`).
+the identity, and writes the cache's manifests last (a head naming none — its writer has
+sealed no postings yet, as a global shard before its first admin event — is a ledger with
+nothing sealed: its manifests are written empty, so a reader finds a ledger as in the writer's
+own directory); cached files no manifest names are removed (local readers retry a file that
+vanished, as they do for a local compaction). A store holding shards
+(`shards/<name>/head.json`, each a published ledger of its own) is pulled shard by shard and
+read as their union (`ledger.store.union`).
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ from ledger.store.objects import ObjectStore, S3Settings, WriteConflict, open_ob
 from ledger.store.sealing import io_reason
 from ledger.store.segments import (
     MANIFEST_NAME,
+    Manifest,
     SegmentInfo,
     atomic_write_bytes,
     parse_manifest,
@@ -523,6 +527,8 @@ def _pull_once(store: ObjectStore, cache: Path, head: Head | None) -> bool:
         text = raw[root]
         if text is not None:
             atomic_write_bytes(cache / root / MANIFEST_NAME, text)
+        elif isinstance(source, _HeadFiles):  # a ledger with nothing sealed yet: empty
+            Manifest(cache / root).save([])
     for root in _ROOTS:
         folder = cache / root
         if folder.is_dir():

@@ -25,6 +25,7 @@ from ledger.errors import EventError, SegmentError
 from ledger.inventory import InventoryGpu
 from ledger.inventory.state import record_from_dict, record_to_dict
 from ledger.periods import Period
+from ledger.store.layout import SEGMENTS_DIR
 from ledger.store.segments import atomic_write_bytes
 
 ADMIN_LOG_NAME = "admin-log.json"
@@ -35,6 +36,11 @@ INVENTORY_NAME = "inventory.json"
 INVENTORY_VERSION = 1
 CLOSED_DIR = "closed"
 AUDIT_NAME = "audit.jsonl"
+# the side files a command reads alone (`ledger.store.side_pull`), by their path in a data
+# directory
+ADMIN_LOG_PATH = f"{SEGMENTS_DIR}/{ADMIN_LOG_NAME}"
+INVENTORY_PATH = f"{SEGMENTS_DIR}/{INVENTORY_NAME}"
+AUDIT_PATH = f"{SEGMENTS_DIR}/{AUDIT_NAME}"
 _BATCH_ROWS = 65_536
 
 
@@ -93,12 +99,18 @@ def load_audit_file(segments_root: Path) -> list[AuditRecord]:
         raw = path.read_bytes()
     except FileNotFoundError:
         return []
+    return parse_audit(raw, str(path))
+
+
+def parse_audit(raw: bytes, where: str) -> list[AuditRecord]:
+    """The audit records of the audit trail `raw` (read from `where`), oldest first; raises
+    SegmentError naming the line that is not a record."""
     records = []
     for number, line in enumerate(raw.splitlines(), start=1):
         try:
             records.append(audit.record_from_dict(orjson.loads(line)))
         except (orjson.JSONDecodeError, EventError, TypeError) as exc:
-            raise SegmentError(f"{path}: line {number} is not an audit record: {exc}") from exc
+            raise SegmentError(f"{where}: line {number} is not an audit record: {exc}") from exc
     return records
 
 
@@ -198,8 +210,13 @@ def load_inventory(segments_root: Path) -> list[InventoryGpu]:
         raw = path.read_bytes()
     except FileNotFoundError:
         return []
+    return parse_inventory(raw, str(path))
+
+
+def parse_inventory(raw: bytes, where: str) -> list[InventoryGpu]:
+    """The GPU records of the inventory `raw` (read from `where`), by node and index."""
     try:
         gpus = [record_from_dict(g) for g in orjson.loads(raw)["gpus"]]
     except (ValueError, KeyError, TypeError, EventError) as exc:
-        raise SegmentError(f"{path}: unreadable inventory: {exc}") from exc
+        raise SegmentError(f"{where}: unreadable inventory: {exc}") from exc
     return sorted(gpus, key=lambda g: (g.node, g.index, g.uuid))

@@ -99,14 +99,6 @@ dry_run_option = click.option(
 )
 
 
-def applied_admin(data_dir: Path) -> AdminView:
-    """The admin state the worker has applied, as it exported it beside the segments."""
-    try:
-        return AdminView.from_log(load_admin_log(data_dir / SEGMENTS_DIR))
-    except LedgerError as exc:
-        fail(str(exc), Exit.LEDGER)
-
-
 def send_admin_events(
     config: TallyConfig, bootstrap: str | None, events: Sequence[AdminEvent]
 ) -> list[str]:

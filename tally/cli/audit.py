@@ -1,6 +1,7 @@
 """`tally audit`: the audit trail of the sealed ledger (who changed what, when, from where),
-filtered by actor, kind and time, as a table, JSON or CSV. `tally ledger verify` checks its
-hash chain."""
+filtered by actor, kind and time, as a table, JSON or CSV; with the sealed ledger on an object
+store, the trail and the identity alone (`tally.cli.side_state`). `tally ledger verify` checks
+its hash chain."""
 
 from __future__ import annotations
 
@@ -10,10 +11,9 @@ from typing import Any
 import click
 import orjson
 
-from ledger.audit import AuditFilter, AuditRecord
-from ledger.errors import LedgerError
-from ledger.read.audit import audit_trail
-from ledger.store.identity import recorded_zone
+from ledger.audit import AuditFilter, AuditRecord, select
+from ledger.store.identity import IDENTITY_NAME
+from ledger.store.side_files import AUDIT_PATH
 from tally.cli.admin import parse_effective
 from tally.cli.help import Command
 from tally.cli.options import (
@@ -22,8 +22,8 @@ from tally.cli.options import (
     data_dir_option,
     fail,
     output_option,
-    resolve_ledger_dir,
 )
+from tally.cli.side_state import read_side
 from tally.language import _
 from tally.output import OutputFormat, render, shown_time
 
@@ -113,16 +113,13 @@ def audit(
     and the caller's address. As of the last seal; `tally ledger verify` checks the trail's
     hash chain. Times: in the table on the ledger's clock (`ledger.timezone`, ISO 8601 with its
     offset), in JSON and CSV in UTC. Exit 4 when there is no ledger."""
-    directory = resolve_ledger_dir(config_path, data_dir)
+    side = read_side(config_path, data_dir, [AUDIT_PATH, IDENTITY_NAME])
     where = AuditFilter(actor, kind, _time_option("--since", since), _time_option("--until", until))
-    try:
-        records = audit_trail(directory, where)
-    except LedgerError as exc:
-        fail(str(exc), Exit.LEDGER)
+    records = select(side.audit(), where)
     fmt = OutputFormat(output)
     if not records and fmt is OutputFormat.TABLE:
         click.echo("no audit records match")
         return
     columns = TABLE_COLUMNS if fmt is OutputFormat.TABLE else COLUMNS
-    zone = recorded_zone(directory)
+    zone = side.zone()
     click.echo(render(list(columns), [_row(r, fmt, zone) for r in records], fmt))

@@ -1,5 +1,6 @@
 """`tally inventory list`: the GPUs the collectors report, as the ledger's last seal recorded
-them (`segments/inventory.json`, `ledger.store.side_files`), with each GPU's status now (`live`
+them (`segments/inventory.json`, `ledger.store.side_files`; with the sealed ledger on an object
+store, that file alone, `tally.cli.side_state`), with each GPU's status now (`live`
 or `stale` after `inventory.stale_after_intervals` silent sampling intervals), its health and
 cordon, and when it was first and last seen (in a table on the ledger's clock, `ledger.timezone`;
 in JSON and CSV in UTC); `tally inventory cordon|uncordon NODE_OR_GPU --reason …`: the admin
@@ -21,15 +22,13 @@ from ledger.admin import (
     admin_event_from_dict,
     admin_event_to_dict,
 )
-from ledger.errors import EventError, LedgerError
+from ledger.errors import EventError
 from ledger.inventory import InventoryGpu, status_of
-from ledger.store.identity import recorded_zone
-from ledger.store.layout import SEGMENTS_DIR
-from ledger.store.side_files import load_inventory
+from ledger.store.identity import IDENTITY_NAME
+from ledger.store.side_files import ADMIN_LOG_PATH, INVENTORY_PATH
 from ledger.topology import GpuTopology, topology_to_dict
 from tally.cli.admin import (
     actor_option,
-    applied_admin,
     default_actor,
     dry_run_option,
     echo_events,
@@ -46,8 +45,8 @@ from tally.cli.options import (
     fail,
     load_or_exit,
     output_option,
-    resolve_ledger_dir,
 )
+from tally.cli.side_state import read_side
 from tally.inventory_config import InventoryConfig
 from tally.language import _
 from tally.output import OutputFormat, render, shown_time
@@ -142,13 +141,9 @@ def list_gpus(config_path: str, data_dir: str | None, output: str, pool: str | N
     stale_after = InventoryConfig().stale_after_intervals
     if Path(config_path).is_file() or data_dir is None:
         stale_after = load_or_exit(config_path).inventory.stale_after_intervals
-    directory = resolve_ledger_dir(config_path, data_dir)
-    try:
-        gpus = load_inventory(directory / SEGMENTS_DIR)
-        zone = recorded_zone(directory)
-    except LedgerError as exc:
-        fail(str(exc), Exit.LEDGER)
-    gpus = [g for g in gpus if pool is None or g.pool == pool]
+    side = read_side(config_path, data_dir, [INVENTORY_PATH, IDENTITY_NAME])
+    gpus = [g for g in side.inventory() if pool is None or g.pool == pool]
+    zone = side.zone()
     fmt = OutputFormat(output)
     if not gpus and fmt is OutputFormat.TABLE:
         click.echo("no GPUs reported" + (f" in pool {pool}" if pool else ""))
@@ -173,11 +168,8 @@ def _cordon(
     token: str | None = None,
 ) -> None:
     config = load_or_exit(config_path)
-    directory = resolve_ledger_dir(config_path, data_dir)  # exit 4 without a ledger
-    try:
-        gpus = [g for g in load_inventory(directory / SEGMENTS_DIR) if target in (g.uuid, g.node)]
-    except LedgerError as exc:
-        fail(str(exc), Exit.LEDGER)
+    side = read_side(config_path, data_dir, [INVENTORY_PATH, ADMIN_LOG_PATH])  # exit 4: none
+    gpus = [g for g in side.inventory() if target in (g.uuid, g.node)]
     if not gpus:
         fail(
             _("no GPU or node {target!r} in the inventory (as of the last seal)").format(
@@ -185,7 +177,7 @@ def _cordon(
             ),
             Exit.USAGE,
         )
-    standing = target in applied_admin(directory).cordons
+    standing = target in side.admin_view().cordons
     if on and standing:
         click.echo(f"{target} is already cordoned")
         return
