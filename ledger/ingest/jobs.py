@@ -117,7 +117,7 @@ def fold_jobs(
     and released (`HoldBook.settle_ended`)."""
     seen = set(view.seen)
     cutoffs = view.forgotten_before
-    holds = HoldBook(view.holds, booker(view.closed, zone))
+    holds = HoldBook(view.holds, booker(view.closed, zone), view.baselines)
     dead: list[DeadLetter] = []
     transactions: list[SourcedTransaction] = []
     without_postings: list[tuple[str, int, str]] = []
@@ -212,6 +212,7 @@ def fold_jobs(
         dead=tuple(dead),
         changes=StateChanges(
             holds=holds.changed(),
+            baselines=holds.baselines_changed(),
             seen=without_postings,
             timelines=timelines,
             audit=audit,

@@ -73,6 +73,7 @@ from ledger.store.hot_tables import (
     insert_rows,
     keep_posting_rows,
     read_gpu_timelines,
+    read_hold_baselines,
     read_idle_states,
     read_open_holds,
     write_changes,
@@ -416,6 +417,7 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
                 read_idle_states(self._con, every),
                 read_gpu_timelines(self._con, gpus),
                 read_open_holds(self._con),
+                read_hold_baselines(self._con),
             )
         return self._mirror
 
@@ -430,6 +432,9 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
 
     def open_holds(self) -> dict[HoldKey, OpenHold]:
         return dict(self._state().holds)
+
+    def hold_baselines(self) -> dict[HoldKey, int]:
+        return dict(self._state().baselines)
 
     def _drop_seen_columns(
         self, columns: PostingColumns | None, fresh: Sequence[SourcedTransaction]

@@ -132,6 +132,9 @@ class StateChanges:
     """What a batch changes besides postings, committed with them.
 
     - `holds`: open holds that changed (an amount of 0 removes the hold);
+    - `baselines`: per (job, unit), the job's usage its holds' settlements accounted, as a
+      global shard's settlement moved it (`ledger.holds.HoldBook.baselines_changed`), each
+      replacing the job's;
     - `admin`: admin events applied (a `PeriodClosed` applied closes its period);
     - `reversals`: (reversed transaction, reversing transaction);
     - `seen`: (id, event time, dedupe scope) of events applied without a transaction of their
@@ -151,6 +154,7 @@ class StateChanges:
     """
 
     holds: Sequence[OpenHold] = ()
+    baselines: Mapping[HoldKey, int] = field(default_factory=dict)
     admin: Sequence[AppliedAdmin] = ()
     reversals: Sequence[tuple[str, str]] = ()
     seen: Sequence[tuple[str, int, str]] = ()
@@ -184,7 +188,7 @@ class ViewKeys:
     - `txn_ids`: transactions a reversal names (the transaction and who reversed it, if anyone);
     - `scopes`: dedupe scopes of the batch's events, whose forgotten-before cutoffs it checks;
     - `audit_ids`: event ids whose place in the audit trail matters (kept for good);
-    - `holds`: whether the fold needs the open holds;
+    - `holds`: whether the fold needs the open holds (and the jobs' hold baselines);
     - `admin`: whether the fold needs the admin state (`AdminView`);
     - `inventory`: whether the fold needs the GPU inventory;
     - `job_keys`: job keys whose known owner and awaiting transactions the fold reads.
@@ -219,6 +223,7 @@ class LedgerView:
     timelines: Mapping[str, tuple[Holding, ...]] = field(default_factory=dict)
     idle: Mapping[str, GpuIdleState] = field(default_factory=dict)
     holds: Mapping[HoldKey, OpenHold] = field(default_factory=dict)
+    baselines: Mapping[HoldKey, int] = field(default_factory=dict)
     budget_totals: Mapping[BudgetKey, int] = field(default_factory=dict)
     transactions: Mapping[str, Transaction] = field(default_factory=dict)
     reversed_by: Mapping[str, str] = field(default_factory=dict)
@@ -245,6 +250,8 @@ class ViewLookups(Protocol):
     def idle_states(self, subjects: Sequence[str]) -> dict[str, GpuIdleState]: ...
 
     def open_holds(self) -> dict[HoldKey, OpenHold]: ...
+
+    def hold_baselines(self) -> dict[HoldKey, int]: ...
 
     def budget_total(self, team: str, period: str, unit: Unit) -> int: ...
 
@@ -280,6 +287,7 @@ def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
         timelines=timelines,
         idle=store.idle_states(sorted(subjects)),
         holds=store.open_holds() if keys.holds else {},
+        baselines=store.hold_baselines() if keys.holds else {},
         budget_totals={k: store.budget_total(*k) for k in keys.budget_keys},
         transactions=found,
         reversed_by={t: r for t in asked if (r := store.reversed_by(t)) is not None},
@@ -377,6 +385,8 @@ class LedgerStore(Protocol):
         ...
 
     def open_holds(self) -> dict[HoldKey, OpenHold]: ...
+
+    def hold_baselines(self) -> dict[HoldKey, int]: ...
 
     def closed_period_labels(self) -> frozenset[str]: ...
 
