@@ -524,7 +524,7 @@ class HoldBook:
             self._set(replace(hold, amount=0))
             used = usage.get(key, 0)
             settled = max(0, min(hold.amount, used - hold.baseline))
-            if used != self._baselines.get(key, 0):
+            if used != hold.baseline:  # the job's, taken when the hold was first placed
                 self._baselines[key] = self._moved[key] = used
             ends = f"{key[0]}/{key[1]}/{hold.placed_by}"
             parts = (

@@ -83,6 +83,9 @@ class DecodedJobs:
             scopes=frozenset(job_scope(e.data.job_id) for e, _ in self.holds)
             | {assignment_scope(g) for g in gpus},
             holds=True,
+            hold_jobs=frozenset(
+                e.data.job_id for e, _ in self.holds if isinstance(e.data, HoldPlaced)
+            ),
             audit_ids=[e.event_id for e in self.audited],
             job_keys=frozenset(k for e, _ in self.identities for k in _job_keys(e))
             | {gpu_key(e.subject) for e, _ in self.assignments if isinstance(e.data, GpuAssigned)}

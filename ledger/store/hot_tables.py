@@ -329,9 +329,15 @@ def read_open_holds(con: duckdb.DuckDBPyConnection) -> dict[HoldKey, OpenHold]:
     return {h.key: h for h in holds}
 
 
-def read_hold_baselines(con: duckdb.DuckDBPyConnection) -> dict[HoldKey, int]:
-    """The jobs' hold baselines (`StateChanges.baselines`)."""
-    rows = con.execute("SELECT job_id, unit, usage FROM hold_baselines").fetchall()
+def read_hold_baselines(
+    con: duckdb.DuckDBPyConnection, jobs: Collection[str] | None = None
+) -> dict[HoldKey, int]:
+    """The hold baselines (`StateChanges.baselines`) of `jobs` (None: every job's)."""
+    query = "SELECT job_id, unit, usage FROM hold_baselines"
+    if jobs is None:
+        rows = con.execute(query).fetchall()
+    else:
+        rows = con.execute(f"{query} WHERE list_contains(?, job_id)", [sorted(jobs)]).fetchall()
     return {(str(j), Unit(u)): int(n) for j, u, n in rows}
 
 

@@ -434,8 +434,8 @@ class MemoryStore(MemoryIdentityReads):
     def open_holds(self) -> dict[HoldKey, OpenHold]:
         return dict(self._s.holds)
 
-    def hold_baselines(self) -> dict[HoldKey, int]:
-        return dict(self._s.baselines)
+    def hold_baselines(self, jobs: Collection[str] | None = None) -> dict[HoldKey, int]:
+        return {k: v for k, v in self._s.baselines.items() if jobs is None or k[0] in jobs}
 
     def closed_period_labels(self) -> frozenset[str]:
         return frozenset(self._s.closed)

@@ -1,8 +1,7 @@
 """The writer's in-memory mirror of the projections a fold reads (idle states, GPU assignment
-timelines, open holds and the jobs' hold baselines; the dedupe set is
-`ledger.store.hot_dedupe`'s). It is read from the hot tables once, then kept in step by every
-commit after it succeeded (only the writer changes those tables), so loading a batch's view
-costs no query."""
+timelines, open holds; the dedupe set is `ledger.store.hot_dedupe`'s). It is read from the hot
+tables once, then kept in step by every commit after it succeeded (only the writer changes those
+tables), so loading a batch's view costs no query."""
 
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ class WriterMirror:
     idle: dict[str, GpuIdleState]
     timelines: dict[str, tuple[Holding, ...]]
     holds: dict[HoldKey, OpenHold]
-    baselines: dict[HoldKey, int]
 
     def apply(self, idle_states: Sequence[GpuIdleState], changes: StateChanges) -> None:
         """What a committed batch changed (the tables changed alike in its transaction)."""
@@ -38,4 +36,3 @@ class WriterMirror:
                 self.holds[hold.key] = hold
             else:
                 self.holds.pop(hold.key, None)
-        self.baselines.update(changes.baselines)

@@ -188,7 +188,9 @@ class ViewKeys:
     - `txn_ids`: transactions a reversal names (the transaction and who reversed it, if anyone);
     - `scopes`: dedupe scopes of the batch's events, whose forgotten-before cutoffs it checks;
     - `audit_ids`: event ids whose place in the audit trail matters (kept for good);
-    - `holds`: whether the fold needs the open holds (and the jobs' hold baselines);
+    - `holds`: whether the fold needs the open holds;
+    - `hold_jobs`: jobs whose hold baselines the fold reads (those placing holds: a new hold
+      starts from its job's baseline);
     - `admin`: whether the fold needs the admin state (`AdminView`);
     - `inventory`: whether the fold needs the GPU inventory;
     - `job_keys`: job keys whose known owner and awaiting transactions the fold reads.
@@ -203,6 +205,7 @@ class ViewKeys:
     scopes: frozenset[str] = frozenset()
     audit_ids: Sequence[str] = ()
     holds: bool = False
+    hold_jobs: frozenset[str] = frozenset()
     admin: bool = False
     inventory: bool = False
     job_keys: frozenset[str] = frozenset()
@@ -251,7 +254,9 @@ class ViewLookups(Protocol):
 
     def open_holds(self) -> dict[HoldKey, OpenHold]: ...
 
-    def hold_baselines(self) -> dict[HoldKey, int]: ...
+    def hold_baselines(self, jobs: Collection[str] | None = None) -> dict[HoldKey, int]:
+        """The hold baselines of `jobs` (None: every job's) that are not 0."""
+        ...
 
     def budget_total(self, team: str, period: str, unit: Unit) -> int: ...
 
@@ -287,7 +292,7 @@ def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
         timelines=timelines,
         idle=store.idle_states(sorted(subjects)),
         holds=store.open_holds() if keys.holds else {},
-        baselines=store.hold_baselines() if keys.holds else {},
+        baselines=store.hold_baselines(keys.hold_jobs) if keys.hold_jobs else {},
         budget_totals={k: store.budget_total(*k) for k in keys.budget_keys},
         transactions=found,
         reversed_by={t: r for t in asked if (r := store.reversed_by(t)) is not None},
@@ -386,7 +391,9 @@ class LedgerStore(Protocol):
 
     def open_holds(self) -> dict[HoldKey, OpenHold]: ...
 
-    def hold_baselines(self) -> dict[HoldKey, int]: ...
+    def hold_baselines(self, jobs: Collection[str] | None = None) -> dict[HoldKey, int]:
+        """The hold baselines of `jobs` (None: every job's) that are not 0."""
+        ...
 
     def closed_period_labels(self) -> frozenset[str]: ...
 

@@ -245,8 +245,12 @@ def test_a_jobs_hold_baseline_is_kept_with_its_settlement_and_replaced(store):
     commit(store, offset=2, changes=StateChanges(baselines={("job-1", Unit.MONEY): 1_200}))
     expected = {("job-1", Unit.MONEY): 1_200, ("job-1", Unit.GPU_MS): 5, ("job-2", Unit.GPU_MS): 70}
     assert (store.open_holds(), store.hold_baselines()) == ({}, expected)
-    assert store.load_view(ViewKeys(holds=True)).baselines == expected
-    assert store.load_view(ViewKeys()).baselines == {}  # only when the fold needs the holds
+    assert store.hold_baselines(["job-2", "job-9"]) == {("job-2", Unit.GPU_MS): 70}
+    placing = ViewKeys(holds=True, hold_jobs=frozenset({"job-1"}))  # a batch placing job-1's
+    assert store.load_view(placing).baselines == {
+        k: v for k, v in expected.items() if k[0] == "job-1"
+    }
+    assert store.load_view(ViewKeys(holds=True)).baselines == {}  # only the jobs asked for
 
 
 def test_idle_states_replace_the_stored_ones(store):
