@@ -82,11 +82,16 @@ class BudgetLine:
 @dataclass(frozen=True, slots=True)
 class JobAmount:
     """An amount of `unit` of one job: an open hold's (in a budget) or a job's usage so far
-    (in a consumer account's message)."""
+    (in a consumer account's message). An open hold's `baseline` and `earlier` are its
+    `ledger.holds.OpenHold`'s: the job's usage earlier holds' settlements accounted, and how
+    much of the hold earlier attempts placed and ended (0 in a usage line, and in a message
+    from before the fields)."""
 
     job_id: str
     unit: str
     amount: int
+    baseline: int = 0
+    earlier: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,20 +234,30 @@ def _budget_to_dict(status: BudgetStatus) -> dict[str, Any]:
 
 
 def _job_amounts_to_data(amounts: Iterable[JobAmount]) -> list[list[Any]]:
-    return [[a.job_id, a.unit, a.amount] for a in amounts]
+    """[job, unit, amount], with [baseline, earlier] after it only when either is not 0 (so a
+    message without them reads as it did before the fields)."""
+    return [
+        [a.job_id, a.unit, a.amount, a.baseline, a.earlier]
+        if a.baseline or a.earlier
+        else [a.job_id, a.unit, a.amount]
+        for a in amounts
+    ]
 
 
 def _job_amounts(value: Any) -> tuple[JobAmount, ...]:
+    shape = "an array of [job, unit, amount] or [job, unit, amount, baseline, earlier]"
     if type(value) is not list:
-        raise EventError("expected an array of [job, unit, amount]")
+        raise EventError(f"expected {shape}")
     out = []
     for item in value:
-        if type(item) is not list or len(item) != 3:
-            raise EventError("expected an array of [job, unit, amount]")
-        job, unit, amount = item
-        if type(job) is not str or type(unit) is not str or type(amount) is not int:
-            raise EventError("expected [job, unit, amount] as a string, a string, an integer")
-        out.append(JobAmount(job, unit, amount))
+        if type(item) is not list or len(item) not in (3, 5):
+            raise EventError(f"expected {shape}")
+        job, unit, *numbers = item
+        if type(job) is not str or type(unit) is not str:
+            raise EventError("expected a job and a unit as strings")
+        if any(type(n) is not int for n in numbers):
+            raise EventError("expected an amount, a baseline and earlier as integers")
+        out.append(JobAmount(job, unit, *numbers))
     return tuple(out)
 
 

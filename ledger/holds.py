@@ -109,7 +109,14 @@ HOLD_SCHEMA = 1
 
 @dataclass(frozen=True, slots=True)
 class OpenHold:
-    """What is left of one job's hold in one unit; `placed_by` is its first placement."""
+    """What is left of one job's hold in one unit; `placed_by` is its first placement.
+
+    A sharded ledger's global shard settles a hold from its job's usage, which is kept per job
+    id, not per attempt (a retried job keeps its id): `baseline` is the job's usage its earlier
+    holds' settlements accounted already (`HoldBook.settle_ended`), so the hold is settled and
+    projected by the usage past it; `earlier` is how much of `amount` earlier attempts placed
+    and ended before a retry's placement joined them, still awaiting settlement (0: none), which
+    readers project apart (`ledger.hold_projection`). Both 0 in a whole ledger's fold."""
 
     job_id: str
     unit: Unit
@@ -118,6 +125,8 @@ class OpenHold:
     amount: int
     expires_us: int
     placed_by: str
+    baseline: int = 0
+    earlier: int = 0
 
     @property
     def key(self) -> HoldKey:
@@ -360,10 +369,17 @@ class HoldBook:
     """The open holds during one batch: applies hold events, settles usage, expires holds, and
     remembers which holds changed (an amount of 0 means the hold is gone)."""
 
-    def __init__(self, open_holds: Mapping[HoldKey, OpenHold], book: BookPeriod) -> None:
+    def __init__(
+        self,
+        open_holds: Mapping[HoldKey, OpenHold],
+        book: BookPeriod,
+        baselines: Mapping[HoldKey, int] | None = None,
+    ) -> None:
         self._open = dict(open_holds)
         self._book = book
         self._changed: dict[HoldKey, OpenHold] = {}
+        self._baselines = dict(baselines or {})  # a global shard's: (job, unit) → usage settled
+        self._moved: dict[HoldKey, int] = {}
 
     def _set(self, hold: OpenHold) -> None:
         self._changed[hold.key] = hold
@@ -378,8 +394,13 @@ class HoldBook:
     def changed(self) -> list[OpenHold]:
         return list(self._changed.values())
 
+    def baselines_changed(self) -> dict[HoldKey, int]:
+        """The jobs' baselines `settle_ended` moved: (job, unit) → the usage it settled up to."""
+        return dict(self._moved)
+
     def checkpoint(self) -> HoldBookMark:
-        """The book as it is now, for `restore` when what follows is refused."""
+        """The book as it is now, for `restore` when what follows is refused (only placements,
+        releases and expiries are refused: a settlement's baselines need no mark)."""
         return HoldBookMark(dict(self._open), dict(self._changed))
 
     def restore(self, mark: HoldBookMark) -> None:
@@ -393,6 +414,12 @@ class HoldBook:
         before = self._open.get(key)
         if before is not None and before.team != event.team:
             return f"job {event.job_id} already holds {event.unit} of team {before.team}"
+        if before is None:  # a new hold starts past the usage earlier holds settled
+            baseline, earlier = self._baselines.get(key, 0), 0
+        elif before.expires_us <= event.time_us:  # a retry joins holds that ended unsettled
+            baseline, earlier = before.baseline, before.amount
+        else:
+            baseline, earlier = before.baseline, before.earlier
         hold = OpenHold(
             event.job_id,
             event.unit,
@@ -401,6 +428,8 @@ class HoldBook:
             (before.amount if before else 0) + event.amount,
             max(event.expires_us, before.expires_us if before else 0),
             before.placed_by if before else envelope.id,
+            baseline,
+            earlier,
         )
         self._set(hold)
         return _txn(
@@ -479,19 +508,24 @@ class HoldBook:
         covers: Collection[str] | None = None,
     ) -> list[Transaction]:
         """A global shard's settlement: each open hold that ended (released or expired) at or
-        before the watermark `through_us` is settled once by its job's usage up to it
-        (`min(usage, what is left)`, kind `hold_settle`) and what is left released (kind
-        `hold_release`), both booked at the hold's end. Only the holds of the jobs `covers`
-        names (those whose usage `usage` gives; None: every job): any other waits for a
-        watermark that gives its usage, never settled as if it used nothing. Ids derive from
-        the hold's first placement and its end, so folding the same facts again makes the
-        same ones."""
+        before the watermark `through_us` is settled once by its job's usage up to it past the
+        hold's baseline (`min(usage − baseline, what is left)`, never below 0, kind
+        `hold_settle`) and what is left released (kind `hold_release`), both booked at the
+        hold's end; the job's baseline moves to that usage (`baselines_changed`), so a retry's
+        hold is settled by the usage after it, not the earlier attempts' again. Only the holds
+        of the jobs `covers` names (those whose usage `usage` gives; None: every job): any
+        other waits for a watermark that gives its usage, never settled as if it used nothing.
+        Ids derive from the hold's first placement and its end, so folding the same facts
+        again makes the same ones."""
         out = []
         for key, hold in sorted(self._open.items()):
             if hold.expires_us > through_us or (covers is not None and key[0] not in covers):
                 continue
             self._set(replace(hold, amount=0))
-            settled = max(0, min(hold.amount, usage.get(key, 0)))
+            used = usage.get(key, 0)
+            settled = max(0, min(hold.amount, used - hold.baseline))
+            if used != hold.baseline:  # the job's, taken when the hold was first placed
+                self._baselines[key] = self._moved[key] = used
             ends = f"{key[0]}/{key[1]}/{hold.placed_by}"
             parts = (
                 (TransactionKind.HOLD_SETTLE, "settled", settled),

@@ -83,6 +83,9 @@ class DecodedJobs:
             scopes=frozenset(job_scope(e.data.job_id) for e, _ in self.holds)
             | {assignment_scope(g) for g in gpus},
             holds=True,
+            hold_jobs=frozenset(
+                e.data.job_id for e, _ in self.holds if isinstance(e.data, HoldPlaced)
+            ),
             audit_ids=[e.event_id for e in self.audited],
             job_keys=frozenset(k for e, _ in self.identities for k in _job_keys(e))
             | {gpu_key(e.subject) for e, _ in self.assignments if isinstance(e.data, GpuAssigned)}
@@ -117,7 +120,7 @@ def fold_jobs(
     and released (`HoldBook.settle_ended`)."""
     seen = set(view.seen)
     cutoffs = view.forgotten_before
-    holds = HoldBook(view.holds, booker(view.closed, zone))
+    holds = HoldBook(view.holds, booker(view.closed, zone), view.baselines)
     dead: list[DeadLetter] = []
     transactions: list[SourcedTransaction] = []
     without_postings: list[tuple[str, int, str]] = []
@@ -212,6 +215,7 @@ def fold_jobs(
         dead=tuple(dead),
         changes=StateChanges(
             holds=holds.changed(),
+            baselines=holds.baselines_changed(),
             seen=without_postings,
             timelines=timelines,
             audit=audit,

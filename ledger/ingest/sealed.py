@@ -5,9 +5,10 @@ the same fold with what the watermark makes due added:
 
 - every open hold that ended (released: its end is the release's time, `HoldBook.end`; or
   expired) at or before the watermark, of a job the event gives the usage of (`covers`), is
-  settled once by its job's usage up to it and the rest released (`HoldBook.settle_ended`); a
-  hold of a job it does not cover (one the global shard learned of after the event was
-  computed) waits for a later watermark, which covers it;
+  settled once by its job's usage up to it past what the job's earlier holds settled (its
+  baseline, which moves to that usage: a retried job keeps its id) and the rest released
+  (`HoldBook.settle_ended`); a hold of a job it does not cover (one the global shard learned
+  of after the event was computed) waits for a later watermark, which covers it;
 - recurring allowances are granted through the watermark's month, every policy's, reading the
   team's spending as the global shard's own consumer postings (adjustments) plus the event's
   per-team usage: carry-over and a quarter's remainder moving on need the union's spending,
@@ -94,12 +95,12 @@ def with_sealed_through(
         for e in folded.changes.admin
         if isinstance(e.envelope.data, PeriodClosed)
     }
-    holds = HoldBook(view.holds, booker(closed, zone))
+    holds = HoldBook(view.holds, booker(closed, zone), view.baselines)
     ended = holds.settle_ended(sealed.through_us, sealed.job_usage(), sealed.covered())
     added = replace(
         folded,
         transactions=folded.transactions + tuple(sourced(ended, message)),
-        changes=replace(folded.changes, holds=holds.changed()),
+        changes=replace(folded.changes, holds=holds.changed(), baselines=holds.baselines_changed()),
     )
     through = period_label(sealed.through_us, zone)
     if not allowances_due(admin_after, through, zone):

@@ -103,7 +103,7 @@ def _samples_of_jobs(folded: Folded) -> Folded:
     and the views (owners, timelines, awaiting, resolved, events seen); no holds, audit or
     dead letters."""
     kept = _keep(folded, lambda t: t.txn.kind in _USAGE_KINDS)
-    return replace(kept, dead=(), changes=replace(kept.changes, holds=(), audit=()))
+    return replace(kept, dead=(), changes=replace(kept.changes, holds=(), baselines={}, audit=()))
 
 
 def _samples_of_admin(folded: Folded) -> Folded:

@@ -94,15 +94,18 @@ def queue_balance_messages(
             lines.setdefault(account, []).append(JobAmount(job, unit, amount))
         open_rows = (
             con.execute(
-                "SELECT team, job_id, unit, amount FROM open_holds WHERE list_contains(?, team) "
+                "SELECT team, job_id, unit, amount, coalesce(baseline, 0), coalesce(earlier, 0) "
+                "FROM open_holds WHERE list_contains(?, team) "
                 "ORDER BY job_id, unit",
                 [sorted(teams)],
             ).fetchall()
             if teams
             else []
         )
-        for team, job, unit, amount in open_rows:
-            holds.setdefault(str(team), []).append(JobAmount(str(job), str(unit), int(amount)))
+        for team, job, unit, amount, baseline, earlier in open_rows:
+            holds.setdefault(str(team), []).append(
+                JobAmount(str(job), str(unit), int(amount), int(baseline), int(earlier))
+            )
     seq_row = first_row(con.execute("SELECT nextval('publish_seq')"))
     seq = int(seq_row[0]) if seq_row else 0
     messages = []

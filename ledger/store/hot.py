@@ -11,11 +11,12 @@ transaction holding, together:
   coordinates, key and value bytes, the batch's sequence number and each message's position in
   it), so the ledger can be rebuilt from them at any time (`ledger.store.rebuild`),
 - the projections that follow from the batch: the running `balances` per (account, unit,
-  period), the open holds per job, each GPU's assignment timeline (`gpu_holdings`, who the
-  scheduler says holds it: `ledger.assignments`), the applied admin events (`admin_log`), reversed
-  transactions, closed periods with their checksums, the audit trail (`ledger.store.hot_audit`),
-  job owners and suspense awaiting them (`ledger.store.hot_identity`) and the outbox messages
-  to publish (alerts, dead letters, changed balances).
+  period), the open holds per job and the jobs' hold baselines (`hold_baselines`), each GPU's
+  assignment timeline (`gpu_holdings`, who the scheduler says holds it: `ledger.assignments`),
+  the applied admin events (`admin_log`), reversed transactions, closed periods with their
+  checksums, the audit trail (`ledger.store.hot_audit`), job owners and suspense awaiting them
+  (`ledger.store.hot_identity`) and the outbox messages to publish (alerts, dead letters,
+  changed balances).
 So after a crash either all of a batch is in the store or none of it is, and `applied_offsets`
 tells a restarted consumer exactly where the store stands.
 
@@ -73,6 +74,7 @@ from ledger.store.hot_tables import (
     insert_rows,
     keep_posting_rows,
     read_gpu_timelines,
+    read_hold_baselines,
     read_idle_states,
     read_open_holds,
     write_changes,
@@ -430,6 +432,11 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
 
     def open_holds(self) -> dict[HoldKey, OpenHold]:
         return dict(self._state().holds)
+
+    def hold_baselines(self, jobs: Collection[str] | None = None) -> dict[HoldKey, int]:
+        """Read from the table, not the mirror: a global shard keeps one per job ever settled,
+        and a fold reads only those of the jobs placing holds."""
+        return read_hold_baselines(self._con, jobs)
 
     def _drop_seen_columns(
         self, columns: PostingColumns | None, fresh: Sequence[SourcedTransaction]

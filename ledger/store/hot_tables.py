@@ -129,6 +129,12 @@ CREATE TABLE IF NOT EXISTS open_holds (
     amount BIGINT NOT NULL, expires_us BIGINT NOT NULL, placed_by VARCHAR NOT NULL,
     PRIMARY KEY (job_id, unit)
 );
+ALTER TABLE open_holds ADD COLUMN IF NOT EXISTS baseline BIGINT DEFAULT 0;
+ALTER TABLE open_holds ADD COLUMN IF NOT EXISTS earlier BIGINT DEFAULT 0;
+CREATE TABLE IF NOT EXISTS hold_baselines (
+    job_id VARCHAR NOT NULL, unit VARCHAR NOT NULL, usage BIGINT NOT NULL,
+    PRIMARY KEY (job_id, unit)
+);
 CREATE TABLE IF NOT EXISTS gpu_holdings (
     gpu_uuid VARCHAR NOT NULL, team VARCHAR, project VARCHAR, "user" VARCHAR, job_id VARCHAR,
     from_us BIGINT NOT NULL, to_us BIGINT
@@ -229,10 +235,30 @@ def write_changes(con: duckdb.DuckDBPyConnection, changes: StateChanges, now: in
             con,
             "open_holds",
             [
-                (h.job_id, h.unit.value, h.team, h.project, h.amount, h.expires_us, h.placed_by)
+                (
+                    h.job_id,
+                    h.unit.value,
+                    h.team,
+                    h.project,
+                    h.amount,
+                    h.expires_us,
+                    h.placed_by,
+                    h.baseline,
+                    h.earlier,
+                )
                 for h in changes.holds
                 if h.amount
             ],
+        )
+    if changes.baselines:
+        con.execute(
+            "DELETE FROM hold_baselines WHERE list_contains(?, job_id || '/' || unit)",
+            [[f"{job}/{unit.value}" for job, unit in changes.baselines]],
+        )
+        insert_rows(
+            con,
+            "hold_baselines",
+            [(job, unit.value, usage) for (job, unit), usage in changes.baselines.items()],
         )
     if changes.admin:
         row = first_row(con.execute("SELECT coalesce(max(seq), 0) FROM admin_log"))
@@ -293,12 +319,26 @@ def read_gpu_timelines(
 
 def read_open_holds(con: duckdb.DuckDBPyConnection) -> dict[HoldKey, OpenHold]:
     rows = con.execute(
-        "SELECT job_id, unit, team, project, amount, expires_us, placed_by FROM open_holds"
+        "SELECT job_id, unit, team, project, amount, expires_us, placed_by, "
+        "coalesce(baseline, 0), coalesce(earlier, 0) FROM open_holds"
     ).fetchall()
     holds = [
-        OpenHold(str(j), Unit(u), str(t), p, int(a), int(e), str(b)) for j, u, t, p, a, e, b in rows
+        OpenHold(str(j), Unit(u), str(t), p, int(a), int(e), str(b), int(base), int(before))
+        for j, u, t, p, a, e, b, base, before in rows
     ]
     return {h.key: h for h in holds}
+
+
+def read_hold_baselines(
+    con: duckdb.DuckDBPyConnection, jobs: Collection[str] | None = None
+) -> dict[HoldKey, int]:
+    """The hold baselines (`StateChanges.baselines`) of `jobs` (None: every job's)."""
+    query = "SELECT job_id, unit, usage FROM hold_baselines"
+    if jobs is None:
+        rows = con.execute(query).fetchall()
+    else:
+        rows = con.execute(f"{query} WHERE list_contains(?, job_id)", [sorted(jobs)]).fetchall()
+    return {(str(j), Unit(u)): int(n) for j, u, n in rows}
 
 
 # A job's usage so far per consumer account (`job_usage`): what a sharded ledger's samples

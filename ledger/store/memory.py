@@ -256,6 +256,7 @@ class MemoryStore(MemoryIdentityReads):
         for hold in changes.holds:
             s.holds.pop(hold.key, None)
         s.holds.update((h.key, h) for h in changes.holds if h.amount)  # 0: the hold is gone
+        s.baselines.update(changes.baselines)
         _once((e.envelope.id for e in changes.admin), "admin event", s.admin_ids)
         s.admin.extend(changes.admin)
         s.admin_ids.update(e.envelope.id for e in changes.admin)
@@ -328,7 +329,9 @@ class MemoryStore(MemoryIdentityReads):
                     lines.setdefault(account, []).append(JobAmount(job, unit, amount))
             for (job, unit), hold in sorted(s.holds.items()):
                 if hold.team in teams:
-                    holds.setdefault(hold.team, []).append(JobAmount(job, unit.value, hold.amount))
+                    holds.setdefault(hold.team, []).append(
+                        JobAmount(job, unit.value, hold.amount, hold.baseline, hold.earlier)
+                    )
         s.publish_seq += 1
         seq = s.publish_seq
         now = time.time_ns() // 1_000
@@ -430,6 +433,9 @@ class MemoryStore(MemoryIdentityReads):
 
     def open_holds(self) -> dict[HoldKey, OpenHold]:
         return dict(self._s.holds)
+
+    def hold_baselines(self, jobs: Collection[str] | None = None) -> dict[HoldKey, int]:
+        return {k: v for k, v in self._s.baselines.items() if jobs is None or k[0] in jobs}
 
     def closed_period_labels(self) -> frozenset[str]:
         return frozenset(self._s.closed)

@@ -55,6 +55,7 @@ class MemoryState:
     dead: list[tuple[object, ...]] = field(default_factory=list)
     balances: dict[BalanceKey, int] = field(default_factory=dict)
     holds: dict[HoldKey, OpenHold] = field(default_factory=dict)
+    baselines: dict[HoldKey, int] = field(default_factory=dict)  # as `hold_baselines`
     timelines: dict[str, tuple[Holding, ...]] = field(default_factory=dict)
     admin: list[AppliedAdmin] = field(default_factory=list)
     admin_ids: set[str] = field(default_factory=set)
@@ -84,6 +85,7 @@ class MemoryState:
             list(self.dead),
             dict(self.balances),
             dict(self.holds),
+            dict(self.baselines),
             dict(self.timelines),
             list(self.admin),
             set(self.admin_ids),

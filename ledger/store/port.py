@@ -132,6 +132,9 @@ class StateChanges:
     """What a batch changes besides postings, committed with them.
 
     - `holds`: open holds that changed (an amount of 0 removes the hold);
+    - `baselines`: per (job, unit), the job's usage its holds' settlements accounted, as a
+      global shard's settlement moved it (`ledger.holds.HoldBook.baselines_changed`), each
+      replacing the job's;
     - `admin`: admin events applied (a `PeriodClosed` applied closes its period);
     - `reversals`: (reversed transaction, reversing transaction);
     - `seen`: (id, event time, dedupe scope) of events applied without a transaction of their
@@ -151,6 +154,7 @@ class StateChanges:
     """
 
     holds: Sequence[OpenHold] = ()
+    baselines: Mapping[HoldKey, int] = field(default_factory=dict)
     admin: Sequence[AppliedAdmin] = ()
     reversals: Sequence[tuple[str, str]] = ()
     seen: Sequence[tuple[str, int, str]] = ()
@@ -185,6 +189,8 @@ class ViewKeys:
     - `scopes`: dedupe scopes of the batch's events, whose forgotten-before cutoffs it checks;
     - `audit_ids`: event ids whose place in the audit trail matters (kept for good);
     - `holds`: whether the fold needs the open holds;
+    - `hold_jobs`: jobs whose hold baselines the fold reads (those placing holds: a new hold
+      starts from its job's baseline);
     - `admin`: whether the fold needs the admin state (`AdminView`);
     - `inventory`: whether the fold needs the GPU inventory;
     - `job_keys`: job keys whose known owner and awaiting transactions the fold reads.
@@ -199,6 +205,7 @@ class ViewKeys:
     scopes: frozenset[str] = frozenset()
     audit_ids: Sequence[str] = ()
     holds: bool = False
+    hold_jobs: frozenset[str] = frozenset()
     admin: bool = False
     inventory: bool = False
     job_keys: frozenset[str] = frozenset()
@@ -219,6 +226,7 @@ class LedgerView:
     timelines: Mapping[str, tuple[Holding, ...]] = field(default_factory=dict)
     idle: Mapping[str, GpuIdleState] = field(default_factory=dict)
     holds: Mapping[HoldKey, OpenHold] = field(default_factory=dict)
+    baselines: Mapping[HoldKey, int] = field(default_factory=dict)
     budget_totals: Mapping[BudgetKey, int] = field(default_factory=dict)
     transactions: Mapping[str, Transaction] = field(default_factory=dict)
     reversed_by: Mapping[str, str] = field(default_factory=dict)
@@ -245,6 +253,10 @@ class ViewLookups(Protocol):
     def idle_states(self, subjects: Sequence[str]) -> dict[str, GpuIdleState]: ...
 
     def open_holds(self) -> dict[HoldKey, OpenHold]: ...
+
+    def hold_baselines(self, jobs: Collection[str] | None = None) -> dict[HoldKey, int]:
+        """The hold baselines of `jobs` (None: every job's) that are not 0."""
+        ...
 
     def budget_total(self, team: str, period: str, unit: Unit) -> int: ...
 
@@ -280,6 +292,7 @@ def assemble_view(store: ViewLookups, keys: ViewKeys) -> LedgerView:
         timelines=timelines,
         idle=store.idle_states(sorted(subjects)),
         holds=store.open_holds() if keys.holds else {},
+        baselines=store.hold_baselines(keys.hold_jobs) if keys.hold_jobs else {},
         budget_totals={k: store.budget_total(*k) for k in keys.budget_keys},
         transactions=found,
         reversed_by={t: r for t in asked if (r := store.reversed_by(t)) is not None},
@@ -377,6 +390,10 @@ class LedgerStore(Protocol):
         ...
 
     def open_holds(self) -> dict[HoldKey, OpenHold]: ...
+
+    def hold_baselines(self, jobs: Collection[str] | None = None) -> dict[HoldKey, int]:
+        """The hold baselines of `jobs` (None: every job's) that are not 0."""
+        ...
 
     def closed_period_labels(self) -> frozenset[str]: ...
 

@@ -128,6 +128,7 @@ def observable(store) -> tuple[object, ...]:
         store.pending_outbox(),
         store.dead_letters(),
         store.open_holds(),
+        store.hold_baselines(),
         store.admin_entries(),
         store.closed_periods(),
         store.audit_records(),

@@ -230,6 +230,29 @@ def test_holds_and_timelines_are_replaced_and_a_zero_hold_is_removed(store):
     assert store.load_view(ViewKeys(gpu_uuids=frozenset({"GPU-1"}))).timelines == {"GPU-1": later}
 
 
+def test_a_jobs_hold_baseline_is_kept_with_its_settlement_and_replaced(store):
+    """A global shard's settlement removes the hold and moves its job's baseline in one commit
+    (`StateChanges.baselines`); the baseline outlives the hold, the next settlement replaces
+    it, and a retry's hold keeps its baseline and earlier part like any of its fields."""
+    retry = replace(a_hold("job-1", 800), baseline=400, earlier=300)
+    commit(store, changes=StateChanges(holds=[retry], baselines={("job-2", Unit.GPU_MS): 70}))
+    settled = StateChanges(
+        holds=[replace(retry, amount=0)],
+        baselines={("job-1", Unit.MONEY): 900, ("job-1", Unit.GPU_MS): 5},
+    )
+    assert store.open_holds() == {retry.key: retry}
+    commit(store, offset=1, changes=settled)
+    commit(store, offset=2, changes=StateChanges(baselines={("job-1", Unit.MONEY): 1_200}))
+    expected = {("job-1", Unit.MONEY): 1_200, ("job-1", Unit.GPU_MS): 5, ("job-2", Unit.GPU_MS): 70}
+    assert (store.open_holds(), store.hold_baselines()) == ({}, expected)
+    assert store.hold_baselines(["job-2", "job-9"]) == {("job-2", Unit.GPU_MS): 70}
+    placing = ViewKeys(holds=True, hold_jobs=frozenset({"job-1"}))  # a batch placing job-1's
+    assert store.load_view(placing).baselines == {
+        k: v for k, v in expected.items() if k[0] == "job-1"
+    }
+    assert store.load_view(ViewKeys(holds=True)).baselines == {}  # only the jobs asked for
+
+
 def test_idle_states_replace_the_stored_ones(store):
     commit(store, idle_states=[an_idle_state("GPU-1"), an_idle_state("GPU-2")])
     commit(store, offset=1, idle_states=[an_idle_state("GPU-1", T0_US + 99, waste=42)])
@@ -305,7 +328,8 @@ def test_a_shard_lists_its_jobs_usage_so_far_and_its_teams_open_holds(store, sta
     commit(store, a_txn("a", 100), **publish)
     adjusted = a_txn("adj", 7, kind=TransactionKind.ADJUSTMENT)  # not usage: not the job's
     reversal = a_txn("r", -30, kind=TransactionKind.REVERSAL)
-    holds = StateChanges(holds=[a_hold("job-1", 500), a_hold("job-2", 80, Unit.GPU_MS)])
+    retry = replace(a_hold("job-1", 500), baseline=400, earlier=100)
+    holds = StateChanges(holds=[retry, a_hold("job-2", 80, Unit.GPU_MS)])
     txns = (a_txn("b", 50), reversal, adjusted, a_grant("g", 1_000))
     commit(store, *txns, offset=1, changes=holds, **publish)
     sent = {m.key: decode_balance_update(m.value) for m in store.pending_outbox()}
@@ -317,7 +341,7 @@ def test_a_shard_lists_its_jobs_usage_so_far_and_its_teams_open_holds(store, sta
         return
     assert consumer.jobs == (JobAmount("job-1", Unit.GPU_MS.value, 100 + 50 - 30),)
     assert status.holds == (
-        JobAmount("job-1", Unit.MONEY.value, 500),
+        JobAmount("job-1", Unit.MONEY.value, 500, baseline=400, earlier=100),
         JobAmount("job-2", Unit.GPU_MS.value, 80),
     )
 

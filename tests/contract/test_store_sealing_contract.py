@@ -134,7 +134,11 @@ def test_a_commit_that_fails_midway_leaves_nothing(store, monkeypatch):
             idle_states=[an_idle_state(waste=9)],
             outbox=[message(2)],
             dead_letters=[DeadLetter("bad", "x", None, TOPIC, 0, 1)],
-            changes=StateChanges(holds=[a_hold()], seen=[("seen-1", T0_US, "assign:GPU-1")]),
+            changes=StateChanges(
+                holds=[a_hold()],
+                baselines={("job-1", Unit.MONEY): 400},
+                seen=[("seen-1", T0_US, "assign:GPU-1")],
+            ),
             balances_topic="balances",
             raw=[ConsumedMessage(TOPIC, 0, 1, b"x")],
         )

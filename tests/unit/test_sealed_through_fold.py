@@ -1,9 +1,11 @@
 """A global shard folds the shards' watermark (`ledger.ingest.sealed`): a hold is settled once,
 when it has ended (released or expired) and a `ShardsSealedThrough` past its end is folded,
 by `min(the job's usage up to it, what is left)`, the rest released — whichever of the release
-and the event comes first; a recurring budget that carries over grants a month only from the
-event, with the event's per-team spending. A whole ledger logs the event as changing nothing;
-an event recording a role, or one not newer than the last, changes nothing either."""
+and the event comes first; a retried job's (same id) new hold by the usage past what its
+earlier holds settled (the job's baseline); a recurring budget that carries over grants a month
+only from the event, with the event's per-team spending. A whole ledger logs the event as
+changing nothing; an event recording a role, or one not newer than the last, changes nothing
+either."""
 
 from __future__ import annotations
 
@@ -144,6 +146,105 @@ def test_a_global_shard_settles_a_hold_once_it_ended_before_the_watermark(
         feed.send(event)
     assert feed.hold_sums() == expected
     assert feed.store.dead_letters() == []
+
+
+# A retried job keeps its id: its new hold is settled by the job's usage past what its earlier
+# holds' settlements read (the baseline), as a whole ledger settles each hold by the usage
+# while it is open. The usage a watermark gives is the job's, every attempt's, up to it.
+RETRY = HoldPlaced("job-1", "vision", None, Unit.MONEY, 800, T0_US + 2 * HOUR, T0_US + 200 * S)
+RETRY_RELEASED = HoldReleased("job-1", T0_US + 300 * S, "completed")
+FIRST = [PLACED, RELEASED]
+THEN_RETRY = [RETRY, RETRY_RELEASED]
+
+# events → (settled and released off the hold, open; the job's baseline; the open hold's
+# (amount, baseline, earlier), None: none open)
+RETRY_CASES: dict[str, tuple[list[object], dict[str, int], int, tuple[int, int, int] | None]] = {
+    "first-attempt-sets-the-baseline": (
+        [*FIRST, sealed(RELEASED.time_us, 400)],
+        {"hold_settle": 400, "hold_release": 600},
+        400,
+        None,
+    ),
+    "retry-after-the-first-settled-usage-under": (
+        [*FIRST, sealed(RELEASED.time_us, 400), *THEN_RETRY, sealed(RETRY_RELEASED.time_us, 700)],
+        {"hold_settle": 400 + 300, "hold_release": 600 + 500},  # the retry used 300, not 700
+        700,
+        None,
+    ),
+    "retry-after-the-first-overran": (
+        [
+            *FIRST,
+            sealed(RELEASED.time_us, 1_500),
+            *THEN_RETRY,
+            sealed(RETRY_RELEASED.time_us, 1_800),
+        ],
+        {"hold_settle": 1_000 + 300, "hold_release": 500},  # the overrun settles no retry
+        1_800,
+        None,
+    ),
+    "retry-running-after-the-first-settled": (
+        [*FIRST, sealed(RELEASED.time_us, 400), RETRY],
+        {"hold_settle": 400, "hold_release": 600, "open": 800},
+        400,
+        (800, 400, 0),
+    ),
+    "a-third-attempt-past-two-baselines": (
+        [
+            *FIRST,
+            sealed(RELEASED.time_us, 400),
+            *THEN_RETRY,
+            sealed(RETRY_RELEASED.time_us, 700),
+            HoldPlaced("job-1", "vision", None, Unit.MONEY, 500, T0_US + 3 * HOUR, T0_US + 400 * S),
+            HoldReleased("job-1", T0_US + 500 * S, "completed"),
+            sealed(T0_US + 500 * S, 1_300),
+        ],
+        {"hold_settle": 400 + 300 + 500, "hold_release": 600 + 500},
+        1_300,
+        None,
+    ),
+    # placed before the first attempt's hold settled: one hold, its earlier part apart
+    "retry-joins-the-unsettled-first": (
+        [*FIRST, RETRY, sealed(RELEASED.time_us, 400)],
+        {"open": 1_800},  # the joined hold ends with the retry
+        0,
+        (1_800, 0, 1_000),
+    ),
+    "retry-joins-the-unsettled-first-then-both-settle": (
+        [*FIRST, *THEN_RETRY, sealed(RETRY_RELEASED.time_us, 700)],
+        {"hold_settle": 700, "hold_release": 1_100},
+        700,
+        None,
+    ),
+    "retry-after-the-first-settled-joins-nothing": (
+        [*FIRST, sealed(RELEASED.time_us, 400), RETRY, sealed(RELEASED.time_us + S, 450)],
+        {"hold_settle": 400, "hold_release": 600, "open": 800},  # still running: not settled
+        400,
+        (800, 400, 0),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("events", "expected", "baseline", "still_open"), RETRY_CASES.values(), ids=RETRY_CASES.keys()
+)
+def test_a_retried_jobs_hold_settles_by_its_own_attempts_usage(
+    events: list[object],
+    expected: dict[str, int],
+    baseline: int,
+    still_open: tuple[int, int, int] | None,
+) -> None:
+    feed = Feed()
+    for event in events:
+        feed.send(event)
+    assert feed.hold_sums() == expected
+    assert feed.store.hold_baselines().get(("job-1", Unit.MONEY), 0) == baseline
+    hold = feed.store.open_holds().get(("job-1", Unit.MONEY))
+    assert (None if hold is None else (hold.amount, hold.baseline, hold.earlier)) == still_open
+    assert feed.store.dead_letters() == []
+    replayed = Feed()  # a rebuild folds the same events: the same postings
+    for event in events:
+        replayed.send(event)
+    assert replayed.store._s.booked == feed.store._s.booked
 
 
 def test_a_whole_ledger_logs_the_watermark_and_settles_as_before() -> None:

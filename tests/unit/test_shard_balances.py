@@ -152,9 +152,13 @@ def used(
     )
 
 
-def held(seq: int, holds: dict[str, int]) -> BalanceUpdate:
-    """The global shard's budget of 10,000 granted, its open holds per job `holds`."""
-    listed = tuple(JobAmount(job, Unit.MONEY.value, n) for job, n in holds.items())
+def held(seq: int, holds: dict[str, int], baselines: dict[str, int] | None = None) -> BalanceUpdate:
+    """The global shard's budget of 10,000 granted, its open holds per job `holds`, each past
+    its job's baseline in `baselines` (the usage its earlier holds settled; absent: 0)."""
+    listed = tuple(
+        JobAmount(job, Unit.MONEY.value, n, (baselines or {}).get(job, 0))
+        for job, n in holds.items()
+    )
     global_budget = budget("global", 1, seq, 10_000, 0, sum(holds.values()))
     assert global_budget.budget is not None
     return replace(global_budget, budget=replace(global_budget.budget, holds=listed))
@@ -177,6 +181,13 @@ PROJECTED = {
     "one-jobs-overrun-frees-nothing-of-anothers": [
         (held(1, {"job-1": 1_000, "job-2": 1_000}), 8_000),
         (used("samples-0", 1, 1, 1_500, {"job-1": 1_500}), 7_500),
+    ],
+    "a-retry-after-the-first-overran-and-settled": [
+        (held(1, {"job-1": 1_000}), 9_000),
+        (used("samples-0", 1, 1, 1_500, {"job-1": 1_500}), 8_500),
+        (held(2, {}), 8_500),  # settled: the job's baseline moves to 1,500
+        (held(3, {"job-1": 800}, {"job-1": 1_500}), 7_700),  # the retry holds 800, none used
+        (used("samples-0", 1, 2, 1_800, {"job-1": 1_800}), 7_700),  # it used 300 of it
     ],
     "usage-read-before-the-hold": [
         (used("samples-0", 1, 1, 400, {"job-1": 400}), None),

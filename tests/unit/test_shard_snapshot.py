@@ -1,8 +1,9 @@
 """A moved shard taken up from the snapshot its head names (`ledger.store.snapshot`,
 `streams.shards.restore`), in process on a local directory store.
 
-A writer folds a stream into a samples shard and the global shard — holds placed and released, a
-price set and changed, a late owner, a reversal, a period close, a GPU idle for over half an
+A writer folds a stream into a samples shard and the global shard — holds placed, released and
+settled by the shards' watermark (moving a job's hold baseline; the job retried later), a price
+set and changed, a late owner, a reversal, a period close, a GPU idle for over half an
 hour and busy again, garbage — sealing three times (the last at the hand-over), pruning its
 dedupe window after each seal, as the worker does, and hands the shard over. The shard is then
 taken up three ways: from its snapshot; by replaying its whole archive; and from the snapshot of
@@ -30,7 +31,7 @@ import duckdb
 import orjson
 import pytest
 
-from ledger.admin import BudgetGranted, PriceSet
+from ledger.admin import BudgetGranted, JobUsage, PriceSet, ShardsSealedThrough
 from ledger.events import encode_batch
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics, ShardRole
 from ledger.store.head import WriterFenced, version_key
@@ -105,17 +106,22 @@ def gpu_p0(minute: int, count: int, util: int) -> Item:
     )
 
 
+# the watermark past the stream's releases: job-7's usage moves its baseline (a retry's below)
+SETTLED = ShardsSealedThrough(
+    at(10), ("samples-0",), (JobUsage("job-7", Unit.MONEY, 1_234),), (), "ledger", "sealed", at(10)
+)
 BEFORE: tuple[tuple[Item, ...], ...] = (
     *STREAM,
     (gpu_p0(0, 15, 1),),  # below the threshold for a quarter of an hour
     (gpu_p0(15, 20, 2), jobs(hold("job-11", "vision", 9_000, 111))),  # idle: over 30 minutes
-    (gpu_p0(35, 5, 80),),  # busy again
+    (gpu_p0(35, 5, 80), admin(SETTLED)),  # busy again; the holds released at 9 settled
 )
 AFTER: tuple[tuple[Item, ...], ...] = (
     (samples(0, 1), samples(0, 7), gpu_p0(15, 10, 2)),  # resent: forgotten, and known
     (admin(PriceSet(MODEL, None, 9_000_000, *META, START_US + 40 * MINUTE_US)), gpu_p0(40, 5, 60)),
     (
         jobs(hold("job-12", "language", 4_000, 400)),
+        jobs(hold("job-7", "vision", 2_000, 401)),  # a retry: past its job's baseline
         admin(BudgetGranted("language", "2026-12", Unit.MONEY, 70_000, *META, at(400))),
         gpu_p0(45, 5, 1),
     ),
@@ -256,6 +262,7 @@ def test_a_shard_taken_up_from_its_snapshot_is_the_one_its_archive_replays(tmp_p
     assert taken[0]["seen_events"] and taken[0]["source_ranges"]  # not an empty comparison
     if spec.role is ShardRole.GLOBAL:
         assert taken[0]["open_holds"] and taken[0]["admin_log"] and taken[0]["closed_periods"]
+        assert taken[0]["hold_baselines"] == [("job-7", Unit.MONEY.value, 1_234)]
     else:
         assert taken[0]["idle_state"] and taken[0]["gpu_holdings"] and taken[0]["job_owners"]
     assert all(other == taken[0] for other in taken[1:])
@@ -265,6 +272,9 @@ def test_a_shard_taken_up_from_its_snapshot_is_the_one_its_archive_replays(tmp_p
     folded = [state(d) for d in ways]
     assert len(folded[0]["postings"]) > len(taken[0]["postings"])  # the next batches posted
     assert all(other == folded[0] for other in folded[1:])
+    if spec.role is ShardRole.GLOBAL:  # the retry's hold starts past its job's baseline
+        retried = [(r[4], r[7], r[8]) for r in folded[0]["open_holds"] if r[0] == "job-7"]
+        assert retried == [(2_000, 1_234, 0)]
 
 
 def test_a_fenced_writers_snapshot_is_never_loaded(tmp_path):
