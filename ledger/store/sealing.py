@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import duckdb
@@ -26,7 +27,14 @@ from ledger.errors import SealError, StoreError
 from ledger.store.integrity import remember_intact, require_intact
 from ledger.store.layout import first_row, sql_path
 from ledger.store.port import SealResult
-from ledger.store.rollup_files import LEVELS, RollupInfo, write_rollup
+from ledger.store.rollup_files import FINE, LEVELS, RollupInfo, write_rollup
+from ledger.store.seal_arrow import (
+    ARROW_SEAL_MAX_BYTES,
+    MESSAGE_ROW_SQL,
+    POSTING_ROW_BYTES,
+    estimated_bytes,
+    write_sorted,
+)
 from ledger.store.segments import (
     Manifest,
     SegmentInfo,
@@ -48,7 +56,12 @@ class SealKind:
     root: Path
     manifest: Manifest
     in_range: str  # the rows of one source range ($inc, $topic, $part, $first, $last)
-    order: str  # the order of rows in a segment file
+    keys: tuple[str, ...]  # the order of rows in a segment file (together unique)
+    weight: str  # an aggregate estimating a range's rows' bytes in Arrow (`seal_arrow`)
+
+    @property
+    def order(self) -> str:
+        return ", ".join(f'"{key}"' for key in self.keys)
 
 
 class Segmenter:
@@ -65,7 +78,8 @@ class Segmenter:
             Manifest(segments_root),
             "incarnation = $inc AND src_topic = $topic AND src_partition = $part "
             "AND src_offset BETWEEN $first AND $last",
-            "src_offset, txn_id, leg",
+            ("src_offset", "txn_id", "leg"),
+            f"count(*) * {POSTING_ROW_BYTES}",
         )
         self.archive = SealKind(
             "raw_events",
@@ -73,7 +87,8 @@ class Segmenter:
             Manifest(archive_root),
             'incarnation = $inc AND topic = $topic AND "partition" = $part '
             'AND "offset" BETWEEN $first AND $last',
-            '"offset"',
+            ("offset",),
+            MESSAGE_ROW_SQL,
         )
 
     def seal_committed(self) -> SealResult:
@@ -152,54 +167,58 @@ class Segmenter:
     def seal_range(
         self, kind: SealKind, incarnation: str, topic: str, partition: int, first: int, last: int
     ) -> SegmentInfo | None:
-        """Write the hot rows of one source range to their segment; None when there are none."""
+        """Write the hot rows of one source range to their segment; None when there are none.
+        Sorted and written through Arrow (`ledger.store.seal_arrow`) unless they weigh more than
+        `ARROW_SEAL_MAX_BYTES`; then copied by DuckDB."""
         rel = segment_path(incarnation, topic, partition, first, last)
-        query = f"SELECT * FROM {kind.table} WHERE {kind.in_range} ORDER BY {kind.order}"
-        params = {
+        rows = f"SELECT * FROM {kind.table} WHERE {kind.in_range}"
+        params: dict[str, object] = {
             "inc": incarnation,
             "topic": topic,
             "part": partition,
             "first": first,
             "last": last,
         }
-        if kind is self.archive:
-            row = first_row(
-                self._con.execute(
-                    f"SELECT count(*) FROM {kind.table} WHERE {kind.in_range}", params
-                )
+        count, weight = estimated_bytes(self._con, rows, params, kind.weight)
+        if kind is self.archive and not count:
+            return None
+        write: Callable[[Path], int]
+        if weight <= ARROW_SEAL_MAX_BYTES:
+            write = partial(write_sorted, self._con, kind.table, rows, params, kind.keys)
+        else:
+            write = partial(self._copy, f"{rows} ORDER BY {kind.order}", params)
+        return self._copy_to_segment(kind, rel, write, incarnation, topic, partition, first, last)
+
+    def _copy(self, query: str, params: dict[str, object], target: Path) -> int:
+        """DuckDB's copy of `query`'s rows to the Parquet file `target`; the rows written."""
+        copied = first_row(  # COPY answers with the number of rows it wrote
+            self._con.execute(
+                f"COPY ({query}) TO '{sql_path(target)}' "
+                "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)",
+                params,
             )
-            if not row or not row[0]:
-                return None
-        return self._copy_to_segment(
-            kind, rel, query, params, incarnation, topic, partition, first, last
         )
+        assert copied is not None
+        return int(copied[0])
 
     def _copy_to_segment(
         self,
         kind: SealKind,
         rel: str,
-        query: str,
-        params: dict[str, object],
+        write: Callable[[Path], int],
         incarnation: str,
         topic: str,
         partition: int,
         first: int,
         last: int,
     ) -> SegmentInfo:
+        """Write a segment with `write` (rows to the file it is given; their number), its
+        rollups beside it, and answer its manifest entry."""
         target = kind.root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        con = self._con
         try:
-            # COPY answers with the number of rows it wrote
-            copied = first_row(
-                con.execute(
-                    f"COPY ({query}) TO '{sql_path(tmp)}' "
-                    "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)",
-                    params,
-                )
-            )
-            assert copied is not None
+            copied = write(tmp)
             with tmp.open("rb") as handle:
                 os.fsync(handle.fileno())
             tmp.replace(target)
@@ -221,7 +240,7 @@ class Segmenter:
             partition=partition,
             first_offset=first,
             last_offset=last,
-            rows=int(copied[0]),
+            rows=copied,
             sha256=sha256,
             min_start_us=extent[0],
             max_end_us=extent[1],
@@ -234,17 +253,23 @@ class Segmenter:
         self, segment: Path, rel: str
     ) -> tuple[SegmentSummary, tuple[int | None, int | None], dict[str, RollupInfo | None]]:
         """The summary, interval extent and rollups (written beside it, every level) of the
-        postings segment just written at `segment`."""
+        postings segment just written at `segment`. A level derived from another
+        (`RollupLevel.derived_from`) is aggregated from that one's file, and the summary and
+        extent from the fine rollup's: the same values from a fraction of the rows (`verify`
+        checks every level against the segment itself)."""
         con = self._con
-        summary, extent = summarise(con, f"read_parquet('{sql_path(segment)}')")
         levels: dict[str, RollupInfo | None] = {}
+        written: dict[str, Path] = {}
         for level in LEVELS:
             path = level.path(rel)
             target = self.postings.root / path
-            rows = write_rollup(con, segment, target, level)
+            source = segment if level.derived_from is None else written[level.derived_from]
+            rows = write_rollup(con, source, target, level, level.derived_from is not None)
+            written[level.name] = target
             sha256 = file_sha256(target)
             remember_intact(target, sha256)
             levels[level.name] = RollupInfo(path, rows, sha256)
+        summary, extent = summarise(con, f"read_parquet('{sql_path(written[FINE.name])}')")
         return summary, extent, levels
 
     def compact(self, kind: SealKind, below_rows: int, min_segments: int) -> list[SegmentInfo]:
@@ -287,8 +312,7 @@ class Segmenter:
             info = self._copy_to_segment(
                 kind,
                 rel,
-                query,
-                {},
+                partial(self._copy, query, {}),
                 head.incarnation,
                 head.topic,
                 head.partition,
@@ -331,12 +355,13 @@ class Segmenter:
             files = ", ".join(
                 f"'{sql_path(require_intact(kind.root / a.path, a.sha256))}'" for a in parts
             )
+            query = (
+                f"SELECT * FROM read_parquet([{files}], union_by_name = true) ORDER BY {kind.order}"
+            )
             info = self._copy_to_segment(
                 kind,
                 seg.path,
-                f"SELECT * FROM read_parquet([{files}], union_by_name = true) "
-                f"ORDER BY {kind.order}",
-                {},
+                partial(self._copy, query, {}),
                 seg.incarnation,
                 seg.topic,
                 seg.partition,
