@@ -14,18 +14,12 @@ the index fills fails every commit). So the limit set is the configured one plus
 (`MemoryLimit.follow`).
 
 Checkpoints: DuckDB checkpoints (writes the committed rows into the database file) when a
-commit finds the write-ahead log past `checkpoint_threshold`, 16 MB by default. When a commit
-wrote four to six posting rows per sample, that was about every commit of a busy worker: half
-its COMMIT time and a quarter of its CPU. The writer checkpoints after each seal, when the hot
-tables have just lost the sealed rows, and between seals past `CHECKPOINT_THRESHOLD` of log:
-until a checkpoint, every committed row stays in memory whole (the database file holds none of
-it), so a threshold as long as a seal interval made the hot rows of the whole interval resident
-— on the ingest bench's real-time data (64,000 one-sample messages, their raw values
-uncompressed in the archive) +113 MiB of peak RSS at 1 GiB, +70 MiB at 32 MiB, for the same CPU
-(a batch of 2,000 real-time samples logs ~2.5 MB, so it checkpoints about every dozen batches;
-a checkpoint of a dedupe set of 2 million ids costs ~40 ms). The log is durable either way
-(DuckDB replays it when the database is opened), so exactly-once does not depend on when
-checkpoints run.
+commit finds the write-ahead log past `checkpoint_threshold`, 16 MB by default, which made
+about every commit of a busy worker a checkpoint: half its COMMIT time and a quarter of its CPU.
+The writer sets the threshold to `CHECKPOINT_THRESHOLD` and checkpoints after each seal
+instead, when the hot tables have just lost the sealed rows, so the log stays about one seal
+interval long. The log is durable either way (DuckDB replays it when the database is opened),
+so exactly-once does not depend on when checkpoints run.
 """
 
 from __future__ import annotations
@@ -39,7 +33,7 @@ DEFAULT_MEMORY_LIMIT: int | None = None  # DuckDB's own (80 % of the machine's m
 BENCH_MEMORY_LIMIT = 128 * MIB  # what the ingest bench sets (`ledger.duckdb_memory_limit`)
 INDEX_BYTES_PER_ID = 128  # the dedupe index's ~75 bytes per id, with room to spare
 _STEP = 16 * MIB  # the limit moves in steps of this much: no SET per batch
-CHECKPOINT_THRESHOLD = "32MiB"
+CHECKPOINT_THRESHOLD = "1GiB"
 
 _UNITS = {
     "": 1,

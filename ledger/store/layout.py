@@ -25,8 +25,8 @@ SEGMENTS_DIR = "segments"
 ARCHIVE_DIR = "archive"
 
 # The writer's connection settings: no progress bar (DuckDB prints one to stdout for long
-# queries; the writer's have no one watching), and checkpoints at seals and past 32 MiB of log
-# rather than DuckDB's 16 MB (`ledger.store.hot_memory`).
+# queries; the writer's have no one watching), and checkpoints at seals rather than at commits
+# (`ledger.store.hot_memory`).
 WRITER_SETTINGS = (
     f"SET enable_progress_bar = false;\nSET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}';\n"
 )
