@@ -4,12 +4,13 @@ by Arrow and written by pyarrow's Parquet writer.
 A seal writes each committed source range's rows (postings, archived messages) to a Parquet
 file in a fixed order. DuckDB's `COPY (… ORDER BY …) TO` spent two thirds of its time on the
 sort and its Parquet encoding of the postings' 25 columns; reading the same rows unordered into
-Arrow, `sort_by` and `pyarrow.parquet.write_table` wrote the same rows in the same order, with
-the same Arrow types, in about 40 % of its CPU (measured on the ingest bench's data, 117,000
-postings: 0.25 s against 0.11 s). The file differs only in its Parquet encoding (pyarrow's
-dictionary pages and zstd level; the same row group size), which every reader of the segments
-(DuckDB's `read_parquet`, pyarrow) reads alike; `tests/unit/test_seal_arrow.py` checks row
-identity against the DuckDB copy.
+Arrow, sorting them there and writing them with pyarrow wrote the same rows in the same order,
+with the same Arrow types, in about 40 % of its CPU (measured on the ingest bench's data,
+117,000 postings: 0.25 s against 0.11 s). The file differs only in its Parquet encoding
+(pyarrow's dictionary pages and zstd level, row groups of `ROW_GROUP_SIZE` rows, and which
+columns are flagged required, see `write_sorted`), which every reader of the segments (DuckDB's
+`read_parquet`, pyarrow) reads alike; `tests/unit/test_seal_arrow.py` checks row identity
+against the DuckDB copy.
 
 The Arrow path holds the range's rows in memory, outside DuckDB's memory limit (once, and a row
 group's sorted copy at a time), so a range whose rows weigh more than `ARROW_SEAL_MAX_BYTES`
@@ -87,12 +88,12 @@ def write_sorted(
         )
     # as DuckDB's: the Parquet types alone say the Arrow types
     with pq.ParquetWriter(target, schema, compression="zstd", store_schema=False) as writer:
-        for at in range(0, max(table.num_rows, 1), ROW_GROUP_SIZE):
+        for at in range(0, table.num_rows, ROW_GROUP_SIZE):
             part = table.take(order[at : at + ROW_GROUP_SIZE])
             writer.write_table(pa.Table.from_arrays(part.columns, schema=schema))
-    rows = int(table.num_rows)
+    written = int(table.num_rows)
     del table, order
     # the pool keeps what the copies freed for reuse; a seal runs once an interval, and what it
     # kept would stay resident until the next
     pa.default_memory_pool().release_unused()
-    return rows
+    return written

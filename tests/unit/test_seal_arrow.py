@@ -1,14 +1,14 @@
 """Sealing through Arrow (`ledger.store.seal_arrow`) writes the same rows as DuckDB's copy.
 
 Two stores take the same batches (column-built usage, shared GPUs folded one posting at a
-time, packed messages archived compressed, garbage, a message without a key, two partitions,
-a seal between batches); one seals through Arrow in row groups of a few rows, the other
-through DuckDB's `COPY … ORDER BY` (what the seal does above `ARROW_SEAL_MAX_BYTES`). Every
-Parquet file of both — postings and archive segments, every rollup — holds the same rows in
-the same order with the same column names and Arrow types, and `verify` passes on both. (Which
-columns are flagged required may differ: DuckDB's copy flags those its statistics show free of
-nulls, statistics that still count rows an earlier seal deleted; the Arrow path flags a table's
-columns that hold no null.)"""
+time, packed messages archived compressed, garbage, a message without a key, a partition whose
+range has no postings, a seal between batches); one seals through Arrow in row groups of a few
+rows, the other through DuckDB's `COPY … ORDER BY` (what the seal does above
+`ARROW_SEAL_MAX_BYTES`). Every Parquet file of both — postings and archive segments, every
+rollup — holds the same rows in the same order with the same column names and Arrow types, and
+`verify` passes on both. (Which columns are flagged required may differ: DuckDB's copy flags
+those its statistics show free of nulls, statistics that still count rows an earlier seal
+deleted; the Arrow path flags a table's columns that hold no null.)"""
 
 from __future__ import annotations
 
@@ -40,7 +40,12 @@ def shared(offset: int, t: int, partition: int) -> ConsumedMessage:
 def batches() -> list[list[ConsumedMessage]]:
     packed = message(2, *range(10, 30), partition=1, gpu="GPU-2")  # > 1 KiB: archived zstd
     return [
-        [message(0, 1, 2), message(1, 3, gpu="GPU-3"), shared(0, 4, partition=1)],
+        [
+            message(0, 1, 2),
+            message(1, 3, gpu="GPU-3"),
+            shared(0, 4, partition=1),
+            message(0, value=b"[]", partition=2),  # a range without postings: an empty segment
+        ],
         [packed, message(2, 5), message(3, value=b"not json"), shared(3, 6, partition=1)],
         [message(4, 7, 8, 9), shared(4, 40, partition=1)],
     ]
@@ -75,6 +80,6 @@ def test_arrow_and_duckdb_seals_write_the_same_rows(
         ], name
         assert table.to_pylist() == other.to_pylist(), name  # the rows, in order
     postings = [t for n, t in through_arrow.items() if n.startswith("segments")]
-    assert sum(t.num_rows for t in postings) > 0
+    assert sum(t.num_rows for t in postings) > 0 and min(t.num_rows for t in postings) == 0
     segment = next(n for n in through_arrow if n.startswith("segments") and n.count(".") == 1)
     assert pq.ParquetFile(tmp_path / "arrow" / segment).metadata.num_row_groups > 1
