@@ -5,8 +5,8 @@ A seal writes each committed source range's rows (postings, archived messages) t
 file in a fixed order. DuckDB's `COPY (… ORDER BY …) TO` spent two thirds of its time on the
 sort and its Parquet encoding of the postings' 25 columns; reading the same rows unordered into
 Arrow, sorting them there and writing them with pyarrow wrote the same rows in the same order,
-with the same Arrow types, in about 40 % of its CPU (measured on the ingest bench's data,
-117,000 postings: 0.25 s against 0.11 s). The file differs only in its Parquet encoding
+with the same Arrow types, in about 45 % of its CPU (measured on the ingest bench's data,
+117,000 postings: 0.11 s against 0.25 s). The file differs only in its Parquet encoding
 (pyarrow's dictionary pages and zstd level, row groups of `ROW_GROUP_SIZE` rows, and which
 columns are flagged required, see `write_sorted`), which every reader of the segments (DuckDB's
 `read_parquet`, pyarrow) reads alike; `tests/unit/test_seal_arrow.py` checks row identity
