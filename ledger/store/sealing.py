@@ -18,7 +18,6 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import duckdb
@@ -28,13 +27,6 @@ from ledger.store.integrity import remember_intact, require_intact
 from ledger.store.layout import first_row, sql_path
 from ledger.store.port import SealResult
 from ledger.store.rollup_files import FINE, LEVELS, RollupInfo, write_rollup
-from ledger.store.seal_arrow import (
-    ARROW_SEAL_MAX_BYTES,
-    MESSAGE_ROW_SQL,
-    POSTING_ROW_BYTES,
-    estimated_bytes,
-    write_sorted,
-)
 from ledger.store.segments import (
     Manifest,
     SegmentInfo,
@@ -56,12 +48,7 @@ class SealKind:
     root: Path
     manifest: Manifest
     in_range: str  # the rows of one source range ($inc, $topic, $part, $first, $last)
-    keys: tuple[str, ...]  # the order of rows in a segment file (together unique)
-    weight: str  # an aggregate estimating a range's rows' bytes in Arrow (`seal_arrow`)
-
-    @property
-    def order(self) -> str:
-        return ", ".join(f'"{key}"' for key in self.keys)
+    order: str  # the order of rows in a segment file
 
 
 class Segmenter:
@@ -78,8 +65,7 @@ class Segmenter:
             Manifest(segments_root),
             "incarnation = $inc AND src_topic = $topic AND src_partition = $part "
             "AND src_offset BETWEEN $first AND $last",
-            ("src_offset", "txn_id", "leg"),
-            f"count(*) * {POSTING_ROW_BYTES}",
+            "src_offset, txn_id, leg",
         )
         self.archive = SealKind(
             "raw_events",
@@ -87,8 +73,7 @@ class Segmenter:
             Manifest(archive_root),
             'incarnation = $inc AND topic = $topic AND "partition" = $part '
             'AND "offset" BETWEEN $first AND $last',
-            ("offset",),
-            MESSAGE_ROW_SQL,
+            '"offset"',
         )
 
     def seal_committed(self) -> SealResult:
@@ -167,58 +152,54 @@ class Segmenter:
     def seal_range(
         self, kind: SealKind, incarnation: str, topic: str, partition: int, first: int, last: int
     ) -> SegmentInfo | None:
-        """Write the hot rows of one source range to their segment; None when there are none.
-        Sorted and written through Arrow (`ledger.store.seal_arrow`) unless they weigh more than
-        `ARROW_SEAL_MAX_BYTES`; then copied by DuckDB."""
+        """Write the hot rows of one source range to their segment; None when there are none."""
         rel = segment_path(incarnation, topic, partition, first, last)
-        rows = f"SELECT * FROM {kind.table} WHERE {kind.in_range}"
-        params: dict[str, object] = {
+        query = f"SELECT * FROM {kind.table} WHERE {kind.in_range} ORDER BY {kind.order}"
+        params = {
             "inc": incarnation,
             "topic": topic,
             "part": partition,
             "first": first,
             "last": last,
         }
-        count, weight = estimated_bytes(self._con, rows, params, kind.weight)
-        if kind is self.archive and not count:
-            return None
-        write: Callable[[Path], int]
-        if weight <= ARROW_SEAL_MAX_BYTES:
-            write = partial(write_sorted, self._con, kind.table, rows, params, kind.keys)
-        else:
-            write = partial(self._copy, f"{rows} ORDER BY {kind.order}", params)
-        return self._copy_to_segment(kind, rel, write, incarnation, topic, partition, first, last)
-
-    def _copy(self, query: str, params: dict[str, object], target: Path) -> int:
-        """DuckDB's copy of `query`'s rows to the Parquet file `target`; the rows written."""
-        copied = first_row(  # COPY answers with the number of rows it wrote
-            self._con.execute(
-                f"COPY ({query}) TO '{sql_path(target)}' "
-                "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)",
-                params,
+        if kind is self.archive:
+            row = first_row(
+                self._con.execute(
+                    f"SELECT count(*) FROM {kind.table} WHERE {kind.in_range}", params
+                )
             )
+            if not row or not row[0]:
+                return None
+        return self._copy_to_segment(
+            kind, rel, query, params, incarnation, topic, partition, first, last
         )
-        assert copied is not None
-        return int(copied[0])
 
     def _copy_to_segment(
         self,
         kind: SealKind,
         rel: str,
-        write: Callable[[Path], int],
+        query: str,
+        params: dict[str, object],
         incarnation: str,
         topic: str,
         partition: int,
         first: int,
         last: int,
     ) -> SegmentInfo:
-        """Write a segment with `write` (rows to the file it is given; their number), its
-        rollups beside it, and answer its manifest entry."""
         target = kind.root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        con = self._con
         try:
-            copied = write(tmp)
+            # COPY answers with the number of rows it wrote
+            copied = first_row(
+                con.execute(
+                    f"COPY ({query}) TO '{sql_path(tmp)}' "
+                    "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)",
+                    params,
+                )
+            )
+            assert copied is not None
             with tmp.open("rb") as handle:
                 os.fsync(handle.fileno())
             tmp.replace(target)
@@ -240,7 +221,7 @@ class Segmenter:
             partition=partition,
             first_offset=first,
             last_offset=last,
-            rows=copied,
+            rows=int(copied[0]),
             sha256=sha256,
             min_start_us=extent[0],
             max_end_us=extent[1],
@@ -312,7 +293,8 @@ class Segmenter:
             info = self._copy_to_segment(
                 kind,
                 rel,
-                partial(self._copy, query, {}),
+                query,
+                {},
                 head.incarnation,
                 head.topic,
                 head.partition,
@@ -355,13 +337,12 @@ class Segmenter:
             files = ", ".join(
                 f"'{sql_path(require_intact(kind.root / a.path, a.sha256))}'" for a in parts
             )
-            query = (
-                f"SELECT * FROM read_parquet([{files}], union_by_name = true) ORDER BY {kind.order}"
-            )
             info = self._copy_to_segment(
                 kind,
                 seg.path,
-                partial(self._copy, query, {}),
+                f"SELECT * FROM read_parquet([{files}], union_by_name = true) "
+                f"ORDER BY {kind.order}",
+                {},
                 seg.incarnation,
                 seg.topic,
                 seg.partition,
