@@ -43,7 +43,7 @@ from ledger.store.port import (
     OutboxMessage,
     PartitionKey,
     SourcedTransaction,
-    ranges_from_offsets,
+    message_ranges,
 )
 
 
@@ -371,7 +371,7 @@ class Ingestor:
                 OutboxMessage(record_id(g), inventory, g.uuid.encode(), encode_record(g))
                 for g in folded.changes.inventory.values()
             )
-        ranges = ranges_from_offsets((m.topic, m.partition, m.offset) for m in fresh)
+        ranges = message_ranges(fresh)
         commit = self.store.commit(
             self.incarnation,
             ranges,

@@ -99,7 +99,7 @@ from ledger.store.port import (
     StateChanges,
     ViewKeys,
     assemble_view,
-    ranges_from_offsets,
+    message_ranges,
 )
 from ledger.store.schema import archive_to_arrow, transactions_to_arrow, usage_to_arrow
 from ledger.store.sealing import Segmenter
@@ -196,9 +196,7 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
         con = self._con
         now = now_us()
         changes = changes or StateChanges()
-        if raw and ranges_from_offsets((m.topic, m.partition, m.offset) for m in raw) != list(
-            ranges
-        ):
+        if raw and message_ranges(raw) != list(ranges):
             raise StoreError("the archived messages of a batch must span its offset ranges")
         seq = self._batch_seq + 1 if raw else self._batch_seq
         closing = [

@@ -444,9 +444,23 @@ class LedgerStore(Protocol):
 
 def ranges_from_offsets(offsets: Iterable[tuple[str, int, int]]) -> list[OffsetRange]:
     """Collapse (topic, partition, offset) triples into one range per partition."""
-    bounds: dict[PartitionKey, tuple[int, int]] = {}
+    seen: dict[PartitionKey, list[int]] = {}
     for topic, partition, offset in offsets:
-        key = (topic, partition)
-        lo, hi = bounds.get(key, (offset, offset))
-        bounds[key] = (min(lo, offset), max(hi, offset))
-    return [OffsetRange(t, p, lo, hi) for (t, p), (lo, hi) in sorted(bounds.items())]
+        found = seen.get((topic, partition))
+        if found is None:
+            seen[(topic, partition)] = [offset]
+        else:
+            found.append(offset)
+    return [OffsetRange(t, p, min(o), max(o)) for (t, p), o in sorted(seen.items())]
+
+
+def message_ranges(messages: Iterable[ConsumedMessage]) -> list[OffsetRange]:
+    """`ranges_from_offsets` of consumed messages (one per sample in real time: no tuple each)."""
+    seen: dict[PartitionKey, list[int]] = {}
+    for m in messages:
+        found = seen.get((m.topic, m.partition))
+        if found is None:
+            seen[(m.topic, m.partition)] = [m.offset]
+        else:
+            found.append(m.offset)
+    return [OffsetRange(t, p, min(o), max(o)) for (t, p), o in sorted(seen.items())]

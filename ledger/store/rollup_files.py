@@ -94,13 +94,20 @@ class Measure:
     name: str
     posting: str
     agg: str = "sum"
+    # SQL giving the same value of one row of a finer rollup (`RollupLevel.derived_from`):
+    # a sum of amounts sums alike; a count of postings sums the finer rows' counts
+    rolled: str | None = None
+
+    def of_rollup(self) -> str:
+        return self.posting if self.rolled is None else self.rolled
 
 
+COUNT = Measure("postings", "CAST(1 AS BIGINT)", rolled="postings")
 # What the fine, coarse, daily and metered levels hold: the postings' summed amount, their
 # count, the group's first start and last end, named as in the postings.
 AMOUNTS = (
     Measure("amount", "amount"),
-    Measure("postings", "CAST(1 AS BIGINT)"),
+    COUNT,
     Measure("start_us", "start_us", "min"),
     Measure("end_us", "end_us", "max"),
 )
@@ -118,6 +125,10 @@ class RollupLevel:
     suffix: str
     where: str = "TRUE"  # the postings it sums (SQL over a posting)
     measures: tuple[Measure, ...] = AMOUNTS
+    # The level the seal aggregates this one from instead of the segment (None: the segment):
+    # a level whose keys hold this one's, and whose groups each fall in one of this one's
+    # buckets, so `hours` and `where` read the same of its rows as of their postings
+    derived_from: str | None = None
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -143,14 +154,19 @@ COARSE = RollupLevel(
 )
 DAY_US = 24 * HOUR_US
 # The coarse keys per UTC day of the start: the capacity charts' daily usage over all history.
-DAILY = RollupLevel("daily", COARSE_KEYS, (f"start_us // {DAY_US}",), ".daily.parquet")
+# From the fine rollup: a fine group's postings all start in one UTC hour, so in one UTC day.
+DAILY = RollupLevel(
+    "daily", COARSE_KEYS, (f"start_us // {DAY_US}",), ".daily.parquet", derived_from="rollup"
+)
 # Consumer GPU time per team and UTC hour its usage ended in: metered usage for fair share.
+# From the coarse rollup: a coarse group's postings all end in one UTC hour.
 METERED = RollupLevel(
     "metered",
     ("team",),
     (f"(end_us - 1) // {HOUR_US}",),
     ".metered.parquet",
     "account LIKE 'consumer:%' AND unit = 'gpu_ms' AND team IS NOT NULL",
+    derived_from="coarse",
 )
 
 
@@ -174,10 +190,11 @@ JOBS = RollupLevel(
         Measure("money_micros", _of("money_micros")),
         Measure("idle_gpu_ms", _of("gpu_ms", idle=True)),
         Measure("idle_money_micros", _of("money_micros", idle=True)),
-        Measure("postings", "CAST(1 AS BIGINT)"),
+        COUNT,
         Measure("start_us", "start_us", "min"),
         Measure("end_us", "end_us", "max"),
     ),
+    derived_from="rollup",  # the fine rollup's keys hold the job's, its unit and idle flag
 )
 
 # The GPU-time usage legs the gpus level rolls up (usage, and the reversal of a usage:
@@ -242,12 +259,14 @@ def rollup_path(segment_rel: str) -> str:
     return FINE.path(segment_rel)
 
 
-def rollup_sql(source: str, level: RollupLevel = FINE) -> str:
+def rollup_sql(source: str, level: RollupLevel = FINE, rolled: bool = False) -> str:
     """SQL aggregating the postings of `source` (a relation) into `level`'s rows, in a fixed
-    order."""
+    order; with `rolled`, `source` holds the rows of a finer rollup (`derived_from`) instead,
+    which aggregate to the same rows."""
     keys = level.keys_sql()
     values = ", ".join(
-        f'CAST({m.agg}({m.posting}) AS BIGINT) AS "{m.name}"' for m in level.measures
+        f'CAST({m.agg}({m.of_rollup() if rolled else m.posting}) AS BIGINT) AS "{m.name}"'
+        for m in level.measures
     )
     if not level.hours:
         return (
@@ -273,13 +292,19 @@ def rollup_columns_sql(level: RollupLevel = FINE) -> str:
 
 
 def write_rollup(
-    con: duckdb.DuckDBPyConnection, segment: Path, target: Path, level: RollupLevel = FINE
+    con: duckdb.DuckDBPyConnection,
+    segment: Path,
+    target: Path,
+    level: RollupLevel = FINE,
+    rolled: bool = False,
 ) -> int:
     """Write `level`'s rollup of the postings segment file `segment` to `target` (through a
-    temporary name, fsynced); its number of rows. Raises `OSError` / `duckdb.Error`."""
+    temporary name, fsynced); its number of rows. With `rolled`, `segment` is the file of the
+    segment's rollup `level` is derived from (`derived_from`). Raises `OSError` /
+    `duckdb.Error`."""
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
-        query = rollup_sql(f"read_parquet('{sql_path(segment)}')", level)
+        query = rollup_sql(f"read_parquet('{sql_path(segment)}')", level, rolled)
         # COPY answers with the number of rows it wrote
         row = first_row(
             con.execute(f"COPY ({query}) TO '{sql_path(tmp)}' (FORMAT parquet, COMPRESSION zstd)")

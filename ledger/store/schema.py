@@ -202,24 +202,22 @@ def archive_to_arrow(
     `pruned` and `window` record the prunes the writer ran before the batch (see
     `ledger.store.rebuild`)."""
     n = len(messages)
-    values: list[bytes | None] = []
-    codecs: list[str | None] = []
-    sizes: list[int | None] = []
-    for m in messages:
-        value = m.value
-        if value is not None and len(value) >= ARCHIVE_COMPRESS_FROM:
-            values.append(_ZSTD.compress(value, asbytes=True))
-            codecs.append(ARCHIVE_CODEC)
-            sizes.append(len(value))
-        else:
-            values.append(value)
-            codecs.append(None)
-            sizes.append(None)
+    values: list[bytes | None] = [m.value for m in messages]
+    codecs: list[str | None] = [None] * n
+    sizes: list[int | None] = [None] * n
+    # a real-time batch has none: one pass over the lengths, not a branch per message
+    large = [i for i, v in enumerate(values) if v is not None and len(v) >= ARCHIVE_COMPRESS_FROM]
+    for i in large:
+        value = values[i]
+        assert value is not None
+        values[i] = _ZSTD.compress(value, asbytes=True)
+        codecs[i] = ARCHIVE_CODEC
+        sizes[i] = len(value)
     return pa.table(
         [
-            pa.array([batch_seq] * n, pa.int64()),
+            pa.repeat(pa.scalar(batch_seq, pa.int64()), n),
             pa.array(range(n), pa.int32()),
-            pa.array([incarnation] * n, pa.string()),
+            pa.repeat(pa.scalar(incarnation, pa.string()), n),
             pa.array([m.topic for m in messages], pa.string()),
             pa.array([m.partition for m in messages], pa.int32()),
             pa.array([m.offset for m in messages], pa.int64()),
@@ -227,8 +225,8 @@ def archive_to_arrow(
             pa.array(values, pa.binary()),
             pa.array(codecs, pa.string()),
             pa.array(sizes, pa.int64()),
-            pa.array([pruned] * n, pa.int64()),
-            pa.array([window] * n, pa.int64()),
+            pa.repeat(pa.scalar(pruned, pa.int64()), n),
+            pa.repeat(pa.scalar(window, pa.int64()), n),
         ],
         schema=RAW_SCHEMA,
     )

@@ -26,7 +26,7 @@ from ledger.errors import SealError, StoreError
 from ledger.store.integrity import remember_intact, require_intact
 from ledger.store.layout import first_row, sql_path
 from ledger.store.port import SealResult
-from ledger.store.rollup_files import LEVELS, RollupInfo, write_rollup
+from ledger.store.rollup_files import FINE, LEVELS, RollupInfo, write_rollup
 from ledger.store.segments import (
     Manifest,
     SegmentInfo,
@@ -234,17 +234,23 @@ class Segmenter:
         self, segment: Path, rel: str
     ) -> tuple[SegmentSummary, tuple[int | None, int | None], dict[str, RollupInfo | None]]:
         """The summary, interval extent and rollups (written beside it, every level) of the
-        postings segment just written at `segment`."""
+        postings segment just written at `segment`. A level derived from another
+        (`RollupLevel.derived_from`) is aggregated from that one's file, and the summary and
+        extent from the fine rollup's: the same values from a fraction of the rows (`verify`
+        checks every level against the segment itself)."""
         con = self._con
-        summary, extent = summarise(con, f"read_parquet('{sql_path(segment)}')")
         levels: dict[str, RollupInfo | None] = {}
+        written: dict[str, Path] = {}
         for level in LEVELS:
             path = level.path(rel)
             target = self.postings.root / path
-            rows = write_rollup(con, segment, target, level)
+            source = segment if level.derived_from is None else written[level.derived_from]
+            rows = write_rollup(con, source, target, level, level.derived_from is not None)
+            written[level.name] = target
             sha256 = file_sha256(target)
             remember_intact(target, sha256)
             levels[level.name] = RollupInfo(path, rows, sha256)
+        summary, extent = summarise(con, f"read_parquet('{sql_path(written[FINE.name])}')")
         return summary, extent, levels
 
     def compact(self, kind: SealKind, below_rows: int, min_segments: int) -> list[SegmentInfo]:

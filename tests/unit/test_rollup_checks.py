@@ -7,7 +7,9 @@ intervals across hour and day boundaries, non-consumer accounts):
   (the oracle below, kept here only);
 - `rollup_files.rollup_differences` (what `verify` runs per level, one GROUP BY over both sides
   instead of two `EXCEPT ALL`s) finds every level's file equal to its aggregation of the
-  postings and counts the rows of a lying one as `EXCEPT ALL` both ways counted them."""
+  postings — a level the seal derives from a finer level's file (`RollupLevel.derived_from`)
+  included, and the summary the seal reads from the fine rollup — and counts the rows of a
+  lying one as `EXCEPT ALL` both ways counted them."""
 
 from __future__ import annotations
 
@@ -102,11 +104,16 @@ def test_the_summary_and_every_level_agree_with_the_segments_rows(
     con.execute(HOT_TABLES_DDL)
     segment = root / "0-9.parquet"
     write_segment(con, postings, segment)
-    assert summarise(con, f"read_parquet('{sql_path(segment)}')") == oracle_summary(con, segment)
-    for level in LEVELS:
-        path = root / level.path("0-9.parquet")
-        write_rollup(con, segment, path, level)
+    oracle = oracle_summary(con, segment)
+    assert summarise(con, f"read_parquet('{sql_path(segment)}')") == oracle
+    written: dict[str, Path] = {}
+    for level in LEVELS:  # as the seal writes them: a derived level from its finer level's file
+        path = written[level.name] = root / level.path("0-9.parquet")
+        source = segment if level.derived_from is None else written[level.derived_from]
+        write_rollup(con, source, path, level, rolled=level.derived_from is not None)
         assert rollup_differences(con, segment, path, level) == 0, level.name
+    fine = written[LEVELS[0].name]
+    assert summarise(con, f"read_parquet('{sql_path(fine)}')") == oracle  # as the seal reads it
 
 
 def two_postings(con: duckdb.DuckDBPyConnection, segment: Path) -> None:
