@@ -8,7 +8,7 @@
 - `TeamIdleAlert`: a team's allocated-but-idle GPU time in one UTC day went over a threshold
   (`tally.team.idle`, once per team and day).
 - `HealthAlert`: a GPU went degraded or unhealthy (`tally.gpu.health.alert`, raised by the
-  ledger worker from the inventory's health fold, `ledger.health_alerts`), resolved by
+  ledger worker from the inventory's health fold, `ledger.inventory.alerts`), resolved by
   `tally.gpu.health.resolved` when it is healthy again.
 - `RequestAlert`: a quota or budget request was opened, approved, rejected or expired
   (`tally.request.opened` / `.approved` / `.rejected` / `.expired`, raised by the ledger worker

@@ -161,7 +161,7 @@ def comparison_rows(
     a: Metrics, b: Metrics, tr: Translate = english
 ) -> list[tuple[str, str, str, str]]:
     """(metric code, scope, baseline, alternative): the values in `tr`'s words (waits, GPU-h),
-    the metric and scope as codes (`scheduler.whatif.texts.metric_name` says them)."""
+    the metric and scope as codes (`ledger.read.whatif_words.metric_name` says them)."""
 
     def wait(us: int) -> str:
         return wait_text(us, tr)

@@ -68,7 +68,7 @@ def test_the_stack_has_kafka_in_kraft_mode_and_one_worker(compose: dict[str, Any
     assert "broker" in kafka["environment"]["KAFKA_PROCESS_ROLES"]
     assert "controller" in kafka["environment"]["KAFKA_PROCESS_ROLES"]
     assert "ZOOKEEPER" not in json.dumps(kafka).upper()
-    # several workers on one ledger are not built yet: one worker
+    # the deployments run one worker (ledger.sharded is not set): one worker
     assert "deploy" not in services["worker"] or services["worker"]["deploy"]["replicas"] == 1
 
 

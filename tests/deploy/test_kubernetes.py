@@ -334,7 +334,7 @@ def test_worker_is_one_statefulset_replica_with_its_own_volume(
 ) -> None:
     _, objects = overlay
     worker = named(objects, "StatefulSet", "tally-worker")
-    # several workers sharing one ledger are not built yet
+    # the deployments run one worker (ledger.sharded is not set)
     assert worker["spec"]["replicas"] == 1
     (claim,) = worker["spec"]["volumeClaimTemplates"]
     (container,) = pod_spec(worker)["containers"]
