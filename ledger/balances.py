@@ -406,5 +406,30 @@ def listing_holds(
     return replace(status, holds=tuple(held)) if len(held) <= MAX_LISTED else status
 
 
+def account_update(
+    account: str,
+    rows: Iterable[BalanceRow],
+    closed: Collection[str],
+    current: str | None,
+    seq: int,
+    as_of_us: int,
+    budget_rows: Iterable[BalanceRow],
+    stamp: ShardStamp | None,
+    holds: Mapping[str, Sequence[JobAmount]],
+    lines: Mapping[str, Sequence[JobAmount]],
+) -> BalanceUpdate:
+    """The outbox's message for `account`, as both stores build it: a budget account's status
+    from `budget_rows` of the current period (a shard's with its team's open holds listed,
+    `listing_holds`), and an account's usage so far per job from `lines` (none listed past
+    `MAX_LISTED`)."""
+    budget = None
+    if account.startswith(f"{AccountKind.BUDGET}:") and current is not None:
+        status = budget_status(account.partition(":")[2], current, budget_rows)
+        budget = listing_holds(status, stamp, holds)
+    listed = lines.get(account, ())
+    jobs = listed if len(listed) <= MAX_LISTED else ()
+    return balance_update(account, rows, closed, current, seq, as_of_us, budget, stamp, jobs)
+
+
 def fold_rows(rows: Iterable[tuple[Any, ...]]) -> list[BalanceRow]:
     return [BalanceRow(str(a), str(u), str(p), int(b)) for a, u, p, b in rows]

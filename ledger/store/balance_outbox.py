@@ -15,18 +15,15 @@ import pyarrow as pa
 
 from ledger.accounts import AccountKind, budget_account
 from ledger.balances import (
-    MAX_LISTED,
     BalanceRow,
     JobAmount,
     ShardStamp,
     account_team,
+    account_update,
     balance_key,
     balance_message_id,
-    balance_update,
-    budget_status,
     encode_balance_update,
     fold_rows,
-    listing_holds,
 )
 from ledger.store.hot_tables import insert_rows, read_job_usage
 from ledger.store.layout import first_row
@@ -110,21 +107,8 @@ def queue_balance_messages(
     seq = int(seq_row[0]) if seq_row else 0
     messages = []
     for account in publish:
-        budget = None
-        team = account.partition(":")[2]
-        if account.startswith(f"{AccountKind.BUDGET}:") and current is not None:
-            budget = listing_holds(budget_status(team, current, budget_rows), stamp, holds)
-        listed = lines.get(account, [])
-        update = balance_update(
-            account,
-            rows,
-            closed,
-            current,
-            seq,
-            now,
-            budget,
-            stamp,
-            listed if len(listed) <= MAX_LISTED else (),
+        update = account_update(
+            account, rows, closed, current, seq, now, budget_rows, stamp, holds, lines
         )
         messages.append(
             (

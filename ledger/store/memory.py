@@ -30,17 +30,14 @@ from ledger.admin.events import BUDGET_UNITS
 from ledger.assignments import Holding
 from ledger.audit import AuditRecord, chain, new_entries
 from ledger.balances import (
-    MAX_LISTED,
     BalanceRow,
     JobAmount,
     ShardStamp,
     account_team,
+    account_update,
     balance_key,
     balance_message_id,
-    balance_update,
-    budget_status,
     encode_balance_update,
-    listing_holds,
 )
 from ledger.balances import current_period as _current_period
 from ledger.closing import ClosedPeriod
@@ -338,23 +335,10 @@ class MemoryStore(MemoryIdentityReads):
         keys = {balance_key(a, stamp) for a in publish}
         for old in [m.id for m in s.outbox.values() if m.topic == topic and m.key in keys]:
             del s.outbox[old]
+        closed = s.closed.keys()
         for account in publish:
-            budget = None
-            if account.startswith(f"{AccountKind.BUDGET}:") and current is not None:
-                status = budget_status(account.partition(":")[2], current, budget_rows)
-                budget = listing_holds(status, stamp, holds)
-            closed = s.closed.keys()
-            listed = lines.get(account, [])
-            update = balance_update(
-                account,
-                rows,
-                closed,
-                current,
-                seq,
-                now,
-                budget,
-                stamp,
-                listed if len(listed) <= MAX_LISTED else (),
+            update = account_update(
+                account, rows, closed, current, seq, now, budget_rows, stamp, holds, lines
             )
             message_id = balance_message_id(account, seq, stamp)
             _once([message_id], "outbox message", s.outbox)
