@@ -66,6 +66,7 @@ from ledger.store.identity import claim_zone
 from ledger.store.port import OutboxMessage, SealResult
 from ledger.store.published import PublishedStore
 from streams.collector_pause import collector_paused, freeze_startup_objects
+from streams.jobs_first import JobsFirst
 from streams.kafka import (
     ClusterIdentity,
     content_refusal,
@@ -210,6 +211,9 @@ class LedgerWorker:
         # Faust hands every agent its app's error hook: make a failing agent end the process.
         app._on_agent_error = _die  # type: ignore[method-assign]
 
+        self._jobs_first = JobsFirst(
+            s.bootstrap[0], s.jobs_topic, s.kafka_options, limit_s=max(1.0, 4 * s.batch_within_s)
+        )
         self._samples = SampleBatchConsumer(
             s.bootstrap,
             s.group_id,
@@ -231,6 +235,8 @@ class LedgerWorker:
                 raise
             except BaseException as exc:  # as for a failing agent: exit, to be restarted
                 await _die("ledger-samples", exc)
+            finally:
+                await self._jobs_first.close()
 
         def batches(topic_name: str, agent_name: str, max_messages: int) -> None:
             source = app.topic(
@@ -274,6 +280,9 @@ class LedgerWorker:
         return None
 
     async def _ingest_samples(self, messages: list[ConsumedMessage]) -> None:
+        ingestor, jobs = self._ingestor, self.settings.jobs_topic
+        if ingestor is not None:  # the jobs published before these samples, folded first
+            await self._jobs_first.wait(lambda p: ingestor.next_offset(jobs, p))
         await self._apply(messages)
         await self.publish_outbox()
         if time.monotonic() - self._last_seal >= self.settings.seal_interval_s:
