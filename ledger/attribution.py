@@ -191,12 +191,15 @@ def usage_cost(prices: PriceBook, sample: GpuSample, gpu_ms: int) -> int:
 @dataclass(frozen=True, slots=True)
 class Usage:
     """A sample's usage transaction and the facts the idle detector reads off it: the first
-    owner (None: unallocated), the physical GPU time and the money it cost."""
+    owner (None: unallocated), the physical GPU time and the money it cost; `by_timeline`:
+    whether the scheduler's assignment timeline split it among its holders (the sample named
+    no team, or shares of the GPU were held), so a later change of that timeline moves it."""
 
     txn: Transaction
     owner: Owner | None
     gpu_ms: int
     cost_micros: int
+    by_timeline: bool = False
 
 
 def attribute_sample(
@@ -233,16 +236,19 @@ def attribute_usage(
         if rate is not None:
             total_cost += energy_cost(energy, rate)
     held_shares = None
+    by_timeline = False
     if share_split(sample, held):
         held_shares = share_holders(held, sample.start_us, sample.sample_time_us)
     if held_shares is not None:
         shares = held_shares
         ms_parts = cumulative_parts(total_ms, [w for _, w in shares])
         first_owner = main_holder(held)
+        by_timeline = True
     else:
         shares = owner_shares(sample)
         first_owner = _charged(shares[0][0])
         if held and all(_charged(owner) is None for owner, _ in shares):
+            by_timeline = True
             by_holder: dict[Owner | None, int] = {}
             for piece in held:
                 span = piece.end_us - piece.start_us
@@ -322,4 +328,4 @@ def attribute_usage(
     )
     if first_owner is None and held:
         first_owner = main_holder(held)
-    return Usage(txn, first_owner, total_ms, total_cost)
+    return Usage(txn, first_owner, total_ms, total_cost, by_timeline)

@@ -23,6 +23,21 @@ Usage charged to nobody also awaits its GPU's key (`gpu_key`): when a `GpuAssign
 is folded after it, `reassigned` gives its reversal and a re-posting split among the holders as
 `attribution.attribute_usage` splits a sample the assignment timeline attributes. It awaits for
 `ASSIGNMENT_GRACE_US` before its GPU's newest such usage, then stays as booked.
+
+Usage the timeline itself split among its holders (the sample named no team, or shares of the
+GPU were held: `attribution.Usage.by_timeline`) awaits that timeline's key (`held_key`: the GPU,
+MIG instance, or the GPU the shares are of) for the same `ASSIGNMENT_GRACE_US`: the scheduler
+publishes a `GpuReleased` as it decides it, and the worker may fold the sample whose interval
+spans the release first, which then charged the whole interval to the released job. When a
+later `GpuReleased` or `GpuAssigned` changes that timeline over such usage's interval,
+`retimed` gives its reversal and a re-posting split as the changed timeline splits it (the
+released job up to its release, whoever holds the GPU — or nobody, on unallocated — after), so
+the ledger books what it books when the jobs were folded first, whatever the order; ids derive
+from the corrected transaction's and the changing event's, and a re-posting awaits the
+timeline's later changes in turn. Usage ending more than `ASSIGNMENT_GRACE_US` before its
+timeline's newest such usage (sealed or not: the awaiting transactions are read through the
+store, hot rows and segments alike) stays as booked: a release folded that late is not
+corrected.
 """
 
 from __future__ import annotations
@@ -112,6 +127,13 @@ def gpu_key(gpu_uuid: str) -> str:
     return f"gpu:{gpu_uuid}"
 
 
+def held_key(timeline_key: str) -> str:
+    """The key usage an assignment timeline split among its holders awaits a change of that
+    timeline under (a `GpuReleased` or `GpuAssigned` folded after it): the timeline's GPU, MIG
+    instance or, for shares, the GPU they are shares of."""
+    return f"held:{timeline_key}"
+
+
 def awaited_by(txn: Transaction) -> list[str]:
     """The keys `txn` awaits an owner under, sorted: the job key of each suspense leg, and its
     GPU's key when it is usage charged to nobody (an assignment covering it would take it)."""
@@ -174,10 +196,51 @@ def reassigned(
     `attribution.attribute_usage` splits it; None when nobody held it or `original` is charged."""
     if not any(p.owner is not None for p in pieces):
         return None
-    capacity = [p for p in original.postings if p.account.startswith(_CAPACITY)]
     held = [p for p in original.postings if not p.account.startswith(_CAPACITY)]
     if not held or not all(_suspense(p) for p in held):
         return None
+    return _corrected(original, timeline_legs(original, pieces, cost_centres), cause, period)
+
+
+def retimed(
+    original: Transaction,
+    pieces: Sequence[OwnedPiece],
+    cost_centres: Mapping[str, str],
+    cause: str,
+    period: str,
+) -> tuple[Transaction, Transaction] | None:
+    """The reversal of usage `original` that the GPU's assignment timeline split among its
+    holders (`attribute_usage`: the sample named no team) and its re-posting split as `pieces`
+    (the timeline over its interval as a later `GpuReleased` or `GpuAssigned` left it) says;
+    None when that split books every holder what it was booked. Ids derive from `original`'s
+    and `cause`'s (the event that changed the timeline), so each change corrects once. The
+    idle flags stay the detector's (`original`'s: a job's idle share legs stay idle)."""
+    legs = timeline_legs(original, pieces, cost_centres)
+    if _booked(legs) == _booked(original.postings):
+        return None
+    idle = {p.job_id for p in original.postings if p.idle and p.job_id}  # a share's idle legs
+    if idle:
+        legs = [replace(p, idle=True) if p.job_id in idle else p for p in legs]
+    return _corrected(original, legs, cause, period, f"{cause}/")
+
+
+def _booked(postings: Sequence[Posting]) -> list[tuple[str, str, int, str | None]]:
+    """What `postings` book to whom, in a comparable form (capacity legs and flags left out)."""
+    return sorted(
+        (p.account, p.unit.value, p.amount, p.job_id)
+        for p in postings
+        if not p.account.startswith(_CAPACITY)
+    )
+
+
+def timeline_legs(
+    original: Transaction, pieces: Sequence[OwnedPiece], cost_centres: Mapping[str, str]
+) -> list[Posting]:
+    """`original`'s usage (its capacity legs' totals) split among whoever `pieces` says held
+    the GPU, as `attribution.attribute_usage` splits a sample the timeline attributes (shares
+    by per-mille × time held, cumulative rounding; whole holders by time held, largest
+    remainder, nobody last on unallocated), then its capacity legs unchanged."""
+    capacity = [p for p in original.postings if p.account.startswith(_CAPACITY)]
     totals = {p.unit: -p.amount for p in capacity}
     held_shares = share_holders(pieces, original.start_us, original.end_us)
     if held_shares is not None:  # shares of the GPU: each charged what it held
@@ -215,16 +278,17 @@ def reassigned(
                     centre,
                 )
             )
-    return _corrected(original, [*legs, *capacity], cause, period)
+    return [*legs, *capacity]
 
 
 def _corrected(
-    original: Transaction, legs: Sequence[Posting], cause: str, period: str
+    original: Transaction, legs: Sequence[Posting], cause: str, period: str, salt: str = ""
 ) -> tuple[Transaction, Transaction]:
-    """The reversal of `original` and its re-posting as `legs`."""
+    """The reversal of `original` and its re-posting as `legs` (ids from `original`'s, and
+    `salt`)."""
     reversal = replace(
         original,
-        txn_id=event_id(IDENTITY_SOURCE, f"{original.txn_id}/reversal", 0),
+        txn_id=event_id(IDENTITY_SOURCE, f"{salt}{original.txn_id}/reversal", 0),
         kind=TransactionKind.REVERSAL,
         postings=tuple(replace(p, amount=-p.amount) for p in original.postings),
         cause=(cause, original.txn_id),
@@ -232,7 +296,7 @@ def _corrected(
     )
     repost = replace(
         original,
-        txn_id=event_id(IDENTITY_SOURCE, f"{original.txn_id}/repost", 0),
+        txn_id=event_id(IDENTITY_SOURCE, f"{salt}{original.txn_id}/repost", 0),
         kind=TransactionKind.USAGE,
         postings=tuple(legs),
         cause=(cause, original.txn_id),

@@ -6,7 +6,8 @@ release as it decides it, so by the time a sample whose interval ends after the 
 fetched, the release is on the jobs topic already; but the worker reads the jobs topic by
 another route (a Faust agent), and a samples batch folded before that route has caught up
 charges the whole sample to the job that had just released the GPU (its holding still open in
-the ledger's view; nothing corrects it afterwards). So before folding a samples batch the worker
+the ledger's view) until the release is folded and corrects it (`ledger.job_owners.retimed`): a
+reversal and a re-posting for every such sample. So before folding a samples batch the worker
 reads the jobs topic's end offsets and waits until the ledger has applied every partition up to
 them (`JobsFirst.wait`), for at most `limit_s`: the jobs route may be far behind, or hold no
 partition of the topic at all (it is a group member too), and samples must not stop for it.

@@ -7,17 +7,21 @@ made known here is corrected: reversed and re-posted to its owner (a re-posting 
 awaits another job awaits it in turn); unallocated usage of a GPU booked before the
 `GpuAssigned` covering it is corrected the same way, to whoever the new timeline says held the
 GPU (an assignment wins over a job-only owner, as in attribution — but usage naming a job the
-batch makes known, by its assignment too, is corrected to that job first); a re-posting settles
-its job's open hold. The topic's other job events are passed over. An event not seen before whose
-time is before its job's (holds) or GPU's (assignments) dedupe cutoff is a dead letter
+batch makes known, by its assignment too, is corrected to that job first); usage a timeline had
+split among its holders is split again when the batch changes that timeline before the usage's
+end (a `GpuReleased` folded after the sample spanning it: `by_timeline`). A correction settles
+its jobs' open holds by what it adds to their usage (`gained`). The topic's other job events
+are passed over. An event not seen before whose time is before its job's (holds) or GPU's
+(assignments) dedupe cutoff is a dead letter
 (`ledger.dedupe`: too late to deduplicate). Pure: the batch, the ledger's view and nothing else."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, tzinfo
 
+from ledger.accounts import AccountKind
 from ledger.admin.sealed_events import ShardsSealedThrough
 from ledger.assignments import (
     HOLDING_MEMORY_US,
@@ -38,8 +42,16 @@ from ledger.ingest.audit import job_entry
 from ledger.ingest.batch import Folded, booker, located, refused, sourced
 from ledger.ingest.validation import check_transaction
 from ledger.job_events import GpuAssigned, GpuReleased, JobEnvelope, JobStarted, JobSubmitted
-from ledger.job_owners import awaited_by, correction, gpu_key, learned_owners, reassigned
-from ledger.postings import Transaction, TransactionKind
+from ledger.job_owners import (
+    awaited_by,
+    correction,
+    gpu_key,
+    held_key,
+    learned_owners,
+    reassigned,
+    retimed,
+)
+from ledger.postings import Posting, Transaction
 from ledger.store.port import (
     ConsumedMessage,
     LedgerView,
@@ -47,6 +59,9 @@ from ledger.store.port import (
     StateChanges,
     ViewKeys,
 )
+from ledger.units import Unit
+
+_CONSUMER = f"{AccountKind.CONSUMER}:"
 
 
 class DecodedJobs:
@@ -89,7 +104,8 @@ class DecodedJobs:
             audit_ids=[e.event_id for e in self.audited],
             job_keys=frozenset(k for e, _ in self.identities for k in _job_keys(e))
             | {gpu_key(e.subject) for e, _ in self.assignments if isinstance(e.data, GpuAssigned)}
-            | {gpu_key(g) for g in shared},
+            | {gpu_key(g) for g in shared}
+            | {held_key(g) for g in gpus | shared},
         )
 
 
@@ -167,6 +183,7 @@ def fold_jobs(
         transactions.extend(sourced([released], message))
     timelines: dict[str, tuple[Holding, ...]] = {}
     assigned: dict[str, tuple[JobEnvelope, ConsumedMessage]] = {}  # the last per GPU
+    changed: dict[str, Change] = {}  # per timeline: its first change's time, its last change
     for change, message in batch.assignments:
         if change.id in seen:
             duplicates += 1
@@ -183,6 +200,8 @@ def fold_jobs(
         timelines[gpu] = fold_assignment(timelines.get(gpu, view.timelines.get(gpu, ())), change)
         if isinstance(change.data, GpuAssigned):
             assigned[gpu] = (change, message)
+        first = changed[gpu].from_us if gpu in changed else change.time_us
+        changed[gpu] = Change(min(first, change.time_us), change, message)
     audit: list[AuditEntry] = []
     audited = set(view.audited)
     for entry in batch.audited:
@@ -191,19 +210,22 @@ def fold_jobs(
             audit.append(entry)
     owners = learned_owners((e for e, _ in batch.identities), view.job_owners)
     fixes = _Corrections(view, cost_centres or {})
-    reposts: list[SourcedTransaction] = []
     # a job's own usage first: usage naming a job goes to that job once its owner is known
-    # (from its JobSubmitted, JobStarted or GpuAssigned), whenever its GPU was assigned to it
-    for made in (*fixes.by_identity(batch, owners), *fixes.by_assignment(assigned, timelines)):
+    # (from its JobSubmitted, JobStarted or GpuAssigned), whenever its GPU was assigned to it;
+    # then usage the timelines changed here had split among their holders, split again
+    for made in (
+        *fixes.by_identity(batch, owners),
+        *fixes.by_assignment(assigned, timelines),
+        *fixes.by_timeline(changed, timelines),
+    ):
         if isinstance(made, DeadLetter):
             dead.append(made)
             continue
         transactions.append(made)
-        if made.txn.kind is TransactionKind.USAGE:
-            reposts.append(made)
     derived = len(transactions)
-    for settlement in holds.settle([t.txn for t in reposts]):  # re-posted usage settles too
-        transactions.append(replace(reposts[settlement.last_usage], txn=settlement.txn))
+    gained = fixes.gained  # what the re-postings add to their jobs' usage settles their holds
+    for settlement in holds.settle([t.txn for t in gained]):
+        transactions.append(replace(gained[settlement.last_usage], txn=settlement.txn))
     if settle_at_end:
         if sealed is not None and last is not None:
             ended = holds.settle_ended(sealed.through_us, sealed.job_usage(), sealed.covered())
@@ -259,9 +281,21 @@ def fold_assignment(timeline: tuple[Holding, ...], envelope: JobEnvelope) -> tup
     return forget_before(timeline, envelope.time_us - HOLDING_MEMORY_US)
 
 
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A batch's changes of one assignment timeline: the earliest time one of them changes it
+    from, and the last of them (with its message), which the corrections they cause name."""
+
+    from_us: int
+    envelope: JobEnvelope
+    message: ConsumedMessage
+
+
 class _Corrections:
     """The corrections one jobs batch makes (`ledger.job_owners`): usage awaiting an owner the
-    batch makes known, reversed and re-posted, and what the batch's `StateChanges` record."""
+    batch makes known, or a change of the timeline that split it, reversed and re-posted; what
+    the re-postings add to their jobs' usage (`gained`, which settles their holds); and what
+    the batch's `StateChanges` record."""
 
     def __init__(self, view: LedgerView, cost_centres: Mapping[str, str]) -> None:
         self.view = view
@@ -269,6 +303,7 @@ class _Corrections:
         self.awaiting: list[tuple[str, str, int]] = []
         self.resolved: list[str] = []
         self.reversals: list[tuple[str, str]] = []
+        self.gained: list[SourcedTransaction] = []
         self._done: set[str] = set()
 
     def by_assignment(
@@ -284,7 +319,26 @@ class _Corrections:
                 pieces = [*owners_over(timelines[gpu], *span), *shares_over(timelines[gpu], *span)]
                 period = _period(original, self.view)
                 fixed = reassigned(original, pieces, self.cost_centres, envelope.id, period)
-                yield from self._apply(original, fixed, envelope.id, message)
+                yield from self._apply(original, fixed, envelope.id, message, gpu)
+
+    def by_timeline(
+        self, changed: Mapping[str, Change], timelines: Mapping[str, tuple[Holding, ...]]
+    ) -> Iterator[SourcedTransaction | DeadLetter]:
+        """Usage a timeline the batch changed had split among its holders, over an interval
+        that ends after the change (a `GpuReleased` folded after the sample that spans it, a
+        holder replaced inside it, a holder assigned over its unheld part), split again as the
+        timeline now says."""
+        for key, change in sorted(changed.items()):
+            timeline = timelines[key]
+            cause = change.envelope.id
+            for original in self._open(held_key(key)):
+                if original.end_us <= change.from_us:
+                    continue  # the changes move nothing before their time
+                span = (original.start_us, original.end_us)
+                pieces = [*owners_over(timeline, *span), *shares_over(timeline, *span)]
+                period = _period(original, self.view)
+                fixed = retimed(original, pieces, self.cost_centres, cause, period)
+                yield from self._apply(original, fixed, cause, change.message, key)
 
     def by_identity(
         self, batch: DecodedJobs, owners: Mapping[str, Owner]
@@ -314,8 +368,11 @@ class _Corrections:
         fixed: tuple[Transaction, Transaction] | None,
         cause: str,
         message: ConsumedMessage,
+        split_by: str | None = None,
     ) -> Iterator[SourcedTransaction | DeadLetter]:
-        """`fixed` (the reversal and re-posting of `original`) committed, or refused."""
+        """`fixed` (the reversal and re-posting of `original`) committed, or refused.
+        `split_by`: the key of the timeline that split the re-posting among its holders, whose
+        later changes it awaits (`ledger.job_owners.held_key`)."""
         if fixed is None:
             return
         self._done.add(original.txn_id)
@@ -328,6 +385,29 @@ class _Corrections:
         self.reversals.append((original.txn_id, reversal.txn_id))
         self.resolved.append(original.txn_id)
         self.awaiting.extend((k, repost.txn_id, repost.end_us) for k in awaited_by(repost))
+        if split_by is not None:
+            self.awaiting.append((held_key(split_by), repost.txn_id, repost.end_us))
+        gain = gained(original, repost)
+        if gain is not None:
+            self.gained.extend(sourced([gain], message))
+
+
+def gained(original: Transaction, repost: Transaction) -> Transaction | None:
+    """What `repost` adds to each job's consumer usage over `original`, as usage legs (None:
+    nothing): a correction settles its jobs' holds by that. What it takes away is not given
+    back to a hold: the scheduler releases a job's holds with the decision that releases its
+    GPUs, and the hold accounts come to the same once they are released."""
+    net: dict[tuple[str, Unit], int] = {}
+    first: dict[tuple[str, Unit], Posting] = {}
+    for sign, txn in ((-1, original), (1, repost)):
+        for p in txn.postings:
+            if p.job_id and p.account.startswith(_CONSUMER):
+                key = (p.job_id, p.unit)
+                net[key] = net.get(key, 0) + sign * p.amount
+                if sign > 0:
+                    first.setdefault(key, p)
+    legs = [replace(first[key], amount=n) for key, n in net.items() if n > 0 and key in first]
+    return replace(repost, postings=tuple(legs)) if legs else None
 
 
 def _period(txn: Transaction, view: LedgerView) -> str:

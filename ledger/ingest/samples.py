@@ -11,7 +11,9 @@ corrects it when the owner becomes known). A sample that names no owner goes to 
 assignment timeline says held it over the sample's interval (split by time when the holder changed;
 a MIG instance's sample reads the instance's own timeline, `<GPU UUID>/gi<id>`, where the scheduler
 assigned it one), else to unallocated capacity, where it awaits its GPU's assignment for a while (a
-`GpuAssigned` consumed after it corrects it); an unpriced model is a dead letter. A sample whose
+`GpuAssigned` consumed after it corrects it); usage the timeline split among its holders awaits
+the timeline's later changes the same way (a `GpuReleased` consumed after the sample spanning it
+corrects it: `ledger.job_owners.held_key`); an unpriced model is a dead letter. A sample whose
 natural period is closed is booked into the next open one. Each GPU subject's idle detector is
 stepped in sample-time order and flags confirmed-idle usage (a sample awaiting its job's owner is
 observed as that job's, so its correction re-posts the flag the owner's usage would have had); a
@@ -55,6 +57,7 @@ from ledger.job_owners import (
     ASSIGNMENT_GRACE_US,
     awaited_by,
     gpu_key,
+    held_key,
     owner_keys,
     resolve_sample,
 )
@@ -127,6 +130,7 @@ def fold_samples(
     observed: list[_Observed] = []
     shares: list[ShareStep] = []  # of samples split among GPU shares, and released shares
     released: set[tuple[str, str, int]] = set()  # (GPU, job, end) of the ended shares stepped
+    by_holders: list[tuple[str, str, int]] = []  # usage a timeline split: awaits its changes
     duplicates = 0
     newest: int | None = None  # of the events new to the ledger: a duplicate moves nothing
     for given, message in decoded:
@@ -166,6 +170,9 @@ def fold_samples(
             continue
         if timeline:
             shares.extend(_release(envelope, timeline, held, released))
+            if usage.by_timeline:
+                key = held_key(sample_timeline_key(view.timelines, envelope))
+                by_holders.append((key, txn.txn_id, txn.end_us))
         if share_split(envelope.data, held):
             shares.extend(share_steps(envelope, held, txn, len(transactions)))
         else:
@@ -195,6 +202,8 @@ def fold_samples(
         flag = transactions[row]
         transactions[row] = replace(flag, txn=flag_legs(flag.txn, jobs))
     awaiting = awaiting_usage(transactions, columns)
+    if by_holders:
+        awaiting = sorted([*awaiting, *by_holders])
     holds = HoldBook(view.holds, booker(view.closed, rules.zone))
     derived = len(transactions)
     for settlement in holds.settle([t.txn for t in transactions]):  # no held job goes columnar
@@ -388,6 +397,18 @@ def assignment_of(
     return own or timelines.get(envelope.data.gpu_uuid)
 
 
+def sample_timeline_key(
+    timelines: Mapping[str, tuple[Holding, ...]], envelope: SampleEnvelope
+) -> str:
+    """The key of the timeline `assignment_of` judges the sample against."""
+    subject = envelope.subject
+    return (
+        subject
+        if envelope.data.mig is not None and timelines.get(subject)
+        else envelope.data.gpu_uuid
+    )
+
+
 def held_over(timeline: tuple[Holding, ...] | None, envelope: SampleEnvelope) -> list[OwnedPiece]:
     """Who the scheduler says held the sample's GPU over its interval, whole holders' pieces
     then its shares' (`ledger.assignments.shares_over`); empty when nobody."""
@@ -416,10 +437,11 @@ def awaiting_usage(
 
 
 def forget_before(awaiting: Sequence[tuple[str, str, int]]) -> dict[str, int]:
-    """Per GPU key awaited, the time before which its usage stops awaiting an assignment: its
-    newest such usage less `ASSIGNMENT_GRACE_US`."""
+    """Per GPU key awaited (`gpu:`: an assignment; `held:`: a change of the timeline that split
+    it), the time before which its usage stops awaiting: its newest such usage less
+    `ASSIGNMENT_GRACE_US`."""
     newest: dict[str, int] = {}
     for key, _, end in awaiting:
-        if key.startswith("gpu:"):
+        if key.startswith(("gpu:", "held:")):
             newest[key] = max(newest.get(key, end), end)
     return {key: end - ASSIGNMENT_GRACE_US for key, end in newest.items()}

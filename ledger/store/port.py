@@ -146,8 +146,9 @@ class StateChanges:
     - `job_owners`: job keys made known (`ledger.job_owners`), each with its owner; a key the
       store knows keeps its first owner;
     - `awaiting`: (key, transaction id, its end time) of transactions awaiting an owner: a job
-      key's (`ledger.job_owners`), or `gpu:<uuid>` for unallocated usage awaiting a scheduler
-      assignment that covers it;
+      key's (`ledger.job_owners`), `gpu:<uuid>` for unallocated usage awaiting a scheduler
+      assignment that covers it, or `held:<timeline>` for usage an assignment timeline split
+      among its holders, awaiting a later change of that timeline (a late `GpuReleased`);
     - `forget_awaiting`: per key, a time: the key's awaiting transactions that end before it
       are forgotten (they stay as booked);
     - `resolved`: transactions no longer awaiting any owner (corrected).

@@ -251,6 +251,20 @@ def test_usage_of_a_resolved_slurm_id_settles_the_tally_job_s_hold(ledger):
     assert ledger.gpu_ms()[VISION] == 10_000
 
 
+def test_a_correction_settles_a_hold_only_by_what_it_adds_to_the_job_s_usage(ledger):
+    """A shared GPU's sample: vision's own leg (job-1) settles job-1's hold when it is folded;
+    the re-posting once job-8 is known repeats that leg, which must not settle it again."""
+    hold = HoldPlaced(
+        "job-1", "vision", "vision-project", Unit.GPU_MS, 50_000, T0_US + 3600 * 10**6, T0_US
+    )
+    ledger.apply(JOBS, (hold,))
+    ledger.apply(SAMPLES, (S_SHARED,))
+    ledger.apply(JOBS, (SUBMIT_8,))
+    assert ledger.store.reversed_by(S_SHARED.id) == reversal_id(S_SHARED.id)
+    balances = {(r.account, r.unit): r.balance for r in ledger.store.balance_rows()}
+    assert balances[("hold:vision", Unit.GPU_MS)] == 50_000 - 7_500
+
+
 def test_the_rebuild_reproduces_the_corrections_and_the_report_shows_the_suspense(tmp_path):
     store = DuckDBStore(tmp_path / "ledger")
     ledger = Ledger(store)
