@@ -239,7 +239,7 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
                     )
             if idle_states:
                 con.execute(
-                    "DELETE FROM idle_state WHERE list_contains(?, subject)",
+                    "DELETE FROM idle_state WHERE subject IN (SELECT unnest(?))",
                     [[s.subject for s in idle_states]],
                 )
                 insert_rows(self._con, "idle_state", [state_to_row(s) for s in idle_states])

@@ -47,7 +47,8 @@ def write_identity(
         )
     if changes.resolved:
         con.execute(
-            "DELETE FROM awaiting_owner WHERE list_contains(?, txn_id)", [list(changes.resolved)]
+            "DELETE FROM awaiting_owner WHERE txn_id IN (SELECT unnest(?))",
+            [list(changes.resolved)],
         )
     if changes.forget_awaiting:
         keys, cutoffs = zip(*sorted(changes.forget_awaiting.items()), strict=True)

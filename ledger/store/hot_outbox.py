@@ -39,7 +39,7 @@ class HotOutbox:
     def mark_sent(self, ids: Sequence[str]) -> None:
         """Forget messages the broker acknowledged (the outbox holds only what is owed)."""
         if ids:
-            self._con.execute("DELETE FROM outbox WHERE list_contains(?, id)", [list(ids)])
+            self._con.execute("DELETE FROM outbox WHERE id IN (SELECT unnest(?))", [list(ids)])
 
     def mark_undeliverable(self, message_id: str, reason: str) -> None:
         """Move a refused outbox message to `undeliverable`, with the broker's reason."""

@@ -192,7 +192,7 @@ def write_changes(con: duckdb.DuckDBPyConnection, changes: StateChanges, now: in
     """Write what a batch changes besides postings (see `StateChanges`)."""
     if changes.inventory:
         con.execute(
-            "DELETE FROM inventory_gpus WHERE list_contains(?, uuid)", [list(changes.inventory)]
+            "DELETE FROM inventory_gpus WHERE uuid IN (SELECT unnest(?))", [list(changes.inventory)]
         )
         insert_rows(
             con,
@@ -201,7 +201,7 @@ def write_changes(con: duckdb.DuckDBPyConnection, changes: StateChanges, now: in
         )
     if changes.timelines:
         con.execute(
-            "DELETE FROM gpu_holdings WHERE list_contains(?, gpu_uuid)",
+            "DELETE FROM gpu_holdings WHERE gpu_uuid IN (SELECT unnest(?))",
             [list(changes.timelines)],
         )
         insert_rows(
@@ -224,7 +224,7 @@ def write_changes(con: duckdb.DuckDBPyConnection, changes: StateChanges, now: in
         )
     if changes.holds:
         con.execute(
-            "DELETE FROM open_holds WHERE list_contains(?, job_id || '/' || unit)",
+            "DELETE FROM open_holds WHERE job_id || '/' || unit IN (SELECT unnest(?))",
             # injective: a unit has no '/'
             [[f"{h.job_id}/{h.unit.value}" for h in changes.holds]],
         )
@@ -249,7 +249,7 @@ def write_changes(con: duckdb.DuckDBPyConnection, changes: StateChanges, now: in
         )
     if changes.baselines:
         con.execute(
-            "DELETE FROM hold_baselines WHERE list_contains(?, job_id || '/' || unit)",
+            "DELETE FROM hold_baselines WHERE job_id || '/' || unit IN (SELECT unnest(?))",
             [[f"{job}/{unit.value}" for job, unit in changes.baselines]],
         )
         insert_rows(
