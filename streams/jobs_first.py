@@ -15,9 +15,11 @@ A failure to read the end offsets (the broker away) does not wait either.
 The end offsets are not asked for again while they cannot matter (`settled`): once the ledger
 has applied the jobs topic up to the ends read at wall time T, every jobs record the broker had
 appended before T is folded; a samples batch whose records were all produced before T (their
-Kafka timestamps, less `skew_s` for the clocks of the producer's and the worker's hosts) was
-produced after no jobs record that is not folded yet, as long as the ledger still has applied
-up to those ends (a new broker incarnation starts its offsets afresh: asked again). A backlog
+Kafka timestamps, set when the producer took the record (a spooled sample's when it was resent),
+plus `skew_s` for the clocks of the collector's and the worker's hosts and for a release still
+on its way to the broker when the sample spanning it was sent) was produced after no jobs record
+that is not folded yet, as long as the ledger still has applied up to those ends (a new broker
+incarnation starts its offsets afresh: asked again). A backlog
 (a worker catching up, a backfill) is folded with one request at its start; a live feed's
 batches, produced after the last check, ask each time, as before.
 
