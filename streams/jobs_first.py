@@ -13,7 +13,19 @@ them (`JobsFirst.wait`), for at most `limit_s`: the jobs route may be far behind
 partition of the topic at all (it is a group member too), and samples must not stop for it.
 A failure to read the end offsets (the broker away) does not wait either.
 
-`lagging` is the rule, pure: the partitions whose next offset to apply is below the end.
+The end offsets are not asked for again while they cannot matter (`settled`): once the ledger
+has applied the jobs topic up to the ends read at wall time T, every jobs record the broker had
+appended before T is folded; a samples batch whose records were all produced before T (their
+Kafka timestamps, set when the producer took the record (a spooled sample's when it was resent),
+plus `skew_s` for the clocks of the collector's and the worker's hosts and for a release still
+on its way to the broker when the sample spanning it was sent) was produced after no jobs record
+that is not folded yet, as long as the ledger still has applied up to those ends (a new broker
+incarnation starts its offsets afresh: asked again). A backlog
+(a worker catching up, a backfill) is folded with one request at its start; a live feed's
+batches, produced after the last check, ask each time, as before.
+
+`lagging` and `settled` are the rules, pure: the partitions whose next offset to apply is below
+the end; whether a samples batch may be folded without asking.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger("tally.worker")
@@ -32,6 +45,30 @@ PartitionEnd = Mapping[int, int]  # partition → end offset
 def lagging(ends: PartitionEnd, next_offset: Callable[[int], int]) -> list[int]:
     """The partitions whose next offset to apply is below their end offset, sorted."""
     return sorted(p for p, end in ends.items() if next_offset(p) < end)
+
+
+@dataclass(frozen=True, slots=True)
+class Caught:
+    """A check the ledger caught up with: the jobs topic's end offsets read at wall time `at_ms`
+    (taken before the request was sent), all of them applied."""
+
+    at_ms: int
+    ends: PartitionEnd
+
+
+def settled(
+    caught: Caught | None,
+    newest_ms: int | None,
+    next_offset: Callable[[int], int],
+    skew_ms: int,
+) -> bool:
+    """Whether a samples batch whose newest record timestamp is `newest_ms` may be folded without
+    reading the end offsets again: every record of it produced (by its timestamp, plus
+    `skew_ms`) before the caught-up check, and the ledger still at or past that check's ends.
+    No check yet, or no timestamp (None, or -1: the broker gave none): not settled."""
+    if caught is None or newest_ms is None or newest_ms < 0:
+        return False
+    return newest_ms + skew_ms <= caught.at_ms and not lagging(caught.ends, next_offset)
 
 
 class JobsFirst:
@@ -45,28 +82,42 @@ class JobsFirst:
         limit_s: float = 1.0,
         poll_s: float = 0.01,
         request_timeout_s: float = 0.5,
+        skew_s: float = 5.0,
     ) -> None:
+        """`skew_s`: how far the clock of a samples producer's host may run behind the worker's
+        (see `settled`)."""
         self.bootstrap = bootstrap
         self.topic = topic
         self.options = dict(options or {})
         self.limit_s = limit_s
         self.poll_s = poll_s
         self.request_timeout_s = request_timeout_s
+        self.skew_ms = int(skew_s * 1000)
         self.waited_s = 0.0  # in all, for the worker's statistics and tests
+        self.asked = self.skipped = 0  # end offsets read; batches that needed none (`settled`)
+        self._caught: Caught | None = None
         self._consumer: Any = None
 
-    async def wait(self, next_offset: Callable[[int], int]) -> bool:
+    async def wait(self, next_offset: Callable[[int], int], newest_ms: int | None = None) -> bool:
         """Wait until no jobs partition lags its end (now), or `limit_s`; whether it caught up
-        (False also when the end offsets could not be read)."""
+        (False also when the end offsets could not be read). `newest_ms`: the samples batch's
+        newest record timestamp; when the last caught-up check already covers it (`settled`),
+        True at once, without asking the broker."""
+        if settled(self._caught, newest_ms, next_offset, self.skew_ms):
+            self.skipped += 1
+            return True
+        at_ms = time.time_ns() // 1_000_000
         ends = await self._ends()
         if ends is None:
             return False
+        self.asked += 1
         started = time.monotonic()
         try:
             while lagging(ends, next_offset):
                 if time.monotonic() - started >= self.limit_s:
                     return False
                 await asyncio.sleep(self.poll_s)
+            self._caught = Caught(at_ms, ends)
             return True
         finally:
             self.waited_s += time.monotonic() - started

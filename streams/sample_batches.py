@@ -77,6 +77,13 @@ def parts(
     return runs
 
 
+def newest_stamp(stamps: Sequence[int | None]) -> int | None:
+    """The newest of records' timestamps; None when one has none (or there are none)."""
+    if not stamps or any(t is None for t in stamps):
+        return None
+    return max(t for t in stamps if t is not None)
+
+
 def samples_group(group_id: str) -> str:
     return f"{group_id}.samples"
 
@@ -132,6 +139,9 @@ class SampleBatchConsumer:
         self._hooks = hooks
         self._consumer: AIOKafkaConsumer | None = None
         self.progress = ConsumerProgress()  # assignment, lag, latest fetch error (health)
+        # the newest Kafka record timestamp (epoch ms) of the part `on_batch` is handed now
+        # (`streams.jobs_first.settled`); None before the first
+        self.newest_ms: int | None = None
 
     def resume_at(self, partition: int, offset: int) -> bool:
         """Fetch `partition` from `offset` on (a sharded worker's shard's applied offset, not
@@ -212,7 +222,11 @@ class SampleBatchConsumer:
             for records in fetched.values()
             for r in records
         ]
+        stamps = [r.timestamp for records in fetched.values() for r in records]
+        start = 0
         for part in parts(messages):
+            self.newest_ms = newest_stamp(stamps[start : start + len(part)])
+            start += len(part)
             await self._on_batch(part)
         offsets = {tp: records[-1].offset + 1 for tp, records in fetched.items() if records}
         try:

@@ -282,7 +282,9 @@ class LedgerWorker:
     async def _ingest_samples(self, messages: list[ConsumedMessage]) -> None:
         ingestor, jobs = self._ingestor, self.settings.jobs_topic
         if ingestor is not None:  # the jobs published before these samples, folded first
-            await self._jobs_first.wait(lambda p: ingestor.next_offset(jobs, p))
+            await self._jobs_first.wait(
+                lambda p: ingestor.next_offset(jobs, p), self._samples.newest_ms
+            )
         await self._apply(messages)
         await self.publish_outbox()
         if time.monotonic() - self._last_seal >= self.settings.seal_interval_s:

@@ -120,7 +120,7 @@ def queue_balance_messages(
             )
         )
     con.execute(
-        'DELETE FROM outbox WHERE NOT sent AND topic = ? AND list_contains(?, "key")',
+        'DELETE FROM outbox WHERE NOT sent AND topic = ? AND "key" IN (SELECT unnest(?))',
         [topic, [m[2] for m in messages]],
     )
     insert_rows(con, "outbox", [(*m, False) for m in messages])

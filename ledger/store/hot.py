@@ -142,6 +142,7 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
         ids = first_row(self._con.execute("SELECT count(*) FROM seen_events"))
         self._memory.follow(int(ids[0]) if ids else 0)
         self._mirror: WriterMirror | None = None  # idle states, timelines, open holds
+        self._awaiting_seq: int | None = None  # `awaiting_owner`'s greatest seq, once known
         self._closed_cache: frozenset[str] | None = None
         version = first_row(
             self._con.execute("SELECT value FROM ledger_meta WHERE key = 'balances_version'")
@@ -204,6 +205,8 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
             for e in changes.admin
             if isinstance(e.envelope.data, PeriodClosed) and e.outcome == "applied"
         ]
+        if outbox or balances_topic is not None:
+            self._outbox_settled = False  # it may queue messages
         con.execute("BEGIN TRANSACTION")
         try:
             fresh = self._drop_seen(transactions)
@@ -236,7 +239,7 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
                     )
             if idle_states:
                 con.execute(
-                    "DELETE FROM idle_state WHERE list_contains(?, subject)",
+                    "DELETE FROM idle_state WHERE subject IN (SELECT unnest(?))",
                     [[s.subject for s in idle_states]],
                 )
                 insert_rows(self._con, "idle_state", [state_to_row(s) for s in idle_states])
@@ -300,6 +303,8 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
         except BaseException as exc:
             con.execute("ROLLBACK")
             self._admin_cache = self._closed_cache = None  # may hold what was rolled back
+            self._awaiting_seq = None
+            self._outbox_settled = False
             if isinstance(exc, duckdb.Error):  # e.g. a key applied twice: the port's error
                 raise StoreError(f"the store refused the batch: {exc}") from exc
             raise
@@ -326,7 +331,8 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
 
     def _apply_changes(self, changes: StateChanges, now: int) -> None:
         write_changes(self._con, changes, now)
-        write_identity(self._con, changes)
+        # `awaiting_owner`'s last seq, kept rather than read per batch (only this writer adds)
+        self._awaiting_seq = write_identity(self._con, changes, self._awaiting_seq)
 
     def _refuse_closed(
         self, fresh: Sequence[SourcedTransaction], closing: bool, periods: Sequence[str] = ()

@@ -28,8 +28,12 @@ CREATE TABLE IF NOT EXISTS awaiting_owner (
 """
 
 
-def write_identity(con: duckdb.DuckDBPyConnection, changes: StateChanges) -> None:
-    """Write a batch's job owners, awaiting and resolved transactions (see `StateChanges`)."""
+def write_identity(
+    con: duckdb.DuckDBPyConnection, changes: StateChanges, last_seq: int | None = None
+) -> int | None:
+    """Write a batch's job owners, awaiting and resolved transactions (see `StateChanges`);
+    `last_seq`: `awaiting_owner`'s greatest `seq` when the caller knows it (None: read here).
+    Returns the greatest `seq` after the batch when known."""
     if changes.job_owners:
         known = _keys_in(con, "job_owners", list(changes.job_owners))
         insert_rows(
@@ -43,7 +47,8 @@ def write_identity(con: duckdb.DuckDBPyConnection, changes: StateChanges) -> Non
         )
     if changes.resolved:
         con.execute(
-            "DELETE FROM awaiting_owner WHERE list_contains(?, txn_id)", [list(changes.resolved)]
+            "DELETE FROM awaiting_owner WHERE txn_id IN (SELECT unnest(?))",
+            [list(changes.resolved)],
         )
     if changes.forget_awaiting:
         keys, cutoffs = zip(*sorted(changes.forget_awaiting.items()), strict=True)
@@ -53,12 +58,15 @@ def write_identity(con: duckdb.DuckDBPyConnection, changes: StateChanges) -> Non
             [list(keys), list(cutoffs)],
         )
     if changes.awaiting:
-        row = first_row(con.execute("SELECT coalesce(max(seq), 0) FROM awaiting_owner"))
-        last = int(row[0]) if row else 0
+        if last_seq is None:
+            row = first_row(con.execute("SELECT coalesce(max(seq), 0) FROM awaiting_owner"))
+            last_seq = int(row[0]) if row else 0
         # a batch's transactions are new to the ledger: only a repeat within it can be held
         fresh = list(dict.fromkeys(changes.awaiting))
-        rows = [(last + i, k, t, end) for i, (k, t, end) in enumerate(fresh, start=1)]
+        rows = [(last_seq + i, k, t, end) for i, (k, t, end) in enumerate(fresh, start=1)]
         insert_rows(con, "awaiting_owner", rows)
+        last_seq += len(fresh)
+    return last_seq
 
 
 def _keys_in(con: duckdb.DuckDBPyConnection, table: str, keys: list[str]) -> set[str]:

@@ -20,19 +20,26 @@ def now_us() -> int:
 
 class HotOutbox:
     _con: duckdb.DuckDBPyConnection
+    # True once `pending_outbox` found nothing and no commit since could have queued anything
+    # (the writer's `commit` clears it): the worker asks after every batch, and most batches
+    # of a ledger that publishes no balances queue nothing
+    _outbox_settled: bool = False
 
     def pending_outbox(self, limit: int = 1000) -> list[OutboxMessage]:
+        if self._outbox_settled:
+            return []
         rows = self._con.execute(
             'SELECT id, topic, "key", "value" FROM outbox WHERE NOT sent '
             "ORDER BY created_at_us, rowid LIMIT ?",
             [limit],
         ).fetchall()
+        self._outbox_settled = not rows
         return [OutboxMessage(str(i), str(t), k, v) for i, t, k, v in rows]
 
     def mark_sent(self, ids: Sequence[str]) -> None:
         """Forget messages the broker acknowledged (the outbox holds only what is owed)."""
         if ids:
-            self._con.execute("DELETE FROM outbox WHERE list_contains(?, id)", [list(ids)])
+            self._con.execute("DELETE FROM outbox WHERE id IN (SELECT unnest(?))", [list(ids)])
 
     def mark_undeliverable(self, message_id: str, reason: str) -> None:
         """Move a refused outbox message to `undeliverable`, with the broker's reason."""

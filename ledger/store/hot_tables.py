@@ -25,13 +25,10 @@ from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState, state_from_row
 from ledger.inventory import record_json
 from ledger.postings import TransactionKind
+from ledger.store.balance_moves import balance_moves
 from ledger.store.layout import first_row
 from ledger.store.port import StateChanges
-from ledger.store.schema import (
-    POSTING_COLUMNS_SQL,
-    USAGE_BALANCES_SQL,
-    USAGE_POSTINGS_SQL,
-)
+from ledger.store.schema import POSTING_COLUMNS_SQL, USAGE_POSTINGS_SQL
 from ledger.units import Unit
 
 # Column-built usage, one row per transaction (`ledger.posting_columns`, `usage_to_arrow`'s
@@ -195,7 +192,7 @@ def write_changes(con: duckdb.DuckDBPyConnection, changes: StateChanges, now: in
     """Write what a batch changes besides postings (see `StateChanges`)."""
     if changes.inventory:
         con.execute(
-            "DELETE FROM inventory_gpus WHERE list_contains(?, uuid)", [list(changes.inventory)]
+            "DELETE FROM inventory_gpus WHERE uuid IN (SELECT unnest(?))", [list(changes.inventory)]
         )
         insert_rows(
             con,
@@ -204,7 +201,7 @@ def write_changes(con: duckdb.DuckDBPyConnection, changes: StateChanges, now: in
         )
     if changes.timelines:
         con.execute(
-            "DELETE FROM gpu_holdings WHERE list_contains(?, gpu_uuid)",
+            "DELETE FROM gpu_holdings WHERE gpu_uuid IN (SELECT unnest(?))",
             [list(changes.timelines)],
         )
         insert_rows(
@@ -227,7 +224,7 @@ def write_changes(con: duckdb.DuckDBPyConnection, changes: StateChanges, now: in
         )
     if changes.holds:
         con.execute(
-            "DELETE FROM open_holds WHERE list_contains(?, job_id || '/' || unit)",
+            "DELETE FROM open_holds WHERE job_id || '/' || unit IN (SELECT unnest(?))",
             # injective: a unit has no '/'
             [[f"{h.job_id}/{h.unit.value}" for h in changes.holds]],
         )
@@ -252,7 +249,7 @@ def write_changes(con: duckdb.DuckDBPyConnection, changes: StateChanges, now: in
         )
     if changes.baselines:
         con.execute(
-            "DELETE FROM hold_baselines WHERE list_contains(?, job_id || '/' || unit)",
+            "DELETE FROM hold_baselines WHERE job_id || '/' || unit IN (SELECT unnest(?))",
             [[f"{job}/{unit.value}" for job, unit in changes.baselines]],
         )
         insert_rows(
@@ -399,15 +396,14 @@ def insert_postings(
     job_usage: bool = False,
 ) -> int:
     """Insert the postings of `table` and the usage rows of `usage` (whose postings the
-    `postings` view expands, `USAGE_POSTINGS_SQL`), and move the balances by both (usage's
-    summed per account before it is unpivoted, `USAGE_BALANCES_SQL`); the count of usage
-    postings."""
-    parts, registered = [], []
+    `postings` view expands, `USAGE_POSTINGS_SQL`), and move the balances by both (summed in
+    Arrow first, `ledger.store.balance_moves`: one upsert of a few dozen rows); the count of
+    usage postings."""
+    registered = []
     if table.num_rows:
         con.register("batch_postings", table)
         registered.append("batch_postings")
         con.execute("INSERT INTO posting_rows SELECT * FROM batch_postings")
-        parts.append("SELECT account, unit, period, amount FROM batch_postings")
     expanded = 0
     if usage is not None and usage.num_rows:
         con.register("batch_usage", usage)
@@ -418,11 +414,11 @@ def insert_postings(
         )
         with_energy = pc.sum(pc.not_equal(usage.column("energy_mj"), 0)).as_py() or 0
         expanded = 4 * usage.num_rows + 2 * with_energy  # the legs of each (`LEG_UNITS`)
-        parts.append(USAGE_BALANCES_SQL.format(usage="batch_usage"))
-    if parts:
+    if registered:
+        con.register("batch_moves", balance_moves(table, usage))
+        registered.append("batch_moves")
         con.execute(
-            "INSERT INTO balances SELECT account, unit, period, sum(amount) "
-            f"FROM ({' UNION ALL '.join(f'({part})' for part in parts)}) GROUP BY ALL "
+            "INSERT INTO balances SELECT * FROM batch_moves "
             "ON CONFLICT DO UPDATE SET balance = balance + excluded.balance"
         )
         if job_usage:

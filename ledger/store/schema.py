@@ -356,25 +356,6 @@ WHERE u.energy_mj <> 0 OR l.position % 3 <> 2
 """
 
 
-# What column-built usage moves the balances by, as (account, unit, period, amount) rows: the
-# postings `USAGE_POSTINGS_SQL` expands to, summed per holder or capacity account and period
-# before they are unpivoted, so the balances read the batch's few groups rather than every
-# posting again. The same keys as the postings': GPU-ms and money always (a zero amount still
-# makes its balance row), energy only where some transaction has energy.
-USAGE_BALANCES_SQL = f"""
-SELECT CASE WHEN l.holder THEN g.account ELSE g.capacity END AS account, l.unit, g.period,
-    l.sign * CASE l.position % 3 WHEN 0 THEN g.ms WHEN 1 THEN g.money ELSE g.energy END
-        AS amount
-FROM (
-    SELECT account, capacity, period, sum(gpu_ms) AS ms, sum(money) AS money,
-        sum(energy_mj) AS energy, bool_or(energy_mj <> 0) AS has_energy
-    FROM {{usage}} GROUP BY account, capacity, period
-) AS g
-CROSS JOIN (VALUES {_LEGS}) AS l(position, unit, holder, sign)
-WHERE g.has_energy OR l.position % 3 <> 2
-"""
-
-
 def columns_to_arrow(columns: PostingColumns, incarnation: str) -> pa.Table:
     """Column-built usage transactions as postings (`POSTINGS_SCHEMA`), expanded by the same
     SQL the store commits them with; for readers of a batch outside the store."""
