@@ -64,7 +64,6 @@ from ledger.store.head import WriterFenced
 from ledger.store.hot import DuckDBStore
 from ledger.store.identity import claim_zone
 from ledger.store.port import OutboxMessage, SealResult
-from ledger.store.published import PublishedStore
 from streams.collector_pause import collector_paused, freeze_startup_objects
 from streams.jobs_first import JobsFirst
 from streams.kafka import (
@@ -74,6 +73,7 @@ from streams.kafka import (
 )
 from streams.progress import ConsumerProgress
 from streams.sample_batches import PartitionHooks, SampleBatchConsumer
+from streams.worker_memory import spare_memory
 from streams.worker_settings import (
     SealingHealth,
     WorkerObserver,
@@ -144,6 +144,7 @@ class LedgerWorker:
         self.settings = settings
         self.observer = observer
         self.stats = WorkerStats()
+        spare_memory()  # Arrow's allocator, pandas (`streams.worker_memory`)
         self._open()
         self._lock = asyncio.Lock()
         self._identity = ClusterIdentity(settings.bootstrap[0], options=settings.kafka_options)
@@ -159,11 +160,12 @@ class LedgerWorker:
         `streams.sharded_worker`)."""
         s = self.settings
         claim_zone(s.data_dir, s.zone)  # before the store makes a new ledger
-        self.store = (
-            DuckDBStore(s.data_dir)
-            if s.publisher is None
-            else PublishedStore(s.data_dir, s.publisher)
-        )
+        if s.publisher is None:
+            self.store = DuckDBStore(s.data_dir)
+        else:  # imported when used: it brings snapshots, rebuild and verify with it
+            from ledger.store.published import PublishedStore
+
+            self.store = PublishedStore(s.data_dir, s.publisher)
         self.store.limit_memory(s.duckdb_memory_limit)
 
     @property
