@@ -1,18 +1,24 @@
 """The worker process's memory (`streams.worker_memory`): a worker built in a fresh process
 converts the ledger's rows with the system allocator and without importing pandas, leaves the
 published store's modules unloaded when it does not publish, and pyarrow's explicit pandas
-calls still work there afterwards. One child process, whose findings each test reads."""
+calls still work there afterwards (one child process, whose findings each test reads); the
+store's calls run on one thread of their own."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ledger.errors import StoreError
+from streams.worker_memory import StoreThread
 from tests.conftest import child_env
 
 CHILD = """
@@ -84,3 +90,31 @@ def test_explicit_pandas_calls_still_work(found: dict[str, Any]) -> None:
     assert found["from_pandas"] == {"n": [1, 2], "s": ["x", "y"]}
     assert found["to_pandas"] == ["x", "y"]
     assert found["table_of_frame"] == 2
+
+
+def test_store_calls_run_on_one_thread_of_their_own_in_the_callers_context() -> None:
+    seen = contextvars.ContextVar("seen", default="unset")
+
+    def where(tag: str) -> tuple[str, str, str]:
+        return threading.current_thread().name, tag, seen.get()
+
+    def fails() -> None:
+        raise StoreError("refused")
+
+    async def main() -> list[tuple[str, str, str]]:
+        seen.set("caller's")
+        thread = StoreThread()
+        try:
+            ran = [await thread.run(where, str(i)) for i in range(3)]
+            ran += await asyncio.gather(*(thread.run(where, tag="gathered") for _ in range(3)))
+            with pytest.raises(StoreError, match="refused"):
+                await thread.run(fails)
+            return ran
+        finally:
+            thread.close()
+
+    ran = asyncio.run(main())
+    names = {name for name, _, _ in ran}
+    assert len(names) == 1 and names.pop().startswith("ledger-store")
+    assert [tag for _, tag, _ in ran] == ["0", "1", "2", "gathered", "gathered", "gathered"]
+    assert {value for _, _, value in ran} == {"caller's"}
