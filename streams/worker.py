@@ -64,7 +64,6 @@ from ledger.store.head import WriterFenced
 from ledger.store.hot import DuckDBStore
 from ledger.store.identity import claim_zone
 from ledger.store.port import OutboxMessage, SealResult
-from ledger.store.published import PublishedStore
 from streams.collector_pause import collector_paused, freeze_startup_objects
 from streams.jobs_first import JobsFirst
 from streams.kafka import (
@@ -74,6 +73,7 @@ from streams.kafka import (
 )
 from streams.progress import ConsumerProgress
 from streams.sample_batches import PartitionHooks, SampleBatchConsumer
+from streams.worker_memory import StoreThread, spare_memory
 from streams.worker_settings import (
     SealingHealth,
     WorkerObserver,
@@ -144,6 +144,8 @@ class LedgerWorker:
         self.settings = settings
         self.observer = observer
         self.stats = WorkerStats()
+        spare_memory()  # Arrow's allocator, pandas (`streams.worker_memory`)
+        self._store_thread = StoreThread()  # every store call below runs on it
         self._open()
         self._lock = asyncio.Lock()
         self._identity = ClusterIdentity(settings.bootstrap[0], options=settings.kafka_options)
@@ -159,11 +161,12 @@ class LedgerWorker:
         `streams.sharded_worker`)."""
         s = self.settings
         claim_zone(s.data_dir, s.zone)  # before the store makes a new ledger
-        self.store = (
-            DuckDBStore(s.data_dir)
-            if s.publisher is None
-            else PublishedStore(s.data_dir, s.publisher)
-        )
+        if s.publisher is None:
+            self.store = DuckDBStore(s.data_dir)
+        else:  # imported when used: it brings snapshots, rebuild and verify with it
+            from ledger.store.published import PublishedStore
+
+            self.store = PublishedStore(s.data_dir, s.publisher)
         self.store.limit_memory(s.duckdb_memory_limit)
 
     @property
@@ -301,7 +304,7 @@ class LedgerWorker:
                         "broker incarnation changed to %s: offsets start afresh", incarnation
                     )
                 s = self.settings
-                self._ingestor = await asyncio.to_thread(
+                self._ingestor = await self._store_thread.run(
                     Ingestor,
                     self.store,
                     incarnation,
@@ -332,7 +335,7 @@ class LedgerWorker:
             assert ingestor is not None
             started = time.perf_counter()
             try:  # a batch that closes a period seals, and so publishes, first
-                result = await asyncio.to_thread(_apply_batch, ingestor, messages)
+                result = await self._store_thread.run(_apply_batch, ingestor, messages)
             except WriterFenced as exc:
                 _fenced(exc)
             elapsed = time.perf_counter() - started
@@ -415,14 +418,14 @@ class LedgerWorker:
     async def _publish_outbox_of(self, store: DuckDBStore) -> None:
         while True:
             async with self._lock:
-                pending = await asyncio.to_thread(store.pending_outbox)
+                pending = await self._store_thread.run(store.pending_outbox)
             if not pending:
                 return
             sent, refused, failure = await self._send(pending)
             async with self._lock:
                 for message, why in refused:
-                    await asyncio.to_thread(store.mark_undeliverable, message.id, why)
-                await asyncio.to_thread(store.mark_sent, sent)
+                    await self._store_thread.run(store.mark_undeliverable, message.id, why)
+                await self._store_thread.run(store.mark_sent, sent)
             for message, why in refused:
                 self._undeliverable(message, why)
             if failure is not None:
@@ -480,7 +483,7 @@ class LedgerWorker:
         s = self.settings
         async with self._lock:
             try:
-                result = await asyncio.to_thread(
+                result = await self._store_thread.run(
                     self.store.seal, s.compact_below_rows, s.compact_min_segments
                 )
             except (SealError, SegmentError) as exc:
@@ -489,7 +492,7 @@ class LedgerWorker:
                 return
             except WriterFenced as exc:
                 _fenced(exc)
-            await asyncio.to_thread(self.store.prune_seen_events, s.dedupe_window_us)
+            await self._store_thread.run(self.store.prune_seen_events, s.dedupe_window_us)
             self._last_seal = time.monotonic()
         self._sealed(result)
 
@@ -550,3 +553,4 @@ class LedgerWorker:
 
     def _close(self) -> None:
         self.store.close()
+        self._store_thread.close()
