@@ -42,7 +42,10 @@ async def observe(consumer: Any, progress: ConsumerProgress) -> None:
     polled = [consumer.last_poll_timestamp(tp) for tp in assigned]
     progress.answered_at = min(polled) / 1000 if polled and None not in polled else None
     for tp in assigned:
-        high = consumer.highwater(tp)
+        if tp not in consumer.assignment():  # revoked while an earlier position was awaited
+            progress.lag = None
+            return
+        high = consumer.highwater(tp)  # asserts `tp` assigned: checked above, no await between
         if high is None:
             progress.lag = None
             return

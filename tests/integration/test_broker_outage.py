@@ -186,20 +186,33 @@ def usage_ids(data_dir: Path) -> list[str]:
     return [row[0] for row in rows]
 
 
-def corrections(data_dir: Path) -> tuple[list[str], list[str]]:
-    """The originals the re-postings correct, and those the reversals reverse (each a usage
-    transaction the ledger booked; each corrected once: one reversal, one re-posting)."""
+def corrections(data_dir: Path) -> tuple[list[str], list[str], list[str]]:
+    """The originals the re-postings correct, those the reversals reverse (each a usage
+    transaction the ledger booked; each corrected once: one reversal, one re-posting), and the
+    re-postings' own ids (a re-posting is corrected in turn when a later change of its GPU's
+    timeline, e.g. a release folded after it, splits its interval otherwise)."""
     queries = LedgerQueries(data_dir)
     try:
         rows = queries._query(
-            "SELECT kind, split_part(cause, ' ', 2) FROM {postings} WHERE leg = 0 "
+            "SELECT kind, split_part(cause, ' ', 2), txn_id FROM {postings} WHERE leg = 0 "
             "AND ((kind = 'usage' AND contains(cause, ' ')) OR kind = 'reversal')"
         )
     finally:
         queries.close()
-    reposted = [original for kind, original in rows if kind == "usage"]
-    reversed_ = [original for kind, original in rows if kind == "reversal"]
-    return reposted, reversed_
+    reposted = [original for kind, original, _ in rows if kind == "usage"]
+    reversed_ = [original for kind, original, _ in rows if kind == "reversal"]
+    repostings = [txn for kind, _, txn in rows if kind == "usage"]
+    return reposted, reversed_, repostings
+
+
+def sample_behind(txn: str, corrects: dict[str, str]) -> str:
+    """The transaction at the start of `txn`'s chain of corrections (`corrects`: re-posting →
+    the transaction it corrects): the sample's usage when the chain is whole."""
+    seen: set[str] = set()
+    while txn in corrects and txn not in seen:
+        seen.add(txn)
+        txn = corrects[txn]
+    return txn
 
 
 def first_round_us(data_dir: Path) -> int:
@@ -325,9 +338,14 @@ def test_a_60_second_broker_outage_loses_no_sample_and_enacts_no_decision_withou
         assert not lost and not extra, f"{len(lost)} samples lost, {len(extra)} unknown"
         # usage booked before the scheduler's assignment reached the ledger (the jobs topic was
         # cut too) is reversed and re-posted to the job: once each, and only booked samples
-        reposted, reversed_ = corrections(data_dir)
+        reposted, reversed_, repostings = corrections(data_dir)
         assert sorted(reposted) == sorted(reversed_)
-        assert len(set(reposted)) == len(reposted) and set(reposted) <= set(booked)
+        assert len(set(reposted)) == len(reposted)
+        # what a correction corrects is a booked sample, or a re-posting corrected in turn,
+        # whose chain of originals leads back to a booked sample
+        corrects = dict(zip(repostings, reposted, strict=True))
+        assert set(reposted) <= set(booked) | set(corrects)
+        assert all(sample_behind(txn, corrects) in set(booked) for txn in reposted)
         assert len(booked) == len(produced) == samples  # none twice
         assert Spool(collector.spool_dir).records == 0
 
