@@ -68,6 +68,7 @@ _JOB_TYPES = frozenset(kind.value for kind in JobEventType) - _ASSIGNMENT_TYPES
 _AUDITED_TYPES = frozenset(
     {JobEventType.SUBMITTED.value, JobEventType.FAILED.value, JobEventType.STARTED.value}
 )
+_DECODED_TYPES = _AUDITED_TYPES | {JobEventType.FINISHED.value}  # and ends (`ended_for_good`)
 
 HoldKey = tuple[str, Unit]  # (job id, unit)
 BookPeriod = Callable[[int], str]  # time → the open period a posting at that time is booked into
@@ -116,7 +117,9 @@ class OpenHold:
     holds' settlements accounted already (`HoldBook.settle_ended`), so the hold is settled and
     projected by the usage past it; `earlier` is how much of `amount` earlier attempts placed
     and ended before a retry's placement joined them, still awaiting settlement (0: none), which
-    readers project apart (`ledger.hold_projection`). Both 0 in a whole ledger's fold."""
+    readers project apart (`ledger.hold_projection`). Both 0 in a whole ledger's fold.
+    `final`: the job ended for good (`ended_for_good`) while the hold was open, so no hold of
+    the job follows it and settling it drops the job's baseline instead of moving it."""
 
     job_id: str
     unit: Unit
@@ -127,6 +130,7 @@ class OpenHold:
     placed_by: str
     baseline: int = 0
     earlier: int = 0
+    final: bool = False
 
     @property
     def key(self) -> HoldKey:
@@ -264,10 +268,10 @@ def hold_envelope_from_dict(obj: Any) -> HoldEnvelope:
 class JobsMessage:
     """One jobs-topic message as the ledger reads it: its holds, the scheduler's GPU
     assignments (`GpuAssigned` / `GpuReleased`), its bad parts, how many job events it
-    carried that are not the ledger's business, and the submissions, starts and failures among
-    them (`audited`: the audit trail records submissions and cancellations, the job owners
-    projection reads submissions and starts; one that does not decode is passed over like any
-    other job event, never a dead letter)."""
+    carried that are not the ledger's business, and the submissions, starts, failures and
+    finishes among them (`audited`: the audit trail records submissions and cancellations, the
+    job owners projection reads submissions and starts, a global shard's holds the ends,
+    `ended_for_good`; one that does not decode is passed over, never a dead letter)."""
 
     holds: tuple[HoldEnvelope, ...]
     dead: tuple[DeadLetter, ...]
@@ -293,7 +297,7 @@ def decode_jobs_message(value: bytes | None) -> JobsMessage:
             kind = None  # a list or an object is no type (and cannot be looked up)
         if kind in _JOB_TYPES:
             ignored += 1
-            if kind in _AUDITED_TYPES:
+            if kind in _DECODED_TYPES:
                 with contextlib.suppress(*DECODE_ERRORS):
                     audited.append(decode_envelope(item, JOBS))
             continue
@@ -380,6 +384,7 @@ class HoldBook:
         self._changed: dict[HoldKey, OpenHold] = {}
         self._baselines = dict(baselines or {})  # a global shard's: (job, unit) → usage settled
         self._moved: dict[HoldKey, int] = {}
+        self._dropped: set[HoldKey] = set()
 
     def _set(self, hold: OpenHold) -> None:
         self._changed[hold.key] = hold
@@ -397,6 +402,25 @@ class HoldBook:
     def baselines_changed(self) -> dict[HoldKey, int]:
         """The jobs' baselines `settle_ended` moved: (job, unit) → the usage it settled up to."""
         return dict(self._moved)
+
+    def baselines_dropped(self) -> list[HoldKey]:
+        """The baselines no placement can read any more (`finish`, `settle_ended`)."""
+        return sorted(self._dropped)
+
+    def finish(self, job_ids: Collection[str]) -> None:
+        """A global shard's: `job_ids` ended for good, so no placement of theirs follows (the
+        only reader of a baseline). Their open holds become `final`; their baselines with no
+        open hold (of those the book was given) are dropped now."""
+        for key, hold in sorted(self._open.items()):
+            if key[0] in job_ids and not hold.final:
+                self._set(replace(hold, final=True))
+        for key in [k for k in sorted(self._baselines) if k[0] in job_ids and k not in self._open]:
+            self._drop(key)
+
+    def _drop(self, key: HoldKey) -> None:
+        self._baselines.pop(key, None)
+        self._moved.pop(key, None)
+        self._dropped.add(key)
 
     def checkpoint(self) -> HoldBookMark:
         """The book as it is now, for `restore` when what follows is refused (only placements,
@@ -512,7 +536,8 @@ class HoldBook:
         hold's baseline (`min(usage − baseline, what is left)`, never below 0, kind
         `hold_settle`) and what is left released (kind `hold_release`), both booked at the
         hold's end; the job's baseline moves to that usage (`baselines_changed`), so a retry's
-        hold is settled by the usage after it, not the earlier attempts' again. Only the holds
+        hold is settled by the usage after it, not the earlier attempts' again, unless the hold
+        is `final`: then no retry follows and the baseline is dropped. Only the holds
         of the jobs `covers` names (those whose usage `usage` gives; None: every job): any
         other waits for a watermark that gives its usage, never settled as if it used nothing.
         Ids derive from the hold's first placement and its end, so folding the same facts
@@ -524,7 +549,9 @@ class HoldBook:
             self._set(replace(hold, amount=0))
             used = usage.get(key, 0)
             settled = max(0, min(hold.amount, used - hold.baseline))
-            if used != hold.baseline:  # the job's, taken when the hold was first placed
+            if hold.final:  # no later placement reads it
+                self._drop(key)
+            elif used != hold.baseline:  # the job's, taken when the hold was first placed
                 self._baselines[key] = self._moved[key] = used
             ends = f"{key[0]}/{key[1]}/{hold.placed_by}"
             parts = (

@@ -31,7 +31,7 @@ Schemas of job and GPU-assignment event data (every `JobEventType`):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -540,3 +540,13 @@ def job_envelope_from_dict(obj: Any, registry: SchemaRegistry = REGISTRY) -> Job
 def decode_job_event(value: bytes | str, registry: SchemaRegistry = REGISTRY) -> JobEnvelope:
     """Decode one `jobs` message value; raises EventError for anything invalid."""
     return decode_one(value, JOBS, registry)
+
+
+def ended_for_good(events: Iterable[JobEnvelope]) -> set[str]:
+    """The jobs `events` end for good: finished, or failed and not retried (the scheduler
+    places no hold for them afterwards; preempted, reclaimed and retried jobs come back)."""
+    return {
+        e.data.job_id
+        for e in events
+        if isinstance(e.data, JobFinished) or (isinstance(e.data, JobFailed) and not e.data.retry)
+    }

@@ -41,7 +41,14 @@ from ledger.holds import HoldBook, HoldEnvelope, HoldPlaced, decode_jobs_message
 from ledger.ingest.audit import job_entry
 from ledger.ingest.batch import Folded, booker, located, refused, sourced
 from ledger.ingest.validation import check_transaction
-from ledger.job_events import GpuAssigned, GpuReleased, JobEnvelope, JobStarted, JobSubmitted
+from ledger.job_events import (
+    GpuAssigned,
+    GpuReleased,
+    JobEnvelope,
+    JobStarted,
+    JobSubmitted,
+    ended_for_good,
+)
 from ledger.job_owners import (
     awaited_by,
     correction,
@@ -72,6 +79,7 @@ class DecodedJobs:
         self.assignments: list[tuple[JobEnvelope, ConsumedMessage]] = []
         self.audited: list[AuditEntry] = []
         self.identities: list[tuple[JobEnvelope, ConsumedMessage]] = []  # name job owners
+        self.ended: set[str] = set()  # jobs ended for good, whose baselines a global shard drops
         self.dead: list[DeadLetter] = []
         for message in messages:
             read = decode_jobs_message(message.value)
@@ -79,6 +87,7 @@ class DecodedJobs:
             self.holds.extend((envelope, message) for envelope in read.holds)
             self.assignments.extend((envelope, message) for envelope in read.assignments)
             self.audited.extend(e for a in read.audited if (e := job_entry(a)) is not None)
+            self.ended |= ended_for_good(read.audited)
             self.identities.extend(
                 (e, message)
                 for e in (*read.audited, *read.assignments)
@@ -100,7 +109,8 @@ class DecodedJobs:
             holds=True,
             hold_jobs=frozenset(
                 e.data.job_id for e, _ in self.holds if isinstance(e.data, HoldPlaced)
-            ),
+            )
+            | self.ended,
             audit_ids=[e.event_id for e in self.audited],
             job_keys=frozenset(k for e, _ in self.identities for k in _job_keys(e))
             | {gpu_key(e.subject) for e, _ in self.assignments if isinstance(e.data, GpuAssigned)}
@@ -227,6 +237,7 @@ def fold_jobs(
     for settlement in holds.settle([t.txn for t in gained]):
         transactions.append(replace(gained[settlement.last_usage], txn=settlement.txn))
     if settle_at_end:
+        holds.finish(batch.ended)
         if sealed is not None and last is not None:
             ended = holds.settle_ended(sealed.through_us, sealed.job_usage(), sealed.covered())
             transactions.extend(sourced(ended, last))
@@ -238,6 +249,7 @@ def fold_jobs(
         changes=StateChanges(
             holds=holds.changed(),
             baselines=holds.baselines_changed(),
+            baselines_dropped=holds.baselines_dropped(),
             seen=without_postings,
             timelines=timelines,
             audit=audit,

@@ -100,7 +100,12 @@ def with_sealed_through(
     added = replace(
         folded,
         transactions=folded.transactions + tuple(sourced(ended, message)),
-        changes=replace(folded.changes, holds=holds.changed(), baselines=holds.baselines_changed()),
+        changes=replace(
+            folded.changes,
+            holds=holds.changed(),
+            baselines=holds.baselines_changed(),
+            baselines_dropped=holds.baselines_dropped(),
+        ),
     )
     through = period_label(sealed.through_us, zone)
     if not allowances_due(admin_after, through, zone):

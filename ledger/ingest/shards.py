@@ -103,7 +103,8 @@ def _samples_of_jobs(folded: Folded) -> Folded:
     and the views (owners, timelines, awaiting, resolved, events seen); no holds, audit or
     dead letters."""
     kept = _keep(folded, lambda t: t.txn.kind in _USAGE_KINDS)
-    return replace(kept, dead=(), changes=replace(kept.changes, holds=(), baselines={}, audit=()))
+    dropped = replace(kept.changes, holds=(), baselines={}, baselines_dropped=(), audit=())
+    return replace(kept, dead=(), changes=dropped)
 
 
 def _samples_of_admin(folded: Folded) -> Folded:

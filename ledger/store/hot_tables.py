@@ -128,6 +128,7 @@ CREATE TABLE IF NOT EXISTS open_holds (
 );
 ALTER TABLE open_holds ADD COLUMN IF NOT EXISTS baseline BIGINT DEFAULT 0;
 ALTER TABLE open_holds ADD COLUMN IF NOT EXISTS earlier BIGINT DEFAULT 0;
+ALTER TABLE open_holds ADD COLUMN IF NOT EXISTS final BOOLEAN DEFAULT FALSE;
 CREATE TABLE IF NOT EXISTS hold_baselines (
     job_id VARCHAR NOT NULL, unit VARCHAR NOT NULL, usage BIGINT NOT NULL,
     PRIMARY KEY (job_id, unit)
@@ -242,15 +243,21 @@ def write_changes(con: duckdb.DuckDBPyConnection, changes: StateChanges, now: in
                     h.placed_by,
                     h.baseline,
                     h.earlier,
+                    h.final,
                 )
                 for h in changes.holds
                 if h.amount
             ],
         )
-    if changes.baselines:
+    if changes.baselines or changes.baselines_dropped:
         con.execute(
             "DELETE FROM hold_baselines WHERE job_id || '/' || unit IN (SELECT unnest(?))",
-            [[f"{job}/{unit.value}" for job, unit in changes.baselines]],
+            [
+                [
+                    f"{job}/{unit.value}"
+                    for job, unit in (*changes.baselines, *changes.baselines_dropped)
+                ]
+            ],
         )
         insert_rows(
             con,
@@ -317,11 +324,13 @@ def read_gpu_timelines(
 def read_open_holds(con: duckdb.DuckDBPyConnection) -> dict[HoldKey, OpenHold]:
     rows = con.execute(
         "SELECT job_id, unit, team, project, amount, expires_us, placed_by, "
-        "coalesce(baseline, 0), coalesce(earlier, 0) FROM open_holds"
+        "coalesce(baseline, 0), coalesce(earlier, 0), coalesce(final, false) FROM open_holds"
     ).fetchall()
     holds = [
-        OpenHold(str(j), Unit(u), str(t), p, int(a), int(e), str(b), int(base), int(before))
-        for j, u, t, p, a, e, b, base, before in rows
+        OpenHold(
+            str(j), Unit(u), str(t), p, int(a), int(e), str(b), int(base), int(before), bool(f)
+        )
+        for j, u, t, p, a, e, b, base, before, f in rows
     ]
     return {h.key: h for h in holds}
 

@@ -254,6 +254,8 @@ class MemoryStore(MemoryIdentityReads):
             s.holds.pop(hold.key, None)
         s.holds.update((h.key, h) for h in changes.holds if h.amount)  # 0: the hold is gone
         s.baselines.update(changes.baselines)
+        for key in changes.baselines_dropped:
+            s.baselines.pop(key, None)
         _once((e.envelope.id for e in changes.admin), "admin event", s.admin_ids)
         s.admin.extend(changes.admin)
         s.admin_ids.update(e.envelope.id for e in changes.admin)

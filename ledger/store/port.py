@@ -135,6 +135,8 @@ class StateChanges:
     - `baselines`: per (job, unit), the job's usage its holds' settlements accounted, as a
       global shard's settlement moved it (`ledger.holds.HoldBook.baselines_changed`), each
       replacing the job's;
+    - `baselines_dropped`: (job, unit) of baselines no hold reads any more (the job ended for
+      good, `HoldBook.finish`), deleted;
     - `admin`: admin events applied (a `PeriodClosed` applied closes its period);
     - `reversals`: (reversed transaction, reversing transaction);
     - `seen`: (id, event time, dedupe scope) of events applied without a transaction of their
@@ -156,6 +158,7 @@ class StateChanges:
 
     holds: Sequence[OpenHold] = ()
     baselines: Mapping[HoldKey, int] = field(default_factory=dict)
+    baselines_dropped: Sequence[HoldKey] = ()
     admin: Sequence[AppliedAdmin] = ()
     reversals: Sequence[tuple[str, str]] = ()
     seen: Sequence[tuple[str, int, str]] = ()
@@ -191,7 +194,7 @@ class ViewKeys:
     - `audit_ids`: event ids whose place in the audit trail matters (kept for good);
     - `holds`: whether the fold needs the open holds;
     - `hold_jobs`: jobs whose hold baselines the fold reads (those placing holds: a new hold
-      starts from its job's baseline);
+      starts from its job's baseline; those ending for good: their baselines are dropped);
     - `admin`: whether the fold needs the admin state (`AdminView`);
     - `inventory`: whether the fold needs the GPU inventory;
     - `job_keys`: job keys whose known owner and awaiting transactions the fold reads.

@@ -1,0 +1,201 @@
+"""The store contract for what a long-lived ledger drops: a sharded ledger's hold baselines
+(`hold_baselines`, `ledger.holds.HoldBook.finish`). A global shard `Ingestor` over each store
+(`store`: DuckDB and in memory) folds a jobs stream of holds, retries and ends and the
+shards' watermarks (`ShardsSealedThrough`): the baseline of a job that ended for good goes
+with its last settlement, one that may come back (a retry) stays, and late events after the
+drop book nothing wrong."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import orjson
+import pytest
+
+from ledger.admin import admin_envelope, admin_envelope_to_dict
+from ledger.admin.events import LEDGER_ACTOR
+from ledger.admin.sealed_events import JobUsage, ShardsSealedThrough
+from ledger.envelope import event_id
+from ledger.holds import (
+    LEDGER_HOLDS_SOURCE,
+    HoldPlaced,
+    HoldReleased,
+    encode_hold,
+    hold_envelope,
+)
+from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
+from ledger.ingest.shards import ShardRole
+from ledger.job_events import FailReason, JobFailed, JobFinished, encode_job_event
+from ledger.pricing import Price, PriceBook
+from ledger.store.port import LedgerStore
+from ledger.units import Unit
+from tests.builders import T0_US
+
+ADMIN, JOBS = "admin", "jobs"
+MONEY = Unit.MONEY
+HOUR = 3_600_000_000
+
+
+def at(hours: int) -> int:
+    return T0_US + hours * HOUR
+
+
+def placement(job: str, amount: int, hours: int) -> HoldPlaced:
+    return HoldPlaced(job, "vision", None, MONEY, amount, at(hours + 100), at(hours))
+
+
+def placed(job: str, amount: int, hours: int) -> bytes:
+    return encode_hold(hold_envelope(placement(job, amount, hours)))[1]
+
+
+def settled(store: LedgerStore, job: str, placed_at: int, amount: int, end: int) -> int | None:
+    """What the settlement of the hold `placement(job, amount, placed_at)` first placed, ended
+    at `end`, moved off the hold (None: no settlement)."""
+    first = hold_envelope(placement(job, amount, placed_at)).id
+    txn = store.find_transaction(
+        event_id(LEDGER_HOLDS_SOURCE, f"{job}/{MONEY}/{first}/settled", at(end))
+    )
+    if txn is None:
+        return None
+    return -sum(p.amount for p in txn.postings if p.account.startswith("hold:"))
+
+
+def released(job: str, hours: int) -> bytes:
+    return encode_hold(hold_envelope(HoldReleased(job, at(hours), "done")))[1]
+
+
+def failed(job: str, hours: int, retry: bool) -> bytes:
+    event = JobFailed(job, FailReason.EXIT_NONZERO, 1, retry, at(hours))
+    return encode_job_event(event, "tally://scheduler")
+
+
+def finished(job: str, hours: int) -> bytes:
+    return encode_job_event(JobFinished(job, at(hours)), "tally://scheduler")
+
+
+def sealed(hours: int, **usage: int) -> bytes:
+    """The watermark at `hours` with each job's usage (money) up to it."""
+    event = ShardsSealedThrough(
+        at(hours),
+        ("samples-0",),
+        tuple(JobUsage(job, MONEY, amount) for job, amount in sorted(usage.items())),
+        (),
+        LEDGER_ACTOR,
+        "watermark",
+        at(hours),
+    )
+    return orjson.dumps([admin_envelope_to_dict(admin_envelope(event))])
+
+
+@dataclass
+class GlobalShard:
+    """A global shard's ingest over `store`, numbering each topic's offsets."""
+
+    store: LedgerStore
+    offsets: Counter[str]
+
+    def __post_init__(self) -> None:
+        self.ingest = Ingestor(
+            self.store,
+            "c",
+            PriceBook((Price("*", 3_600_000),)),
+            {},
+            topics=OutputTopics("alerts", "dl", None),
+            inputs=InputTopics(ADMIN, JOBS),
+            role=ShardRole.GLOBAL,
+        )
+
+    def fold(self, *items: tuple[str, bytes]) -> None:
+        batch = []
+        for topic, value in items:
+            batch.append(ConsumedMessage(topic, 0, self.offsets[topic], value))
+            self.offsets[topic] += 1
+        self.ingest.apply(batch)
+
+
+@pytest.fixture
+def shard(store: LedgerStore) -> GlobalShard:
+    return GlobalShard(store, Counter())
+
+
+def test_a_finished_jobs_baseline_goes_with_its_last_settlement(shard: GlobalShard) -> None:
+    """job-a fails and is retried, job-b fails for good, job-c finishes: after the watermark
+    settles them, only job-a's baseline is kept (its retry reads it). The retry is placed past
+    that baseline, then job-a finishes: its open hold is marked final before the watermark
+    settles it, and the settlement drops the baseline instead of moving it."""
+    shard.fold(
+        (JOBS, placed("job-a", 1_000, 1)),
+        (JOBS, placed("job-b", 1_000, 1)),
+        (JOBS, placed("job-c", 1_000, 1)),
+    )
+    shard.fold(
+        (JOBS, failed("job-a", 2, retry=True)),
+        (JOBS, released("job-a", 2)),
+        (JOBS, failed("job-b", 2, retry=False)),
+        (JOBS, released("job-b", 2)),
+    )
+    shard.fold((JOBS, finished("job-c", 2)), (JOBS, released("job-c", 2)))
+    shard.fold((ADMIN, sealed(3, **{"job-a": 300, "job-b": 400, "job-c": 500})))
+    assert shard.store.open_holds() == {}
+    assert shard.store.hold_baselines() == {("job-a", MONEY): 300}
+
+    shard.fold((JOBS, placed("job-a", 1_000, 4)))  # the retry starts past its baseline
+    retry = shard.store.open_holds()[("job-a", MONEY)]
+    assert (retry.baseline, retry.final) == (300, False)
+    shard.fold((JOBS, finished("job-a", 5)), (JOBS, released("job-a", 5)))
+    assert shard.store.open_holds()[("job-a", MONEY)].final  # kept across commits and reads
+    assert shard.store.hold_baselines() == {("job-a", MONEY): 300}  # until it settles
+    shard.fold((ADMIN, sealed(6, **{"job-a": 450})))
+    assert (shard.store.open_holds(), shard.store.hold_baselines()) == ({}, {})
+    found = [
+        settled(shard.store, "job-a", 1, 1_000, 2),
+        settled(shard.store, "job-b", 1, 1_000, 2),
+        settled(shard.store, "job-c", 1, 1_000, 2),
+        settled(shard.store, "job-a", 4, 1_000, 5),
+    ]
+    assert found == [300, 400, 500, 150]  # the retry by the usage past its baseline
+
+
+@dataclass(frozen=True, slots=True)
+class Late:
+    sent: tuple[tuple[str, str], ...]  # (topic, which event) resent after the drop
+    window_us: int | None = None  # the dedupe window pruned to first (None: no prune)
+    refused: int = 0  # dead letters it makes (`too late to deduplicate`)
+
+
+LATE = {
+    # the retry's placement again (a resend at a new offset): a duplicate, dropped
+    "placement-resent": Late(((JOBS, "placed-again"),)),
+    # ... after the dedupe window forgot it: refused, never booked (no hold without baseline)
+    "placement-resent-past-window": Late(((JOBS, "placed-again"),), HOUR // 2, refused=1),
+    # the end events again: nothing open, nothing to drop
+    "end-resent": Late(((JOBS, "finished-again"), (JOBS, "released-again"))),
+    # the watermark again: no hold left to settle
+    "watermark-resent": Late(((ADMIN, "sealed-again"),)),
+}
+
+
+@pytest.mark.parametrize("late", LATE.values(), ids=LATE.keys())
+def test_events_resent_after_the_drop_book_nothing(shard: GlobalShard, late: Late) -> None:
+    values = {
+        "placed-again": placed("job-a", 1_000, 4),
+        "finished-again": finished("job-a", 5),
+        "released-again": released("job-a", 5),
+        "sealed-again": sealed(6, **{"job-a": 450}),
+    }
+    shard.fold((JOBS, placed("job-a", 1_000, 1)))
+    shard.fold((JOBS, failed("job-a", 2, retry=True)), (JOBS, released("job-a", 2)))
+    shard.fold((ADMIN, sealed(3, **{"job-a": 300})))
+    shard.fold((JOBS, values["placed-again"]))
+    shard.fold((JOBS, values["finished-again"]), (JOBS, values["released-again"]))
+    shard.fold((ADMIN, values["sealed-again"]))
+    if late.window_us is not None:
+        shard.store.prune_seen_events(late.window_us)
+    before = (shard.store.balance_rows(), len(shard.store.dead_letters()))
+    assert (shard.store.open_holds(), shard.store.hold_baselines()) == ({}, {})
+    assert settled(shard.store, "job-a", 4, 1_000, 5) == 150
+    shard.fold(*((topic, values[name]) for topic, name in late.sent))
+    after = (shard.store.balance_rows(), len(shard.store.dead_letters()))
+    assert after == (before[0], before[1] + late.refused)
+    assert (shard.store.open_holds(), shard.store.hold_baselines()) == ({}, {})
