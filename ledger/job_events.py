@@ -542,11 +542,12 @@ def decode_job_event(value: bytes | str, registry: SchemaRegistry = REGISTRY) ->
     return decode_one(value, JOBS, registry)
 
 
-def ended_for_good(events: Iterable[JobEnvelope]) -> set[str]:
-    """The jobs `events` end for good: finished, or failed and not retried (the scheduler
-    places no hold for them afterwards; preempted, reclaimed and retried jobs come back)."""
+def ended_for_good(events: Iterable[JobEnvelope]) -> dict[str, int]:
+    """The jobs `events` end for good, each with its end's time: finished, or failed and not
+    retried (the scheduler places no hold for them afterwards; preempted, reclaimed and
+    retried jobs come back)."""
     return {
-        e.data.job_id
+        e.data.job_id: e.data.time_us
         for e in events
         if isinstance(e.data, JobFinished) or (isinstance(e.data, JobFailed) and not e.data.retry)
     }

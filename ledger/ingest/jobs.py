@@ -79,7 +79,7 @@ class DecodedJobs:
         self.assignments: list[tuple[JobEnvelope, ConsumedMessage]] = []
         self.audited: list[AuditEntry] = []
         self.identities: list[tuple[JobEnvelope, ConsumedMessage]] = []  # name job owners
-        self.ended: set[str] = set()  # jobs ended for good, whose baselines a global shard drops
+        self.ended: dict[str, int] = {}  # jobs ended for good → when (`ended_for_good`)
         self.dead: list[DeadLetter] = []
         for message in messages:
             read = decode_jobs_message(message.value)
@@ -87,7 +87,7 @@ class DecodedJobs:
             self.holds.extend((envelope, message) for envelope in read.holds)
             self.assignments.extend((envelope, message) for envelope in read.assignments)
             self.audited.extend(e for a in read.audited if (e := job_entry(a)) is not None)
-            self.ended |= ended_for_good(read.audited)
+            self.ended.update(ended_for_good(read.audited))
             self.identities.extend(
                 (e, message)
                 for e in (*read.audited, *read.assignments)
@@ -110,7 +110,7 @@ class DecodedJobs:
             hold_jobs=frozenset(
                 e.data.job_id for e, _ in self.holds if isinstance(e.data, HoldPlaced)
             )
-            | self.ended,
+            | self.ended.keys(),
             audit_ids=[e.event_id for e in self.audited],
             job_keys=frozenset(k for e, _ in self.identities for k in _job_keys(e))
             | {gpu_key(e.subject) for e, _ in self.assignments if isinstance(e.data, GpuAssigned)}
@@ -250,6 +250,7 @@ def fold_jobs(
             holds=holds.changed(),
             baselines=holds.baselines_changed(),
             baselines_dropped=holds.baselines_dropped(),
+            jobs_ended=batch.ended,
             seen=without_postings,
             timelines=timelines,
             audit=audit,

@@ -80,6 +80,7 @@ from ledger.store.hot_tables import (
     write_changes,
 )
 from ledger.store.hot_upkeep import PRUNE_WINDOW_KEY, PRUNED_BEFORE_KEY, HotUpkeep
+from ledger.store.job_usage import update_job_usage
 from ledger.store.layout import (
     ARCHIVE_DIR,
     HOT_DB_NAME,
@@ -244,6 +245,8 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
                 )
                 insert_rows(self._con, "idle_state", [state_to_row(s) for s in idle_states])
             self._apply_changes(changes, now)
+            if job_usage:
+                update_job_usage(con, changes)
             self._append_audit(changes.audit)
             closed = tuple(self._close(entry, now) for entry in closing)
             insert_rows(
@@ -438,9 +441,13 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
         return dict(self._state().holds)
 
     def hold_baselines(self, jobs: Collection[str] | None = None) -> dict[HoldKey, int]:
-        """Read from the table, not the mirror: a global shard keeps one per job ever settled,
-        and a fold reads only those of the jobs placing holds."""
+        """Read from the table, not the mirror: a global shard keeps one per job settled and
+        not ended for good, and a fold reads only those of the jobs placing holds or ending."""
         return read_hold_baselines(self._con, jobs)
+
+    def job_usage_rows(self) -> dict[tuple[str, str, str], int]:
+        rows = self._con.execute("SELECT account, job_id, unit, amount FROM job_usage").fetchall()
+        return {(str(a), str(j), str(u)): int(n) for a, j, u, n in rows}
 
     def _drop_seen_columns(
         self, columns: PostingColumns | None, fresh: Sequence[SourcedTransaction]

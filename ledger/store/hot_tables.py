@@ -121,6 +121,7 @@ CREATE TABLE IF NOT EXISTS job_usage (
     account VARCHAR NOT NULL, job_id VARCHAR NOT NULL, unit VARCHAR NOT NULL,
     amount BIGINT NOT NULL, PRIMARY KEY (account, job_id, unit)
 );
+ALTER TABLE job_usage ADD COLUMN IF NOT EXISTS ended_us BIGINT;
 CREATE TABLE IF NOT EXISTS open_holds (
     job_id VARCHAR NOT NULL, unit VARCHAR NOT NULL, team VARCHAR NOT NULL, project VARCHAR,
     amount BIGINT NOT NULL, expires_us BIGINT NOT NULL, placed_by VARCHAR NOT NULL,
@@ -370,7 +371,8 @@ def _move_job_usage(con: duckdb.DuckDBPyConnection, registered: Collection[str])
         if name in registered
     ]
     con.execute(
-        "INSERT INTO job_usage SELECT account, job_id, unit, sum(amount) "
+        "INSERT INTO job_usage (account, job_id, unit, amount) "
+        "SELECT account, job_id, unit, sum(amount) "
         f"FROM ({' UNION ALL '.join(f'({part})' for part in parts)}) GROUP BY ALL "
         "ON CONFLICT DO UPDATE SET amount = amount + excluded.amount"
     )

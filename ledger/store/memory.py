@@ -51,6 +51,7 @@ from ledger.inventory import InventoryGpu
 from ledger.posting_columns import PostingColumns
 from ledger.postings import Transaction, TransactionKind
 from ledger.pricing import PriceBook
+from ledger.store.job_usage import update_memory_job_usage
 from ledger.store.memory_checksum import period_checksum
 from ledger.store.memory_identity import JobIdentity, MemoryIdentityReads
 from ledger.store.memory_state import BalanceKey, Booked, MemoryState, Range
@@ -199,6 +200,8 @@ class MemoryStore(MemoryIdentityReads):
         _once((i.subject for i in idle_states), "idle state")
         s.idle.update((i.subject, i) for i in idle_states)
         self._apply_changes(s, changes)
+        if job_usage:
+            update_memory_job_usage(s.job_usage, s.job_usage_ended, s.timelines, changes)
         closed = tuple(self._close(s, entry) for entry in closing)
         queued = [m for m in outbox if m.id not in s.outbox]
         _once((m.id for m in queued), "outbox message")
@@ -422,6 +425,9 @@ class MemoryStore(MemoryIdentityReads):
 
     def hold_baselines(self, jobs: Collection[str] | None = None) -> dict[HoldKey, int]:
         return {k: v for k, v in self._s.baselines.items() if jobs is None or k[0] in jobs}
+
+    def job_usage_rows(self) -> dict[tuple[str, str, str], int]:
+        return dict(self._s.job_usage)
 
     def closed_period_labels(self) -> frozenset[str]:
         return frozenset(self._s.closed)

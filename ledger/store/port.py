@@ -137,6 +137,9 @@ class StateChanges:
       replacing the job's;
     - `baselines_dropped`: (job, unit) of baselines no hold reads any more (the job ended for
       good, `HoldBook.finish`), deleted;
+    - `jobs_ended`: jobs that ended for good (`ledger.job_events.ended_for_good`), each with
+      its end's time: a shard's `job_usage` rows of them are marked, and dropped by a later
+      watermark (`ledger.store.job_usage`);
     - `admin`: admin events applied (a `PeriodClosed` applied closes its period);
     - `reversals`: (reversed transaction, reversing transaction);
     - `seen`: (id, event time, dedupe scope) of events applied without a transaction of their
@@ -159,6 +162,7 @@ class StateChanges:
     holds: Sequence[OpenHold] = ()
     baselines: Mapping[HoldKey, int] = field(default_factory=dict)
     baselines_dropped: Sequence[HoldKey] = ()
+    jobs_ended: Mapping[str, int] = field(default_factory=dict)
     admin: Sequence[AppliedAdmin] = ()
     reversals: Sequence[tuple[str, str]] = ()
     seen: Sequence[tuple[str, int, str]] = ()
@@ -391,6 +395,11 @@ class LedgerStore(Protocol):
 
     def folded_balances(self) -> list[BalanceRow]:
         """The fold of every committed posting per (account, unit, period), recomputed, sorted."""
+        ...
+
+    def job_usage_rows(self) -> dict[tuple[str, str, str], int]:
+        """A shard's jobs' usage so far, (consumer account, job, unit) → amount, as its balance
+        messages list it (`ledger.store.job_usage` says how long a row is kept)."""
         ...
 
     def open_holds(self) -> dict[HoldKey, OpenHold]: ...

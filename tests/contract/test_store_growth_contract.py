@@ -1,9 +1,15 @@
-"""The store contract for what a long-lived ledger drops: a sharded ledger's hold baselines
-(`hold_baselines`, `ledger.holds.HoldBook.finish`). A global shard `Ingestor` over each store
-(`store`: DuckDB and in memory) folds a jobs stream of holds, retries and ends and the
-shards' watermarks (`ShardsSealedThrough`): the baseline of a job that ended for good goes
-with its last settlement, one that may come back (a retry) stays, and late events after the
-drop book nothing wrong."""
+"""The store contract for what a long-lived sharded ledger drops, over each store (`store`:
+DuckDB and in memory):
+
+- a global shard's hold baselines (`hold_baselines`, `ledger.holds.HoldBook.finish`): a global
+  shard `Ingestor` folds holds, retries and ends and the shards' watermarks
+  (`ShardsSealedThrough`): the baseline of a job that ended for good goes with its last
+  settlement, one that may come back (a retry) stays, and late events after the drop book
+  nothing wrong;
+- a samples shard's jobs' usage so far (`job_usage`, `ledger.store.job_usage`): a job's rows
+  go at the first watermark past its end that no longer covers it, unless it still holds a
+  GPU; a running job's stay; a sample of the job folded after the drop is booked as ever and
+  starts a row of its own."""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from ledger.admin import admin_envelope, admin_envelope_to_dict
 from ledger.admin.events import LEDGER_ACTOR
 from ledger.admin.sealed_events import JobUsage, ShardsSealedThrough
 from ledger.envelope import event_id
+from ledger.events import encode_batch
 from ledger.holds import (
     LEDGER_HOLDS_SOURCE,
     HoldPlaced,
@@ -26,11 +33,11 @@ from ledger.holds import (
 )
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
 from ledger.ingest.shards import ShardRole
-from ledger.job_events import FailReason, JobFailed, JobFinished, encode_job_event
+from ledger.job_events import FailReason, GpuAssigned, JobFailed, JobFinished, encode_job_event
 from ledger.pricing import Price, PriceBook
 from ledger.store.port import LedgerStore
 from ledger.units import Unit
-from tests.builders import T0_US
+from tests.builders import INTERVAL_US, T0_US, a_process, an_envelope, an_owner
 
 ADMIN, JOBS = "admin", "jobs"
 MONEY = Unit.MONEY
@@ -74,8 +81,8 @@ def finished(job: str, hours: int) -> bytes:
     return encode_job_event(JobFinished(job, at(hours)), "tally://scheduler")
 
 
-def sealed(hours: int, **usage: int) -> bytes:
-    """The watermark at `hours` with each job's usage (money) up to it."""
+def sealed(hours: int, covers: tuple[str, ...] | None = None, **usage: int) -> bytes:
+    """The watermark at `hours` with each job's usage (money) up to it, covering `covers`."""
     event = ShardsSealedThrough(
         at(hours),
         ("samples-0",),
@@ -84,16 +91,19 @@ def sealed(hours: int, **usage: int) -> bytes:
         LEDGER_ACTOR,
         "watermark",
         at(hours),
+        covers=covers,
     )
     return orjson.dumps([admin_envelope_to_dict(admin_envelope(event))])
 
 
 @dataclass
-class GlobalShard:
-    """A global shard's ingest over `store`, numbering each topic's offsets."""
+class Shard:
+    """A shard's ingest over `store` (the global one unless `role` says), numbering each
+    topic's offsets."""
 
     store: LedgerStore
     offsets: Counter[str]
+    role: ShardRole = ShardRole.GLOBAL
 
     def __post_init__(self) -> None:
         self.ingest = Ingestor(
@@ -103,7 +113,7 @@ class GlobalShard:
             {},
             topics=OutputTopics("alerts", "dl", None),
             inputs=InputTopics(ADMIN, JOBS),
-            role=ShardRole.GLOBAL,
+            role=self.role,
         )
 
     def fold(self, *items: tuple[str, bytes]) -> None:
@@ -115,11 +125,11 @@ class GlobalShard:
 
 
 @pytest.fixture
-def shard(store: LedgerStore) -> GlobalShard:
-    return GlobalShard(store, Counter())
+def shard(store: LedgerStore) -> Shard:
+    return Shard(store, Counter())
 
 
-def test_a_finished_jobs_baseline_goes_with_its_last_settlement(shard: GlobalShard) -> None:
+def test_a_finished_jobs_baseline_goes_with_its_last_settlement(shard: Shard) -> None:
     """job-a fails and is retried, job-b fails for good, job-c finishes: after the watermark
     settles them, only job-a's baseline is kept (its retry reads it). The retry is placed past
     that baseline, then job-a finishes: its open hold is marked final before the watermark
@@ -177,7 +187,7 @@ LATE = {
 
 
 @pytest.mark.parametrize("late", LATE.values(), ids=LATE.keys())
-def test_events_resent_after_the_drop_book_nothing(shard: GlobalShard, late: Late) -> None:
+def test_events_resent_after_the_drop_book_nothing(shard: Shard, late: Late) -> None:
     values = {
         "placed-again": placed("job-a", 1_000, 4),
         "finished-again": finished("job-a", 5),
@@ -199,3 +209,69 @@ def test_events_resent_after_the_drop_book_nothing(shard: GlobalShard, late: Lat
     after = (shard.store.balance_rows(), len(shard.store.dead_letters()))
     assert after == (before[0], before[1] + late.refused)
     assert (shard.store.open_holds(), shard.store.hold_baselines()) == ({}, {})
+
+
+# ---------------------------------------------------------------------------- job usage
+
+SAMPLES = "samples"
+GPUS = {"job-a": "GPU-a", "job-b": "GPU-b", "job-c": "GPU-c"}
+
+
+def used(job: str, *minutes: int) -> tuple[str, bytes]:
+    """Samples of `job`'s own GPU (its process names it) ending `minutes` after the start."""
+    owner = an_owner(job_id=job)
+    return (
+        SAMPLES,
+        encode_batch(
+            [
+                an_envelope(
+                    gpu_uuid=GPUS[job],
+                    sample_time_us=at(0) + m * 60_000_000,
+                    processes=(a_process(owner=owner),),
+                )
+                for m in minutes
+            ]
+        ),
+    )
+
+
+def usage_of(store: LedgerStore) -> dict[str, int]:
+    """GPU-ms so far per job, as the shard's `job_usage` has it."""
+    return {job: n for (_, job, unit), n in store.job_usage_rows().items() if unit == "gpu_ms"}
+
+
+def test_a_jobs_usage_so_far_goes_once_a_watermark_settles_its_end(store: LedgerStore) -> None:
+    """job-a ends (finished), job-b fails for good but still holds its GPU (no release yet),
+    job-c runs on: a watermark past the ends that still covers job-a (the global shard held
+    its hold) keeps it; the next, covering nothing, drops job-a only; a late sample of job-a
+    is booked and starts a row of its own."""
+    shard = Shard(store, Counter(), ShardRole.SAMPLES)
+    assign = GpuAssigned(
+        "GPU-b",
+        "node-01",
+        "h100",
+        "NVIDIA H100 80GB HBM3",
+        "job-b",
+        "vision",
+        "detection",
+        "ada",
+        at(0),
+    )
+    shard.fold((JOBS, encode_job_event(assign, "tally://scheduler")))
+    shard.fold(used("job-a", 1, 2), used("job-b", 1, 2), used("job-c", 1, 2))
+    shard.fold((JOBS, finished("job-a", 1)), (JOBS, failed("job-b", 1, retry=False)))
+    running = {job: 2 * INTERVAL_US // 1_000 for job in GPUS}  # two samples of 10 s each
+    assert usage_of(store) == running
+    shard.fold((ADMIN, sealed(2, ("job-a",))))  # the global shard still holds job-a's hold
+    assert usage_of(store) == running
+    shard.fold((ADMIN, sealed(3, ())))
+    assert usage_of(store) == {"job-b": running["job-b"], "job-c": running["job-c"]}
+    assert {job for _, job, _ in store.job_usage_rows()} == {"job-b", "job-c"}  # both units
+
+    before = {r.account: r.balance for r in store.balance_rows() if r.unit == "gpu_ms"}
+    shard.fold(used("job-a", 3))  # late: booked as ever, its row starts over
+    after = {r.account: r.balance for r in store.balance_rows() if r.unit == "gpu_ms"}
+    assert after["consumer:vision/detection"] - before["consumer:vision/detection"] == (
+        INTERVAL_US // 1_000
+    )
+    assert usage_of(store)["job-a"] == INTERVAL_US // 1_000
