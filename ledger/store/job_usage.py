@@ -9,17 +9,18 @@ the global shard lists an open hold of the job (`ledger.shard_balances`: the pro
 usage (the watermark's `ShardsSealedThrough.jobs`, summed from the postings), never from this
 table, and a rebuild replays the same commits.
 
-So a row is kept until nothing can project against it any more: its job ended for good
-(`ledger.job_events.ended_for_good`, folded by this shard: the row is marked with the end's
-time, `StateChanges.jobs_ended`), no hold of it follows (a job that ended for good is placed
-no more), and its last hold is settled: a `ShardsSealedThrough` this shard folds whose
-watermark is at or past the end and whose `covers` leaves the job out (the global shard held
-no open hold of it when the event was computed: settled). A job still holding a GPU here is
-kept. Both happen in the commit of the batch that folds them (the mark with the jobs batch,
-the drop with the admin batch), so a rebuild drops the same rows. A charge after the drop (a
-late sample, an admin reversal) starts an unmarked row of the job, kept; its published total
-is then only the late part, which no reader projects with (no hold of the job is listed). A
-watermark with no `covers` (every job) drops nothing.
+So a job's rows are kept until nothing can project against them any more: the job ended for
+good (`ledger.job_events.ended_for_good`, folded by this shard: `StateChanges.jobs_ended`,
+remembered in `ended_jobs` with the end's time, whether or not a row of the job exists yet:
+its samples may come after its end), so no hold of it follows (a job that ended for good is
+placed no more), and its last hold is settled: a `ShardsSealedThrough` this shard folds has
+its watermark at or past the end and its `covers` leaves the job out (the global shard held no
+open hold of it when the event was computed). A job still holding a GPU here is kept. Both
+happen in the commits of the batches that fold them (the end with the jobs batch, the drop
+with the admin batch), so a rebuild drops the same rows. A charge after the drop (a late
+sample, an admin reversal) starts a row of the job again, kept; its published total is then
+only the late part, which no reader projects with (no hold of the job is listed). A watermark
+with no `covers` (every job) drops nothing.
 """
 
 from __future__ import annotations
@@ -45,38 +46,40 @@ def settled_watermarks(changes: StateChanges) -> Iterator[tuple[int, frozenset[s
 
 
 def update_job_usage(con: duckdb.DuckDBPyConnection, changes: StateChanges) -> None:
-    """Mark the rows of the jobs that ended, then drop those the batch's watermarks settle."""
+    """Remember the jobs that ended, then drop the rows of those the batch's watermarks
+    settle (and their `ended_jobs` rows)."""
     if changes.jobs_ended:
         jobs = sorted(changes.jobs_ended)
         con.execute(
-            "UPDATE job_usage SET ended_us = e.ended_us "
-            "FROM (SELECT unnest(?) AS job_id, unnest(?) AS ended_us) e "
-            "WHERE job_usage.job_id = e.job_id",
+            "INSERT INTO ended_jobs SELECT unnest(?), unnest(?) "
+            "ON CONFLICT DO UPDATE SET ended_us = excluded.ended_us",
             [jobs, [changes.jobs_ended[j] for j in jobs]],
         )
     for through, covers in settled_watermarks(changes):
-        con.execute(
-            "DELETE FROM job_usage WHERE ended_us <= ? AND NOT list_contains(?, job_id) "
-            "AND job_id NOT IN (SELECT job_id FROM gpu_holdings "
-            "WHERE to_us IS NULL AND job_id IS NOT NULL)",
-            [through, sorted(covers)],
+        settled = (
+            "SELECT job_id FROM ended_jobs WHERE ended_us <= $through "
+            "AND NOT list_contains($covers, job_id) AND job_id NOT IN (SELECT job_id "
+            "FROM gpu_holdings WHERE to_us IS NULL AND job_id IS NOT NULL)"
         )
+        values = {"through": through, "covers": sorted(covers)}
+        con.execute(f"DELETE FROM job_usage WHERE job_id IN ({settled})", values)
+        con.execute(f"DELETE FROM ended_jobs WHERE job_id IN ({settled})", values)
 
 
 def update_memory_job_usage(
     usage: dict[UsageKey, int],
-    ended: dict[UsageKey, int],
+    ended: dict[str, int],
     timelines: Mapping[str, tuple[Holding, ...]],
     changes: StateChanges,
 ) -> None:
-    """`update_job_usage` on the in-memory store's `usage` and its rows' marks `ended`."""
-    for key in usage:
-        if key[1] in changes.jobs_ended:
-            ended[key] = changes.jobs_ended[key[1]]
+    """`update_job_usage` on the in-memory store's `usage` and its jobs ended `ended`."""
+    ended.update(changes.jobs_ended)
     for through, covers in settled_watermarks(changes):
         holding = {
             h.owner.job_id for timeline in timelines.values() for h in timeline if h.to_us is None
         }
-        for key in [k for k, t in ended.items() if t <= through]:
-            if key[1] not in covers and key[1] not in holding:
-                del usage[key], ended[key]
+        settled = {j for j, t in ended.items() if t <= through} - covers - holding
+        for key in [k for k in usage if k[1] in settled]:
+            del usage[key]
+        for job in settled:
+            del ended[job]

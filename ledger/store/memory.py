@@ -201,7 +201,7 @@ class MemoryStore(MemoryIdentityReads):
         s.idle.update((i.subject, i) for i in idle_states)
         self._apply_changes(s, changes)
         if job_usage:
-            update_memory_job_usage(s.job_usage, s.job_usage_ended, s.timelines, changes)
+            update_memory_job_usage(s.job_usage, s.jobs_ended, s.timelines, changes)
         closed = tuple(self._close(s, entry) for entry in closing)
         queued = [m for m in outbox if m.id not in s.outbox]
         _once((m.id for m in queued), "outbox message")

@@ -73,8 +73,8 @@ class MemoryState:
     identity: JobIdentity = field(default_factory=JobIdentity)  # job owners, awaiting ones
     # (consumer account, job, unit) → the job's usage so far, as `job_usage`
     job_usage: dict[tuple[str, str, str], int] = field(default_factory=dict)
-    # the same keys → when their job ended for good (`ledger.store.job_usage`)
-    job_usage_ended: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    # job → when it ended for good, until its `job_usage` goes, as `ended_jobs`
+    jobs_ended: dict[str, int] = field(default_factory=dict)
 
     def copy(self) -> MemoryState:
         return MemoryState(
@@ -103,5 +103,5 @@ class MemoryState:
             set(self.audit_ids),
             self.identity.copy(),
             dict(self.job_usage),
-            dict(self.job_usage_ended),
+            dict(self.jobs_ended),
         )

@@ -214,7 +214,7 @@ def test_events_resent_after_the_drop_book_nothing(shard: Shard, late: Late) -> 
 # ---------------------------------------------------------------------------- job usage
 
 SAMPLES = "samples"
-GPUS = {"job-a": "GPU-a", "job-b": "GPU-b", "job-c": "GPU-c"}
+GPUS = {"job-a": "GPU-a", "job-b": "GPU-b", "job-c": "GPU-c", "job-d": "GPU-d"}
 
 
 def used(job: str, *minutes: int) -> tuple[str, bytes]:
@@ -242,9 +242,9 @@ def usage_of(store: LedgerStore) -> dict[str, int]:
 
 def test_a_jobs_usage_so_far_goes_once_a_watermark_settles_its_end(store: LedgerStore) -> None:
     """job-a ends (finished), job-b fails for good but still holds its GPU (no release yet),
-    job-c runs on: a watermark past the ends that still covers job-a (the global shard held
-    its hold) keeps it; the next, covering nothing, drops job-a only; a late sample of job-a
-    is booked and starts a row of its own."""
+    job-c runs on, job-d's end is folded before its samples: a watermark past the ends that
+    still covers job-a (the global shard held its hold) keeps it and drops job-d; the next,
+    covering nothing, drops job-a; a late sample of job-a is booked and starts a row again."""
     shard = Shard(store, Counter(), ShardRole.SAMPLES)
     assign = GpuAssigned(
         "GPU-b",
@@ -259,10 +259,18 @@ def test_a_jobs_usage_so_far_goes_once_a_watermark_settles_its_end(store: Ledger
     )
     shard.fold((JOBS, encode_job_event(assign, "tally://scheduler")))
     shard.fold(used("job-a", 1, 2), used("job-b", 1, 2), used("job-c", 1, 2))
-    shard.fold((JOBS, finished("job-a", 1)), (JOBS, failed("job-b", 1, retry=False)))
+    shard.fold(
+        (JOBS, finished("job-a", 1)),
+        (JOBS, failed("job-b", 1, retry=False)),
+        (JOBS, finished("job-d", 1)),
+    )
+    shard.fold(used("job-d", 1, 2))  # its samples come after its end
     running = {job: 2 * INTERVAL_US // 1_000 for job in GPUS}  # two samples of 10 s each
     assert usage_of(store) == running
+    shard.fold((ADMIN, sealed(0, ())))  # before the ends: nothing settled
+    assert usage_of(store) == running
     shard.fold((ADMIN, sealed(2, ("job-a",))))  # the global shard still holds job-a's hold
+    del running["job-d"]
     assert usage_of(store) == running
     shard.fold((ADMIN, sealed(3, ())))
     assert usage_of(store) == {"job-b": running["job-b"], "job-c": running["job-c"]}
