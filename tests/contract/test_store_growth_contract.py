@@ -4,8 +4,8 @@ DuckDB and in memory):
 - a global shard's hold baselines (`hold_baselines`, `ledger.holds.HoldBook.finish`): a global
   shard `Ingestor` folds holds, retries and ends and the shards' watermarks
   (`ShardsSealedThrough`): the baseline of a job that ended for good goes with its last
-  settlement, one that may come back (a retry) stays, and late events after the drop book
-  nothing wrong;
+  settlement, one that may come back (a retry) stays, and events resent after the drop book
+  nothing (a duplicate, or refused past the dedupe window);
 - a samples shard's jobs' usage so far (`job_usage`, `ledger.store.job_usage`): a job's rows
   go at the first watermark past its end that no longer covers it, unless it still holds a
   GPU; a running job's stay; a sample of the job folded after the drop is booked as ever and
@@ -166,48 +166,22 @@ def test_a_finished_jobs_baseline_goes_with_its_last_settlement(shard: Shard) ->
     ]
     assert found == [300, 400, 500, 150]  # the retry by the usage past its baseline
 
-
-@dataclass(frozen=True, slots=True)
-class Late:
-    sent: tuple[tuple[str, str], ...]  # (topic, which event) resent after the drop
-    window_us: int | None = None  # the dedupe window pruned to first (None: no prune)
-    refused: int = 0  # dead letters it makes (`too late to deduplicate`)
-
-
-LATE = {
-    # the retry's placement again (a resend at a new offset): a duplicate, dropped
-    "placement-resent": Late(((JOBS, "placed-again"),)),
-    # ... after the dedupe window forgot it: refused, never booked (no hold without baseline)
-    "placement-resent-past-window": Late(((JOBS, "placed-again"),), HOUR // 2, refused=1),
-    # the end events again: nothing open, nothing to drop
-    "end-resent": Late(((JOBS, "finished-again"), (JOBS, "released-again"))),
-    # the watermark again: no hold left to settle
-    "watermark-resent": Late(((ADMIN, "sealed-again"),)),
-}
-
-
-@pytest.mark.parametrize("late", LATE.values(), ids=LATE.keys())
-def test_events_resent_after_the_drop_book_nothing(shard: Shard, late: Late) -> None:
-    values = {
-        "placed-again": placed("job-a", 1_000, 4),
-        "finished-again": finished("job-a", 5),
-        "released-again": released("job-a", 5),
-        "sealed-again": sealed(6, **{"job-a": 450}),
-    }
-    shard.fold((JOBS, placed("job-a", 1_000, 1)))
-    shard.fold((JOBS, failed("job-a", 2, retry=True)), (JOBS, released("job-a", 2)))
-    shard.fold((ADMIN, sealed(3, **{"job-a": 300})))
-    shard.fold((JOBS, values["placed-again"]))
-    shard.fold((JOBS, values["finished-again"]), (JOBS, values["released-again"]))
-    shard.fold((ADMIN, values["sealed-again"]))
-    if late.window_us is not None:
-        shard.store.prune_seen_events(late.window_us)
-    before = (shard.store.balance_rows(), len(shard.store.dead_letters()))
+    # resent after the drop (at new offsets): the retry's placement is a duplicate, the end
+    # events find nothing open, the watermark no hold to settle: nothing booked, nothing kept
+    booked = (shard.store.balance_rows(), len(shard.store.dead_letters()))
+    shard.fold((JOBS, placed("job-a", 1_000, 4)))
+    shard.fold((JOBS, finished("job-a", 5)), (JOBS, released("job-a", 5)))
+    shard.fold((ADMIN, sealed(6, **{"job-a": 450})))
+    assert (shard.store.balance_rows(), len(shard.store.dead_letters())) == booked
     assert (shard.store.open_holds(), shard.store.hold_baselines()) == ({}, {})
-    assert settled(shard.store, "job-a", 4, 1_000, 5) == 150
-    shard.fold(*((topic, values[name]) for topic, name in late.sent))
-    after = (shard.store.balance_rows(), len(shard.store.dead_letters()))
-    assert after == (before[0], before[1] + late.refused)
+    # once the dedupe window forgot it, the placement is refused (too late to deduplicate),
+    # never booked as a new hold with no baseline
+    shard.store.prune_seen_events(HOUR // 2)
+    shard.fold((JOBS, placed("job-a", 1_000, 4)))
+    assert (shard.store.balance_rows(), len(shard.store.dead_letters())) == (
+        booked[0],
+        booked[1] + 1,
+    )
     assert (shard.store.open_holds(), shard.store.hold_baselines()) == ({}, {})
 
 
