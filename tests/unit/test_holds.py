@@ -17,7 +17,17 @@ from ledger.holds import (
     hold_envelope,
 )
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
-from ledger.job_events import JobStarted, encode_job_event
+from ledger.job_events import (
+    FailReason,
+    JobEvent,
+    JobFailed,
+    JobFinished,
+    JobPreempted,
+    JobStarted,
+    PreemptReason,
+    encode_job_event,
+    ended_for_good,
+)
 from ledger.pricing import Price, PriceBook
 from ledger.read.queries import LedgerQueries
 from ledger.store.hot import DuckDBStore
@@ -206,6 +216,23 @@ def test_the_scheduler_job_events_on_the_topic_are_passed_over():
     read = decode_jobs_message(b"[" + job_event + b"," + hold + b"]")
     assert (len(read.holds), read.dead, read.ignored) == (1, (), 1)
     assert read.holds[0] == hold_envelope(placed(5))
+
+
+ENDS = {
+    "finished": (JobFinished("job-1", T0_US), True),
+    "failed-for-good": (JobFailed("job-1", FailReason.CANCELLED, 1, False, T0_US), True),
+    "failed-retried": (JobFailed("job-1", FailReason.EXIT_NONZERO, 1, True, T0_US), False),
+    "preempted": (JobPreempted("job-1", "job-2", PreemptReason.HIGHER_PRIORITY, T0_US), False),
+    "started": (JobStarted("job-1", T0_US), False),
+}
+
+
+@pytest.mark.parametrize(("event", "ends"), ENDS.values(), ids=ENDS.keys())
+def test_a_job_ends_for_good_when_it_finishes_or_fails_unretried(event: JobEvent, ends: bool):
+    """What a global shard drops a job's hold baselines on (`ended_for_good`): the scheduler
+    places no hold for the job afterwards."""
+    read = decode_jobs_message(encode_job_event(event, "tally://scheduler"))
+    assert ended_for_good(read.audited) == ({"job-1": T0_US} if ends else {})
 
 
 @pytest.mark.parametrize(
