@@ -11,7 +11,9 @@ transaction holding, together:
   coordinates, key and value bytes, the batch's sequence number and each message's position in
   it), so the ledger can be rebuilt from them at any time (`ledger.store.rebuild`),
 - the projections that follow from the batch: the running `balances` per (account, unit,
-  period), the open holds per job and the jobs' hold baselines (`hold_baselines`), each GPU's
+  period), the open holds per job and the jobs' hold baselines (`hold_baselines`, until the
+  job ends for good: `ledger.holds.HoldBook.finish`), a shard's jobs' usage so far
+  (`job_usage`, `ended_jobs`: `ledger.store.job_usage`), each GPU's
   assignment timeline (`gpu_holdings`, who the scheduler says holds it: `ledger.assignments`),
   the applied admin events (`admin_log`), reversed transactions, closed periods with their
   checksums, the audit trail (`ledger.store.hot_audit`), job owners and suspense awaiting them
