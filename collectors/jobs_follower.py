@@ -20,8 +20,8 @@ from typing import Any
 from collectors.simulated import SimulatedFleet, WorkloadKind
 from collectors.workload import kind_of_queue
 from ledger.events import Owner
-from ledger.holds import decode_jobs_message
 from ledger.job_events import GpuAssigned, GpuReleased, JobSubmitted
+from ledger.jobs_message import decode_jobs_message
 
 log = logging.getLogger("tally.collector")
 

@@ -1,7 +1,7 @@
 """Holds: usage reserved for an admitted job until it is metered, as events and as postings.
 
 The scheduler puts `HoldPlaced` and `HoldReleased` on the `jobs` topic, keyed by job id, beside
-its job events (which this module's decoder passes over). The ledger books them:
+its job events (`ledger.jobs_message` reads a jobs message). The ledger books them:
 
 - placing a hold debits `hold:<team>` and credits `holds-outstanding:<team>` (kind `hold`); a
   second placement for the same job and unit adds to the open hold;
@@ -29,7 +29,6 @@ family. Schemas of hold event data:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -41,20 +40,15 @@ import orjson
 
 from ledger.accounts import AccountKind, hold_account, holds_outstanding_account
 from ledger.envelope import (
-    DECODE_ERRORS,
     REGISTRY,
-    DeadLetter,
     Envelope,
     Family,
-    dead_letter,
     decode_envelope,
     event_id,
     family_to_dict,
-    parse,
 )
 from ledger.errors import EventError
 from ledger.events import MAX_TIME_US
-from ledger.job_events import JOBS, JobEnvelope, JobEventType
 from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.units import Unit
 
@@ -62,13 +56,6 @@ HOLD_SOURCE = "tally://scheduler"
 LEDGER_HOLDS_SOURCE = "tally://ledger/holds"
 MAX_HOLD = 1 << 62
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_ASSIGNMENT_TYPES = frozenset({JobEventType.GPU_ASSIGNED.value, JobEventType.GPU_RELEASED.value})
-_JOB_TYPES = frozenset(kind.value for kind in JobEventType) - _ASSIGNMENT_TYPES
-# submissions and cancellations are audited; submissions and starts name a job's owners
-_AUDITED_TYPES = frozenset(
-    {JobEventType.SUBMITTED.value, JobEventType.FAILED.value, JobEventType.STARTED.value}
-)
-_DECODED_TYPES = _AUDITED_TYPES | {JobEventType.FINISHED.value}  # and ends (`ended_for_good`)
 
 HoldKey = tuple[str, Unit]  # (job id, unit)
 BookPeriod = Callable[[int], str]  # time → the open period a posting at that time is booked into
@@ -262,53 +249,6 @@ REGISTRY.add(HOLDS, {(kind, 0): hold_v0_to_v1 for kind in HoldKind})
 
 def hold_envelope_from_dict(obj: Any) -> HoldEnvelope:
     return decode_envelope(obj, HOLDS)
-
-
-@dataclass(frozen=True, slots=True)
-class JobsMessage:
-    """One jobs-topic message as the ledger reads it: its holds, the scheduler's GPU
-    assignments (`GpuAssigned` / `GpuReleased`), its bad parts, how many job events it
-    carried that are not the ledger's business, and the submissions, starts, failures and
-    finishes among them (`audited`: the audit trail records submissions and cancellations, the
-    job owners projection reads submissions and starts, a global shard's holds the ends,
-    `ended_for_good`; one that does not decode is passed over, never a dead letter)."""
-
-    holds: tuple[HoldEnvelope, ...]
-    dead: tuple[DeadLetter, ...]
-    ignored: int = 0
-    assignments: tuple[JobEnvelope, ...] = ()
-    audited: tuple[JobEnvelope, ...] = ()
-
-
-def decode_jobs_message(value: bytes | None) -> JobsMessage:
-    """Decode the holds and GPU assignments in a jobs-topic message (an envelope or an array).
-    Never raises."""
-    items, refused = parse(value)
-    if refused is not None:
-        return JobsMessage((), (refused,))
-    holds: list[HoldEnvelope] = []
-    assignments: list[JobEnvelope] = []
-    dead: list[DeadLetter] = []
-    audited: list[JobEnvelope] = []
-    ignored = 0
-    for item in items:
-        kind = item.get("type") if type(item) is dict else None
-        if type(kind) is not str:
-            kind = None  # a list or an object is no type (and cannot be looked up)
-        if kind in _JOB_TYPES:
-            ignored += 1
-            if kind in _DECODED_TYPES:
-                with contextlib.suppress(*DECODE_ERRORS):
-                    audited.append(decode_envelope(item, JOBS))
-            continue
-        try:
-            if kind in _ASSIGNMENT_TYPES:
-                assignments.append(decode_envelope(item, JOBS))
-            else:
-                holds.append(decode_envelope(item, HOLDS))
-        except DECODE_ERRORS as exc:
-            dead.append(dead_letter(item, exc))
-    return JobsMessage(tuple(holds), tuple(dead), ignored, tuple(assignments), tuple(audited))
 
 
 # ---------------------------------------------------------------------------- the fold

@@ -37,7 +37,7 @@ from ledger.closing import booking_period
 from ledger.dedupe import assignment_scope, job_scope, too_late
 from ledger.events import DeadLetter, Owner
 from ledger.fractional import share_parent
-from ledger.holds import HoldBook, HoldEnvelope, HoldPlaced, decode_jobs_message
+from ledger.holds import HoldBook, HoldEnvelope, HoldPlaced
 from ledger.ingest.audit import job_entry
 from ledger.ingest.batch import Folded, booker, located, refused, sourced
 from ledger.ingest.validation import check_transaction
@@ -58,6 +58,7 @@ from ledger.job_owners import (
     reassigned,
     retimed,
 )
+from ledger.jobs_message import decode_jobs_message
 from ledger.postings import Posting, Transaction
 from ledger.store.port import (
     ConsumedMessage,

@@ -12,7 +12,6 @@ from ledger.events import encode_batch
 from ledger.holds import (
     HoldPlaced,
     HoldReleased,
-    decode_jobs_message,
     encode_hold,
     hold_envelope,
 )
@@ -28,6 +27,7 @@ from ledger.job_events import (
     encode_job_event,
     ended_for_good,
 )
+from ledger.jobs_message import decode_jobs_message
 from ledger.pricing import Price, PriceBook
 from ledger.read.queries import LedgerQueries
 from ledger.store.hot import DuckDBStore

@@ -10,10 +10,10 @@ import pytest
 
 from ledger.accounts import consumer_account, unallocated_account
 from ledger.events import encode_batch
-from ledger.holds import decode_jobs_message
 from ledger.idle import MINUTE_US, IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, OutputTopics
 from ledger.job_events import GpuAssigned, GpuReleased, JobStarted, encode_job_event
+from ledger.jobs_message import decode_jobs_message
 from ledger.pricing import Price, PriceBook
 from ledger.store.hot import DuckDBStore
 from ledger.units import Unit

@@ -613,8 +613,8 @@ def test_a_clean_stop_stops_the_local_jobs_and_says_so_on_the_topic(tmp_path):
 
 
 def test_every_published_message_decodes_as_what_the_ledger_and_replay_expect(tmp_path):
-    from ledger.holds import decode_jobs_message
     from ledger.job_events import decode_job_event
+    from ledger.jobs_message import decode_jobs_message
 
     rig = Rig(tmp_path)
 
