@@ -4,9 +4,11 @@ real `Ingestor` share.
 It owns:
 - the fold a test ingests with (`FOLD`, a `ReplaySettings`, so the same value drives a rebuild
   check) and `an_ingestor`, which wires an `Ingestor` from it over a store;
-- the message values of the consumed topics: `jobs_value` (a job event or a hold),
+- the message values of the consumed topics: `jobs_value` (a job event or a hold, under the id
+  `jobs_event_id` says),
   `samples_value` (a batch of samples), `admin_value` (a batch of admin events);
-- `a_store`: an in-memory or a DuckDB store by kind;
+- `a_store`: an in-memory or a DuckDB store by kind (`SCRATCH`: where a test that makes many
+  DuckDB ledgers keeps them, in memory where there is a `/dev/shm`);
 - `Ledger`: one store fed message by message, numbering each topic's offsets as a broker log
   would, and read back as balances (`account_totals`, `gpu_ms`).
 
@@ -17,6 +19,7 @@ Hand-written transactions committed and sealed without the ingest (for the repor
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
@@ -29,7 +32,7 @@ from ledger.balances import ShardStamp
 from ledger.events import SampleEnvelope, encode_batch
 from ledger.holds import HoldEvent, HoldPlaced, HoldReleased, encode_hold, hold_envelope
 from ledger.ingest import ConsumedMessage, Ingestor, IngestResult, OutputTopics
-from ledger.job_events import JobEvent, encode_job_event
+from ledger.job_events import JobEvent, encode_job_event, job_envelope
 from ledger.pricing import Price, PriceBook
 from ledger.store.hot import DuckDBStore
 from ledger.store.memory import MemoryStore
@@ -45,6 +48,14 @@ CENTRES = {"vision": "research", "language": "research"}
 FOLD = ReplaySettings(PRICES, CENTRES)  # topics as `InputTopics` names them by default
 OUTPUTS = OutputTopics("alerts", "dl", None)  # no balance messages unless a test reads them
 SCHEDULER = "tally://scheduler"
+SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, where there is some
+
+
+def jobs_event_id(event: JobsItem) -> str:
+    """The id a jobs-topic message carries `event` under (what the dedupe window remembers)."""
+    if isinstance(event, HoldPlaced | HoldReleased):
+        return hold_envelope(event).id
+    return job_envelope(event, SCHEDULER).id
 
 
 def jobs_value(event: JobsItem) -> bytes:

@@ -59,14 +59,12 @@ from ledger.admin import (
     CarryOver,
     PeriodClosed,
     PriceSet,
-    admin_envelope,
-    admin_envelope_to_dict,
 )
-from ledger.events import MigInstance, Owner, encode_batch
-from ledger.holds import HoldPlaced, HoldReleased, encode_hold, hold_envelope
+from ledger.events import MigInstance, Owner
+from ledger.holds import HoldPlaced, HoldReleased, hold_envelope
 from ledger.idle import IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
-from ledger.job_events import GpuAssigned, GpuReleased, encode_job_event, job_envelope
+from ledger.job_events import GpuAssigned, GpuReleased
 from ledger.pricing import Price, PriceBook
 from ledger.store.hot import DuckDBStore
 from ledger.store.rebuild import ReplaySettings, rebuild
@@ -74,6 +72,14 @@ from ledger.store.side_files import period_checksum
 from ledger.store.verify import verify_ledger
 from ledger.units import Unit
 from tests.builders import INTERVAL_US, a_process, an_envelope
+from tests.ledger_harness import (
+    SCRATCH,
+    admin_value,
+    an_ingestor,
+    jobs_event_id,
+    jobs_value,
+    samples_value,
+)
 
 EXAMPLES = int(os.environ.get("TALLY_STATEFUL_EXAMPLES", "50"))
 STEPS = 100
@@ -87,6 +93,7 @@ SETTINGS = ReplaySettings(
     idle_policy=IdlePolicy(5, 3 * INTERVAL_US, 10, 2 * INTERVAL_US),
     inputs=InputTopics("admin", "jobs"),
 )
+REGRESSIONS = replace(SETTINGS, idle_policy=IdlePolicy())  # the machine's finds, folded plainly
 OWNERS = (
     None,
     Owner("vision", "detection", "ada", "job-1"),
@@ -101,7 +108,6 @@ MIGS = (
 GARBAGE = (b"{not json", b"[]", b'{"type": "tally.gpu.sample"}', b'[{"id": 1}]', None)
 META = ("alice", "stateful")
 TOTAL_STEPS = {"n": 0}
-SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, where there is some
 
 
 def at(index: int) -> int:
@@ -142,7 +148,7 @@ def a_sample(draw: st.DrawFn) -> bytes:
                 processes=processes,
             )
         )
-    return encode_batch(envelopes)
+    return samples_value(envelopes)
 
 
 PERIODS = st.sampled_from(("2026-11", "2026-12"))
@@ -314,14 +320,11 @@ class LedgerMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ plumbing
 
     def _ingestor(self) -> Ingestor:
-        return Ingestor(
+        return an_ingestor(
             self.store,
-            f"broker-{self.incarnation}",
-            SETTINGS.prices,
-            SETTINGS.cost_centres,
-            SETTINGS.idle_policy,
-            OutputTopics(balances=None),  # the outbox is not under test here: keep steps cheap
-            SETTINGS.inputs,
+            SETTINGS,
+            topics=OutputTopics(balances=None),  # the outbox is not under test: keep steps cheap
+            incarnation=f"broker-{self.incarnation}",
         )
 
     def _produce(self, topic: str, partition: int, value: bytes | None) -> None:
@@ -418,15 +421,10 @@ class LedgerMachine(RuleBasedStateMachine):
                 events = list(payload)
                 if number and self.txn_ids:  # a reversal of something committed
                     events.append(AdjustmentRecorded.reversal(self.txn_ids[-1], *META, at(0)))
-                value = orjson.dumps([admin_envelope_to_dict(admin_envelope(e)) for e in events])
-                self._produce(topic, 0, value)
-            elif topic == "jobs" and isinstance(payload, GpuAssigned | GpuReleased):
-                if job_envelope(payload, "tally://scheduler").id not in self.forgotten:
-                    self._produce(topic, 0, encode_job_event(payload, "tally://scheduler"))
+                self._produce(topic, 0, admin_value(events))
             elif topic == "jobs":
-                envelope = hold_envelope(payload)
-                if envelope.id not in self.forgotten:
-                    self._produce(topic, 0, encode_hold(envelope)[1])
+                if jobs_event_id(payload) not in self.forgotten:
+                    self._produce(topic, 0, jobs_value(payload))
             else:
                 earlier = [m for key in sorted(self.logs) for m in self.logs[key]]
                 if earlier:
@@ -641,13 +639,11 @@ def test_ledger_invariants_hold_under_a_random_life() -> None:
 def test_a_resent_sample_does_not_expire_a_hold(tmp_path: Path) -> None:
     """Found by the machine: a batch of duplicates moved the holds' clock and expired a hold."""
     with DuckDBStore(tmp_path / "l") as store:
-        ingestor = Ingestor(
-            store, "c", SETTINGS.prices, SETTINGS.cost_centres, inputs=SETTINGS.inputs
-        )
-        late = encode_batch([an_envelope(sample_time_us=at(20))])
+        ingestor = an_ingestor(store, REGRESSIONS, topics=None)
+        late = samples_value([an_envelope(sample_time_us=at(20))])
         placed = HoldPlaced("job-9", "vision", None, Unit.GPU_MS, 100, at(10), at(5))
         ingestor.apply([ConsumedMessage("samples", 0, 0, late)])
-        ingestor.apply([ConsumedMessage("jobs", 0, 0, encode_hold(hold_envelope(placed))[1])])
+        ingestor.apply([ConsumedMessage("jobs", 0, 0, jobs_value(placed))])
         resent = ingestor.apply([ConsumedMessage("samples", 0, 1, late)])
         assert (resent.commit.transactions, resent.commit.duplicates) == (0, 1)
         assert [h.amount for h in store.open_holds().values()] == [100]
@@ -660,28 +656,18 @@ def test_a_hold_placed_again_after_its_id_was_forgotten_expires_with_postings(
     repeated the first expiry's id, the store dropped the postings and kept the hold change,
     and the hold account kept the amount of a hold no longer open."""
     with DuckDBStore(tmp_path / "l") as store:
-        ingestor = Ingestor(
-            store, "c", SETTINGS.prices, SETTINGS.cost_centres, inputs=SETTINGS.inputs
-        )
+        ingestor = an_ingestor(store, REGRESSIONS, topics=None)
         placed = HoldPlaced("job-9", "vision", None, Unit.GPU_MS, 100, at(3), at(1))
-        hold = encode_hold(hold_envelope(placed))[1]
+        hold = jobs_value(placed)
         ingestor.apply([ConsumedMessage("jobs", 0, 0, hold)])
-        ingestor.apply(
-            [
-                ConsumedMessage(
-                    "jobs",
-                    0,
-                    1,
-                    encode_hold(hold_envelope(HoldReleased("job-8", at(20), "completed")))[1],
-                )
-            ]
-        )  # the hold expires at 3
+        released = jobs_value(HoldReleased("job-8", at(20), "completed"))
+        ingestor.apply([ConsumedMessage("jobs", 0, 1, released)])  # the hold expires at 3
         assert store.open_holds() == {}
         store.prune_seen_before(at(2))  # forgets the placement, not its expiry
         assert store.seen_ids([hold_envelope(placed).id]) == set()
         later = HoldReleased("job-7", at(21), "completed")
         ingestor.apply([ConsumedMessage("jobs", 0, 2, hold)])  # placed again,
-        ingestor.apply([ConsumedMessage("jobs", 0, 3, encode_hold(hold_envelope(later))[1])])
+        ingestor.apply([ConsumedMessage("jobs", 0, 3, jobs_value(later))])
         assert store.open_holds() == {}  # and expired again
         held = [r for r in store.balance_rows() if r.account == "hold:vision"]
         assert sum(r.balance for r in held) == 0
