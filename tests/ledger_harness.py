@@ -4,8 +4,7 @@ real `Ingestor` share.
 It owns:
 - the fold a test ingests with (`FOLD`, a `ReplaySettings`, so the same value drives a rebuild
   check) and `an_ingestor`, which wires an `Ingestor` from it over a store;
-- the message values of the consumed topics: `jobs_value` (a job event or a hold, under the id
-  `jobs_event_id` says),
+- the message values of the consumed topics: `jobs_value` (a job event or a hold),
   `samples_value` (a batch of samples), `admin_value` (a batch of admin events);
 - `a_store`: an in-memory or a DuckDB store by kind (`SCRATCH`: where a test that makes many
   DuckDB ledgers keeps them, in memory where there is a `/dev/shm`);
@@ -14,7 +13,8 @@ It owns:
 
 Hand-written transactions committed and sealed without the ingest (for the report tests) are
 `tests.ledger_builders`' concern; a random life over a simulated broker is
-`tests/unit/test_ledger_stateful.py`'s.
+`tests/unit/test_ledger_stateful.py`'s (its machine builds its own ingestor and messages: see
+the note there).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from types import TracebackType
 from typing import Literal
 
 import orjson
@@ -32,7 +31,7 @@ from ledger.balances import ShardStamp
 from ledger.events import SampleEnvelope, encode_batch
 from ledger.holds import HoldEvent, HoldPlaced, HoldReleased, encode_hold, hold_envelope
 from ledger.ingest import ConsumedMessage, Ingestor, IngestResult, OutputTopics
-from ledger.job_events import JobEvent, encode_job_event, job_envelope
+from ledger.job_events import JobEvent, encode_job_event
 from ledger.pricing import Price, PriceBook
 from ledger.store.hot import DuckDBStore
 from ledger.store.memory import MemoryStore
@@ -49,13 +48,6 @@ FOLD = ReplaySettings(PRICES, CENTRES)  # topics as `InputTopics` names them by 
 OUTPUTS = OutputTopics("alerts", "dl", None)  # no balance messages unless a test reads them
 SCHEDULER = "tally://scheduler"
 SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, where there is some
-
-
-def jobs_event_id(event: JobsItem) -> str:
-    """The id a jobs-topic message carries `event` under (what the dedupe window remembers)."""
-    if isinstance(event, HoldPlaced | HoldReleased):
-        return hold_envelope(event).id
-    return job_envelope(event, SCHEDULER).id
 
 
 def jobs_value(event: JobsItem) -> bytes:
@@ -129,17 +121,6 @@ class Ledger:
         self.strict = strict
         self.offsets: dict[str, int] = {}
 
-    def __enter__(self) -> Ledger:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self.store.close()
-
     def ingestor(self) -> Ingestor:
         return an_ingestor(self.store, self.fold, topics=self.topics, shard=self.shard)
 
@@ -156,7 +137,7 @@ class Ledger:
         return result
 
     def jobs(self, *events: JobsItem) -> IngestResult:
-        """One batch of jobs-topic messages, one an event."""
+        """One batch of jobs-topic messages, one per event."""
         topic = self.fold.inputs.jobs
         return self.apply([self.message(topic, jobs_value(e)) for e in events])
 

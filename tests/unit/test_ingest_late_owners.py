@@ -152,8 +152,9 @@ CASES = {
 
 @pytest.fixture(params=["memory", "duckdb"])
 def ledger(request, tmp_path):
-    with Ledger(a_store(request.param, tmp_path / "ledger"), strict=True) as ledger:
-        yield ledger
+    store = a_store(request.param, tmp_path / "ledger")
+    yield Ledger(store, strict=True)
+    store.close()
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
