@@ -9,13 +9,12 @@ out by hand, shared by the cost, idle, FOCUS, statement and CLI report tests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from ledger.accounts import capacity_account, consumer_account, unallocated_account
 from ledger.periods import period_label
-from ledger.postings import Posting, Transaction
+from ledger.postings import Posting, Transaction, TransactionKind
 from ledger.store.hot import DuckDBStore
 from ledger.store.port import OffsetRange, SourcedTransaction
 from ledger.units import Unit
@@ -24,14 +23,6 @@ from tests.builders import T0_US
 HOUR_US = 3_600_000_000
 NOV = "2026-11"
 OCT = "2026-10"
-
-
-class Kind(StrEnum):
-    """Transaction kinds as the ledger writes them (the core enum may not list them all yet)."""
-
-    USAGE = "usage"
-    ADJUSTMENT = "adjustment"
-    BUDGET_GRANT = "budget_grant"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +43,7 @@ class LedgerBuilder:
 
     def _add(
         self,
-        kind: Kind,
+        kind: TransactionKind,
         postings: list[Posting],
         *,
         at_us: int = T0_US,
@@ -104,7 +95,7 @@ class LedgerBuilder:
             ]
         capacity = capacity_account(pool, model)
         legs += [Posting(capacity, Unit.GPU_MS, -gpu_ms), Posting(capacity, Unit.MONEY, -micros)]
-        self._add(Kind.USAGE, legs, pool=pool, model=model, **txn)
+        self._add(TransactionKind.USAGE, legs, pool=pool, model=model, **txn)
         return self
 
     def adjustment(
@@ -127,13 +118,13 @@ class LedgerBuilder:
                 Posting(account, Unit.GPU_MS, gpu_ms, *dims),
                 Posting(capacity, Unit.GPU_MS, -gpu_ms),
             ]
-        self._add(Kind.ADJUSTMENT, legs, pool=pool, model=model, **txn)
+        self._add(TransactionKind.ADJUSTMENT, legs, pool=pool, model=model, **txn)
         return self
 
     def grant(self, team: str, amount: int, unit: Unit = Unit.MONEY, **txn: Any) -> LedgerBuilder:
         """A budget grant: `budget:<team>` credited (negative), the funding account debited."""
         legs = [Posting(f"budget:{team}", unit, -amount), Posting(f"funding:{team}", unit, amount)]
-        self._add(Kind.BUDGET_GRANT, legs, gpu="", model="", pool="", **txn)
+        self._add(TransactionKind.BUDGET_GRANT, legs, gpu="", model="", pool="", **txn)
         return self
 
     def seal(self) -> Path:
