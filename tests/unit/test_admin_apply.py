@@ -3,6 +3,7 @@ diffed against what the ledger applied, so applying the same file twice emits no
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 import orjson
@@ -10,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from ledger.admin import (
+    AdminEvent,
     AdminView,
     BudgetGranted,
     BudgetPolicySet,
@@ -19,14 +21,13 @@ from ledger.admin import (
     PriceSet,
     QuotaSet,
     TeamDefined,
-    admin_envelope,
-    admin_envelope_to_dict,
     describe,
     plan_admin,
 )
-from ledger.ingest import ConsumedMessage, Ingestor, InputTopics
+from ledger.ingest import IngestResult
 from ledger.pricing import Price, PriceBook
 from ledger.store.hot import DuckDBStore
+from ledger.store.rebuild import ReplaySettings
 from ledger.store.side_files import load_admin_log
 from ledger.units import Unit
 from tally.cli import cli
@@ -34,9 +35,11 @@ from tally.components import desired_admin_state
 from tally.config import ConfigError, parse_config
 from tests.builders import T0_US, a_config_dict
 from tests.conftest import write_config
+from tests.ledger_harness import Ledger as IngestLedger
 
 NOW = T0_US + 86_400_000_000
 H100 = "NVIDIA H100 80GB HBM3"
+ADMIN_ONLY = ReplaySettings(PriceBook((Price("*", 1),)), {})  # the admin events set the rest
 SECTIONS = {
     "budgets": [
         {"team": "vision", "period": "2026-11", "money": "2500.00", "gpu_hours": 100},
@@ -58,22 +61,19 @@ def plan(cfg, view):
     return plan_admin(desired_admin_state(cfg), view, "alice", "apply", NOW)
 
 
-class Ledger:
-    """A store fed through the admin topic, and its readers' view of the applied admin log."""
+class Ledger(IngestLedger):
+    """A store fed through the admin topic, sealed after every batch, and its readers' view of
+    the applied admin log."""
 
-    def __init__(self, store):
-        self.store = store
-        self.offset = 0
-        self.ingestor = Ingestor(store, "c", PriceBook((Price("*", 1),)), {}, inputs=InputTopics())
+    def __init__(self, store: DuckDBStore) -> None:
+        super().__init__(store, ADMIN_ONLY, topics=None)
 
-    def send(self, events):
-        value = orjson.dumps([admin_envelope_to_dict(admin_envelope(e)) for e in events])
-        result = self.ingestor.apply([ConsumedMessage("tally.admin", 0, self.offset, value)])
-        self.offset += 1
+    def send(self, events: Iterable[AdminEvent]) -> IngestResult:
+        result = self.admin(*events)
         self.store.seal()
         return result
 
-    def view(self):
+    def view(self) -> AdminView:
         return AdminView.from_log(load_admin_log(self.store.segments_root))
 
 

@@ -16,7 +16,7 @@ from ledger.store.hot import DuckDBStore
 from tally.cli import cli
 from tests.builders import INTERVAL_US, T0_US, a_config_dict, a_process, an_envelope, an_owner
 from tests.conftest import write_config
-from tests.unit.test_reports import NOV_TOTAL, build_fleet
+from tests.ledger_builders import NOV_TOTAL, build_fleet
 
 
 @pytest.fixture(scope="module")

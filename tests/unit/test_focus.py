@@ -31,7 +31,7 @@ from ledger.read.focus import (
 )
 from ledger.read.reports import ReportQueries, ledger_money_total
 from tests.builders import T0_US
-from tests.unit.test_reports import ADA, CY, HOUR_US, NOV, NOV_TOTAL, LedgerBuilder, build_fleet
+from tests.ledger_builders import ADA, CY, HOUR_US, NOV, NOV_TOTAL, LedgerBuilder, build_fleet
 
 PERIOD = Period.month(NOV)
 # The fleet's money per GPU-ms: H100 1 µ, A100 2 µ, L4 500,000 µ per 3,600,000 ms.

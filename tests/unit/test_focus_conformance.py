@@ -25,8 +25,8 @@ from ledger.read.focus import ExportFormat, FocusContext, export_focus
 from ledger.read.focus_versions import FocusVersion
 from ledger.read.reports import ReportQueries, ledger_money_total
 from tests.builders import T0_US, a_process, an_envelope, an_owner
+from tests.ledger_builders import ADA, HOUR_US, NOV, LedgerBuilder
 from tests.unit.focus_validator import OVERRIDES, run_validator, validator_python
-from tests.unit.test_reports import ADA, HOUR_US, NOV, LedgerBuilder
 
 PERIOD = Period.month(NOV)
 MODEL = "NVIDIA H100 80GB HBM3"

@@ -5,25 +5,24 @@ unallocated), exactly, across restarts, once per event."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
 import pytest
 
 from ledger.accounts import consumer_account, unallocated_account
-from ledger.events import encode_batch
 from ledger.idle import MINUTE_US, IdlePolicy
-from ledger.ingest import ConsumedMessage, Ingestor, OutputTopics
+from ledger.ingest import ConsumedMessage
 from ledger.job_events import GpuAssigned, GpuReleased, JobStarted, encode_job_event
 from ledger.jobs_message import decode_jobs_message
-from ledger.pricing import Price, PriceBook
 from ledger.store.hot import DuckDBStore
-from ledger.units import Unit
 from tests.builders import INTERVAL_US, T0_US, a_process, a_sample, an_envelope, an_owner
+from tests.ledger_harness import FOLD, SCHEDULER, Ledger
 
 GPU = a_sample().gpu_uuid
 POOL, MODEL = a_sample().pool, a_sample().model
-PRICES = PriceBook((Price("*", 3_600_000),))  # one micro per GPU-ms
-SCHEDULER = "tally://scheduler"
 JOBS = "tally.jobs"
+NO_CENTRES = replace(FOLD, cost_centres={})
 
 
 def assigned(job: str, team: str, at_us: int, gpu: str = GPU) -> GpuAssigned:
@@ -41,40 +40,10 @@ def unowned(end_us: int, util: int = 90, gpu: str = GPU):
     )
 
 
-class Ledger:
-    """An ingestor over a store, with its own offsets per topic."""
-
-    def __init__(self, store: DuckDBStore, policy: IdlePolicy | None = None) -> None:
-        self.store = store
-        self.policy = policy
-        self.offsets: dict[str, int] = {}
-
-    def _message(self, topic: str, value: bytes) -> ConsumedMessage:
-        offset = self.offsets.get(topic, 0)
-        self.offsets[topic] = offset + 1
-        return ConsumedMessage(topic, 0, offset, value)
-
-    def ingestor(self) -> Ingestor:
-        return Ingestor(
-            self.store, "c", PRICES, {}, self.policy, OutputTopics("alerts", "dl", None)
-        )
-
-    def jobs(self, *events):
-        values = [encode_job_event(e, SCHEDULER) for e in events]
-        return self.ingestor().apply([self._message(JOBS, v) for v in values])
-
-    def samples(self, *envelopes):
-        return self.ingestor().apply([self._message("samples", encode_batch(list(envelopes)))])
-
-    def gpu_ms(self) -> dict[str, int]:
-        rows = self.store.balance_rows()
-        return {r.account: r.balance for r in rows if r.unit == Unit.GPU_MS and r.balance > 0}
-
-
 @pytest.fixture
 def ledger(tmp_path):
     with DuckDBStore(tmp_path / "l") as store:
-        yield Ledger(store)
+        yield Ledger(store, NO_CENTRES)
 
 
 VISION = consumer_account("vision", "p")
@@ -130,11 +99,11 @@ def test_the_owner_a_sample_names_wins_over_the_assignment(ledger):
 
 def test_the_timeline_survives_a_restart_and_a_redelivery_counts_once(tmp_path):
     with DuckDBStore(tmp_path / "l") as store:
-        first = Ledger(store)
+        first = Ledger(store, NO_CENTRES)
         first.jobs(assigned("job-1", "vision", T0_US))
         offsets = first.offsets
     with DuckDBStore(tmp_path / "l") as store:
-        again = Ledger(store)
+        again = Ledger(store, NO_CENTRES)
         again.offsets = {JOBS: 0}  # the broker redelivers from an earlier offset
         redelivered = again.jobs(assigned("job-1", "vision", T0_US))
         assert redelivered.skipped_messages == 1
@@ -162,7 +131,7 @@ def test_other_job_events_pass_over_and_bad_assignments_are_dead_letters(ledger)
 def test_an_assigned_gpu_left_idle_is_allocated_idle_with_its_holder(tmp_path):
     policy = IdlePolicy(5, 30 * MINUTE_US, 10, 5 * MINUTE_US)
     with DuckDBStore(tmp_path / "l") as store:
-        ledger = Ledger(store, policy)
+        ledger = Ledger(store, replace(NO_CENTRES, idle_policy=policy))
         ledger.jobs(assigned("job-1", "vision", T0_US))
         for m in range(40):  # 40 minutes at 0%, no process on the GPU
             end = T0_US + (m + 1) * MINUTE_US

@@ -13,24 +13,20 @@ import pytest
 
 from ledger.accounts import consumer_account, unallocated_account
 from ledger.envelope import event_id
-from ledger.events import Owner, encode_batch
-from ledger.holds import HoldPlaced, encode_hold, hold_envelope
-from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
-from ledger.job_events import GpuAssigned, JobStarted, JobSubmitted, encode_job_event
+from ledger.events import Owner
+from ledger.holds import HoldPlaced
+from ledger.job_events import GpuAssigned, JobStarted, JobSubmitted
 from ledger.job_owners import ASSIGNMENT_GRACE_US, IDENTITY_SOURCE
 from ledger.postings import TransactionKind
-from ledger.pricing import Price, PriceBook
 from ledger.read.reports import ReportQueries, cost_report
 from ledger.store.hot import DuckDBStore
-from ledger.store.memory import MemoryStore
-from ledger.store.rebuild import ReplaySettings, rebuild
+from ledger.store.rebuild import rebuild
 from ledger.store.verify import verify_ledger
 from ledger.units import Unit
 from tests.builders import INTERVAL_US, T0_US, a_process, an_envelope, an_owner
+from tests.ledger_harness import FOLD, Ledger, a_store
 from tests.scheduler_builders import a_spec
 
-PRICES = PriceBook((Price("*", 3_600_000),))  # one micro per GPU-ms: 10 s = 10_000 of each
-CENTRES = {"vision": "research", "language": "research"}
 JOBS, SAMPLES = "tally.jobs", "tally.samples"
 POOL, MODEL = "h100", "NVIDIA H100 80GB HBM3"
 SUSPENSE = unallocated_account(POOL, MODEL)
@@ -65,47 +61,6 @@ def shared(end_us: int = T0_US + INTERVAL_US):
 S1 = sample("job-7")
 S_SLURM = sample("slurm:4242", T0_US + 2 * INTERVAL_US)  # samples of one GPU: distinct times
 S_SHARED = shared(T0_US + 3 * INTERVAL_US)
-
-
-class Ledger:
-    """An ingestor over a store, with its own offsets per topic."""
-
-    def __init__(self, store: DuckDBStore | MemoryStore) -> None:
-        self.store = store
-        self.offsets: dict[str, int] = {}
-
-    def _message(self, topic: str, value: bytes) -> ConsumedMessage:
-        offset = self.offsets.get(topic, 0)
-        self.offsets[topic] = offset + 1
-        return ConsumedMessage(topic, 0, offset, value)
-
-    def apply(self, topic: str, items: tuple[object, ...]) -> None:
-        if topic == JOBS:
-            values = [
-                encode_hold(hold_envelope(e))[1]
-                if isinstance(e, HoldPlaced)
-                else encode_job_event(e, "tally://scheduler")  # type: ignore[arg-type]
-                for e in items
-            ]
-        else:
-            values = [encode_batch(list(items))]  # type: ignore[arg-type]
-        ingest = Ingestor(
-            self.store,
-            "c",
-            PRICES,
-            CENTRES,
-            topics=OutputTopics("alerts", "dl", None),
-            inputs=InputTopics(jobs=JOBS),
-        )
-        result = ingest.apply([self._message(topic, v) for v in values])
-        assert not result.dead_letters
-
-    def gpu_ms(self) -> dict[str, int]:
-        sums: dict[str, int] = {}
-        for r in self.store.balance_rows():
-            if r.unit == Unit.GPU_MS and r.balance and r.account != CAPACITY:
-                sums[r.account] = sums.get(r.account, 0) + r.balance
-        return sums
 
 
 @dataclass(frozen=True)
@@ -197,15 +152,15 @@ CASES = {
 
 @pytest.fixture(params=["memory", "duckdb"])
 def ledger(request, tmp_path):
-    store = MemoryStore() if request.param == "memory" else DuckDBStore(tmp_path / "ledger")
-    yield Ledger(store)
+    store = a_store(request.param, tmp_path / "ledger")
+    yield Ledger(store, strict=True)
     store.close()
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_a_job_id_only_owner_is_charged_to_its_job_s_team(ledger, case):
     for topic, items in case.steps:
-        ledger.apply(topic, items)
+        ledger.feed(topic, items)
     store = ledger.store
     assert ledger.gpu_ms() == {**case.gpu_ms}
     assert store.folded_balances() == store.balance_rows()
@@ -231,10 +186,10 @@ def test_a_job_id_only_owner_is_charged_to_its_job_s_team(ledger, case):
 
 
 def test_later_samples_of_a_resolved_job_are_charged_at_once(ledger):
-    ledger.apply(SAMPLES, (S1,))
-    ledger.apply(JOBS, (SUBMIT_7,))
+    ledger.feed(SAMPLES, (S1,))
+    ledger.feed(JOBS, (SUBMIT_7,))
     later = sample("job-7", T0_US + 5 * INTERVAL_US)
-    ledger.apply(SAMPLES, (later,))
+    ledger.feed(SAMPLES, (later,))
     assert ledger.gpu_ms() == {VISION: 20_000}
     assert _legs(ledger.store, later.id)[0] == (VISION, "vision-user", "job-7", 10_000)
     assert ledger.store.reversed_by(later.id) is None
@@ -244,8 +199,8 @@ def test_usage_of_a_resolved_slurm_id_settles_the_tally_job_s_hold(ledger):
     hold = HoldPlaced(
         "job-7", "vision", "vision-project", Unit.GPU_MS, 50_000, T0_US + 3600 * 10**6, T0_US
     )
-    ledger.apply(JOBS, (SUBMIT_7, SLURM_STARTED, hold))
-    ledger.apply(SAMPLES, (S_SLURM,))
+    ledger.feed(JOBS, (SUBMIT_7, SLURM_STARTED, hold))
+    ledger.feed(SAMPLES, (S_SLURM,))
     balances = {(r.account, r.unit): r.balance for r in ledger.store.balance_rows()}
     assert balances[("hold:vision", Unit.GPU_MS)] == 40_000
     assert ledger.gpu_ms()[VISION] == 10_000
@@ -257,9 +212,9 @@ def test_a_correction_settles_a_hold_only_by_what_it_adds_to_the_job_s_usage(led
     hold = HoldPlaced(
         "job-1", "vision", "vision-project", Unit.GPU_MS, 50_000, T0_US + 3600 * 10**6, T0_US
     )
-    ledger.apply(JOBS, (hold,))
-    ledger.apply(SAMPLES, (S_SHARED,))
-    ledger.apply(JOBS, (SUBMIT_8,))
+    ledger.feed(JOBS, (hold,))
+    ledger.feed(SAMPLES, (S_SHARED,))
+    ledger.feed(JOBS, (SUBMIT_8,))
     assert ledger.store.reversed_by(S_SHARED.id) == reversal_id(S_SHARED.id)
     balances = {(r.account, r.unit): r.balance for r in ledger.store.balance_rows()}
     assert balances[("hold:vision", Unit.GPU_MS)] == 50_000 - 7_500
@@ -267,18 +222,17 @@ def test_a_correction_settles_a_hold_only_by_what_it_adds_to_the_job_s_usage(led
 
 def test_the_rebuild_reproduces_the_corrections_and_the_report_shows_the_suspense(tmp_path):
     store = DuckDBStore(tmp_path / "ledger")
-    ledger = Ledger(store)
+    ledger = Ledger(store, strict=True)
     forever = sample("job-404", T0_US + 4 * INTERVAL_US)
     other = an_envelope(gpu_uuid="GPU-2", processes=(a_process(owner=None),))
-    ledger.apply(SAMPLES, (S1, S_SLURM, S_SHARED, other))
-    ledger.apply(JOBS, (SUBMIT_7, SLURM_STARTED))
-    ledger.apply(SAMPLES, (forever,))
-    ledger.apply(JOBS, (SUBMIT_8, assigned("job-5", "vision", T0_US, "GPU-2")))
+    ledger.feed(SAMPLES, (S1, S_SLURM, S_SHARED, other))
+    ledger.feed(JOBS, (SUBMIT_7, SLURM_STARTED))
+    ledger.feed(SAMPLES, (forever,))
+    ledger.feed(JOBS, (SUBMIT_8, assigned("job-5", "vision", T0_US, "GPU-2")))
     store.seal()
     store.close()
     assert verify_ledger(tmp_path / "ledger").ok
-    settings = ReplaySettings(PRICES, CENTRES, inputs=InputTopics(jobs=JOBS))
-    report = rebuild(tmp_path / "ledger", tmp_path / "rebuilt", settings)
+    report = rebuild(tmp_path / "ledger", tmp_path / "rebuilt", FOLD)
     assert report.identical, report.differences
     cost = cost_report(
         ReportQueries(tmp_path / "ledger"), ("team", "job_id"), include_unallocated=True
@@ -360,7 +314,7 @@ ASSIGNMENT_CASES = {
 @pytest.mark.parametrize("case", ASSIGNMENT_CASES.values(), ids=ASSIGNMENT_CASES.keys())
 def test_usage_booked_before_its_gpu_assignment_is_re_posted_to_the_holder(ledger, case):
     for topic, items in case.steps:
-        ledger.apply(topic, items)
+        ledger.feed(topic, items)
     store = ledger.store
     assert ledger.gpu_ms() == case.gpu_ms
     assert store.folded_balances() == store.balance_rows()
@@ -380,8 +334,8 @@ def test_usage_booked_before_its_gpu_assignment_is_re_posted_to_the_holder(ledge
 )
 def test_re_posted_usage_settles_the_job_s_open_hold(ledger, job, sample, known_by):
     hold = HoldPlaced(job, "vision", "vision-project", Unit.GPU_MS, 50_000, T0_US + 10**10, T0_US)
-    ledger.apply(SAMPLES, (sample,))
-    ledger.apply(JOBS, (hold, known_by))
+    ledger.feed(SAMPLES, (sample,))
+    ledger.feed(JOBS, (hold, known_by))
     balances = {(r.account, r.unit): r.balance for r in ledger.store.balance_rows()}
     assert balances[("hold:vision", Unit.GPU_MS)] == 40_000
     assert ledger.gpu_ms()[VISION] == 10_000

@@ -8,28 +8,27 @@ whose jobs arrive through the view feed and go through the same fold."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
 from ledger.balances import ShardStamp, decode_balance_update
-from ledger.events import SampleEnvelope, encode_batch
+from ledger.events import SampleEnvelope
 from ledger.fractional import share_key
-from ledger.holds import HoldPlaced, HoldReleased, encode_hold, hold_envelope
-from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
+from ledger.holds import HoldPlaced, HoldReleased
+from ledger.ingest import OutputTopics
 from ledger.ingest.shards import ShardRole
-from ledger.job_events import GpuAssigned, GpuReleased, encode_job_event
-from ledger.pricing import Price, PriceBook
+from ledger.job_events import GpuAssigned, GpuReleased
 from ledger.store.hot import DuckDBStore
 from ledger.store.memory import MemoryStore
-from ledger.store.rebuild import ReplaySettings, rebuild
+from ledger.store.rebuild import rebuild
 from ledger.store.verify import verify_ledger
 from ledger.units import Unit
 from tests.builders import INTERVAL_US, T0_US, a_mig, an_envelope
+from tests.ledger_harness import FOLD
+from tests.ledger_harness import Ledger as IngestLedger
 
-PRICES = PriceBook((Price("*", 3_600_000),))  # one micro per GPU-ms
-CENTRES = {"vision": "research", "language": "research"}
-JOBS, SAMPLES, BALANCES = "tally.jobs", "tally.samples", "tally.balances"
+BALANCES = "tally.balances"
 GPU = "GPU-00000000-0000-0000-0000-000000000001"
 POOL, MODEL = "h100", "NVIDIA H100 80GB HBM3"
 SEC = 1_000_000
@@ -138,51 +137,15 @@ CASES = {
 }
 
 
-class Ledger:
-    """The real ingest over a memory store, as a whole ledger or a samples shard."""
+class Ledger(IngestLedger):
+    """The real ingest over a memory store (or `store`), as a whole ledger or a samples shard
+    (whose balance messages carry its stamp)."""
 
-    def __init__(self, role: ShardRole, store: DuckDBStore | MemoryStore | None = None) -> None:
-        self.store = store or MemoryStore()
-        self.role = role
-        self.offsets: dict[str, int] = {}
-
-    def _message(self, topic: str, value: bytes) -> ConsumedMessage:
-        offset = self.offsets.get(topic, 0)
-        self.offsets[topic] = offset + 1
-        return ConsumedMessage(topic, 0, offset, value)
-
-    def jobs(self, events: tuple[JobItem, ...]) -> None:
-        values = [
-            encode_hold(hold_envelope(e))[1]
-            if isinstance(e, HoldPlaced | HoldReleased)
-            else encode_job_event(e, "tally://scheduler")
-            for e in events
-        ]
-        self._apply([self._message(JOBS, v) for v in values])
-
-    def samples(self, envelopes: tuple[SampleEnvelope, ...]) -> None:
-        self._apply([self._message(SAMPLES, encode_batch(list(envelopes)))])
-
-    def _apply(self, messages: list[ConsumedMessage]) -> None:
-        shard = ShardStamp("samples-0", 1) if self.role is ShardRole.SAMPLES else None
-        ingest = Ingestor(
-            self.store,
-            "c",
-            PRICES,
-            CENTRES,
-            topics=OutputTopics("alerts", "dl", BALANCES),
-            inputs=InputTopics(jobs=JOBS),
-            role=self.role,
-            shard=shard,
-        )
-        result = ingest.apply(messages)
-        assert not result.dead_letters
-
-    def account_totals(self) -> dict[tuple[str, str], int]:
-        totals: dict[tuple[str, str], int] = {}
-        for r in self.store.balance_rows():
-            totals[(r.account, r.unit)] = totals.get((r.account, r.unit), 0) + r.balance
-        return totals
+    def __init__(self, role: ShardRole, store: DuckDBStore | None = None) -> None:
+        shard = ShardStamp("samples-0", 1) if role is ShardRole.SAMPLES else None
+        settings = replace(FOLD, role=role)
+        topics = OutputTopics("alerts", "dl", BALANCES)
+        super().__init__(store or MemoryStore(), settings, topics=topics, shard=shard, strict=True)
 
     def job_usage(self) -> dict[str, list[tuple[str, str, int]]]:
         """Per account, the job lines of its latest balance message (a shard's job usage)."""
@@ -196,15 +159,15 @@ class Ledger:
 
 def fold(case: Case, role: ShardRole, jobs_first: bool, store: DuckDBStore | None = None) -> Ledger:
     ledger = Ledger(role, store)
-    ledger.jobs(case.before)
+    ledger.jobs(*case.before)
     if jobs_first:
         for batch in case.late:
-            ledger.jobs(batch)
+            ledger.jobs(*batch)
     for message in case.samples:
-        ledger.samples(message)
+        ledger.samples(*message)
     if not jobs_first:
         for batch in case.late:
-            ledger.jobs(batch)
+            ledger.jobs(*batch)
     return ledger
 
 
@@ -230,11 +193,11 @@ def test_the_late_order_would_differ_without_the_correction() -> None:
     whole sample was the released job's), and the correction moves exactly that difference."""
     case = CASES["whole-gpu"]
     late = Ledger(ShardRole.WHOLE)
-    late.jobs(case.before)
-    late.samples(case.samples[0])
+    late.jobs(*case.before)
+    late.samples(*case.samples[0])
     charged = late.account_totals()[("consumer:vision/p", Unit.GPU_MS.value)]
     for batch in case.late:
-        late.jobs(batch)
+        late.jobs(*batch)
     after = late.account_totals()
     assert charged == 10_000
     assert after[("consumer:vision/p", Unit.GPU_MS.value)] == 4_000
@@ -245,7 +208,7 @@ def test_a_correction_caused_by_a_redelivered_release_is_committed_once() -> Non
     case = CASES["whole-gpu"]
     ledger = fold(case, ShardRole.WHOLE, jobs_first=False)
     rows = ledger.store.balance_rows()
-    ledger.jobs(case.late[0])  # the same release, redelivered at a new offset
+    ledger.jobs(*case.late[0])  # the same release, redelivered at a new offset
     assert ledger.store.balance_rows() == rows
 
 
@@ -267,6 +230,5 @@ def test_the_duckdb_ledger_books_the_same_verifies_and_rebuilds_to_the_same(tmp_
     store.seal()
     store.close()
     assert verify_ledger(tmp_path / "ledger").ok
-    settings = ReplaySettings(PRICES, CENTRES, inputs=InputTopics(jobs=JOBS))
-    report = rebuild(tmp_path / "ledger", tmp_path / "rebuilt", settings)
+    report = rebuild(tmp_path / "ledger", tmp_path / "rebuilt", FOLD)
     assert report.identical, report.differences

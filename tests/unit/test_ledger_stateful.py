@@ -62,7 +62,7 @@ from ledger.admin import (
     admin_envelope,
     admin_envelope_to_dict,
 )
-from ledger.events import MigInstance, Owner, encode_batch
+from ledger.events import MigInstance, Owner
 from ledger.holds import HoldPlaced, HoldReleased, encode_hold, hold_envelope
 from ledger.idle import IdlePolicy
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
@@ -74,6 +74,7 @@ from ledger.store.side_files import period_checksum
 from ledger.store.verify import verify_ledger
 from ledger.units import Unit
 from tests.builders import INTERVAL_US, a_process, an_envelope
+from tests.ledger_harness import SCRATCH, an_ingestor, jobs_value, samples_value
 
 EXAMPLES = int(os.environ.get("TALLY_STATEFUL_EXAMPLES", "50"))
 STEPS = 100
@@ -87,6 +88,7 @@ SETTINGS = ReplaySettings(
     idle_policy=IdlePolicy(5, 3 * INTERVAL_US, 10, 2 * INTERVAL_US),
     inputs=InputTopics("admin", "jobs"),
 )
+REGRESSIONS = replace(SETTINGS, idle_policy=IdlePolicy())  # the machine's finds, folded plainly
 OWNERS = (
     None,
     Owner("vision", "detection", "ada", "job-1"),
@@ -101,7 +103,6 @@ MIGS = (
 GARBAGE = (b"{not json", b"[]", b'{"type": "tally.gpu.sample"}', b'[{"id": 1}]', None)
 META = ("alice", "stateful")
 TOTAL_STEPS = {"n": 0}
-SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, where there is some
 
 
 def at(index: int) -> int:
@@ -142,7 +143,7 @@ def a_sample(draw: st.DrawFn) -> bytes:
                 processes=processes,
             )
         )
-    return encode_batch(envelopes)
+    return samples_value(envelopes)
 
 
 PERIODS = st.sampled_from(("2026-11", "2026-12"))
@@ -292,6 +293,8 @@ class Crash(Exception):
     """The process died inside a commit."""
 
 
+# Hypothesis seeds a derandomized state machine from its class's source: any edit below re-rolls
+# every example (and the steps and time they take), so the machine's plumbing stays its own.
 class LedgerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -641,13 +644,11 @@ def test_ledger_invariants_hold_under_a_random_life() -> None:
 def test_a_resent_sample_does_not_expire_a_hold(tmp_path: Path) -> None:
     """Found by the machine: a batch of duplicates moved the holds' clock and expired a hold."""
     with DuckDBStore(tmp_path / "l") as store:
-        ingestor = Ingestor(
-            store, "c", SETTINGS.prices, SETTINGS.cost_centres, inputs=SETTINGS.inputs
-        )
-        late = encode_batch([an_envelope(sample_time_us=at(20))])
+        ingestor = an_ingestor(store, REGRESSIONS, topics=None)
+        late = samples_value([an_envelope(sample_time_us=at(20))])
         placed = HoldPlaced("job-9", "vision", None, Unit.GPU_MS, 100, at(10), at(5))
         ingestor.apply([ConsumedMessage("samples", 0, 0, late)])
-        ingestor.apply([ConsumedMessage("jobs", 0, 0, encode_hold(hold_envelope(placed))[1])])
+        ingestor.apply([ConsumedMessage("jobs", 0, 0, jobs_value(placed))])
         resent = ingestor.apply([ConsumedMessage("samples", 0, 1, late)])
         assert (resent.commit.transactions, resent.commit.duplicates) == (0, 1)
         assert [h.amount for h in store.open_holds().values()] == [100]
@@ -660,28 +661,18 @@ def test_a_hold_placed_again_after_its_id_was_forgotten_expires_with_postings(
     repeated the first expiry's id, the store dropped the postings and kept the hold change,
     and the hold account kept the amount of a hold no longer open."""
     with DuckDBStore(tmp_path / "l") as store:
-        ingestor = Ingestor(
-            store, "c", SETTINGS.prices, SETTINGS.cost_centres, inputs=SETTINGS.inputs
-        )
+        ingestor = an_ingestor(store, REGRESSIONS, topics=None)
         placed = HoldPlaced("job-9", "vision", None, Unit.GPU_MS, 100, at(3), at(1))
-        hold = encode_hold(hold_envelope(placed))[1]
+        hold = jobs_value(placed)
         ingestor.apply([ConsumedMessage("jobs", 0, 0, hold)])
-        ingestor.apply(
-            [
-                ConsumedMessage(
-                    "jobs",
-                    0,
-                    1,
-                    encode_hold(hold_envelope(HoldReleased("job-8", at(20), "completed")))[1],
-                )
-            ]
-        )  # the hold expires at 3
+        released = jobs_value(HoldReleased("job-8", at(20), "completed"))
+        ingestor.apply([ConsumedMessage("jobs", 0, 1, released)])  # the hold expires at 3
         assert store.open_holds() == {}
         store.prune_seen_before(at(2))  # forgets the placement, not its expiry
         assert store.seen_ids([hold_envelope(placed).id]) == set()
         later = HoldReleased("job-7", at(21), "completed")
         ingestor.apply([ConsumedMessage("jobs", 0, 2, hold)])  # placed again,
-        ingestor.apply([ConsumedMessage("jobs", 0, 3, encode_hold(hold_envelope(later))[1])])
+        ingestor.apply([ConsumedMessage("jobs", 0, 3, jobs_value(later))])
         assert store.open_holds() == {}  # and expired again
         held = [r for r in store.balance_rows() if r.account == "hold:vision"]
         assert sum(r.balance for r in held) == 0

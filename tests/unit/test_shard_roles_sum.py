@@ -23,7 +23,6 @@ of the batches into smaller ones, and once on DuckDB."""
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -31,13 +30,13 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 
-import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.admin import (
     AdjustmentRecorded,
+    AdminEvent,
     BudgetGranted,
     BudgetPolicySet,
     Cadence,
@@ -45,21 +44,18 @@ from ledger.admin import (
     PeriodClosed,
     PriceSet,
     TeamDefined,
-    admin_envelope,
-    admin_envelope_to_dict,
 )
-from ledger.events import Envelope, Owner, encode_batch
-from ledger.holds import HoldPlaced, HoldReleased, encode_hold, hold_envelope
+from ledger.events import Envelope, Owner
+from ledger.holds import HoldPlaced, HoldReleased
 from ledger.ingest import ConsumedMessage, Ingestor, InputTopics, OutputTopics
 from ledger.ingest.admin import ELSEWHERE_OUTCOME, SEALED_ELSEWHERE
 from ledger.ingest.shards import ShardRole
-from ledger.job_events import GpuAssigned, JobSubmitted, encode_job_event
+from ledger.job_events import GpuAssigned, JobSubmitted
 from ledger.postings import Transaction, TransactionKind
-from ledger.pricing import Price, PriceBook
 from ledger.store.hot import DuckDBStore
 from ledger.store.memory import MemoryStore
 from ledger.store.objects import LocalObjectStore, PrefixedStore
-from ledger.store.rebuild import ReplaySettings, archive_batch_count, rebuild
+from ledger.store.rebuild import archive_batch_count, rebuild
 from ledger.store.replica import Publisher, pull
 from ledger.store.schema import POSTING_COLUMNS_SQL, transaction_from_rows
 from ledger.store.sealed_usage import shards_sealed_through, usage_lines, watermark
@@ -68,20 +64,28 @@ from ledger.store.union_rebuild import named_report, rebuild_members, role_of
 from ledger.store.union_rules import GLOBAL_SHARD
 from ledger.units import Unit
 from tests.builders import INTERVAL_US, a_process, an_envelope, an_owner
+from tests.ledger_harness import (
+    FOLD,
+    SCRATCH,
+    JobsItem,
+    Store,
+    admin_value,
+    an_ingestor,
+    jobs_value,
+    samples_value,
+)
 from tests.scheduler_builders import a_spec
 
-Store = MemoryStore | DuckDBStore
 ADMIN, JOBS, SAMPLES = "admin", "jobs", "samples"
+SHARDED = replace(FOLD, inputs=InputTopics(ADMIN, JOBS))
+TOPICS = OutputTopics("alerts", "dl", "balances")  # the shards publish balances
 PARTITIONS = (0, 1, 2)
 MODEL, POOL = "NVIDIA H100 80GB HBM3", "h100"
-PRICES = PriceBook((Price("*", 3_600_000),))
-CENTRES = {"vision": "research", "language": "research"}
 DEC_US = 1_796_083_200_000_000  # 2026-12-01T00:00:00Z
 META = ("alice", "shards")
 GARBAGE = b"{not json"
 HOLD_KINDS = (TransactionKind.HOLD, TransactionKind.HOLD_SETTLE, TransactionKind.HOLD_RELEASE)
 HOLD_ACCOUNTS = ("hold:", "holds-outstanding:")
-SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, where there is some
 
 
 def at(index: int) -> int:
@@ -105,19 +109,16 @@ def sample(partition: int, index: int) -> Envelope:
 REVERSED = sample(0, 1)  # the usage transaction the admin reverses (its id is the sample's)
 
 
-def admin(*events: object) -> tuple[str, int, bytes]:
-    envelopes = [admin_envelope_to_dict(admin_envelope(e)) for e in events]  # type: ignore[arg-type]
-    return (ADMIN, 0, orjson.dumps(envelopes))
+def admin(*events: AdminEvent) -> tuple[str, int, bytes]:
+    return (ADMIN, 0, admin_value(events))
 
 
-def jobs(event: object) -> tuple[str, int, bytes]:
-    if isinstance(event, HoldPlaced | HoldReleased):
-        return (JOBS, 0, encode_hold(hold_envelope(event))[1])
-    return (JOBS, 0, encode_job_event(event, "tally://scheduler"))  # type: ignore[arg-type]
+def jobs(event: JobsItem) -> tuple[str, int, bytes]:
+    return (JOBS, 0, jobs_value(event))
 
 
 def samples(partition: int, *indices: int) -> tuple[str, int, bytes]:
-    return (SAMPLES, partition, encode_batch([sample(partition, i) for i in indices]))
+    return (SAMPLES, partition, samples_value(sample(partition, i) for i in indices))
 
 
 def hold(job: str, team: str, amount: int, index: int) -> HoldPlaced:
@@ -211,15 +212,7 @@ def one_per_batch(stream: Sequence[Sequence[Item]]) -> tuple[tuple[Item, ...], .
 
 
 def ingestor(store: Store, role: ShardRole) -> Ingestor:
-    return Ingestor(
-        store,
-        "c",
-        PRICES,
-        CENTRES,
-        topics=OutputTopics("alerts", "dl", "balances"),
-        inputs=InputTopics(ADMIN, JOBS),
-        role=role,
-    )
+    return an_ingestor(store, replace(SHARDED, role=role), topics=TOPICS)
 
 
 @dataclass
@@ -393,7 +386,7 @@ def test_the_shards_sum_to_the_whole_on_duckdb() -> None:
         finally:
             for store in (ledgers.whole, *ledgers.shards):
                 store.close()
-        replay = ReplaySettings(PRICES, CENTRES, inputs=InputTopics(ADMIN, JOBS))
+        replay = SHARDED
         shard = shards / "samples-0"
         rebuilt = rebuild(shard, Path(root) / "rebuilt", replace(replay, role=role_of(shard)))
         assert rebuilt.identical, rebuilt.differences

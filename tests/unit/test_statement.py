@@ -9,7 +9,7 @@ from ledger.read.reports import IdleSharing, ReportQueries
 from ledger.read.statements import Budget, StatementLine, team_statement
 from ledger.units import Unit
 from tests.builders import T0_US
-from tests.unit.test_reports import HOUR_US, NOV, OCT, build_fleet
+from tests.ledger_builders import HOUR_US, NOV, OCT, build_fleet
 
 
 @pytest.fixture(scope="module")
