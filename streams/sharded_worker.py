@@ -70,6 +70,7 @@ from ledger.store.objects import ObjectStore
 from ledger.store.rebuild import ReplaySettings
 from ledger.store.union import shard_heads
 from ledger.store.union_rules import GLOBAL_SHARD
+from streams.incarnation_gate import IncarnationChanged, IncarnationGate
 from streams.kafka import fetch_cluster_id
 from streams.sample_batches import PartitionHooks
 from streams.sealed_through import AdminSender, publish_sealed_through
@@ -292,18 +293,35 @@ class ShardedWorker(LedgerWorker):
         if self._incarnation is None:
             await self._refresh_incarnation()
         assert self._incarnation is not None
-        await self._guard_incarnation(self._incarnation)
+        gate = self._guard_incarnation(self._incarnation)  # each shard's commit waits for it
         by_shard: dict[str, list[ConsumedMessage]] = {}
         for m in messages:
             by_shard.setdefault(samples_shard(m.partition).name, []).append(m)
-        for name, part in by_shard.items():
-            await self._apply_to(name, part)
+        try:
+            for name, part in by_shard.items():
+                await self._apply_to(name, part, gate=gate)
+        except IncarnationChanged as exc:
+            self._incarnation_changed(exc)
+        except Exception:  # fetched from another broker, it exits as a refused batch
+            if (refused := await gate.verdict()) is not None:
+                self._incarnation_changed(refused)
+            raise
+        else:
+            if (refused := await gate.verdict()) is not None:  # a batch that committed nothing
+                self._incarnation_changed(refused)
+        finally:
+            gate.close()
 
     async def _apply_to(
-        self, name: str, messages: list[ConsumedMessage], expected: Shard | None = None
+        self,
+        name: str,
+        messages: list[ConsumedMessage],
+        expected: Shard | None = None,
+        gate: IncarnationGate | None = None,
     ) -> None:
         """Apply `messages` to the shard `name` if this worker holds it (and it is `expected`,
-        when given: not one taken up again since)."""
+        when given: not one taken up again since); `gate`: the batch's incarnation check, which
+        its commit waits for."""
         async with self._lock:
             shard = self.shards.get(name)
             if shard is None or (expected is not None and shard is not expected):
@@ -314,7 +332,7 @@ class ShardedWorker(LedgerWorker):
                 return
             started = time.monotonic()
             try:
-                result = await asyncio.to_thread(_apply_batch, ingestor, fresh)
+                result = await asyncio.to_thread(_apply_batch, ingestor, fresh, gate)
             except WriterFenced as exc:  # a batch that closes a period seals first
                 del self.shards[name]
                 await asyncio.to_thread(drop_shard, self.settings.data_dir, shard)

@@ -13,9 +13,10 @@ Exactly-once effect:
 - offsets the store already holds for the broker incarnation are skipped, so a restarted worker
   that is handed messages again applies them once;
 - the incarnation is the broker's cluster id, looked up again on every partition assignment, so
-  a restarted embedded broker (offsets from 0 again) is recognised as new data; before each
-  batch it is checked again, and a batch fetched from a broker other than the ingestor's makes
-  the worker exit (75) unapplied and unacked, to be restarted on the new broker from its start;
+  a restarted embedded broker (offsets from 0 again) is recognised as new data; with each batch
+  it is asked again (while the batch folds: `streams.incarnation_gate`; the batch's commit
+  waits for the answer), and a batch fetched from a broker other than the ingestor's makes the
+  worker exit (75) unapplied and unacked, to be restarted on the new broker from its start;
 - each batch's messages (key and value bytes, offsets, batch order) are kept in the ledger's
   raw-event archive by the same commit, so `tally ledger rebuild` can replay them later: the
   embedded broker keeps nothing across restarts;
@@ -65,6 +66,7 @@ from ledger.store.hot import DuckDBStore
 from ledger.store.identity import claim_zone
 from ledger.store.port import OutboxMessage, SealResult
 from streams.collector_pause import collector_paused, freeze_startup_objects
+from streams.incarnation_gate import IncarnationChanged, IncarnationGate
 from streams.jobs_first import JobsFirst
 from streams.kafka import (
     ClusterIdentity,
@@ -122,9 +124,11 @@ async def _die(agent: Any, exc: BaseException) -> None:
     os._exit(AGENT_FAILED_EXIT)
 
 
-def _apply_batch(ingestor: Ingestor, messages: list[ConsumedMessage]) -> IngestResult:
+def _apply_batch(
+    ingestor: Ingestor, messages: list[ConsumedMessage], gate: IncarnationGate | None = None
+) -> IngestResult:
     with collector_paused():
-        return ingestor.apply(messages)
+        return ingestor.apply(messages, None if gate is None else gate.confirm)
 
 
 def _fenced(exc: WriterFenced) -> NoReturn:
@@ -329,17 +333,28 @@ class LedgerWorker:
         if self._ingestor is None:
             await self._refresh_incarnation()
         assert self._ingestor is not None
-        await self._guard_incarnation(self._ingestor.incarnation)
-        async with self._lock:
-            ingestor = self._ingestor
-            assert ingestor is not None
-            started = time.perf_counter()
-            try:  # a batch that closes a period seals, and so publishes, first
-                result = await self._store_thread.run(_apply_batch, ingestor, messages)
-            except WriterFenced as exc:
-                _fenced(exc)
-            elapsed = time.perf_counter() - started
-            self.stats.last_commit_ms = elapsed * 1000
+        gate = self._guard_incarnation(self._ingestor.incarnation)
+        try:
+            async with self._lock:
+                ingestor = self._ingestor
+                assert ingestor is not None
+                started = time.perf_counter()
+                try:  # a batch that closes a period seals, and so publishes, first
+                    result = await self._store_thread.run(_apply_batch, ingestor, messages, gate)
+                except WriterFenced as exc:
+                    _fenced(exc)
+                except IncarnationChanged as exc:
+                    self._incarnation_changed(exc)
+                except Exception:  # fetched from another broker, it exits as a refused batch
+                    if (refused := await gate.verdict()) is not None:
+                        self._incarnation_changed(refused)
+                    raise
+                elapsed = time.perf_counter() - started
+                self.stats.last_commit_ms = elapsed * 1000
+            if (refused := await gate.verdict()) is not None:  # a batch that committed nothing
+                self._incarnation_changed(refused)
+        finally:
+            gate.close()
         self._count(result)
         self._observe(lambda o: o.observe_batch(result.messages, result.commit.postings, elapsed))
         if result.dead_letters:
@@ -348,26 +363,29 @@ class LedgerWorker:
             log.info("closed period(s) %s", ", ".join(result.commit.closed))
             await self.seal()
 
-    async def _guard_incarnation(self, applied: str) -> None:
+    def _guard_incarnation(self, applied: str) -> IncarnationGate:
         """Refuse a batch fetched from a broker other than the one the ingestor stands for.
 
         After a broker restart the consumer can fetch from the new broker before the group
         rebalances; applying those messages under the old incarnation would misfile them and
         make the new broker's first offsets look applied. The worker exits instead (nothing of
         the batch is applied or acked) and, restarted, starts the new incarnation at its
-        beginning.
+        beginning. The broker is asked now, as the batch is in hand; the gate returned holds
+        the batch's commits until it answered (`streams.incarnation_gate`), and the worker
+        exits on its refusal (`_incarnation_changed`).
         """
-        current = await self._identity.current()
-        if current is not None and current != applied:
-            self._observe(lambda o: o.worker_error("incarnation_changed"))
-            log.error(
-                "the broker is now %s, not %s: exiting so a restart takes the new broker from "
-                "its first offset",
-                current,
-                applied,
-            )
-            logging.shutdown()
-            os._exit(INCARNATION_CHANGED_EXIT)
+        return IncarnationGate(applied, self._identity.current())
+
+    def _incarnation_changed(self, refused: IncarnationChanged) -> NoReturn:
+        self._observe(lambda o: o.worker_error("incarnation_changed"))
+        log.error(
+            "the broker is now %s, not %s: exiting so a restart takes the new broker from "
+            "its first offset",
+            refused.current,
+            refused.applied,
+        )
+        logging.shutdown()
+        os._exit(INCARNATION_CHANGED_EXIT)
 
     def _observe(self, report: Callable[[WorkerObserver], None]) -> None:
         if self.observer is None:

@@ -6,12 +6,14 @@ commit each: skip offsets the store has applied for this broker incarnation → 
 becomes a dead letter, never an exception) → load the route's view from the store once → fold
 (pure) → give derived transactions ids the ledger has not applied → validate every transaction
 (a refused one becomes a dead letter and is never committed) → keep what the ingestor's shard
-role keeps (`ledger.ingest.shards`: everything in `WHOLE`, the default) → commit.
+role keeps (`ledger.ingest.shards`: everything in `WHOLE`, the default) → the caller's
+`confirm`, when given (the worker's broker-incarnation check: it raises to refuse the batch, and
+then nothing more of it commits) → commit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, tzinfo
 
@@ -143,6 +145,7 @@ class Ingestor:
         # A global shard's newest folded `ShardsSealedThrough` (read once, kept current by its
         # admin batches): what its jobs batches settle ended holds from.
         self._sealed: tuple[ShardsSealedThrough | None] | None = None
+        self._confirm: Callable[[], None] | None = None  # the batch's, while `apply` runs
 
     @property
     def prices(self) -> PriceBook:
@@ -166,7 +169,19 @@ class Ingestor:
         prices = self.store.price_book(self._configured_prices)
         return FoldRules(prices, centres, self.idle_policy, self.zone)
 
-    def apply(self, messages: Sequence[ConsumedMessage]) -> IngestResult:
+    def apply(
+        self, messages: Sequence[ConsumedMessage], confirm: Callable[[], None] | None = None
+    ) -> IngestResult:
+        """Apply `messages` (module docstring). `confirm` is called before each of the batch's
+        commits, after its fold: an exception from it refuses the batch (no commit of it
+        happens from there on) and is raised here."""
+        self._confirm = confirm
+        try:
+            return self._apply(messages)
+        finally:
+            self._confirm = None
+
+    def _apply(self, messages: Sequence[ConsumedMessage]) -> IngestResult:
         fresh = [m for m in messages if m.offset >= self._next.get((m.topic, m.partition), 0)]
         admin = [m for m in fresh if m.topic == self.inputs.admin]
         jobs = [m for m in fresh if m.topic == self.inputs.jobs]
@@ -372,6 +387,8 @@ class Ingestor:
                 for g in folded.changes.inventory.values()
             )
         ranges = message_ranges(fresh)
+        if self._confirm is not None:
+            self._confirm()
         commit = self.store.commit(
             self.incarnation,
             ranges,

@@ -63,7 +63,7 @@ from ledger.events import DeadLetter
 from ledger.holds import HoldKey, OpenHold
 from ledger.idle import GpuIdleState, state_to_row
 from ledger.posting_columns import PostingColumns
-from ledger.store.balance_outbox import queue_balance_messages
+from ledger.store.balance_outbox import BalanceFigures, queue_balance_messages
 from ledger.store.hot_audit import AUDIT_DDL
 from ledger.store.hot_dedupe import DedupeSet
 from ledger.store.hot_identity import IDENTITY_DDL, HotIdentity, write_identity
@@ -147,6 +147,8 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
         self._mirror: WriterMirror | None = None  # idle states, timelines, open holds
         self._awaiting_seq: int | None = None  # `awaiting_owner`'s greatest seq, once known
         self._closed_cache: frozenset[str] | None = None
+        # what balance messages need of the whole balances table (`ledger.store.balance_outbox`)
+        self._balance_figures: BalanceFigures | None = None
         version = first_row(
             self._con.execute("SELECT value FROM ledger_meta WHERE key = 'balances_version'")
         )
@@ -208,6 +210,8 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
             for e in changes.admin
             if isinstance(e.envelope.data, PeriodClosed) and e.outcome == "applied"
         ]
+        # nothing owed before this commit: its balance messages supersede none
+        superseding = not self._outbox_settled or any(m.topic == balances_topic for m in outbox)
         if outbox or balances_topic is not None:
             self._outbox_settled = False  # it may queue messages
         con.execute("BEGIN TRANSACTION")
@@ -278,7 +282,7 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
                     jobs |= set(pc.unique(table.column("job_id")).to_pylist())
                     if usage is not None:
                         jobs |= set(pc.unique(usage.column("job_id")).to_pylist())
-                published = queue_balance_messages(
+                published, self._balance_figures = queue_balance_messages(
                     con,
                     accounts,
                     balances_topic,
@@ -286,6 +290,8 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
                     self.closed_period_labels(),
                     balances_shard,
                     {j for j in jobs if j is not None},
+                    self._balance_figures,
+                    superseding,
                 )
             insert_rows(
                 self._con,
@@ -308,7 +314,7 @@ class DuckDBStore(HotUpkeep, HotOutbox, HotIdentity):
         except BaseException as exc:
             con.execute("ROLLBACK")
             self._admin_cache = self._closed_cache = None  # may hold what was rolled back
-            self._awaiting_seq = None
+            self._awaiting_seq = self._balance_figures = None
             self._outbox_settled = False
             if isinstance(exc, duckdb.Error):  # e.g. a key applied twice: the port's error
                 raise StoreError(f"the store refused the batch: {exc}") from exc

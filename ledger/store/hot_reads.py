@@ -21,6 +21,7 @@ from ledger.closing import ClosedPeriod
 from ledger.inventory import InventoryGpu, record_from_json
 from ledger.postings import Transaction
 from ledger.pricing import PriceBook
+from ledger.store.balance_outbox import BalanceFigures
 from ledger.store.layout import first_row, sql_list
 from ledger.store.schema import POSTING_COLUMNS_SQL, transaction_from_rows
 from ledger.store.segments import Manifest
@@ -45,6 +46,7 @@ class HotReads:
     segments_root: Path
     _admin_cache: tuple[AppliedAdmin, ...] | None  # the admin log, as read
     _closed_cache: frozenset[str] | None
+    _balance_figures: BalanceFigures | None
     _admin_log_exported: bool
     _refused_exported: int | None = None  # dead letters in the last summary written
     _inventory_exported: tuple[int, int] | None = None  # (records, content hash) last written
@@ -84,6 +86,7 @@ class HotReads:
     def rebuild_balances(self) -> None:
         """Recompute the balances table from the postings."""
         con = self._con
+        self._balance_figures = None  # read again from the table recomputed
         con.execute("BEGIN TRANSACTION")
         try:
             con.execute("DELETE FROM balances")

@@ -1,0 +1,101 @@
+"""The broker-incarnation check of a batch (`streams.incarnation_gate`): asked beside the fold,
+its answer awaited by the batch's commits, and a refused batch commits nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from ledger.store.memory import MemoryStore
+from streams.incarnation_gate import IncarnationChanged, IncarnationGate, refuses
+from tests.unit.test_balances import ingestor, samples
+
+APPLIED = "cluster-a"
+
+
+@pytest.mark.parametrize(
+    ("current", "refused"),
+    [
+        pytest.param(APPLIED, False, id="same-broker"),
+        pytest.param("cluster-b", True, id="another-broker"),
+        pytest.param(None, False, id="broker-not-reached-keeps-what-was-known"),
+    ],
+)
+def test_which_answers_refuse_a_batch(current, refused):
+    assert refuses(APPLIED, current) is refused
+
+
+def outcome(confirm: Callable[[], None]) -> str:
+    try:
+        confirm()
+    except Exception as exc:
+        return type(exc).__name__
+    return "committed"
+
+
+@pytest.mark.parametrize(
+    ("answer", "commit", "verdict"),
+    [
+        pytest.param(APPLIED, "committed", None, id="same-broker"),
+        pytest.param("cluster-b", "IncarnationChanged", "cluster-b", id="another-broker"),
+        pytest.param(None, "committed", None, id="broker-not-reached"),
+    ],
+)
+def test_the_commit_waits_for_the_brokers_answer(answer, commit, verdict):
+    async def scenario() -> tuple[str, IncarnationChanged | None]:
+        asked: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        gate = IncarnationGate(APPLIED, asked)
+        confirming = asyncio.create_task(asyncio.to_thread(outcome, gate.confirm))
+        await asyncio.sleep(0.05)
+        assert not confirming.done()  # the fold is done, the broker has not answered yet
+        asked.set_result(answer)
+        return await confirming, await gate.verdict()
+
+    committed, refused = asyncio.run(scenario())
+    assert committed == commit
+    assert (refused.current if refused else None) == verdict
+
+
+def test_a_failed_question_refuses_the_commit_and_raises_on_the_loop():
+    async def scenario() -> str:
+        asked: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        gate = IncarnationGate(APPLIED, asked)
+        asked.set_exception(ValueError("no answer"))
+        committed = await asyncio.to_thread(outcome, gate.confirm)
+        with pytest.raises(ValueError, match="no answer"):
+            await gate.verdict()
+        return committed
+
+    assert asyncio.run(scenario()) == "RuntimeError"
+
+
+def test_a_refused_batch_commits_nothing_and_is_applied_once_confirmed():
+    def refuse() -> None:
+        raise IncarnationChanged("cluster-b", "c")
+
+    store = MemoryStore()  # where `confirm` is called is the ingest's, whatever the store
+    ing = ingestor(store)
+    batch = [samples(0, 1, 3)]
+    with pytest.raises(IncarnationChanged):
+        ing.apply(batch, refuse)
+    assert store.applied_offsets("c") == {}
+    assert store.balance_rows() == []
+    assert ing.next_offset("samples", 0) == 0
+    confirmed: list[bool] = []
+    result = ing.apply(batch, lambda: confirmed.append(True))
+    assert (result.samples, confirmed) == (3, [True])
+    assert store.applied_offsets("c") == {("samples", 0): 1}
+
+
+def test_a_batch_abandoned_before_the_answer_leaves_no_commit_waiting():
+    async def scenario() -> str:
+        asked: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        gate = IncarnationGate(APPLIED, asked)
+        confirming = asyncio.create_task(asyncio.to_thread(outcome, gate.confirm))
+        await asyncio.sleep(0.05)
+        gate.close()  # the worker's call was cancelled: the broker never answers
+        return await asyncio.wait_for(confirming, 5)
+
+    assert asyncio.run(scenario()) == "RuntimeError"
