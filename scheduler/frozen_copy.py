@@ -18,14 +18,14 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-# a class → (all its init fields' values at once, each field's position); None: not positional
-_LAYOUTS: dict[type[Any], tuple[Callable[[Any], tuple[Any, ...]], Mapping[str, int]] | None] = {}
+Layout = tuple[Callable[[Any], tuple[Any, ...]], Mapping[str, int]]
+# a class → (all its fields' values at once, each field's position); None: left to `replace`
+_LAYOUTS: dict[type[Any], Layout | None] = {}
 
 
-def _layout(cls: type[Any]) -> tuple[Callable[[Any], tuple[Any, ...]], Mapping[str, int]] | None:
-    found = _LAYOUTS.get(cls, False)
-    if found is not False:
-        return found  # type: ignore[return-value]
+def _layout(cls: type[Any]) -> Layout | None:
+    if cls in _LAYOUTS:
+        return _LAYOUTS[cls]
     every = dataclasses.fields(cls)
     layout = None
     if len(every) >= 2 and all(f.init and not f.kw_only for f in every):
