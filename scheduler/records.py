@@ -10,7 +10,7 @@ the ended states after that for good (`JobState.ended`), with `ended_us` set.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 
 from ledger.job_events import (
@@ -26,6 +26,7 @@ from ledger.job_events import (
     JobWaiting,
 )
 from ledger.topology import TopologyNeed
+from scheduler.frozen_copy import replaced
 from scheduler.ports import Work
 
 
@@ -131,9 +132,9 @@ class JobRecord:
 def advance(record: JobRecord, event: JobEvent) -> JobRecord:
     """The record after one of its job's events (GPU events do not change it)."""
     if isinstance(event, JobWaiting):
-        return replace(record, reason=event.reason.value, detail=event.detail)
+        return replaced(record, reason=event.reason.value, detail=event.detail)
     if isinstance(event, JobAdmitted):
-        return replace(
+        return replaced(
             record,
             state=JobState.RUNNING,
             attempt=event.attempt,
@@ -151,9 +152,9 @@ def advance(record: JobRecord, event: JobEvent) -> JobRecord:
             placement=event.placement,
         )
     if isinstance(event, JobStarted):
-        return replace(record, started_us=event.time_us)
+        return replaced(record, started_us=event.time_us)
     if isinstance(event, JobPreempted):
-        return replace(
+        return replaced(
             record,
             state=JobState.PENDING,
             reason=f"preempted: {event.reason.value}",
@@ -163,7 +164,7 @@ def advance(record: JobRecord, event: JobEvent) -> JobRecord:
             preemptions=record.preemptions + 1,
         )
     if isinstance(event, JobReclaimed):
-        return replace(
+        return replaced(
             record,
             state=JobState.RECLAIMED,
             reason="reclaimed",
@@ -171,7 +172,7 @@ def advance(record: JobRecord, event: JobEvent) -> JobRecord:
             ended_us=event.time_us,
         )
     if isinstance(event, JobFinished):
-        return replace(record, state=JobState.FINISHED, ended_us=event.time_us, exit_code=0)
+        return replaced(record, state=JobState.FINISHED, ended_us=event.time_us, exit_code=0)
     if isinstance(event, JobFailed):
         if event.retry:
             state = JobState.PENDING
@@ -179,7 +180,7 @@ def advance(record: JobRecord, event: JobEvent) -> JobRecord:
             state = JobState.CANCELLED
         else:
             state = JobState.FAILED
-        return replace(
+        return replaced(
             record,
             state=state,
             reason=event.reason.value,

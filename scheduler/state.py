@@ -27,7 +27,6 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from types import MappingProxyType
 
 from ledger.fractional import share_parent
@@ -48,6 +47,7 @@ from ledger.job_events import (
 from ledger.pricing import PriceBook
 from scheduler.errors import ConfigError, StateError
 from scheduler.fairshare import DEFAULT_HALF_LIFE_US, DecayedUsage, accrue, usage_now
+from scheduler.frozen_copy import replaced
 from scheduler.model import (
     NO_HOLD,
     Balance,
@@ -254,7 +254,7 @@ class SchedulerState:
         elif isinstance(event, JobWaiting):
             job = self._pending.get(event.job_id)
             if job is not None:
-                self._pending[event.job_id] = replace(job, last_wait=event.reason)
+                self._pending[event.job_id] = replaced(job, last_wait=event.reason)
                 if event.reason in PARKED and event.job_id not in self._parked:
                     self._unlist(job)
                     self._parked.add(event.job_id)
@@ -263,7 +263,7 @@ class SchedulerState:
         elif isinstance(event, JobStarted):
             running = self._running.get(event.job_id)
             if running is not None:
-                self._set_running(replace(running, started_us=event.time_us))
+                self._set_running(replaced(running, started_us=event.time_us))
         elif isinstance(event, JobPreempted):
             running = self._end(event.job_id)
             if running is not None:
@@ -308,7 +308,7 @@ class SchedulerState:
     def unpark(self) -> None:
         """Give parked jobs another look (after the fleet, queues or quotas changed)."""
         for job_id in sorted(self._parked):
-            job = self._pending[job_id] = replace(self._pending[job_id], last_wait=None)
+            job = self._pending[job_id] = replaced(self._pending[job_id], last_wait=None)
             bisect.insort(
                 self._backlogs.setdefault((job.spec.team, job.spec.queue), []), self._key(job)
             )

@@ -43,12 +43,13 @@ def check_names(
             RejectKind.UNKNOWN,
             f"team {request.team} has no project {request.project!r} ({', '.join(allowed)})",
         )
-    flavors = state.known_flavors()  # reported by a collector, placeable now or not
-    models = base_models(f.model for f in flavors)
-    pools = {f.pool for f in flavors}
-    for model in request.models:
-        if model not in models:
-            raise Rejected(RejectKind.UNKNOWN, f"no GPUs of model {model!r} in the fleet")
+    # the fleet's models and pools, reported by a collector, placeable now or not (looked at
+    # only for a request that names some: most name neither)
+    if request.models:
+        models = base_models(f.model for f in state.known_flavors())
+        for model in request.models:
+            if model not in models:
+                raise Rejected(RejectKind.UNKNOWN, f"no GPUs of model {model!r} in the fleet")
     queue = state.queues[request.queue]
     if request.gpu_share is not None and not share_allowed(queue):
         raise Rejected(
@@ -62,7 +63,7 @@ def check_names(
             RejectKind.UNKNOWN,
             f"{forbidden_detail(dropped, queue)}, which leaves no model this job accepts",
         )
-    if request.pool is not None and request.pool not in pools:
+    if request.pool is not None and request.pool not in {f.pool for f in state.known_flavors()}:
         raise Rejected(RejectKind.UNKNOWN, f"no pool {request.pool!r} in the fleet")
     queue_bounds = bounds.get(request.queue)
     refusal = None if queue_bounds is None else queue_bounds.refusal(request)

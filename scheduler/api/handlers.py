@@ -40,7 +40,7 @@ from scheduler.api.models import (
 from scheduler.api.oidc import OidcVerifier
 from scheduler.api.pagination import Cursors, JobFilter, page, parse_since
 from scheduler.api.request_handlers import RequestRoutes
-from scheduler.api.responses import ApiError, json_response
+from scheduler.api.responses import ApiError, json_response, model_response
 from scheduler.api.views import (
     balance_view,
     inventory_views,
@@ -199,8 +199,8 @@ def _answer(accepted: Accepted, status: int) -> web.Response:
         status = 200
     if not accepted.published:
         answer = JobAnswer(job=job_view(accepted.record), warning=BROKER_NOTE)
-        return json_response(dumped(answer), 202, headers)
-    return json_response(dumped(JobAnswer(job=job_view(accepted.record))), status, headers)
+        return model_response(answer, 202, headers)
+    return model_response(JobAnswer(job=job_view(accepted.record)), status, headers)
 
 
 class Api(RequestRoutes):
@@ -292,7 +292,7 @@ class Api(RequestRoutes):
     async def get_job(self, request: web.Request) -> web.Response:
         principal = await authenticate(request, self.tokens, self.oidc)
         record = self._job(request, principal, Action.JOB_READ)
-        return json_response(dumped(JobAnswer(job=job_view(record))))
+        return model_response(JobAnswer(job=job_view(record)))
 
     async def cancel(self, request: web.Request) -> web.Response:
         principal = await authenticate(request, self.tokens, self.oidc)

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from pydantic import BaseModel
 
 from scheduler.errors import RejectKind, SchedulerError
 
@@ -52,6 +53,20 @@ def json_response(
 ) -> web.Response:
     return web.Response(
         body=orjson.dumps(data),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def model_response(
+    model: BaseModel, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    """A response model's JSON (aliases as on the wire), serialized by pydantic in one pass:
+    the bytes `json_response(dumped(model))` sends, without the dict of Python objects in
+    between (a job's answer: ~4 µs of the submit's)."""
+    return web.Response(
+        body=model.__pydantic_serializer__.to_json(model, by_alias=True),
         status=status,
         content_type="application/json",
         headers=headers,

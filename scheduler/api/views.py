@@ -36,9 +36,14 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def rfc3339(time_us: int) -> str:
-    """µs since the epoch → `2026-11-01T00:00:00.000000Z` (integer arithmetic, no float)."""
-    moment = EPOCH + timedelta(microseconds=time_us)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """µs since the epoch → `2026-11-01T00:00:00.000000Z` (integer arithmetic, no float;
+    formatted from the fields: `strftime` took about three times as long, once or more per job
+    answered)."""
+    m = EPOCH + timedelta(microseconds=time_us)
+    return (
+        f"{m.year:04d}-{m.month:02d}-{m.day:02d}T{m.hour:02d}:{m.minute:02d}:{m.second:02d}"
+        f".{m.microsecond:06d}Z"
+    )
 
 
 def _at(time_us: int | None) -> str | None:
