@@ -5,8 +5,8 @@ for the records the scheduler folds several times per job (`JobRecord`, `Running
 `dataclasses.replace` walks the class's `Field`s and reads each value by name on every call
 (~7 µs for an 18-field `JobRecord`, four or five times per job); this reads them all at once
 with an `operator.attrgetter` made once per class and calls the class with them in order, so
-`__init__` and `__post_init__` run exactly as for `replace`. A class with keyword-only or
-`init=False` fields is left to `dataclasses.replace`.
+`__init__` and `__post_init__` run exactly as for `replace`. A class with keyword-only,
+`init=False` or `InitVar` fields is left to `dataclasses.replace`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ def _layout(cls: type[Any]) -> Layout | None:
         return _LAYOUTS[cls]
     every = dataclasses.fields(cls)
     layout = None
-    if len(every) >= 2 and all(f.init and not f.kw_only for f in every):
+    positional = all(f.init and not f.kw_only for f in every)
+    # an InitVar is an __init__ parameter that `fields` leaves out: positions would shift
+    if len(every) >= 2 and positional and len(every) == len(cls.__dataclass_fields__):
         names = tuple(f.name for f in every)
         layout = (attrgetter(*names), {name: i for i, name in enumerate(names)})
     _LAYOUTS[cls] = layout

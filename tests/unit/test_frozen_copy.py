@@ -1,10 +1,10 @@
 """`replaced` makes what `dataclasses.replace` makes, for the records the scheduler folds and
-for classes it leaves to `replace` (keyword-only, `init=False` fields)."""
+for classes it leaves to `replace` (keyword-only, `init=False`, `InitVar` fields)."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import pytest
@@ -51,6 +51,17 @@ class Derived:
         object.__setattr__(self, "twice", 2 * self.a)
 
 
+@dataclass(frozen=True, slots=True)
+class WithInitVar:
+    floor: InitVar[int]
+    a: int
+    b: int
+
+    def __post_init__(self, floor: int) -> None:
+        if min(self.a, self.b) < floor:
+            raise ValueError("below the floor")
+
+
 CASES: list[tuple[str, Any, dict[str, Any]]] = [
     ("record-one-field", JobRecord(SPEC), {"started_us": 5}),
     (
@@ -63,6 +74,7 @@ CASES: list[tuple[str, Any, dict[str, Any]]] = [
     ("post-init-runs", Checked(1, 3), {"high": 2}),
     ("keyword-only-left-to-replace", KeywordOnly(1, b=2), {"b": 3}),
     ("init-false-left-to-replace", Derived(2), {"a": 5}),
+    ("init-var-left-to-replace", WithInitVar(0, 2, 3), {"floor": 1, "a": 5}),
 ]
 
 
