@@ -56,14 +56,13 @@ from streams.shards import (
     samples_shard,
 )
 from tests.builders import a_process, an_envelope
+from tests.ledger_harness import CENTRES, PRICES
 from tests.unit.test_shard_roles_sum import (
     ADMIN,
-    CENTRES,
     JOB_1,
     JOBS,
     META,
     MODEL,
-    PRICES,
     SAMPLES,
     SCRATCH,
     STREAM,
