@@ -44,16 +44,20 @@ outbox, metrics and sealing health it keeps):
   writes to would hold the watermark back for ever. The event comes back through the view
   feed like any admin event; the global shard settles the holds that ended by it and grants
   the allowances that need the union's spending (`ledger.ingest.sealed`).
-- A change of broker incarnation ends the worker (75), as the whole-ledger worker's does.
+- *Incarnation.* Every batch it applies, samples or admin/jobs/inventory from the view feed,
+  is checked against the broker's incarnation as the whole-ledger worker checks its batches
+  (`_checked_batch`: one question per fetched batch, which each shard's commit of it waits
+  for); a batch fetched from another broker commits nothing and ends the worker (75).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import duckdb
@@ -287,19 +291,18 @@ class ShardedWorker(LedgerWorker):
 
     # ------------------------------------------------------------------ folding
 
-    async def _apply(self, messages: list[ConsumedMessage]) -> None:
-        """Apply a samples batch: each partition's messages to its shard (a partition whose
-        shard was dropped as fenced is skipped: its next owner folds it)."""
+    @contextlib.asynccontextmanager
+    async def _checked_batch(self) -> AsyncIterator[IncarnationGate]:
+        """One fetched batch's broker-incarnation check (`LedgerWorker._guard_incarnation`),
+        samples or views: one question for all the shards the batch goes to, each shard's commit
+        waiting for its answer (the gate yielded); a refusal ends the worker (75), also when the
+        batch committed nothing (all of it applied before) or failed otherwise."""
         if self._incarnation is None:
             await self._refresh_incarnation()
         assert self._incarnation is not None
-        gate = self._guard_incarnation(self._incarnation)  # each shard's commit waits for it
-        by_shard: dict[str, list[ConsumedMessage]] = {}
-        for m in messages:
-            by_shard.setdefault(samples_shard(m.partition).name, []).append(m)
+        gate = self._guard_incarnation(self._incarnation)
         try:
-            for name, part in by_shard.items():
-                await self._apply_to(name, part, gate=gate)
+            yield gate
         except IncarnationChanged as exc:
             self._incarnation_changed(exc)
         except Exception:  # fetched from another broker, it exits as a refused batch
@@ -311,6 +314,16 @@ class ShardedWorker(LedgerWorker):
                 self._incarnation_changed(refused)
         finally:
             gate.close()
+
+    async def _apply(self, messages: list[ConsumedMessage]) -> None:
+        """Apply a samples batch: each partition's messages to its shard (a partition whose
+        shard was dropped as fenced is skipped: its next owner folds it)."""
+        by_shard: dict[str, list[ConsumedMessage]] = {}
+        for m in messages:
+            by_shard.setdefault(samples_shard(m.partition).name, []).append(m)
+        async with self._checked_batch() as gate:
+            for name, part in by_shard.items():
+                await self._apply_to(name, part, gate=gate)
 
     async def _apply_to(
         self,
@@ -410,14 +423,16 @@ class ShardedWorker(LedgerWorker):
         """Hand each shard what its role folds of `messages` (admin and jobs to all, inventory
         reports to the global shard; the global shard first) — only the `holders`, the shards
         the fetch was positioned for: one taken up since may need offsets before the fetch's
-        start, and handed these it would skip the events between for good."""
+        start, and handed these it would skip the events between for good. Checked against the
+        broker's incarnation as a samples batch is (`_checked_batch`)."""
         inventory = self.settings.inventory_reports_topic
-        for name in sorted(holders, key=lambda n: n != GLOBAL_SHARD):
-            shard = holders[name]
-            glob = shard.spec.role is ShardRole.GLOBAL
-            mine = [m for m in messages if glob or m.topic != inventory]
-            if mine:
-                await self._apply_to(name, mine, expected=shard)
+        async with self._checked_batch() as gate:  # as a samples batch: one question for all
+            for name in sorted(holders, key=lambda n: n != GLOBAL_SHARD):
+                shard = holders[name]
+                glob = shard.spec.role is ShardRole.GLOBAL
+                mine = [m for m in messages if glob or m.topic != inventory]
+                if mine:
+                    await self._apply_to(name, mine, expected=shard, gate=gate)
 
     # ------------------------------------------------------------------ sealing
 

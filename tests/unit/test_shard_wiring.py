@@ -45,8 +45,25 @@ class Loopback:
         return len(self.sent)
 
 
-def a_worker(data_dir: Path, store: LocalObjectStore) -> ShardedWorker:
-    return ShardedWorker(
+class Broker:
+    """The broker as the worker's `ClusterIdentity` asks it for its incarnation: `answer`
+    (None: not reached), counting the questions."""
+
+    def __init__(self, answer: str | None = INC) -> None:
+        self.answer = answer
+        self.asked = 0
+
+    async def current(self) -> str | None:
+        self.asked += 1
+        return self.answer
+
+
+def a_worker(
+    data_dir: Path, store: LocalObjectStore, broker: Broker | None = None
+) -> ShardedWorker:
+    """A sharded worker whose shards stand for the broker incarnation `INC`, asking `broker`
+    (one answering `INC` unless given) whether a batch still comes from it."""
+    worker = ShardedWorker(
         WorkerSettings(
             bootstrap=("127.0.0.1:1",),
             group_id="test",
@@ -63,6 +80,9 @@ def a_worker(data_dir: Path, store: LocalObjectStore) -> ShardedWorker:
             segments_store=store,
         )
     )
+    worker._incarnation = INC
+    worker._identity = broker or Broker()
+    return worker
 
 
 def balances_of(shard: Shard) -> list[BalanceUpdate]:
