@@ -54,14 +54,16 @@ class HotUpkeep(HotReads, HotAudit):
 
         The archive manifest is written before the postings manifest, so the archive never lags
         the postings a reader sees; an interrupted seal leaves its ranges unsealed, and the next
-        one writes the same files again. The writer checkpoints after a seal that sealed
-        anything (`ledger.store.hot_memory`). A file the system refuses to write (the disk is full)
-        raises a `SealError` and leaves the committed rows where they were (see
+        one writes the same files again. The writer checkpoints before a seal's copies, so they
+        read the committed rows from the database file rather than beside DuckDB's in-memory
+        copies of them, and after a seal that sealed anything, when the log holds the rows just
+        dropped (`ledger.store.hot_memory`). A file the system refuses to write (the disk is
+        full) raises a `SealError` and leaves the committed rows where they were (see
         `ledger.store.sealing`).
         """
         try:
-            result = self._segments.seal_committed()
-            if result.sealed:  # the log holds the rows just dropped (`ledger.store.hot_memory`)
+            result = self._segments.seal_committed(before_copies=self._checkpoint)
+            if result.sealed:
                 self._checkpoint()
             result.compacted = self.compact(compact_below_rows, compact_min_segments)
             result.archive_compacted = self._segments.align_archive()
