@@ -15,11 +15,26 @@ the index fills fails every commit). So the limit set is the configured one plus
 
 Checkpoints: DuckDB checkpoints (writes the committed rows into the database file) when a
 commit finds the write-ahead log past `checkpoint_threshold`, 16 MB by default, which made
-about every commit of a busy worker a checkpoint: half its COMMIT time and a quarter of its CPU.
-The writer sets the threshold to `CHECKPOINT_THRESHOLD` and checkpoints after each seal
-instead, when the hot tables have just lost the sealed rows, so the log stays about one seal
-interval long. The log is durable either way (DuckDB replays it when the database is opened),
-so exactly-once does not depend on when checkpoints run.
+about every commit of a busy worker a checkpoint: half its COMMIT time and a quarter of its CPU
+(when a commit wrote four to six posting rows per sample). The writer checkpoints at each seal
+instead: before the seal's copies and after them, when the hot tables have just lost the sealed
+rows. Until a checkpoint, DuckDB holds the committed rows uncompressed in memory it cannot evict
+without writing them to its temporary file (on the ingest bench's real-time data, ~88 MiB for
+64,000 samples); the checkpoint before the copies writes them compressed into the database file
+(~25 MiB), whose blocks the copies read and DuckDB can drop again, so a copy's sort and Parquet
+writer run beside a quarter of that rather than on top of it. `CHECKPOINT_THRESHOLD` bounds the
+log between seals for the same reason: a worker whose seals fall far apart (a long
+`seal_interval_s`, a seal that keeps failing) folds its log into the file every 64 MiB rather
+than holding every unsealed row uncompressed; a seal every few seconds never reaches it. Either
+way each committed row is compressed into the file once. The log is durable either way (DuckDB
+replays it when the database is opened), so exactly-once does not depend on when checkpoints
+run.
+
+The seal runs DuckDB on `SEAL_THREADS` thread: a copy's sort and Parquet writer keep state per
+thread, so their memory grew with the host's cores (on the bench's two, single copies still rose
+~55 MiB above the worker's steady level, with one they stay below it), and a seal is copies of
+one range at a time that gain little from more (the seal's CPU is the same, its wall time on
+two cores about the same).
 """
 
 from __future__ import annotations
@@ -33,7 +48,8 @@ DEFAULT_MEMORY_LIMIT: int | None = None  # DuckDB's own (80 % of the machine's m
 BENCH_MEMORY_LIMIT = 128 * MIB  # what the ingest bench sets (`ledger.duckdb_memory_limit`)
 INDEX_BYTES_PER_ID = 128  # the dedupe index's ~75 bytes per id, with room to spare
 _STEP = 16 * MIB  # the limit moves in steps of this much: no SET per batch
-CHECKPOINT_THRESHOLD = "1GiB"
+CHECKPOINT_THRESHOLD = "64MiB"
+SEAL_THREADS = 1
 
 _UNITS = {
     "": 1,

@@ -14,7 +14,7 @@ import duckdb
 from ledger.errors import SealError
 from ledger.store.hot_audit import HotAudit
 from ledger.store.hot_dedupe import DedupeSet, Pruned
-from ledger.store.hot_memory import MemoryLimit
+from ledger.store.hot_memory import SEAL_THREADS, MemoryLimit
 from ledger.store.hot_reads import HotReads
 from ledger.store.layout import HOT_DB_NAME, first_row
 from ledger.store.port import SealResult
@@ -54,14 +54,18 @@ class HotUpkeep(HotReads, HotAudit):
 
         The archive manifest is written before the postings manifest, so the archive never lags
         the postings a reader sees; an interrupted seal leaves its ranges unsealed, and the next
-        one writes the same files again. The writer checkpoints after a seal that sealed
-        anything (`ledger.store.hot_memory`). A file the system refuses to write (the disk is full)
-        raises a `SealError` and leaves the committed rows where they were (see
-        `ledger.store.sealing`).
+        one writes the same files again. The writer checkpoints before a seal's copies, so they
+        read the committed rows from the database file rather than beside DuckDB's in-memory
+        copies of them, and after a seal that sealed anything, when the log holds the rows just
+        dropped; DuckDB runs the seal on `SEAL_THREADS` thread (`ledger.store.hot_memory`). A
+        file the system refuses to write (the disk is full) raises a `SealError` and leaves the
+        committed rows where they were (see `ledger.store.sealing`).
         """
+        threads = first_row(self._con.execute("SELECT current_setting('threads')"))
+        self._con.execute(f"SET threads = {SEAL_THREADS}")
         try:
-            result = self._segments.seal_committed()
-            if result.sealed:  # the log holds the rows just dropped (`ledger.store.hot_memory`)
+            result = self._segments.seal_committed(before_copies=self._checkpoint)
+            if result.sealed:
                 self._checkpoint()
             result.compacted = self.compact(compact_below_rows, compact_min_segments)
             result.archive_compacted = self._segments.align_archive()
@@ -74,6 +78,8 @@ class HotUpkeep(HotReads, HotAudit):
             self.export_audit()
         except OSError as exc:  # a side file, a manifest or a directory could not be written
             raise SealError(str(exc.filename or self.segments_root), io_reason(exc)) from exc
+        finally:
+            self._con.execute(f"SET threads = {threads[0] if threads else SEAL_THREADS}")
         return result
 
     def _checkpoint(self) -> None:

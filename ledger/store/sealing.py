@@ -76,9 +76,11 @@ class Segmenter:
             '"offset"',
         )
 
-    def seal_committed(self) -> SealResult:
+    def seal_committed(self, before_copies: Callable[[], object] | None = None) -> SealResult:
         """Write every committed, unsealed source range out to its postings and archive
         segments, then drop those rows from the hot tables and mark the ranges sealed.
+        `before_copies` is called once there is something to seal, before the first file is
+        written (the writer checkpoints there: `ledger.store.hot_memory`); raising seals nothing.
 
         The archive manifest is written before the postings manifest, so the archive never lags
         the postings a reader sees; an interrupted seal leaves its ranges unsealed, and the next
@@ -91,6 +93,8 @@ class Segmenter:
             "FROM source_ranges WHERE NOT sealed GROUP BY ALL ORDER BY ALL"
         ).fetchall()
         if groups:
+            if before_copies is not None:
+                before_copies()
             entries = {s.path: s for s in self.postings.manifest.load()}
             archive = {s.path: s for s in self.archive.manifest.load()}
             before = (list(entries.values()), list(archive.values()))
