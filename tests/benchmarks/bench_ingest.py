@@ -69,7 +69,7 @@ def run_tally(bootstrap: str, topic: str, samples: int, out: str) -> None:
 
     from streams.worker import LedgerWorker
 
-    data_dir = Path(tempfile.mkdtemp(prefix="bench-a-"))
+    data_dir = _data_dir(out)
     worker = LedgerWorker(_settings(bootstrap, topic, data_dir, f"bench-a-{uuid.uuid4().hex}"))
     marks: dict[str, float] = {}
     apply = worker._apply
@@ -114,7 +114,7 @@ def run_naive(bootstrap: str, topic: str, samples: int, out: str) -> None:
     from ledger.events import envelope_from_dict
     from ledger.pricing import Price, PriceBook
 
-    data_dir = Path(tempfile.mkdtemp(prefix="bench-b-"))
+    data_dir = _data_dir(out)
     con = duckdb.connect(str(data_dir / "naive.duckdb"))
     con.execute(
         "CREATE TABLE postings (txn_id VARCHAR, leg INT, account VARCHAR, unit VARCHAR, "
@@ -186,7 +186,7 @@ def run_reference(bootstrap: str, topic: str, samples: int, out: str) -> None:
     import pyarrow as pa
     from aiokafka import AIOKafkaConsumer
 
-    data_dir = Path(tempfile.mkdtemp(prefix="bench-c-"))
+    data_dir = _data_dir(out)
     con = duckdb.connect(str(data_dir / "reference.duckdb"))
     con.execute(
         "CREATE TABLE samples (id VARCHAR, gpu_uuid VARCHAR, model VARCHAR, pool VARCHAR, "
@@ -262,20 +262,29 @@ def run_reference(bootstrap: str, topic: str, samples: int, out: str) -> None:
     Path(out).write_text(json.dumps(asyncio.run(main())))
 
 
+def _data_dir(out: str) -> Path:
+    """A pipeline's data directory, beside its result file in the run's own directory."""
+    data_dir = Path(out).with_name("data")
+    data_dir.mkdir()
+    return data_dir
+
+
 def _in_child(target: Any, *args: Any) -> dict[str, float]:
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
-        out = handle.name
-    ctx = mp.get_context("spawn")
-    proc = ctx.Process(target=target, args=(*args, out))
-    proc.start()
-    proc.join(600)
-    if proc.is_alive():
-        proc.kill()
-        raise RuntimeError(f"{target.__name__} did not finish in 10 minutes")
-    text = Path(out).read_text()
-    if not text:
-        raise RuntimeError(f"{target.__name__} exited with {proc.exitcode} and no result")
-    return dict(json.loads(text))
+    """Run `target(*args, out)` in a child process; its result file and data live in a
+    directory of their own, removed when it is read (the children end with `os._exit`)."""
+    with tempfile.TemporaryDirectory(prefix="tally-bench-ingest-") as work:
+        out = str(Path(work) / "result.json")
+        ctx = mp.get_context("spawn")
+        proc = ctx.Process(target=target, args=(*args, out))
+        proc.start()
+        proc.join(600)
+        if proc.is_alive():
+            proc.kill()
+            raise RuntimeError(f"{target.__name__} did not finish in 10 minutes")
+        text = Path(out).read_text() if Path(out).exists() else ""
+        if not text:
+            raise RuntimeError(f"{target.__name__} exited with {proc.exitcode} and no result")
+        return dict(json.loads(text))
 
 
 def _fill(bootstrap: str, topic: str, rounds: int, pack: int) -> int:
