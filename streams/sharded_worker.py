@@ -74,7 +74,7 @@ from ledger.store.objects import ObjectStore
 from ledger.store.rebuild import ReplaySettings
 from ledger.store.union import shard_heads
 from ledger.store.union_rules import GLOBAL_SHARD
-from streams.incarnation_gate import IncarnationChanged, IncarnationGate
+from streams.incarnation_gate import IncarnationGate
 from streams.kafka import fetch_cluster_id
 from streams.sample_batches import PartitionHooks
 from streams.sealed_through import AdminSender, publish_sealed_through
@@ -293,27 +293,15 @@ class ShardedWorker(LedgerWorker):
 
     @contextlib.asynccontextmanager
     async def _checked_batch(self) -> AsyncIterator[IncarnationGate]:
-        """One fetched batch's broker-incarnation check (`LedgerWorker._guard_incarnation`),
+        """One fetched batch's broker-incarnation check (`LedgerWorker._checked`),
         samples or views: one question for all the shards the batch goes to, each shard's commit
         waiting for its answer (the gate yielded); a refusal ends the worker (75), also when the
         batch committed nothing (all of it applied before) or failed otherwise."""
         if self._incarnation is None:
             await self._refresh_incarnation()
         assert self._incarnation is not None
-        gate = self._guard_incarnation(self._incarnation)
-        try:
+        async with self._checked(self._incarnation) as gate:
             yield gate
-        except IncarnationChanged as exc:
-            self._incarnation_changed(exc)
-        except Exception:  # fetched from another broker, it exits as a refused batch
-            if (refused := await gate.verdict()) is not None:
-                self._incarnation_changed(refused)
-            raise
-        else:
-            if (refused := await gate.verdict()) is not None:  # a batch that committed nothing
-                self._incarnation_changed(refused)
-        finally:
-            gate.close()
 
     async def _apply(self, messages: list[ConsumedMessage]) -> None:
         """Apply a samples batch: each partition's messages to its shard (a partition whose

@@ -50,10 +50,11 @@ hot database, to be published when it is started again (and claims the ledger an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
 import faust
@@ -333,28 +334,16 @@ class LedgerWorker:
         if self._ingestor is None:
             await self._refresh_incarnation()
         assert self._ingestor is not None
-        gate = self._guard_incarnation(self._ingestor.incarnation)
-        try:
-            async with self._lock:
-                ingestor = self._ingestor
-                assert ingestor is not None
-                started = time.perf_counter()
-                try:  # a batch that closes a period seals, and so publishes, first
-                    result = await self._store_thread.run(_apply_batch, ingestor, messages, gate)
-                except WriterFenced as exc:
-                    _fenced(exc)
-                except IncarnationChanged as exc:
-                    self._incarnation_changed(exc)
-                except Exception:  # fetched from another broker, it exits as a refused batch
-                    if (refused := await gate.verdict()) is not None:
-                        self._incarnation_changed(refused)
-                    raise
-                elapsed = time.perf_counter() - started
-                self.stats.last_commit_ms = elapsed * 1000
-            if (refused := await gate.verdict()) is not None:  # a batch that committed nothing
-                self._incarnation_changed(refused)
-        finally:
-            gate.close()
+        async with self._checked(self._ingestor.incarnation) as gate, self._lock:
+            ingestor = self._ingestor
+            assert ingestor is not None
+            started = time.perf_counter()
+            try:  # a batch that closes a period seals, and so publishes, first
+                result = await self._store_thread.run(_apply_batch, ingestor, messages, gate)
+            except WriterFenced as exc:
+                _fenced(exc)
+            elapsed = time.perf_counter() - started
+            self.stats.last_commit_ms = elapsed * 1000
         self._count(result)
         self._observe(lambda o: o.observe_batch(result.messages, result.commit.postings, elapsed))
         if result.dead_letters:
@@ -362,6 +351,26 @@ class LedgerWorker:
         if result.commit.closed:
             log.info("closed period(s) %s", ", ".join(result.commit.closed))
             await self.seal()
+
+    @contextlib.asynccontextmanager
+    async def _checked(self, applied: str) -> AsyncIterator[IncarnationGate]:
+        """One fetched batch's broker-incarnation check (`_guard_incarnation`), the gate
+        yielded for the batch's commits to wait on; a refusal ends the worker (75), also when
+        the batch committed nothing (all of it applied before) or failed otherwise."""
+        gate = self._guard_incarnation(applied)
+        try:
+            yield gate
+        except IncarnationChanged as exc:
+            self._incarnation_changed(exc)
+        except Exception:  # fetched from another broker, it exits as a refused batch
+            if (refused := await gate.verdict()) is not None:
+                self._incarnation_changed(refused)
+            raise
+        else:
+            if (refused := await gate.verdict()) is not None:  # a batch that committed nothing
+                self._incarnation_changed(refused)
+        finally:
+            gate.close()
 
     def _guard_incarnation(self, applied: str) -> IncarnationGate:
         """Refuse a batch fetched from a broker other than the one the ingestor stands for.
