@@ -9,21 +9,13 @@ from typing import Any
 
 import pytest
 
-from ledger.job_events import JobSpec, WaitReason
+from ledger.job_events import WaitReason
 from scheduler.frozen_copy import replaced
 from scheduler.model import PendingJob
 from scheduler.records import JobRecord, JobState
+from tests.scheduler_builders import a_spec
 
-SPEC = JobSpec(
-    job_id="j-1",
-    team="vision",
-    project="detection",
-    user="ana",
-    queue="batch",
-    gpus=2,
-    submit_us=1_000,
-    estimated_runtime_us=60_000_000,
-)
+SPEC = a_spec("j-1", gpus=2)
 
 
 @dataclass(frozen=True, slots=True)
