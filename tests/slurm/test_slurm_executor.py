@@ -29,9 +29,10 @@ from scheduler.executors.slurm_text import Completed
 from scheduler.model import Flavor, GpuRef, RunningJob
 from scheduler.ports import JobStatus, RunState, StopReason, Work
 from tests.builders import T0_US, a_process, an_envelope
+from tests.ledger_harness import Ledger
 from tests.scheduler_builders import MINUTE_US, SECOND_US, a_spec
 from tests.slurm.cluster import SlurmCluster, processes_with_env
-from tests.unit.test_ingest_late_owners import JOBS, SAMPLES, Ledger
+from tests.unit.test_ingest_late_owners import JOBS, SAMPLES
 
 TIMEOUT_S = 20.0
 HOLD = Work(command=("/bin/sh", "-c", 'echo "run ${SLURM_RESTART_COUNT:-0}"; sleep 60'))
@@ -313,15 +314,15 @@ def test_gpu_time_of_slurm_jobs_is_charged_to_their_teams(
     mapped = owners_of(outside["ml-research"])
     unknown = owners_of(outside["nobody-knows"])
 
-    ledger = Ledger(MemoryStore())
+    ledger = Ledger(MemoryStore(), strict=True)
     started = JobStarted("launched", T0_US + 1, slurm_job_id=tally_id)
-    ledger.apply(JOBS, (JobSubmitted(a_spec("launched"), T0_US), started))
+    ledger.feed(JOBS, (JobSubmitted(a_spec("launched"), T0_US), started))
     samples = [
         an_envelope(gpu_uuid=f"GPU-{n}", processes=(a_process(pid, owner=owner),))
         for n, (pid, owner) in enumerate([*launched.items(), *mapped.items(), *unknown.items()])
         if owner is not None and owner.job_id is not None and owner.job_id.startswith("slurm:")
     ]
-    ledger.apply(SAMPLES, tuple(samples))
+    ledger.feed(SAMPLES, samples)
     by_job = {}
     for row in ledger.store.balance_rows():
         if row.unit == Unit.GPU_MS and row.account.startswith("consumer:"):
