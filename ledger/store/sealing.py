@@ -36,6 +36,7 @@ from ledger.store.segments import (
     segment_path,
     summarise,
 )
+from ledger.store.sorted_writer import write_sorted_range
 
 _LEVEL_NAMES = tuple(level.name for level in LEVELS)
 
@@ -48,7 +49,8 @@ class SealKind:
     root: Path
     manifest: Manifest
     in_range: str  # the rows of one source range ($inc, $topic, $part, $first, $last)
-    order: str  # the order of rows in a segment file
+    order: str  # the order of rows in a segment file; it begins with `offset_column`
+    offset_column: str  # the rows' source offset
 
 
 class Segmenter:
@@ -66,6 +68,7 @@ class Segmenter:
             "incarnation = $inc AND src_topic = $topic AND src_partition = $part "
             "AND src_offset BETWEEN $first AND $last",
             "src_offset, txn_id, leg",
+            "src_offset",
         )
         self.archive = SealKind(
             "raw_events",
@@ -73,6 +76,7 @@ class Segmenter:
             Manifest(archive_root),
             'incarnation = $inc AND topic = $topic AND "partition" = $part '
             'AND "offset" BETWEEN $first AND $last',
+            '"offset"',
             '"offset"',
         )
 
@@ -156,9 +160,10 @@ class Segmenter:
     def seal_range(
         self, kind: SealKind, incarnation: str, topic: str, partition: int, first: int, last: int
     ) -> SegmentInfo | None:
-        """Write the hot rows of one source range to their segment; None when there are none."""
+        """Write the hot rows of one source range to their segment; None when there are none.
+        The rows are sorted a slice of offsets at a time (`ledger.store.sorted_writer`)."""
+        con = self._con
         rel = segment_path(incarnation, topic, partition, first, last)
-        query = f"SELECT * FROM {kind.table} WHERE {kind.in_range} ORDER BY {kind.order}"
         params = {
             "inc": incarnation,
             "topic": topic,
@@ -168,14 +173,18 @@ class Segmenter:
         }
         if kind is self.archive:
             row = first_row(
-                self._con.execute(
-                    f"SELECT count(*) FROM {kind.table} WHERE {kind.in_range}", params
-                )
+                con.execute(f"SELECT count(*) FROM {kind.table} WHERE {kind.in_range}", params)
             )
             if not row or not row[0]:
                 return None
-        return self._copy_to_segment(
-            kind, rel, query, params, incarnation, topic, partition, first, last
+
+        def write(tmp: Path) -> int:
+            return write_sorted_range(
+                con, kind.table, kind.in_range, kind.offset_column, kind.order, params, tmp
+            )
+
+        return self._write_segment_file(
+            kind, rel, write, incarnation, topic, partition, first, last
         )
 
     def _copy_to_segment(
@@ -183,27 +192,47 @@ class Segmenter:
         kind: SealKind,
         rel: str,
         query: str,
-        params: dict[str, object],
         incarnation: str,
         topic: str,
         partition: int,
         first: int,
         last: int,
     ) -> SegmentInfo:
-        target = kind.root / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        con = self._con
-        try:
+        """A segment written by DuckDB's `COPY` of `query` (merging sealed files)."""
+
+        def write(tmp: Path) -> int:
             # COPY answers with the number of rows it wrote
             copied = first_row(
-                con.execute(
+                self._con.execute(
                     f"COPY ({query}) TO '{sql_path(tmp)}' "
-                    "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)",
-                    params,
+                    "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)"
                 )
             )
             assert copied is not None
+            return int(copied[0])
+
+        return self._write_segment_file(
+            kind, rel, write, incarnation, topic, partition, first, last
+        )
+
+    def _write_segment_file(
+        self,
+        kind: SealKind,
+        rel: str,
+        write: Callable[[Path], int],
+        incarnation: str,
+        topic: str,
+        partition: int,
+        first: int,
+        last: int,
+    ) -> SegmentInfo:
+        """Write a segment to a temporary name with `write` (answering its rows), fsync and
+        rename it, roll it up (postings) and describe it for the manifest."""
+        target = kind.root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        try:
+            rows = write(tmp)
             with tmp.open("rb") as handle:
                 os.fsync(handle.fileno())
             tmp.replace(target)
@@ -225,7 +254,7 @@ class Segmenter:
             partition=partition,
             first_offset=first,
             last_offset=last,
-            rows=int(copied[0]),
+            rows=rows,
             sha256=sha256,
             min_start_us=extent[0],
             max_end_us=extent[1],
@@ -298,7 +327,6 @@ class Segmenter:
                 kind,
                 rel,
                 query,
-                {},
                 head.incarnation,
                 head.topic,
                 head.partition,
@@ -346,7 +374,6 @@ class Segmenter:
                 seg.path,
                 f"SELECT * FROM read_parquet([{files}], union_by_name = true) "
                 f"ORDER BY {kind.order}",
-                {},
                 seg.incarnation,
                 seg.topic,
                 seg.partition,
