@@ -187,29 +187,25 @@ class Segmenter:
             kind, rel, write, incarnation, topic, partition, first, last
         )
 
-    def _copy_to_segment(
+    def _merge_to_segment(
         self,
         kind: SealKind,
         rel: str,
-        query: str,
+        files: str,
         incarnation: str,
         topic: str,
         partition: int,
         first: int,
         last: int,
     ) -> SegmentInfo:
-        """A segment written by DuckDB's `COPY` of `query` (merging sealed files)."""
+        """A segment merging the sealed `files` (a SQL list of paths), in segment order."""
+        # by name: archive segments from before a column was added lack it (NULL)
+        source = f"read_parquet([{files}], union_by_name = true)"
 
         def write(tmp: Path) -> int:
-            # COPY answers with the number of rows it wrote
-            copied = first_row(
-                self._con.execute(
-                    f"COPY ({query}) TO '{sql_path(tmp)}' "
-                    "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)"
-                )
+            return write_sorted_range(
+                self._con, source, "TRUE", kind.offset_column, kind.order, {}, tmp
             )
-            assert copied is not None
-            return int(copied[0])
 
         return self._write_segment_file(
             kind, rel, write, incarnation, topic, partition, first, last
@@ -316,17 +312,13 @@ class Segmenter:
             files = ", ".join(
                 f"'{sql_path(require_intact(kind.root / s.path, s.sha256))}'" for s in run
             )
-            # by name: archive segments from before a column was added lack it (NULL)
-            query = (
-                f"SELECT * FROM read_parquet([{files}], union_by_name = true) ORDER BY {kind.order}"
-            )
             rel = segment_path(
                 head.incarnation, head.topic, head.partition, head.first_offset, tail.last_offset
             )
-            info = self._copy_to_segment(
+            info = self._merge_to_segment(
                 kind,
                 rel,
-                query,
+                files,
                 head.incarnation,
                 head.topic,
                 head.partition,
@@ -369,11 +361,10 @@ class Segmenter:
             files = ", ".join(
                 f"'{sql_path(require_intact(kind.root / a.path, a.sha256))}'" for a in parts
             )
-            info = self._copy_to_segment(
+            info = self._merge_to_segment(
                 kind,
                 seg.path,
-                f"SELECT * FROM read_parquet([{files}], union_by_name = true) "
-                f"ORDER BY {kind.order}",
+                files,
                 seg.incarnation,
                 seg.topic,
                 seg.partition,

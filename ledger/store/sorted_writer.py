@@ -1,5 +1,5 @@
-"""Writing one source range's hot rows to a Parquet file in segment order, a slice of offsets at
-a time.
+"""Writing a segment's rows to a Parquet file in segment order, a slice of offsets at a time:
+one source range's hot rows at a seal, or the rows of sealed files being merged.
 
 A segment's order begins with the source offset (`SealKind.order`), so sorting the range's rows
 slice by slice of consecutive offsets and writing the slices one after another gives the same
@@ -8,7 +8,8 @@ every row of it, all columns, at once: under the writer's memory bound (`ledger.
 hot_memory`; the ingest bench's 128 MiB) sealing 1.15 million postings in eight ranges spilled
 those sorts to disk and took 5.6 s, against 2.0 s sorting in memory and 1.4 s not sorting;
 slices of `SLICE_ROWS` rows sort in memory. Each slice becomes a row group of the file (Arrow's
-Parquet writer, zstd); merging sealed files (compaction) still copies with DuckDB.
+Parquet writer, zstd). Merging sealed files (compaction, the archive's alignment) writes the
+same way from the files.
 
 Invariant: the file holds exactly the rows `WHERE in_range` selects, ordered by `order`; the
 row count returned is the count written, checked against the count the slices were cut from.
@@ -50,7 +51,7 @@ def offset_slices(counts: list[tuple[int, int]], limit: int) -> list[tuple[int, 
 
 def write_sorted_range(
     con: duckdb.DuckDBPyConnection,
-    table: str,
+    source: str,
     in_range: str,
     offset_column: str,
     order: str,
@@ -58,18 +59,18 @@ def write_sorted_range(
     target: Path,
     slice_rows: int = SLICE_ROWS,
 ) -> int:
-    """Write the rows of `table` that `in_range` selects (with `params`) to `target`, ordered
-    by `order` (which begins with `offset_column`), sorting `slice_rows` rows at a time; the
-    number of rows written."""
+    """Write the rows of `source` (a table, or sealed files through `read_parquet`) that
+    `in_range` selects (with `params`) to `target`, ordered by `order` (which begins with
+    `offset_column`), sorting `slice_rows` rows at a time; the number of rows written."""
     counts = [
         (int(offset), int(n))
         for offset, n in con.execute(
-            f"SELECT {offset_column}, count(*) FROM {table} WHERE {in_range} "
+            f"SELECT {offset_column}, count(*) FROM {source} WHERE {in_range} "
             "GROUP BY ALL ORDER BY 1",
             dict(params),
         ).fetchall()
     ]
-    select = f"SELECT * FROM {table} WHERE {in_range}"
+    select = f"SELECT * FROM {source} WHERE {in_range}"
     writer: pq.ParquetWriter | None = None
     written = 0
     try:
@@ -79,9 +80,9 @@ def write_sorted_range(
                 writer = _writer(target, rows.schema)
             writer.write_table(rows, row_group_size=max(rows.num_rows, 1))
             written += rows.num_rows
-        if writer is None:  # no rows: a file with the table's columns and none of its rows
+        if writer is None:  # no rows: a file with the source's columns and none of its rows
             writer = _writer(
-                target, con.sql(f"SELECT * FROM {table} LIMIT 0").to_arrow_table().schema
+                target, con.sql(f"SELECT * FROM {source} LIMIT 0").to_arrow_table().schema
             )
     finally:
         if writer is not None:

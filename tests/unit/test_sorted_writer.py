@@ -108,3 +108,31 @@ def test_rows_that_change_between_the_count_and_the_copy_are_refused(tmp_path: P
         write_sorted_range(
             con, "hot", IN_RANGE, "src_offset", ORDER, params, tmp_path / "segment.parquet"
         )
+
+
+def test_merged_files_come_out_in_order_with_a_column_one_of_them_lacks(tmp_path: Path):
+    """Compaction's source: sealed files by name, one from before a column was added."""
+    con = hot_table(400, seed=3)
+    total = f"{ORDER}, src_partition"  # both partitions: no ties
+    old, new = tmp_path / "old.parquet", tmp_path / "new.parquet"
+    con.execute(
+        f"COPY (SELECT * EXCLUDE (amount) FROM hot WHERE src_offset < 50 ORDER BY {total}) "
+        f"TO '{old}' (FORMAT parquet)"
+    )
+    con.execute(
+        f"COPY (SELECT * FROM hot WHERE src_offset >= 50 ORDER BY {total}) TO '{new}' "
+        "(FORMAT parquet)"
+    )
+    source = f"read_parquet(['{new}', '{old}'], union_by_name = true)"
+    target = tmp_path / "merged.parquet"
+    rows = write_sorted_range(con, source, "TRUE", "src_offset", total, {}, target, 50)
+    expected = con.execute(
+        "SELECT src_partition, src_offset, txn_id, leg, account, "
+        f"CASE WHEN src_offset < 50 THEN NULL ELSE amount END FROM hot ORDER BY {total}"
+    ).fetchall()
+    merged = con.execute(
+        "SELECT src_partition, src_offset, txn_id, leg, account, amount "
+        f"FROM read_parquet('{target}')"
+    ).fetchall()
+    assert rows == len(expected) == 400
+    assert merged == expected
