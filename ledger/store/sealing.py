@@ -162,9 +162,8 @@ class Segmenter:
     ) -> SegmentInfo | None:
         """Write the hot rows of one source range to their segment; None when there are none.
         The rows are sorted a slice of offsets at a time (`ledger.store.sorted_writer`)."""
-        con = self._con
         rel = segment_path(incarnation, topic, partition, first, last)
-        params = {
+        params: dict[str, object] = {
             "inc": incarnation,
             "topic": topic,
             "part": partition,
@@ -173,62 +172,46 @@ class Segmenter:
         }
         if kind is self.archive:
             row = first_row(
-                con.execute(f"SELECT count(*) FROM {kind.table} WHERE {kind.in_range}", params)
+                self._con.execute(
+                    f"SELECT count(*) FROM {kind.table} WHERE {kind.in_range}", params
+                )
             )
             if not row or not row[0]:
                 return None
-
-        def write(tmp: Path) -> int:
-            return write_sorted_range(
-                con, kind.table, kind.in_range, kind.offset_column, kind.order, params, tmp
-            )
-
         return self._write_segment_file(
-            kind, rel, write, incarnation, topic, partition, first, last
-        )
-
-    def _merge_to_segment(
-        self,
-        kind: SealKind,
-        rel: str,
-        files: str,
-        incarnation: str,
-        topic: str,
-        partition: int,
-        first: int,
-        last: int,
-    ) -> SegmentInfo:
-        """A segment merging the sealed `files` (a SQL list of paths), in segment order."""
-        # by name: archive segments from before a column was added lack it (NULL)
-        source = f"read_parquet([{files}], union_by_name = true)"
-
-        def write(tmp: Path) -> int:
-            return write_sorted_range(
-                self._con, source, "TRUE", kind.offset_column, kind.order, {}, tmp
-            )
-
-        return self._write_segment_file(
-            kind, rel, write, incarnation, topic, partition, first, last
+            kind,
+            rel,
+            (kind.table, kind.in_range, params),
+            incarnation,
+            topic,
+            partition,
+            first,
+            last,
         )
 
     def _write_segment_file(
         self,
         kind: SealKind,
         rel: str,
-        write: Callable[[Path], int],
+        rows_of: tuple[str, str, dict[str, object]],
         incarnation: str,
         topic: str,
         partition: int,
         first: int,
         last: int,
     ) -> SegmentInfo:
-        """Write a segment to a temporary name with `write` (answering its rows), fsync and
-        rename it, roll it up (postings) and describe it for the manifest."""
+        """Write the rows `rows_of` names (source, condition, parameters: hot rows of a range,
+        or sealed files merged) to a segment in its order (`ledger.store.sorted_writer`): to a
+        temporary name, fsynced and renamed; roll it up (postings) and describe it for the
+        manifest."""
         target = kind.root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         try:
-            rows = write(tmp)
+            source, in_range, params = rows_of
+            rows = write_sorted_range(
+                self._con, source, in_range, kind.offset_column, kind.order, params, tmp
+            )
             with tmp.open("rb") as handle:
                 os.fsync(handle.fileno())
             tmp.replace(target)
@@ -315,10 +298,10 @@ class Segmenter:
             rel = segment_path(
                 head.incarnation, head.topic, head.partition, head.first_offset, tail.last_offset
             )
-            info = self._merge_to_segment(
+            info = self._write_segment_file(
                 kind,
                 rel,
-                files,
+                _merged(files),
                 head.incarnation,
                 head.topic,
                 head.partition,
@@ -361,10 +344,10 @@ class Segmenter:
             files = ", ".join(
                 f"'{sql_path(require_intact(kind.root / a.path, a.sha256))}'" for a in parts
             )
-            info = self._merge_to_segment(
+            info = self._write_segment_file(
                 kind,
                 seg.path,
-                files,
+                _merged(files),
                 seg.incarnation,
                 seg.topic,
                 seg.partition,
@@ -393,6 +376,12 @@ class Segmenter:
             for path in kind.root.rglob(".*.tmp-*"):
                 path.unlink(missing_ok=True)
         return removed
+
+
+def _merged(files: str) -> tuple[str, str, dict[str, object]]:
+    """The rows of the sealed `files` (a SQL list of paths) merged, for `_write_segment_file`;
+    by name: archive segments from before a column was added lack it (NULL)."""
+    return f"read_parquet([{files}], union_by_name = true)", "TRUE", {}
 
 
 _ERRNO = re.compile(r'"errno"\s*:\s*"?(\d+)')
