@@ -19,7 +19,9 @@ the executor; the tick step: decide and publish; enact: the executor's starts an
 poll that reports them), the scheduler process's CPU time per job (from when its API served) and
 its peak RSS, and the CPU time per job of every process on the path over the load's seconds
 (`/proc`: the scheduler, the jobs' processes it reaped, the broker, these clients) beside how
-busy the whole machine was meanwhile (other work on it included). Baseline: the same
+busy the whole machine was meanwhile (other work on it included), and the jobs' processes'
+CPU per job beside `true` started and reaped alone before the stack (`exec_cost_ms`: what a fake
+job costs this machine whatever runs it). Baseline: the same
 submit-to-start figures at `BASELINE_RATE` submits/s from as many clients (light load), run
 first against the same stack.
 
@@ -38,6 +40,7 @@ import asyncio
 import json
 import math
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -74,6 +77,7 @@ NODES = 128  # per pool; two pools of 8-GPU nodes: 2,048 GPUs
 TEAMS = ("vision", "language", "search")
 PROJECTS = {"vision": "detection", "language": "pretraining", "search": "ranking"}
 TARGET_P99_S = 2.0
+EXEC_SAMPLES = 300  # fake jobs started alone, to measure what one costs the machine
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -270,6 +274,27 @@ def _latencies(load: Load, started: dict[str, int]) -> list[float]:
     return [(started[j] - t) / 1e6 for j, t in load.sent_us.items() if j in started]
 
 
+def exec_cost_ms(root: Path) -> float:
+    """CPU milliseconds this machine spends on one fake job on its own: `true` started as the
+    local executor starts it (a session of its own, descriptors closed, output appended to a
+    file under `root`) and reaped, from the children's CPU time. Measured before the stack
+    starts, so no other child is reaped meanwhile."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with (root / "exec-cost.log").open("ab") as log:
+        for _ in range(EXEC_SAMPLES):
+            subprocess.Popen(
+                ["true"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            ).wait()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    used = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return 1000 * used / EXEC_SAMPLES
+
+
 def _cpu_line(used: CpuSnapshot, jobs: int, seconds: float) -> str:
     """CPU per job of each process over the load, and how busy the machine was."""
     n = max(jobs, 1)
@@ -329,6 +354,7 @@ def run(progress: Progress) -> list[Figure]:
 def _run_in(progress: Progress, root: Path, suffix: str) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="tally-bench-e2e-", dir=root) as name:
         tmp = Path(name)
+        exec_ms = exec_cost_ms(tmp)
         broker = EmbeddedBroker(log_path=tmp / "broker.log").start()
         child: subprocess.Popen[bytes] | None = None
         try:
@@ -388,6 +414,7 @@ def _run_in(progress: Progress, root: Path, suffix: str) -> list[Figure]:
     if not stats:
         raise RuntimeError(f"the scheduler wrote no statistics; its log ends:\n{log_tail}")
     figures = _figures(load, started, base, base_started, stats, progress)
+    figures.append(_jobs_cpu_figure(used, len(load.sent_us), exec_ms))
     where = f"files on {file_system(root)} ({root})"
     return [
         replace(f, name=f.name + suffix, note=f"{f.note}; {where}")
@@ -395,6 +422,22 @@ def _run_in(progress: Progress, root: Path, suffix: str) -> list[Figure]:
         else replace(f, name=f.name + suffix)
         for f in figures
     ]
+
+
+def _jobs_cpu_figure(used: CpuSnapshot, jobs: int, exec_ms: float) -> Figure:
+    return Figure(
+        BENCH,
+        "jobs' processes CPU per job",
+        1000 * used.jobs / max(jobs, 1),
+        "ms",
+        "`true` alone",
+        exec_ms,
+        higher_is_better=False,
+        note=f"the fake jobs the scheduler reaped over the load, beside {EXEC_SAMPLES} of them "
+        "started and reaped on their own before the stack (fork, exec, exit: the machine's "
+        f"cost, not Tally's); at {RATE:,} jobs/s they alone take {RATE * exec_ms / 1000:.2f} "
+        f"of the {os.cpu_count() or 0} cores",
+    )
 
 
 def _figures(
