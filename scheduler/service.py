@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 import time
@@ -81,6 +80,7 @@ from ledger.units import US_PER_HOUR
 from scheduler.dispatcher import DEFAULT_POLICY, Dispatcher
 from scheduler.errors import BrokerUnavailable, MessageRefused, Rejected, RejectKind
 from scheduler.health import unhealthy_decisions
+from scheduler.interpreter import DEFAULT_SWITCH_INTERVAL_S, serving_tuned
 from scheduler.inventory import FleetInventory
 from scheduler.jobs_topic import Outgoing
 from scheduler.kafka import Feeds, KafkaPublisher, read_topic
@@ -91,15 +91,9 @@ from scheduler.records import JobRecord, SubmitRequest
 from scheduler.requests import RequestDesk
 from scheduler.undeliverable import FILE_NAME as UNDELIVERABLE_FILE
 from scheduler.undeliverable import UndeliverableLog
-from streams.collector_pause import freeze_startup_objects
 
 log = logging.getLogger("tally.scheduler")
 MAX_WAITING_ALERTS = 10_000
-# while the service runs, the cyclic collector's youngest generation is collected every this
-# many allocations (Python's default: 700): a tick and a burst of submits allocate tens of
-# thousands of short-lived objects, and each default pass cascaded into scans of every job's
-# record and history (measured: a third of the scheduler's own CPU per job in process)
-GC_YOUNG_ALLOCATIONS = 50_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +119,7 @@ class ServiceSettings:
     admin_topic: str | None = None  # price changes (`scheduler.price_feed`); None: config only
     # what new requests record (`scheduler.requests`)
     approvals: ApprovalPolicy = field(default_factory=ApprovalPolicy)
+    gil_switch_interval_s: float = DEFAULT_SWITCH_INTERVAL_S  # while serving (`.interpreter`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,9 +456,10 @@ async def run_service(
     (SIGTERM/SIGINT, or `stop_event`). `serve_api` starts the API and returns its closer;
     `observer` hears the service's decisions and queue lengths (see `SchedulerService`);
     `status` follows the start-up (health checks); `inventory`, when given, is read from the
-    inventory topic first and followed after (the GPUs to place on). What the replay built is
-    frozen out of the cyclic collector's passes, and its youngest generation is collected
-    every `GC_YOUNG_ALLOCATIONS` allocations, until the service stops (then as before)."""
+    inventory topic first and followed after (the GPUs to place on). From the replay's end until
+    the service stops, the interpreter is tuned for serving (`scheduler.interpreter`: what the
+    replay built frozen out of the cyclic collector's passes, the GIL switched every
+    `settings.gil_switch_interval_s`); then as before."""
     status = status if status is not None else ServiceStatus()
     bootstrap = settings.bootstrap[0]
     if inventory is not None:
@@ -489,9 +485,23 @@ async def run_service(
         dispatcher.state.running_count,
     )
     status.replayed = True
-    collector = gc.get_threshold()
-    freeze_startup_objects()  # the replayed state lives as long as the service
-    gc.set_threshold(GC_YOUNG_ALLOCATIONS, *collector[1:])
+    with serving_tuned(settings.gil_switch_interval_s):
+        await _serve(
+            settings, dispatcher, serve_api, ready, stop_event, observer, status, inventory
+        )
+
+
+async def _serve(
+    settings: ServiceSettings,
+    dispatcher: Dispatcher,
+    serve_api: Callable[[SchedulerService], Awaitable[Callable[[], Awaitable[None]]]],
+    ready: Callable[[], None] | None,
+    stop_event: asyncio.Event | None,
+    observer: SchedulerObserver | None,
+    status: ServiceStatus,
+    inventory: FleetInventory | None,
+) -> None:
+    """`run_service` after the replay: the publisher, feeds, ticks and API until stopped."""
     publisher = KafkaPublisher(settings)
     await publisher.start()
     desk = RequestDesk(settings.approvals, publisher) if settings.admin_topic else None
@@ -540,5 +550,3 @@ async def run_service(
                 await task
         await feeds.stop()
         await publisher.stop()
-        gc.set_threshold(*collector)
-        gc.unfreeze()

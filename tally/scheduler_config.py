@@ -167,6 +167,7 @@ class SchedulerConfig(Strict):
     max_body_kib: int = Field(64, ge=1, le=16_384)
     heads_per_queue: int = Field(8, ge=1, le=10_000)
     admissions_per_tick: int = Field(256, ge=1, le=1_000_000)
+    gil_switch_interval_us: int = Field(500, ge=50, le=100_000)  # `scheduler.interpreter`
     tokens: TokensConfig = TokensConfig()
     teams: tuple[SchedulerTeamConfig, ...] = ()
 

@@ -364,6 +364,7 @@ def service_settings(
         api_port=s.port,
         max_body_bytes=s.max_body_kib * 1024,
         inventory_topic=config.topics.inventory,
+        gil_switch_interval_s=s.gil_switch_interval_us / 1_000_000,
     )
 
 

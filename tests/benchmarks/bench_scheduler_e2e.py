@@ -492,6 +492,8 @@ def _figures(
         f"{CLIENTS} aiohttp clients offering {RATE:,} submits/s for {LOAD_S:.0f} s through the "
         "API → tansu → scheduler (child process) → local executor (`true`) → JobStarted"
     )
+    if stats.get("switch_interval_s"):
+        note += f"; the scheduler's GIL switched every {1000 * stats['switch_interval_s']:g} ms"
     return [
         Figure(BENCH, "submits/s taken", rate, "submits/s", "offered", RATE, note=note),
         Figure(

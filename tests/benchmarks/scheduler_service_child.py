@@ -8,11 +8,12 @@ news) and each enactment (planning, the executor's starts and stops in a thread,
 reports them, the follow-up), and each publish call (sends and acknowledgements) are timed; the
 CPU time of some parts is counted in whichever thread runs them (the executor's starts and
 polls, the work store's and run files' writes; the cyclic collector's passes in wall time, on
-the loop). On SIGTERM it writes those times, its peak RSS and its CPU time as JSON — in all, in
-its main thread (the event loop: the API, the decisions, publishing) and from the moment the API
-serves — and, with `TALLY_BENCH_PROFILE=PATH` in its environment, a cProfile of the main thread
-to PATH, timed by that thread's CPU clock (the loop's waits, for the broker and for the GIL, are
-not counted; the executor's threads are not profiled).
+the loop). On SIGTERM it writes those times, its peak RSS, the GIL's switch interval while it
+served and its CPU time as JSON — in all, in its main thread (the event loop: the API, the
+decisions, publishing) and from the moment the API serves — and, with
+`TALLY_BENCH_PROFILE=PATH` in its environment, a cProfile of the main thread to PATH, timed
+by that thread's CPU clock (the loop's waits, for the broker and for the GIL, are not counted;
+the executor's threads are not profiled).
 
     python -m tests.benchmarks.scheduler_service_child CONFIG BOOTSTRAP STATS_JSON
 """
@@ -139,8 +140,11 @@ def main(argv: Sequence[str]) -> int:
     profiler = cProfile.Profile(time.thread_time) if profile_path else None
     serving: list[float] = []  # the process's and the loop thread's CPU times when the API served
 
+    switch: list[float] = []  # the GIL's switch interval while serving
+
     def ready() -> None:
         serving.extend((time.process_time(), time.thread_time()))
+        switch.append(sys.getswitchinterval())
 
     try:
         if profiler is not None:
@@ -165,6 +169,7 @@ def main(argv: Sequence[str]) -> int:
             "serving_main_cpu_s": main_cpu_s - serving[1] if serving else main_cpu_s,
             "events": decided,
             "max_rss_kib": usage.ru_maxrss,
+            "switch_interval_s": switch[0] if switch else None,
             "parts_cpu_s": parts,
         }
         Path(stats_path).write_text(json.dumps(stats))

@@ -74,6 +74,19 @@ def test_the_example_configuration_builds_a_scheduler():
 
 
 @pytest.mark.parametrize(
+    ("configured", "interval_s"),
+    [(None, 0.0005), (250, 0.00025), (5_000, 0.005)],
+    ids=["default-half-a-millisecond", "quarter-millisecond", "python-default"],
+)
+def test_the_gil_switch_interval_reaches_the_service_in_seconds(tmp_path, configured, interval_s):
+    data = config_data(tmp_path)
+    if configured is not None:
+        data["scheduler"]["gil_switch_interval_us"] = configured
+    settings = service_settings(parse_config(data, "t.yaml"), ("127.0.0.1:9092",))
+    assert settings.gil_switch_interval_s == pytest.approx(interval_s)
+
+
+@pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"queues": [{"name": "q", "class": "batch"}]}, "queues[0].class"),
@@ -110,6 +123,8 @@ def test_the_example_configuration_builds_a_scheduler():
         ({"scheduler": {"tokens": {"team_env": {"vision": "NOT VALID"}}}}, "environment"),
         ({"scheduler": {"tokens": {"team_env": {"ghosts": "X"}}}}, "unknown team"),
         ({"scheduler": {"tokens": {"secret": "abc"}}}, "scheduler.tokens.secret"),
+        ({"scheduler": {"gil_switch_interval_us": 0}}, "scheduler.gil_switch_interval_us"),
+        ({"scheduler": {"gil_switch_interval_us": 10**6}}, "scheduler.gil_switch_interval_us"),
     ],
     ids=[
         "unknown-class",
@@ -123,6 +138,8 @@ def test_the_example_configuration_builds_a_scheduler():
         "bad-env-name",
         "token-env-for-unknown-team",
         "literal-token-field",
+        "no-gil-switch-interval",
+        "gil-switch-interval-of-a-second",
     ],
 )
 def test_invalid_scheduler_configuration_is_refused_with_its_location(tmp_path, change, message):
