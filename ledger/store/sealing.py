@@ -170,10 +170,10 @@ class Segmenter:
             "first": first,
             "last": last,
         }
-        if kind is self.archive:
+        if kind is self.archive:  # a range committed without its messages has no archive
             row = first_row(
                 self._con.execute(
-                    f"SELECT count(*) FROM {kind.table} WHERE {kind.in_range}", params
+                    f"SELECT EXISTS (SELECT 1 FROM {kind.table} WHERE {kind.in_range})", params
                 )
             )
             if not row or not row[0]:
