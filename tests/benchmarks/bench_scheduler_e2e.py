@@ -31,7 +31,10 @@ then repeated with them on a tmpfs (`/dev/shm`) when there is one and `TMPDIR` i
 one: the executor creates a log file per job, and on this machine's virtual disk creating a file
 costs 0.15–0.9 ms of CPU (about 10 µs on tmpfs), which alone decides whether two cores take the
 offered rate. The second run's headline figures carry `, files on tmpfs`; each figure names the
-file system its run used.
+file system its run used. Last, the run is repeated on the tmpfs (when there is one) with the
+scheduler's GIL switched at Python's default 5 ms instead of the service's setting
+(`scheduler.gil_switch_interval_us`, `scheduler.interpreter`): the steady rate, p99
+submit-to-start and API p99 are printed beside that run's.
 """
 
 from __future__ import annotations
@@ -137,7 +140,7 @@ def cpu_snapshot(scheduler: int | None, broker: int | None) -> CpuSnapshot:
     )
 
 
-def _config(tmp: Path, bootstrap: str, port: int) -> Path:
+def _config(tmp: Path, bootstrap: str, port: int, switch_us: int | None = None) -> Path:
     tokens = tmp / "tokens.yaml"
     tokens.write_text(yaml.safe_dump({"teams": {t: f"{t}-bench-token-0123456789" for t in TEAMS}}))
     data = pipeline_config(tmp, nodes=NODES, partitions=4)
@@ -154,6 +157,8 @@ def _config(tmp: Path, bootstrap: str, port: int) -> Path:
         "work_dir": str(tmp / "scheduler"),
         "tokens": {"file": str(tokens), "admin_env": None},
     }
+    if switch_us is not None:  # else the configuration's default
+        data["scheduler"]["gil_switch_interval_us"] = switch_us
     path = tmp / "tally.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -325,6 +330,8 @@ ON_TMPFS = frozenset(
         "scheduler CPU per job",
     }
 )  # the figures the tmpfs run repeats
+PYTHON_SWITCH_US = 5_000  # the interpreter's own GIL switch interval
+VERSUS_PLAIN_SWITCH = ("submits/s taken, steady", "submit→start p99", "API latency p99")
 
 
 def file_system(path: Path) -> str:
@@ -344,14 +351,41 @@ def file_system(path: Path) -> str:
 def run(progress: Progress) -> list[Figure]:
     default = Path(tempfile.gettempdir())
     figures = _run_in(progress, default, "")
+    fastest = default
     if TMPFS.is_dir() and file_system(default) != "tmpfs" and file_system(TMPFS) == "tmpfs":
         progress(f"again with the files on tmpfs ({TMPFS})")
         again = _run_in(progress, TMPFS, ", files on tmpfs")
         figures += [f for f in again if f.name.removesuffix(", files on tmpfs") in ON_TMPFS]
-    return figures
+        fastest = TMPFS
+    progress(f"again with the GIL switched every {PYTHON_SWITCH_US / 1000:g} ms (Python's default)")
+    suffix = ", Python's GIL switch"
+    plain = _run_in(progress, fastest, suffix, PYTHON_SWITCH_US)
+    return figures + _switch_figures(figures, plain, suffix)
 
 
-def _run_in(progress: Progress, root: Path, suffix: str) -> list[Figure]:
+def _switch_figures(ours: list[Figure], plain: list[Figure], suffix: str) -> list[Figure]:
+    """The last run's `VERSUS_PLAIN_SWITCH` figures beside the same at Python's switch interval
+    (the service's `scheduler.gil_switch_interval_us` against the interpreter's default)."""
+    by_name = {f.name.removesuffix(suffix): f for f in plain}
+    latest = {f.name.removesuffix(", files on tmpfs"): f for f in ours}
+    return [
+        replace(
+            latest[name],
+            name=f"{latest[name].name}, vs Python's GIL switch",
+            baseline_name=f"GIL switch {PYTHON_SWITCH_US / 1000:g} ms",
+            baseline_value=by_name[name].value,
+            target=None,
+            note=f"the same load and files, the service's GIL switch interval (config "
+            f"default) against Python's {PYTHON_SWITCH_US / 1000:g} ms",
+        )
+        for name in VERSUS_PLAIN_SWITCH
+        if name in by_name and name in latest
+    ]
+
+
+def _run_in(
+    progress: Progress, root: Path, suffix: str, switch_us: int | None = None
+) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="tally-bench-e2e-", dir=root) as name:
         tmp = Path(name)
         exec_ms = exec_cost_ms(tmp)
@@ -359,7 +393,7 @@ def _run_in(progress: Progress, root: Path, suffix: str) -> list[Figure]:
         child: subprocess.Popen[bytes] | None = None
         try:
             port = free_port()
-            path = _config(tmp, broker.bootstrap, port)
+            path = _config(tmp, broker.bootstrap, port, switch_us)
             config = parse_config(yaml.safe_load(path.read_text()), str(path))
             topics = config.topics
             asyncio.run(

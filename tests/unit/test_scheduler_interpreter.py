@@ -13,6 +13,16 @@ import pytest
 from scheduler.interpreter import GC_YOUNG_ALLOCATIONS, serving_tuned
 
 
+@pytest.fixture(autouse=True)
+def _nothing_frozen():
+    """Each test starts with nothing frozen (another test of this process may have frozen
+    objects, e.g. a worker started in process); unfreezing only puts them back in the
+    collector's passes."""
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
 def _interpreter() -> tuple[tuple[int, ...], int, float]:
     return gc.get_threshold(), gc.get_freeze_count(), sys.getswitchinterval()
 
@@ -50,9 +60,9 @@ def test_objects_frozen_before_the_block_stay_frozen_after_it():
         before = _interpreter()
         assert before[1] > 0
         with serving_tuned():
-            assert gc.get_freeze_count() >= before[1]
+            assert gc.get_freeze_count() > 0
         thresholds, frozen, switch = _interpreter()
         assert (thresholds, switch) == (before[0], before[2])
-        assert frozen >= before[1]
+        assert frozen > 0  # not unfrozen (the count itself drops as frozen objects are freed)
     finally:
         gc.unfreeze()
