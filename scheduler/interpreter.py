@@ -10,11 +10,11 @@ garbage collector's and the GIL's.
   up at every socket read and write; the executor's start threads hold it while they prepare a
   process. A thread that wants the GIL back waits up to the switch interval (Python's default:
   5 ms) before the holder is asked to drop it, so under a burst of starts each of the loop's
-  many small system calls could wait that long — a convoy that made the API the bottleneck.
-  Measured with the end-to-end bench (1,000 submits/s offered by 100 clients, two cores): at
-  5 ms the API took ~900/s (API p50 70 ms, p99 submit→start 0.58 s, the machine 83 % busy);
-  at 0.5 ms all 1,000/s (API p50 31–53 ms, p99 submit→start 0.15–0.30 s), for about the same
-  CPU per job.
+  small system calls may wait that long. Measured with the end-to-end bench (1,000 submits/s
+  offered by 100 clients, two cores; the same load run at both settings in one bench run):
+  p99 submit→start 0.45 → 0.20 s and 0.29 → 0.21 s, API p99 147 → 113 ms and 127 → 121 ms at
+  0.5 ms instead of 5 ms, for the same CPU per job and the same rate taken (981 → 1,001 and
+  997 → 995 submits/s).
 
 Invariant: on leaving `serving_tuned` (normally or by an exception) the collector's thresholds
 and the switch interval are what they were before it, and so is the frozen generation when it
