@@ -139,7 +139,6 @@ def main(argv: Sequence[str]) -> int:
     profile_path = os.environ.get("TALLY_BENCH_PROFILE")  # cProfile output, when set
     profiler = cProfile.Profile(time.thread_time) if profile_path else None
     serving: list[float] = []  # the process's and the loop thread's CPU times when the API served
-
     switch: list[float] = []  # the GIL's switch interval while serving
 
     def ready() -> None:
